@@ -1,0 +1,114 @@
+// `attnbench eval`: run one variant on Q, K, V from .npy files and write O.npy (float32, [B,H,Lq,D]).
+#include <cmath>
+#include <iostream>
+
+#include "bench/lib/command.hpp"
+#include "common/error.hpp"
+#include "common/npy.hpp"
+#include "common/reference.hpp"
+
+namespace attn::cli {
+namespace {
+
+struct EvalOptions {
+  std::string variant, q, k, v, mask, key_padding, out;
+  std::vector<std::string> params;
+  bool causal = false, compare = false;
+  std::optional<double> scale;
+  double dropout = 0;
+  uint64_t seed = 0;
+};
+
+void require_shape(const std::string& option, const std::string& file, const std::vector<int64_t>& got,
+                   const std::vector<int64_t>& want, const std::string& meaning) {
+  if (got != want)
+    throw UsageError(option + " '" + file + "': shape " + FloatArray::shape_to_string(got) + " does not match " +
+                     FloatArray::shape_to_string(want) + " " + meaning);
+}
+
+int64_t count_nonfinite(const float* x, std::size_t n) {
+  int64_t c = 0;
+  for (std::size_t i = 0; i < n; ++i) c += !std::isfinite(x[i]);
+  return c;
+}
+
+int run_eval(const EvalOptions& o) {
+  const Attention& variant = Registry::instance().get(o.variant);
+  Problem p = make_problem(o.variant, parse_cli_params(variant, o.params));
+  FloatArray q = read_npy_float(o.q), k = read_npy_float(o.k), v = read_npy_float(o.v);
+  if (q.rank() != 4)
+    throw UsageError("--q '" + o.q + "': rank " + std::to_string(q.rank()) + " " + q.shape_str() +
+                     "; expected rank 4 [batch, heads, seq_q, head_dim]");
+  if (k.rank() != 4)
+    throw UsageError("--k '" + o.k + "': rank " + std::to_string(k.rank()) + " " + k.shape_str() +
+                     "; expected rank 4 [batch, heads, seq_kv, head_dim]");
+  p.batch = q.shape[0], p.heads = q.shape[1], p.seq_q = q.shape[2], p.head_dim = q.shape[3];
+  p.seq_kv = k.shape[2];
+  require_shape("--k", o.k, k.shape, {p.batch, p.heads, p.seq_kv, p.head_dim},
+                "(batch, heads and head_dim must equal Q's)");
+  require_shape("--v", o.v, v.shape, k.shape, "(V must have K's shape)");
+  p.mask.causal = o.causal;
+  p.scale = o.scale;
+  p.dropout = o.dropout;
+  p.seed = o.seed;
+  ByteArray mask, pad;
+  if (!o.mask.empty()) {
+    mask = read_npy_mask(o.mask);
+    require_shape("--mask", o.mask, mask.shape, {p.seq_q, p.seq_kv}, "[seq_q, seq_kv]");
+    p.mask.boolean = true;
+  }
+  if (!o.key_padding.empty()) {
+    pad = read_npy_mask(o.key_padding);
+    require_shape("--key-padding", o.key_padding, pad.shape, {p.batch, p.seq_kv}, "[batch, seq_kv]");
+    p.mask.key_padding = true;
+  }
+  p.validate();
+  if (auto reasons = variant.not_supported_reasons(p); !reasons.empty()) {
+    std::string why;
+    for (const auto& r : reasons) why += (why.empty() ? "" : "; ") + r;
+    throw NotSupported(p.repro() + ": " + why);
+  }
+  FloatArray out({p.batch, p.heads, p.seq_q, p.head_dim});
+  AttentionInputs in{q.ptr(), k.ptr(), v.ptr(), mask.numel() ? mask.ptr() : nullptr,
+                     pad.numel() ? pad.ptr() : nullptr, out.ptr()};
+  variant.forward(p, in);
+  const int64_t bad_in = count_nonfinite(q.ptr(), q.numel()) + count_nonfinite(k.ptr(), k.numel()) +
+                         count_nonfinite(v.ptr(), v.numel());
+  const int64_t bad_out = count_nonfinite(out.ptr(), out.numel());
+  if (bad_out)
+    std::cerr << "attnbench: warning: the output holds " << bad_out << " NaN/Inf values (the inputs held "
+              << bad_in << ")\n";
+  write_npy(o.out, out);
+  if (o.compare) {
+    DoubleArray want(out.shape);
+    reference_attention(p, in, want.ptr());
+    const ErrorMetrics m = compare_outputs(out.ptr(), want.ptr(), p.batch * p.heads * p.seq_q, p.head_dim);
+    Json j = {{"id", p.repro()},           {"max_abs_err", m.max_abs_err}, {"rel_l2_err", m.rel_l2_err},
+              {"mean_cosine", m.mean_cosine}, {"nan_count", m.nan_count},     {"inf_count", m.inf_count}};
+    std::cout << j.dump() << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace attn::cli
+
+ATTN_REGISTER_COMMAND(
+    "eval", "run one variant on Q, K, V .npy files ([batch, heads, seq, head_dim]) and write O.npy",
+    [](CLI::App& sub) {
+      auto o = std::make_shared<attn::cli::EvalOptions>();
+      sub.add_option("--variant", o->variant, "registered variant name (see `attnbench list`)")->required();
+      sub.add_option("--param", o->params, "variant parameter NAME=VALUE (repeatable)");
+      sub.add_option("--q", o->q, "queries .npy, float32/64 [batch, heads, seq_q, head_dim]")->required();
+      sub.add_option("--k", o->k, "keys .npy, [batch, heads, seq_kv, head_dim]")->required();
+      sub.add_option("--v", o->v, "values .npy, same shape as keys")->required();
+      sub.add_flag("--causal", o->causal, "causal mask (query i attends keys j <= i)");
+      sub.add_option("--mask", o->mask, "boolean mask .npy [seq_q, seq_kv], nonzero = may attend");
+      sub.add_option("--key-padding", o->key_padding, "key padding .npy [batch, seq_kv], nonzero = padded");
+      sub.add_option("--scale", o->scale, "logit scale (default 1/sqrt(head_dim))");
+      sub.add_option("--dropout", o->dropout, "dropout probability on the attention weights, in [0, 1)");
+      sub.add_option("--seed", o->seed, "dropout seed");
+      sub.add_option("--out", o->out, "output .npy, float32 [batch, heads, seq_q, head_dim]")->required();
+      sub.add_flag("--compare", o->compare, "print accuracy against the fp64 exact reference as JSON");
+      return std::function<int()>([o] { return attn::cli::run_eval(*o); });
+    })

@@ -1,0 +1,42 @@
+// `attnbench list [--json]`: every registered variant with its capabilities and parameters.
+#include <iostream>
+
+#include "bench/lib/command.hpp"
+
+namespace attn::cli {
+namespace {
+
+int list_variants(bool as_json) {
+  Json all = Json::array();
+  for (const Attention* v : Registry::instance().all()) {
+    Json params = Json::array();
+    for (const auto& s : v->param_specs()) params.push_back(param_spec_json(s));
+    all.push_back({{"name", v->name()},
+                   {"description", v->description()},
+                   {"capabilities", capabilities_json(v->capabilities())},
+                   {"params", params}});
+  }
+  if (as_json) {
+    std::cout << all.dump(2) << "\n";
+    return 0;
+  }
+  for (const auto& v : all) {
+    std::cout << v["name"].get<std::string>() << ": " << v["description"].get<std::string>() << "\n  supports:";
+    for (auto it = v["capabilities"].begin(); it != v["capabilities"].end(); ++it)
+      if (it.value().get<bool>()) std::cout << " " << it.key();
+    std::cout << "\n";
+    for (const auto& p : v["params"])
+      std::cout << "  --param " << p["name"].get<std::string>() << "=<" << p["type"].get<std::string>()
+                << "> (default " << p["default"].dump() << "): " << p["help"].get<std::string>() << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace attn::cli
+
+ATTN_REGISTER_COMMAND("list", "list registered variants with capabilities and parameters", [](CLI::App& sub) {
+  auto as_json = std::make_shared<bool>(false);
+  sub.add_flag("--json", *as_json, "machine-readable output");
+  return std::function<int()>([as_json] { return attn::cli::list_variants(*as_json); });
+})

@@ -1,0 +1,75 @@
+// The CLI driver: global options, subcommand dispatch, and the mapping of errors to exit codes.
+#include "bench/lib/command.hpp"
+
+#include <algorithm>
+#include <iostream>
+#include <map>
+
+#include "common/error.hpp"
+#include "common/runtime.hpp"
+
+namespace attn::cli {
+
+std::vector<Command>& commands() {
+  static std::vector<Command> list;
+  return list;
+}
+
+bool register_command(std::string name, std::string help, CommandSetup setup) {
+  commands().push_back({std::move(name), std::move(help), std::move(setup)});
+  return true;
+}
+
+Json parse_cli_params(const Attention& variant, const std::vector<std::string>& kvs) {
+  const auto specs = variant.param_specs();
+  const std::string where = "--param for variant '" + variant.name() + "'";
+  Json given = Json::object();
+  for (const auto& kv : kvs) {
+    const std::size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UsageError("--param: expected NAME=VALUE, got '" + kv + "'");
+    const std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+    if (given.contains(k)) throw UsageError("--param: '" + k + "' given twice");
+    const auto it = std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.name == k; });
+    given[k] = it == specs.end() ? Json(v) : parse_param_value(*it, v, where + ": parameter '" + k + "'");
+  }
+  return resolve_params(specs, given, where);
+}
+
+int run_cli(int argc, const char* const* argv) {
+  CLI::App app{"attnbench: benchmark and research harness for attention variants"};
+  app.require_subcommand(1);
+  int threads = 0;
+  app.add_option("--threads", threads, "worker threads (default: all available)")
+      ->check(CLI::Range(0, 4096));
+  std::map<CLI::App*, std::function<int()>> actions;
+  auto& list = commands();
+  std::sort(list.begin(), list.end(), [](const Command& a, const Command& b) { return a.name < b.name; });
+  for (const auto& c : list) {
+    CLI::App* sub = app.add_subcommand(c.name, c.help);
+    actions[sub] = c.setup(*sub);
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  try {
+    ThreadScope scope(threads);
+    for (auto& [sub, action] : actions)
+      if (sub->parsed()) return action();
+  } catch (const UsageError& e) {
+    std::cerr << "attnbench: error: " << e.what() << "\n";
+    return 2;
+  } catch (const NotSupported& e) {
+    std::cerr << "attnbench: not supported: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "attnbench: failed: " << e.what() << "\n";
+    return 1;
+  }
+  return 2;
+}
+
+}  // namespace attn::cli

@@ -1,0 +1,38 @@
+// Subcommands of the `attnbench` CLI register themselves here (one file per subcommand, like variants).
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/attention.hpp"
+
+namespace attn::cli {
+
+// Adds the subcommand's options to `sub` and returns the action to run after parsing (its exit code).
+using CommandSetup = std::function<std::function<int()>(CLI::App& sub)>;
+
+struct Command {
+  std::string name;
+  std::string help;
+  CommandSetup setup;
+};
+
+std::vector<Command>& commands();
+bool register_command(std::string name, std::string help, CommandSetup setup);
+
+// Runs the CLI: returns 0 on success, 1 on a failed check or run, 2 on a usage error (bad option/file).
+int run_cli(int argc, const char* const* argv);
+
+// Resolves `--param k=v` strings against a variant's specs (typed, validated, defaults filled in).
+Json parse_cli_params(const Attention& variant, const std::vector<std::string>& kvs);
+
+}  // namespace attn::cli
+
+#define ATTN_REGISTER_COMMAND(name, help, setup)                                           \
+  namespace {                                                                             \
+  [[maybe_unused]] const bool ATTN_CONCAT(attn_command_, __LINE__) =                      \
+      ::attn::cli::register_command(name, help, setup);                                   \
+  }

@@ -1,0 +1,103 @@
+// The Attention interface every variant implements, and the registry that finds them.
+// Adding a variant: one folder under variants/, one class, one ATTN_REGISTER_VARIANT line (variants/README.md).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/params.hpp"
+#include "common/problem.hpp"
+
+namespace attn {
+
+struct Capabilities {
+  bool exact = false;        // computes softmax attention exactly (up to fp32 rounding)
+  bool causal = false;       // supports the causal mask
+  bool boolean_mask = false; // supports an explicit [seq_q, seq_kv] mask
+  bool key_padding = false;  // supports a [batch, seq_kv] key-padding mask
+  bool cross = false;        // supports seq_q != seq_kv (cross-attention)
+  bool dropout = false;      // supports dropout on the attention weights (counter-based, see dropout.hpp)
+  // Permuting keys and values together leaves the output unchanged, and permuting queries permutes it
+  // (true of any attention whose pattern does not depend on positions).
+  bool permutation_equivariant = false;
+};
+
+Json capabilities_json(const Capabilities& caps);
+
+// Pointers to contiguous fp32 tensors. q, out: [batch, heads, seq_q, head_dim]; k, v: [batch, heads, seq_kv,
+// head_dim]. mask: [seq_q, seq_kv] (nonzero = may attend), required iff problem.mask.boolean.
+// key_padding: [batch, seq_kv] (nonzero = padded), required iff problem.mask.key_padding.
+struct AttentionInputs {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const uint8_t* mask = nullptr;
+  const uint8_t* key_padding = nullptr;
+  float* out = nullptr;
+};
+
+class Attention {
+ public:
+  virtual ~Attention() = default;
+
+  virtual std::string name() const = 0;
+  virtual std::string description() const = 0;  // one line
+  virtual Capabilities capabilities() const = 0;
+  virtual std::vector<ParamSpec> param_specs() const { return {}; }
+
+  // Every reason this variant cannot run `p` (empty = supported). The base checks the capabilities;
+  // override extra_not_supported_reasons() for variant-specific limits.
+  std::vector<std::string> not_supported_reasons(const Problem& p) const;
+
+  // Floating-point operations of one forward call, as this variant counts its own work.
+  virtual double flops(const Problem& p) const = 0;
+  // Bytes this variant allocates beyond Q, K, V, O and the masks (at `threads` threads).
+  virtual std::size_t workspace_bytes(const Problem& p, int threads) const = 0;
+
+  // Computes out = attention(q, k, v). Must be thread-safe (the registry holds one instance) and use
+  // TBB for parallelism; BLAS runs single-threaded inside (see blas.hpp).
+  virtual void forward(const Problem& p, const AttentionInputs& in) const = 0;
+
+  // The fp64 oracle for what this variant computes: its own exact definition. The default is exact softmax
+  // attention (reference.hpp); approximate variants override it (e.g. linear attention's quadratic form).
+  virtual void reference_forward(const Problem& p, const AttentionInputs& in, double* out) const;
+
+  // Parameter sets the registry-wide checks run (small values that force multi-tile and tail paths).
+  virtual std::vector<Json> test_param_sets() const { return {Json::object()}; }
+
+ protected:
+  virtual std::vector<std::string> extra_not_supported_reasons(const Problem&) const { return {}; }
+};
+
+class Registry {
+ public:
+  static Registry& instance();
+  bool add(std::unique_ptr<Attention> variant);  // returns true so it can initialise a static
+  const Attention* find(std::string_view name) const;
+  const Attention& get(std::string_view name) const;  // throws UsageError with the known names
+  std::vector<const Attention*> all() const;          // sorted by name
+  std::vector<std::string> names() const;
+  std::string unknown_variant_message(std::string_view name) const;
+
+ private:
+  std::vector<std::unique_ptr<Attention>> variants_;
+};
+
+// Builds a fully resolved Problem for `variant` with user parameters `given` (validated, defaults filled).
+Problem make_problem(const std::string& variant, const Json& given = Json::object());
+
+// Checks that `in` has every pointer `p` needs; throws UsageError otherwise.
+void check_inputs(const Problem& p, const AttentionInputs& in);
+
+}  // namespace attn
+
+#define ATTN_CONCAT_INNER(a, b) a##b
+#define ATTN_CONCAT(a, b) ATTN_CONCAT_INNER(a, b)
+// Registers one instance of `Class` at static-initialisation time.
+#define ATTN_REGISTER_VARIANT(Class)                                                      \
+  namespace {                                                                             \
+  [[maybe_unused]] const bool ATTN_CONCAT(attn_registered_, __LINE__) =                   \
+      ::attn::Registry::instance().add(std::make_unique<Class>());                        \
+  }

@@ -1,0 +1,308 @@
+// The registry-wide checks. Inputs are seeded gaussians; masks are chosen to leave some rows fully masked.
+#include "common/check.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "common/error.hpp"
+#include "common/random.hpp"
+#include "common/reference.hpp"
+#include "common/runtime.hpp"
+#include "common/tensor.hpp"
+
+namespace attn {
+
+std::string check_status_name(CheckStatus s) {
+  switch (s) {
+    case CheckStatus::passed: return "PASSED";
+    case CheckStatus::failed: return "FAILED";
+    case CheckStatus::skipped: return "SKIPPED";
+  }
+  return "?";
+}
+
+namespace {
+
+// Inputs for one problem, owned together so AttentionInputs can point into them.
+struct CaseData {
+  FloatArray q, k, v, out;
+  ByteArray mask, key_padding;
+
+  CaseData(const Problem& p, uint64_t seed, double logit_scale = 1.0) {
+    q = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
+    k = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
+    v = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
+    out = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim}, std::nanf(""));  // unwritten rows show up
+    fill_normal(q.ptr(), q.numel(), seed * 3 + 1, logit_scale);
+    fill_normal(k.ptr(), k.numel(), seed * 3 + 2, logit_scale);
+    fill_normal(v.ptr(), v.numel(), seed * 3 + 3);
+    if (p.mask.boolean) {
+      // Random pattern (70% allowed), with query row 0 fully masked when there are at least 2 rows.
+      mask = ByteArray({p.seq_q, p.seq_kv});
+      Rng rng(seed * 7 + 5);
+      for (auto& m : mask.data) m = rng.uniform() < 0.7 ? 1 : 0;
+      if (p.seq_q >= 2) std::fill_n(mask.ptr(), p.seq_kv, uint8_t{0});
+    }
+    if (p.mask.key_padding) {
+      // Batch b pads its last (b * seq_kv / 3) keys; with batch >= 4 the last batch pads every key.
+      key_padding = ByteArray({p.batch, p.seq_kv});
+      for (int64_t b = 0; b < p.batch; ++b) {
+        const int64_t padded = b >= 3 ? p.seq_kv : b * p.seq_kv / 3;
+        for (int64_t j = p.seq_kv - padded; j < p.seq_kv; ++j) key_padding.data[b * p.seq_kv + j] = 1;
+      }
+    }
+  }
+  AttentionInputs inputs() {
+    AttentionInputs in;
+    in.q = q.ptr();
+    in.k = k.ptr();
+    in.v = v.ptr();
+    in.out = out.ptr();
+    in.mask = mask.numel() ? mask.ptr() : nullptr;
+    in.key_padding = key_padding.numel() ? key_padding.ptr() : nullptr;
+    return in;
+  }
+};
+
+std::string fmt(double x) {
+  std::ostringstream s;
+  s.precision(3);
+  s << x;
+  return s.str();
+}
+
+// Describes the worst element for a failure message: index, expected, got.
+std::string worst_element(const float* got, const double* want, std::size_t n, int64_t dim) {
+  std::size_t worst = 0;
+  double werr = -1;
+  for (std::size_t e = 0; e < n; ++e) {
+    double err = std::isfinite(got[e]) ? std::fabs(got[e] - want[e]) : INFINITY;
+    if (err > werr) werr = err, worst = e;
+  }
+  std::ostringstream s;
+  s << "worst at row " << worst / dim << " col " << worst % dim << ": expected " << want[worst] << ", got "
+    << got[worst];
+  return s.str();
+}
+
+class Checker {
+ public:
+  Checker(const Attention& v, const std::function<void(const CheckResult&)>& cb) : v_(v), cb_(cb) {}
+  std::vector<CheckResult> results;
+
+  void report(CheckResult r) {
+    if (cb_) cb_(r);
+    results.push_back(std::move(r));
+  }
+
+  // Skips with the variant's reasons when unsupported; returns false then.
+  bool supported(const std::string& check, const Problem& p) {
+    auto reasons = v_.not_supported_reasons(p);
+    if (reasons.empty()) return true;
+    std::string why;
+    for (const auto& r : reasons) why += (why.empty() ? "" : "; ") + r;
+    report({check, p.repro(), CheckStatus::skipped, why});
+    return false;
+  }
+
+  bool run(const Problem& p, CaseData& data, const std::string& check) {
+    try {
+      v_.forward(p, data.inputs());
+      return true;
+    } catch (const std::exception& e) {
+      report({check, p.repro(), CheckStatus::failed, std::string("forward threw: ") + e.what()});
+      return false;
+    }
+  }
+
+  // forward vs the variant's own fp64 oracle, with the derived tolerance.
+  void against_reference(const Problem& p, uint64_t seed, double logit_scale, const std::string& check) {
+    if (!supported(check, p)) return;
+    CaseData data(p, seed, logit_scale);
+    if (!run(p, data, check)) return;
+    DoubleArray want(data.out.shape);
+    v_.reference_forward(p, data.inputs(), want.ptr());
+    const int64_t rows = p.batch * p.heads * p.seq_q;
+    const ErrorMetrics m = compare_outputs(data.out.ptr(), want.ptr(), rows, p.head_dim);
+    const double tol = exact_abs_tolerance(p, data.inputs());
+    std::string detail = "max_abs_err " + fmt(m.max_abs_err) + " (bound " + fmt(tol) + "), rel_l2 " +
+                         fmt(m.rel_l2_err);
+    if (m.nan_count || m.inf_count) {
+      report({check, p.repro(), CheckStatus::failed,
+              std::to_string(m.nan_count) + " NaN and " + std::to_string(m.inf_count) + " Inf in the output; " +
+                  worst_element(data.out.ptr(), want.ptr(), data.out.numel(), p.head_dim)});
+    } else if (!(m.max_abs_err <= tol)) {
+      report({check, p.repro(), CheckStatus::failed,
+              detail + "; " + worst_element(data.out.ptr(), want.ptr(), data.out.numel(), p.head_dim)});
+    } else {
+      report({check, p.repro(), CheckStatus::passed, detail});
+    }
+  }
+
+  // Permuting keys+values leaves the output unchanged; permuting queries permutes it.
+  void permutation(const Problem& p, uint64_t seed) {
+    const std::string check = "permutation";
+    if (!v_.capabilities().permutation_equivariant) {
+      report({check, p.repro(), CheckStatus::skipped, "capabilities do not claim permutation equivariance"});
+      return;
+    }
+    if (!supported(check, p)) return;
+    CaseData base(p, seed), perm(p, seed);
+    if (!run(p, base, check)) return;
+    Rng rng(seed);
+    auto shuffled = [&](int64_t n) {
+      std::vector<int64_t> idx(static_cast<std::size_t>(n));
+      for (int64_t i = 0; i < n; ++i) idx[i] = i;
+      for (int64_t i = n - 1; i > 0; --i) std::swap(idx[i], idx[static_cast<int64_t>(rng.next() % (i + 1))]);
+      return idx;
+    };
+    const auto pq = shuffled(p.seq_q), pk = shuffled(p.seq_kv);
+    const int64_t D = p.head_dim;
+    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
+      for (int64_t i = 0; i < p.seq_q; ++i)
+        std::memcpy(&perm.q.data[(bh * p.seq_q + i) * D], &base.q.data[(bh * p.seq_q + pq[i]) * D], D * 4);
+      for (int64_t j = 0; j < p.seq_kv; ++j) {
+        std::memcpy(&perm.k.data[(bh * p.seq_kv + j) * D], &base.k.data[(bh * p.seq_kv + pk[j]) * D], D * 4);
+        std::memcpy(&perm.v.data[(bh * p.seq_kv + j) * D], &base.v.data[(bh * p.seq_kv + pk[j]) * D], D * 4);
+      }
+    }
+    if (!run(p, perm, check)) return;
+    // Expected: perm.out[i] == base.out[pq[i]], up to summation order (keys are visited in another order).
+    DoubleArray want(base.out.shape);
+    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
+      for (int64_t i = 0; i < p.seq_q; ++i)
+        for (int64_t d = 0; d < D; ++d)
+          want.data[(bh * p.seq_q + i) * D + d] = base.out.data[(bh * p.seq_q + pq[i]) * D + d];
+    const ErrorMetrics m = compare_outputs(perm.out.ptr(), want.ptr(), p.batch * p.heads * p.seq_q, D);
+    const double tol = 2 * exact_abs_tolerance(p, base.inputs());  // two fp32 results, each within the bound
+    const bool ok = m.nan_count == 0 && m.max_abs_err <= tol;
+    report({check, p.repro(), ok ? CheckStatus::passed : CheckStatus::failed,
+            "max_abs_err " + fmt(m.max_abs_err) + " (bound " + fmt(tol) + ")"});
+  }
+
+  // Causal: changing keys/values/queries after position t leaves outputs 0..t bitwise... within tolerance.
+  void causal_future(const Problem& p, uint64_t seed) {
+    const std::string check = "causal-future";
+    if (!supported(check, p)) return;
+    CaseData base(p, seed), changed(p, seed);
+    if (!run(p, base, check)) return;
+    const int64_t t = p.seq_q / 2, D = p.head_dim;
+    Rng rng(seed + 99);
+    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
+      for (int64_t i = t + 1; i < p.seq_q; ++i)
+        for (int64_t d = 0; d < D; ++d) changed.q.data[(bh * p.seq_q + i) * D + d] = 10.0f * (float)rng.normal();
+      for (int64_t j = t + 1; j < p.seq_kv; ++j)
+        for (int64_t d = 0; d < D; ++d) {
+          changed.k.data[(bh * p.seq_kv + j) * D + d] = 10.0f * (float)rng.normal();
+          changed.v.data[(bh * p.seq_kv + j) * D + d] = 1e3f * (float)rng.normal();
+        }
+    }
+    if (!run(p, changed, check)) return;
+    double worst = 0;
+    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
+      for (int64_t i = 0; i <= t; ++i)
+        for (int64_t d = 0; d < D; ++d) {
+          const std::size_t e = static_cast<std::size_t>((bh * p.seq_q + i) * D + d);
+          worst = std::max(worst, std::isfinite(changed.out.data[e]) ? (double)std::fabs(changed.out.data[e] - base.out.data[e]) : INFINITY);
+        }
+    const double tol = 2 * exact_abs_tolerance(p, base.inputs());
+    report({check, p.repro(), worst <= tol ? CheckStatus::passed : CheckStatus::failed,
+            "rows 0.." + std::to_string(t) + " moved by " + fmt(worst) + " (bound " + fmt(tol) +
+                ") after changing every later position"});
+  }
+
+  // The same call twice, and at 1 and 2 threads, gives bitwise identical output.
+  void determinism(const Problem& p, uint64_t seed) {
+    const std::string check = "determinism";
+    if (!supported(check, p)) return;
+    CaseData one(p, seed), two(p, seed), again(p, seed);
+    {
+      ThreadScope scope(1);
+      if (!run(p, one, check)) return;
+    }
+    {
+      ThreadScope scope(2);
+      if (!run(p, two, check) || !run(p, again, check)) return;
+    }
+    const std::size_t bytes = one.out.numel() * sizeof(float);
+    const bool same_threads = std::memcmp(one.out.ptr(), two.out.ptr(), bytes) == 0;
+    const bool same_run = std::memcmp(two.out.ptr(), again.out.ptr(), bytes) == 0;
+    report({check, p.repro(), same_threads && same_run ? CheckStatus::passed : CheckStatus::failed,
+            std::string("1 vs 2 threads ") + (same_threads ? "bitwise equal" : "DIFFER") + ", repeat " +
+                (same_run ? "bitwise equal" : "DIFFERS")});
+  }
+
+ private:
+  const Attention& v_;
+  const std::function<void(const CheckResult&)>& cb_;
+};
+
+struct Shape {
+  int64_t batch, heads, seq_q, seq_kv, head_dim;
+};
+
+}  // namespace
+
+std::vector<CheckResult> run_checks(const Attention& variant,
+                                    const std::function<void(const CheckResult&)>& on_result) {
+  Checker c(variant, on_result);
+  // Sizes that hit SIMD and tile tails: 1, 7, 17, 130; head dims 1, 17, 33 and 64.
+  const Shape shapes[] = {{1, 1, 1, 1, 1}, {1, 2, 7, 7, 17}, {2, 3, 17, 17, 8}, {4, 2, 33, 33, 64},
+                          {1, 1, 130, 130, 33}};
+  const char* masks[] = {"none", "causal", "bool", "pad", "causal+pad", "causal+bool+pad"};
+  uint64_t seed = 1;
+  for (const Json& params : variant.test_param_sets()) {
+    Problem base = make_problem(variant.name(), params);
+    for (const Shape& s : shapes) {
+      for (const char* mask : masks) {
+        Problem p = base;
+        p.batch = s.batch, p.heads = s.heads, p.seq_q = s.seq_q, p.seq_kv = s.seq_kv, p.head_dim = s.head_dim;
+        p.mask = parse_mask(mask, "check");
+        c.against_reference(p, ++seed, 1.0, "reference");
+      }
+    }
+    // Cross-attention (seq_q != seq_kv, both ways), an overridden scale, dropout.
+    for (const char* mask : {"none", "pad", "causal"}) {
+      for (auto [lq, lkv] : {std::pair<int64_t, int64_t>{7, 19}, {33, 5}}) {
+        Problem p = base;
+        p.batch = 2, p.heads = 2, p.seq_q = lq, p.seq_kv = lkv, p.head_dim = 16;
+        p.mask = parse_mask(mask, "check");
+        c.against_reference(p, ++seed, 1.0, "cross");
+      }
+    }
+    {
+      Problem p = base;
+      p.batch = 1, p.heads = 2, p.seq_q = p.seq_kv = 40, p.head_dim = 24, p.scale = 0.3;
+      c.against_reference(p, ++seed, 1.0, "scale");
+      p.scale.reset();
+      p.dropout = 0.25, p.seed = 1234;
+      c.against_reference(p, ++seed, 1.0, "dropout");
+      p.mask.causal = true;
+      c.against_reference(p, ++seed, 1.0, "dropout");
+    }
+    // Logits near +-88 (the fp32 exp overflow point): q, k scaled so |scale * q.k| reaches ~90.
+    {
+      Problem p = base;
+      p.batch = 1, p.heads = 2, p.seq_q = p.seq_kv = 65, p.head_dim = 16;
+      for (const char* mask : {"none", "causal"}) {
+        p.mask = parse_mask(mask, "check");
+        c.against_reference(p, ++seed, 4.6, "large-logits");
+      }
+    }
+    {
+      Problem p = base;
+      p.batch = 2, p.heads = 2, p.seq_q = p.seq_kv = 37, p.head_dim = 20;
+      c.permutation(p, ++seed);
+      p.mask.causal = true;
+      c.causal_future(p, ++seed);
+      p.mask.causal = false;
+      p.batch = 1, p.heads = 3, p.seq_q = p.seq_kv = 300;
+      c.determinism(p, ++seed);
+    }
+  }
+  return std::move(c.results);
+}
+
+}  // namespace attn

@@ -1,0 +1,40 @@
+// Reading and writing NumPy .npy files (format versions 1.0-3.0, C order, little-endian).
+// Readers check everything a corrupt or foreign file can get wrong and throw UsageError naming the file.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/tensor.hpp"
+
+namespace attn {
+
+struct NpyHeader {
+  std::string descr;  // e.g. "<f4"
+  bool fortran_order = false;
+  std::vector<int64_t> shape;
+  std::size_t data_offset = 0;  // bytes from the start of the file to the data
+};
+
+// Parses the header of an in-memory .npy image; `what` names the file in error messages.
+NpyHeader parse_npy_header(const std::string& bytes, const std::string& what);
+
+// float32 or float64 (converted to float32; values outside the float range are an error, not inf).
+FloatArray read_npy_float(const std::string& path);
+FloatArray parse_npy_float(const std::string& bytes, const std::string& what);
+// float64 kept in double (for references and weights read at full precision).
+DoubleArray read_npy_double(const std::string& path);
+// A boolean/integer mask: bool, u1, i1, i4, i8 (and float32/64 holding 0/1); nonzero becomes 1.
+ByteArray read_npy_mask(const std::string& path);
+ByteArray parse_npy_mask(const std::string& bytes, const std::string& what);
+
+// Written to `path.tmp` and renamed, so a reader never sees a half-written file.
+void write_npy(const std::string& path, const FloatArray& array);
+void write_npy(const std::string& path, const DoubleArray& array);
+std::string npy_bytes(const FloatArray& array);
+
+// Whole-file helpers shared by every loader.
+std::string read_file_bytes(const std::string& path);
+void write_file_atomic(const std::string& path, const std::string& bytes);
+
+}  // namespace attn

@@ -1,0 +1,161 @@
+// Problem descriptor: validation and the canonical repro string.
+#include "common/problem.hpp"
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+#include "common/attention.hpp"
+#include "common/error.hpp"
+
+namespace attn {
+
+namespace {
+// Sizes beyond this are refused outright (no tensor of 2^40 elements fits any machine this runs on).
+constexpr int64_t kMaxDim = int64_t{1} << 40;
+}  // namespace
+
+std::string MaskSpec::str() const {
+  if (!any()) return "none";
+  std::string s;
+  auto add = [&](const char* part) { s += (s.empty() ? "" : "+") + std::string(part); };
+  if (causal) add("causal");
+  if (boolean) add("bool");
+  if (key_padding) add("pad");
+  return s;
+}
+
+MaskSpec parse_mask(const std::string& text, const std::string& where) {
+  MaskSpec m;
+  if (text == "none" || text.empty()) return m;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, '+')) {
+    if (part == "causal") m.causal = true;
+    else if (part == "bool") m.boolean = true;
+    else if (part == "pad") m.key_padding = true;
+    else
+      throw UsageError(where + ": unknown mask '" + part + "' in '" + text +
+                       "' (allowed: none, or causal, bool, pad joined by '+')");
+  }
+  return m;
+}
+
+double Problem::effective_scale() const {
+  return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
+
+const Json& Problem::param(const std::string& name) const {
+  if (!params.contains(name)) throw std::logic_error("variant '" + variant + "' has no parameter '" + name + "'");
+  return params.at(name);
+}
+int64_t Problem::param_int(const std::string& name) const { return param(name).get<int64_t>(); }
+double Problem::param_number(const std::string& name) const { return param(name).get<double>(); }
+std::string Problem::param_string(const std::string& name) const { return param(name).get<std::string>(); }
+
+std::string Problem::repro() const {
+  std::ostringstream s;
+  s << variant;
+  if (!params.empty()) {
+    s << "{";
+    bool first = true;
+    // Spec order when the variant is registered (stable across JSON key order), else key order.
+    std::vector<std::string> names;
+    if (const Attention* v = Registry::instance().find(variant)) {
+      for (const auto& spec : v->param_specs())
+        if (params.contains(spec.name)) names.push_back(spec.name);
+    }
+    if (names.size() != params.size()) {
+      names.clear();
+      for (auto it = params.begin(); it != params.end(); ++it) names.push_back(it.key());
+    }
+    for (const auto& n : names) {
+      s << (first ? "" : ",") << n << "=" << param_value_text(params.at(n));
+      first = false;
+    }
+    s << "}";
+  }
+  s << ":B=" << batch << ",H=" << heads << ",Lq=" << seq_q << ",Lkv=" << seq_kv << ",D=" << head_dim;
+  if (mask.any()) s << "," << mask.str();
+  if (scale) s << ",scale=" << *scale;
+  if (dropout > 0) s << ",dropout=" << dropout << ",seed=" << seed;
+  return s.str();
+}
+
+void Problem::validate() const {
+  auto check_size = [](const char* field, int64_t v) {
+    if (v < 1 || v > kMaxDim)
+      throw UsageError(std::string(field) + ": must be an integer in [1, 2^40], got " + std::to_string(v));
+  };
+  check_size("batch", batch);
+  check_size("heads", heads);
+  check_size("seq_q", seq_q);
+  check_size("seq_kv", seq_kv);
+  check_size("head_dim", head_dim);
+  if (scale && (!std::isfinite(*scale) || *scale <= 0))
+    throw UsageError("scale: must be a finite number > 0, got " + std::to_string(*scale));
+  if (!(dropout >= 0.0 && dropout < 1.0))
+    throw UsageError("dropout: must be a probability in [0, 1), got " + std::to_string(dropout));
+}
+
+Problem parse_problem(const std::string& repro) {
+  const std::string where = "repro string '" + repro + "'";
+  Problem p;
+  std::size_t colon = repro.rfind(':');
+  if (colon == std::string::npos) throw UsageError(where + ": missing ':' between variant and shape");
+  std::string head = repro.substr(0, colon), tail = repro.substr(colon + 1);
+  std::size_t brace = head.find('{');
+  p.variant = head.substr(0, brace);
+  const Attention* variant = Registry::instance().find(p.variant);
+  if (!variant) throw UsageError(where + ": " + Registry::instance().unknown_variant_message(p.variant));
+  Json given = Json::object();
+  if (brace != std::string::npos) {
+    if (head.back() != '}') throw UsageError(where + ": unbalanced '{' in the parameter list");
+    std::stringstream ss(head.substr(brace + 1, head.size() - brace - 2));
+    std::string kv;
+    const auto specs = variant->param_specs();
+    while (std::getline(ss, kv, ',')) {
+      std::size_t eq = kv.find('=');
+      if (eq == std::string::npos) throw UsageError(where + ": parameter '" + kv + "' is not k=v");
+      std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+      const ParamSpec* spec = nullptr;
+      for (const auto& s : specs)
+        if (s.name == k) spec = &s;
+      if (!spec) {
+        given[k] = v;  // resolve_params reports it with a did-you-mean
+        continue;
+      }
+      given[k] = v == "[]" ? Json::array() : parse_param_value(*spec, v, where + ": parameter '" + k + "'");
+    }
+  }
+  p.params = resolve_params(variant->param_specs(), given, where);
+  std::stringstream ss(tail);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    std::size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      p.mask = parse_mask(item, where);
+      continue;
+    }
+    std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+    try {
+      if (k == "B") p.batch = std::stoll(v);
+      else if (k == "H") p.heads = std::stoll(v);
+      else if (k == "Lq") p.seq_q = std::stoll(v);
+      else if (k == "Lkv") p.seq_kv = std::stoll(v);
+      else if (k == "D") p.head_dim = std::stoll(v);
+      else if (k == "scale") p.scale = std::stod(v);
+      else if (k == "dropout") p.dropout = std::stod(v);
+      else if (k == "seed") p.seed = std::stoull(v);
+      else throw UsageError(where + ": unknown field '" + k + "' (B, H, Lq, Lkv, D, scale, dropout, seed)");
+    } catch (const std::invalid_argument&) {
+      throw UsageError(where + ": field '" + k + "' has a non-numeric value '" + v + "'");
+    } catch (const std::out_of_range&) {
+      throw UsageError(where + ": field '" + k + "' value '" + v + "' is out of range");
+    }
+  }
+  p.validate();
+  return p;
+}
+
+}  // namespace attn

@@ -1,0 +1,63 @@
+// The problem descriptor: one attention call, fully specified. Its canonical repro string, e.g.
+//   sliding_window{window=128,dilation=1,global_tokens=0}:B=1,H=8,Lq=1024,Lkv=1024,D=64,causal
+// is the result-row id, the Google Benchmark name and the CLI filter; parse_problem() reads it back.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "common/params.hpp"
+
+namespace attn {
+
+// Which masks apply. They combine: a key may be attended iff every active mask allows it.
+//   causal       query i may attend key j iff j <= i (top-left aligned, as torch's tril mask).
+//   boolean      an explicit [seq_q, seq_kv] mask, nonzero = may attend, shared by batch and heads.
+//   key_padding  a [batch, seq_kv] mask, nonzero = padded key (never attended).
+// A query row with no allowed key produces a zero output row (never NaN).
+struct MaskSpec {
+  bool causal = false;
+  bool boolean = false;
+  bool key_padding = false;
+
+  bool any() const { return causal || boolean || key_padding; }
+  std::string str() const;  // "none", "causal", "causal+bool+pad", ...
+  bool operator==(const MaskSpec&) const = default;
+};
+
+// Parses "none", "causal", "bool", "pad" joined by '+'; throws UsageError naming `where`.
+MaskSpec parse_mask(const std::string& text, const std::string& where);
+
+struct Problem {
+  std::string variant;
+  Json params = Json::object();  // resolved: every parameter of the variant, defaults filled in
+  int64_t batch = 1;
+  int64_t heads = 1;
+  int64_t seq_q = 1;
+  int64_t seq_kv = 1;
+  int64_t head_dim = 64;
+  MaskSpec mask;
+  std::optional<double> scale;  // default 1/sqrt(head_dim)
+  double dropout = 0.0;         // probability of dropping an attention weight, in [0, 1)
+  uint64_t seed = 0;            // dropout keep decisions (and nothing else) depend on it
+
+  double effective_scale() const;
+  int64_t q_elements() const { return batch * heads * seq_q * head_dim; }
+  int64_t kv_elements() const { return batch * heads * seq_kv * head_dim; }
+  bool is_self_shaped() const { return seq_q == seq_kv; }
+
+  // Typed access to resolved parameters (throws std::logic_error if absent: a variant bug).
+  int64_t param_int(const std::string& name) const;
+  double param_number(const std::string& name) const;
+  std::string param_string(const std::string& name) const;
+  const Json& param(const std::string& name) const;
+
+  std::string repro() const;
+  // Checks sizes (positive, not absurd), scale and dropout; throws UsageError naming the field.
+  void validate() const;
+};
+
+// Reads a repro string back. Parameters are resolved against the registered variant's specs.
+Problem parse_problem(const std::string& repro);
+
+}  // namespace attn

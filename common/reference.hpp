@@ -1,0 +1,41 @@
+// The fp64 oracle: exact softmax attention computed straightforwardly in double, kept apart from every
+// variant, and the comparison metrics used by tests, `attnbench check` and the sweep.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "common/attention.hpp"
+
+namespace attn {
+
+// out[b,h,r,:] = sum_j w_rj v_j with w = softmax over allowed j of scale * q_r . k_j, then dropout (same
+// counter-based decisions as the variants). A row with no allowed key is all zeros.
+// rows == nullptr: every query row, out is [B,H,seq_q,D]. Otherwise only those query rows (in that order),
+// out is [B,H,rows.size(),D].
+void reference_attention(const Problem& p, const AttentionInputs& in, double* out,
+                         const std::vector<int64_t>* rows = nullptr);
+
+struct ErrorMetrics {
+  double max_abs_err = 0;   // over finite pairs; +inf if any output is non-finite where the reference is finite
+  double rel_l2_err = 0;    // ||got - want||_F / ||want||_F (absolute ||got - want||_F when ||want|| = 0)
+  double mean_cosine = 1;   // mean over rows of cos(got_row, want_row); two zero rows count as 1
+  int64_t nan_count = 0;    // NaNs in the output
+  int64_t inf_count = 0;    // infinities in the output
+  int64_t rows = 0;         // rows compared
+};
+
+// got and want are `rows` rows of `dim` values each.
+ErrorMetrics compare_outputs(const float* got, const double* want, int64_t rows, int64_t dim);
+
+// Picks `count` query rows spread evenly over [0, seq_q) (all rows if count >= seq_q), always including
+// the first and last: the rows most often wrong in windowed and causal code.
+std::vector<int64_t> sample_rows(int64_t seq_q, int64_t count);
+
+// Gathers rows `rows` of every (b, h) of a [B,H,seq,D] fp32 tensor into [B,H,rows.size(),D].
+std::vector<float> gather_rows(const float* x, int64_t bh, int64_t seq, int64_t dim,
+                               const std::vector<int64_t>& rows);
+
+// Derived bound on |out_fp32 - out_fp64| for exact softmax attention computed in fp32 (see tolerance.cpp).
+double exact_abs_tolerance(const Problem& p, const AttentionInputs& in);
+
+}  // namespace attn

@@ -1,0 +1,114 @@
+// naive: exact softmax attention, the baseline. Materialises the [seq_q, seq_kv] score matrix of each head
+// (quadratic memory), with BLAS GEMMs for Q K^T and P V and a max-subtracted softmax in between.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <tbb/parallel_for.h>
+
+#include "common/attention.hpp"
+#include "common/aligned.hpp"
+#include "common/dropout.hpp"
+#include "common/runtime.hpp"
+#include "common/vmath.hpp"
+
+namespace attn {
+namespace {
+
+// Heads processed together: as many score matrices as fit in this many bytes (at least one). Small problems
+// then parallelise over heads, large ones over the query rows of one head, and memory stays one head's
+// score matrix for long sequences.
+constexpr std::size_t kHeadGroupBytes = 32u << 20;
+
+// Query rows per task. Fixed by the problem alone (never by the thread count), so every output element is
+// computed by the same sequence of operations however many threads run: results are bitwise reproducible.
+int64_t rows_per_block(const Problem& p) { return std::clamp<int64_t>(p.seq_q / 8, 16, 256); }
+
+int64_t heads_per_group(const Problem& p) {
+  const std::size_t per_head = static_cast<std::size_t>(p.seq_q) * p.seq_kv * sizeof(float);
+  return std::clamp<int64_t>(static_cast<int64_t>(kHeadGroupBytes / std::max<std::size_t>(per_head, 1)), 1,
+                             p.batch * p.heads);
+}
+
+class Naive final : public Attention {
+ public:
+  std::string name() const override { return "naive"; }
+  std::string description() const override {
+    return "exact softmax attention, full score matrix per head, BLAS GEMMs (the baseline)";
+  }
+  Capabilities capabilities() const override {
+    return {.exact = true, .causal = true, .boolean_mask = true, .key_padding = true, .cross = true,
+            .dropout = true, .permutation_equivariant = true};
+  }
+  double flops(const Problem& p) const override {
+    // Two GEMMs of 2 * Lq * Lkv * D each, per head (softmax not counted, as is customary).
+    return 4.0 * p.batch * p.heads * static_cast<double>(p.seq_q) * p.seq_kv * p.head_dim;
+  }
+  std::size_t workspace_bytes(const Problem& p, int) const override {
+    return static_cast<std::size_t>(heads_per_group(p)) * p.seq_q * p.seq_kv * sizeof(float);
+  }
+
+  void forward(const Problem& p, const AttentionInputs& in) const override {
+    check_inputs(p, in);
+    const int64_t Lq = p.seq_q, Lkv = p.seq_kv, D = p.head_dim, BH = p.batch * p.heads;
+    const int64_t group = heads_per_group(p), rows = rows_per_block(p);
+    const int64_t blocks_per_head = (Lq + rows - 1) / rows;
+    const float scale = static_cast<float>(p.effective_scale());
+    AlignedVector<float> scores(static_cast<std::size_t>(group) * Lq * Lkv);
+
+    for (int64_t g0 = 0; g0 < BH; g0 += group) {
+      const int64_t heads_here = std::min(group, BH - g0);
+      tbb::parallel_for(int64_t{0}, heads_here * blocks_per_head, [&](int64_t task) {
+        const int64_t bh = g0 + task / blocks_per_head, r0 = (task % blocks_per_head) * rows;
+        const int64_t r1 = std::min(Lq, r0 + rows), nr = r1 - r0;
+        const int64_t b = bh / p.heads, h = bh % p.heads;
+        float* s = scores.data() + ((bh - g0) * Lq + r0) * Lkv;
+        const float* q = in.q + (bh * Lq + r0) * D;
+        const float* k = in.k + bh * Lkv * D;
+        const float* v = in.v + bh * Lkv * D;
+        float* o = in.out + (bh * Lq + r0) * D;
+        sgemm(false, true, nr, Lkv, D, scale, q, D, k, D, 0.0f, s, Lkv);
+        for (int64_t r = 0; r < nr; ++r) softmax_row(p, in, b, h, r0 + r, s + r * Lkv);
+        sgemm(false, false, nr, D, Lkv, 1.0f, s, Lkv, v, D, 0.0f, o, D);
+      });
+    }
+  }
+
+ private:
+  // Masks, then normalises one score row in place. A row with no allowed key becomes all zeros, so the
+  // following GEMM writes a zero output row.
+  static void softmax_row(const Problem& p, const AttentionInputs& in, int64_t b, int64_t h, int64_t i,
+                          float* s) {
+    const int64_t Lkv = p.seq_kv;
+    constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    if (p.mask.causal && i + 1 < Lkv) std::fill(s + i + 1, s + Lkv, kNegInf);
+    if (p.mask.boolean) {
+      const uint8_t* m = in.mask + i * Lkv;
+      for (int64_t j = 0; j < Lkv; ++j)
+        if (!m[j]) s[j] = kNegInf;
+    }
+    if (p.mask.key_padding) {
+      const uint8_t* pad = in.key_padding + b * Lkv;
+      for (int64_t j = 0; j < Lkv; ++j)
+        if (pad[j]) s[j] = kNegInf;
+    }
+    const float mx = row_max(s, Lkv);
+    if (mx == kNegInf) {
+      std::fill(s, s + Lkv, 0.0f);
+      return;
+    }
+    const float sum = exp_sub_sum(s, Lkv, mx);
+    if (p.dropout > 0) {
+      const DropoutRow drop(p.dropout, p.seed, b, h, i);
+      const float keep_scale = drop.scale() / sum;
+      for (int64_t j = 0; j < Lkv; ++j) s[j] = drop.keep(j) ? s[j] * keep_scale : 0.0f;
+    } else {
+      scale_row(s, Lkv, 1.0f / sum);
+    }
+  }
+};
+
+}  // namespace
+}  // namespace attn
+
+ATTN_REGISTER_VARIANT(attn::Naive)
