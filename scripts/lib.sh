@@ -1,0 +1,46 @@
+# Shared by scripts/run and scripts/test: install what is missing, configure and build.
+# Sourced, not run. Uses only Debian's packages.
+set -euo pipefail
+
+ATTN_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+# Build and test dependencies (Debian 12 package names).
+ATTN_BUILD_PACKAGES=(g++ cmake ninja-build git pkg-config libeigen3-dev libopenblas-dev libopenblas0-pthread
+  libtbb-dev nlohmann-json3-dev catch2 libcli11-dev libsleef-dev libbenchmark-dev)
+# Plots and the numpy/PyTorch interoperability tests run with Debian's python (/usr/bin/python3).
+ATTN_PYTHON_PACKAGES=(python3 python3-numpy python3-matplotlib)
+ATTN_TORCH_PACKAGES=(python3-torch)
+
+attn_log() { printf '[attnbench] %s\n' "$*" >&2; }
+
+# Installs the named Debian packages that are not installed yet (as root, or through passwordless sudo).
+attn_ensure_packages() {
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      sudo=(sudo)
+    else
+      attn_log "missing Debian packages: ${missing[*]}"
+      attn_log "not root and no passwordless sudo: install them with 'apt-get install ${missing[*]}' and rerun"
+      exit 3
+    fi
+  fi
+  attn_log "installing: ${missing[*]}"
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# attn_build PRESET: configure (once) and build with CMake presets into build/PRESET.
+attn_build() {
+  local preset="$1"
+  cd "$ATTN_ROOT"
+  if [ ! -f "build/$preset/CMakeCache.txt" ]; then
+    cmake --preset "$preset" >/dev/null
+  fi
+  cmake --build --preset "$preset" -j "$(nproc)"
+}
