@@ -33,6 +33,10 @@ void Attention::reference_forward(const Problem& p, const AttentionInputs& in, d
   reference_attention(p, in, out);
 }
 
+double Attention::abs_tolerance(const Problem& p, const AttentionInputs& in) const {
+  return exact_abs_tolerance(p, in);
+}
+
 Registry& Registry::instance() {
   static Registry registry;
   return registry;

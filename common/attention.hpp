@@ -64,6 +64,10 @@ class Attention {
   // attention (reference.hpp); approximate variants override it (e.g. linear attention's quadratic form).
   virtual void reference_forward(const Problem& p, const AttentionInputs& in, double* out) const;
 
+  // Bound on |forward - reference_forward| for these inputs. Default: exact_abs_tolerance (reference.hpp),
+  // derived for softmax attention in fp32; override with your own derivation (and a comment saying why).
+  virtual double abs_tolerance(const Problem& p, const AttentionInputs& in) const;
+
   // Parameter sets the registry-wide checks run (small values that force multi-tile and tail paths).
   virtual std::vector<Json> test_param_sets() const { return {Json::object()}; }
 

@@ -126,7 +126,7 @@ class Checker {
     v_.reference_forward(p, data.inputs(), want.ptr());
     const int64_t rows = p.batch * p.heads * p.seq_q;
     const ErrorMetrics m = compare_outputs(data.out.ptr(), want.ptr(), rows, p.head_dim);
-    const double tol = exact_abs_tolerance(p, data.inputs());
+    const double tol = v_.abs_tolerance(p, data.inputs());
     std::string detail = "max_abs_err " + fmt(m.max_abs_err) + " (bound " + fmt(tol) + "), rel_l2 " +
                          fmt(m.rel_l2_err);
     if (m.nan_count || m.inf_count) {
@@ -176,7 +176,7 @@ class Checker {
         for (int64_t d = 0; d < D; ++d)
           want.data[(bh * p.seq_q + i) * D + d] = base.out.data[(bh * p.seq_q + pq[i]) * D + d];
     const ErrorMetrics m = compare_outputs(perm.out.ptr(), want.ptr(), p.batch * p.heads * p.seq_q, D);
-    const double tol = 2 * exact_abs_tolerance(p, base.inputs());  // two fp32 results, each within the bound
+    const double tol = 2 * v_.abs_tolerance(p, base.inputs());  // two fp32 results, each within the bound
     const bool ok = m.nan_count == 0 && m.max_abs_err <= tol;
     report({check, p.repro(), ok ? CheckStatus::passed : CheckStatus::failed,
             "max_abs_err " + fmt(m.max_abs_err) + " (bound " + fmt(tol) + ")"});
@@ -207,7 +207,7 @@ class Checker {
           const std::size_t e = static_cast<std::size_t>((bh * p.seq_q + i) * D + d);
           worst = std::max(worst, std::isfinite(changed.out.data[e]) ? (double)std::fabs(changed.out.data[e] - base.out.data[e]) : INFINITY);
         }
-    const double tol = 2 * exact_abs_tolerance(p, base.inputs());
+    const double tol = 2 * v_.abs_tolerance(p, base.inputs());
     report({check, p.repro(), worst <= tol ? CheckStatus::passed : CheckStatus::failed,
             "rows 0.." + std::to_string(t) + " moved by " + fmt(worst) + " (bound " + fmt(tol) +
                 ") after changing every later position"});
