@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include <tbb/parallel_for.h>
+
 #include "common/dropout.hpp"
 #include "common/mask.hpp"
 
@@ -16,44 +18,43 @@ void reference_attention(const Problem& p, const AttentionInputs& in, double* ou
   const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv;
   const int64_t nrows = rows ? static_cast<int64_t>(rows->size()) : Lq;
   const double scale = p.effective_scale();
-  std::vector<double> s(static_cast<std::size_t>(Lkv));
-  for (int64_t b = 0; b < p.batch; ++b) {
-    for (int64_t h = 0; h < p.heads; ++h) {
-      const int64_t bh = b * p.heads + h;
-      const float* q = in.q + bh * Lq * D;
-      const float* k = in.k + bh * Lkv * D;
-      const float* v = in.v + bh * Lkv * D;
-      for (int64_t r = 0; r < nrows; ++r) {
-        const int64_t i = rows ? (*rows)[static_cast<std::size_t>(r)] : r;
-        double* o = out + (bh * nrows + r) * D;
-        double mx = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j < Lkv; ++j) {
-          if (!key_allowed(p, in, b, i, j)) {
-            s[j] = -std::numeric_limits<double>::infinity();
-            continue;
-          }
-          double acc = 0;
-          for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(q[i * D + d]) * k[j * D + d];
-          s[j] = acc * scale;
-          mx = std::max(mx, s[j]);
+  // Parallel over (batch, head): each task writes its own rows, so the result is independent of threads.
+  tbb::parallel_for(int64_t{0}, p.batch * p.heads, [&](int64_t bh) {
+    const int64_t b = bh / p.heads, h = bh % p.heads;
+    std::vector<double> s(static_cast<std::size_t>(Lkv));
+    const float* q = in.q + bh * Lq * D;
+    const float* k = in.k + bh * Lkv * D;
+    const float* v = in.v + bh * Lkv * D;
+    for (int64_t r = 0; r < nrows; ++r) {
+      const int64_t i = rows ? (*rows)[static_cast<std::size_t>(r)] : r;
+      double* o = out + (bh * nrows + r) * D;
+      double mx = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < Lkv; ++j) {
+        if (!key_allowed(p, in, b, i, j)) {
+          s[j] = -std::numeric_limits<double>::infinity();
+          continue;
         }
-        std::fill(o, o + D, 0.0);
-        if (mx == -std::numeric_limits<double>::infinity()) continue;  // fully masked row: zeros
-        double sum = 0;
-        for (int64_t j = 0; j < Lkv; ++j) {
-          s[j] = std::exp(s[j] - mx);  // exp(-inf) = 0 for masked keys
-          sum += s[j];
-        }
-        const DropoutRow drop = p.dropout > 0 ? DropoutRow(p.dropout, p.seed, b, h, i) : DropoutRow();
-        for (int64_t j = 0; j < Lkv; ++j) {
-          if (s[j] == 0) continue;
-          double w = s[j] / sum;
-          if (p.dropout > 0) w = drop.keep(j) ? w * (1.0 / (1.0 - p.dropout)) : 0.0;
-          for (int64_t d = 0; d < D; ++d) o[d] += w * v[j * D + d];
-        }
+        double acc = 0;
+        for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(q[i * D + d]) * k[j * D + d];
+        s[j] = acc * scale;
+        mx = std::max(mx, s[j]);
+      }
+      std::fill(o, o + D, 0.0);
+      if (mx == -std::numeric_limits<double>::infinity()) continue;  // fully masked row: zeros
+      double sum = 0;
+      for (int64_t j = 0; j < Lkv; ++j) {
+        s[j] = std::exp(s[j] - mx);  // exp(-inf) = 0 for masked keys
+        sum += s[j];
+      }
+      const DropoutRow drop = p.dropout > 0 ? DropoutRow(p.dropout, p.seed, b, h, i) : DropoutRow();
+      for (int64_t j = 0; j < Lkv; ++j) {
+        if (s[j] == 0) continue;
+        double w = s[j] / sum;
+        if (p.dropout > 0) w = drop.keep(j) ? w * (1.0 / (1.0 - p.dropout)) : 0.0;
+        for (int64_t d = 0; d < D; ++d) o[d] += w * v[j * D + d];
       }
     }
-  }
+  });
 }
 
 ErrorMetrics compare_outputs(const float* got, const double* want, int64_t rows, int64_t dim) {

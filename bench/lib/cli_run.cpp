@@ -1,0 +1,39 @@
+// `attnbench run CONFIG.json`: the sweep engine (configs/README.md documents the schema).
+#include <unistd.h>
+
+#include "bench/lib/command.hpp"
+#include "bench/lib/sweep.hpp"
+#include "common/error.hpp"
+
+namespace attn::cli {
+namespace {
+
+struct RunOptions {
+  std::string config;
+  SweepOptions sweep;
+  bool plain = false;
+};
+
+int run_config(RunOptions& o) {
+  // Everything is validated before the output folder is touched.
+  const SweepConfig config = load_sweep_config(o.config);
+  if (o.sweep.resume && o.sweep.force) throw UsageError("--resume and --force exclude each other");
+  o.sweep.progress_tty = !o.plain;
+  return run_sweep(config, o.sweep);
+}
+
+}  // namespace
+}  // namespace attn::cli
+
+ATTN_REGISTER_COMMAND("run", "run a sweep from a JSON config; writes results.jsonl, results.csv, meta.json",
+                      [](CLI::App& sub) {
+                        auto o = std::make_shared<attn::cli::RunOptions>();
+                        sub.add_option("config", o->config, "sweep config (JSON), see configs/README.md")->required();
+                        sub.add_option("--out", o->sweep.out_dir, "output folder (default results/<config name>)");
+                        sub.add_flag("--resume", o->sweep.resume, "finish an interrupted sweep: measure only missing points");
+                        sub.add_flag("--force", o->sweep.force, "replace results already in the output folder");
+                        sub.add_option("--filter", o->sweep.filter, "only points whose id contains this text");
+                        sub.add_flag("--dry-run", o->sweep.dry_run, "print the plan with skip reasons; write nothing");
+                        sub.add_flag("--plain", o->plain, "one plain line per point even on a terminal");
+                        return std::function<int()>([o] { return attn::cli::run_config(*o); });
+                      })

@@ -1,0 +1,49 @@
+// Input generation for sweep points.
+#include "bench/lib/inputs.hpp"
+
+#include <cmath>
+
+#include "common/error.hpp"
+#include "common/random.hpp"
+
+namespace attn {
+
+std::size_t PointInputs::bytes() const {
+  return (q.numel() + k.numel() + v.numel()) * sizeof(float) + key_padding.numel();
+}
+
+AttentionInputs PointInputs::view(float* out) const {
+  AttentionInputs in;
+  in.q = q.ptr();
+  in.k = k.ptr();
+  in.v = v.ptr();
+  in.key_padding = key_padding.numel() ? key_padding.ptr() : nullptr;
+  in.out = out;
+  return in;
+}
+
+PointInputs make_token_inputs(const SweepPoint& point);  // inputs_tokens.cpp
+
+PointInputs make_inputs(const SweepPoint& pt) {
+  const Problem& p = pt.problem;
+  PointInputs in;
+  if (pt.regime.kind == "tokens") {
+    in = make_token_inputs(pt);
+  } else {
+    in.q = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
+    in.k = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
+    in.v = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
+    fill_normal(in.q.ptr(), static_cast<int64_t>(in.q.numel()), pt.input_seed * 3 + 1, pt.regime.std);
+    fill_normal(in.k.ptr(), static_cast<int64_t>(in.k.numel()), pt.input_seed * 3 + 2, pt.regime.std);
+    fill_normal(in.v.ptr(), static_cast<int64_t>(in.v.numel()), pt.input_seed * 3 + 3, 1.0);
+  }
+  if (p.mask.key_padding) {
+    in.key_padding = ByteArray({p.batch, p.seq_kv});
+    const int64_t padded = std::llround(pt.mask.pad_fraction * static_cast<double>(p.seq_kv));
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t j = p.seq_kv - padded; j < p.seq_kv; ++j) in.key_padding.data[b * p.seq_kv + j] = 1;
+  }
+  return in;
+}
+
+}  // namespace attn

@@ -1,0 +1,424 @@
+// Config parsing and validation. Nothing runs and nothing is written until the whole config is valid.
+#include "bench/lib/sweep_config.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "common/attention.hpp"
+#include "common/error.hpp"
+#include "common/npy.hpp"
+#include "common/runtime.hpp"
+
+namespace attn {
+namespace {
+
+[[noreturn]] void fail(const std::string& path, const std::string& msg) { throw UsageError(path + ": " + msg); }
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// Rejects keys of `obj` outside `allowed`, with a did-you-mean.
+void check_keys(const Json& obj, const std::string& path, const std::vector<std::string>& allowed) {
+  if (!obj.is_object()) fail(path.empty() ? "config" : path, "must be an object, got " + obj.dump());
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    if (std::find(allowed.begin(), allowed.end(), it.key()) != allowed.end()) continue;
+    std::string msg = "unknown key '" + it.key() + "'";
+    if (auto m = did_you_mean(it.key(), allowed)) msg += " (did you mean '" + *m + "'?)";
+    fail(path.empty() ? it.key() : path + "." + it.key(), msg + "; allowed: " + join(allowed));
+  }
+}
+
+std::string sub(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
+std::string idx(const std::string& path, std::size_t i) { return path + "[" + std::to_string(i) + "]"; }
+
+int64_t get_int(const Json& v, const std::string& path, int64_t lo, int64_t hi, const char* what) {
+  bool ok = v.is_number_integer() || (v.is_number_float() && std::isfinite(v.get<double>()) &&
+                                      v.get<double>() == std::floor(v.get<double>()));
+  if (!ok) fail(path, std::string("must be ") + what + ", got " + v.dump());
+  const double d = v.get<double>();
+  if (d < static_cast<double>(lo) || d > static_cast<double>(hi))
+    fail(path, std::string("must be ") + what + ", got " + v.dump());
+  return v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(d);
+}
+
+double get_number(const Json& v, const std::string& path, double lo, double hi, const std::string& what) {
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < lo || v.get<double>() > hi)
+    fail(path, "must be " + what + ", got " + v.dump());
+  return v.get<double>();
+}
+
+// An axis: one value or a non-empty list of values.
+template <class F>
+void for_axis(const Json& v, const std::string& path, F&& each) {
+  if (v.is_array()) {
+    if (v.empty()) fail(path, "must not be an empty list");
+    for (std::size_t i = 0; i < v.size(); ++i) each(v[i], idx(path, i));
+  } else {
+    each(v, path);
+  }
+}
+
+constexpr int64_t kMaxSize = int64_t{1} << 40;
+
+std::vector<int64_t> size_axis(const Json& v, const std::string& path) {
+  std::vector<int64_t> out;
+  for_axis(v, path, [&](const Json& x, const std::string& p) {
+    out.push_back(get_int(x, p, 1, kMaxSize, "a positive integer"));
+  });
+  return out;
+}
+
+MaskAxis parse_mask_axis(const Json& v, const std::string& path) {
+  if (!v.is_string()) fail(path, "must be a mask string (none, causal, pad, pad=F, causal+pad=F), got " + v.dump());
+  const std::string text = v.get<std::string>();
+  MaskAxis m;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, '+')) {
+    if (part == "none" && text == "none") continue;
+    if (part == "causal") {
+      m.spec.causal = true;
+    } else if (part == "pad" || part.rfind("pad=", 0) == 0) {
+      m.spec.key_padding = true;
+      m.pad_fraction = 0.25;
+      if (part.size() > 4) {
+        try {
+          std::size_t used = 0;
+          m.pad_fraction = std::stod(part.substr(4), &used);
+          if (used != part.size() - 4) throw std::invalid_argument(part);
+        } catch (const std::exception&) {
+          fail(path, "padding fraction in '" + text + "' is not a number");
+        }
+        if (!(m.pad_fraction >= 0 && m.pad_fraction <= 1))
+          fail(path, "padding fraction must be in [0, 1], got '" + part.substr(4) + "'");
+      }
+    } else {
+      fail(path, "unknown mask '" + part + "' in '" + text +
+                     "' (allowed: none, causal, pad, pad=F with F in [0, 1], joined by '+')");
+    }
+  }
+  return m;
+}
+
+void parse_regimes(const Json& v, const std::string& path, const std::string& config_dir,
+                   std::vector<Regime>& out) {
+  for_axis(v, path, [&](const Json& r, const std::string& p) {
+    check_keys(r, p, {"regime", "std", "text"});
+    if (!r.contains("regime")) fail(p, "missing key 'regime' (gaussian or tokens)");
+    if (!r["regime"].is_string()) fail(sub(p, "regime"), "must be a string, got " + r["regime"].dump());
+    const std::string kind = r["regime"].get<std::string>();
+    if (kind == "gaussian") {
+      if (r.contains("text")) fail(sub(p, "text"), "only applies to regime 'tokens'");
+      Json stds = r.value("std", Json(1.0));
+      for_axis(stds, sub(p, "std"), [&](const Json& s, const std::string& sp) {
+        Regime g;
+        g.std = get_number(s, sp, 1e-6, 1e3, "a standard deviation in [1e-6, 1000]");
+        out.push_back(g);
+      });
+    } else if (kind == "tokens") {
+      if (r.contains("std")) fail(sub(p, "std"), "only applies to regime 'gaussian'");
+      if (!r.contains("text") || !r["text"].is_string())
+        fail(sub(p, "text"), "regime 'tokens' needs a text file path (string)");
+      Regime t;
+      t.kind = "tokens";
+      std::filesystem::path file = r["text"].get<std::string>();
+      if (file.is_relative()) file = std::filesystem::path(config_dir) / file;
+      if (!std::filesystem::is_regular_file(file))
+        fail(sub(p, "text"), "file '" + file.string() + "' does not exist or is not a regular file");
+      t.text = file.string();
+      out.push_back(t);
+    } else {
+      fail(sub(p, "regime"), "must be 'gaussian' or 'tokens', got '" + kind + "'");
+    }
+  });
+}
+
+// Expands one variant entry's parameters: a list value is an axis; a list-typed parameter takes a list of
+// lists as its axis (a plain list of integers for such a parameter is one value).
+std::vector<Json> expand_params(const Attention& variant, const Json& given, const std::string& path) {
+  const auto specs = variant.param_specs();
+  if (!given.is_object()) fail(path, "must be an object of parameter: value or [values], got " + given.dump());
+  std::vector<Json> combos{Json::object()};
+  for (auto it = given.begin(); it != given.end(); ++it) {
+    const auto spec = std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.name == it.key(); });
+    if (spec == specs.end()) resolve_params(specs, Json{{it.key(), it.value()}}, path);  // throws did-you-mean
+    // A list is an axis, except for an int_list parameter given a plain list of integers (one value).
+    const Json& v = it.value();
+    const bool one_list_value =
+        spec->type == ParamType::int_list && v.is_array() && (v.empty() || !v[0].is_array());
+    std::vector<Json> values;
+    if (v.is_array() && !one_list_value) {
+      if (v.empty()) fail(sub(path, it.key()), "must not be an empty list");
+      for (const auto& x : v) values.push_back(x);
+    } else {
+      values.push_back(v);
+    }
+    std::vector<Json> next;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      const std::string vp = v.is_array() && !one_list_value ? idx(sub(path, it.key()), i) : sub(path, it.key());
+      resolve_params(specs, Json{{it.key(), values[i]}}, vp);  // validates this value alone
+      for (const auto& c : combos) {
+        Json n = c;
+        n[it.key()] = values[i];
+        next.push_back(n);
+      }
+    }
+    combos = std::move(next);
+  }
+  std::vector<Json> out;
+  for (const auto& c : combos) out.push_back(resolve_params(specs, c, path));
+  return out;
+}
+
+uint64_t default_memory_budget() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2 : (8ull << 30);
+}
+
+}  // namespace
+
+std::string Regime::label() const {
+  if (kind == "tokens") return "tokens(" + std::filesystem::path(text).filename().string() + ")";
+  std::ostringstream s;
+  s << "gaussian(std=" << std << ")";
+  return s.str();
+}
+
+std::string MaskAxis::label() const {
+  std::string s;
+  if (spec.causal) s = "causal";
+  if (spec.key_padding) {
+    std::ostringstream f;
+    f << pad_fraction;
+    s += (s.empty() ? "pad=" : "+pad=") + f.str();
+  }
+  return s.empty() ? "none" : s;
+}
+
+uint64_t parse_bytes(const Json& value, const std::string& where) {
+  if (value.is_number()) {
+    double d = value.get<double>();
+    if (!std::isfinite(d) || d < 1) fail(where, "must be a positive number of bytes, got " + value.dump());
+    return static_cast<uint64_t>(d);
+  }
+  static const std::regex re(R"(^\s*([0-9]+(\.[0-9]+)?)\s*(B|KiB|MiB|GiB|TiB|K|M|G|T|KB|MB|GB|TB)?\s*$)");
+  std::smatch m;
+  const std::string text = value.is_string() ? value.get<std::string>() : "";
+  if (!value.is_string() || !std::regex_match(text, m, re))
+    fail(where, "must be bytes as a number or a string like \"8GiB\" or \"512MiB\", got " + value.dump());
+  const double n = std::stod(m[1].str());
+  const std::string u = m[3].str();
+  double mult = 1;
+  if (u == "K" || u == "KiB" || u == "KB") mult = 1024.0;
+  if (u == "M" || u == "MiB" || u == "MB") mult = 1024.0 * 1024;
+  if (u == "G" || u == "GiB" || u == "GB") mult = 1024.0 * 1024 * 1024;
+  if (u == "T" || u == "TiB" || u == "TB") mult = 1024.0 * 1024 * 1024 * 1024;
+  if (n * mult < 1) fail(where, "must be at least 1 byte, got " + value.dump());
+  return static_cast<uint64_t>(n * mult);
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (std::fabs(bytes) >= 1024 && u < 6) bytes /= 1024, ++u;
+  std::ostringstream s;
+  s.precision(u ? 3 : 0);
+  s << std::fixed << bytes << " " << units[u];
+  return s.str();
+}
+
+std::string SweepConfig::hash() const {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : raw.dump()) h = (h ^ c) * 1099511628211ull;
+  std::ostringstream s;
+  s << std::hex << h;
+  return s.str();
+}
+
+SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
+  SweepConfig c;
+  c.raw = j;
+  c.source_path = source_path;
+  check_keys(j, "", {"name", "description", "variants", "sweep", "inputs", "measure", "accuracy",
+                     "memory_budget", "seed"});
+  if (!j.contains("name")) fail("name", "missing (a name for the results folder, e.g. \"default\")");
+  if (!j["name"].is_string() || !std::regex_match(j["name"].get<std::string>(), std::regex("[A-Za-z0-9_.-]{1,64}")) ||
+      j["name"].get<std::string>().front() == '.')
+    fail("name", "must be 1-64 characters of A-Z a-z 0-9 _ . - not starting with '.', got " + j["name"].dump());
+  c.name = j["name"].get<std::string>();
+  if (j.contains("description")) {
+    if (!j["description"].is_string()) fail("description", "must be a string, got " + j["description"].dump());
+    c.description = j["description"].get<std::string>();
+  }
+
+  // Variants: "all", or a list of names / {"name", "params"} objects.
+  const Json variants = j.value("variants", Json("all"));
+  auto& reg = Registry::instance();
+  if (variants.is_string() && variants.get<std::string>() == "all") {
+    for (const Attention* v : reg.all()) c.variants.push_back({v->name(), {make_problem(v->name()).params}});
+  } else if (variants.is_array() && !variants.empty()) {
+    for (std::size_t i = 0; i < variants.size(); ++i) {
+      const std::string p = idx("variants", i);
+      const Json& e = variants[i];
+      Json name, params = Json::object();
+      if (e.is_string()) {
+        name = e;
+      } else if (e.is_object()) {
+        check_keys(e, p, {"name", "params"});
+        if (!e.contains("name")) fail(p, "missing key 'name'");
+        name = e["name"];
+        if (e.contains("params")) params = e["params"];
+      } else {
+        fail(p, "must be a variant name or {\"name\": ..., \"params\": {...}}, got " + e.dump());
+      }
+      if (!name.is_string()) fail(p, "variant name must be a string, got " + name.dump());
+      const Attention* v = reg.find(name.get<std::string>());
+      if (!v) fail(e.is_string() ? p : sub(p, "name"), reg.unknown_variant_message(name.get<std::string>()));
+      c.variants.push_back({v->name(), expand_params(*v, params, sub(p, "params"))});
+    }
+  } else {
+    fail("variants", "must be \"all\" or a non-empty list of variant names or objects, got " + variants.dump());
+  }
+
+  const Json sweep = j.value("sweep", Json::object());
+  check_keys(sweep, "sweep", {"batch", "heads", "head_dim", "seq_len", "seq_q", "seq_kv", "mask", "threads",
+                              "dropout"});
+  if (sweep.contains("batch")) c.batch = size_axis(sweep["batch"], "sweep.batch");
+  if (sweep.contains("heads")) c.heads = size_axis(sweep["heads"], "sweep.heads");
+  if (sweep.contains("head_dim")) c.head_dim = size_axis(sweep["head_dim"], "sweep.head_dim");
+  const bool has_len = sweep.contains("seq_len"), has_q = sweep.contains("seq_q"), has_kv = sweep.contains("seq_kv");
+  if (has_len && (has_q || has_kv))
+    fail("sweep.seq_len", "give either seq_len (self-attention) or seq_q and seq_kv (cross-attention), not both");
+  if (has_q != has_kv) fail(has_q ? "sweep.seq_kv" : "sweep.seq_q", "missing: seq_q and seq_kv go together");
+  if (has_len) {
+    c.seq_q = c.seq_kv = size_axis(sweep["seq_len"], "sweep.seq_len");
+  } else if (has_q) {
+    c.self_attention = false;
+    c.seq_q = size_axis(sweep["seq_q"], "sweep.seq_q");
+    c.seq_kv = size_axis(sweep["seq_kv"], "sweep.seq_kv");
+  } else {
+    fail("sweep.seq_len", "missing: the sequence lengths to sweep (or seq_q and seq_kv)");
+  }
+  for_axis(sweep.value("mask", Json("none")), "sweep.mask",
+           [&](const Json& m, const std::string& p) { c.masks.push_back(parse_mask_axis(m, p)); });
+  const int avail = available_threads();
+  if (sweep.contains("threads")) {
+    for_axis(sweep["threads"], "sweep.threads", [&](const Json& t, const std::string& p) {
+      c.threads.push_back(static_cast<int>(
+          get_int(t, p, 1, avail, ("an integer in [1, " + std::to_string(avail) + "] (the cores available)").c_str())));
+    });
+  } else {
+    c.threads = {avail};
+  }
+  if (sweep.contains("dropout")) c.dropout = get_number(sweep["dropout"], "sweep.dropout", 0, 0.999999, "a probability in [0, 1)");
+
+  const std::string dir = std::filesystem::path(source_path).parent_path().string();
+  parse_regimes(j.value("inputs", Json{{"regime", "gaussian"}, {"std", 1.0}}), "inputs", dir.empty() ? "." : dir,
+                c.regimes);
+
+  if (j.contains("measure")) {
+    const Json& m = j["measure"];
+    check_keys(m, "measure", {"warmup", "min_reps", "max_reps", "min_time_s", "max_time_s"});
+    if (m.contains("warmup")) c.measure.warmup = static_cast<int>(get_int(m["warmup"], "measure.warmup", 0, 1000, "an integer in [0, 1000]"));
+    if (m.contains("min_reps")) c.measure.min_reps = static_cast<int>(get_int(m["min_reps"], "measure.min_reps", 1, 100000, "an integer in [1, 100000]"));
+    if (m.contains("max_reps")) c.measure.max_reps = static_cast<int>(get_int(m["max_reps"], "measure.max_reps", 1, 100000, "an integer in [1, 100000]"));
+    if (m.contains("min_time_s")) c.measure.min_time_s = get_number(m["min_time_s"], "measure.min_time_s", 0, 3600, "seconds in [0, 3600]");
+    if (m.contains("max_time_s")) c.measure.max_time_s = get_number(m["max_time_s"], "measure.max_time_s", 0.001, 86400, "seconds in [0.001, 86400]");
+    if (c.measure.max_reps < c.measure.min_reps)
+      fail("measure.max_reps", "must be >= measure.min_reps (" + std::to_string(c.measure.min_reps) + "), got " + std::to_string(c.measure.max_reps));
+    if (c.measure.max_time_s < c.measure.min_time_s)
+      fail("measure.max_time_s", "must be >= measure.min_time_s, got " + m["max_time_s"].dump());
+  }
+  if (j.contains("accuracy")) {
+    const Json& a = j["accuracy"];
+    check_keys(a, "accuracy", {"reference", "rows"});
+    if (a.contains("reference")) {
+      const std::vector<std::string> modes{"auto", "full", "sampled", "none"};
+      if (!a["reference"].is_string() ||
+          std::find(modes.begin(), modes.end(), a["reference"].get<std::string>()) == modes.end())
+        fail("accuracy.reference", "must be one of auto, full, sampled, none, got " + a["reference"].dump());
+      c.accuracy.reference = a["reference"].get<std::string>();
+    }
+    if (a.contains("rows")) c.accuracy.rows = get_int(a["rows"], "accuracy.rows", 1, 1 << 20, "an integer in [1, 1048576]");
+  }
+  c.memory_budget_bytes = j.contains("memory_budget") ? parse_bytes(j["memory_budget"], "memory_budget")
+                                                      : default_memory_budget();
+  if (j.contains("seed")) c.seed = static_cast<uint64_t>(get_int(j["seed"], "seed", 0, int64_t{1} << 53, "an integer in [0, 2^53]"));
+  return c;
+}
+
+SweepConfig load_sweep_config(const std::string& path) {
+  const std::string text = read_file_bytes(path);
+  Json j;
+  try {
+    j = Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    // Translate the byte offset into a line and column.
+    std::size_t line = 1, col = 1;
+    for (std::size_t i = 0; i < std::min<std::size_t>(e.byte, text.size()) && i + 1 < e.byte; ++i) {
+      if (text[i] == '\n') ++line, col = 1;
+      else ++col;
+    }
+    throw UsageError("file '" + path + "': invalid JSON at line " + std::to_string(line) + ", column " +
+                     std::to_string(col) + ": " + e.what());
+  }
+  try {
+    return parse_sweep_config(j, path);
+  } catch (const UsageError& e) {
+    throw UsageError("config '" + path + "': " + e.what());
+  }
+}
+
+std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
+  std::vector<SweepPoint> plan;
+  const std::size_t n_seq = c.self_attention ? c.seq_q.size() : c.seq_q.size() * c.seq_kv.size();
+  for (const Regime& regime : c.regimes)
+    for (int64_t B : c.batch)
+      for (int64_t H : c.heads)
+        for (int64_t D : c.head_dim)
+          for (std::size_t s = 0; s < n_seq; ++s)
+            for (const MaskAxis& mask : c.masks) {
+              const int64_t Lq = c.self_attention ? c.seq_q[s] : c.seq_q[s / c.seq_kv.size()];
+              const int64_t Lkv = c.self_attention ? c.seq_kv[s] : c.seq_kv[s % c.seq_kv.size()];
+              std::ostringstream key;
+              key << "B=" << B << ",H=" << H << ",Lq=" << Lq << ",Lkv=" << Lkv << ",D=" << D << ","
+                  << mask.label() << "," << regime.label();
+              uint64_t seed = c.seed;
+              for (unsigned char ch : key.str()) seed = (seed ^ ch) * 1099511628211ull;
+              for (const VariantSpec& v : c.variants)
+                for (const Json& params : v.param_sets)
+                  for (int T : c.threads) {
+                    SweepPoint pt;
+                    Problem& p = pt.problem;
+                    p.variant = v.name;
+                    p.params = params;
+                    p.batch = B, p.heads = H, p.seq_q = Lq, p.seq_kv = Lkv, p.head_dim = D;
+                    p.mask = mask.spec;
+                    p.dropout = c.dropout;
+                    p.seed = c.seed;
+                    pt.mask = mask;
+                    pt.regime = regime;
+                    pt.threads = T;
+                    pt.input_key = key.str();
+                    pt.input_seed = seed;
+                    std::ostringstream id;
+                    id << p.repro();
+                    if (mask.spec.key_padding) id << ",padfrac=" << mask.pad_fraction;
+                    id << "," << regime.label() << ",T=" << T;
+                    pt.id = id.str();
+                    plan.push_back(std::move(pt));
+                  }
+            }
+  return plan;
+}
+
+}  // namespace attn

@@ -1,0 +1,88 @@
+// Sweep configs: the JSON schema (configs/README.md), its validation with JSON-path error messages, and the
+// expansion of a config into single-valued points (the cross product of every axis, as benchdnn does).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/problem.hpp"
+
+namespace attn {
+
+struct Regime {
+  std::string kind = "gaussian";  // "gaussian" | "tokens"
+  double std = 1.0;               // gaussian: standard deviation of Q and K (V is N(0, 1)); sets peakedness
+  std::string text;               // tokens: text file, resolved against the config's folder
+  std::string label() const;      // "gaussian(std=1)" / "tokens(sample.txt)"
+};
+
+struct MaskAxis {
+  MaskSpec spec;
+  double pad_fraction = 0;  // with key padding: the fraction of trailing keys padded in every batch
+  std::string label() const;  // "none", "causal", "pad=0.25", "causal+pad=0.25"
+};
+
+struct VariantSpec {
+  std::string name;
+  std::vector<Json> param_sets;  // expanded: one resolved parameter object per combination
+};
+
+struct MeasureSettings {
+  int warmup = 1;
+  int min_reps = 3;
+  int max_reps = 50;
+  double min_time_s = 0.2;  // keep repeating until this much time has been measured...
+  double max_time_s = 10;   // ...but stop after this much (at least one measured repetition)
+};
+
+struct AccuracySettings {
+  std::string reference = "auto";  // "full" | "sampled" | "auto" (full when seq_q <= rows) | "none"
+  int64_t rows = 64;               // sampled query rows per (batch, head)
+};
+
+struct SweepConfig {
+  std::string name;
+  std::string description;
+  std::string source_path;  // the file it was read from
+  Json raw;                 // the config as given (recorded in meta.json, hashed for --resume)
+  std::vector<VariantSpec> variants;
+  std::vector<int64_t> batch{1}, heads{8}, head_dim{64}, seq_q, seq_kv;
+  bool self_attention = true;  // seq_len given: seq_q = seq_kv
+  std::vector<MaskAxis> masks;
+  std::vector<Regime> regimes;
+  std::vector<int> threads;
+  double dropout = 0;
+  MeasureSettings measure;
+  AccuracySettings accuracy;
+  uint64_t memory_budget_bytes = 0;
+  uint64_t seed = 0;
+
+  std::string hash() const;  // FNV-1a of the canonical JSON dump of `raw`
+};
+
+// One measured point: a fully specified problem plus how its inputs are made and how many threads run it.
+struct SweepPoint {
+  Problem problem;
+  MaskAxis mask;
+  Regime regime;
+  int threads = 1;
+  std::string id;           // problem.repro() + pad fraction + regime + threads: unique within a sweep
+  std::string input_key;    // identical for points that share inputs (and so the reference)
+  uint64_t input_seed = 0;  // derived from the config seed and the input key
+};
+
+// Parses and validates; every error is a UsageError naming the JSON path (e.g. "sweep.seq_len[2]").
+SweepConfig parse_sweep_config(const Json& j, const std::string& source_path);
+SweepConfig load_sweep_config(const std::string& path);  // file errors name the file; JSON errors the line
+
+// Expands the cross product. Points sharing inputs are adjacent so inputs and references are made once.
+std::vector<SweepPoint> expand_plan(const SweepConfig& config);
+
+// "8GiB", "512 MiB", "1.5G", 1073741824 -> bytes; UsageError naming `where` otherwise.
+uint64_t parse_bytes(const Json& value, const std::string& where);
+std::string format_bytes(double bytes);
+
+}  // namespace attn
