@@ -1,0 +1,73 @@
+// attnbench_gbench: Google Benchmark driver over the registry. Registers one benchmark per (variant, problem)
+// of a sweep config (default configs/gbench.json), named by the point's id, with a GFLOP/s counter, so
+// --benchmark_filter, --benchmark_out and Google Benchmark's compare.py work as usual.
+//   attnbench_gbench [--config=PATH] [--benchmark_* flags]
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "bench/lib/inputs.hpp"
+#include "bench/lib/sweep_config.hpp"
+#include "common/error.hpp"
+#include "common/runtime.hpp"
+
+namespace {
+
+void run_point(benchmark::State& state, const attn::SweepPoint& pt) {
+  const attn::Attention& variant = attn::Registry::instance().get(pt.problem.variant);
+  const attn::PointInputs inputs = attn::make_inputs(pt);
+  attn::FloatArray out({pt.problem.batch, pt.problem.heads, pt.problem.seq_q, pt.problem.head_dim});
+  const attn::AttentionInputs in = inputs.view(out.ptr());
+  attn::ThreadScope scope(pt.threads);
+  for (auto _ : state) {
+    variant.forward(pt.problem, in);
+    benchmark::DoNotOptimize(out.ptr());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(variant.flops(pt.problem) * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = pt.threads;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string config_path = std::string(ATTN_SOURCE_DIR) + "/configs/gbench.json";
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--config=", 9) == 0) config_path = argv[i] + 9;
+    else args.push_back(argv[i]);
+  }
+  int n = static_cast<int>(args.size());
+  benchmark::Initialize(&n, args.data());
+  if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 2;
+  try {
+    const attn::SweepConfig config = attn::load_sweep_config(config_path);
+    for (const attn::SweepPoint& pt : attn::expand_plan(config)) {
+      const attn::Attention& v = attn::Registry::instance().get(pt.problem.variant);
+      auto reasons = v.not_supported_reasons(pt.problem);
+      const std::size_t need = static_cast<std::size_t>(pt.problem.q_elements() * 2 + pt.problem.kv_elements() * 2) *
+                                   sizeof(float) + v.workspace_bytes(pt.problem, pt.threads);
+      if (reasons.empty() && need > config.memory_budget_bytes)
+        reasons.push_back("needs " + std::to_string(need) + " bytes > memory_budget");
+      if (!reasons.empty()) {
+        std::cerr << "SKIPPED " << pt.id << ": " << reasons.front() << "\n";
+        continue;
+      }
+      benchmark::RegisterBenchmark(pt.id.c_str(), run_point, pt)->Unit(benchmark::kMillisecond)->UseRealTime();
+    }
+    benchmark::AddCustomContext("attnbench_git_commit", ATTN_GIT_COMMIT);
+    benchmark::AddCustomContext("attnbench_build_type", ATTN_BUILD_TYPE);
+    benchmark::AddCustomContext("attnbench_config", config_path);
+    benchmark::AddCustomContext("attnbench_threads_available", std::to_string(attn::available_threads()));
+  } catch (const attn::UsageError& e) {
+    std::cerr << "attnbench_gbench: error: " << e.what() << "\n";
+    return 2;
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
