@@ -2,6 +2,7 @@
 #include "common/params.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <sstream>
 
@@ -141,6 +142,18 @@ Json resolve_params(const std::vector<ParamSpec>& specs, const Json& given, cons
   return out;
 }
 
+namespace {
+std::string with_article(const std::string& noun) {
+  return (noun[0] == 'i' || noun[0] == 'a' ? "an " : "a ") + noun;
+}
+}  // namespace
+
+std::string shortest_double_text(double x) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x);
+  return std::string(buf, r.ptr);
+}
+
 Json parse_param_value(const ParamSpec& spec, const std::string& text, const std::string& where) {
   auto parse_number = [&](const std::string& t) -> Json {
     try {
@@ -150,7 +163,7 @@ Json parse_param_value(const ParamSpec& spec, const std::string& text, const std
       if (t.find_first_of(".eE") == std::string::npos && std::fabs(d) < 9e15) return static_cast<int64_t>(d);
       return d;
     } catch (const std::exception&) {
-      throw UsageError(where + ": must be a " + param_type_name(spec.type) + ", got '" + t + "'");
+      throw UsageError(where + ": must be " + with_article(param_type_name(spec.type)) + ", got '" + t + "'");
     }
   };
   switch (spec.type) {
@@ -179,11 +192,7 @@ std::string param_value_text(const Json& value) {
     for (std::size_t i = 0; i < value.size(); ++i) out += (i ? ";" : "") + param_value_text(value[i]);
     return out.empty() ? "[]" : out;
   }
-  if (value.is_number_float()) {
-    std::ostringstream ss;
-    ss << value.get<double>();
-    return ss.str();
-  }
+  if (value.is_number_float()) return shortest_double_text(value.get<double>());
   return value.dump();
 }
 

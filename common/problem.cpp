@@ -1,7 +1,9 @@
 // Problem descriptor: validation and the canonical repro string.
 #include "common/problem.hpp"
 
+#include <charconv>
 #include <cmath>
+#include <type_traits>
 #include <sstream>
 #include <stdexcept>
 
@@ -77,8 +79,8 @@ std::string Problem::repro() const {
   }
   s << ":B=" << batch << ",H=" << heads << ",Lq=" << seq_q << ",Lkv=" << seq_kv << ",D=" << head_dim;
   if (mask.any()) s << "," << mask.str();
-  if (scale) s << ",scale=" << *scale;
-  if (dropout > 0) s << ",dropout=" << dropout << ",seed=" << seed;
+  if (scale) s << ",scale=" << shortest_double_text(*scale);
+  if (dropout > 0) s << ",dropout=" << shortest_double_text(dropout) << ",seed=" << seed;
   return s.str();
 }
 
@@ -138,21 +140,36 @@ Problem parse_problem(const std::string& repro) {
       continue;
     }
     std::string k = item.substr(0, eq), v = item.substr(eq + 1);
-    try {
-      if (k == "B") p.batch = std::stoll(v);
-      else if (k == "H") p.heads = std::stoll(v);
-      else if (k == "Lq") p.seq_q = std::stoll(v);
-      else if (k == "Lkv") p.seq_kv = std::stoll(v);
-      else if (k == "D") p.head_dim = std::stoll(v);
-      else if (k == "scale") p.scale = std::stod(v);
-      else if (k == "dropout") p.dropout = std::stod(v);
-      else if (k == "seed") p.seed = std::stoull(v);
-      else throw UsageError(where + ": unknown field '" + k + "' (B, H, Lq, Lkv, D, scale, dropout, seed)");
-    } catch (const std::invalid_argument&) {
-      throw UsageError(where + ": field '" + k + "' has a non-numeric value '" + v + "'");
-    } catch (const std::out_of_range&) {
-      throw UsageError(where + ": field '" + k + "' value '" + v + "' is out of range");
-    }
+    // Strict: the whole value must be a number of the field's kind (no trailing junk, no sign on counts).
+    auto whole_int = [&](auto& field) {
+      using T = std::remove_reference_t<decltype(field)>;
+      T x{};
+      const auto r = std::from_chars(v.data(), v.data() + v.size(), x);
+      if (r.ec == std::errc::result_out_of_range)
+        throw UsageError(where + ": field '" + k + "' value '" + v + "' is out of range");
+      if (r.ec != std::errc() || r.ptr != v.data() + v.size() || v.empty() || v[0] == '-' || v[0] == '+')
+        throw UsageError(where + ": field '" + k + "' has a non-numeric value '" + v +
+                         "' (a non-negative integer is expected)");
+      field = x;
+    };
+    auto whole_double = [&]() {
+      double x = 0;
+      const auto r = std::from_chars(v.data(), v.data() + v.size(), x);
+      if (r.ec == std::errc::result_out_of_range)
+        throw UsageError(where + ": field '" + k + "' value '" + v + "' is out of range");
+      if (r.ec != std::errc() || r.ptr != v.data() + v.size() || v.empty())
+        throw UsageError(where + ": field '" + k + "' has a non-numeric value '" + v + "'");
+      return x;
+    };
+    if (k == "B") whole_int(p.batch);
+    else if (k == "H") whole_int(p.heads);
+    else if (k == "Lq") whole_int(p.seq_q);
+    else if (k == "Lkv") whole_int(p.seq_kv);
+    else if (k == "D") whole_int(p.head_dim);
+    else if (k == "scale") p.scale = whole_double();
+    else if (k == "dropout") p.dropout = whole_double();
+    else if (k == "seed") whole_int(p.seed);
+    else throw UsageError(where + ": unknown field '" + k + "' (B, H, Lq, Lkv, D, scale, dropout, seed)");
   }
   p.validate();
   return p;

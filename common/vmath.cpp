@@ -9,6 +9,8 @@
 #include <immintrin.h>
 #include <sleef.h>
 #define ATTN_HAVE_AVX512 1
+// GCC 12's own _mm512_undefined_ps (`__m512 __Y = __Y;`) trips -Wmaybe-uninitialized inside the header.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
 namespace attn {

@@ -49,6 +49,24 @@ int run_cli(int argc, const char* const* argv) {
     CLI::App* sub = app.add_subcommand(c.name, c.help);
     actions[sub] = c.setup(*sub);
   }
+  // CLI11 reports an unknown subcommand only as "a subcommand is required": name it, with a suggestion.
+  for (int a = 1; a < argc; ++a) {
+    const std::string word = argv[a];
+    if (word == "--threads") {
+      ++a;
+      continue;
+    }
+    if (word.empty() || word[0] == '-') continue;
+    std::vector<std::string> names;
+    for (const auto& c : list) names.push_back(c.name);
+    if (std::find(names.begin(), names.end(), word) != names.end()) break;
+    std::string msg = "attnbench: error: unknown subcommand '" + word + "'";
+    if (auto m = did_you_mean(word, names)) msg += " (did you mean '" + *m + "'?)";
+    std::string known;
+    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+    std::cerr << msg << "; known: " << known << "\n";
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
