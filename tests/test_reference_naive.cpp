@@ -1,0 +1,381 @@
+// The fp64 reference and the naive variant on hand-computed cases (the textbook softmax example, two keys
+// with known weights), fully masked rows, logits far beyond the fp32 exp overflow point, and the comparison
+// metrics and tolerance every other check relies on. The shape/mask sweep itself is in common/check.cpp.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#include "common/attention.hpp"
+#include "common/random.hpp"
+#include "common/reference.hpp"
+#include "common/tensor.hpp"
+
+using namespace attn;
+
+namespace {
+
+constexpr double kFloatEps = std::numeric_limits<float>::epsilon();  // 2^-23
+
+const Attention& naive() {
+  return Registry::instance().get("naive");
+}
+
+// A problem with its tensors; out starts as NaN so a row the variant forgets to write shows up.
+struct Case {
+  Problem p;
+  FloatArray q, k, v, out;
+  ByteArray mask, pad;
+
+  explicit Case(Problem problem) : p(std::move(problem)) {
+    q = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
+    k = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
+    v = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
+    out = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim}, std::nanf(""));
+    if (p.mask.boolean) mask = ByteArray({p.seq_q, p.seq_kv}, 1);
+    if (p.mask.key_padding) pad = ByteArray({p.batch, p.seq_kv}, 0);
+  }
+  void fill_random(uint64_t seed, double logit_stddev = 1.0) {
+    fill_normal(q.ptr(), q.numel(), seed, logit_stddev);
+    fill_normal(k.ptr(), k.numel(), seed + 1, logit_stddev);
+    fill_normal(v.ptr(), v.numel(), seed + 2);
+  }
+  AttentionInputs inputs() {
+    return {
+        q.ptr(),  k.ptr(), v.ptr(), mask.numel() ? mask.ptr() : nullptr, pad.numel() ? pad.ptr() : nullptr,
+        out.ptr()};
+  }
+  void run_naive() { naive().forward(p, inputs()); }
+  DoubleArray reference() {
+    DoubleArray want(out.shape);
+    reference_attention(p, inputs(), want.ptr());
+    return want;
+  }
+  double tolerance() { return exact_abs_tolerance(p, inputs()); }
+  int64_t rows() const { return p.batch * p.heads * p.seq_q; }
+  float& q_at(int64_t bh, int64_t i, int64_t d) { return q.data[(bh * p.seq_q + i) * p.head_dim + d]; }
+  float& k_at(int64_t bh, int64_t j, int64_t d) { return k.data[(bh * p.seq_kv + j) * p.head_dim + d]; }
+  float& v_at(int64_t bh, int64_t j, int64_t d) { return v.data[(bh * p.seq_kv + j) * p.head_dim + d]; }
+  float out_at(int64_t bh, int64_t i, int64_t d) const {
+    return out.data[(bh * p.seq_q + i) * p.head_dim + d];
+  }
+};
+
+Problem problem(int64_t batch, int64_t heads, int64_t seq_q, int64_t seq_kv, int64_t head_dim,
+                const char* mask = "none") {
+  Problem p = make_problem("naive");
+  p.batch = batch, p.heads = heads, p.seq_q = seq_q, p.seq_kv = seq_kv, p.head_dim = head_dim;
+  p.mask = parse_mask(mask, "test");
+  return p;
+}
+
+// naive against the fp64 reference with the derived bound, and no NaN/Inf anywhere.
+void expect_matches_reference(Case& c) {
+  c.run_naive();
+  const DoubleArray want = c.reference();
+  const ErrorMetrics m = compare_outputs(c.out.ptr(), want.ptr(), c.rows(), c.p.head_dim);
+  INFO(c.p.repro() << ": max_abs_err " << m.max_abs_err << " bound " << c.tolerance());
+  CHECK(m.nan_count == 0);
+  CHECK(m.inf_count == 0);
+  CHECK(m.max_abs_err <= c.tolerance());
+}
+
+// True iff every element of output row (bh, i) is exactly zero.
+bool row_is_zero(const Case& c, int64_t bh, int64_t i) {
+  for (int64_t d = 0; d < c.p.head_dim; ++d)
+    if (c.out_at(bh, i, d) != 0.0f) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("textbook example: softmax(0.9, 0.2, 0.1, 0.0, 0.3) = (0.34, 0.17, 0.15, 0.14, 0.19)", "[naive]") {
+  // One query e_0, five keys s_j * e_0, scale 1: the logits are the scores. Values are the identity rows, so
+  // the output row IS the weight row.
+  const std::vector<float> scores = {0.9f, 0.2f, 0.1f, 0.0f, 0.3f};
+  const std::vector<long> percent = {34, 17, 15, 14, 19};
+  Problem p = problem(1, 1, 1, 5, 5);
+  p.scale = 1.0;
+  Case c(p);
+  c.q_at(0, 0, 0) = 1.0f;
+  for (int64_t j = 0; j < 5; ++j) {
+    c.k_at(0, j, 0) = scores[j];
+    c.v_at(0, j, j) = 1.0f;
+  }
+  c.run_naive();
+  const DoubleArray ref = c.reference();
+
+  // The same weights by hand, in double, from the fp32 scores the kernels see.
+  double sum = 0;
+  for (float s : scores) sum += std::exp(static_cast<double>(s));
+  double total = 0;
+  for (int64_t j = 0; j < 5; ++j) {
+    const double want = std::exp(static_cast<double>(scores[j])) / sum;
+    INFO("weight " << j << ": naive " << c.out_at(0, 0, j) << ", reference " << ref.data[j] << ", hand "
+                   << want);
+    CHECK(std::lround(c.out_at(0, 0, j) * 100.0) == percent[j]);
+    CHECK(std::lround(ref.data[j] * 100.0) == percent[j]);
+    // The reference differs from the hand formula only by double rounding (max subtraction, other order).
+    CHECK(std::fabs(ref.data[j] - want) <= 8 * std::numeric_limits<double>::epsilon());
+    CHECK(std::fabs(c.out_at(0, 0, j) - want) <= c.tolerance());
+    total += c.out_at(0, 0, j);
+  }
+  // Five fp32 weights, each within a few ulps of its exact value: their sum is 1 to ~5 ulps.
+  CHECK(std::fabs(total - 1.0) <= 8 * kFloatEps);
+}
+
+TEST_CASE("the fp64 reference on a hand-computed case: two keys with weights 3/4 and 1/4", "[naive]") {
+  // Logits ln 3 and 0 give weights 3/4, 1/4. Query 0 reads the keys' first component, query 1 their second
+  // (through scale 0.5 and a query of 2), so a mixed-up index or a missing scale changes the answer.
+  for (const char* mask : {"none", "causal"}) {
+    Problem p = problem(1, 1, 2, 2, 2, mask);
+    p.scale = 0.5;
+    Case c(p);
+    const float ln3 = static_cast<float>(std::log(3.0));
+    c.q_at(0, 0, 0) = 2.0f, c.q_at(0, 1, 1) = 2.0f;
+    c.k_at(0, 0, 0) = ln3, c.k_at(0, 1, 1) = ln3;  // row 0 favours key 0, row 1 favours key 1
+    c.v_at(0, 0, 0) = 4.0f, c.v_at(0, 0, 1) = 8.0f, c.v_at(0, 1, 0) = 0.0f, c.v_at(0, 1, 1) = -4.0f;
+    const DoubleArray ref = c.reference();
+    // ln 3 rounded to fp32 moves a logit by <= 2^-24 * ln 3 ~ 7e-8; dw/ds = w (1 - w) = 3/16 and |v0 - v1|
+    // <= 12, so the exact answers below move by < 2e-7. 1e-6 leaves room and still catches any wrong weight.
+    const double tol = 1e-6;
+    INFO(mask);
+    if (p.mask.causal) {
+      // Row 0 sees key 0 only: weight exactly 1.
+      CHECK(ref.data[0] == 4.0);
+      CHECK(ref.data[1] == 8.0);
+    } else {
+      CHECK(std::fabs(ref.data[0] - 3.0) <= tol);  // 3/4 * 4 + 1/4 * 0
+      CHECK(std::fabs(ref.data[1] - 5.0) <= tol);  // 3/4 * 8 + 1/4 * -4
+    }
+    CHECK(std::fabs(ref.data[2] - 1.0) <= tol);  // 1/4 * 4 + 3/4 * 0
+    CHECK(std::fabs(ref.data[3] + 1.0) <= tol);  // 1/4 * 8 + 3/4 * -4
+    c.run_naive();
+    for (int e = 0; e < 4; ++e) CHECK(std::fabs(c.out.data[e] - ref.data[e]) <= c.tolerance());
+
+    // Only row 1, through the `rows` argument: the same numbers.
+    const std::vector<int64_t> rows = {1};
+    std::vector<double> one(2);
+    reference_attention(p, c.inputs(), one.data(), &rows);
+    CHECK(one[0] == ref.data[2]);
+    CHECK(one[1] == ref.data[3]);
+  }
+}
+
+TEST_CASE("fully masked rows give exact zeros, never NaN", "[naive]") {
+  SECTION("boolean mask with a row of zeros") {
+    Case c(problem(2, 2, 9, 9, 17, "bool"));
+    c.fill_random(11);
+    Rng rng(5);
+    for (auto& m : c.mask.data) m = rng.uniform() < 0.6 ? 1 : 0;
+    for (int64_t j = 0; j < 9; ++j) c.mask.data[3 * 9 + j] = 0;  // query row 3 may attend nothing
+    expect_matches_reference(c);
+    for (int64_t bh = 0; bh < 4; ++bh) CHECK(row_is_zero(c, bh, 3));
+  }
+  SECTION("every key padded in one batch") {
+    Case c(problem(2, 3, 7, 7, 20, "pad"));
+    c.fill_random(12);
+    for (int64_t j = 0; j < 7; ++j) c.pad.data[7 + j] = 1;  // batch 1: all keys padded
+    c.pad.data[2] = 1;                                      // batch 0: one padded key
+    expect_matches_reference(c);
+    for (int64_t h = 0; h < 3; ++h)
+      for (int64_t i = 0; i < 7; ++i) {
+        CHECK(row_is_zero(c, 3 + h, i));
+        CHECK_FALSE(row_is_zero(c, h, i));
+      }
+  }
+  SECTION("causal + padding leaving query row 0 with no key") {
+    for (auto [lq, lkv] : {std::pair<int64_t, int64_t>{6, 6}, {9, 4}, {3, 8}}) {
+      Case c(problem(2, 2, lq, lkv, 5, "causal+pad"));
+      c.fill_random(13);
+      c.pad.data[0] = 1;  // batch 0 pads key 0, the only key causal row 0 may see
+      INFO("Lq " << lq << " Lkv " << lkv);
+      expect_matches_reference(c);
+      for (int64_t h = 0; h < 2; ++h) {
+        CHECK(row_is_zero(c, h, 0));
+        CHECK_FALSE(row_is_zero(c, h, 1));
+        CHECK_FALSE(row_is_zero(c, 2 + h, 0));  // batch 1 pads nothing: row 0 is v_0
+      }
+    }
+  }
+}
+
+TEST_CASE("logits near and far beyond the fp32 exp overflow point (88.7) stay finite and exact", "[naive]") {
+  // Keys s_j * e_0 and queries a * e_0 with scale 1, values the identity rows: the output row is the weight
+  // row for logits a * s_j. Every logit is an exact fp32 product (one nonzero term), max subtraction of
+  // these values is exact, exp adds 1 ulp, the 6-term sum and the division a few more: each weight is
+  // within ~10 ulps of its exact value, so 32 * eps is a safe bound that an overflow (inf/NaN) or an
+  // unsubtracted max (all zeros or inf) violates by orders of magnitude.
+  const std::vector<std::vector<float>> logits = {
+      {88.0f, 87.5f, 80.0f, 0.0f, -10.0f, 88.7f},
+      {200.0f, 199.0f, 150.0f, -200.0f, 0.0f, 199.5f},
+      {-200.0f, -201.0f, -199.0f, -250.0f, -300.0f, -200.5f},  // all underflow unless the max is subtracted
+      {1000.0f, -1000.0f, 999.0f, 0.0f, 998.0f, 1.0f},
+  };
+  const std::vector<float> query_scale = {1.0f, -1.0f, 0.5f};
+  const int64_t heads = static_cast<int64_t>(logits.size()), lq = 3, lkv = 6;
+  Problem p = problem(1, heads, lq, lkv, lkv);
+  p.scale = 1.0;
+  Case c(p);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < lq; ++i) c.q_at(h, i, 0) = query_scale[i];
+    for (int64_t j = 0; j < lkv; ++j) {
+      c.k_at(h, j, 0) = logits[h][j];
+      c.v_at(h, j, j) = 1.0f;
+    }
+  }
+  c.run_naive();
+  const DoubleArray ref = c.reference();
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < lq; ++i) {
+      double mx = -INFINITY, sum = 0;
+      for (float s : logits[h]) mx = std::max(mx, double{query_scale[i]} * s);
+      for (float s : logits[h]) sum += std::exp(double{query_scale[i]} * s - mx);
+      for (int64_t j = 0; j < lkv; ++j) {
+        const double want = std::exp(double{query_scale[i]} * logits[h][j] - mx) / sum;
+        INFO("head " << h << " query scale " << query_scale[i] << " key " << j);
+        CHECK(std::isfinite(c.out_at(h, i, j)));
+        CHECK(std::fabs(c.out_at(h, i, j) - want) <= 32 * kFloatEps);
+        CHECK(std::fabs(ref.data[(h * lq + i) * lkv + j] - want) <= 1e-15);
+      }
+    }
+
+  // Gaussian inputs scaled so logits reach about +-200 with the default scale, D = 17, causal or not.
+  for (const char* mask : {"none", "causal"}) {
+    Case g(problem(1, 2, 33, 33, 17, mask));
+    // q.k has standard deviation 49 * sqrt(17); times scale 1/sqrt(17): 49. The largest of ~2000 logits is
+    // about 3.5 sigma, ~170, and the smallest about -170.
+    g.fill_random(21, 7.0);
+    expect_matches_reference(g);
+  }
+}
+
+TEST_CASE("naive matches the reference for cross-attention with a boolean mask", "[naive]") {
+  // common/check.cpp sweeps self-attention with every mask; cross-attention there uses none/pad/causal only.
+  for (auto [lq, lkv, d] : {std::tuple<int64_t, int64_t, int64_t>{7, 19, 17}, {17, 5, 33}, {1, 130, 3}}) {
+    for (const char* mask : {"bool", "causal+bool", "causal+bool+pad"}) {
+      Case c(problem(2, 2, lq, lkv, d, mask));
+      c.fill_random(31);
+      Rng rng(7);
+      for (auto& m : c.mask.data) m = rng.uniform() < 0.5 ? 1 : 0;
+      if (c.p.mask.key_padding) c.pad.data[lkv + lkv - 1] = 1;
+      expect_matches_reference(c);
+    }
+  }
+}
+
+TEST_CASE("exact_abs_tolerance is tight enough to catch a wrong output", "[naive]") {
+  Case c(problem(2, 2, 33, 33, 20));
+  c.fill_random(41);
+  c.run_naive();
+  const DoubleArray want = c.reference();
+  const double tol = c.tolerance();
+  double vmax = 0;
+  for (float x : c.v.data) vmax = std::max(vmax, double{std::fabs(x)});
+  // The bound is a small fraction of the output scale, so it can fail at all.
+  CHECK(tol > 0);
+  CHECK(tol < 1e-3 * vmax);
+  CHECK(compare_outputs(c.out.ptr(), want.ptr(), c.rows(), 20).max_abs_err <= tol);
+
+  SECTION("one element shifted by 10x the bound") {
+    FloatArray bad = c.out;
+    bad.data[1234] += static_cast<float>(10 * tol);
+    const ErrorMetrics m = compare_outputs(bad.ptr(), want.ptr(), c.rows(), 20);
+    CHECK(m.max_abs_err > tol);
+  }
+  SECTION("a scale 1% off") {
+    c.p.scale = 1.01 * c.p.effective_scale();
+    c.run_naive();
+    c.p.scale.reset();
+    CHECK(compare_outputs(c.out.ptr(), want.ptr(), c.rows(), 20).max_abs_err > tol);
+  }
+  SECTION("a causal mask the reference does not have") {
+    c.p.mask.causal = true;
+    c.run_naive();
+    c.p.mask.causal = false;
+    CHECK(compare_outputs(c.out.ptr(), want.ptr(), c.rows(), 20).max_abs_err > tol);
+  }
+}
+
+TEST_CASE("compare_outputs on hand-made data", "[naive]") {
+  SECTION("finite values") {
+    const std::vector<float> got = {1, 2, 3, 4};
+    const std::vector<double> want = {1, 2, 3, 4.5};
+    const ErrorMetrics m = compare_outputs(got.data(), want.data(), 2, 2);
+    CHECK(m.rows == 2);
+    CHECK(m.max_abs_err == 0.5);
+    CHECK(m.rel_l2_err == Approx(0.5 / std::sqrt(1 + 4 + 9 + 20.25)).epsilon(1e-12));
+    // Row 0 identical (cosine 1); row 1: (3,4).(3,4.5) / (5 * |(3,4.5)|).
+    CHECK(m.mean_cosine == Approx((1.0 + 27.0 / (5.0 * std::sqrt(29.25))) / 2).epsilon(1e-12));
+    CHECK(m.nan_count == 0);
+    CHECK(m.inf_count == 0);
+  }
+  SECTION("NaN and Inf are counted and make the error infinite") {
+    const std::vector<float> got = {1, std::nanf(""), INFINITY, 4, 5, -INFINITY};
+    const std::vector<double> want = {1, 2, 3, 4, 5, 6};
+    const ErrorMetrics m = compare_outputs(got.data(), want.data(), 3, 2);
+    CHECK(m.nan_count == 1);
+    CHECK(m.inf_count == 2);
+    CHECK(std::isinf(m.max_abs_err));
+    CHECK(std::isinf(m.rel_l2_err));
+    CHECK(m.mean_cosine == Approx(0.0).margin(1e-12));  // every row holds a non-finite value: cosine 0 each
+  }
+  SECTION("zero reference rows") {
+    const std::vector<float> got = {0, 0, 3, 4};
+    const std::vector<double> want = {0, 0, 0, 0};
+    const ErrorMetrics m = compare_outputs(got.data(), want.data(), 2, 2);
+    CHECK(m.max_abs_err == 4);
+    CHECK(m.rel_l2_err == 5);     // ||want|| = 0: the absolute norm of the difference
+    CHECK(m.mean_cosine == 0.5);  // zero vs zero counts 1, nonzero vs zero counts 0
+    const ErrorMetrics same = compare_outputs(got.data(), want.data(), 1, 2);
+    CHECK(same.max_abs_err == 0);
+    CHECK(same.rel_l2_err == 0);
+    CHECK(same.mean_cosine == 1);
+  }
+  SECTION("no rows") {
+    const ErrorMetrics m = compare_outputs(nullptr, nullptr, 0, 4);
+    CHECK(m.max_abs_err == 0);
+    CHECK(m.mean_cosine == 1);
+  }
+}
+
+TEST_CASE("sample_rows spans the sequence including the first and last row", "[naive]") {
+  for (auto [seq, count] : {std::pair<int64_t, int64_t>{100, 5}, {1000, 7}, {7, 2}, {17, 16}, {5, 3}}) {
+    const auto rows = sample_rows(seq, count);
+    INFO("seq " << seq << " count " << count);
+    REQUIRE(!rows.empty());
+    CHECK(rows.front() == 0);
+    CHECK(rows.back() == seq - 1);
+    CHECK(static_cast<int64_t>(rows.size()) <= count);
+    CHECK(std::is_sorted(rows.begin(), rows.end()));
+    CHECK(std::adjacent_find(rows.begin(), rows.end()) == rows.end());
+  }
+  CHECK(sample_rows(100, 5) == std::vector<int64_t>{0, 24, 49, 74, 99});
+  CHECK(sample_rows(4, 10) == std::vector<int64_t>{0, 1, 2, 3});
+  CHECK(sample_rows(1, 1) == std::vector<int64_t>{0});
+
+  // The reference restricted to sampled rows equals those rows of the full reference, bitwise.
+  Case c(problem(2, 2, 40, 40, 9, "causal"));
+  c.fill_random(51);
+  const DoubleArray full = c.reference();
+  const auto rows = sample_rows(40, 6);
+  std::vector<double> part(4 * rows.size() * 9);
+  reference_attention(c.p, c.inputs(), part.data(), &rows);
+  for (int64_t bh = 0; bh < 4; ++bh)
+    for (std::size_t r = 0; r < rows.size(); ++r)
+      for (int64_t d = 0; d < 9; ++d)
+        CHECK(part[(bh * rows.size() + r) * 9 + d] == full.data[(bh * 40 + rows[r]) * 9 + d]);
+  const std::vector<float> gathered = gather_rows(c.q.ptr(), 4, 40, 9, rows);
+  CHECK(gathered[(3 * rows.size() + 2) * 9 + 4] == c.q_at(3, rows[2], 4));
+}
+
+TEST_CASE("naive reports its quadratic workspace and its FLOPs", "[naive]") {
+  Problem p = problem(1, 8, 65536, 65536, 64);
+  CHECK(naive().workspace_bytes(p, 2) >= std::size_t{65536} * 65536 * sizeof(float));
+  Problem small = problem(2, 3, 5, 7, 16);
+  CHECK(naive().workspace_bytes(small, 1) >= std::size_t{5} * 7 * sizeof(float));
+  CHECK(naive().flops(small) == 4.0 * 2 * 3 * 5 * 7 * 16);
+}
