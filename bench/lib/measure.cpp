@@ -101,8 +101,6 @@ int64_t peak_rss_bytes() {
 }
 
 MemoryProbe::MemoryProbe() {
-  mallopt(M_MMAP_THRESHOLD, 1 << 20);  // also disables glibc's dynamic threshold growth
-  mallopt(M_TRIM_THRESHOLD, 1 << 20);
   std::ofstream f("/proc/self/clear_refs");
   supported_ = static_cast<bool>(f << "5" << std::flush) && peak_rss_bytes() >= 0;
 }

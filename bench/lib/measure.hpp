@@ -32,11 +32,13 @@ struct SgemmCalibration {
 SgemmCalibration calibrate_sgemm(int threads, int64_t size = 2048, int reps = 5);
 
 // Resident memory: the process high-water mark is reset (Linux /proc/self/clear_refs "5") before a point,
-// so the peak read after it belongs to that point alone. Large allocations are served by mmap (threshold fixed
-// at 1 MiB) and returned on free, so earlier points' memory neither lingers nor gets reused unseen.
+// so the peak read after it belongs to that point alone. malloc_trim(0) first returns the free memory of every
+// malloc arena to the system, so an earlier point's freed memory is not silently reused (it would not show in
+// the high-water mark). glibc's allocation policy is left alone: a variant that reuses its workspace across
+// calls is timed as it would run in an application.
 class MemoryProbe {
  public:
-  MemoryProbe();               // fixes the malloc mmap threshold
+  MemoryProbe();               // checks that the high-water mark can be reset
   void reset();                // trims the heap, resets the high-water mark, records the current RSS
   int64_t peak_increase() const;  // high-water mark now minus the RSS at reset(); -1 if unsupported
   bool supported() const { return supported_; }

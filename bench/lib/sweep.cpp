@@ -189,7 +189,12 @@ class Runner {
                        "' already holds results; use --resume to finish them, --force to replace them, or --out");
     } else {
       fs::create_directories(dir);
-      for (const char* f : {"results.jsonl", "results.csv", "meta.json"}) fs::remove(dir / f);
+      // Everything an earlier run (or its plots and peer rows) left here belongs to the results being replaced.
+      for (const char* f : {"results.jsonl", "results.csv", "meta.json", "results.peers.jsonl", "REPORT.md",
+                            "summary.json"})
+        fs::remove(dir / f);
+      fs::remove_all(dir / "plots");
+      fs::remove_all(dir / "patterns");
     }
     jsonl_.open(jsonl_path(), std::ios::app);
     if (!jsonl_) throw UsageError("cannot open '" + jsonl_path() + "' for appending");

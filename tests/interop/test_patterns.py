@@ -1,0 +1,193 @@
+#!/usr/bin/python3
+"""`attnbench patterns` against numpy: the weights it measures are the ones each variant is defined to apply.
+
+Run by ctest as `/usr/bin/python3 test_patterns.py --attnbench PATH`. Exit 0 pass, 1 fail, 77 skip (numpy
+missing). Also checks that scripts/plot.py draws the patterns, and that the PyTorch peer runner's input
+generator reproduces attnbench's seeded inputs bit for bit (its q.npy)."""
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLOT = os.path.join(ROOT, "scripts", "plot.py")
+PEER = os.path.join(ROOT, "scripts", "peers", "torch_attention.py")
+N, HEADS, HEAD_DIM, WINDOW = 16, 2, 4, 2  # head_dim 4 < N: the unit-vector probe needs 4 passes per variant
+VARIANTS = ["naive", "tiled", "sliding_window", "linear"]
+
+failures = []
+
+
+def check(cond, what):
+    print(("ok    " if cond else "FAIL  ") + what)
+    if not cond:
+        failures.append(what)
+    return cond
+
+
+def run(exe, *args):
+    return subprocess.run([exe, "patterns", *args], capture_output=True, text=True, timeout=300)
+
+
+def masked_softmax(s, allowed):
+    import numpy as np
+    s = np.where(allowed, s, -np.inf)
+    mx = s.max(axis=-1, keepdims=True)
+    e = np.where(allowed, np.exp(s - np.where(np.isfinite(mx), mx, 0)), 0.0)
+    den = e.sum(axis=-1, keepdims=True)
+    return e / np.where(den > 0, den, 1)
+
+
+def check_run(exe, tmp, causal):
+    import numpy as np
+    tag = "causal" if causal else "full"
+    out = os.path.join(tmp, tag)
+    args = ["--seq", str(N), "--heads", str(HEADS), "--head-dim", str(HEAD_DIM), "--seed", "3", "--out", out,
+            "--param", f"sliding_window.window={WINDOW}", "--param", "sliding_window.global_tokens=1"]
+    for v in VARIANTS:
+        args += ["--variant", v]
+    if causal:
+        args.append("--causal")
+    r = run(exe, *args)
+    if not check(r.returncode == 0, f"[{tag}] patterns --seq {N} exits 0 (got {r.returncode}: {r.stderr.strip()})"):
+        return None
+    with open(os.path.join(out, "patterns.json")) as f:
+        meta = json.load(f)
+    check([v["name"] for v in meta["variants"]] == VARIANTS and all(v["status"] == "ok" for v in meta["variants"]),
+          f"[{tag}] patterns.json lists the 4 variants, all ok")
+    check(meta["seq"] == N and meta["heads"] == HEADS and meta["causal"] == causal, f"[{tag}] patterns.json shapes")
+    sw = next(v for v in meta["variants"] if v["name"] == "sliding_window")
+    check(sw["params"]["window"] == WINDOW and sw["params"]["global_tokens"] == 1,
+          f"[{tag}] --param sliding_window.window=2 / global_tokens=1 reached the variant ({sw['params']})")
+    q = np.load(os.path.join(out, "q.npy")).astype(np.float64)[0]
+    k = np.load(os.path.join(out, "k.npy")).astype(np.float64)[0]
+    check(q.shape == (HEADS, N, HEAD_DIM) and k.shape == (HEADS, N, HEAD_DIM), f"[{tag}] q.npy, k.npy shapes")
+    w = {}
+    for v in VARIANTS:
+        a = np.load(os.path.join(out, f"{v}.npy"))
+        check(a.dtype == np.float32 and a.shape == (HEADS, N, N), f"[{tag}] {v}.npy is float32 [{HEADS}, {N}, {N}]")
+        w[v] = a.astype(np.float64)
+        sums = w[v].sum(axis=-1)
+        check(np.allclose(sums, 1.0, atol=2e-5), f"[{tag}] {v}: every row sums to 1 (max dev {abs(sums - 1).max():.2e})")
+        if causal:
+            upper = np.triu(np.ones((N, N), bool), 1)
+            check(np.all(w[v][:, upper] == 0), f"[{tag}] {v}: causal upper triangle is exactly zero")
+    i, j = np.indices((N, N))
+    allowed = (j <= i) if causal else np.ones((N, N), bool)
+    logits = np.einsum("hid,hjd->hij", q, k) / np.sqrt(HEAD_DIM)
+    want = masked_softmax(logits, allowed)
+    check(np.allclose(w["naive"], want, atol=1e-5),
+          f"[{tag}] naive == softmax(QK^T * scale) recomputed in numpy (max err {abs(w['naive'] - want).max():.2e})")
+    check(np.allclose(w["tiled"], want, atol=1e-5), f"[{tag}] tiled == the same softmax (max err {abs(w['tiled'] - want).max():.2e})")
+    band = (abs(i - j) <= WINDOW) | (i == 0) | (j == 0)  # global token 0: its row and its column
+    outside = ~(band & allowed)
+    check(np.all(w["sliding_window"][:, outside] == 0),
+          f"[{tag}] sliding_window is exactly zero outside the band (|i-j| <= {WINDOW}) except global row/column 0")
+    check(np.all(w["sliding_window"][:, 0, :][:, allowed[0]] > 0) and np.all(w["sliding_window"][:, :, 0] > 0),
+          f"[{tag}] sliding_window's global row 0 and column 0 are non-zero")
+    want_sw = masked_softmax(logits, band & allowed)
+    check(np.allclose(w["sliding_window"], want_sw, atol=1e-5),
+          f"[{tag}] sliding_window == softmax restricted to band + globals (max err {abs(w['sliding_window'] - want_sw).max():.2e})")
+    phi = lambda x: np.where(x > 0, x + 1, np.exp(x))  # elu(x) + 1, linear's default feature map
+    kern = np.einsum("hid,hjd->hij", phi(q), phi(k)) * allowed
+    want_lin = kern / (kern.sum(axis=-1, keepdims=True) + 1e-6)
+    check(np.allclose(w["linear"], want_lin, atol=1e-5),
+          f"[{tag}] linear == normalised kernel phi(q).phi(k) / sum (max err {abs(w['linear'] - want_lin).max():.2e})")
+    # Linear attention's pattern is diffuse: higher row entropy than softmax's on the same inputs.
+    ent = lambda p: float(-(p * np.log(np.where(p > 0, p, 1))).sum(axis=-1).mean())
+    check(ent(w["linear"]) > ent(w["naive"]), f"[{tag}] linear's rows are more diffuse than softmax's (entropy "
+                                               f"{ent(w['linear']):.2f} > {ent(w['naive']):.2f})")
+    return out
+
+
+def check_text(exe, tmp):
+    import numpy as np
+    text = os.path.join(tmp, "sample.txt")
+    words = "the cat sat on the mat and the dog sat on the cat".split()
+    with open(text, "w") as f:
+        f.write(" ".join(words[:7]) + "\n" + " ".join(words[7:]) + "\n")
+    out = os.path.join(tmp, "text")
+    r = run(exe, "--text", text, "--variant", "naive", "--variant", "linear", "--causal", "--out", out)
+    if not check(r.returncode == 0, f"[text] patterns --text exits 0 (got {r.returncode}: {r.stderr.strip()})"):
+        return None
+    with open(os.path.join(out, "tokens.json")) as f:
+        check(json.load(f) == words, "[text] tokens.json holds the text's whitespace tokens in order")
+    w = np.load(os.path.join(out, "naive.npy"))
+    check(w.shape[1:] == (len(words), len(words)), f"[text] naive.npy is [heads, {len(words)}, {len(words)}]")
+    check(np.allclose(w.sum(axis=-1), 1, atol=2e-5), "[text] rows sum to 1")
+    r = run(exe, "--text", text, "--max-tokens", "5", "--variant", "naive", "--out", os.path.join(tmp, "text5"))
+    check(r.returncode == 0 and np.load(os.path.join(tmp, "text5", "naive.npy")).shape[1] == 5, "[text] --max-tokens 5")
+    return out
+
+
+def check_errors(exe, tmp):
+    bad = os.path.join(tmp, "refused")
+    r = run(exe, "--seq", "5000", "--out", bad)
+    check(r.returncode != 0 and "--seq" in r.stderr and "1024" in r.stderr,
+          f"--seq 5000 refused naming --seq and the limit (rc {r.returncode}: {r.stderr.strip()})")
+    check(not os.path.exists(bad), "nothing written when refused")
+    r = run(exe, "--seq", "8", "--param", "window=4", "--out", bad)
+    check(r.returncode != 0 and "VARIANT.NAME=VALUE" in r.stderr, f"--param without a variant prefix: {r.stderr.strip()}")
+    r = run(exe, "--seq", "8", "--variant", "naive", "--param", "sliding_window.window=4", "--out", bad)
+    check(r.returncode != 0 and "not selected" in r.stderr, f"--param for an unselected variant: {r.stderr.strip()}")
+    r = run(exe, "--seq", "8", "--variant", "sliding_window", "--param", "sliding_window.windw=4", "--out", bad)
+    check(r.returncode != 0 and "window" in r.stderr, f"--param typo gets did-you-mean: {r.stderr.strip()}")
+    r = run(exe, "--seq", "8", "--variant", "nosuch", "--out", bad)
+    check(r.returncode != 0 and "nosuch" in r.stderr, f"unknown --variant: {r.stderr.strip()}")
+    r = run(exe, "--out", bad)
+    check(r.returncode != 0 and "--seq" in r.stderr and "--text" in r.stderr, f"neither --seq nor --text: {r.stderr.strip()}")
+
+
+def check_plot(out, tokens_out):
+    for d, what in ((out, "seq"), (tokens_out, "text")):
+        if d is None:
+            continue
+        r = subprocess.run([sys.executable, PLOT, "--patterns", d], capture_output=True, text=True, timeout=300)
+        png = os.path.join(d, "patterns.png")
+        ok = r.returncode == 0 and os.path.isfile(png) and os.path.getsize(png) > 10000
+        check(ok, f"[{what}] plot.py --patterns draws patterns.png (rc {r.returncode}: {r.stderr.strip()[-300:]})")
+        check(os.path.isfile(os.path.join(d, "patterns.svg")), f"[{what}] and patterns.svg")
+
+
+def check_peer_inputs(out):
+    """The peer runner draws the sweep's inputs with a numpy port of attn::fill_normal; `patterns --seq`
+    writes Q drawn by the C++ one with seed 3*3+1: they must agree bit for bit."""
+    import numpy as np
+    spec = importlib.util.spec_from_file_location("torch_attention", PEER)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # imports numpy only; torch is imported inside main()
+    q = np.load(os.path.join(out, "q.npy"))
+    mine = mod.fill_normal(q.size, 3 * 3 + 1, 1.0).reshape(q.shape)
+    check(np.array_equal(q, mine), f"peer runner's fill_normal == attnbench's (max diff {abs(q - mine).max():.2e})")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--attnbench", required=True, help="path of the attnbench binary")
+    a = ap.parse_args()
+    try:
+        import numpy  # noqa: F401
+    except ImportError as e:
+        print(f"skipped: {e} (install python3-numpy)")
+        return 77
+    with tempfile.TemporaryDirectory(prefix="attnbench-test-patterns-") as tmp:
+        full = check_run(a.attnbench, tmp, causal=False)
+        check_run(a.attnbench, tmp, causal=True)
+        text = check_text(a.attnbench, tmp)
+        check_errors(a.attnbench, tmp)
+        try:
+            import matplotlib  # noqa: F401
+            check_plot(full, text)
+        except ImportError:
+            print("skip  plot.py --patterns (matplotlib missing)")
+        if full:
+            check_peer_inputs(full)
+    print(f"{len(failures)} failure(s)" if failures else "all passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

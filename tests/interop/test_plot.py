@@ -1,0 +1,263 @@
+#!/usr/bin/python3
+"""scripts/plot.py end to end: every figure and the report from a committed results fixture, the fitted
+exponent and crossover on synthetic results with known answers, and clear errors on bad input.
+
+Run by ctest as `/usr/bin/python3 test_plot.py --attnbench PATH` (the binary is not needed here).
+Exit 0 pass, 1 fail, 77 skip (numpy or matplotlib missing)."""
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLOT = os.path.join(ROOT, "scripts", "plot.py")
+PEER = os.path.join(ROOT, "scripts", "peers", "torch_attention.py")
+FIXTURE = os.path.join(ROOT, "tests", "data", "results_fixture")
+FIGURES = ["time_vs_seq", "memory_vs_seq", "accuracy_vs_seq", "pareto", "throughput"]
+
+failures = []
+
+
+def check(cond, what):
+    print(("ok    " if cond else "FAIL  ") + what)
+    if not cond:
+        failures.append(what)
+    return cond
+
+
+def run_plot(*args):
+    return subprocess.run([sys.executable, PLOT, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_fixture(tmp):
+    out = os.path.join(tmp, "fixture")
+    if not check(os.path.isfile(os.path.join(FIXTURE, "results.jsonl")), f"the fixture {FIXTURE} is there"):
+        return
+    shutil.copytree(FIXTURE, out)  # plot.py writes next to the results: never into the committed fixture
+    r = run_plot(out)
+    if not check(r.returncode == 0, f"plot.py on the fixture exits 0 (got {r.returncode}: {r.stderr.strip()[-500:]})"):
+        return
+    for stem in FIGURES:
+        png, svg = (os.path.join(out, "plots", f"{stem}.{ext}") for ext in ("png", "svg"))
+        check(os.path.isfile(png) and os.path.getsize(png) > 10000, f"{stem}.png exists and is > 10 kB")
+        if os.path.isfile(png):
+            with open(png, "rb") as f:
+                check(f.read(8) == b"\x89PNG\r\n\x1a\n", f"{stem}.png is a PNG")
+        check(os.path.isfile(svg) and os.path.getsize(svg) > 10000, f"{stem}.svg exists and is > 10 kB")
+        if os.path.isfile(svg):
+            with open(svg, encoding="utf-8") as f:
+                check("<svg" in f.read(2000), f"{stem}.svg is an SVG")
+    report = os.path.join(out, "REPORT.md")
+    if not check(os.path.isfile(report), "REPORT.md exists"):
+        return
+    with open(report, encoding="utf-8") as f:
+        md = f.read()
+    check(len(md) > 3000, f"REPORT.md is non-trivial ({len(md)} characters)")
+    for stem in FIGURES:
+        check(f"](plots/{stem}.png)" in md, f"REPORT.md embeds plots/{stem}.png")
+        check(f"(plots/{stem}.svg)" in md, f"REPORT.md links plots/{stem}.svg")
+    check("## Crossover" in md and "| approximate variant |" in md, "REPORT.md has the crossover table")
+    for variant in ("linear", "sliding_window"):
+        check(any(line.startswith(f"| `{variant}") for line in md.split("## Crossover")[1].split("##")[0].splitlines()),
+              f"crossover table has a row for {variant}")
+    check("## Key figures" in md and "exponent (fit)" in md, "REPORT.md has the key-figures table")
+    check("## Machine" in md and "sgemm calibration" in md, "REPORT.md names the machine and the sgemm calibration")
+    check("## Config" in md and '"seq_len"' in md, "REPORT.md holds the config")
+    check("torch_naive" in md, "REPORT.md includes the PyTorch peer rows (results.peers.jsonl)")
+    check("left out of the curves" in md and "memory_budget" in md,
+          "REPORT.md counts the skipped rows and gives their reason")
+    with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    check(summary["rows_excluded"] >= 1 and summary["rows_ok"] >= 20, "summary.json counts rows")
+    # The fixture holds real timings from a shared machine, so only the fit's presence is checked here; its
+    # value is checked on the synthetic results, where the answer is known.
+    fits = [f for f in summary["fits"] if f["points"] >= 2]
+    check(len(fits) >= 10 and all(isinstance(f["exponent"], float) and math.isfinite(f["exponent"]) for f in fits),
+          f"every series with 2+ sizes has a finite fitted exponent ({len(fits)} series)")
+    leftovers = [n for n in os.listdir(os.path.join(out, "plots")) if n.endswith(".tmp")]
+    check(not leftovers, f"no temporary files left behind ({leftovers})")
+
+
+def row(variant, n, time_ms, exact, err, status="ok", reason="", peak=None, mask="none"):
+    r = {"id": f"{variant}:B=1,H=1,Lq={n},Lkv={n},D=16,{mask},gaussian(std=1),T=1", "variant": variant, "params": {},
+         "batch": 1, "heads": 1, "seq_q": n, "seq_kv": n, "head_dim": 16, "mask": mask, "regime": "gaussian(std=1)",
+         "threads": 1, "dropout": 0.0, "exact": exact, "status": status, "reason": reason,
+         "memory": {"estimated_bytes": 64 * n * (n if exact else 1), "inputs_bytes": 192 * n, "workspace_bytes": 0,
+                    "peak_bytes": peak}}
+    if status == "ok":
+        flops = 4.0 * n * n * 16
+        r.update(time_ms={"median": time_ms, "p10": time_ms * 0.98, "p90": time_ms * 1.02, "mean": time_ms, "cv": 0.01,
+                          "reps": 5},
+                 flops=flops, gflops=flops / (time_ms * 1e6), frac_sgemm=flops / (time_ms * 1e6) / 50.0,
+                 accuracy={"reference": "sampled", "rows": 64, "max_abs_err": err, "rel_l2_err": err,
+                           "mean_cosine": 0.9, "nan_count": 0, "inf_count": 0})
+    return r
+
+
+def test_synthetic(tmp):
+    """time = c * n^1.5 exactly for the approximate series and c' * n^2 for the exact one: the fit must give 1.50
+    and 2.00, and their ratio 16 * n^-0.5 crosses 1 at n = 256 exactly (log-log interpolation is exact for power
+    laws). Non-finite accuracy strings and non-ok rows must not break anything."""
+    d = os.path.join(tmp, "synthetic")
+    os.makedirs(d)
+    ns = [100, 200, 400, 800, 1600, 3200]
+    rows = []
+    for n in ns:
+        rows.append(row("exact_sq", n, 1e-5 * n ** 2, True, 1e-7, peak=64 * n * n))
+        err = "inf" if n == 800 else ("nan" if n == 1600 else 0.1)
+        rows.append(row("approx_15", n, 1.6e-4 * n ** 1.5, False, err, peak=None))
+    rows.append(row("approx_15", 6400, 0, False, 0, status="skipped", reason="needs 999 bytes > memory_budget 10"))
+    rows.append(row("exact_sq", 6400, 0, True, 0, status="failed", reason="out of memory (std::bad_alloc)"))
+    with open(os.path.join(d, "results.jsonl"), "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+        f.write('{"id": "torn')  # a crash mid-write: the torn last line is dropped, not an error
+    meta = {"config_name": "synthetic", "config": {"name": "synthetic", "sweep": {"seq_len": ns}},
+            "sgemm_calibration": [{"threads": 1, "gflops": 50.0, "size": 2048, "cv": 0.01}],
+            "system": {"cpu_model": "synthetic CPU", "cores_available": 1}}
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    r = run_plot(d)
+    if not check(r.returncode == 0, f"plot.py on the synthetic results exits 0 (got {r.returncode}: {r.stderr.strip()[-500:]})"):
+        return
+    with open(os.path.join(d, "summary.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    fits = {f["series"]: f for f in summary["fits"]}
+    k15 = fits.get("approx_15", {}).get("exponent")
+    k2 = fits.get("exact_sq", {}).get("exponent")
+    check(k15 is not None and abs(k15 - 1.5) <= 0.01, f"fitted exponent of time = c n^1.5 is 1.50 +- 0.01 (got {k15})")
+    check(k2 is not None and abs(k2 - 2.0) <= 0.01, f"fitted exponent of time = c n^2 is 2.00 +- 0.01 (got {k2})")
+    check(fits.get("approx_15", {}).get("n_min") == 100 and fits["approx_15"].get("n_max") == 3200,
+          "the fit's range is the measured sizes (100-3200)")
+    with open(os.path.join(d, "REPORT.md"), encoding="utf-8") as f:
+        md = f.read()
+    check("1.50 (n=100–3200)" in md, "REPORT.md prints the fitted exponent 1.50 with its range")
+    cross = {c["series"]: c for c in summary["crossover"]}
+    n_star = cross.get("approx_15", {}).get("faster_from_n")
+    check(n_star is not None and abs(n_star - 256) < 0.5, f"crossover interpolated at n = 256 (got {n_star})")
+    check("n ≈ 256 (between 200 and 400)" in md, "REPORT.md crossover table says n ≈ 256 (between 200 and 400)")
+    # Memory: approx 64 n (estimated; no peak) vs exact 64 n^2 (measured): less memory at every n.
+    check(cross.get("approx_15", {}).get("less_memory", "").startswith("less memory at every measured n"),
+          f"memory crossover: less memory at every measured n (got {cross.get('approx_15', {}).get('less_memory')})")
+    check(summary.get("nonfinite_accuracy_points") == 2, "the 'inf' and 'nan' accuracy strings are counted as non-finite")
+    check(summary["rows_excluded"] == 2 and "out of memory" in md and "memory_budget" in md,
+          "the skipped and failed rows are left out and their reasons summarised")
+
+
+def test_never_and_always(tmp):
+    """A variant slower at every size: 'never within measured range'; faster at every size: 'at every
+    measured n'."""
+    d = os.path.join(tmp, "nocross")
+    os.makedirs(d)
+    rows = []
+    for n in (128, 256, 512):
+        rows.append(row("exact_sq", n, 1e-5 * n ** 2, True, 1e-7, peak=1000 * n))
+        rows.append(row("slow", n, 1e-4 * n ** 2, False, 0.2, peak=10 * n))
+        rows.append(row("fast", n, 1e-6 * n ** 2, False, 0.3, peak=10000 * n))
+    with open(os.path.join(d, "results.jsonl"), "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    r = run_plot(d)  # no meta.json: a warning, not an error
+    if not check(r.returncode == 0, f"plot.py without meta.json exits 0 (got {r.returncode}: {r.stderr.strip()[-300:]})"):
+        return
+    with open(os.path.join(d, "summary.json"), encoding="utf-8") as f:
+        cross = {c["series"]: c for c in json.load(f)["crossover"]}
+    check(cross["slow"]["faster"] == "never within measured range", f"slow: {cross['slow']['faster']}")
+    check(cross["fast"]["faster"] == "faster at every measured n", f"fast: {cross['fast']['faster']}")
+    check(cross["slow"]["less_memory"] == "less memory at every measured n", f"slow memory: {cross['slow']['less_memory']}")
+    check(cross["fast"]["less_memory"] == "never within measured range", f"fast memory: {cross['fast']['less_memory']}")
+
+
+def test_errors(tmp):
+    missing = os.path.join(tmp, "does-not-exist")
+    r = run_plot(missing)
+    check(r.returncode != 0 and missing in r.stderr and "does not exist" in r.stderr,
+          f"missing RESULTS_DIR: non-zero exit naming the folder (rc {r.returncode}, stderr {r.stderr.strip()!r})")
+    empty = os.path.join(tmp, "empty")
+    os.makedirs(empty)
+    r = run_plot(empty)
+    check(r.returncode != 0 and "results.jsonl" in r.stderr, f"folder without results.jsonl: clear error ({r.stderr.strip()!r})")
+    check(not os.path.exists(os.path.join(empty, "REPORT.md")), "nothing written on error")
+    bad = os.path.join(tmp, "bad")
+    os.makedirs(bad)
+    with open(os.path.join(bad, "results.jsonl"), "w") as f:
+        f.write("not json\n" + json.dumps(row("exact_sq", 128, 1.0, True, 1e-7)) + "\n")
+    r = run_plot(bad)
+    check(r.returncode != 0 and "results.jsonl:1" in r.stderr, f"a bad line names file:line ({r.stderr.strip()!r})")
+
+
+def test_peer(tmp):
+    """The PyTorch peer runner: without torch it says so and exits 0; with torch its rows have the sweep's
+    schema, exact accuracy, and plot.py draws them."""
+    cfg = os.path.join(tmp, "peer.json")
+    with open(cfg, "w") as f:
+        json.dump({"name": "peer", "sweep": {"batch": 2, "heads": 1, "head_dim": 4, "seq_len": [8, 16],
+                                              "mask": ["none", "causal", "pad=0.25"], "threads": 1},
+                   "measure": {"warmup": 0, "min_reps": 1, "max_reps": 2, "min_time_s": 0, "max_time_s": 1},
+                   "accuracy": {"reference": "full"}, "memory_budget": "1GiB", "seed": 5}, f)
+    out = os.path.join(tmp, "peer-out")
+    hide_torch = "import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.argv[1:]; " \
+                 "runpy.run_path(sys.argv[0], run_name='__main__')"
+    r = subprocess.run([sys.executable, "-c", hide_torch, PEER, cfg, "--out", out], capture_output=True, text=True,
+                       timeout=120)
+    check(r.returncode == 0 and r.stdout.startswith("torch not available:") and not os.path.exists(out),
+          f"peer runner without torch: 'torch not available: ...', exit 0, nothing written (rc {r.returncode}, "
+          f"{r.stdout.strip()!r} {r.stderr.strip()[-300:]!r})")
+    with open(cfg.replace("peer.json", "bad.json"), "w") as f:
+        json.dump({"name": "peer", "sweep": {"seq_len": [8], "mask": "causl"}}, f)
+    r = subprocess.run([sys.executable, PEER, cfg.replace("peer.json", "bad.json")], capture_output=True, text=True,
+                       timeout=120)
+    check(r.returncode == 2 and "sweep.mask" in r.stderr and "causl" in r.stderr,
+          f"peer runner on a bad config names the JSON path ({r.stderr.strip()!r})")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("skip  peer runner with torch (python3-torch not installed)")
+        return
+    r = subprocess.run([sys.executable, PEER, cfg, "--out", out], capture_output=True, text=True, timeout=600)
+    if not check(r.returncode == 0, f"peer runner exits 0 (rc {r.returncode}: {r.stderr.strip()[-500:]})"):
+        return
+    rows = [json.loads(line) for line in open(os.path.join(out, "results.peers.jsonl"))]
+    check(len(rows) == 6 and all(r["status"] == "ok" and r["variant"] == "torch_naive" and r["id"].startswith("peer/")
+                                 for r in rows), "peer runner writes 6 ok torch_naive rows with 'peer/' ids")
+    keys = {"id", "variant", "params", "batch", "heads", "seq_q", "seq_kv", "head_dim", "mask", "regime", "threads",
+            "exact", "status", "reason", "time_ms", "flops", "gflops", "memory", "accuracy"}
+    check(all(keys <= set(r) for r in rows), "peer rows carry the sweep's fields")
+    check(all(r["accuracy"]["rel_l2_err"] < 1e-5 and r["flops"] == 4.0 * 2 * 1 * r["seq_q"] * r["seq_kv"] * 4
+              for r in rows), "peer rows: exact accuracy against fp64, flops = 4 B H Lq Lkv D")
+    check({r["mask"] for r in rows} == {"none", "causal", "pad=0.25"}, "peer rows use the sweep's mask labels")
+    # plot.py reads the peer rows next to attnbench's (here a results.jsonl of one exact row per point).
+    with open(os.path.join(out, "results.jsonl"), "w") as f:
+        for p in rows:
+            f.write(json.dumps(row("naive", p["seq_kv"], 0.01 * p["seq_kv"], True, 1e-7, mask=p["mask"])
+                               | {"batch": 2, "head_dim": 4}) + "\n")
+    r = run_plot(out)
+    with open(os.path.join(out, "REPORT.md"), encoding="utf-8") as f:
+        check(r.returncode == 0 and "`torch_naive` (PyTorch)" in f.read(), "plot.py puts the peer rows in the report")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--attnbench", help="path of the attnbench binary (unused: plot.py reads files only)")
+    ap.parse_args()
+    try:
+        import numpy  # noqa: F401
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        print(f"skipped: {e} (install python3-numpy python3-matplotlib)")
+        return 77
+    with tempfile.TemporaryDirectory(prefix="attnbench-test-plot-") as tmp:
+        test_fixture(tmp)
+        test_synthetic(tmp)
+        test_never_and_always(tmp)
+        test_errors(tmp)
+        test_peer(tmp)
+    print(f"{len(failures)} failure(s)" if failures else "all passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
