@@ -53,9 +53,9 @@ std::optional<std::string> did_you_mean(const std::string& word, const std::vect
 namespace {
 
 std::string range_text(const ParamSpec& s) {
-  if (s.min && s.max) return " in [" + Json(*s.min).dump() + ", " + Json(*s.max).dump() + "]";
-  if (s.min) return " >= " + Json(*s.min).dump();
-  if (s.max) return " <= " + Json(*s.max).dump();
+  if (s.min && s.max) return " in [" + shortest_double_text(*s.min) + ", " + shortest_double_text(*s.max) + "]";
+  if (s.min) return " >= " + shortest_double_text(*s.min);
+  if (s.max) return " <= " + shortest_double_text(*s.max);
   return "";
 }
 

@@ -75,6 +75,9 @@ class Runner {
         throw UsageError("--filter '" + opt_.filter + "' matches none of the " + std::to_string(planned) + " points");
     }
     if (opt_.dry_run) return print_plan(plan);
+    // Handlers first: a Ctrl-C during set-up or calibration also ends in a resumable folder.
+    auto* old_int = std::signal(SIGINT, on_stop_signal);
+    auto* old_term = std::signal(SIGTERM, on_stop_signal);
     prepare_out_dir();
     std::set<std::string> done;
     for (const Json& row : existing_rows_) done.insert(row.value("id", ""));
@@ -82,11 +85,9 @@ class Runner {
     for (const auto& pt : plan) todo += !done.count(pt.id);
     std::cout << "attnbench: sweep '" << config_.name << "': " << plan.size() << " points"
               << (done.empty() ? "" : ", " + std::to_string(plan.size() - todo) + " already done") << " -> "
-              << opt_.out_dir << "\n";
+              << opt_.out_dir << "\n" << std::flush;
     calibrate();
 
-    auto* old_int = std::signal(SIGINT, on_stop_signal);
-    auto* old_term = std::signal(SIGTERM, on_stop_signal);
     const auto t_start = std::chrono::steady_clock::now();
     std::size_t measured = 0;
     int failed = 0, skipped = 0, ok = 0;
@@ -189,12 +190,20 @@ class Runner {
                        "' already holds results; use --resume to finish them, --force to replace them, or --out");
     } else {
       fs::create_directories(dir);
+      // meta.json (with the config hash) exists before results.jsonl, so a kill at any later moment leaves a
+      // folder that --resume accepts.
       // Everything an earlier run (or its plots and peer rows) left here belongs to the results being replaced.
       for (const char* f : {"results.jsonl", "results.csv", "meta.json", "results.peers.jsonl", "REPORT.md",
                             "summary.json"})
         fs::remove(dir / f);
       fs::remove_all(dir / "plots");
       fs::remove_all(dir / "patterns");
+    }
+    if (!opt_.resume) {
+      meta_ = {{"config_name", config_.name}, {"config_path", config_.source_path}, {"config_hash", config_.hash()},
+               {"config", config_.raw}, {"system", system_info()}, {"start_time", now_iso8601()},
+               {"end_time", nullptr}, {"memory_probe", probe_.supported() ? "VmHWM reset per point" : "unsupported"}};
+      write_file_atomic(meta_path(), meta_.dump(2) + "\n");
     }
     jsonl_.open(jsonl_path(), std::ios::app);
     if (!jsonl_) throw UsageError("cannot open '" + jsonl_path() + "' for appending");
@@ -203,14 +212,12 @@ class Runner {
   }
 
   void calibrate() {
-    if (!meta_.is_object()) meta_ = Json::object();
-    const bool resumed = !meta_.empty();
     if (meta_.contains("sgemm_calibration")) {  // resumed: keep the denominators of the rows already written
       for (const auto& c : meta_["sgemm_calibration"]) sgemm_gflops_[c["threads"].get<int>()] = c["gflops"].get<double>();
     }
     Json cal = meta_.value("sgemm_calibration", Json::array());
     for (int t : config_.threads) {
-      if (sgemm_gflops_.count(t)) continue;
+      if (sgemm_gflops_.count(t) || g_stop_signal.load()) continue;
       const SgemmCalibration c = calibrate_sgemm(t);
       sgemm_gflops_[t] = c.gflops;
       cal.push_back({{"threads", t}, {"size", c.size}, {"gflops", c.gflops}, {"median_ms", c.timing.median_ms},
@@ -218,13 +225,7 @@ class Runner {
       std::cout << "attnbench: sgemm calibration, " << t << " thread(s), " << c.size << "^3: " << std::fixed
                 << std::setprecision(1) << c.gflops << " GFLOP/s\n" << std::defaultfloat;
     }
-    if (!resumed) {
-      meta_ = {{"config_name", config_.name}, {"config_path", config_.source_path}, {"config_hash", config_.hash()},
-               {"config", config_.raw}, {"system", system_info()}, {"start_time", now_iso8601()},
-               {"end_time", nullptr}, {"memory_probe", probe_.supported() ? "VmHWM reset per point" : "unsupported"}};
-    } else {
-      meta_["resumed_at"].push_back(now_iso8601());
-    }
+    if (opt_.resume) meta_["resumed_at"].push_back(now_iso8601());
     meta_["sgemm_calibration"] = cal;
     write_file_atomic(meta_path(), meta_.dump(2) + "\n");
   }
@@ -243,7 +244,28 @@ class Runner {
             {"heads", p.heads},   {"seq_q", p.seq_q},       {"seq_kv", p.seq_kv},     {"head_dim", p.head_dim},
             {"mask", pt.mask.label()}, {"regime", pt.regime.label()}, {"threads", pt.threads},
             {"dropout", p.dropout}, {"exact", Registry::instance().get(p.variant).capabilities().exact},
-            {"status", "ok"},     {"reason", ""}};
+            {"status", "ok"},     {"reason", ""},
+            // Present in every row (null until measured) so readers never need to test for them.
+            {"time_ms", {{"median", nullptr}, {"p10", nullptr}, {"p90", nullptr}, {"mean", nullptr}, {"cv", nullptr},
+                         {"reps", 0}}},
+            {"flops", nullptr},   {"gflops", nullptr},     {"frac_sgemm", nullptr},
+            {"accuracy", {{"reference", accuracy_mode(p)}, {"rows", 0}, {"max_abs_err", nullptr},
+                          {"rel_l2_err", nullptr}, {"mean_cosine", nullptr}, {"nan_count", nullptr},
+                          {"inf_count", nullptr}}}};
+  }
+
+  std::string accuracy_mode(const Problem& p) const {
+    const std::string mode = config_.accuracy.reference;
+    if (mode != "auto") return mode;
+    return p.seq_q <= config_.accuracy.rows ? "full" : "sampled";
+  }
+
+  // Bytes the accuracy step allocates: the fp64 reference rows, and an fp32 copy of the compared rows.
+  std::size_t reference_bytes(const Problem& p) const {
+    const std::string mode = accuracy_mode(p);
+    if (mode == "none") return 0;
+    const int64_t rows = mode == "full" ? p.seq_q : std::min(p.seq_q, config_.accuracy.rows);
+    return static_cast<std::size_t>(p.batch * p.heads * rows * p.head_dim) * (sizeof(double) + sizeof(float));
   }
 
   Json measure_point(const SweepPoint& pt, PointInputs& inputs, std::string& inputs_key, ReferenceCache& ref) {
@@ -253,7 +275,7 @@ class Runner {
     const std::size_t workspace = variant.workspace_bytes(p, pt.threads);
     const std::size_t estimated = output_bytes(p) + workspace;
     row["memory"] = {{"estimated_bytes", estimated}, {"inputs_bytes", inputs_bytes(p)}, {"workspace_bytes", workspace},
-                     {"peak_bytes", nullptr}};
+                     {"reference_bytes", reference_bytes(p)}, {"peak_bytes", nullptr}};
     if (auto reasons = variant.not_supported_reasons(p); !reasons.empty()) {
       std::string why;
       for (const auto& r : reasons) why += (why.empty() ? "" : "; ") + r;
@@ -261,12 +283,13 @@ class Runner {
       row["reason"] = why;
       return row;
     }
-    const std::size_t need = inputs_bytes(p) + estimated;
+    const std::size_t need = inputs_bytes(p) + estimated + reference_bytes(p);
     if (need > config_.memory_budget_bytes) {
       row["status"] = "skipped";
       row["reason"] = "needs " + std::to_string(need) + " bytes (" + format_bytes(static_cast<double>(need)) +
                       ": inputs " + format_bytes(static_cast<double>(inputs_bytes(p))) + ", output and workspace " +
-                      format_bytes(static_cast<double>(estimated)) + ") > memory_budget " +
+                      format_bytes(static_cast<double>(estimated)) + ", accuracy reference " +
+                      format_bytes(static_cast<double>(reference_bytes(p))) + ") > memory_budget " +
                       format_bytes(static_cast<double>(config_.memory_budget_bytes));
       return row;
     }
@@ -321,8 +344,7 @@ class Runner {
     }
 
     // Accuracy against exact softmax attention in fp64 (same masks and dropout), on all or sampled rows.
-    std::string mode = config_.accuracy.reference;
-    if (mode == "auto") mode = p.seq_q <= config_.accuracy.rows ? "full" : "sampled";
+    const std::string mode = accuracy_mode(p);
     const std::string key = pt.input_key + "|" + mode + "|" + std::to_string(p.dropout) + "|" + std::to_string(p.seed);
     if (mode != "none" && ref.key != key) {
       ref = ReferenceCache();

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -188,19 +189,13 @@ uint64_t default_memory_budget() {
 
 std::string Regime::label() const {
   if (kind == "tokens") return "tokens(" + std::filesystem::path(text).filename().string() + ")";
-  std::ostringstream s;
-  s << "gaussian(std=" << std << ")";
-  return s.str();
+  return "gaussian(std=" + shortest_double_text(std) + ")";
 }
 
 std::string MaskAxis::label() const {
   std::string s;
   if (spec.causal) s = "causal";
-  if (spec.key_padding) {
-    std::ostringstream f;
-    f << pad_fraction;
-    s += (s.empty() ? "pad=" : "+pad=") + f.str();
-  }
+  if (spec.key_padding) s += (s.empty() ? "pad=" : "+pad=") + shortest_double_text(pad_fraction);
   return s.empty() ? "none" : s;
 }
 
@@ -353,6 +348,13 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
   c.memory_budget_bytes = j.contains("memory_budget") ? parse_bytes(j["memory_budget"], "memory_budget")
                                                       : default_memory_budget();
   if (j.contains("seed")) c.seed = static_cast<uint64_t>(get_int(j["seed"], "seed", 0, int64_t{1} << 53, "an integer in [0, 2^53]"));
+  // A repeated axis value (seq_len [16, 16], a variant listed twice) would make two points with one id, and
+  // --resume would take one for the other: refuse it here.
+  std::map<std::string, std::size_t> seen;
+  for (const SweepPoint& pt : expand_plan(c))
+    if (++seen[pt.id] == 2)
+      fail("config", "two points have the same id '" + pt.id +
+                         "': an axis (sweep.*, inputs, variants or a parameter list) repeats a value");
   return c;
 }
 
@@ -412,7 +414,7 @@ std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
                     pt.input_seed = seed;
                     std::ostringstream id;
                     id << p.repro();
-                    if (mask.spec.key_padding) id << ",padfrac=" << mask.pad_fraction;
+                    if (mask.spec.key_padding) id << ",padfrac=" << shortest_double_text(mask.pad_fraction);
                     id << "," << regime.label() << ",T=" << T;
                     pt.id = id.str();
                     plan.push_back(std::move(pt));

@@ -1,0 +1,589 @@
+// Sweep config schema: every validation rule (error text names the JSON path, what is allowed and the value),
+// plan expansion counts and ordering, byte sizes, and file-level errors of load_sweep_config.
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <string>
+
+#include "bench/lib/sweep_config.hpp"
+#include "common/attention.hpp"
+#include "common/error.hpp"
+#include "common/runtime.hpp"
+
+using namespace attn;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// A minimal valid config; each test changes one thing so the error it expects is the only one.
+Json base_config() {
+  return Json::parse(R"({
+    "name": "t",
+    "variants": ["naive"],
+    "sweep": {"batch": 1, "heads": 1, "head_dim": 16, "seq_len": [16, 32], "threads": 1},
+    "measure": {"warmup": 0, "min_reps": 1, "max_reps": 2, "min_time_s": 0, "max_time_s": 1},
+    "memory_budget": "1GiB"
+  })");
+}
+
+// The UsageError text parse_sweep_config throws for `j` (the test fails if it throws nothing or another
+// type).
+std::string config_error(const Json& j, const std::string& source = "/nonexistent/dir/cfg.json") {
+  try {
+    (void)parse_sweep_config(j, source);
+  } catch (const UsageError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    FAIL("expected a UsageError, got another exception: " << e.what());
+  }
+  FAIL("expected a UsageError for config " << j.dump());
+  return "";
+}
+
+// A scratch folder removed at the end of the test.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    static int counter = 0;
+    path = std::filesystem::temp_directory_path() /
+           ("attnbench-sweepcfg-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string write(const std::string& name, const std::string& text) const {
+    const auto p = path / name;
+    std::ofstream(p) << text;
+    return p.string();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the base config used by these tests is valid", "[sweep][config]") {
+  const SweepConfig c = parse_sweep_config(base_config(), "cfg.json");
+  CHECK(c.name == "t");
+  CHECK(c.memory_budget_bytes == (uint64_t{1} << 30));
+  CHECK(c.measure.max_reps == 2);
+  CHECK(expand_plan(c).size() == 2);
+}
+
+TEST_CASE("unknown keys are rejected with their path and a did-you-mean", "[sweep][config]") {
+  SECTION("top level") {
+    Json j = base_config();
+    j["sweeep"] = j["sweep"];
+    j.erase("sweep");
+    const std::string e = config_error(j);
+    CHECK_THAT(e, Contains("sweeep: unknown key 'sweeep'"));
+    CHECK_THAT(e, Contains("did you mean 'sweep'?"));
+    CHECK_THAT(e, Contains("allowed: "));
+  }
+  SECTION("in sweep") {
+    Json j = base_config();
+    j["sweep"]["maks"] = "causal";
+    const std::string e = config_error(j);
+    CHECK_THAT(e, Contains("sweep.maks: unknown key 'maks'"));
+    CHECK_THAT(e, Contains("did you mean 'mask'?"));
+  }
+  SECTION("in measure") {
+    Json j = base_config();
+    j["measure"]["min_rep"] = 2;
+    const std::string e = config_error(j);
+    CHECK_THAT(e, Contains("measure.min_rep: unknown key 'min_rep'"));
+    CHECK_THAT(e, Contains("did you mean 'min_reps'?"));
+  }
+  SECTION("in accuracy") {
+    Json j = base_config();
+    j["accuracy"] = {{"refrence", "full"}};
+    const std::string e = config_error(j);
+    CHECK_THAT(e, Contains("accuracy.refrence: unknown key 'refrence'"));
+    CHECK_THAT(e, Contains("did you mean 'reference'?"));
+  }
+}
+
+TEST_CASE("sizes must be positive integers, named by their index", "[sweep][config]") {
+  SECTION("negative value in a list") {
+    Json j = base_config();
+    j["sweep"]["seq_len"] = {64, 128, -5};
+    CHECK(config_error(j) == "sweep.seq_len[2]: must be a positive integer, got -5");
+  }
+  SECTION("zero as a single value") {
+    Json j = base_config();
+    j["sweep"]["heads"] = 0;
+    CHECK(config_error(j) == "sweep.heads: must be a positive integer, got 0");
+  }
+  SECTION("fractional value") {
+    Json j = base_config();
+    j["sweep"]["head_dim"] = {16, 1.5};
+    CHECK(config_error(j) == "sweep.head_dim[1]: must be a positive integer, got 1.5");
+  }
+}
+
+TEST_CASE("a string where a number is expected names the path and shows the string", "[sweep][config]") {
+  SECTION("size axis") {
+    Json j = base_config();
+    j["sweep"]["batch"] = "2";
+    CHECK(config_error(j) == "sweep.batch: must be a positive integer, got \"2\"");
+  }
+  SECTION("measure setting") {
+    Json j = base_config();
+    j["measure"]["min_time_s"] = "0.1";
+    const std::string e = config_error(j);
+    CHECK_THAT(e, Contains("measure.min_time_s: must be seconds in [0, 3600]"));
+    CHECK_THAT(e, Contains("got \"0.1\""));
+  }
+}
+
+TEST_CASE("an empty axis list is rejected", "[sweep][config]") {
+  Json j = base_config();
+  j["sweep"]["heads"] = Json::array();
+  CHECK(config_error(j) == "sweep.heads: must not be an empty list");
+}
+
+TEST_CASE("sequence lengths: seq_len or seq_q with seq_kv", "[sweep][config]") {
+  SECTION("seq_len together with seq_q") {
+    Json j = base_config();
+    j["sweep"]["seq_q"] = 16;
+    const std::string e = config_error(j);
+    CHECK_THAT(e, Contains("sweep.seq_len: give either seq_len"));
+    CHECK_THAT(e, Contains("not both"));
+  }
+  SECTION("seq_q without seq_kv") {
+    Json j = base_config();
+    j["sweep"].erase("seq_len");
+    j["sweep"]["seq_q"] = {16, 32};
+    CHECK_THAT(config_error(j), Contains("sweep.seq_kv: missing: seq_q and seq_kv go together"));
+  }
+  SECTION("seq_kv without seq_q") {
+    Json j = base_config();
+    j["sweep"].erase("seq_len");
+    j["sweep"]["seq_kv"] = 16;
+    CHECK_THAT(config_error(j), Contains("sweep.seq_q: missing: seq_q and seq_kv go together"));
+  }
+  SECTION("no lengths at all") {
+    Json j = base_config();
+    j["sweep"].erase("seq_len");
+    CHECK_THAT(config_error(j), Contains("sweep.seq_len: missing"));
+  }
+}
+
+TEST_CASE("masks: unknown names and padding fractions", "[sweep][config]") {
+  SECTION("unknown mask") {
+    Json j = base_config();
+    j["sweep"]["mask"] = {"none", "casual"};
+    const std::string e = config_error(j);
+    CHECK_THAT(e, Contains("sweep.mask[1]: unknown mask 'casual'"));
+    CHECK_THAT(e, Contains("allowed: none, causal, pad"));
+  }
+  SECTION("pad fraction above 1") {
+    Json j = base_config();
+    j["sweep"]["mask"] = "causal+pad=1.5";
+    const std::string e = config_error(j);
+    CHECK_THAT(e, Contains("sweep.mask: padding fraction must be in [0, 1]"));
+    CHECK_THAT(e, Contains("'1.5'"));
+  }
+  SECTION("pad fraction that is not a number") {
+    Json j = base_config();
+    j["sweep"]["mask"] = "pad=half";
+    CHECK_THAT(config_error(j), Contains("sweep.mask: padding fraction in 'pad=half' is not a number"));
+  }
+  SECTION("mask that is not a string") {
+    Json j = base_config();
+    j["sweep"]["mask"] = {"none", 3};
+    CHECK_THAT(config_error(j), Contains("sweep.mask[1]: must be a mask string"));
+  }
+  SECTION("valid masks parse into their spec and fraction") {
+    Json j = base_config();
+    j["sweep"]["mask"] = {"none", "causal", "pad", "causal+pad=0.5"};
+    const SweepConfig c = parse_sweep_config(j, "cfg.json");
+    REQUIRE(c.masks.size() == 4);
+    CHECK(!c.masks[0].spec.any());
+    CHECK(c.masks[1].spec.causal);
+    CHECK(c.masks[2].spec.key_padding);
+    CHECK(c.masks[2].pad_fraction == 0.25);
+    CHECK(c.masks[3].spec.causal);
+    CHECK(c.masks[3].pad_fraction == 0.5);
+    CHECK(c.masks[3].label() == "causal+pad=0.5");
+  }
+}
+
+TEST_CASE("threads above the available cores are rejected", "[sweep][config]") {
+  const int avail = available_threads();
+  Json j = base_config();
+  j["sweep"]["threads"] = {1, avail + 1};
+  const std::string e = config_error(j);
+  CHECK_THAT(e, Contains("sweep.threads[1]: must be an integer in [1, " + std::to_string(avail) + "]"));
+  CHECK_THAT(e, Contains("got " + std::to_string(avail + 1)));
+}
+
+TEST_CASE("unknown variants are rejected with a did-you-mean", "[sweep][config]") {
+  SECTION("as a name") {
+    Json j = base_config();
+    j["variants"] = {"naive", "naiv"};
+    const std::string e = config_error(j);
+    CHECK_THAT(e, Contains("variants[1]: unknown variant 'naiv'"));
+    CHECK_THAT(e, Contains("did you mean 'naive'?"));
+    CHECK_THAT(e, Contains("registered: "));
+  }
+  SECTION("as an object") {
+    Json j = base_config();
+    j["variants"] = Json::array({{{"name", "naiive"}}});
+    const std::string e = config_error(j);
+    CHECK_THAT(e, Contains("variants[0].name: unknown variant 'naiive'"));
+    CHECK_THAT(e, Contains("did you mean 'naive'?"));
+  }
+  SECTION("an unknown key in a variant object") {
+    Json j = base_config();
+    j["variants"] = Json::array({{{"name", "naive"}, {"param", Json::object()}}});
+    const std::string e = config_error(j);
+    CHECK_THAT(e, Contains("variants[0].param: unknown key 'param'"));
+    CHECK_THAT(e, Contains("did you mean 'params'?"));
+  }
+  SECTION("an empty list") {
+    Json j = base_config();
+    j["variants"] = Json::array();
+    CHECK_THAT(config_error(j), Contains("variants: must be \"all\" or a non-empty list"));
+  }
+}
+
+TEST_CASE("variant parameters: unknown names and out-of-range values name their path", "[sweep][config]") {
+  REQUIRE(Registry::instance().find("sliding_window") != nullptr);
+  SECTION("unknown parameter") {
+    Json j = base_config();
+    j["variants"] = Json::parse(R"([{"name": "sliding_window", "params": {"windw": 64}}])");
+    const std::string e = config_error(j);
+    CHECK_THAT(e, Contains("variants[0].params"));
+    CHECK_THAT(e, Contains("unknown parameter 'windw'"));
+    CHECK_THAT(e, Contains("did you mean 'window'?"));
+  }
+  SECTION("window -1") {
+    Json j = base_config();
+    j["variants"] = Json::parse(R"([{"name": "sliding_window", "params": {"window": -1}}])");
+    const std::string e = config_error(j);
+    CHECK_THAT(e, Contains("variants[0].params.window"));
+    CHECK_THAT(e, Contains("must be an integer"));
+    CHECK_THAT(e, Contains("got -1"));
+  }
+  SECTION("dilation 0 inside an axis names the index") {
+    Json j = base_config();
+    j["variants"] = Json::parse(R"(["naive", {"name": "sliding_window", "params": {"dilation": [1, 0]}}])");
+    const std::string e = config_error(j);
+    CHECK_THAT(e, Contains("variants[1].params.dilation[1]"));
+    CHECK_THAT(e, Contains("got 0"));
+  }
+  SECTION("wrong type") {
+    Json j = base_config();
+    j["variants"] = Json::parse(R"([{"name": "sliding_window", "params": {"window": "wide"}}])");
+    const std::string e = config_error(j);
+    CHECK_THAT(e, Contains("variants[0].params.window"));
+    CHECK_THAT(e, Contains("got \"wide\""));
+  }
+}
+
+TEST_CASE("the config name must be safe as a folder name", "[sweep][config]") {
+  for (const char* bad : {"a/b", "../up", ".hidden", ""}) {
+    Json j = base_config();
+    j["name"] = bad;
+    const std::string e = config_error(j);
+    CHECK_THAT(e, Contains("name: must be 1-64 characters"));
+    CHECK_THAT(e, Contains("got " + Json(bad).dump()));
+  }
+  Json j = base_config();
+  j.erase("name");
+  CHECK_THAT(config_error(j), Contains("name: missing"));
+  j["name"] = 42;
+  CHECK_THAT(config_error(j), Contains("name: must be 1-64 characters"));
+}
+
+TEST_CASE("memory_budget takes byte sizes with units", "[sweep][config]") {
+  Json j = base_config();
+  j["memory_budget"] = "8GiB";
+  CHECK(parse_sweep_config(j, "cfg.json").memory_budget_bytes == (uint64_t{8} << 30));
+  j["memory_budget"] = "8 parsecs";
+  const std::string e = config_error(j);
+  CHECK_THAT(e, Contains("memory_budget: must be bytes as a number or a string like \"8GiB\""));
+  CHECK_THAT(e, Contains("got \"8 parsecs\""));
+}
+
+TEST_CASE("measure: max_reps below min_reps is rejected", "[sweep][config]") {
+  Json j = base_config();
+  j["measure"]["min_reps"] = 5;
+  j["measure"]["max_reps"] = 2;
+  CHECK(config_error(j) == "measure.max_reps: must be >= measure.min_reps (5), got 2");
+  j["measure"]["min_reps"] = 0;
+  CHECK_THAT(config_error(j), Contains("measure.min_reps: must be an integer in [1, 100000], got 0"));
+}
+
+TEST_CASE("accuracy.reference must be a known mode", "[sweep][config]") {
+  Json j = base_config();
+  j["accuracy"] = {{"reference", "exact"}};
+  CHECK(config_error(j) == "accuracy.reference: must be one of auto, full, sampled, none, got \"exact\"");
+  j["accuracy"] = {{"reference", "sampled"}, {"rows", 0}};
+  CHECK_THAT(config_error(j), Contains("accuracy.rows: must be an integer in [1, 1048576], got 0"));
+}
+
+TEST_CASE("inputs: regimes and the tokens file", "[sweep][config]") {
+  SECTION("tokens with a missing file: resolved against the config's folder and named") {
+    Json j = base_config();
+    j["inputs"] = {{"regime", "tokens"}, {"text", "no_such_text.txt"}};
+    const std::string e = config_error(j, "/nonexistent/dir/cfg.json");
+    CHECK_THAT(e, Contains("inputs.text: file '/nonexistent/dir/no_such_text.txt' does not exist"));
+  }
+  SECTION("tokens with an existing file") {
+    TempDir dir;
+    dir.write("sample.txt", "the quick brown fox\n");
+    Json j = base_config();
+    j["inputs"] = {{"regime", "tokens"}, {"text", "sample.txt"}};
+    const SweepConfig c = parse_sweep_config(j, (dir.path / "cfg.json").string());
+    REQUIRE(c.regimes.size() == 1);
+    CHECK(c.regimes[0].kind == "tokens");
+    CHECK(c.regimes[0].label() == "tokens(sample.txt)");
+  }
+  SECTION("unknown regime") {
+    Json j = base_config();
+    j["inputs"] = {{"regime", "uniform"}};
+    CHECK_THAT(config_error(j), Contains("inputs.regime: must be 'gaussian' or 'tokens', got 'uniform'"));
+  }
+  SECTION("std out of range inside a list of regimes") {
+    Json j = base_config();
+    j["inputs"] = Json::parse(R"([{"regime": "gaussian", "std": [1, 0]}])");
+    CHECK_THAT(config_error(j), Contains("inputs[0].std[1]: must be a standard deviation"));
+  }
+}
+
+TEST_CASE("plan expansion: variants x params x batch x heads x head_dim x seq x mask x regime x threads",
+          "[sweep][config]") {
+  const int avail = available_threads();
+  Json j = base_config();
+  j["variants"] =
+      Json::parse(R"(["naive", {"name": "sliding_window", "params": {"window": [64, 128, 256]}}])");
+  j["sweep"] = {{"batch", {1, 2}},
+                {"heads", {1, 2, 4}},
+                {"head_dim", {16, 32}},
+                {"seq_len", {16, 32, 48}},
+                {"mask", {"none", "causal"}},
+                {"threads", avail >= 2 ? Json{1, 2} : Json{1}}};
+  j["inputs"] = Json::parse(R"([{"regime": "gaussian", "std": [0.5, 2]}, {"regime": "gaussian"}])");
+  const SweepConfig c = parse_sweep_config(j, "cfg.json");
+  const std::size_t threads = avail >= 2 ? 2 : 1;
+  REQUIRE(c.variants.size() == 2);
+  CHECK(c.variants[0].param_sets.size() == 1);
+  CHECK(c.variants[1].param_sets.size() == 3);  // the window axis
+  CHECK(c.regimes.size() == 3);
+  const auto plan = expand_plan(c);
+  CHECK(plan.size() == (1 + 3) * 2 * 3 * 2 * 3 * 2 * 3 * threads);
+
+  std::set<std::string> ids;
+  for (const auto& pt : plan) ids.insert(pt.id);
+  CHECK(ids.size() == plan.size());
+
+  // Every resolved parameter set carries the variant's defaults for the parameters not given.
+  std::set<int64_t> windows;
+  for (const auto& pt : plan)
+    if (pt.problem.variant == "sliding_window") {
+      windows.insert(pt.problem.param_int("window"));
+      CHECK(pt.problem.param_int("dilation") == 1);
+    }
+  CHECK(windows == std::set<int64_t>{64, 128, 256});
+}
+
+TEST_CASE("plan expansion: two parameter axes multiply", "[sweep][config]") {
+  Json j = base_config();
+  j["variants"] =
+      Json::parse(R"([{"name": "sliding_window", "params": {"window": [4, 8], "dilation": [1, 2, 3]}}])");
+  const SweepConfig c = parse_sweep_config(j, "cfg.json");
+  REQUIRE(c.variants.size() == 1);
+  std::set<std::pair<int64_t, int64_t>> combos;
+  for (const Json& p : c.variants[0].param_sets)
+    combos.insert({p["window"].get<int64_t>(), p["dilation"].get<int64_t>()});
+  CHECK(combos.size() == 6);
+  CHECK(expand_plan(c).size() == 6 * 2);  // x two sequence lengths
+}
+
+TEST_CASE("plan expansion: cross-attention is seq_q x seq_kv", "[sweep][config]") {
+  Json j = base_config();
+  j["sweep"].erase("seq_len");
+  j["sweep"]["seq_q"] = {16, 32};
+  j["sweep"]["seq_kv"] = {8, 24, 40};
+  const SweepConfig c = parse_sweep_config(j, "cfg.json");
+  CHECK_FALSE(c.self_attention);
+  const auto plan = expand_plan(c);
+  REQUIRE(plan.size() == 6);
+  std::set<std::pair<int64_t, int64_t>> pairs;
+  for (const auto& pt : plan) pairs.insert({pt.problem.seq_q, pt.problem.seq_kv});
+  CHECK(pairs ==
+        std::set<std::pair<int64_t, int64_t>>{{16, 8}, {16, 24}, {16, 40}, {32, 8}, {32, 24}, {32, 40}});
+}
+
+TEST_CASE("plan expansion: \"all\" covers every registered variant with its defaults", "[sweep][config]") {
+  Json j = base_config();
+  j["variants"] = "all";
+  const SweepConfig c = parse_sweep_config(j, "cfg.json");
+  const auto plan = expand_plan(c);
+  const auto names = Registry::instance().names();
+  REQUIRE(!names.empty());
+  CHECK(plan.size() == names.size() * 2);
+  std::set<std::string> seen;
+  for (const auto& pt : plan) {
+    seen.insert(pt.problem.variant);
+    CHECK(pt.problem.params == make_problem(pt.problem.variant).params);
+  }
+  CHECK(seen == std::set<std::string>(names.begin(), names.end()));
+  // Leaving "variants" out means all of them too.
+  j.erase("variants");
+  CHECK(expand_plan(parse_sweep_config(j, "cfg.json")).size() == plan.size());
+}
+
+TEST_CASE("plan expansion: ids are unique and points sharing inputs are adjacent", "[sweep][config]") {
+  Json j = base_config();
+  j["variants"] = "all";
+  j["sweep"] = Json::parse(R"({"batch": [1, 2], "heads": 2, "head_dim": [8, 16], "seq_q": [16, 32],
+                               "seq_kv": [16, 24], "mask": ["none", "causal", "pad=0.25", "pad=0.5"],
+                               "threads": 1})");
+  j["inputs"] = Json::parse(R"({"regime": "gaussian", "std": [0.5, 1, 3]})");
+  const auto plan = expand_plan(parse_sweep_config(j, "cfg.json"));
+  REQUIRE(plan.size() == Registry::instance().names().size() * 2 * 2 * 4 * 4 * 3);
+
+  std::set<std::string> ids;
+  for (const auto& pt : plan) ids.insert(pt.id);
+  CHECK(ids.size() == plan.size());
+
+  // Each input key forms one contiguous run; every point of the run has the same shape, mask, regime and
+  // seed.
+  std::set<std::string> finished_keys;
+  std::map<uint64_t, std::string> key_of_seed;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const SweepPoint& pt = plan[i];
+    INFO(pt.id);
+    if (i == 0 || plan[i - 1].input_key != pt.input_key) {
+      CHECK(finished_keys.insert(pt.input_key).second);  // a key seen before would be a second run
+      const auto [it, fresh] = key_of_seed.emplace(pt.input_seed, pt.input_key);
+      CHECK((fresh || it->second == pt.input_key));  // distinct inputs get distinct seeds
+      continue;
+    }
+    const SweepPoint& prev = plan[i - 1];
+    CHECK(prev.input_seed == pt.input_seed);
+    CHECK(prev.problem.batch == pt.problem.batch);
+    CHECK(prev.problem.heads == pt.problem.heads);
+    CHECK(prev.problem.seq_q == pt.problem.seq_q);
+    CHECK(prev.problem.seq_kv == pt.problem.seq_kv);
+    CHECK(prev.problem.head_dim == pt.problem.head_dim);
+    CHECK(prev.problem.mask == pt.problem.mask);
+    CHECK(prev.mask.pad_fraction == pt.mask.pad_fraction);
+    CHECK(prev.regime.std == pt.regime.std);
+  }
+  // One run per (batch, head_dim, seq_q x seq_kv, mask, regime).
+  CHECK(finished_keys.size() == 2u * 2 * 4 * 4 * 3);
+}
+
+TEST_CASE("plan expansion: repeated axis values do not produce two points with one id", "[sweep][config]") {
+  // Two points with one id would collide in --resume (one counts as the other's result) and in the reader
+  // (which keeps one row per id). Either the config is rejected or the ids differ.
+  auto ids_unique_or_rejected = [](const Json& j) {
+    SweepConfig c;
+    try {
+      c = parse_sweep_config(j, "cfg.json");
+    } catch (const UsageError&) {
+      return true;
+    }
+    const auto plan = expand_plan(c);
+    std::set<std::string> ids;
+    for (const auto& pt : plan) ids.insert(pt.id);
+    return ids.size() == plan.size();
+  };
+  SECTION("the same length twice") {
+    Json j = base_config();
+    j["sweep"]["seq_len"] = {16, 16};
+    CHECK(ids_unique_or_rejected(j));
+  }
+  SECTION("the same variant twice") {
+    Json j = base_config();
+    j["variants"] = {"naive", "naive"};
+    CHECK(ids_unique_or_rejected(j));
+  }
+  SECTION("standard deviations that differ beyond the label's 6 digits") {
+    Json j = base_config();
+    j["inputs"] = Json::parse(R"({"regime": "gaussian", "std": [1, 1.0000001]})");
+    CHECK(ids_unique_or_rejected(j));
+  }
+}
+
+TEST_CASE("parse_bytes and format_bytes", "[sweep][config]") {
+  CHECK(parse_bytes("8GiB", "b") == (uint64_t{8} << 30));
+  CHECK(parse_bytes("512 MiB", "b") == (uint64_t{512} << 20));
+  CHECK(parse_bytes("1.5G", "b") == (uint64_t{3} << 29));
+  CHECK(parse_bytes("64KiB", "b") == 65536);
+  CHECK(parse_bytes("100", "b") == 100);
+  CHECK(parse_bytes("7B", "b") == 7);
+  CHECK(parse_bytes(Json(1073741824), "b") == 1073741824);
+  for (const Json& bad :
+       {Json("8 parsecs"), Json(""), Json(-1), Json(0), Json(true), Json("GiB"), Json("0.1B")}) {
+    INFO(bad.dump());
+    try {
+      (void)parse_bytes(bad, "where.x");
+      FAIL("no error for " << bad.dump());
+    } catch (const UsageError& e) {
+      CHECK_THAT(std::string(e.what()), Contains("where.x: must be"));
+      CHECK_THAT(std::string(e.what()), Contains(bad.dump()));
+    }
+  }
+  CHECK(format_bytes(0) == "0 B");
+  CHECK(format_bytes(1023) == "1023 B");
+  CHECK(format_bytes(1024) == "1.000 KiB");
+  CHECK(format_bytes(1.5 * 1024 * 1024) == "1.500 MiB");
+  CHECK(format_bytes(static_cast<double>(uint64_t{8} << 30)) == "8.000 GiB");
+}
+
+TEST_CASE("load_sweep_config: file errors name the file, JSON errors the line", "[sweep][config]") {
+  TempDir dir;
+  SECTION("syntax error on line 4") {
+    const std::string path = dir.write(
+        "broken.json",
+        "{\n  \"name\": \"t\",\n  \"variants\": [\"naive\"],\n  \"sweep\": {\"seq_len\": [16,]}\n}\n");
+    try {
+      (void)load_sweep_config(path);
+      FAIL("no error for a syntax error");
+    } catch (const UsageError& e) {
+      CHECK_THAT(std::string(e.what()), Contains(path));
+      CHECK_THAT(std::string(e.what()), Contains("line 4"));
+    }
+  }
+  SECTION("missing file") {
+    const std::string path = (dir.path / "absent.json").string();
+    try {
+      (void)load_sweep_config(path);
+      FAIL("no error for a missing file");
+    } catch (const UsageError& e) {
+      CHECK_THAT(std::string(e.what()), Contains(path));
+    }
+  }
+  SECTION("a validation error is prefixed with the file") {
+    Json j = base_config();
+    j["sweep"]["seq_len"] = {64, 128, -5};
+    const std::string path = dir.write("bad.json", j.dump(2));
+    try {
+      (void)load_sweep_config(path);
+      FAIL("no error for an invalid config");
+    } catch (const UsageError& e) {
+      CHECK_THAT(std::string(e.what()), Contains(path));
+      CHECK_THAT(std::string(e.what()), Contains("sweep.seq_len[2]: must be a positive integer, got -5"));
+    }
+  }
+  SECTION("the shipped configs load and expand") {
+    for (const char* name : {"smoke.json", "default.json"}) {
+      INFO(name);
+      // default.json asks for 2 threads, which a 1-core machine rightly rejects.
+      if (std::string(name) == "default.json" && available_threads() < 2) continue;
+      const SweepConfig c = load_sweep_config(std::string(ATTN_SOURCE_DIR) + "/configs/" + name);
+      CHECK(!expand_plan(c).empty());
+    }
+  }
+}

@@ -1,0 +1,823 @@
+// End-to-end sweeps through the built attnbench executable: output files and row schema, skipped and failed
+// points, refusing to overwrite, --force, --resume (finished, changed config, torn line, after kill -9, with
+// --filter), SIGINT (mid-run and during the calibration), --dry-run and --filter.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/lib/sweep_config.hpp"
+#include "common/attention.hpp"
+
+using namespace attn;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A scratch folder (the working directory of every run, so a default results/ folder would land here).
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static int counter = 0;
+    path = fs::temp_directory_path() /
+           ("attnbench-sweeprun-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+// Starts `attnbench args...` in `cwd` with stdout/stderr in cwd/<log>.out|.err; returns the child's pid.
+pid_t spawn_attnbench(const std::vector<std::string>& args, const fs::path& cwd, const std::string& log) {
+  std::vector<std::string> argv_s{ATTNBENCH_EXE};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string dir = cwd.string(), out = (cwd / (log + ".out")).string(),
+                    err = (cwd / (log + ".err")).string();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    // Only async-signal-safe calls between fork and exec (the test process may have threads).
+    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (o < 0 || e < 0 || ::chdir(dir.c_str()) != 0) ::_exit(126);
+    ::dup2(o, 1);
+    ::dup2(e, 2);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  REQUIRE(pid > 0);
+  return pid;
+}
+
+struct RunResult {
+  int code = -1;          // exit code, or 128 + signal
+  bool signaled = false;  // ended by a signal (not by exit(code))
+  std::string out, err;
+};
+
+RunResult wait_attnbench(pid_t pid, const fs::path& cwd, const std::string& log) {
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  RunResult r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.signaled = WIFSIGNALED(status);
+  r.out = slurp(cwd / (log + ".out"));
+  r.err = slurp(cwd / (log + ".err"));
+  fs::remove(cwd / (log + ".out"));
+  fs::remove(cwd / (log + ".err"));
+  return r;
+}
+
+RunResult run_attnbench(const std::vector<std::string>& args, const fs::path& cwd) {
+  const RunResult r = wait_attnbench(spawn_attnbench(args, cwd, "log"), cwd, "log");
+  UNSCOPED_INFO("attnbench exit " << r.code << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
+  return r;
+}
+
+std::size_t count_complete_lines(const fs::path& p);
+
+// Waits until `jsonl` holds more than `rows` complete rows while `pid` still runs (a signal sent then lands
+// mid-run). Fails the test with the child's output if it exits first or nothing appears within a minute.
+void wait_for_rows(pid_t pid, std::size_t rows, const fs::path& jsonl, const fs::path& cwd,
+                   const std::string& log) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (count_complete_lines(jsonl) <= rows) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid)
+      FAIL("attnbench exited (status " << status << ") before writing row " << rows + 1 << "\nstdout:\n"
+                                       << slurp(cwd / (log + ".out")) << "\nstderr:\n"
+                                       << slurp(cwd / (log + ".err")));
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      FAIL("no new row within 60 s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+// Waits until `file` exists while `pid` still runs.
+void wait_for_file(pid_t pid, const fs::path& file, const fs::path& cwd, const std::string& log) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(file)) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid)
+      FAIL("attnbench exited (status " << status << ") before creating " << file << "\nstdout:\n"
+                                       << slurp(cwd / (log + ".out")) << "\nstderr:\n"
+                                       << slurp(cwd / (log + ".err")));
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      FAIL(file << " not created within 60 s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  return lines;
+}
+
+std::size_t count_complete_lines(const fs::path& p) {
+  const std::string t = slurp(p);
+  return static_cast<std::size_t>(std::count(t.begin(), t.end(), '\n'));
+}
+
+// Every line of results.jsonl must be one JSON object (a torn line would make this fail).
+std::vector<Json> read_rows(const fs::path& jsonl) {
+  const std::string text = slurp(jsonl);
+  REQUIRE((text.empty() || text.back() == '\n'));
+  std::vector<Json> rows;
+  for (const auto& line : lines_of(text)) {
+    INFO("line: " << line);
+    Json row;
+    REQUIRE_NOTHROW(row = Json::parse(line));
+    REQUIRE(row.is_object());
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::map<std::string, int> id_counts(const std::vector<Json>& rows) {
+  std::map<std::string, int> counts;
+  for (const Json& r : rows) ++counts[r.at("id").get<std::string>()];
+  return counts;
+}
+
+// RFC 4180 records (quoted fields may hold commas, quotes and newlines).
+std::vector<std::vector<std::string>> parse_csv(const std::string& text) {
+  std::vector<std::vector<std::string>> records;
+  std::vector<std::string> rec;
+  std::string field;
+  bool quoted = false, any = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < text.size() && text[i + 1] == '"')
+        field += '"', ++i;
+      else if (c == '"')
+        quoted = false;
+      else
+        field += c;
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      rec.push_back(field), field.clear();
+    } else if (c == '\n') {
+      rec.push_back(field), field.clear();
+      records.push_back(rec), rec.clear();
+      any = false;
+      continue;
+    } else {
+      field += c;
+    }
+    any = true;
+  }
+  REQUIRE_FALSE(quoted);  // an unterminated quoted field
+  if (any) rec.push_back(field), records.push_back(rec);
+  return records;
+}
+
+// results.csv: a header and one record per row of results.jsonl, in the same order, every record as wide as
+// the header.
+void check_csv_matches(const fs::path& dir, const std::vector<Json>& rows) {
+  REQUIRE(fs::exists(dir / "results.csv"));
+  const auto records = parse_csv(slurp(dir / "results.csv"));
+  REQUIRE(records.size() == rows.size() + 1);
+  const auto& header = records[0];
+  const auto id_col = std::find(header.begin(), header.end(), "id") - header.begin();
+  REQUIRE(id_col < static_cast<std::ptrdiff_t>(header.size()));
+  for (const char* col : {"status", "reason", "variant", "seq_q", "memory.estimated_bytes"})
+    CHECK(std::find(header.begin(), header.end(), col) != header.end());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    CHECK(records[i + 1].size() == header.size());
+    CHECK(records[i + 1][static_cast<std::size_t>(id_col)] == rows[i]["id"].get<std::string>());
+  }
+}
+
+Json read_json(const fs::path& p) {
+  REQUIRE(fs::exists(p));
+  Json j;
+  REQUIRE_NOTHROW(j = Json::parse(slurp(p)));
+  return j;
+}
+
+// Names and contents of every file under `dir`, to show a refused run touched nothing.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) files[fs::relative(e.path(), dir).string()] = slurp(e.path());
+  return files;
+}
+
+Json measure_fast() {
+  return {{"warmup", 0}, {"min_reps", 1}, {"max_reps", 2}, {"min_time_s", 0}, {"max_time_s", 1}};
+}
+
+// Four tiny naive points (two lengths x two masks).
+Json small_config() {
+  return {{"name", "small"},
+          {"variants", {"naive"}},
+          {"sweep",
+           {{"batch", 1},
+            {"heads", 2},
+            {"head_dim", 8},
+            {"seq_len", {16, 32}},
+            {"mask", {"none", "causal"}},
+            {"threads", 1}}},
+          {"measure", measure_fast()},
+          {"accuracy", {{"reference", "full"}}},
+          {"memory_budget", "1GiB"},
+          {"seed", 3}};
+}
+
+// Forty naive points of ~50 ms each: long enough that a signal sent after the first row lands mid-run.
+Json slow_config() {
+  Json lens = Json::array();
+  for (int n = 16; n < 56; ++n) lens.push_back(n);
+  return {{"name", "slow"},
+          {"variants", {"naive"}},
+          {"sweep", {{"batch", 1}, {"heads", 1}, {"head_dim", 8}, {"seq_len", lens}, {"threads", 1}}},
+          {"measure",
+           {{"warmup", 0}, {"min_reps", 1}, {"max_reps", 100000}, {"min_time_s", 0.05}, {"max_time_s", 1}}},
+          {"accuracy", {{"reference", "full"}}},
+          {"memory_budget", "1GiB"}};
+}
+
+std::string write_config(const TempDir& dir, const std::string& name, const Json& config) {
+  const std::string path = dir.file(name);
+  write_text(path, config.dump(2) + "\n");
+  return path;
+}
+
+// The ids the sweep should produce for a config file, from the library itself.
+std::set<std::string> planned_ids(const std::string& config_path) {
+  std::set<std::string> ids;
+  for (const auto& pt : expand_plan(load_sweep_config(config_path))) ids.insert(pt.id);
+  return ids;
+}
+
+// A sweep with ok, skipped (memory budget, cross-attention) and failed (unusable tokens file) points, run
+// once and shared by the tests that inspect its output.
+struct MixedRun {
+  TempDir dir;
+  std::string config_path;
+  Json config;
+  RunResult result;
+  fs::path out;
+  std::vector<Json> rows;
+};
+
+const MixedRun& mixed_run() {
+  static const std::unique_ptr<MixedRun> run = [] {
+    auto m = std::make_unique<MixedRun>();
+    write_text(m->dir.path / "empty.txt", "");
+    m->config = {
+        {"name", "mixed"},
+        {"variants",
+         Json::parse(R"(["naive", {"name": "sliding_window", "params": {"window": 4}}, "linear"])")},
+        {"sweep",
+         {{"batch", 1},
+          {"heads", 2},
+          {"head_dim", 16},
+          {"seq_q", 16},
+          {"seq_kv", {16, 24, 4096}},
+          {"threads", 1}}},
+        // The tokens regime on an empty file cannot make inputs: those points fail, then the gaussian
+        // points still run.
+        {"inputs", Json::parse(R"([{"regime": "tokens", "text": "empty.txt"}, {"regime": "gaussian"}])")},
+        {"measure", measure_fast()},
+        {"accuracy", {{"reference", "full"}}},
+        // The seq_kv 4096 points need about 1 MiB of inputs alone.
+        {"memory_budget", "256KiB"},
+        {"seed", 1}};
+    m->config_path = write_config(m->dir, "mixed.json", m->config);
+    m->out = m->dir.path / "out";
+    m->result = wait_attnbench(
+        spawn_attnbench({"run", m->config_path, "--out", m->out.string()}, m->dir.path, "mixed"), m->dir.path,
+        "mixed");
+    if (fs::exists(m->out / "results.jsonl")) m->rows = read_rows(m->out / "results.jsonl");
+    return m;
+  }();
+  return *run;
+}
+
+// small_config() run once with --force over stale results; tests copy its output folder before changing
+// anything.
+struct SmallRun {
+  TempDir dir;
+  RunResult result;
+  fs::path out;
+  std::vector<Json> rows;
+};
+
+const SmallRun& small_run() {
+  static const std::unique_ptr<SmallRun> run = [] {
+    auto m = std::make_unique<SmallRun>();
+    const std::string cfg = write_config(m->dir, "small.json", small_config());
+    m->out = m->dir.path / "out";
+    // Stale results from an older sweep, for --force to replace.
+    fs::create_directories(m->out);
+    write_text(m->out / "results.jsonl", R"({"id": "stale", "status": "ok"})"
+                                         "\n");
+    write_text(m->out / "meta.json", R"({"config_hash": "0", "resumed_at": ["then"]})"
+                                     "\n");
+    write_text(m->out / "results.csv", "id,status\nstale,ok\n");
+    m->result = run_attnbench({"run", cfg, "--out", m->out.string(), "--force"}, m->dir.path);
+    if (fs::exists(m->out / "results.jsonl")) m->rows = read_rows(m->out / "results.jsonl");
+    return m;
+  }();
+  return *run;
+}
+
+const Json* find_row(const std::vector<Json>& rows, const std::string& variant, int64_t seq_kv,
+                     const std::string& kind) {
+  for (const Json& r : rows)
+    if (r["variant"] == variant && r["seq_kv"] == seq_kv &&
+        r["regime"].get<std::string>().rfind(kind, 0) == 0)
+      return &r;
+  return nullptr;
+}
+
+bool is_count(const Json& v) {
+  return v.is_number_integer() && v.get<int64_t>() >= 0;
+}
+
+}  // namespace
+
+TEST_CASE("an invalid config exits 2 and creates no output folder", "[sweep][run]") {
+  TempDir dir;
+  Json bad = small_config();
+  bad["sweep"]["seq_len"] = {64, 128, -5};
+  const std::string cfg = write_config(dir, "bad.json", bad);
+  const RunResult r = run_attnbench({"run", cfg, "--out", dir.file("out")}, dir.path);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Contains("sweep.seq_len[2]: must be a positive integer, got -5"));
+  CHECK_FALSE(fs::exists(dir.path / "out"));
+  // Nor the default folder (results/<name> under the working directory).
+  const RunResult r2 = run_attnbench({"run", cfg}, dir.path);
+  CHECK(r2.code == 2);
+  CHECK_FALSE(fs::exists(dir.path / "results"));
+
+  bad = small_config();
+  bad["sweeep"] = bad["sweep"];
+  write_config(dir, "bad.json", bad);
+  const RunResult r3 = run_attnbench({"run", cfg, "--out", dir.file("out")}, dir.path);
+  CHECK(r3.code == 2);
+  CHECK_THAT(r3.err, Contains("did you mean 'sweep'?"));
+  CHECK_FALSE(fs::exists(dir.path / "out"));
+}
+
+TEST_CASE("a sweep writes one row per point to results.jsonl, results.csv and meta.json", "[sweep][run]") {
+  const MixedRun& m = mixed_run();
+  INFO("stdout:\n" << m.result.out << "\nstderr:\n" << m.result.err);
+  CHECK(m.result.code == 1);  // some points failed (the tokens ones)
+  const std::set<std::string> planned = planned_ids(m.config_path);
+  REQUIRE(planned.size() == 2 * 3 * 3);  // regimes x variants x seq_kv
+  REQUIRE(m.rows.size() == planned.size());
+  const auto counts = id_counts(m.rows);
+  for (const auto& id : planned) CHECK(counts.count(id) == 1);
+
+  check_csv_matches(m.out, m.rows);
+
+  const Json meta = read_json(m.out / "meta.json");
+  CHECK(meta.at("config") == m.config);
+  CHECK(meta.at("config_hash").is_string());
+  CHECK(meta.at("config_hash") == load_sweep_config(m.config_path).hash());
+  CHECK(meta.at("system").is_object());
+  REQUIRE(meta.at("sgemm_calibration").is_array());
+  REQUIRE(meta["sgemm_calibration"].size() == 1);
+  CHECK(meta["sgemm_calibration"][0].at("threads") == 1);
+  CHECK(meta["sgemm_calibration"][0].at("gflops").get<double>() > 0);
+  CHECK(meta.at("start_time").is_string());
+  CHECK(meta.at("end_time").is_string());
+  CHECK(meta.at("interrupted") == false);
+  CHECK(meta.at("rows") == m.rows.size());
+}
+
+TEST_CASE("ok rows hold every documented field with its type", "[sweep][run]") {
+  const MixedRun& m = mixed_run();
+  const bool probe_supported = read_json(m.out / "meta.json").value("memory_probe", "") != "unsupported";
+  int ok = 0;
+  for (const Json& r : m.rows) {
+    if (r.value("status", "") != "ok") continue;
+    ++ok;
+    INFO(r.dump(2));
+    CHECK(r.at("id").is_string());
+    CHECK(r.at("variant").is_string());
+    CHECK(r.at("params").is_object());
+    for (const char* k : {"batch", "heads", "seq_q", "seq_kv", "head_dim", "threads"})
+      CHECK(r.at(k).is_number_integer());
+    CHECK(r.at("mask") == "none");
+    CHECK(r.at("regime").is_string());
+    CHECK(r.at("reason") == "");
+    const Json& t = r.at("time_ms");
+    for (const char* k : {"median", "p10", "p90"}) CHECK(t.at(k).is_number());
+    CHECK(t.at("reps").is_number_integer());
+    CHECK(t.at("reps").get<int>() >= 1);
+    CHECK(t.at("reps").get<int>() <= 2);  // measure.max_reps
+    CHECK(t["p10"].get<double>() <= t["median"].get<double>());
+    CHECK(t["median"].get<double>() <= t["p90"].get<double>());
+    CHECK(r.at("gflops").is_number());
+    CHECK(r["gflops"].get<double>() > 0);
+    CHECK(r.at("frac_sgemm").is_number());
+    CHECK(r["frac_sgemm"].get<double>() > 0);
+    const Json& mem = r.at("memory");
+    CHECK((mem.at("peak_bytes").is_null() || is_count(mem["peak_bytes"])));
+    if (probe_supported) CHECK(is_count(mem["peak_bytes"]));
+    CHECK(is_count(mem.at("estimated_bytes")));
+    const Json& a = r.at("accuracy");
+    CHECK(a.at("reference") == "full");
+    CHECK(a.at("rows") == r["seq_q"]);
+    for (const char* k : {"max_abs_err", "rel_l2_err", "mean_cosine"}) CHECK(a.at(k).is_number());
+    if (r["variant"] == "naive") {  // exact attention: fp32 rounding only
+      CHECK(a["max_abs_err"].get<double>() < 1e-4);
+      CHECK(a["mean_cosine"].get<double>() > 0.9999);
+    }
+  }
+  CHECK(ok == 5);  // gaussian: naive and linear at seq_kv 16 and 24, sliding_window at 16
+}
+
+TEST_CASE("points over the memory budget or unsupported are skipped with the reason; the sweep goes on",
+          "[sweep][run]") {
+  const MixedRun& m = mixed_run();
+  SECTION("over the memory budget: the reason gives the bytes") {
+    for (const char* variant : {"naive", "linear"}) {
+      const Json* r = find_row(m.rows, variant, 4096, "gaussian");
+      REQUIRE(r != nullptr);
+      INFO(r->dump(2));
+      CHECK(r->at("status") == "skipped");
+      const std::string reason = r->at("reason");
+      // The budget covers the inputs, the variant's output + workspace estimate and the accuracy reference.
+      const uint64_t need = r->at("memory").at("inputs_bytes").get<uint64_t>() +
+                            r->at("memory").at("estimated_bytes").get<uint64_t>() +
+                            r->at("memory").at("reference_bytes").get<uint64_t>();
+      CHECK(need > 256 * 1024);
+      CHECK_THAT(reason, Contains("needs " + std::to_string(need) + " bytes"));
+      CHECK_THAT(reason, Contains("memory_budget 256.000 KiB"));
+    }
+  }
+  SECTION("unsupported by the variant: its own reason") {
+    for (int64_t kv : {24, 4096}) {
+      const Json* r = find_row(m.rows, "sliding_window", kv, "gaussian");
+      REQUIRE(r != nullptr);
+      INFO(r->dump(2));
+      CHECK(r->at("status") == "skipped");
+      CHECK_THAT(r->at("reason").get<std::string>(),
+                 Contains("sliding_window does not support cross-attention"));
+    }
+  }
+  SECTION("failed points have status failed and a reason") {
+    int failed = 0;
+    for (const Json& r : m.rows)
+      if (r["status"] == "failed") {
+        ++failed;
+        CHECK(r["regime"].get<std::string>().rfind("tokens", 0) == 0);
+        CHECK_FALSE(r["reason"].get<std::string>().empty());
+      }
+    // tokens: every variant at seq_kv 16, naive and linear at 24 (the rest are skipped before inputs are
+    // made).
+    CHECK(failed == 5);
+  }
+  SECTION("ok rows follow skipped and failed ones in the file") {
+    std::size_t first_skip = m.rows.size(), first_fail = m.rows.size(), last_ok = 0;
+    for (std::size_t i = 0; i < m.rows.size(); ++i) {
+      const std::string s = m.rows[i]["status"];
+      if (s == "skipped") first_skip = std::min(first_skip, i);
+      if (s == "failed") first_fail = std::min(first_fail, i);
+      if (s == "ok") last_ok = i;
+    }
+    CHECK(first_skip < last_ok);
+    CHECK(first_fail < last_ok);
+  }
+}
+
+TEST_CASE("skipped and failed rows carry every documented field (null where nothing was measured)",
+          "[sweep][run]") {
+  // The issue: "Each row has at least: id, ..., time_ms {median, p10, p90, reps}, gflops, frac_sgemm, memory
+  // {peak_bytes, estimated_bytes}, accuracy {reference, rows, max_abs_err, rel_l2_err, mean_cosine}".
+  const MixedRun& m = mixed_run();
+  const std::vector<std::string> paths{"/id",
+                                       "/variant",
+                                       "/params",
+                                       "/batch",
+                                       "/heads",
+                                       "/seq_q",
+                                       "/seq_kv",
+                                       "/head_dim",
+                                       "/mask",
+                                       "/regime",
+                                       "/threads",
+                                       "/status",
+                                       "/reason",
+                                       "/time_ms/median",
+                                       "/time_ms/p10",
+                                       "/time_ms/p90",
+                                       "/time_ms/reps",
+                                       "/gflops",
+                                       "/frac_sgemm",
+                                       "/memory/peak_bytes",
+                                       "/memory/estimated_bytes",
+                                       "/accuracy/reference",
+                                       "/accuracy/rows",
+                                       "/accuracy/max_abs_err",
+                                       "/accuracy/rel_l2_err",
+                                       "/accuracy/mean_cosine"};
+  int checked = 0;
+  for (const Json& r : m.rows) {
+    if (r.value("status", "") == "ok") continue;
+    ++checked;
+    std::string missing;
+    for (const auto& p : paths)
+      if (!r.contains(Json::json_pointer(p))) missing += " " + p;
+    INFO(r.dump());
+    CHECK(missing == "");
+  }
+  CHECK(checked == 13);
+}
+
+TEST_CASE("rerun, --force, --resume and torn lines on one output folder", "[sweep][run]") {
+  // Each section works on its own copy of one finished sweep (Catch2 reruns the case per section).
+  const SmallRun& pristine = small_run();
+  REQUIRE(pristine.result.code == 0);
+  REQUIRE(pristine.rows.size() == 4);  // --force dropped the stale row
+  for (const Json& row : pristine.rows) CHECK(row["id"] != "stale");
+  check_csv_matches(pristine.out, pristine.rows);
+  {
+    const Json meta = read_json(pristine.out / "meta.json");
+    CHECK_FALSE(meta.contains("resumed_at"));
+    CHECK(meta.at("rows") == 4);
+    CHECK(meta.at("config") == small_config());
+  }
+  const std::vector<Json>& first = pristine.rows;
+
+  TempDir dir;
+  const std::string cfg = write_config(dir, "small.json", small_config());
+  const fs::path out = dir.path / "out";
+  fs::copy(pristine.out, out, fs::copy_options::recursive);
+  const std::vector<std::string> base{"run", cfg, "--out", out.string()};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  const std::set<std::string> planned = planned_ids(cfg);
+  REQUIRE(planned.size() == 4);
+
+  SECTION("a rerun without --resume or --force exits 2 and touches nothing") {
+    const auto before = snapshot(out);
+    const RunResult r = run_attnbench(base, dir.path);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Contains("already holds results"));
+    CHECK(snapshot(out) == before);
+  }
+
+  SECTION("--resume and --force together exit 2 and touch nothing") {
+    const auto before = snapshot(out);
+    CHECK(run_attnbench(with({"--resume", "--force"}), dir.path).code == 2);
+    CHECK(snapshot(out) == before);
+  }
+
+  SECTION("--resume on a finished sweep measures nothing new") {
+    const std::string jsonl = slurp(out / "results.jsonl");
+    const RunResult r = run_attnbench(with({"--resume"}), dir.path);
+    CHECK(r.code == 0);
+    CHECK_THAT(r.out, Contains("4 already done"));
+    CHECK(slurp(out / "results.jsonl") == jsonl);
+    check_csv_matches(out, first);
+    const Json meta = read_json(out / "meta.json");
+    CHECK(meta.at("rows") == 4);
+    CHECK(meta.at("resumed_at").size() == 1);
+  }
+
+  SECTION("--resume with a changed config exits 2 and touches nothing") {
+    Json changed = small_config();
+    changed["seed"] = 4;
+    write_config(dir, "small.json", changed);
+    const auto before = snapshot(out);
+    const RunResult r = run_attnbench(with({"--resume"}), dir.path);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Contains("config changed"));
+    CHECK(snapshot(out) == before);
+  }
+
+  SECTION("a torn last line is cut and its point measured again, once") {
+    std::vector<std::string> lines = lines_of(slurp(out / "results.jsonl"));
+    REQUIRE(lines.size() == 4);
+    const std::string torn_id = Json::parse(lines.back())["id"];
+    std::string text;
+    for (std::size_t i = 0; i + 1 < lines.size(); ++i) text += lines[i] + "\n";
+    text += lines.back().substr(0, lines.back().size() / 2);  // a write cut mid-line, no newline
+    write_text(out / "results.jsonl", text);
+
+    const RunResult r = run_attnbench(with({"--resume"}), dir.path);
+    CHECK(r.code == 0);
+    CHECK_THAT(r.out, Contains("3 already done"));
+    const std::vector<Json> rows = read_rows(out / "results.jsonl");
+    REQUIRE(rows.size() == 4);
+    for (std::size_t i = 0; i + 1 < lines.size(); ++i) CHECK(rows[i] == Json::parse(lines[i]));  // kept as is
+    CHECK(rows.back()["id"] == torn_id);
+    const auto counts = id_counts(rows);
+    for (const auto& id : planned) CHECK(counts.count(id) == 1);
+    check_csv_matches(out, rows);
+  }
+
+  SECTION("a bad line that is not the last one is an error naming the line, not silently dropped") {
+    std::vector<std::string> lines = lines_of(slurp(out / "results.jsonl"));
+    lines[1] = "{not json";
+    std::string text;
+    for (const auto& l : lines) text += l + "\n";
+    write_text(out / "results.jsonl", text);
+    const auto before = snapshot(out);
+    const RunResult r = run_attnbench(with({"--resume"}), dir.path);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Contains("line 2"));
+    CHECK(snapshot(out) == before);
+  }
+
+  SECTION("--resume --filter measures only the missing points that match") {
+    write_text(out / "results.jsonl", "");  // as if killed right after the calibration
+    const RunResult r = run_attnbench(with({"--resume", "--filter", "causal"}), dir.path);
+    CHECK(r.code == 0);
+    const std::vector<Json> rows = read_rows(out / "results.jsonl");
+    CHECK(rows.size() == 2);
+    for (const Json& row : rows) CHECK_THAT(row["id"].get<std::string>(), Contains("causal"));
+    check_csv_matches(out, rows);
+  }
+}
+
+TEST_CASE("--filter that matches nothing exits 2 and writes nothing", "[sweep][run]") {
+  TempDir dir;
+  const std::string cfg = write_config(dir, "small.json", small_config());
+  const RunResult r =
+      run_attnbench({"run", cfg, "--out", dir.file("out"), "--filter", "no-such-point"}, dir.path);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, Contains("no-such-point"));
+  CHECK_FALSE(fs::exists(dir.path / "out"));
+}
+
+TEST_CASE("--dry-run lists every point with skip reasons and writes nothing", "[sweep][run]") {
+  TempDir dir;
+  Json c = small_config();
+  c["variants"] = {"naive", "linear"};
+  c["sweep"]["dropout"] = 0.1;  // linear forms no weights to drop: every linear point is skipped
+  const std::string cfg = write_config(dir, "dry.json", c);
+  const RunResult r = run_attnbench({"run", cfg, "--out", dir.file("out"), "--dry-run"}, dir.path);
+  CHECK(r.code == 0);
+  CHECK_FALSE(fs::exists(dir.path / "out"));
+  CHECK_FALSE(fs::exists(dir.path / "results"));
+  const std::set<std::string> planned = planned_ids(cfg);
+  REQUIRE(planned.size() == 8);
+  std::set<std::string> listed;
+  int skipped = 0;
+  for (const auto& line : lines_of(r.out)) {
+    for (const auto& id : planned)
+      if (line.rfind(id + "  ", 0) == 0) listed.insert(id);
+    if (line.find("SKIP: linear does not support dropout") != std::string::npos) ++skipped;
+  }
+  CHECK(listed == planned);
+  CHECK(skipped == 4);
+  CHECK_THAT(r.out, Contains("8 points"));
+
+  // --filter narrows the listed plan to the ids containing the text.
+  const RunResult f =
+      run_attnbench({"run", cfg, "--out", dir.file("out"), "--dry-run", "--filter", "linear"}, dir.path);
+  CHECK(f.code == 0);
+  CHECK_THAT(f.out, Contains("4 points"));
+  for (const auto& id : planned)
+    CHECK((f.out.find(id + "  ") != std::string::npos) == (id.find("linear") != std::string::npos));
+  CHECK_FALSE(fs::exists(dir.path / "out"));
+}
+
+TEST_CASE("kill -9 mid-run, --resume, SIGINT mid-resume (exit 130), --resume: every point exactly once",
+          "[sweep][run]") {
+  // One sequence so the sgemm calibration runs once: resumed runs reuse the one in meta.json.
+  TempDir dir;
+  const std::string cfg = write_config(dir, "slow.json", slow_config());
+  const fs::path out = dir.path / "out", jsonl = out / "results.jsonl";
+  const std::vector<std::string> resume{"run", cfg, "--out", out.string(), "--resume"};
+  const std::set<std::string> planned = planned_ids(cfg);
+  REQUIRE(planned.size() == 40);
+
+  // kill -9 after the first row.
+  pid_t pid = spawn_attnbench({"run", cfg, "--out", out.string()}, dir.path, "killed");
+  wait_for_rows(pid, 0, jsonl, dir.path, "killed");
+  REQUIRE(::kill(pid, SIGKILL) == 0);
+  const RunResult killed = wait_attnbench(pid, dir.path, "killed");
+  INFO("killed run stdout:\n" << killed.out << "\nstderr:\n" << killed.err);
+  REQUIRE(killed.code == 128 + SIGKILL);
+  const std::vector<Json> after_kill = read_rows(jsonl);
+  CHECK(after_kill.size() >= 1);
+  CHECK(after_kill.size() < planned.size());  // it died mid-run
+
+  // --resume, interrupted with SIGINT once it has added a row: it finishes that point and exits 130.
+  pid = spawn_attnbench(resume, dir.path, "interrupted");
+  wait_for_rows(pid, after_kill.size(), jsonl, dir.path, "interrupted");
+  REQUIRE(::kill(pid, SIGINT) == 0);
+  const RunResult stopped = wait_attnbench(pid, dir.path, "interrupted");
+  INFO("interrupted run stdout:\n" << stopped.out << "\nstderr:\n" << stopped.err);
+  CHECK(stopped.code == 130);
+  CHECK_THAT(stopped.out, Contains(std::to_string(after_kill.size()) + " already done"));
+  const std::vector<Json> partial = read_rows(jsonl);
+  CHECK(partial.size() > after_kill.size());
+  CHECK(partial.size() < planned.size());
+  for (std::size_t i = 0; i < after_kill.size() && i < partial.size(); ++i)
+    CHECK(partial[i] == after_kill[i]);
+  check_csv_matches(out, partial);
+  Json meta = read_json(out / "meta.json");
+  CHECK(meta.at("interrupted") == true);
+  CHECK(meta.at("rows") == partial.size());
+  CHECK(meta.at("end_time").is_string());
+
+  // --resume completes it.
+  const RunResult r = run_attnbench(resume, dir.path);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Contains(std::to_string(partial.size()) + " already done"));
+  const std::vector<Json> rows = read_rows(jsonl);
+  CHECK(rows.size() == planned.size());
+  const auto counts = id_counts(rows);
+  for (const auto& id : planned) CHECK(counts.count(id) == 1);
+  for (const auto& [id, n] : counts) CHECK((n == 1 && planned.count(id)));
+  for (std::size_t i = 0; i < partial.size() && i < rows.size(); ++i)
+    CHECK(rows[i] == partial[i]);  // kept as is
+  check_csv_matches(out, rows);
+  meta = read_json(out / "meta.json");
+  CHECK(meta.at("interrupted") == false);
+  CHECK(meta.at("rows") == planned.size());
+  CHECK(meta.at("resumed_at").size() == 2);
+  CHECK(meta.at("sgemm_calibration").size() == 1);  // resumed runs keep the first calibration
+}
+
+TEST_CASE("kill -9 during the sgemm calibration (before any row), then --resume finishes the sweep",
+          "[sweep][run]") {
+  // The calibration takes a second or more, so a crash or kill there is likely; it must not leave a folder
+  // that both a plain rerun ("already holds results") and --resume ("no meta.json") refuse.
+  TempDir dir;
+  const std::string cfg = write_config(dir, "small.json", small_config());
+  const fs::path out = dir.path / "out";
+  const pid_t pid = spawn_attnbench({"run", cfg, "--out", out.string()}, dir.path, "early");
+  wait_for_file(pid, out / "results.jsonl", dir.path, "early");  // created just before the calibration
+  REQUIRE(::kill(pid, SIGKILL) == 0);
+  const RunResult killed = wait_attnbench(pid, dir.path, "early");
+  REQUIRE(killed.code == 128 + SIGKILL);
+
+  const RunResult r = run_attnbench({"run", cfg, "--out", out.string(), "--resume"}, dir.path);
+  CHECK(r.code == 0);
+  if (r.code == 0) {
+    const std::vector<Json> rows = read_rows(out / "results.jsonl");
+    CHECK(id_counts(rows).size() == 4);
+    CHECK(rows.size() == 4);
+  }
+}
+
+TEST_CASE("SIGINT during the sgemm calibration stops cleanly: exit 130, meta.json and results.csv written",
+          "[sweep][run]") {
+  TempDir dir;
+  const std::string cfg = write_config(dir, "small.json", small_config());
+  const fs::path out = dir.path / "out";
+  const pid_t pid = spawn_attnbench({"run", cfg, "--out", out.string()}, dir.path, "early");
+  wait_for_file(pid, out / "results.jsonl", dir.path, "early");  // created just before the calibration
+  REQUIRE(::kill(pid, SIGINT) == 0);
+  const RunResult r = wait_attnbench(pid, dir.path, "early");
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK_FALSE(r.signaled);  // not killed by the default SIGINT action
+  CHECK(r.code == 130);
+  CHECK(fs::exists(out / "results.csv"));
+  REQUIRE(fs::exists(out / "meta.json"));
+  CHECK(read_json(out / "meta.json").value("interrupted", false) == true);
+}
