@@ -1,0 +1,105 @@
+// `attnbench layer`: a multi-head attention layer (torch.nn.MultiheadAttention layout, batch_first) on .npy
+// inputs, with any registered variant as the core operator; writes Y.npy (float32, [batch, seq_q, E]).
+#include <cmath>
+#include <iostream>
+
+#include "bench/lib/command.hpp"
+#include "common/error.hpp"
+#include "common/multihead.hpp"
+#include "common/npy.hpp"
+
+namespace attn::cli {
+namespace {
+
+struct LayerOptions {
+  std::string x, context, weights, variant = "naive", key_padding, out;
+  std::vector<std::string> params;
+  int64_t heads = 0;
+  bool causal = false, residual = false;
+};
+
+// Loads a rank-3 [batch, seq, E] input; names the option and file on any mismatch.
+FloatArray read_sequence(const std::string& option, const std::string& path, int64_t d_model) {
+  FloatArray t = read_npy_float(path);
+  if (t.rank() != 3 || t.shape[2] != d_model)
+    throw UsageError(option + " '" + path + "': shape " + t.shape_str() + "; expected [batch, seq, " +
+                     std::to_string(d_model) + "] (E = " + std::to_string(d_model) + " from the weights)");
+  if (t.shape[0] < 1 || t.shape[1] < 1)
+    throw UsageError(option + " '" + path + "': shape " + t.shape_str() +
+                     " is empty; batch and seq must be >= 1");
+  for (std::size_t e = 0; e < t.numel(); ++e)
+    if (!std::isfinite(t.data[e]))
+      throw UsageError(option + " '" + path + "': non-finite value at flat index " + std::to_string(e) +
+                       "; inputs must be finite");
+  return t;
+}
+
+int run_layer(const LayerOptions& o) {
+  const Attention& variant = Registry::instance().get(o.variant);
+  MultiHeadCall call;
+  call.variant = o.variant;
+  call.params = parse_cli_params(variant, o.params);
+  call.causal = o.causal;
+  call.residual = o.residual;
+  MultiHeadWeights weights = load_multihead_weights(o.weights);
+  const int64_t E = weights.d_model();
+  if (o.heads < 1 || E % o.heads != 0)
+    throw UsageError("--heads " + std::to_string(o.heads) + ": must be >= 1 and divide E = " +
+                     std::to_string(E) + " (from '" + o.weights + "/w_q.npy')");
+  const MultiHeadLayer layer(std::move(weights), o.heads);
+  const FloatArray x = read_sequence("--x", o.x, E);
+  FloatArray context;
+  if (!o.context.empty()) {
+    context = read_sequence("--context", o.context, E);
+    if (context.shape[0] != x.shape[0])
+      throw UsageError("--context '" + o.context + "': batch " + std::to_string(context.shape[0]) +
+                       " differs from --x batch " + std::to_string(x.shape[0]) + "; they must be equal");
+  }
+  const int64_t seq_kv = o.context.empty() ? x.shape[1] : context.shape[1];
+  ByteArray pad;
+  if (!o.key_padding.empty()) {
+    pad = read_npy_mask(o.key_padding);
+    const std::vector<int64_t> want = {x.shape[0], seq_kv};
+    if (pad.shape != want)
+      throw UsageError("--key-padding '" + o.key_padding + "': shape " + pad.shape_str() + "; expected " +
+                       FloatArray::shape_to_string(want) + " [batch, seq_kv] (nonzero/True = padded key)");
+    call.key_padding = &pad;
+  }
+  const FloatArray y = layer.forward(x, o.context.empty() ? nullptr : &context, call);
+  write_npy(o.out, y);
+  return 0;
+}
+
+}  // namespace
+}  // namespace attn::cli
+
+ATTN_REGISTER_COMMAND(
+    "layer",
+    "multi-head attention layer on .npy inputs (torch.nn.MultiheadAttention(E, H, batch_first=True) layout) "
+    "with "
+    "any variant as the core; writes Y.npy [batch, seq_q, E]",
+    [](CLI::App& sub) {
+      auto o = std::make_shared<attn::cli::LayerOptions>();
+      sub.add_option("--x", o->x, "queries' input .npy, float32/64 [batch, seq_q, E]")->required();
+      sub.add_option(
+          "--context", o->context,
+          "keys'/values' input .npy [batch, seq_kv, E] for cross-attention (default: --x, self-attention)");
+      sub.add_option(
+             "--weights", o->weights,
+             "directory with w_q.npy w_k.npy w_v.npy w_o.npy ([E, E], torch.nn.Linear layout [out, in], "
+             "y = x W^T + b) and optional b_q.npy b_k.npy b_v.npy b_o.npy ([E])")
+          ->required();
+      sub.add_option("--heads", o->heads, "number of heads; must divide E (head_dim = E / heads)")
+          ->required();
+      sub.add_option("--variant", o->variant, "core attention variant (see `attnbench list`; default naive)");
+      sub.add_option("--param", o->params, "variant parameter NAME=VALUE (repeatable)");
+      sub.add_flag("--causal", o->causal, "causal mask (query i attends keys j <= i)");
+      sub.add_option(
+          "--key-padding", o->key_padding,
+          "key padding .npy [batch, seq_kv], nonzero/True = padded (torch's key_padding_mask); a query "
+          "with no allowed key gets output b_o, not NaN");
+      sub.add_flag("--residual", o->residual, "add the input: Y = X + attention(X, context)");
+      sub.add_option("--out", o->out, "output .npy, float32 [batch, seq_q, E] (written only on success)")
+          ->required();
+      return std::function<int()>([o] { return attn::cli::run_layer(*o); });
+    })
