@@ -681,7 +681,7 @@ TEST_CASE("rerun, --force, --resume and torn lines on one output folder", "[swee
   }
 }
 
-TEST_CASE("--filter that matches nothing exits 2 and writes nothing", "[sweep][run]") {
+TEST_CASE("run with a filter that matches nothing exits 2 and writes nothing", "[sweep][run]") {
   TempDir dir;
   const std::string cfg = write_config(dir, "small.json", small_config());
   const RunResult r =
@@ -691,7 +691,7 @@ TEST_CASE("--filter that matches nothing exits 2 and writes nothing", "[sweep][r
   CHECK_FALSE(fs::exists(dir.path / "out"));
 }
 
-TEST_CASE("--dry-run lists every point with skip reasons and writes nothing", "[sweep][run]") {
+TEST_CASE("a dry run lists every point with skip reasons and writes nothing", "[sweep][run]") {
   TempDir dir;
   Json c = small_config();
   c["variants"] = {"naive", "linear"};
