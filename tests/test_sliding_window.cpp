@@ -1,0 +1,326 @@
+// sliding_window against its definitions: naive under the equivalent boolean mask (built here from the
+// definition, not from the variant's own pattern code), full attention in the limits, dilation, edges,
+// errors.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+
+#include "common/attention.hpp"
+#include "common/error.hpp"
+#include "common/random.hpp"
+#include "common/reference.hpp"
+#include "common/runtime.hpp"
+#include "common/tensor.hpp"
+
+using namespace attn;
+
+namespace {
+
+struct Case {
+  Problem p;
+  FloatArray q, k, v;
+  ByteArray pad;
+
+  Case(const Json& params, int64_t batch, int64_t heads, int64_t seq, int64_t dim, bool causal, bool padded,
+       uint64_t seed)
+      : p(make_problem("sliding_window", params)) {
+    p.batch = batch, p.heads = heads, p.seq_q = p.seq_kv = seq, p.head_dim = dim;
+    p.mask.causal = causal;
+    p.mask.key_padding = padded;
+    q = FloatArray({batch, heads, seq, dim});
+    k = FloatArray({batch, heads, seq, dim});
+    v = FloatArray({batch, heads, seq, dim});
+    fill_normal(q.ptr(), q.numel(), seed * 3 + 1);
+    fill_normal(k.ptr(), k.numel(), seed * 3 + 2);
+    fill_normal(v.ptr(), v.numel(), seed * 3 + 3);
+    if (padded) {
+      // Batch b pads every third key from offset b, and batch 2 (if present) pads every key.
+      pad = ByteArray({batch, seq});
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t j = 0; j < seq; ++j) pad.data[b * seq + j] = (b == 2 || (j + b) % 3 == 0) ? 1 : 0;
+    }
+  }
+
+  AttentionInputs inputs(float* out, const uint8_t* mask = nullptr) const {
+    AttentionInputs in;
+    in.q = q.ptr(), in.k = k.ptr(), in.v = v.ptr(), in.out = out, in.mask = mask;
+    in.key_padding = pad.numel() ? pad.ptr() : nullptr;
+    return in;
+  }
+
+  FloatArray run(const std::string& variant, const Problem& problem, const uint8_t* mask = nullptr) const {
+    FloatArray out({p.batch, p.heads, p.seq_q, p.head_dim}, std::nanf(""));
+    Registry::instance().get(variant).forward(problem, inputs(out.ptr(), mask));
+    return out;
+  }
+};
+
+// The Longformer pattern written straight from the definition: key j is allowed for query i iff
+// j = i + k*dilation with |k| <= w (k <= 0 when causal), or either position is global.
+std::vector<uint8_t> definition_mask(int64_t n, int64_t w, int64_t dilation,
+                                     const std::vector<int64_t>& globals, bool causal) {
+  std::vector<uint8_t> m(static_cast<std::size_t>(n * n), 0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t step = -w; step <= (causal ? 0 : w); ++step) {
+      const int64_t j = i + step * dilation;
+      if (j >= 0 && j < n) m[i * n + j] = 1;
+    }
+  for (int64_t g : globals)
+    for (int64_t x = 0; x < n; ++x) m[g * n + x] = m[x * n + g] = 1;
+  if (causal)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = i + 1; j < n; ++j) m[i * n + j] = 0;
+  return m;
+}
+
+double max_abs_diff(const FloatArray& a, const FloatArray& b) {
+  double worst = 0;
+  for (std::size_t e = 0; e < a.numel(); ++e) {
+    const double d = std::fabs(static_cast<double>(a.data[e]) - b.data[e]);
+    worst = std::max(worst, std::isnan(d) ? INFINITY : d);
+  }
+  return worst;
+}
+
+// Asserts `got` is within the derived fp32 bound of the fp64 softmax reference of `p` (mask as given).
+void require_matches_reference(const Case& c, const Problem& p, const FloatArray& got,
+                               const uint8_t* mask = nullptr) {
+  DoubleArray want({p.batch, p.heads, p.seq_q, p.head_dim});
+  FloatArray unused(got.shape);  // the reference requires an output pointer but writes only `want`
+  const AttentionInputs in = c.inputs(unused.ptr(), mask);
+  reference_attention(p, in, want.ptr());
+  const ErrorMetrics m = compare_outputs(got.ptr(), want.ptr(), p.batch * p.heads * p.seq_q, p.head_dim);
+  const double tol = exact_abs_tolerance(p, in);
+  INFO(p.repro() << ": max_abs_err " << m.max_abs_err << " bound " << tol);
+  REQUIRE(m.nan_count == 0);
+  REQUIRE(m.max_abs_err <= tol);
+}
+
+}  // namespace
+
+TEST_CASE("sliding_window equals naive under the equivalent boolean mask", "[sliding_window]") {
+  struct Setting {
+    int64_t window, dilation;
+    Json globals;
+    std::vector<int64_t> global_list;
+  };
+  const Setting settings[] = {{4, 1, 0, {}},
+                              {1, 1, 0, {}},
+                              {6, 2, 0, {}},
+                              {3, 3, 2, {0, 1}},
+                              {5, 1, Json::array({9, 2, 40}), {2, 9, 40}},
+                              {2, 4, Json::array({0, 63}), {0, 63}},
+                              {40, 1, 3, {0, 1, 2}}};
+  uint64_t seed = 10;
+  for (const Setting& s : settings)
+    for (int64_t n : {64, 67, 130})
+      for (bool causal : {false, true})
+        for (bool padded : {false, true}) {
+          const Json params = {{"window", s.window}, {"dilation", s.dilation}, {"global_tokens", s.globals}};
+          const Case c(params, 3, 2, n, 24, causal, padded, ++seed);
+          const FloatArray got = c.run("sliding_window", c.p);
+          const std::vector<uint8_t> mask = definition_mask(n, s.window, s.dilation, s.global_list, causal);
+          Problem masked = make_problem("naive");
+          masked.batch = c.p.batch, masked.heads = c.p.heads, masked.seq_q = masked.seq_kv = n;
+          masked.head_dim = c.p.head_dim, masked.mask = c.p.mask;
+          masked.mask.boolean = true;
+          const FloatArray naive = c.run("naive", masked, mask.data());
+          INFO(c.p.repro());
+          // Both are fp32 results within the derived bound of the same fp64 oracle, hence within twice it.
+          require_matches_reference(c, masked, got, mask.data());
+          require_matches_reference(c, masked, naive, mask.data());
+          REQUIRE(max_abs_diff(got, naive) <=
+                  2 * exact_abs_tolerance(masked, c.inputs(nullptr, mask.data())));
+        }
+}
+
+TEST_CASE("sliding_window at a production window (w=256, 64-row tiles) equals the masked reference",
+          "[sliding_window]") {
+  // The check shapes stop at seq 130, where the default window covers everything; this runs real bands.
+  const int64_t n = 1100;
+  for (int64_t dilation : {1, 2})
+    for (bool causal : {false, true}) {
+      const Json params = {{"window", 256}, {"dilation", dilation}, {"global_tokens", Json::array({0, 700})}};
+      const Case c(params, 1, 2, n, 32, causal, true, 40 + dilation);
+      const FloatArray got = c.run("sliding_window", c.p);
+      const std::vector<uint8_t> mask = definition_mask(n, 256, dilation, {0, 700}, causal);
+      Problem masked = c.p;
+      masked.mask.boolean = true;
+      INFO(c.p.repro());
+      require_matches_reference(c, masked, got, mask.data());
+    }
+}
+
+TEST_CASE("sliding_window with a window covering the sequence equals full attention", "[sliding_window]") {
+  for (int64_t n : {1, 17, 100}) {
+    for (bool causal : {false, true}) {
+      // window = seq - 1 reaches every key from every query; larger windows must change nothing.
+      for (int64_t w : {n - 1, n, 4 * n + 3}) {
+        const Case c({{"window", w}}, 2, 2, n, 16, causal, true, 100 + n + w);
+        const FloatArray got = c.run("sliding_window", c.p);
+        Problem full = make_problem("naive");
+        full.batch = 2, full.heads = 2, full.seq_q = full.seq_kv = n, full.head_dim = 16,
+        full.mask = c.p.mask;
+        const FloatArray naive = c.run("naive", full);
+        INFO(c.p.repro());
+        require_matches_reference(c, full, got);
+        REQUIRE(max_abs_diff(got, naive) <= 2 * exact_abs_tolerance(full, c.inputs(nullptr)));
+      }
+    }
+  }
+}
+
+TEST_CASE("sliding_window with every position global equals full attention", "[sliding_window]") {
+  const int64_t n = 45;
+  std::vector<int64_t> every(n);
+  for (int64_t i = 0; i < n; ++i) every[i] = n - 1 - i;  // unsorted on purpose
+  for (const Json& globals : {Json(n), Json(n + 100), Json(every)}) {
+    for (bool causal : {false, true}) {
+      const Case c({{"window", 1}, {"dilation", 3}, {"global_tokens", globals}}, 3, 1, n, 8, causal, true, 7);
+      const FloatArray got = c.run("sliding_window", c.p);
+      Problem full = make_problem("naive");
+      full.batch = 3, full.heads = 1, full.seq_q = full.seq_kv = n, full.head_dim = 8, full.mask = c.p.mask;
+      INFO(c.p.repro());
+      require_matches_reference(c, full, got);
+    }
+  }
+}
+
+TEST_CASE(
+    "sliding_window dilation 1 equals the undilated default, and a dilated window is a window on each "
+    "residue class",
+    "[sliding_window]") {
+  const Case c({{"window", 5}}, 1, 2, 70, 16, false, false, 3);
+  Problem dilated_one = make_problem("sliding_window", {{"window", 5}, {"dilation", 1}});
+  dilated_one.batch = 1, dilated_one.heads = 2, dilated_one.seq_q = dilated_one.seq_kv = 70,
+  dilated_one.head_dim = 16;
+  const FloatArray a = c.run("sliding_window", c.p), b = c.run("sliding_window", dilated_one);
+  REQUIRE(std::memcmp(a.ptr(), b.ptr(), a.numel() * sizeof(float)) == 0);
+
+  // With dilation 3, positions r, r+3, r+6, ... see only each other, through an ordinary window of 5.
+  const int64_t n = 70, dil = 3, D = 16, H = 2;
+  for (bool causal : {false, true}) {
+    Case whole({{"window", 5}, {"dilation", dil}}, 1, H, n, D, causal, false, 4);
+    const FloatArray out = whole.run("sliding_window", whole.p);
+    for (int64_t r = 0; r < dil; ++r) {
+      const int64_t m = (n - r + dil - 1) / dil;
+      Case sub({{"window", 5}}, 1, H, m, D, causal, false, 0);
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < m; ++t)
+          for (int64_t d = 0; d < D; ++d) {
+            const std::size_t from = ((h * n) + r + t * dil) * D + d, to = (h * m + t) * D + d;
+            sub.q.data[to] = whole.q.data[from], sub.k.data[to] = whole.k.data[from];
+            sub.v.data[to] = whole.v.data[from];
+          }
+      const FloatArray sub_out = sub.run("sliding_window", sub.p);
+      double worst = 0;
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < m; ++t)
+          for (int64_t d = 0; d < D; ++d)
+            worst = std::max(worst, (double)std::fabs(out.data[((h * n) + r + t * dil) * D + d] -
+                                                      sub_out.data[(h * m + t) * D + d]));
+      INFO("residue " << r << (causal ? " causal" : ""));
+      REQUIRE(worst <= 2 * exact_abs_tolerance(sub.p, sub.inputs(nullptr)));
+    }
+  }
+}
+
+TEST_CASE("sliding_window edges: the first and last w rows softmax over exactly their clipped band",
+          "[sliding_window]") {
+  const int64_t n = 50, w = 7, D = 12;
+  const Case c({{"window", w}}, 1, 1, n, D, false, false, 21);
+  const FloatArray got = c.run("sliding_window", c.p);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i > w && i < n - 1 - w) continue;  // interior rows are covered by the mask test
+    const int64_t lo = std::max<int64_t>(0, i - w), hi = std::min(n - 1, i + w);
+    std::vector<double> s;
+    for (int64_t j = lo; j <= hi; ++j) {
+      double dot = 0;
+      for (int64_t d = 0; d < D; ++d) dot += (double)c.q.data[i * D + d] * c.k.data[j * D + d];
+      s.push_back(dot * scale);
+    }
+    const double mx = *std::max_element(s.begin(), s.end());
+    double sum = 0;
+    for (double& x : s) sum += (x = std::exp(x - mx));
+    for (int64_t d = 0; d < D; ++d) {
+      double o = 0;
+      for (int64_t j = lo; j <= hi; ++j) o += s[j - lo] / sum * c.v.data[j * D + d];
+      worst = std::max(worst, std::fabs(o - got.data[i * D + d]));
+    }
+  }
+  REQUIRE(worst <= exact_abs_tolerance(c.p, c.inputs(nullptr)));
+
+  // Row 0 must not see key w+1 and must see key w: change each and watch row 0.
+  Case moved = c;
+  for (int64_t d = 0; d < D; ++d) moved.v.data[(w + 1) * D + d] += 100.0f;
+  FloatArray out = moved.run("sliding_window", moved.p);
+  REQUIRE(std::memcmp(out.ptr(), got.ptr(), D * sizeof(float)) == 0);
+  for (int64_t d = 0; d < D; ++d) moved.v.data[w * D + d] += 100.0f;
+  out = moved.run("sliding_window", moved.p);
+  REQUIRE(std::fabs(out.data[0] - got.data[0]) > 0.01);
+}
+
+TEST_CASE("sliding_window window 0 returns each position's own value; fully masked rows are zeros",
+          "[sliding_window]") {
+  const int64_t n = 33, D = 9;
+  const Case c({{"window", 0}}, 3, 2, n, D, false, true, 5);
+  const FloatArray out = c.run("sliding_window", c.p);
+  for (int64_t b = 0; b < 3; ++b)
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t i = 0; i < n; ++i) {
+        const bool padded = c.pad.data[b * n + i] != 0;
+        for (int64_t d = 0; d < D; ++d) {
+          const std::size_t e = (((b * 2 + h) * n) + i) * D + d;
+          // One allowed key: weight exactly 1 (exp(0) / exp(0)), so the output is v_i; a padded self: zeros.
+          REQUIRE(out.data[e] == (padded ? 0.0f : c.v.data[e]));
+        }
+      }
+}
+
+TEST_CASE("sliding_window is linear in n: workspace O(w), band FLOPs 4·n·(2w+1)·d", "[sliding_window]") {
+  const Attention& v = Registry::instance().get("sliding_window");
+  Problem p = make_problem("sliding_window", {{"window", 256}});
+  p.batch = 1, p.heads = 8, p.head_dim = 64;
+  p.seq_q = p.seq_kv = 4096;
+  const std::size_t small = v.workspace_bytes(p, 2);
+  const double small_flops = v.flops(p);
+  p.seq_q = p.seq_kv = 32768;
+  // No seq x seq buffer: the per-thread scratch depends on the window and tile, not on n.
+  REQUIRE(v.workspace_bytes(p, 2) == small);
+  REQUIRE(v.workspace_bytes(p, 2) < 32768u * 513u * sizeof(float));
+  REQUIRE(v.flops(p) == 4.0 * 8 * 32768 * 513 * 64);
+  REQUIRE(v.flops(p) == 8 * small_flops);
+}
+
+TEST_CASE("sliding_window rejects bad parameters with the reason", "[sliding_window]") {
+  using Catch::Matchers::Contains;
+  REQUIRE_THROWS_WITH(make_problem("sliding_window", {{"dilation", 0}}),
+                      Contains("dilation") && Contains("[1") && Contains("got 0"));
+  REQUIRE_THROWS_WITH(make_problem("sliding_window", {{"window", -1}}),
+                      Contains("window") && Contains("got -1"));
+  REQUIRE_THROWS_WITH(make_problem("sliding_window", {{"global_tokens", Json::array({1, -2})}}),
+                      Contains("global_tokens") && Contains("got -2"));
+  REQUIRE_THROWS_WITH(make_problem("sliding_window", {{"windw", 3}}), Contains("did you mean 'window'"));
+
+  const Attention& v = Registry::instance().get("sliding_window");
+  Problem p = make_problem("sliding_window", {{"global_tokens", Json::array({3, 8, 3})}});
+  p.seq_q = p.seq_kv = 16, p.head_dim = 8;
+  REQUIRE_THROWS_AS(v.not_supported_reasons(p), UsageError);
+  REQUIRE_THROWS_WITH(v.not_supported_reasons(p), Contains("index 3 is listed more than once"));
+
+  p = make_problem("sliding_window", {{"global_tokens", Json::array({2, 40})}});
+  p.seq_q = p.seq_kv = 16, p.head_dim = 8;
+  auto reasons = v.not_supported_reasons(p);
+  REQUIRE(reasons.size() == 1);
+  REQUIRE_THAT(reasons[0], Contains("index 40") && Contains("16"));
+  p.seq_q = p.seq_kv = 41;
+  REQUIRE(v.not_supported_reasons(p).empty());
+
+  p.seq_kv = 20;  // cross-attention
+  reasons = v.not_supported_reasons(p);
+  REQUIRE(!reasons.empty());
+  REQUIRE_THAT(reasons[0], Contains("cross-attention"));
+}

@@ -1,0 +1,370 @@
+// The tiled variant beyond the registry-wide checks: against naive and the fp64 reference with tiny tiles for
+// every mask kind, dropout equal to naive's, causal tile skipping, exact zeros, and its exp2 error bound.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "common/attention.hpp"
+#include "common/random.hpp"
+#include "common/reference.hpp"
+#include "common/runtime.hpp"
+#include "common/tensor.hpp"
+#include "variants/tiled/kernels.hpp"
+
+using namespace attn;
+
+namespace {
+
+const Attention& tiled_variant() {
+  return Registry::instance().get("tiled");
+}
+const Attention& naive_variant() {
+  return Registry::instance().get("naive");
+}
+
+// Seeded inputs for one problem. The boolean mask allows 70% of keys and hides every key from query rows 0
+// and seq_q / 2 (when seq_q >= 3); batch b pads its last b * seq_kv / 3 keys, and batch 3 pads all of them.
+struct Inputs {
+  Problem p;
+  FloatArray q, k, v;
+  ByteArray mask, pad;
+
+  Inputs(Problem problem, uint64_t seed, double logit_std = 1.0) : p(std::move(problem)) {
+    q = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
+    k = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
+    v = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
+    fill_normal(q.ptr(), q.numel(), seed * 3 + 1, logit_std);
+    fill_normal(k.ptr(), k.numel(), seed * 3 + 2, logit_std);
+    fill_normal(v.ptr(), v.numel(), seed * 3 + 3);
+    if (p.mask.boolean) {
+      mask = ByteArray({p.seq_q, p.seq_kv});
+      Rng rng(seed * 7 + 5);
+      for (auto& m : mask.data) m = rng.uniform() < 0.7 ? 1 : 0;
+      if (p.seq_q >= 3) {
+        std::fill_n(mask.ptr(), p.seq_kv, uint8_t{0});
+        std::fill_n(mask.ptr() + p.seq_q / 2 * p.seq_kv, p.seq_kv, uint8_t{0});
+      }
+    }
+    if (p.mask.key_padding) {
+      pad = ByteArray({p.batch, p.seq_kv});
+      for (int64_t b = 0; b < p.batch; ++b) {
+        const int64_t padded = b >= 3 ? p.seq_kv : b * p.seq_kv / 3;
+        for (int64_t j = p.seq_kv - padded; j < p.seq_kv; ++j) pad.data[b * p.seq_kv + j] = 1;
+      }
+    }
+  }
+
+  AttentionInputs inputs(float* out) {
+    return {q.ptr(), k.ptr(), v.ptr(), mask.numel() ? mask.ptr() : nullptr, pad.numel() ? pad.ptr() : nullptr,
+            out};
+  }
+
+  // Runs `variant` with this problem's masks/shape but the variant's own parameters; NaN-filled output first,
+  // so a row the variant forgets to write shows up.
+  FloatArray run(const Attention& variant, const Json& params = Json::object()) {
+    Problem vp = make_problem(variant.name(), params);
+    vp.batch = p.batch, vp.heads = p.heads, vp.seq_q = p.seq_q, vp.seq_kv = p.seq_kv,
+    vp.head_dim = p.head_dim;
+    vp.mask = p.mask, vp.scale = p.scale, vp.dropout = p.dropout, vp.seed = p.seed;
+    FloatArray out({p.batch, p.heads, p.seq_q, p.head_dim}, std::nanf(""));
+    variant.forward(vp, inputs(out.ptr()));
+    return out;
+  }
+
+  DoubleArray reference() {
+    DoubleArray want({p.batch, p.heads, p.seq_q, p.head_dim});
+    FloatArray unused(q.shape);
+    reference_attention(p, inputs(unused.ptr()), want.ptr());
+    return want;
+  }
+
+  double tolerance() {
+    FloatArray unused(q.shape);
+    return exact_abs_tolerance(p, inputs(unused.ptr()));
+  }
+
+  int64_t rows() const { return p.batch * p.heads * p.seq_q; }
+};
+
+Problem shape(int64_t batch, int64_t heads, int64_t seq_q, int64_t seq_kv, int64_t dim, const char* mask) {
+  Problem p = make_problem("tiled");
+  p.batch = batch, p.heads = heads, p.seq_q = seq_q, p.seq_kv = seq_kv, p.head_dim = dim;
+  p.mask = parse_mask(mask, "test");
+  return p;
+}
+
+DoubleArray to_double(const FloatArray& x) {
+  DoubleArray d(x.shape);
+  for (std::size_t e = 0; e < x.numel(); ++e) d.data[e] = x.data[e];
+  return d;
+}
+
+// Tile shapes that make every query tile and key tile count, with tails: tile_q != tile_kv both ways, 1-wide
+// tiles, and the cache-derived defaults.
+const std::vector<Json> kTinyTiles = {{{"tile_q", 4}, {"tile_kv", 8}},   {{"tile_q", 3}, {"tile_kv", 5}},
+                                      {{"tile_q", 1}, {"tile_kv", 1}},   {{"tile_q", 17}, {"tile_kv", 2}},
+                                      {{"tile_q", 40}, {"tile_kv", 33}}, Json::object()};
+
+}  // namespace
+
+TEST_CASE("tiled matches the fp64 reference and naive for every mask kind with tiny tiles", "[tiled]") {
+  const char* masks[] = {"none", "causal", "bool", "pad", "bool+pad", "causal+pad", "causal+bool+pad"};
+  uint64_t seed = 100;
+  for (int64_t seq : {1, 7, 17, 130}) {
+    for (int64_t dim : {1, 17, 64}) {
+      for (const char* mask : masks) {
+        // Batch 4 so key padding reaches a fully padded batch; 2 heads so head offsets are exercised.
+        Inputs data(shape(4, 2, seq, seq, dim, mask), ++seed);
+        const DoubleArray want = data.reference();
+        const DoubleArray base = to_double(data.run(naive_variant()));
+        const double tol = data.tolerance();
+        for (const Json& tiles : kTinyTiles) {
+          const FloatArray got = data.run(tiled_variant(), tiles);
+          const ErrorMetrics ref = compare_outputs(got.ptr(), want.ptr(), data.rows(), dim);
+          // naive and tiled are each within tol of the reference, so within 2 tol of each other.
+          const ErrorMetrics vs_naive = compare_outputs(got.ptr(), base.ptr(), data.rows(), dim);
+          INFO("seq " << seq << " dim " << dim << " mask " << mask << " tiles " << tiles.dump()
+                      << ": vs reference " << ref.max_abs_err << ", vs naive " << vs_naive.max_abs_err
+                      << ", bound " << tol);
+          REQUIRE(ref.nan_count == 0);
+          REQUIRE(ref.inf_count == 0);
+          CHECK(ref.max_abs_err <= tol);
+          CHECK(vs_naive.max_abs_err <= 2 * tol);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("tiled cross-attention (seq_q != seq_kv) matches the reference", "[tiled]") {
+  uint64_t seed = 200;
+  for (auto [lq, lkv] : {std::pair<int64_t, int64_t>{7, 130}, {130, 7}, {1, 17}, {17, 1}, {33, 64}}) {
+    for (const char* mask : {"none", "causal", "pad", "causal+bool+pad"}) {
+      Inputs data(shape(4, 1, lq, lkv, 17, mask), ++seed);
+      const DoubleArray want = data.reference();
+      const double tol = data.tolerance();
+      for (const Json& tiles : kTinyTiles) {
+        const FloatArray got = data.run(tiled_variant(), tiles);
+        const ErrorMetrics m = compare_outputs(got.ptr(), want.ptr(), data.rows(), data.p.head_dim);
+        INFO("Lq " << lq << " Lkv " << lkv << " mask " << mask << " tiles " << tiles.dump() << ": "
+                   << m.max_abs_err << " (bound " << tol << ")");
+        REQUIRE(m.nan_count + m.inf_count == 0);
+        CHECK(m.max_abs_err <= tol);
+      }
+    }
+  }
+}
+
+TEST_CASE("tiled causal skips only key tiles above the diagonal, for tile_q != tile_kv", "[tiled]") {
+  // Rectangular tiles put the diagonal at every offset inside a tile; a skipped tile that held an allowed key
+  // (or a kept key beyond the diagonal) moves the output by order max|v|, far above the bound.
+  Inputs data(shape(1, 2, 130, 130, 16, "causal"), 300);
+  const DoubleArray want = data.reference();
+  const double tol = data.tolerance();
+  for (auto [tq, tkv] :
+       {std::pair<int, int>{16, 5}, {5, 16}, {7, 64}, {64, 7}, {129, 1}, {1, 129}, {48, 128}}) {
+    const FloatArray got = data.run(tiled_variant(), {{"tile_q", tq}, {"tile_kv", tkv}});
+    const ErrorMetrics m = compare_outputs(got.ptr(), want.ptr(), data.rows(), 16);
+    INFO("tile_q " << tq << " tile_kv " << tkv << ": " << m.max_abs_err << " (bound " << tol << ")");
+    CHECK(m.nan_count == 0);
+    CHECK(m.max_abs_err <= tol);
+  }
+  // Row 0 sees only key 0: its output is v_0 to within the bound.
+  const FloatArray got = data.run(tiled_variant(), {{"tile_q", 3}, {"tile_kv", 4}});
+  for (int64_t d = 0; d < 16; ++d) CHECK(std::fabs(got.data[d] - data.v.data[d]) <= tol);
+}
+
+TEST_CASE("tiled gives exact zeros for fully masked rows, never NaN", "[tiled]") {
+  for (const Json& tiles : kTinyTiles) {
+    // Rows 0 and seq/2 have no allowed key (boolean mask); batch 3 pads every key.
+    Inputs data(shape(4, 2, 37, 37, 17, "bool+pad"), 400);
+    const FloatArray got = data.run(tiled_variant(), tiles);
+    int64_t zero_rows = 0;
+    for (int64_t b = 0; b < 4; ++b)
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t i = 0; i < 37; ++i) {
+          const bool empty = b == 3 || i == 0 || i == 37 / 2;
+          if (!empty) continue;
+          ++zero_rows;
+          for (int64_t d = 0; d < 17; ++d) {
+            const float x = got.data[((b * 2 + h) * 37 + i) * 17 + d];
+            INFO("tiles " << tiles.dump() << " b " << b << " h " << h << " row " << i << " dim " << d);
+            REQUIRE(x == 0.0f);  // exactly zero: also fails for NaN
+            REQUIRE(!std::signbit(x));
+          }
+        }
+    CHECK(zero_rows == 2 * 37 + 3 * 2 * 2);
+  }
+}
+
+TEST_CASE("tiled handles a row whose only allowed key lies in its last key tile", "[tiled]") {
+  // The running max stays -inf through every earlier tile, then becomes finite: the -inf bookkeeping must
+  // neither leak NaN nor lose the late key. Row i may attend key seq - 1 - (i % 3) only.
+  Problem p = shape(1, 1, 20, 20, 8, "bool");
+  Inputs data(p, 500);
+  std::fill(data.mask.data.begin(), data.mask.data.end(), uint8_t{0});
+  for (int64_t i = 0; i < 20; ++i) data.mask.data[i * 20 + 19 - i % 3] = 1;
+  for (const Json& tiles : kTinyTiles) {
+    const FloatArray got = data.run(tiled_variant(), tiles);
+    for (int64_t i = 0; i < 20; ++i)
+      for (int64_t d = 0; d < 8; ++d) {
+        INFO("tiles " << tiles.dump() << " row " << i);
+        // One allowed key: weight exactly 2^0 / 2^0 = 1, so the output is that value row exactly.
+        CHECK(got.data[i * 8 + d] == data.v.data[(19 - i % 3) * 8 + d]);
+      }
+  }
+}
+
+TEST_CASE("tiled stays exact with logits near and beyond +-88 and a max that moves every tile", "[tiled]") {
+  SECTION("gaussian logits reaching ~+-90") {
+    // q, k ~ N(0, 4.6^2) at head_dim 16: scale * q.k reaches about +-90, where exp overflows in fp32.
+    for (const char* mask : {"none", "causal", "pad"}) {
+      Inputs data(shape(4, 2, 65, 65, 16, mask), 600, 4.6);
+      const DoubleArray want = data.reference();
+      for (const Json& tiles : kTinyTiles) {
+        const FloatArray got = data.run(tiled_variant(), tiles);
+        const ErrorMetrics m = compare_outputs(got.ptr(), want.ptr(), data.rows(), 16);
+        INFO(mask << " tiles " << tiles.dump() << ": " << m.max_abs_err << " (bound " << data.tolerance()
+                  << ")");
+        CHECK(m.nan_count + m.inf_count == 0);
+        CHECK(m.max_abs_err <= data.tolerance());
+      }
+    }
+  }
+  SECTION("increasing logits: the running max moves at every key tile") {
+    // head_dim 1, scale 1: logit_ij = q_i k_j with k_j rising from -88 to +300, so every tile raises the max
+    // and the running output must be rescaled each time; without the rescale the error is of order max|v|.
+    Inputs data(shape(1, 1, 9, 97, 1, "none"), 700);
+    data.p.scale = 1.0;
+    for (int64_t j = 0; j < 97; ++j) data.k.data[j] = -88.0f + 388.0f * static_cast<float>(j) / 96.0f;
+    for (int64_t i = 0; i < 9; ++i)
+      data.q.data[i] = 0.125f * static_cast<float>(i);  // row 0: uniform weights
+    const DoubleArray want = data.reference();
+    for (const Json& tiles : kTinyTiles) {
+      const FloatArray got = data.run(tiled_variant(), tiles);
+      const ErrorMetrics m = compare_outputs(got.ptr(), want.ptr(), 9, 1);
+      INFO("tiles " << tiles.dump() << ": " << m.max_abs_err << " (bound " << data.tolerance() << ")");
+      CHECK(m.nan_count + m.inf_count == 0);
+      CHECK(m.max_abs_err <= data.tolerance());
+    }
+  }
+}
+
+TEST_CASE("tiled dropout makes naive's keep decisions: same seed, same output", "[tiled]") {
+  for (const char* mask : {"none", "causal", "causal+bool+pad"}) {
+    Problem p = shape(4, 2, 70, 70, 24, mask);
+    p.dropout = 0.3, p.seed = 1234;
+    Inputs data(p, 800);
+    const double tol = data.tolerance();  // includes the 1 / (1 - p) growth
+    const DoubleArray want = data.reference();
+    const DoubleArray base = to_double(data.run(naive_variant()));
+    for (const Json& tiles : kTinyTiles) {
+      const FloatArray got = data.run(tiled_variant(), tiles);
+      const ErrorMetrics vs_naive = compare_outputs(got.ptr(), base.ptr(), data.rows(), 24);
+      const ErrorMetrics vs_ref = compare_outputs(got.ptr(), want.ptr(), data.rows(), 24);
+      INFO(mask << " tiles " << tiles.dump() << ": vs naive " << vs_naive.max_abs_err << ", vs reference "
+                << vs_ref.max_abs_err << " (bound " << tol << ")");
+      CHECK(vs_naive.nan_count == 0);
+      CHECK(vs_naive.max_abs_err <= 2 * tol);
+      CHECK(vs_ref.max_abs_err <= tol);
+    }
+    // Dropout is really applied: another seed, or none, moves the output by far more than the bound.
+    Inputs other = data;
+    other.p.seed = 99;
+    const FloatArray reseeded = other.run(tiled_variant());
+    CHECK(compare_outputs(reseeded.ptr(), want.ptr(), data.rows(), 24).max_abs_err > 100 * tol);
+    other.p.dropout = 0;
+    const FloatArray undropped = other.run(tiled_variant());
+    CHECK(compare_outputs(undropped.ptr(), want.ptr(), data.rows(), 24).max_abs_err > 100 * tol);
+  }
+}
+
+TEST_CASE("tiled is bitwise identical at 1 and 2 threads with the default tiles", "[tiled]") {
+  // Several query tiles per head and a key tail, so the two threads really split the work.
+  for (const char* mask : {"none", "causal+pad"}) {
+    Inputs data(shape(2, 3, 700, 700, 64, mask), 900);
+    FloatArray one, two;
+    {
+      ThreadScope scope(1);
+      one = data.run(tiled_variant());
+    }
+    {
+      ThreadScope scope(2);
+      two = data.run(tiled_variant());
+    }
+    CHECK(std::memcmp(one.ptr(), two.ptr(), one.numel() * sizeof(float)) == 0);
+    CHECK(compare_outputs(one.ptr(), data.reference().ptr(), data.rows(), 64).max_abs_err <=
+          data.tolerance());
+  }
+}
+
+TEST_CASE("tiled workspace is O(1) in the sequence length and linear in threads", "[tiled]") {
+  Problem p = shape(1, 8, 65536, 65536, 64, "causal");
+  const std::size_t at_64k = tiled_variant().workspace_bytes(p, 2);
+  p.seq_q = p.seq_kv = 4096;
+  CHECK(tiled_variant().workspace_bytes(p, 2) == at_64k);
+  CHECK(tiled_variant().workspace_bytes(p, 2) == 2 * tiled_variant().workspace_bytes(p, 1));
+  CHECK(at_64k < std::size_t{64} << 20);  // the 65536-token budget: Q, K, V, O plus 64 MiB
+  CHECK(at_64k > 0);
+}
+
+TEST_CASE("tiled's exp2 polynomial is within its documented error bound", "[tiled]") {
+  // Every logit difference in [-88, 0] (exp domain) is x in [-127, 0] once log2(e) is folded into the scale.
+  // Bound: 1.5 ulp of the exact 2^x while the result is normal (x >= -126); 2^-149 (one denormal ulp) below.
+  std::vector<float> x;
+  for (double t = -127.0; t <= 0.0; t += 1.0 / 4099) x.push_back(static_cast<float>(t));  // ~520k points
+  for (float t = -150.0f; t <= -120.0f; t += 0.01f) x.push_back(t);
+  // Every fp32 value in [-1, -1/2] (a whole binade, 2^23 values, exhaustive), and tiny differences near 0:
+  // the largest weights, those of keys near the max, come from there.
+  for (float t = -1.0f; t <= -0.5f; t = std::nextafter(t, 0.0f)) x.push_back(t);
+  for (int e = 1; e <= 60; ++e) x.push_back(-std::ldexp(1.0f, -e));
+  x.push_back(0.0f);
+  std::vector<float> y(x.size());
+  tiled::exp2_array(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  double worst_ulp = 0, worst_abs_denormal = 0;
+  float worst_x = 0;
+  for (std::size_t e = 0; e < x.size(); ++e) {
+    const double exact = std::exp2(static_cast<double>(x[e]));
+    const double err = std::fabs(static_cast<double>(y[e]) - exact);
+    if (x[e] >= -126.0f) {
+      // ulp of the exact value: 2^(floor(log2 exact) - 23).
+      const double ulp = std::ldexp(1.0, std::ilogb(exact) - 23);
+      if (err / ulp > worst_ulp) worst_ulp = err / ulp, worst_x = x[e];
+    } else {
+      worst_abs_denormal = std::max(worst_abs_denormal, err);
+    }
+  }
+  INFO("worst " << worst_ulp << " ulp at x = " << worst_x << "; worst denormal abs error "
+                << worst_abs_denormal);
+  CHECK(worst_ulp <= 1.5);
+  CHECK(worst_abs_denormal <= std::ldexp(1.0, -149));
+  CHECK(x.size() > 8'000'000);  // the exhaustive part really ran
+
+  // Special values: exactly 1 at 0 (the max element), exactly 0 for -inf and far below, NaN kept.
+  const float specials[] = {
+      0.0f, -std::numeric_limits<float>::infinity(), -200.0f, -1e30f, std::nanf(""), -1.0f, -126.0f};
+  float out[7];
+  tiled::exp2_array(specials, out, 7);
+  CHECK(out[0] == 1.0f);
+  CHECK(out[1] == 0.0f);
+  CHECK(out[2] == 0.0f);
+  CHECK(out[3] == 0.0f);
+  CHECK(std::isnan(out[4]));
+  CHECK(out[5] == 0.5f);
+  CHECK(out[6] == std::ldexp(1.0f, -126));
+}
+
+TEST_CASE("tiled lets a NaN input show in the output instead of hiding it", "[tiled]") {
+  Inputs data(shape(1, 1, 20, 20, 8, "none"), 1000);
+  data.k.data[5 * 8 + 3] = std::nanf("");  // key 5 is NaN: every row's weights are undefined
+  for (const Json& tiles : kTinyTiles) {
+    const FloatArray got = data.run(tiled_variant(), tiles);
+    int64_t nan_rows = 0;
+    for (int64_t i = 0; i < 20; ++i) nan_rows += std::isnan(got.data[i * 8]) ? 1 : 0;
+    INFO("tiles " << tiles.dump());
+    CHECK(nan_rows == 20);
+  }
+}

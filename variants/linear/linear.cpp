@@ -1,0 +1,328 @@
+// linear: kernelised attention (Katharopoulos et al. 2020). out_i = Σ_j φ(q_i)·φ(k_j) v_j / (Σ_j
+// φ(q_i)·φ(k_j)
+// + eps), reordered by associativity to φ(Q)(φ(K)ᵀV): O(n·d²) time. Causal runs in chunks with a d×d state.
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#include <sleef.h>
+#endif
+#include <tbb/enumerable_thread_specific.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/aligned.hpp"
+#include "common/attention.hpp"
+#include "common/error.hpp"
+#include "common/mask.hpp"
+#include "common/runtime.hpp"
+
+namespace attn {
+namespace {
+
+enum class FeatureMap { elu, relu };
+
+// Rows per task when applying the non-causal state to the queries, and keys per block when building it:
+// large enough for BLAS to run near peak, small enough that a block of φ stays in L2.
+constexpr int64_t kQueryRows = 256;
+constexpr int64_t kKeyRows = 512;
+
+FeatureMap feature_map_of(const Problem& p) {
+  return p.param_string("feature_map") == "relu" ? FeatureMap::relu : FeatureMap::elu;
+}
+
+// dst = φ(src) for `n` values. elu(x) + 1 is x + 1 for x > 0 and exp(x) for x <= 0 (so φ > 0 always);
+// relu(x) = max(x, 0) can be 0 for a whole row, which eps then guards. One vectorised pass: the feature map
+// was ~25% of the non-causal time as separate min / exp / fix-up passes.
+void apply_feature_map(FeatureMap fm, const float* src, float* dst, int64_t n) {
+  int64_t e = 0;
+#if defined(__AVX512F__)
+  // Masked moves rather than _mm512_min/max_ps: those return 0 for a NaN input (hiding it) and trip GCC 12's
+  // -Wmaybe-uninitialized inside its own header. A NaN input stays NaN here, as in the scalar tail.
+  const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+  if (fm == FeatureMap::relu) {
+    for (; e + 16 <= n; e += 16) {
+      const __m512 x = _mm512_loadu_ps(src + e);
+      _mm512_storeu_ps(dst + e,
+                       _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, zero, _CMP_NLE_UQ), x));  // x > 0 or NaN
+    }
+  } else {
+    for (; e + 16 <= n; e += 16) {
+      const __m512 x = _mm512_loadu_ps(src + e);
+      const __mmask16 positive = _mm512_cmp_ps_mask(x, zero, _CMP_GT_OQ);
+      const __m512 below = Sleef_expf16_u10(_mm512_maskz_mov_ps(static_cast<__mmask16>(~positive), x));
+      _mm512_storeu_ps(dst + e, _mm512_mask_blend_ps(positive, below, _mm512_add_ps(x, one)));
+    }
+  }
+#endif
+  for (; e < n; ++e) {
+    const float x = src[e];
+    dst[e] = fm == FeatureMap::relu ? (x <= 0.0f ? 0.0f : x) : x > 0.0f ? x + 1.0f : std::exp(x);
+  }
+}
+
+double feature_map_fp64(FeatureMap fm, double x) {
+  if (fm == FeatureMap::relu) return std::max(x, 0.0);
+  return x > 0 ? x + 1.0 : std::exp(x);
+}
+
+// φ of `rows` key rows into `dst`; padded keys become zero rows, so they add nothing to any numerator or
+// denominator. Also adds the column sums of the result into `col_sum` (the normaliser's φ(K)ᵀ1).
+void key_features(const Problem& p, const AttentionInputs& in, FeatureMap fm, int64_t b, int64_t j0,
+                  int64_t rows, const float* k, float* dst, float* col_sum) {
+  const int64_t D = p.head_dim;
+  apply_feature_map(fm, k, dst, rows * D);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = dst + r * D;
+    if (p.mask.key_padding && in.key_padding[b * p.seq_kv + j0 + r]) std::fill(row, row + D, 0.0f);
+    for (int64_t d = 0; d < D; ++d) col_sum[d] += row[d];
+  }
+}
+
+// out row = numerator / (denominator + eps); a row with no allowed key has both 0 and gets 0.
+void normalise_rows(const float* num, int64_t ld_num, const float* den, int64_t ld_den, float eps,
+                    int64_t rows, int64_t dim, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv = 1.0f / (den[r * ld_den] + eps);
+    for (int64_t d = 0; d < dim; ++d) out[r * dim + d] = num[r * ld_num + d] * inv;
+  }
+}
+
+class Linear final : public Attention {
+ public:
+  std::string name() const override { return "linear"; }
+  std::string description() const override {
+    return "linear attention phi(Q)(phi(K)^T V) / phi(Q)(phi(K)^T 1), phi = elu+1 or relu; causal in chunks, "
+           "O(n·d²)";
+  }
+  Capabilities capabilities() const override {
+    // Arbitrary boolean masks would need the quadratic form (the reordering needs a mask that factorises:
+    // causal and key padding do), so they are not supported; nor is dropout on weights it never forms.
+    return {.exact = false,
+            .causal = true,
+            .boolean_mask = false,
+            .key_padding = true,
+            .cross = true,
+            .dropout = false,
+            .permutation_equivariant = true};
+  }
+  std::vector<ParamSpec> param_specs() const override {
+    return {{.name = "feature_map",
+             .type = ParamType::string,
+             .default_value = "elu",
+             .help = "phi applied to queries and keys: elu (elu(x)+1, always > 0) or relu",
+             .choices = {"elu", "relu"}},
+            {.name = "chunk",
+             .type = ParamType::integer,
+             .default_value = 64,
+             .help = "causal only: positions per chunk (masked quadratic form inside, d x d state across)",
+             .min = 1,
+             .max = 65536},
+            {.name = "eps",
+             .type = ParamType::number,
+             .default_value = 1e-6,
+             .help = "added to every denominator phi(q).sum_j phi(k_j), so rows whose weights are all 0 "
+                     "(relu, or every key masked) give 0, not NaN",
+             .min = 1e-30,
+             .max = 1.0}};
+  }
+  std::vector<Json> test_param_sets() const override {
+    // Chunks of 1, 5 (not dividing any check length) and 16 run the multi-chunk causal path on seq 7..130.
+    return {Json::object(),
+            {{"chunk", 5}},
+            {{"chunk", 1}, {"feature_map", "relu"}},
+            {{"chunk", 16}, {"feature_map", "relu"}, {"eps", 1e-3}}};
+  }
+
+  double flops(const Problem& p) const override {
+    // Per head, the multiply-adds that matter: φ(K)ᵀV (2·Lkv·d²), φ(Q) times the d×(d+1) state
+    // (2·Lq·d·(d+1)), and, causal, the lower triangle of each chunk's φ(Q)φ(K)ᵀ and its product with V (≈
+    // 2·Lq·(C+1)·d). The feature map, the masked upper triangles and the final division are not counted.
+    const double D = static_cast<double>(p.head_dim), Lq = static_cast<double>(p.seq_q);
+    const double Lkv = static_cast<double>(p.mask.causal ? std::min(p.seq_q, p.seq_kv) : p.seq_kv);
+    double per_head = 2.0 * Lkv * D * D + 2.0 * Lq * D * (D + 1);
+    if (p.mask.causal)
+      per_head += 2.0 * Lq * static_cast<double>(std::min(p.param_int("chunk"), p.seq_q) + 1) * D;
+    return per_head * static_cast<double>(p.batch * p.heads);
+  }
+
+  std::size_t workspace_bytes(const Problem& p, int threads) const override {
+    const int64_t D = p.head_dim, state = D * (D + 1);
+    int64_t floats = 0;
+    if (p.mask.causal) {
+      floats = std::max(threads, 1) * causal_scratch_floats(p);
+    } else {
+      floats = p.batch * p.heads * state +
+               std::max(threads, 1) * std::max(kKeyRows * D, kQueryRows * (D + 1) + kQueryRows * D);
+    }
+    return static_cast<std::size_t>(floats) * sizeof(float);
+  }
+
+  void forward(const Problem& p, const AttentionInputs& in) const override {
+    check_inputs(p, in);
+    if (auto reasons = not_supported_reasons(p); !reasons.empty())
+      throw NotSupported("linear: " + reasons.front());
+    if (p.mask.causal)
+      forward_causal(p, in);
+    else
+      forward_full(p, in);
+  }
+
+  // The fp64 quadratic definition: w_ij = φ(q_i)·φ(k_j) over allowed keys (causal, padding), out_i =
+  // Σ w_ij v_j / (Σ w_ij + eps). No reordering, so it checks the associativity and the chunking.
+  void reference_forward(const Problem& p, const AttentionInputs& in, double* out) const override {
+    const FeatureMap fm = feature_map_of(p);
+    const double eps = p.param_number("eps");
+    const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv;
+    std::vector<double> fq(static_cast<std::size_t>(D)), fk(static_cast<std::size_t>(Lkv * D));
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.heads; ++h) {
+        const int64_t bh = b * p.heads + h;
+        for (int64_t e = 0; e < Lkv * D; ++e) fk[e] = feature_map_fp64(fm, in.k[bh * Lkv * D + e]);
+        for (int64_t i = 0; i < Lq; ++i) {
+          for (int64_t d = 0; d < D; ++d) fq[d] = feature_map_fp64(fm, in.q[(bh * Lq + i) * D + d]);
+          double* o = out + (bh * Lq + i) * D;
+          std::fill(o, o + D, 0.0);
+          double den = 0;
+          for (int64_t j = 0; j < Lkv; ++j) {
+            if (!key_allowed(p, in, b, i, j)) continue;
+            double w = 0;
+            for (int64_t d = 0; d < D; ++d) w += fq[d] * fk[j * D + d];
+            den += w;
+            for (int64_t d = 0; d < D; ++d) o[d] += w * in.v[(bh * Lkv + j) * D + d];
+          }
+          for (int64_t d = 0; d < D; ++d) o[d] /= den + eps;
+        }
+      }
+  }
+
+  // Why this bound. With u = 2^-24, L = the keys a row sums over (≤ seq_kv) and w_ij = φ(q_i)·φ(k_j):
+  //  * φ in fp32 is within 2u relative (one rounding for x + 1; SLEEF exp is within 1 ulp), so each product
+  //    φ(q)_e φ(k)_e is within 5u relative;
+  //  * every term of the numerator, φ(q_i)_e φ(k_j)_e v_jd, and of the denominator is a product of those, and
+  //    however the sums are associated (per key, per feature, chunk by chunk through the state) a sum of
+  //    d·L terms has error ≤ (d + L) u times the sum of their magnitudes (pairwise-or-better in BLAS is even
+  //    smaller); φ ≥ 0, so those magnitudes sum to Σ_j w_ij |v_jd| ≤ max|v| Σ_j w_ij for the numerator and to
+  //    the denominator itself;
+  //  * out = num / (den + eps): |Δout| ≤ |Δnum| / den + |out| |Δden| / den ≤ 2 (d + L + 8) u max|v|.
+  // We allow 4x that, as the softmax bound does, since blocked BLAS orders sums differently from the
+  // analysis. A wrong mask, chunk boundary or state update moves outputs by a fraction of max|v|, far above
+  // this.
+  double abs_tolerance(const Problem& p, const AttentionInputs& in) const override {
+    double vmax = 0;
+    for (int64_t e = 0; e < p.kv_elements(); ++e)
+      vmax = std::max(vmax, std::fabs(static_cast<double>(in.v[e])));
+    const double u = std::ldexp(1.0, -24);
+    return 4.0 * 2.0 * static_cast<double>(p.head_dim + p.seq_kv + 8) * u * vmax + 1e-30;
+  }
+
+ protected:
+  std::vector<std::string> extra_not_supported_reasons(const Problem& p) const override {
+    // φ(q)·φ(k) is not a logit, so there is no temperature to set; ignoring a requested scale would hide it.
+    if (p.scale)
+      return {
+          "linear attention has no logit scale (phi(q).phi(k) is not a softmax logit); leave scale unset"};
+    return {};
+  }
+
+ private:
+  static int64_t causal_scratch_floats(const Problem& p) {
+    const int64_t D = p.head_dim, C = std::min(p.param_int("chunk"), p.seq_q);
+    // φ(Q) and φ(K) chunks, the C×C scores, the C×(d+1) numerator|denominator, the state and a column sum.
+    return 2 * C * D + C * C + C * (D + 1) + D * (D + 1) + D;
+  }
+
+  // Non-causal: per head, state = [φ(K)ᵀV | φ(K)ᵀ1] (d × (d+1)), then every query block is one GEMM with it.
+  static void forward_full(const Problem& p, const AttentionInputs& in) {
+    const FeatureMap fm = feature_map_of(p);
+    const float eps = static_cast<float>(p.param_number("eps"));
+    const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv, BH = p.batch * p.heads, ld_state = D + 1;
+    AlignedVector<float> states(static_cast<std::size_t>(BH * D * ld_state));
+    tbb::enumerable_thread_specific<AlignedVector<float>> scratch;
+
+    tbb::parallel_for(int64_t{0}, BH, [&](int64_t bh) {
+      AlignedVector<float>& buf = scratch.local();
+      if (static_cast<int64_t>(buf.size()) < kKeyRows * D) buf.resize(kKeyRows * D);
+      float* state = states.data() + bh * D * ld_state;
+      std::vector<float> col_sum(static_cast<std::size_t>(D), 0.0f);
+      for (int64_t j0 = 0; j0 < Lkv; j0 += kKeyRows) {
+        const int64_t rows = std::min(kKeyRows, Lkv - j0);
+        key_features(p, in, fm, bh / p.heads, j0, rows, in.k + (bh * Lkv + j0) * D, buf.data(),
+                     col_sum.data());
+        sgemm(true, false, D, D, rows, 1.0f, buf.data(), D, in.v + (bh * Lkv + j0) * D, D,
+              j0 == 0 ? 0.0f : 1.0f, state, ld_state);
+      }
+      for (int64_t d = 0; d < D; ++d) state[d * ld_state + D] = col_sum[d];
+    });
+
+    const int64_t blocks = (Lq + kQueryRows - 1) / kQueryRows;
+    tbb::parallel_for(int64_t{0}, BH * blocks, [&](int64_t task) {
+      const int64_t bh = task / blocks, i0 = task % blocks * kQueryRows, rows = std::min(kQueryRows, Lq - i0);
+      AlignedVector<float>& buf = scratch.local();
+      const int64_t need = kQueryRows * D + kQueryRows * ld_state;
+      if (static_cast<int64_t>(buf.size()) < need) buf.resize(need);
+      float* fq = buf.data();
+      float* nd = fq + kQueryRows * D;
+      apply_feature_map(fm, in.q + (bh * Lq + i0) * D, fq, rows * D);
+      sgemm(false, false, rows, ld_state, D, 1.0f, fq, D, states.data() + bh * D * ld_state, ld_state, 0.0f,
+            nd, ld_state);
+      normalise_rows(nd, ld_state, nd + D, ld_state, eps, rows, D, in.out + (bh * Lq + i0) * D);
+    });
+  }
+
+  // Causal, one head per task, chunk by chunk: inside a chunk the masked quadratic form (φ(Q_c)φ(K_c)ᵀ ⊙
+  // tril) [V_c | 1]; across chunks the running state S = Σ_{j before the chunk} φ(k_j) [v_j | 1]ᵀ. Query i
+  // and key j share chunk index ⌊i/C⌋ by position, which also gives the top-left-aligned j <= i rule for
+  // seq_q != seq_kv.
+  static void forward_causal(const Problem& p, const AttentionInputs& in) {
+    const FeatureMap fm = feature_map_of(p);
+    const float eps = static_cast<float>(p.param_number("eps"));
+    const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv, ld_state = D + 1;
+    const int64_t C = std::min(p.param_int("chunk"), Lq);
+    tbb::enumerable_thread_specific<AlignedVector<float>> scratch;
+
+    tbb::parallel_for(int64_t{0}, p.batch * p.heads, [&](int64_t bh) {
+      AlignedVector<float>& buf = scratch.local();
+      if (static_cast<int64_t>(buf.size()) < causal_scratch_floats(p)) buf.resize(causal_scratch_floats(p));
+      float* fq = buf.data();
+      float* fk = fq + C * D;
+      float* a = fk + C * D;
+      float* nd = a + C * C;
+      float* state = nd + C * ld_state;
+      float* col_sum = state + D * ld_state;
+      std::fill(state, state + D * ld_state + D, 0.0f);  // state and col_sum
+      const int64_t b = bh / p.heads;
+
+      for (int64_t c0 = 0; c0 < Lq; c0 += C) {
+        const int64_t nq = std::min(C, Lq - c0), nk = std::clamp<int64_t>(Lkv - c0, 0, nq);
+        apply_feature_map(fm, in.q + (bh * Lq + c0) * D, fq, nq * D);
+        // Inter-chunk part first: nd = φ(Q_c) S (both numerator and denominator columns).
+        sgemm(false, false, nq, ld_state, D, 1.0f, fq, D, state, ld_state, 0.0f, nd, ld_state);
+        if (nk > 0) {
+          const float* v = in.v + (bh * Lkv + c0) * D;
+          std::fill(col_sum, col_sum + D, 0.0f);
+          key_features(p, in, fm, b, c0, nk, in.k + (bh * Lkv + c0) * D, fk, col_sum);
+          // Intra-chunk: A = φ(Q_c) φ(K_c)ᵀ with the future zeroed, its row sums into the denominator column.
+          sgemm(false, true, nq, nk, D, 1.0f, fq, D, fk, D, 0.0f, a, nk);
+          for (int64_t r = 0; r < nq; ++r) {
+            float* ar = a + r * nk;
+            if (r + 1 < nk) std::fill(ar + r + 1, ar + nk, 0.0f);
+            float row_sum = 0;
+            for (int64_t j = 0; j < std::min(r + 1, nk); ++j) row_sum += ar[j];
+            nd[r * ld_state + D] += row_sum;
+          }
+          sgemm(false, false, nq, D, nk, 1.0f, a, nk, v, D, 1.0f, nd, ld_state);
+          // Fold this chunk's keys into the state for the chunks after it.
+          sgemm(true, false, D, D, nk, 1.0f, fk, D, v, D, 1.0f, state, ld_state);
+          for (int64_t d = 0; d < D; ++d) state[d * ld_state + D] += col_sum[d];
+        }
+        normalise_rows(nd, ld_state, nd + D, ld_state, eps, nq, D, in.out + (bh * Lq + c0) * D);
+      }
+    });
+  }
+};
+
+}  // namespace
+}  // namespace attn
+
+ATTN_REGISTER_VARIANT(attn::Linear)
