@@ -1,6 +1,5 @@
-// linear: kernelised attention (Katharopoulos et al. 2020). out_i = Σ_j φ(q_i)·φ(k_j) v_j / (Σ_j
-// φ(q_i)·φ(k_j)
-// + eps), reordered by associativity to φ(Q)(φ(K)ᵀV): O(n·d²) time. Causal runs in chunks with a d×d state.
+// linear: kernelised attention (Katharopoulos et al. 2020), φ(Q)(φ(K)ᵀV) / (φ(Q)(φ(K)ᵀ1) + eps) in O(n·d²)
+// time by associativity; causal runs in chunks with a running d×d state.
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #include <sleef.h>

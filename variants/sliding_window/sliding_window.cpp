@@ -1,5 +1,6 @@
 // sliding_window: softmax attention restricted to a band of 2w+1 keys around each query (optionally dilated),
-// plus Longformer-style global tokens. Time O(n·w·d), memory O(tile·w) per thread: never a seq × seq matrix.
+// plus Longformer-style global tokens. Time O(n·(w+g)·d); memory per thread O(tile·(w+g)), plus a 16 × seq
+// strip when there are global rows: never a seq × seq matrix.
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 
