@@ -27,8 +27,8 @@ void run_point(benchmark::State& state, const attn::SweepPoint& pt) {
     benchmark::DoNotOptimize(out.ptr());
     benchmark::ClobberMemory();
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(variant.flops(pt.problem) * 1e-9,
-                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(variant.flops(pt.problem) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = pt.threads;
 }
 
@@ -38,8 +38,10 @@ int main(int argc, char** argv) {
   std::string config_path = std::string(ATTN_SOURCE_DIR) + "/configs/gbench.json";
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--config=", 9) == 0) config_path = argv[i] + 9;
-    else args.push_back(argv[i]);
+    if (std::strncmp(argv[i], "--config=", 9) == 0)
+      config_path = argv[i] + 9;
+    else
+      args.push_back(argv[i]);
   }
   int n = static_cast<int>(args.size());
   benchmark::Initialize(&n, args.data());
@@ -49,15 +51,19 @@ int main(int argc, char** argv) {
     for (const attn::SweepPoint& pt : attn::expand_plan(config)) {
       const attn::Attention& v = attn::Registry::instance().get(pt.problem.variant);
       auto reasons = v.not_supported_reasons(pt.problem);
-      const std::size_t need = static_cast<std::size_t>(pt.problem.q_elements() * 2 + pt.problem.kv_elements() * 2) *
-                                   sizeof(float) + v.workspace_bytes(pt.problem, pt.threads);
+      const std::size_t need =
+          static_cast<std::size_t>(pt.problem.q_elements() * 2 + pt.problem.kv_elements() * 2) *
+              sizeof(float) +
+          v.workspace_bytes(pt.problem, pt.threads);
       if (reasons.empty() && need > config.memory_budget_bytes)
         reasons.push_back("needs " + std::to_string(need) + " bytes > memory_budget");
       if (!reasons.empty()) {
         std::cerr << "SKIPPED " << pt.id << ": " << reasons.front() << "\n";
         continue;
       }
-      benchmark::RegisterBenchmark(pt.id.c_str(), run_point, pt)->Unit(benchmark::kMillisecond)->UseRealTime();
+      benchmark::RegisterBenchmark(pt.id.c_str(), run_point, pt)
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
     }
     benchmark::AddCustomContext("attnbench_git_commit", ATTN_GIT_COMMIT);
     benchmark::AddCustomContext("attnbench_build_type", ATTN_BUILD_TYPE);

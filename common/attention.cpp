@@ -10,8 +10,12 @@
 namespace attn {
 
 Json capabilities_json(const Capabilities& c) {
-  return {{"exact", c.exact},   {"causal", c.causal},   {"boolean_mask", c.boolean_mask},
-          {"key_padding", c.key_padding}, {"cross", c.cross}, {"dropout", c.dropout},
+  return {{"exact", c.exact},
+          {"causal", c.causal},
+          {"boolean_mask", c.boolean_mask},
+          {"key_padding", c.key_padding},
+          {"cross", c.cross},
+          {"dropout", c.dropout},
           {"permutation_equivariant", c.permutation_equivariant}};
 }
 

@@ -1,5 +1,6 @@
 // The Attention interface every variant implements, and the registry that finds them.
-// Adding a variant: one folder under variants/, one class, one ATTN_REGISTER_VARIANT line (variants/README.md).
+// Adding a variant: one folder under variants/, one class, one ATTN_REGISTER_VARIANT line
+// (variants/README.md).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -13,12 +14,12 @@
 namespace attn {
 
 struct Capabilities {
-  bool exact = false;        // computes softmax attention exactly (up to fp32 rounding)
-  bool causal = false;       // supports the causal mask
-  bool boolean_mask = false; // supports an explicit [seq_q, seq_kv] mask
-  bool key_padding = false;  // supports a [batch, seq_kv] key-padding mask
-  bool cross = false;        // supports seq_q != seq_kv (cross-attention)
-  bool dropout = false;      // supports dropout on the attention weights (counter-based, see dropout.hpp)
+  bool exact = false;         // computes softmax attention exactly (up to fp32 rounding)
+  bool causal = false;        // supports the causal mask
+  bool boolean_mask = false;  // supports an explicit [seq_q, seq_kv] mask
+  bool key_padding = false;   // supports a [batch, seq_kv] key-padding mask
+  bool cross = false;         // supports seq_q != seq_kv (cross-attention)
+  bool dropout = false;       // supports dropout on the attention weights (counter-based, see dropout.hpp)
   // Permuting keys and values together leaves the output unchanged, and permuting queries permutes it
   // (true of any attention whose pattern does not depend on positions).
   bool permutation_equivariant = false;
@@ -100,8 +101,8 @@ void check_inputs(const Problem& p, const AttentionInputs& in);
 #define ATTN_CONCAT_INNER(a, b) a##b
 #define ATTN_CONCAT(a, b) ATTN_CONCAT_INNER(a, b)
 // Registers one instance of `Class` at static-initialisation time.
-#define ATTN_REGISTER_VARIANT(Class)                                                      \
-  namespace {                                                                             \
-  [[maybe_unused]] const bool ATTN_CONCAT(attn_registered_, __LINE__) =                   \
-      ::attn::Registry::instance().add(std::make_unique<Class>());                        \
+#define ATTN_REGISTER_VARIANT(Class)                                    \
+  namespace {                                                           \
+  [[maybe_unused]] const bool ATTN_CONCAT(attn_registered_, __LINE__) = \
+      ::attn::Registry::instance().add(std::make_unique<Class>());      \
   }

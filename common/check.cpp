@@ -16,9 +16,12 @@ namespace attn {
 
 std::string check_status_name(CheckStatus s) {
   switch (s) {
-    case CheckStatus::passed: return "PASSED";
-    case CheckStatus::failed: return "FAILED";
-    case CheckStatus::skipped: return "SKIPPED";
+    case CheckStatus::passed:
+      return "PASSED";
+    case CheckStatus::failed:
+      return "FAILED";
+    case CheckStatus::skipped:
+      return "SKIPPED";
   }
   return "?";
 }
@@ -127,11 +130,12 @@ class Checker {
     const int64_t rows = p.batch * p.heads * p.seq_q;
     const ErrorMetrics m = compare_outputs(data.out.ptr(), want.ptr(), rows, p.head_dim);
     const double tol = v_.abs_tolerance(p, data.inputs());
-    std::string detail = "max_abs_err " + fmt(m.max_abs_err) + " (bound " + fmt(tol) + "), rel_l2 " +
-                         fmt(m.rel_l2_err);
+    std::string detail =
+        "max_abs_err " + fmt(m.max_abs_err) + " (bound " + fmt(tol) + "), rel_l2 " + fmt(m.rel_l2_err);
     if (m.nan_count || m.inf_count) {
       report({check, p.repro(), CheckStatus::failed,
-              std::to_string(m.nan_count) + " NaN and " + std::to_string(m.inf_count) + " Inf in the output; " +
+              std::to_string(m.nan_count) + " NaN and " + std::to_string(m.inf_count) +
+                  " Inf in the output; " +
                   worst_element(data.out.ptr(), want.ptr(), data.out.numel(), p.head_dim)});
     } else if (!(m.max_abs_err <= tol)) {
       report({check, p.repro(), CheckStatus::failed,
@@ -192,7 +196,8 @@ class Checker {
     Rng rng(seed + 99);
     for (int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
       for (int64_t i = t + 1; i < p.seq_q; ++i)
-        for (int64_t d = 0; d < D; ++d) changed.q.data[(bh * p.seq_q + i) * D + d] = 10.0f * (float)rng.normal();
+        for (int64_t d = 0; d < D; ++d)
+          changed.q.data[(bh * p.seq_q + i) * D + d] = 10.0f * (float)rng.normal();
       for (int64_t j = t + 1; j < p.seq_kv; ++j)
         for (int64_t d = 0; d < D; ++d) {
           changed.k.data[(bh * p.seq_kv + j) * D + d] = 10.0f * (float)rng.normal();
@@ -205,7 +210,9 @@ class Checker {
       for (int64_t i = 0; i <= t; ++i)
         for (int64_t d = 0; d < D; ++d) {
           const std::size_t e = static_cast<std::size_t>((bh * p.seq_q + i) * D + d);
-          worst = std::max(worst, std::isfinite(changed.out.data[e]) ? (double)std::fabs(changed.out.data[e] - base.out.data[e]) : INFINITY);
+          worst = std::max(worst, std::isfinite(changed.out.data[e])
+                                      ? (double)std::fabs(changed.out.data[e] - base.out.data[e])
+                                      : INFINITY);
         }
     const double tol = 2 * v_.abs_tolerance(p, base.inputs());
     report({check, p.repro(), worst <= tol ? CheckStatus::passed : CheckStatus::failed,
@@ -249,8 +256,8 @@ std::vector<CheckResult> run_checks(const Attention& variant,
                                     const std::function<void(const CheckResult&)>& on_result) {
   Checker c(variant, on_result);
   // Sizes that hit SIMD and tile tails: 1, 7, 17, 130; head dims 1, 17, 33 and 64.
-  const Shape shapes[] = {{1, 1, 1, 1, 1}, {1, 2, 7, 7, 17}, {2, 3, 17, 17, 8}, {4, 2, 33, 33, 64},
-                          {1, 1, 130, 130, 33}};
+  const Shape shapes[] = {
+      {1, 1, 1, 1, 1}, {1, 2, 7, 7, 17}, {2, 3, 17, 17, 8}, {4, 2, 33, 33, 64}, {1, 1, 130, 130, 33}};
   const char* masks[] = {"none", "causal", "bool", "pad", "causal+pad", "causal+bool+pad"};
   uint64_t seed = 1;
   for (const Json& params : variant.test_param_sets()) {

@@ -14,8 +14,8 @@ enum class CheckStatus { passed, failed, skipped };
 std::string check_status_name(CheckStatus s);
 
 struct CheckResult {
-  std::string check;   // which property, e.g. "reference", "permutation", "causal-future"
-  std::string id;      // the repro string of the problem
+  std::string check;  // which property, e.g. "reference", "permutation", "causal-future"
+  std::string id;     // the repro string of the problem
   CheckStatus status = CheckStatus::passed;
   std::string detail;  // the error seen and the bound, or why skipped
 };

@@ -35,7 +35,8 @@ std::string dict_value(const std::string& dict, const std::string& key, const st
     std::size_t pos = dict.find(needle);
     if (pos == std::string::npos) continue;
     pos = skip_ws(dict, pos + needle.size());
-    if (pos >= dict.size() || dict[pos] != ':') bad(what, "malformed .npy header (no ':' after '" + key + "')");
+    if (pos >= dict.size() || dict[pos] != ':')
+      bad(what, "malformed .npy header (no ':' after '" + key + "')");
     pos = skip_ws(dict, pos + 1);
     std::size_t end = pos;
     int depth = 0;
@@ -128,7 +129,8 @@ NpyHeader parse_npy_header(const std::string& bytes, const std::string& what) {
     bad(what, "malformed fortran_order value '" + fortran + "'");
   }
   std::string shape = dict_value(dict, "shape", what);
-  if (shape.size() < 2 || shape.front() != '(' || shape.back() != ')') bad(what, "malformed shape '" + shape + "'");
+  if (shape.size() < 2 || shape.front() != '(' || shape.back() != ')')
+    bad(what, "malformed shape '" + shape + "'");
   std::string inner = shape.substr(1, shape.size() - 2);
   std::stringstream ss(inner);
   std::string item;
@@ -153,7 +155,8 @@ namespace {
 // Checks fortran order and the data length, returns the number of elements.
 std::size_t checked_count(const NpyHeader& h, const std::string& bytes, const std::string& what) {
   if (h.fortran_order)
-    bad(what, "array is in Fortran order; only C order is supported (use np.ascontiguousarray before saving)");
+    bad(what,
+        "array is in Fortran order; only C order is supported (use np.ascontiguousarray before saving)");
   std::size_t n = NdArray<float>::count(h.shape);
   std::size_t need = n * item_size(h.descr);
   std::size_t have = bytes.size() - h.data_offset;
@@ -188,7 +191,9 @@ FloatArray parse_npy_float(const std::string& bytes, const std::string& what) {
   return out;
 }
 
-FloatArray read_npy_float(const std::string& path) { return parse_npy_float(read_file_bytes(path), path); }
+FloatArray read_npy_float(const std::string& path) {
+  return parse_npy_float(read_file_bytes(path), path);
+}
 
 DoubleArray read_npy_double(const std::string& path) {
   std::string bytes = read_file_bytes(path);
@@ -205,10 +210,12 @@ DoubleArray read_npy_double(const std::string& path) {
 
 ByteArray parse_npy_mask(const std::string& bytes, const std::string& what) {
   NpyHeader h = parse_npy_header(bytes, what);
-  static const char* kAllowed[] = {"|b1", "|u1", "|i1", "<i1", "<u1", "<i4", "<i8", "<u4", "<u8", "<f4", "<f8"};
+  static const char* kAllowed[] = {"|b1", "|u1", "|i1", "<i1", "<u1", "<i4",
+                                   "<i8", "<u4", "<u8", "<f4", "<f8"};
   bool ok = false;
   for (const char* a : kAllowed) ok = ok || h.descr == a;
-  if (!ok) bad(what, "dtype '" + h.descr + "' is not allowed for a mask (bool, integer, or float32/64 of 0/1)");
+  if (!ok)
+    bad(what, "dtype '" + h.descr + "' is not allowed for a mask (bool, integer, or float32/64 of 0/1)");
   std::size_t n = checked_count(h, bytes, what);
   ByteArray out(h.shape);
   const char* p = bytes.data() + h.data_offset;
@@ -233,7 +240,9 @@ ByteArray parse_npy_mask(const std::string& bytes, const std::string& what) {
   return out;
 }
 
-ByteArray read_npy_mask(const std::string& path) { return parse_npy_mask(read_file_bytes(path), path); }
+ByteArray read_npy_mask(const std::string& path) {
+  return parse_npy_mask(read_file_bytes(path), path);
+}
 
 namespace {
 
@@ -244,7 +253,8 @@ std::string to_npy_bytes(const NdArray<T>& a, const char* descr) {
   if (a.shape.size() > 1) shape.resize(shape.size() - 2);
   if (a.shape.size() == 1) shape.resize(shape.size() - 1);
   shape += ")";
-  std::string dict = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  std::string dict =
+      std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
   // Pad so that magic + version + length + dict + '\n' is a multiple of 64 bytes (NumPy's own alignment).
   std::size_t total = kMagicLen + 2 + 2 + dict.size() + 1;
   dict.append((64 - total % 64) % 64, ' ');
@@ -261,7 +271,9 @@ std::string to_npy_bytes(const NdArray<T>& a, const char* descr) {
 
 }  // namespace
 
-std::string npy_bytes(const FloatArray& array) { return to_npy_bytes(array, "<f4"); }
+std::string npy_bytes(const FloatArray& array) {
+  return to_npy_bytes(array, "<f4");
+}
 void write_npy(const std::string& path, const FloatArray& array) {
   write_file_atomic(path, to_npy_bytes(array, "<f4"));
 }

@@ -12,17 +12,24 @@ namespace attn {
 
 std::string param_type_name(ParamType type) {
   switch (type) {
-    case ParamType::integer: return "integer";
-    case ParamType::number: return "number";
-    case ParamType::string: return "string";
-    case ParamType::int_list: return "list of integers";
-    case ParamType::int_or_int_list: return "integer or list of integers";
+    case ParamType::integer:
+      return "integer";
+    case ParamType::number:
+      return "number";
+    case ParamType::string:
+      return "string";
+    case ParamType::int_list:
+      return "list of integers";
+    case ParamType::int_or_int_list:
+      return "integer or list of integers";
   }
   return "?";
 }
 
 Json param_spec_json(const ParamSpec& spec) {
-  Json j = {{"name", spec.name}, {"type", param_type_name(spec.type)}, {"default", spec.default_value},
+  Json j = {{"name", spec.name},
+            {"type", param_type_name(spec.type)},
+            {"default", spec.default_value},
             {"help", spec.help}};
   if (spec.min) j["min"] = *spec.min;
   if (spec.max) j["max"] = *spec.max;
@@ -53,7 +60,8 @@ std::optional<std::string> did_you_mean(const std::string& word, const std::vect
 namespace {
 
 std::string range_text(const ParamSpec& s) {
-  if (s.min && s.max) return " in [" + shortest_double_text(*s.min) + ", " + shortest_double_text(*s.max) + "]";
+  if (s.min && s.max)
+    return " in [" + shortest_double_text(*s.min) + ", " + shortest_double_text(*s.max) + "]";
   if (s.min) return " >= " + shortest_double_text(*s.min);
   if (s.max) return " <= " + shortest_double_text(*s.max);
   return "";
@@ -69,8 +77,7 @@ bool is_integer(const Json& v) {
 }
 
 Json check_scalar_int(const ParamSpec& s, const Json& v, const std::string& where) {
-  if (!is_integer(v))
-    throw UsageError(where + ": must be an integer" + range_text(s) + ", got " + v.dump());
+  if (!is_integer(v)) throw UsageError(where + ": must be an integer" + range_text(s) + ", got " + v.dump());
   int64_t x = v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
   if ((s.min && x < *s.min) || (s.max && x > *s.max))
     throw UsageError(where + ": must be an integer" + range_text(s) + ", got " + std::to_string(x));
@@ -79,7 +86,8 @@ Json check_scalar_int(const ParamSpec& s, const Json& v, const std::string& wher
 
 Json check_value(const ParamSpec& s, const Json& v, const std::string& where) {
   switch (s.type) {
-    case ParamType::integer: return check_scalar_int(s, v, where);
+    case ParamType::integer:
+      return check_scalar_int(s, v, where);
     case ParamType::number: {
       if (!v.is_number() || !std::isfinite(v.get<double>()))
         throw UsageError(where + ": must be a finite number" + range_text(s) + ", got " + v.dump());
@@ -167,9 +175,11 @@ Json parse_param_value(const ParamSpec& spec, const std::string& text, const std
     }
   };
   switch (spec.type) {
-    case ParamType::string: return text;
+    case ParamType::string:
+      return text;
     case ParamType::integer:
-    case ParamType::number: return parse_number(text);
+    case ParamType::number:
+      return parse_number(text);
     case ParamType::int_list:
     case ParamType::int_or_int_list: {
       if (spec.type == ParamType::int_or_int_list && text.find_first_of(",;") == std::string::npos)

@@ -2,11 +2,10 @@
 // against them, defaults filled in, and errors name the parameter, the value and what is allowed.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace attn {
 
@@ -17,10 +16,10 @@ enum class ParamType { integer, number, string, int_list, int_or_int_list };
 struct ParamSpec {
   std::string name{};
   ParamType type = ParamType::integer;
-  Json default_value{};          // must itself pass validation
-  std::string help{};            // one line
-  std::optional<double> min{};   // inclusive; for lists, applies to each element
-  std::optional<double> max{};   // inclusive
+  Json default_value{};                // must itself pass validation
+  std::string help{};                  // one line
+  std::optional<double> min{};         // inclusive; for lists, applies to each element
+  std::optional<double> max{};         // inclusive
   std::vector<std::string> choices{};  // for strings: the allowed values (empty = any)
 };
 

@@ -3,9 +3,9 @@
 
 #include <charconv>
 #include <cmath>
-#include <type_traits>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
 
 #include "common/attention.hpp"
 #include "common/error.hpp"
@@ -33,9 +33,12 @@ MaskSpec parse_mask(const std::string& text, const std::string& where) {
   std::stringstream ss(text);
   std::string part;
   while (std::getline(ss, part, '+')) {
-    if (part == "causal") m.causal = true;
-    else if (part == "bool") m.boolean = true;
-    else if (part == "pad") m.key_padding = true;
+    if (part == "causal")
+      m.causal = true;
+    else if (part == "bool")
+      m.boolean = true;
+    else if (part == "pad")
+      m.key_padding = true;
     else
       throw UsageError(where + ": unknown mask '" + part + "' in '" + text +
                        "' (allowed: none, or causal, bool, pad joined by '+')");
@@ -48,12 +51,19 @@ double Problem::effective_scale() const {
 }
 
 const Json& Problem::param(const std::string& name) const {
-  if (!params.contains(name)) throw std::logic_error("variant '" + variant + "' has no parameter '" + name + "'");
+  if (!params.contains(name))
+    throw std::logic_error("variant '" + variant + "' has no parameter '" + name + "'");
   return params.at(name);
 }
-int64_t Problem::param_int(const std::string& name) const { return param(name).get<int64_t>(); }
-double Problem::param_number(const std::string& name) const { return param(name).get<double>(); }
-std::string Problem::param_string(const std::string& name) const { return param(name).get<std::string>(); }
+int64_t Problem::param_int(const std::string& name) const {
+  return param(name).get<int64_t>();
+}
+double Problem::param_number(const std::string& name) const {
+  return param(name).get<double>();
+}
+std::string Problem::param_string(const std::string& name) const {
+  return param(name).get<std::string>();
+}
 
 std::string Problem::repro() const {
   std::ostringstream s;
@@ -161,15 +171,24 @@ Problem parse_problem(const std::string& repro) {
         throw UsageError(where + ": field '" + k + "' has a non-numeric value '" + v + "'");
       return x;
     };
-    if (k == "B") whole_int(p.batch);
-    else if (k == "H") whole_int(p.heads);
-    else if (k == "Lq") whole_int(p.seq_q);
-    else if (k == "Lkv") whole_int(p.seq_kv);
-    else if (k == "D") whole_int(p.head_dim);
-    else if (k == "scale") p.scale = whole_double();
-    else if (k == "dropout") p.dropout = whole_double();
-    else if (k == "seed") whole_int(p.seed);
-    else throw UsageError(where + ": unknown field '" + k + "' (B, H, Lq, Lkv, D, scale, dropout, seed)");
+    if (k == "B")
+      whole_int(p.batch);
+    else if (k == "H")
+      whole_int(p.heads);
+    else if (k == "Lq")
+      whole_int(p.seq_q);
+    else if (k == "Lkv")
+      whole_int(p.seq_kv);
+    else if (k == "D")
+      whole_int(p.head_dim);
+    else if (k == "scale")
+      p.scale = whole_double();
+    else if (k == "dropout")
+      p.dropout = whole_double();
+    else if (k == "seed")
+      whole_int(p.seed);
+    else
+      throw UsageError(where + ": unknown field '" + k + "' (B, H, Lq, Lkv, D, scale, dropout, seed)");
   }
   p.validate();
   return p;

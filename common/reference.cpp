@@ -1,11 +1,11 @@
 // fp64 reference attention, comparison metrics and derived tolerances.
 #include "common/reference.hpp"
 
+#include <tbb/parallel_for.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
-
-#include <tbb/parallel_for.h>
 
 #include "common/dropout.hpp"
 #include "common/mask.hpp"
@@ -84,8 +84,10 @@ ErrorMetrics compare_outputs(const float* got, const double* want, int64_t rows,
       gw += g * w;
     }
     if (row_bad) continue;  // contributes cosine 0
-    if (gg == 0 && ww == 0) cos_sum += 1;
-    else if (gg > 0 && ww > 0) cos_sum += gw / std::sqrt(gg * ww);
+    if (gg == 0 && ww == 0)
+      cos_sum += 1;
+    else if (gg > 0 && ww > 0)
+      cos_sum += gw / std::sqrt(gg * ww);
   }
   m.rel_l2_err = want2 > 0 ? std::sqrt(diff2 / want2) : std::sqrt(diff2);
   m.mean_cosine = rows > 0 ? cos_sum / static_cast<double>(rows) : 1.0;

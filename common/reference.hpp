@@ -16,12 +16,13 @@ void reference_attention(const Problem& p, const AttentionInputs& in, double* ou
                          const std::vector<int64_t>* rows = nullptr);
 
 struct ErrorMetrics {
-  double max_abs_err = 0;   // over finite pairs; +inf if any output is non-finite where the reference is finite
-  double rel_l2_err = 0;    // ||got - want||_F / ||want||_F (absolute ||got - want||_F when ||want|| = 0)
-  double mean_cosine = 1;   // mean over rows of cos(got_row, want_row); two zero rows count as 1
-  int64_t nan_count = 0;    // NaNs in the output
-  int64_t inf_count = 0;    // infinities in the output
-  int64_t rows = 0;         // rows compared
+  double max_abs_err =
+      0;                  // over finite pairs; +inf if any output is non-finite where the reference is finite
+  double rel_l2_err = 0;  // ||got - want||_F / ||want||_F (absolute ||got - want||_F when ||want|| = 0)
+  double mean_cosine = 1;  // mean over rows of cos(got_row, want_row); two zero rows count as 1
+  int64_t nan_count = 0;   // NaNs in the output
+  int64_t inf_count = 0;   // infinities in the output
+  int64_t rows = 0;        // rows compared
 };
 
 // got and want are `rows` rows of `dim` values each.

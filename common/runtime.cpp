@@ -1,9 +1,8 @@
 // TBB and OpenBLAS thread control.
 #include "common/runtime.hpp"
 
-#include <sched.h>
-
 #include <cblas.h>
+#include <sched.h>
 #include <tbb/global_control.h>
 
 #include <thread>
@@ -36,8 +35,12 @@ ThreadScope::ThreadScope(int threads)
 }
 ThreadScope::~ThreadScope() = default;
 
-void set_blas_threads(int threads) { openblas_set_num_threads(threads); }
-int blas_threads() { return openblas_get_num_threads(); }
+void set_blas_threads(int threads) {
+  openblas_set_num_threads(threads);
+}
+int blas_threads() {
+  return openblas_get_num_threads();
+}
 std::string blas_info() {
   std::string s = openblas_get_config();
   s += " (core: ";

@@ -26,12 +26,12 @@ int run_check(const std::vector<std::string>& names, bool verbose) {
 }  // namespace
 }  // namespace attn::cli
 
-ATTN_REGISTER_COMMAND("check", "run the registry-wide equivalence checks (PASSED / FAILED / SKIPPED per case)",
-                      [](CLI::App& sub) {
-                        auto names = std::make_shared<std::vector<std::string>>();
-                        auto quiet = std::make_shared<bool>(false);
-                        sub.add_option("--variant", *names, "check only this variant (repeatable)");
-                        sub.add_flag("--quiet", *quiet, "print only FAILED and SKIPPED cases and the summary");
-                        return std::function<int()>(
-                            [names, quiet] { return attn::cli::run_check(*names, !*quiet); });
-                      })
+ATTN_REGISTER_COMMAND(
+    "check", "run the registry-wide equivalence checks (PASSED / FAILED / SKIPPED per case)",
+    [](CLI::App& sub) {
+      auto names = std::make_shared<std::vector<std::string>>();
+      auto quiet = std::make_shared<bool>(false);
+      sub.add_option("--variant", *names, "check only this variant (repeatable)");
+      sub.add_flag("--quiet", *quiet, "print only FAILED and SKIPPED cases and the summary");
+      return std::function<int()>([names, quiet] { return attn::cli::run_check(*names, !*quiet); });
+    })

@@ -22,8 +22,8 @@ struct EvalOptions {
 void require_shape(const std::string& option, const std::string& file, const std::vector<int64_t>& got,
                    const std::vector<int64_t>& want, const std::string& meaning) {
   if (got != want)
-    throw UsageError(option + " '" + file + "': shape " + FloatArray::shape_to_string(got) + " does not match " +
-                     FloatArray::shape_to_string(want) + " " + meaning);
+    throw UsageError(option + " '" + file + "': shape " + FloatArray::shape_to_string(got) +
+                     " does not match " + FloatArray::shape_to_string(want) + " " + meaning);
 }
 
 int64_t count_nonfinite(const float* x, std::size_t n) {
@@ -69,8 +69,9 @@ int run_eval(const EvalOptions& o) {
     throw NotSupported(p.repro() + ": " + why);
   }
   FloatArray out({p.batch, p.heads, p.seq_q, p.head_dim});
-  AttentionInputs in{q.ptr(), k.ptr(), v.ptr(), mask.numel() ? mask.ptr() : nullptr,
-                     pad.numel() ? pad.ptr() : nullptr, out.ptr()};
+  AttentionInputs in{
+      q.ptr(),  k.ptr(), v.ptr(), mask.numel() ? mask.ptr() : nullptr, pad.numel() ? pad.ptr() : nullptr,
+      out.ptr()};
   variant.forward(p, in);
   const int64_t bad_in = count_nonfinite(q.ptr(), q.numel()) + count_nonfinite(k.ptr(), k.numel()) +
                          count_nonfinite(v.ptr(), v.numel());
@@ -83,8 +84,12 @@ int run_eval(const EvalOptions& o) {
     DoubleArray want(out.shape);
     reference_attention(p, in, want.ptr());
     const ErrorMetrics m = compare_outputs(out.ptr(), want.ptr(), p.batch * p.heads * p.seq_q, p.head_dim);
-    Json j = {{"id", p.repro()},           {"max_abs_err", m.max_abs_err}, {"rel_l2_err", m.rel_l2_err},
-              {"mean_cosine", m.mean_cosine}, {"nan_count", m.nan_count},     {"inf_count", m.inf_count}};
+    Json j = {{"id", p.repro()},
+              {"max_abs_err", m.max_abs_err},
+              {"rel_l2_err", m.rel_l2_err},
+              {"mean_cosine", m.mean_cosine},
+              {"nan_count", m.nan_count},
+              {"inf_count", m.inf_count}};
     std::cout << j.dump() << "\n";
   }
   return 0;

@@ -21,7 +21,8 @@ int list_variants(bool as_json) {
     return 0;
   }
   for (const auto& v : all) {
-    std::cout << v["name"].get<std::string>() << ": " << v["description"].get<std::string>() << "\n  supports:";
+    std::cout << v["name"].get<std::string>() << ": " << v["description"].get<std::string>()
+              << "\n  supports:";
     for (auto it = v["capabilities"].begin(); it != v["capabilities"].end(); ++it)
       if (it.value().get<bool>()) std::cout << " " << it.key();
     std::cout << "\n";

@@ -1,9 +1,10 @@
-// `attnbench patterns`: the attention weights each variant really applies on a small input, per head, as .npy.
+// `attnbench patterns`: the attention weights each variant really applies on a small input, per head, as
+// .npy.
 //
 // Generic, with no change to the variant interface: every variant's output is linear in V (softmax weights,
-// sliding_window's band, linear attention's normalised kernel all multiply V), so with V's column c set to the
-// unit vector e_{j0+c} (zeros elsewhere) output column c is weight column j0 + c. Looping j0 over the keys in
-// steps of head_dim measures the whole [seq, seq] matrix with ceil(seq / head_dim) forward calls.
+// sliding_window's band, linear attention's normalised kernel all multiply V), so with V's column c set to
+// the unit vector e_{j0+c} (zeros elsewhere) output column c is weight column j0 + c. Looping j0 over the
+// keys in steps of head_dim measures the whole [seq, seq] matrix with ceil(seq / head_dim) forward calls.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -40,7 +41,7 @@ struct PatternsOptions {
 };
 
 struct Inputs {
-  FloatArray q, k;  // [1, heads, seq, head_dim]
+  FloatArray q, k;                  // [1, heads, seq, head_dim]
   std::vector<std::string> tokens;  // --text only
   int64_t unknown_tokens = 0;
 };
@@ -55,20 +56,22 @@ void check_options(const PatternsOptions& o) {
   if (!o.seq_opt->count() && !o.text_opt->count())
     throw UsageError("give --seq N (seeded gaussian Q, K) or --text FILE (tokens through the front ends)");
   if (o.max_seq < 1 || o.max_seq > kHardMaxSeq)
-    throw UsageError("--max-seq " + std::to_string(o.max_seq) + ": must be in [1, " + std::to_string(kHardMaxSeq) +
-                     "] (the output is heads x N^2 floats per variant)");
+    throw UsageError("--max-seq " + std::to_string(o.max_seq) + ": must be in [1, " +
+                     std::to_string(kHardMaxSeq) + "] (the output is heads x N^2 floats per variant)");
   if (o.seq_opt->count() && (o.seq < 1 || o.seq > o.max_seq))
     throw UsageError("--seq " + std::to_string(o.seq) + ": must be in [1, " + std::to_string(o.max_seq) +
                      "] (--max-seq; the output is heads x N^2 floats per variant, raise --max-seq up to " +
                      std::to_string(kHardMaxSeq) + " if you mean it)");
-  if (o.heads < 1 || o.heads > 64) throw UsageError("--heads " + std::to_string(o.heads) + ": must be in [1, 64]");
+  if (o.heads < 1 || o.heads > 64)
+    throw UsageError("--heads " + std::to_string(o.heads) + ": must be in [1, 64]");
   if (o.head_dim < 1 || o.head_dim > 1024)
     throw UsageError("--head-dim " + std::to_string(o.head_dim) + ": must be in [1, 1024]");
   if (o.std_opt->count() && o.text_opt->count())
     throw UsageError("--std applies to --seq only (with --text, Q and K come from the embedded tokens)");
   if (!(std::isfinite(o.std) && o.std > 0 && o.std <= 1e3))
     throw UsageError("--std " + std::to_string(o.std) + ": must be a standard deviation in (0, 1000]");
-  if (o.max_tokens_opt->count() && !o.text_opt->count()) throw UsageError("--max-tokens applies to --text only");
+  if (o.max_tokens_opt->count() && !o.text_opt->count())
+    throw UsageError("--max-tokens applies to --text only");
   if (o.max_tokens_opt->count() && o.max_tokens < 1)
     throw UsageError("--max-tokens " + std::to_string(o.max_tokens) + ": must be >= 1");
   if (fs::exists(o.out) && !fs::is_directory(o.out))
@@ -89,12 +92,15 @@ Inputs gaussian_inputs(const PatternsOptions& o) {
 // projections (torch.nn.MultiheadAttention's init): what an untrained layer would attend on this text.
 Inputs text_inputs(const PatternsOptions& o) {
   Inputs in;
-  in.tokens = read_tokens(o.text, o.max_tokens_opt->count() ? std::optional<int64_t>(o.max_tokens) : std::nullopt);
+  in.tokens =
+      read_tokens(o.text, o.max_tokens_opt->count() ? std::optional<int64_t>(o.max_tokens) : std::nullopt);
   const int64_t n = static_cast<int64_t>(in.tokens.size());
   if (n > o.max_seq)
-    throw UsageError("--text '" + o.text + "': " + std::to_string(n) + " tokens > " + std::to_string(o.max_seq) +
-                     " (--max-seq; the output is heads x N^2 floats per variant); use --max-tokens N to keep the "
-                     "first N tokens, or raise --max-seq up to " + std::to_string(kHardMaxSeq));
+    throw UsageError(
+        "--text '" + o.text + "': " + std::to_string(n) + " tokens > " + std::to_string(o.max_seq) +
+        " (--max-seq; the output is heads x N^2 floats per variant); use --max-tokens N to keep the "
+        "first N tokens, or raise --max-seq up to " +
+        std::to_string(kHardMaxSeq));
   const int64_t d_model = o.heads * o.head_dim;
   const std::set<std::string> vocab(in.tokens.begin(), in.tokens.end());
   TokenEmbedding table = TokenEmbedding::seeded(static_cast<int64_t>(vocab.size()), d_model, o.seed);
@@ -107,7 +113,8 @@ Inputs text_inputs(const PatternsOptions& o) {
   FloatArray x({1, n, d_model});
   std::copy(x2.data.begin(), x2.data.end(), x.data.begin());
   // A seed distinct from the embedding's, so the projections are not correlated with the table.
-  const MultiHeadLayer layer(random_multihead_weights(d_model, o.seed ^ 0x9e3779b97f4a7c15ULL, false), o.heads);
+  const MultiHeadLayer layer(random_multihead_weights(d_model, o.seed ^ 0x9e3779b97f4a7c15ULL, false),
+                             o.heads);
   MultiHeadLayer::HeadsQkv qkv = layer.project(x, nullptr);
   in.q = std::move(qkv.q);
   in.k = std::move(qkv.k);
@@ -126,8 +133,8 @@ std::map<std::string, std::vector<std::string>> group_params(const std::vector<s
     if (!Registry::instance().find(variant))
       throw UsageError("--param '" + kv + "': " + Registry::instance().unknown_variant_message(variant));
     if (std::find(selected.begin(), selected.end(), variant) == selected.end())
-      throw UsageError("--param '" + kv + "': variant '" + variant + "' is not selected (selected: " +
-                       join(selected) + ")");
+      throw UsageError("--param '" + kv + "': variant '" + variant +
+                       "' is not selected (selected: " + join(selected) + ")");
     by_variant[variant].push_back(kv.substr(dot + 1));
   }
   return by_variant;
@@ -180,21 +187,25 @@ int run_patterns(const PatternsOptions& o) {
                        static_cast<double>(names.size());
   if (total > kMaxOutputBytes)
     throw UsageError("--heads " + std::to_string(o.heads) + " x n " + std::to_string(N) + "^2 x " +
-                     std::to_string(names.size()) + " variants = " + std::to_string(static_cast<int64_t>(total)) +
-                     " bytes of weights > " + std::to_string(static_cast<int64_t>(kMaxOutputBytes)) +
+                     std::to_string(names.size()) +
+                     " variants = " + std::to_string(static_cast<int64_t>(total)) + " bytes of weights > " +
+                     std::to_string(static_cast<int64_t>(kMaxOutputBytes)) +
                      "; draw fewer heads, a shorter sequence or fewer --variant");
   Json variants_json = Json::array();
   std::vector<std::pair<std::string, FloatArray>> results;
   for (const auto& name : names) {
     const Attention& variant = reg.get(name);
     const auto it = params.find(name);
-    Problem p = make_problem(name, parse_cli_params(variant, it == params.end() ? std::vector<std::string>{}
-                                                                                  : it->second));
+    Problem p = make_problem(
+        name, parse_cli_params(variant, it == params.end() ? std::vector<std::string>{} : it->second));
     p.batch = 1, p.heads = o.heads, p.seq_q = p.seq_kv = N, p.head_dim = o.head_dim;
     p.mask.causal = o.causal;
     p.validate();
-    Json entry = {{"name", name}, {"params", p.params}, {"exact", variant.capabilities().exact},
-                  {"description", variant.description()}, {"repro", p.repro()}};
+    Json entry = {{"name", name},
+                  {"params", p.params},
+                  {"exact", variant.capabilities().exact},
+                  {"description", variant.description()},
+                  {"repro", p.repro()}};
     if (auto reasons = variant.not_supported_reasons(p); !reasons.empty()) {
       entry["status"] = "skipped";
       entry["reason"] = join(reasons);
@@ -209,7 +220,8 @@ int run_patterns(const PatternsOptions& o) {
     entry["shape"] = w.shape;
     entry["nonfinite"] = bad;
     if (bad) std::cerr << "attnbench: warning: " << name << ": " << bad << " NaN/Inf weights\n";
-    std::cout << name << ": " << w.shape_str() << " -> " << (fs::path(o.out) / (name + ".npy")).string() << "\n";
+    std::cout << name << ": " << w.shape_str() << " -> " << (fs::path(o.out) / (name + ".npy")).string()
+              << "\n";
     variants_json.push_back(entry);
     results.emplace_back(name, std::move(w));
   }
@@ -227,8 +239,9 @@ int run_patterns(const PatternsOptions& o) {
                {"causal", o.causal},
                {"scale", 1.0 / std::sqrt(static_cast<double>(o.head_dim))},
                {"seed", o.seed},
-               {"layout", "<variant>.npy: float32 [heads, seq_q, seq_kv], row i = the weights query i puts on "
-                          "each key; q.npy, k.npy: float32 [1, heads, seq, head_dim]"},
+               {"layout",
+                "<variant>.npy: float32 [heads, seq_q, seq_kv], row i = the weights query i puts on "
+                "each key; q.npy, k.npy: float32 [1, heads, seq, head_dim]"},
                {"q", "q.npy"},
                {"k", "k.npy"},
                {"variants", variants_json}};
@@ -237,7 +250,8 @@ int run_patterns(const PatternsOptions& o) {
     meta["text"] = o.text;
     meta["tokens"] = "tokens.json";
     meta["unknown_tokens"] = in.unknown_tokens;
-    meta["inputs"] = "seeded embedding of the text's vocabulary + sinusoidal positions, seeded Q/K projections";
+    meta["inputs"] =
+        "seeded embedding of the text's vocabulary + sinusoidal positions, seeded Q/K projections";
   } else {
     meta["std"] = o.std;
     meta["inputs"] = "seeded gaussian Q, K ~ N(0, std^2)";
@@ -251,13 +265,16 @@ int run_patterns(const PatternsOptions& o) {
 
 ATTN_REGISTER_COMMAND(
     "patterns",
-    "for a small n, the attention weights each variant applies, per head: <variant>.npy [heads, n, n] in --out",
+    "for a small n, the attention weights each variant applies, per head: <variant>.npy [heads, n, n] in "
+    "--out",
     [](CLI::App& sub) {
       auto o = std::make_shared<attn::cli::PatternsOptions>();
-      o->seq_opt = sub.add_option("--seq", o->seq, "sequence length N: seeded gaussian Q, K (see --std, --seed)");
-      o->text_opt = sub.add_option("--text", o->text,
-                                   "text file: its whitespace tokens, seeded embedding + sinusoidal positions, "
-                                   "seeded Q/K projections");
+      o->seq_opt =
+          sub.add_option("--seq", o->seq, "sequence length N: seeded gaussian Q, K (see --std, --seed)");
+      o->text_opt =
+          sub.add_option("--text", o->text,
+                         "text file: its whitespace tokens, seeded embedding + sinusoidal positions, "
+                         "seeded Q/K projections");
       o->seq_opt->excludes(o->text_opt);
       sub.add_option("--variant", o->variants, "variant to draw (repeatable; default every registered one)");
       sub.add_option("--param", o->params,
@@ -268,8 +285,9 @@ ATTN_REGISTER_COMMAND(
       sub.add_option("--seed", o->seed, "seed of Q, K (--seq) or of the embedding and projections (--text)");
       o->std_opt = sub.add_option("--std", o->std, "--seq: standard deviation of Q and K (default 1)");
       o->max_tokens_opt = sub.add_option("--max-tokens", o->max_tokens, "--text: keep the first N tokens");
-      sub.add_option("--max-seq", o->max_seq,
-                     "refuse longer inputs (default 1024, at most 4096: the output is heads x N^2 per variant)");
+      sub.add_option(
+          "--max-seq", o->max_seq,
+          "refuse longer inputs (default 1024, at most 4096: the output is heads x N^2 per variant)");
       sub.add_option("--out", o->out,
                      "output folder: <variant>.npy, q.npy, k.npy, patterns.json (+ tokens.json with --text)")
           ->required();

@@ -25,15 +25,15 @@ int run_config(RunOptions& o) {
 }  // namespace
 }  // namespace attn::cli
 
-ATTN_REGISTER_COMMAND("run", "run a sweep from a JSON config; writes results.jsonl, results.csv, meta.json",
-                      [](CLI::App& sub) {
-                        auto o = std::make_shared<attn::cli::RunOptions>();
-                        sub.add_option("config", o->config, "sweep config (JSON), see configs/README.md")->required();
-                        sub.add_option("--out", o->sweep.out_dir, "output folder (default results/<config name>)");
-                        sub.add_flag("--resume", o->sweep.resume, "finish an interrupted sweep: measure only missing points");
-                        sub.add_flag("--force", o->sweep.force, "replace results already in the output folder");
-                        sub.add_option("--filter", o->sweep.filter, "only points whose id contains this text");
-                        sub.add_flag("--dry-run", o->sweep.dry_run, "print the plan with skip reasons; write nothing");
-                        sub.add_flag("--plain", o->plain, "one plain line per point even on a terminal");
-                        return std::function<int()>([o] { return attn::cli::run_config(*o); });
-                      })
+ATTN_REGISTER_COMMAND(
+    "run", "run a sweep from a JSON config; writes results.jsonl, results.csv, meta.json", [](CLI::App& sub) {
+      auto o = std::make_shared<attn::cli::RunOptions>();
+      sub.add_option("config", o->config, "sweep config (JSON), see configs/README.md")->required();
+      sub.add_option("--out", o->sweep.out_dir, "output folder (default results/<config name>)");
+      sub.add_flag("--resume", o->sweep.resume, "finish an interrupted sweep: measure only missing points");
+      sub.add_flag("--force", o->sweep.force, "replace results already in the output folder");
+      sub.add_option("--filter", o->sweep.filter, "only points whose id contains this text");
+      sub.add_flag("--dry-run", o->sweep.dry_run, "print the plan with skip reasons; write nothing");
+      sub.add_flag("--plain", o->plain, "one plain line per point even on a terminal");
+      return std::function<int()>([o] { return attn::cli::run_config(*o); });
+    })

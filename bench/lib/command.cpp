@@ -40,8 +40,7 @@ int run_cli(int argc, const char* const* argv) {
   CLI::App app{"attnbench: benchmark and research harness for attention variants"};
   app.require_subcommand(1);
   int threads = 0;
-  app.add_option("--threads", threads, "worker threads (default: all available)")
-      ->check(CLI::Range(0, 4096));
+  app.add_option("--threads", threads, "worker threads (default: all available)")->check(CLI::Range(0, 4096));
   std::map<CLI::App*, std::function<int()>> actions;
   auto& list = commands();
   std::sort(list.begin(), list.end(), [](const Command& a, const Command& b) { return a.name < b.name; });

@@ -1,11 +1,10 @@
 // Subcommands of the `attnbench` CLI register themselves here (one file per subcommand, like variants).
 #pragma once
+#include <CLI/CLI.hpp>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "common/attention.hpp"
 
@@ -31,8 +30,8 @@ Json parse_cli_params(const Attention& variant, const std::vector<std::string>& 
 
 }  // namespace attn::cli
 
-#define ATTN_REGISTER_COMMAND(name, help, setup)                                           \
-  namespace {                                                                             \
-  [[maybe_unused]] const bool ATTN_CONCAT(attn_command_, __LINE__) =                      \
-      ::attn::cli::register_command(name, help, setup);                                   \
+#define ATTN_REGISTER_COMMAND(name, help, setup)                                                        \
+  namespace {                                                                                           \
+  [[maybe_unused]] const bool ATTN_CONCAT(attn_command_,                                                \
+                                          __LINE__) = ::attn::cli::register_command(name, help, setup); \
   }

@@ -25,9 +25,11 @@ FloatArray embed_batch(const TokenEmbedding& table, const std::vector<std::strin
   for (int64_t b = 0; b < batch; ++b) {
     std::vector<std::string> window;
     for (int64_t t = 0; t < length; ++t)
-      window.push_back(tokens[static_cast<std::size_t>((first + b * stride + t) % static_cast<int64_t>(tokens.size()))]);
+      window.push_back(
+          tokens[static_cast<std::size_t>((first + b * stride + t) % static_cast<int64_t>(tokens.size()))]);
     const FloatArray rows = table.lookup(table.tokenize(window).ids);
-    const FloatArray with_pos = combine_positional(rows, positions, PositionalCombine::add, "sinusoidal encoding");
+    const FloatArray with_pos =
+        combine_positional(rows, positions, PositionalCombine::add, "sinusoidal encoding");
     std::copy(with_pos.data.begin(), with_pos.data.end(), out.data.begin() + b * length * E);
   }
   return out;
@@ -40,7 +42,8 @@ PointInputs make_token_inputs(const SweepPoint& pt) {
   const std::vector<std::string> tokens = read_tokens(pt.regime.text);
   const int64_t E = p.heads * p.head_dim;
   const std::unordered_set<std::string> distinct(tokens.begin(), tokens.end());
-  TokenEmbedding table = TokenEmbedding::seeded(static_cast<int64_t>(distinct.size()), E, pt.input_seed * 5 + 1);
+  TokenEmbedding table =
+      TokenEmbedding::seeded(static_cast<int64_t>(distinct.size()), E, pt.input_seed * 5 + 1);
   table.assign_words(tokens);
   const MultiHeadLayer layer(random_multihead_weights(E, pt.input_seed * 5 + 2, false), p.heads);
   const FloatArray x = embed_batch(table, tokens, p.batch, p.seq_q, 0, p.seq_q);

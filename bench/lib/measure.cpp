@@ -25,7 +25,8 @@ TimingStats summarize(std::vector<double> samples) {
   // Linear interpolation between closest ranks (numpy's default percentile).
   auto pct = [&](double q) {
     const double pos = q * static_cast<double>(samples.size() - 1);
-    const std::size_t lo = static_cast<std::size_t>(std::floor(pos)), hi = std::min(lo + 1, samples.size() - 1);
+    const std::size_t lo = static_cast<std::size_t>(std::floor(pos)),
+                      hi = std::min(lo + 1, samples.size() - 1);
     return samples[lo] + (samples[hi] - samples[lo]) * (pos - static_cast<double>(lo));
   };
   t.median_ms = pct(0.5);
@@ -34,7 +35,9 @@ TimingStats summarize(std::vector<double> samples) {
   t.mean_ms = std::accumulate(samples.begin(), samples.end(), 0.0) / static_cast<double>(samples.size());
   double var = 0;
   for (double s : samples) var += (s - t.mean_ms) * (s - t.mean_ms);
-  t.cv = samples.size() > 1 && t.mean_ms > 0 ? std::sqrt(var / static_cast<double>(samples.size() - 1)) / t.mean_ms : 0;
+  t.cv = samples.size() > 1 && t.mean_ms > 0
+             ? std::sqrt(var / static_cast<double>(samples.size() - 1)) / t.mean_ms
+             : 0;
   return t;
 }
 
@@ -71,7 +74,11 @@ SgemmCalibration calibrate_sgemm(int threads, int64_t size, int reps) {
   ms.max_reps = reps;
   ms.min_time_s = 0;
   ms.max_time_s = 60;
-  c.timing = time_repeated([&] { sgemm(false, false, size, size, size, 1.0f, a.data(), size, b.data(), size, 0.0f, out.data(), size); }, ms);
+  c.timing = time_repeated(
+      [&] {
+        sgemm(false, false, size, size, size, 1.0f, a.data(), size, b.data(), size, 0.0f, out.data(), size);
+      },
+      ms);
   set_blas_threads(1);
   c.gflops = 2.0 * static_cast<double>(size) * size * size / (c.timing.median_ms * 1e6);
   return c;

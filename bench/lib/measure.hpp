@@ -17,8 +17,8 @@ struct TimingStats {
 
 TimingStats summarize(std::vector<double> samples_ms);
 
-// Runs `fn` settings.warmup times, then repeats until min_reps and min_time_s are both reached, or max_reps or
-// max_time_s is (at least one measured repetition always).
+// Runs `fn` settings.warmup times, then repeats until min_reps and min_time_s are both reached, or max_reps
+// or max_time_s is (at least one measured repetition always).
 TimingStats time_repeated(const std::function<void()>& fn, const MeasureSettings& settings);
 
 struct SgemmCalibration {
@@ -32,14 +32,14 @@ struct SgemmCalibration {
 SgemmCalibration calibrate_sgemm(int threads, int64_t size = 2048, int reps = 5);
 
 // Resident memory: the process high-water mark is reset (Linux /proc/self/clear_refs "5") before a point,
-// so the peak read after it belongs to that point alone. malloc_trim(0) first returns the free memory of every
-// malloc arena to the system, so an earlier point's freed memory is not silently reused (it would not show in
-// the high-water mark). glibc's allocation policy is left alone: a variant that reuses its workspace across
-// calls is timed as it would run in an application.
+// so the peak read after it belongs to that point alone. malloc_trim(0) first returns the free memory of
+// every malloc arena to the system, so an earlier point's freed memory is not silently reused (it would not
+// show in the high-water mark). glibc's allocation policy is left alone: a variant that reuses its workspace
+// across calls is timed as it would run in an application.
 class MemoryProbe {
  public:
-  MemoryProbe();               // checks that the high-water mark can be reset
-  void reset();                // trims the heap, resets the high-water mark, records the current RSS
+  MemoryProbe();                  // checks that the high-water mark can be reset
+  void reset();                   // trims the heap, resets the high-water mark, records the current RSS
   int64_t peak_increase() const;  // high-water mark now minus the RSS at reset(); -1 if unsupported
   bool supported() const { return supported_; }
 

@@ -31,7 +31,9 @@ namespace attn {
 namespace {
 
 std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+extern "C" void on_stop_signal(int sig) {
+  g_stop_signal.store(sig);
+}
 
 // JSON has no NaN/Inf: non-finite metrics are written as strings ("inf", "nan") so they are never mistaken
 // for a small error (nlohmann would write null).
@@ -56,9 +58,14 @@ int64_t count_nonfinite(const float* x, std::size_t n) {
 
 std::string format_duration(double s) {
   std::ostringstream o;
-  if (s >= 3600) o << static_cast<int>(s / 3600) << "h" << std::setw(2) << std::setfill('0') << static_cast<int>(s / 60) % 60 << "m";
-  else if (s >= 60) o << static_cast<int>(s / 60) << "m" << std::setw(2) << std::setfill('0') << static_cast<int>(s) % 60 << "s";
-  else o << std::fixed << std::setprecision(1) << s << "s";
+  if (s >= 3600)
+    o << static_cast<int>(s / 3600) << "h" << std::setw(2) << std::setfill('0')
+      << static_cast<int>(s / 60) % 60 << "m";
+  else if (s >= 60)
+    o << static_cast<int>(s / 60) << "m" << std::setw(2) << std::setfill('0') << static_cast<int>(s) % 60
+      << "s";
+  else
+    o << std::fixed << std::setprecision(1) << s << "s";
   return o.str();
 }
 
@@ -72,7 +79,8 @@ class Runner {
     if (!opt_.filter.empty()) {
       std::erase_if(plan, [&](const SweepPoint& p) { return p.id.find(opt_.filter) == std::string::npos; });
       if (plan.empty())
-        throw UsageError("--filter '" + opt_.filter + "' matches none of the " + std::to_string(planned) + " points");
+        throw UsageError("--filter '" + opt_.filter + "' matches none of the " + std::to_string(planned) +
+                         " points");
     }
     if (opt_.dry_run) return print_plan(plan);
     // Handlers first: a Ctrl-C during set-up or calibration also ends in a resumable folder.
@@ -85,7 +93,8 @@ class Runner {
     for (const auto& pt : plan) todo += !done.count(pt.id);
     std::cout << "attnbench: sweep '" << config_.name << "': " << plan.size() << " points"
               << (done.empty() ? "" : ", " + std::to_string(plan.size() - todo) + " already done") << " -> "
-              << opt_.out_dir << "\n" << std::flush;
+              << opt_.out_dir << "\n"
+              << std::flush;
     calibrate();
 
     const auto t_start = std::chrono::steady_clock::now();
@@ -107,8 +116,10 @@ class Runner {
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (!tty_) {
         std::cout << "[" << measured << "/" << todo << "] " << status << " " << pt.id;
-        if (status == "ok") std::cout << "  " << std::setprecision(4) << row["time_ms"]["median"].get<double>() << " ms";
-        else std::cout << "  (" << row["reason"].get<std::string>() << ")";
+        if (status == "ok")
+          std::cout << "  " << std::setprecision(4) << row["time_ms"]["median"].get<double>() << " ms";
+        else
+          std::cout << "  (" << row["reason"].get<std::string>() << ")";
         std::cout << "  [" << format_duration(secs) << "]\n" << std::flush;
       }
     }
@@ -118,7 +129,8 @@ class Runner {
     const int sig = g_stop_signal.exchange(0);
     finish(sig != 0);
     std::cout << "attnbench: " << ok << " ok, " << skipped << " skipped, " << failed << " failed in "
-              << format_duration(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count())
+              << format_duration(
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count())
               << "; results in " << opt_.out_dir << "\n";
     if (sig) {
       std::cout << "attnbench: interrupted (signal " << sig << ") after " << measured << " of " << todo
@@ -148,8 +160,10 @@ class Runner {
       const Attention& v = Registry::instance().get(pt.problem.variant);
       std::cout << pt.id;
       auto reasons = v.not_supported_reasons(pt.problem);
-      if (!reasons.empty()) std::cout << "  SKIP: " << reasons.front();
-      else std::cout << "  est. " << format_bytes(static_cast<double>(estimate_bytes(pt)));
+      if (!reasons.empty())
+        std::cout << "  SKIP: " << reasons.front();
+      else
+        std::cout << "  est. " << format_bytes(static_cast<double>(estimate_bytes(pt)));
       std::cout << "\n";
     }
     std::cout << plan.size() << " points\n";
@@ -160,7 +174,9 @@ class Runner {
     return static_cast<std::size_t>(p.q_elements() + 2 * p.kv_elements()) * sizeof(float) +
            (p.mask.key_padding ? static_cast<std::size_t>(p.batch * p.seq_kv) : 0);
   }
-  static std::size_t output_bytes(const Problem& p) { return static_cast<std::size_t>(p.q_elements()) * sizeof(float); }
+  static std::size_t output_bytes(const Problem& p) {
+    return static_cast<std::size_t>(p.q_elements()) * sizeof(float);
+  }
   static std::size_t estimate_bytes(const SweepPoint& pt) {
     const Attention& v = Registry::instance().get(pt.problem.variant);
     return inputs_bytes(pt.problem) + output_bytes(pt.problem) + v.workspace_bytes(pt.problem, pt.threads);
@@ -172,37 +188,46 @@ class Runner {
     const bool has_results = fs::exists(dir / "results.jsonl") || fs::exists(dir / "meta.json");
     if (opt_.resume) {
       if (!fs::exists(dir / "meta.json"))
-        throw UsageError("--resume: '" + dir.string() + "' holds no interrupted sweep (no meta.json); run without --resume");
+        throw UsageError("--resume: '" + dir.string() +
+                         "' holds no interrupted sweep (no meta.json); run without --resume");
       Json old;
       try {
         old = Json::parse(read_file_bytes((dir / "meta.json").string()));
       } catch (const Json::exception& e) {
-        throw UsageError("--resume: '" + (dir / "meta.json").string() + "' is not valid JSON (" + e.what() + ")");
+        throw UsageError("--resume: '" + (dir / "meta.json").string() + "' is not valid JSON (" + e.what() +
+                         ")");
       }
       if (old.value("config_hash", "") != config_.hash())
-        throw UsageError("--resume: the config changed since the interrupted run in '" + dir.string() + "' (hash " +
-                         old.value("config_hash", "?") + " then, " + config_.hash() +
+        throw UsageError("--resume: the config changed since the interrupted run in '" + dir.string() +
+                         "' (hash " + old.value("config_hash", "?") + " then, " + config_.hash() +
                          " now); rerun without --resume (and --force) or use another --out");
       meta_ = old;
       if (fs::exists(dir / "results.jsonl")) existing_rows_ = read_results_jsonl(jsonl_path(), true);
     } else if (has_results && !opt_.force) {
-      throw UsageError("output folder '" + dir.string() +
-                       "' already holds results; use --resume to finish them, --force to replace them, or --out");
+      throw UsageError(
+          "output folder '" + dir.string() +
+          "' already holds results; use --resume to finish them, --force to replace them, or --out");
     } else {
       fs::create_directories(dir);
       // meta.json (with the config hash) exists before results.jsonl, so a kill at any later moment leaves a
       // folder that --resume accepts.
-      // Everything an earlier run (or its plots and peer rows) left here belongs to the results being replaced.
-      for (const char* f : {"results.jsonl", "results.csv", "meta.json", "results.peers.jsonl", "REPORT.md",
-                            "summary.json"})
+      // Everything an earlier run (or its plots and peer rows) left here belongs to the results being
+      // replaced.
+      for (const char* f :
+           {"results.jsonl", "results.csv", "meta.json", "results.peers.jsonl", "REPORT.md", "summary.json"})
         fs::remove(dir / f);
       fs::remove_all(dir / "plots");
       fs::remove_all(dir / "patterns");
     }
     if (!opt_.resume) {
-      meta_ = {{"config_name", config_.name}, {"config_path", config_.source_path}, {"config_hash", config_.hash()},
-               {"config", config_.raw}, {"system", system_info()}, {"start_time", now_iso8601()},
-               {"end_time", nullptr}, {"memory_probe", probe_.supported() ? "VmHWM reset per point" : "unsupported"}};
+      meta_ = {{"config_name", config_.name},
+               {"config_path", config_.source_path},
+               {"config_hash", config_.hash()},
+               {"config", config_.raw},
+               {"system", system_info()},
+               {"start_time", now_iso8601()},
+               {"end_time", nullptr},
+               {"memory_probe", probe_.supported() ? "VmHWM reset per point" : "unsupported"}};
       write_file_atomic(meta_path(), meta_.dump(2) + "\n");
     }
     jsonl_.open(jsonl_path(), std::ios::app);
@@ -213,17 +238,22 @@ class Runner {
 
   void calibrate() {
     if (meta_.contains("sgemm_calibration")) {  // resumed: keep the denominators of the rows already written
-      for (const auto& c : meta_["sgemm_calibration"]) sgemm_gflops_[c["threads"].get<int>()] = c["gflops"].get<double>();
+      for (const auto& c : meta_["sgemm_calibration"])
+        sgemm_gflops_[c["threads"].get<int>()] = c["gflops"].get<double>();
     }
     Json cal = meta_.value("sgemm_calibration", Json::array());
     for (int t : config_.threads) {
       if (sgemm_gflops_.count(t) || g_stop_signal.load()) continue;
       const SgemmCalibration c = calibrate_sgemm(t);
       sgemm_gflops_[t] = c.gflops;
-      cal.push_back({{"threads", t}, {"size", c.size}, {"gflops", c.gflops}, {"median_ms", c.timing.median_ms},
+      cal.push_back({{"threads", t},
+                     {"size", c.size},
+                     {"gflops", c.gflops},
+                     {"median_ms", c.timing.median_ms},
                      {"cv", c.timing.cv}});
       std::cout << "attnbench: sgemm calibration, " << t << " thread(s), " << c.size << "^3: " << std::fixed
-                << std::setprecision(1) << c.gflops << " GFLOP/s\n" << std::defaultfloat;
+                << std::setprecision(1) << c.gflops << " GFLOP/s\n"
+                << std::defaultfloat;
     }
     if (opt_.resume) meta_["resumed_at"].push_back(now_iso8601());
     meta_["sgemm_calibration"] = cal;
@@ -234,24 +264,48 @@ class Runner {
                 std::chrono::steady_clock::time_point start) {
     if (!tty_) return;
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::string eta = done ? format_duration(el / static_cast<double>(done) * static_cast<double>(total - done)) : "?";
-    std::cerr << "\r\033[K[" << done << "/" << total << "] ETA " << eta << "  " << id.substr(0, 100) << std::flush;
+    std::string eta =
+        done ? format_duration(el / static_cast<double>(done) * static_cast<double>(total - done)) : "?";
+    std::cerr << "\r\033[K[" << done << "/" << total << "] ETA " << eta << "  " << id.substr(0, 100)
+              << std::flush;
   }
 
   Json base_row(const SweepPoint& pt) const {
     const Problem& p = pt.problem;
-    return {{"id", pt.id},        {"variant", p.variant},   {"params", p.params},     {"batch", p.batch},
-            {"heads", p.heads},   {"seq_q", p.seq_q},       {"seq_kv", p.seq_kv},     {"head_dim", p.head_dim},
-            {"mask", pt.mask.label()}, {"regime", pt.regime.label()}, {"threads", pt.threads},
-            {"dropout", p.dropout}, {"exact", Registry::instance().get(p.variant).capabilities().exact},
-            {"status", "ok"},     {"reason", ""},
+    return {{"id", pt.id},
+            {"variant", p.variant},
+            {"params", p.params},
+            {"batch", p.batch},
+            {"heads", p.heads},
+            {"seq_q", p.seq_q},
+            {"seq_kv", p.seq_kv},
+            {"head_dim", p.head_dim},
+            {"mask", pt.mask.label()},
+            {"regime", pt.regime.label()},
+            {"threads", pt.threads},
+            {"dropout", p.dropout},
+            {"exact", Registry::instance().get(p.variant).capabilities().exact},
+            {"status", "ok"},
+            {"reason", ""},
             // Present in every row (null until measured) so readers never need to test for them.
-            {"time_ms", {{"median", nullptr}, {"p10", nullptr}, {"p90", nullptr}, {"mean", nullptr}, {"cv", nullptr},
-                         {"reps", 0}}},
-            {"flops", nullptr},   {"gflops", nullptr},     {"frac_sgemm", nullptr},
-            {"accuracy", {{"reference", accuracy_mode(p)}, {"rows", 0}, {"max_abs_err", nullptr},
-                          {"rel_l2_err", nullptr}, {"mean_cosine", nullptr}, {"nan_count", nullptr},
-                          {"inf_count", nullptr}}}};
+            {"time_ms",
+             {{"median", nullptr},
+              {"p10", nullptr},
+              {"p90", nullptr},
+              {"mean", nullptr},
+              {"cv", nullptr},
+              {"reps", 0}}},
+            {"flops", nullptr},
+            {"gflops", nullptr},
+            {"frac_sgemm", nullptr},
+            {"accuracy",
+             {{"reference", accuracy_mode(p)},
+              {"rows", 0},
+              {"max_abs_err", nullptr},
+              {"rel_l2_err", nullptr},
+              {"mean_cosine", nullptr},
+              {"nan_count", nullptr},
+              {"inf_count", nullptr}}}};
   }
 
   std::string accuracy_mode(const Problem& p) const {
@@ -268,14 +322,18 @@ class Runner {
     return static_cast<std::size_t>(p.batch * p.heads * rows * p.head_dim) * (sizeof(double) + sizeof(float));
   }
 
-  Json measure_point(const SweepPoint& pt, PointInputs& inputs, std::string& inputs_key, ReferenceCache& ref) {
+  Json measure_point(const SweepPoint& pt, PointInputs& inputs, std::string& inputs_key,
+                     ReferenceCache& ref) {
     const Problem& p = pt.problem;
     const Attention& variant = Registry::instance().get(p.variant);
     Json row = base_row(pt);
     const std::size_t workspace = variant.workspace_bytes(p, pt.threads);
     const std::size_t estimated = output_bytes(p) + workspace;
-    row["memory"] = {{"estimated_bytes", estimated}, {"inputs_bytes", inputs_bytes(p)}, {"workspace_bytes", workspace},
-                     {"reference_bytes", reference_bytes(p)}, {"peak_bytes", nullptr}};
+    row["memory"] = {{"estimated_bytes", estimated},
+                     {"inputs_bytes", inputs_bytes(p)},
+                     {"workspace_bytes", workspace},
+                     {"reference_bytes", reference_bytes(p)},
+                     {"peak_bytes", nullptr}};
     if (auto reasons = variant.not_supported_reasons(p); !reasons.empty()) {
       std::string why;
       for (const auto& r : reasons) why += (why.empty() ? "" : "; ") + r;
@@ -287,10 +345,10 @@ class Runner {
     if (need > config_.memory_budget_bytes) {
       row["status"] = "skipped";
       row["reason"] = "needs " + std::to_string(need) + " bytes (" + format_bytes(static_cast<double>(need)) +
-                      ": inputs " + format_bytes(static_cast<double>(inputs_bytes(p))) + ", output and workspace " +
-                      format_bytes(static_cast<double>(estimated)) + ", accuracy reference " +
-                      format_bytes(static_cast<double>(reference_bytes(p))) + ") > memory_budget " +
-                      format_bytes(static_cast<double>(config_.memory_budget_bytes));
+                      ": inputs " + format_bytes(static_cast<double>(inputs_bytes(p))) +
+                      ", output and workspace " + format_bytes(static_cast<double>(estimated)) +
+                      ", accuracy reference " + format_bytes(static_cast<double>(reference_bytes(p))) +
+                      ") > memory_budget " + format_bytes(static_cast<double>(config_.memory_budget_bytes));
       return row;
     }
     try {
@@ -325,8 +383,8 @@ class Runner {
       peak = probe_.peak_increase();
     }
     const double gflops = variant.flops(p) / (t.median_ms * 1e6);
-    row["time_ms"] = {{"median", t.median_ms}, {"p10", t.p10_ms}, {"p90", t.p90_ms}, {"mean", t.mean_ms},
-                      {"cv", t.cv}, {"reps", t.reps}};
+    row["time_ms"] = {{"median", t.median_ms}, {"p10", t.p10_ms}, {"p90", t.p90_ms},
+                      {"mean", t.mean_ms},     {"cv", t.cv},      {"reps", t.reps}};
     row["flops"] = variant.flops(p);
     row["gflops"] = gflops;
     row["frac_sgemm"] = gflops / sgemm_gflops_.at(pt.threads);
@@ -345,7 +403,8 @@ class Runner {
 
     // Accuracy against exact softmax attention in fp64 (same masks and dropout), on all or sampled rows.
     const std::string mode = accuracy_mode(p);
-    const std::string key = pt.input_key + "|" + mode + "|" + std::to_string(p.dropout) + "|" + std::to_string(p.seed);
+    const std::string key =
+        pt.input_key + "|" + mode + "|" + std::to_string(p.dropout) + "|" + std::to_string(p.seed);
     if (mode != "none" && ref.key != key) {
       ref = ReferenceCache();
       ref.key = key;
@@ -356,8 +415,9 @@ class Runner {
     }
     Json acc = {{"reference", mode}};
     if (mode != "none") {
-      const auto got = mode == "full" ? std::vector<float>(out.data.begin(), out.data.end())
-                                      : gather_rows(out.ptr(), p.batch * p.heads, p.seq_q, p.head_dim, ref.rows);
+      const auto got = mode == "full"
+                           ? std::vector<float>(out.data.begin(), out.data.end())
+                           : gather_rows(out.ptr(), p.batch * p.heads, p.seq_q, p.head_dim, ref.rows);
       const int64_t nrows = p.batch * p.heads * static_cast<int64_t>(ref.rows.size());
       const ErrorMetrics m = compare_outputs(got.data(), ref.out.ptr(), nrows, p.head_dim);
       acc["rows"] = static_cast<int64_t>(ref.rows.size());
@@ -393,8 +453,10 @@ class Runner {
 void flatten(const Json& j, const std::string& prefix, std::vector<std::pair<std::string, Json>>& out) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string k = prefix.empty() ? it.key() : prefix + "." + it.key();
-    if (it.value().is_object() && it.key() != "params") flatten(it.value(), k, out);
-    else out.emplace_back(k, it.value());
+    if (it.value().is_object() && it.key() != "params")
+      flatten(it.value(), k, out);
+    else
+      out.emplace_back(k, it.value());
   }
 }
 
@@ -429,7 +491,8 @@ std::vector<Json> read_results_jsonl(const std::string& path, bool repair) {
     }
     if (!ok) {
       const bool is_tail = last || text.find_first_not_of(" \n", nl + 1) == std::string::npos;
-      if (!is_tail) throw UsageError("file '" + path + "': line " + std::to_string(line_no) + " is not a result row");
+      if (!is_tail)
+        throw UsageError("file '" + path + "': line " + std::to_string(line_no) + " is not a result row");
       break;  // torn tail: dropped (and cut below), that point is measured again
     }
     rows.push_back(std::move(row));

@@ -1,6 +1,6 @@
 // The sweep runner: measures every point of a plan (speed, memory, accuracy against the fp64 exact reference)
-// and writes results that survive a crash: results.jsonl (one flushed, fsynced line per point), meta.json, and
-// results.csv (written atomically at the end). --resume measures only what is missing.
+// and writes results that survive a crash: results.jsonl (one flushed, fsynced line per point), meta.json,
+// and results.csv (written atomically at the end). --resume measures only what is missing.
 #pragma once
 #include <string>
 #include <vector>

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <map>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 
@@ -19,7 +19,9 @@
 namespace attn {
 namespace {
 
-[[noreturn]] void fail(const std::string& path, const std::string& msg) { throw UsageError(path + ": " + msg); }
+[[noreturn]] void fail(const std::string& path, const std::string& msg) {
+  throw UsageError(path + ": " + msg);
+}
 
 std::string join(const std::vector<std::string>& v) {
   std::string s;
@@ -38,8 +40,12 @@ void check_keys(const Json& obj, const std::string& path, const std::vector<std:
   }
 }
 
-std::string sub(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
-std::string idx(const std::string& path, std::size_t i) { return path + "[" + std::to_string(i) + "]"; }
+std::string sub(const std::string& path, const std::string& key) {
+  return path.empty() ? key : path + "." + key;
+}
+std::string idx(const std::string& path, std::size_t i) {
+  return path + "[" + std::to_string(i) + "]";
+}
 
 int64_t get_int(const Json& v, const std::string& path, int64_t lo, int64_t hi, const char* what) {
   bool ok = v.is_number_integer() || (v.is_number_float() && std::isfinite(v.get<double>()) &&
@@ -79,7 +85,8 @@ std::vector<int64_t> size_axis(const Json& v, const std::string& path) {
 }
 
 MaskAxis parse_mask_axis(const Json& v, const std::string& path) {
-  if (!v.is_string()) fail(path, "must be a mask string (none, causal, pad, pad=F, causal+pad=F), got " + v.dump());
+  if (!v.is_string())
+    fail(path, "must be a mask string (none, causal, pad, pad=F, causal+pad=F), got " + v.dump());
   const std::string text = v.get<std::string>();
   MaskAxis m;
   std::stringstream ss(text);
@@ -147,11 +154,14 @@ void parse_regimes(const Json& v, const std::string& path, const std::string& co
 // lists as its axis (a plain list of integers for such a parameter is one value).
 std::vector<Json> expand_params(const Attention& variant, const Json& given, const std::string& path) {
   const auto specs = variant.param_specs();
-  if (!given.is_object()) fail(path, "must be an object of parameter: value or [values], got " + given.dump());
+  if (!given.is_object())
+    fail(path, "must be an object of parameter: value or [values], got " + given.dump());
   std::vector<Json> combos{Json::object()};
   for (auto it = given.begin(); it != given.end(); ++it) {
-    const auto spec = std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.name == it.key(); });
-    if (spec == specs.end()) resolve_params(specs, Json{{it.key(), it.value()}}, path);  // throws did-you-mean
+    const auto spec =
+        std::find_if(specs.begin(), specs.end(), [&](const ParamSpec& s) { return s.name == it.key(); });
+    if (spec == specs.end())
+      resolve_params(specs, Json{{it.key(), it.value()}}, path);  // throws did-you-mean
     // A list is an axis, except for an int_list parameter given a plain list of integers (one value).
     const Json& v = it.value();
     const bool one_list_value =
@@ -165,7 +175,8 @@ std::vector<Json> expand_params(const Attention& variant, const Json& given, con
     }
     std::vector<Json> next;
     for (std::size_t i = 0; i < values.size(); ++i) {
-      const std::string vp = v.is_array() && !one_list_value ? idx(sub(path, it.key()), i) : sub(path, it.key());
+      const std::string vp =
+          v.is_array() && !one_list_value ? idx(sub(path, it.key()), i) : sub(path, it.key());
       resolve_params(specs, Json{{it.key(), values[i]}}, vp);  // validates this value alone
       for (const auto& c : combos) {
         Json n = c;
@@ -182,7 +193,8 @@ std::vector<Json> expand_params(const Attention& variant, const Json& given, con
 
 uint64_t default_memory_budget() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2 : (8ull << 30);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2
+                               : (8ull << 30);
 }
 
 }  // namespace
@@ -243,15 +255,19 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
   SweepConfig c;
   c.raw = j;
   c.source_path = source_path;
-  check_keys(j, "", {"name", "description", "variants", "sweep", "inputs", "measure", "accuracy",
-                     "memory_budget", "seed"});
+  check_keys(
+      j, "",
+      {"name", "description", "variants", "sweep", "inputs", "measure", "accuracy", "memory_budget", "seed"});
   if (!j.contains("name")) fail("name", "missing (a name for the results folder, e.g. \"default\")");
-  if (!j["name"].is_string() || !std::regex_match(j["name"].get<std::string>(), std::regex("[A-Za-z0-9_.-]{1,64}")) ||
+  if (!j["name"].is_string() ||
+      !std::regex_match(j["name"].get<std::string>(), std::regex("[A-Za-z0-9_.-]{1,64}")) ||
       j["name"].get<std::string>().front() == '.')
-    fail("name", "must be 1-64 characters of A-Z a-z 0-9 _ . - not starting with '.', got " + j["name"].dump());
+    fail("name",
+         "must be 1-64 characters of A-Z a-z 0-9 _ . - not starting with '.', got " + j["name"].dump());
   c.name = j["name"].get<std::string>();
   if (j.contains("description")) {
-    if (!j["description"].is_string()) fail("description", "must be a string, got " + j["description"].dump());
+    if (!j["description"].is_string())
+      fail("description", "must be a string, got " + j["description"].dump());
     c.description = j["description"].get<std::string>();
   }
 
@@ -281,18 +297,21 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
       c.variants.push_back({v->name(), expand_params(*v, params, sub(p, "params"))});
     }
   } else {
-    fail("variants", "must be \"all\" or a non-empty list of variant names or objects, got " + variants.dump());
+    fail("variants",
+         "must be \"all\" or a non-empty list of variant names or objects, got " + variants.dump());
   }
 
   const Json sweep = j.value("sweep", Json::object());
-  check_keys(sweep, "sweep", {"batch", "heads", "head_dim", "seq_len", "seq_q", "seq_kv", "mask", "threads",
-                              "dropout"});
+  check_keys(sweep, "sweep",
+             {"batch", "heads", "head_dim", "seq_len", "seq_q", "seq_kv", "mask", "threads", "dropout"});
   if (sweep.contains("batch")) c.batch = size_axis(sweep["batch"], "sweep.batch");
   if (sweep.contains("heads")) c.heads = size_axis(sweep["heads"], "sweep.heads");
   if (sweep.contains("head_dim")) c.head_dim = size_axis(sweep["head_dim"], "sweep.head_dim");
-  const bool has_len = sweep.contains("seq_len"), has_q = sweep.contains("seq_q"), has_kv = sweep.contains("seq_kv");
+  const bool has_len = sweep.contains("seq_len"), has_q = sweep.contains("seq_q"),
+             has_kv = sweep.contains("seq_kv");
   if (has_len && (has_q || has_kv))
-    fail("sweep.seq_len", "give either seq_len (self-attention) or seq_q and seq_kv (cross-attention), not both");
+    fail("sweep.seq_len",
+         "give either seq_len (self-attention) or seq_q and seq_kv (cross-attention), not both");
   if (has_q != has_kv) fail(has_q ? "sweep.seq_kv" : "sweep.seq_q", "missing: seq_q and seq_kv go together");
   if (has_len) {
     c.seq_q = c.seq_kv = size_axis(sweep["seq_len"], "sweep.seq_len");
@@ -309,27 +328,40 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
   if (sweep.contains("threads")) {
     for_axis(sweep["threads"], "sweep.threads", [&](const Json& t, const std::string& p) {
       c.threads.push_back(static_cast<int>(
-          get_int(t, p, 1, avail, ("an integer in [1, " + std::to_string(avail) + "] (the cores available)").c_str())));
+          get_int(t, p, 1, avail,
+                  ("an integer in [1, " + std::to_string(avail) + "] (the cores available)").c_str())));
     });
   } else {
     c.threads = {avail};
   }
-  if (sweep.contains("dropout")) c.dropout = get_number(sweep["dropout"], "sweep.dropout", 0, 0.999999, "a probability in [0, 1)");
+  if (sweep.contains("dropout"))
+    c.dropout = get_number(sweep["dropout"], "sweep.dropout", 0, 0.999999, "a probability in [0, 1)");
 
   const std::string dir = std::filesystem::path(source_path).parent_path().string();
-  parse_regimes(j.value("inputs", Json{{"regime", "gaussian"}, {"std", 1.0}}), "inputs", dir.empty() ? "." : dir,
-                c.regimes);
+  parse_regimes(j.value("inputs", Json{{"regime", "gaussian"}, {"std", 1.0}}), "inputs",
+                dir.empty() ? "." : dir, c.regimes);
 
   if (j.contains("measure")) {
     const Json& m = j["measure"];
     check_keys(m, "measure", {"warmup", "min_reps", "max_reps", "min_time_s", "max_time_s"});
-    if (m.contains("warmup")) c.measure.warmup = static_cast<int>(get_int(m["warmup"], "measure.warmup", 0, 1000, "an integer in [0, 1000]"));
-    if (m.contains("min_reps")) c.measure.min_reps = static_cast<int>(get_int(m["min_reps"], "measure.min_reps", 1, 100000, "an integer in [1, 100000]"));
-    if (m.contains("max_reps")) c.measure.max_reps = static_cast<int>(get_int(m["max_reps"], "measure.max_reps", 1, 100000, "an integer in [1, 100000]"));
-    if (m.contains("min_time_s")) c.measure.min_time_s = get_number(m["min_time_s"], "measure.min_time_s", 0, 3600, "seconds in [0, 3600]");
-    if (m.contains("max_time_s")) c.measure.max_time_s = get_number(m["max_time_s"], "measure.max_time_s", 0.001, 86400, "seconds in [0.001, 86400]");
+    if (m.contains("warmup"))
+      c.measure.warmup =
+          static_cast<int>(get_int(m["warmup"], "measure.warmup", 0, 1000, "an integer in [0, 1000]"));
+    if (m.contains("min_reps"))
+      c.measure.min_reps = static_cast<int>(
+          get_int(m["min_reps"], "measure.min_reps", 1, 100000, "an integer in [1, 100000]"));
+    if (m.contains("max_reps"))
+      c.measure.max_reps = static_cast<int>(
+          get_int(m["max_reps"], "measure.max_reps", 1, 100000, "an integer in [1, 100000]"));
+    if (m.contains("min_time_s"))
+      c.measure.min_time_s =
+          get_number(m["min_time_s"], "measure.min_time_s", 0, 3600, "seconds in [0, 3600]");
+    if (m.contains("max_time_s"))
+      c.measure.max_time_s =
+          get_number(m["max_time_s"], "measure.max_time_s", 0.001, 86400, "seconds in [0.001, 86400]");
     if (c.measure.max_reps < c.measure.min_reps)
-      fail("measure.max_reps", "must be >= measure.min_reps (" + std::to_string(c.measure.min_reps) + "), got " + std::to_string(c.measure.max_reps));
+      fail("measure.max_reps", "must be >= measure.min_reps (" + std::to_string(c.measure.min_reps) +
+                                   "), got " + std::to_string(c.measure.max_reps));
     if (c.measure.max_time_s < c.measure.min_time_s)
       fail("measure.max_time_s", "must be >= measure.min_time_s, got " + m["max_time_s"].dump());
   }
@@ -343,11 +375,14 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
         fail("accuracy.reference", "must be one of auto, full, sampled, none, got " + a["reference"].dump());
       c.accuracy.reference = a["reference"].get<std::string>();
     }
-    if (a.contains("rows")) c.accuracy.rows = get_int(a["rows"], "accuracy.rows", 1, 1 << 20, "an integer in [1, 1048576]");
+    if (a.contains("rows"))
+      c.accuracy.rows = get_int(a["rows"], "accuracy.rows", 1, 1 << 20, "an integer in [1, 1048576]");
   }
   c.memory_budget_bytes = j.contains("memory_budget") ? parse_bytes(j["memory_budget"], "memory_budget")
                                                       : default_memory_budget();
-  if (j.contains("seed")) c.seed = static_cast<uint64_t>(get_int(j["seed"], "seed", 0, int64_t{1} << 53, "an integer in [0, 2^53]"));
+  if (j.contains("seed"))
+    c.seed =
+        static_cast<uint64_t>(get_int(j["seed"], "seed", 0, int64_t{1} << 53, "an integer in [0, 2^53]"));
   // A repeated axis value (seq_len [16, 16], a variant listed twice) would make two points with one id, and
   // --resume would take one for the other: refuse it here.
   std::map<std::string, std::size_t> seen;
@@ -367,8 +402,10 @@ SweepConfig load_sweep_config(const std::string& path) {
     // Translate the byte offset into a line and column.
     std::size_t line = 1, col = 1;
     for (std::size_t i = 0; i < std::min<std::size_t>(e.byte, text.size()) && i + 1 < e.byte; ++i) {
-      if (text[i] == '\n') ++line, col = 1;
-      else ++col;
+      if (text[i] == '\n')
+        ++line, col = 1;
+      else
+        ++col;
     }
     throw UsageError("file '" + path + "': invalid JSON at line " + std::to_string(line) + ", column " +
                      std::to_string(col) + ": " + e.what());

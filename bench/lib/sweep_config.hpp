@@ -2,11 +2,10 @@
 // expansion of a config into single-valued points (the cross product of every axis, as benchdnn does).
 #pragma once
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/problem.hpp"
 
@@ -21,7 +20,7 @@ struct Regime {
 
 struct MaskAxis {
   MaskSpec spec;
-  double pad_fraction = 0;  // with key padding: the fraction of trailing keys padded in every batch
+  double pad_fraction = 0;    // with key padding: the fraction of trailing keys padded in every batch
   std::string label() const;  // "none", "causal", "pad=0.25", "causal+pad=0.25"
 };
 

@@ -1,6 +1,7 @@
 // System and build facts for meta.json.
 #include "bench/lib/sysinfo.hpp"
 
+#include <oneapi/tbb/version.h>
 #include <unistd.h>
 
 #include <Eigen/Core>
@@ -9,8 +10,6 @@
 #include <fstream>
 #include <sstream>
 #include <string>
-
-#include <oneapi/tbb/version.h>
 
 #include "common/runtime.hpp"
 
@@ -38,12 +37,14 @@ nlohmann::json system_info() {
   std::string simd;
   std::istringstream fs(flags);
   for (std::string f; fs >> f;)
-    if (f.rfind("avx", 0) == 0 || f == "fma" || f.rfind("sse4", 0) == 0 || f == "f16c" || f.rfind("amx", 0) == 0)
+    if (f.rfind("avx", 0) == 0 || f == "fma" || f.rfind("sse4", 0) == 0 || f == "f16c" ||
+        f.rfind("amx", 0) == 0)
       simd += (simd.empty() ? "" : " ") + f;
   j["cpu_model"] = model;
   j["cpu_simd_flags"] = simd;
   j["cores_available"] = available_threads();
-  j["memory_total_bytes"] = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  j["memory_total_bytes"] =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   j["hostname"] = host;
@@ -56,8 +57,9 @@ nlohmann::json system_info() {
       {"tbb", TBB_VERSION_STRING},
       {"eigen", std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) + "." +
                     std::to_string(EIGEN_MINOR_VERSION)},
-      {"nlohmann_json", std::to_string(NLOHMANN_JSON_VERSION_MAJOR) + "." + std::to_string(NLOHMANN_JSON_VERSION_MINOR) +
-                            "." + std::to_string(NLOHMANN_JSON_VERSION_PATCH)}};
+      {"nlohmann_json", std::to_string(NLOHMANN_JSON_VERSION_MAJOR) + "." +
+                            std::to_string(NLOHMANN_JSON_VERSION_MINOR) + "." +
+                            std::to_string(NLOHMANN_JSON_VERSION_PATCH)}};
   return j;
 }
 
