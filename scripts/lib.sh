@@ -10,6 +10,9 @@ ATTN_BUILD_PACKAGES=(g++ cmake ninja-build git pkg-config libeigen3-dev libopenb
 # Plots and the numpy/PyTorch interoperability tests run with Debian's python (/usr/bin/python3).
 ATTN_PYTHON_PACKAGES=(python3 python3-numpy python3-matplotlib)
 ATTN_TORCH_PACKAGES=(python3-torch)
+# Sanitizer builds (ThreadSanitizer) and libFuzzer targets use Debian's clang 14 and its runtime libraries;
+# llvm-14 provides llvm-symbolizer for readable sanitizer stack traces.
+ATTN_CLANG_PACKAGES=(clang-14 libclang-rt-14-dev llvm-14)
 
 attn_log() { printf '[attnbench] %s\n' "$*" >&2; }
 
