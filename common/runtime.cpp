@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <tbb/global_control.h>
 
+#include <cstdlib>
 #include <thread>
 
 namespace attn {
@@ -45,7 +46,27 @@ std::string blas_info() {
   std::string s = openblas_get_config();
   s += " (core: ";
   s += openblas_get_corename();
+  if (const char* forced = std::getenv("OPENBLAS_CORETYPE"))
+    s += std::string(", OPENBLAS_CORETYPE=") + forced;
   return s + ")";
+}
+
+std::string blas_kernel_note() {
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  if (forced == nullptr) return "";
+  const std::string core = openblas_get_corename();
+  const bool avx2_core = core == "Haswell" || core == "Zen" || core == "Sandybridge";
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+  const bool avx512 = false;
+#endif
+  if (!avx2_core || !avx512) return "";
+  return "OPENBLAS_CORETYPE=" + std::string(forced) + " in the environment makes OpenBLAS use its " + core +
+         " (AVX2) kernels on this AVX-512 CPU: sgemm and the BLAS-based variants run at about half the speed "
+         "OpenBLAS reaches when it picks its kernels itself (unset OPENBLAS_CORETYPE for that)";
 }
 
 void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,

@@ -50,6 +50,13 @@ struct ReferenceCache {
   DoubleArray out;
 };
 
+// Byte counts add up without wrapping: a variant's workspace estimate for an absurd point may be near 2^64,
+// and a wrapped sum would pass the memory budget (and allocate) instead of skipping the point.
+std::size_t sat_add(std::size_t a, std::size_t b) {
+  std::size_t r = 0;
+  return __builtin_add_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+
 int64_t count_nonfinite(const float* x, std::size_t n) {
   int64_t c = 0;
   for (std::size_t i = 0; i < n; ++i) c += !std::isfinite(x[i]);
@@ -179,7 +186,8 @@ class Runner {
   }
   static std::size_t estimate_bytes(const SweepPoint& pt) {
     const Attention& v = Registry::instance().get(pt.problem.variant);
-    return inputs_bytes(pt.problem) + output_bytes(pt.problem) + v.workspace_bytes(pt.problem, pt.threads);
+    return sat_add(inputs_bytes(pt.problem) + output_bytes(pt.problem),
+                   v.workspace_bytes(pt.problem, pt.threads));
   }
 
   // Validates the output folder before anything is written; on --resume loads what is there.
@@ -242,6 +250,10 @@ class Runner {
         sgemm_gflops_[c["threads"].get<int>()] = c["gflops"].get<double>();
     }
     Json cal = meta_.value("sgemm_calibration", Json::array());
+    if (const std::string note = blas_kernel_note(); !note.empty()) {
+      std::cout << "attnbench: note: " << note << "\n";
+      meta_["blas_note"] = note;
+    }
     for (int t : config_.threads) {
       if (sgemm_gflops_.count(t) || g_stop_signal.load()) continue;
       const SgemmCalibration c = calibrate_sgemm(t);
@@ -328,7 +340,7 @@ class Runner {
     const Attention& variant = Registry::instance().get(p.variant);
     Json row = base_row(pt);
     const std::size_t workspace = variant.workspace_bytes(p, pt.threads);
-    const std::size_t estimated = output_bytes(p) + workspace;
+    const std::size_t estimated = sat_add(output_bytes(p), workspace);
     row["memory"] = {{"estimated_bytes", estimated},
                      {"inputs_bytes", inputs_bytes(p)},
                      {"workspace_bytes", workspace},
@@ -341,14 +353,15 @@ class Runner {
       row["reason"] = why;
       return row;
     }
-    const std::size_t need = inputs_bytes(p) + estimated + reference_bytes(p);
+    const std::size_t need = sat_add(inputs_bytes(p) + reference_bytes(p), estimated);
     if (need > config_.memory_budget_bytes) {
       row["status"] = "skipped";
-      row["reason"] = "needs " + std::to_string(need) + " bytes (" + format_bytes(static_cast<double>(need)) +
-                      ": inputs " + format_bytes(static_cast<double>(inputs_bytes(p))) +
-                      ", output and workspace " + format_bytes(static_cast<double>(estimated)) +
-                      ", accuracy reference " + format_bytes(static_cast<double>(reference_bytes(p))) +
-                      ") > memory_budget " + format_bytes(static_cast<double>(config_.memory_budget_bytes));
+      row["reason"] = std::string(need == SIZE_MAX ? "needs at least " : "needs ") + std::to_string(need) +
+                      " bytes (" + format_bytes(static_cast<double>(need)) + ": inputs " +
+                      format_bytes(static_cast<double>(inputs_bytes(p))) + ", output and workspace " +
+                      format_bytes(static_cast<double>(estimated)) + ", accuracy reference " +
+                      format_bytes(static_cast<double>(reference_bytes(p))) + ") > memory_budget " +
+                      format_bytes(static_cast<double>(config_.memory_budget_bytes));
       return row;
     }
     try {
