@@ -722,6 +722,22 @@ TEST_CASE("a dry run lists every point with skip reasons and writes nothing", "[
   for (const auto& id : planned)
     CHECK((f.out.find(id + "  ") != std::string::npos) == (id.find("linear") != std::string::npos));
   CHECK_FALSE(fs::exists(dir.path / "out"));
+
+  // Points over the memory budget are listed as skipped with the bytes they need, as the run would skip them.
+  Json big = small_config();
+  big["variants"] = {"naive"};
+  big["memory_budget"] = "1KiB";
+  const std::string big_cfg = write_config(dir, "dry_budget.json", big);
+  const RunResult b = run_attnbench({"run", big_cfg, "--out", dir.file("out"), "--dry-run"}, dir.path);
+  CHECK(b.code == 0);
+  int over = 0;
+  for (const auto& line : lines_of(b.out))
+    if (line.find("SKIP: needs ") != std::string::npos &&
+        line.find("> memory_budget 1.000 KiB") != std::string::npos)
+      ++over;
+  CHECK(over == static_cast<int>(planned_ids(big_cfg).size()));
+  CHECK(over > 0);
+  CHECK_FALSE(fs::exists(dir.path / "out"));
 }
 
 TEST_CASE("kill -9 mid-run, --resume, SIGINT mid-resume (exit 130), --resume: every point exactly once",

@@ -169,6 +169,8 @@ class Runner {
       auto reasons = v.not_supported_reasons(pt.problem);
       if (!reasons.empty())
         std::cout << "  SKIP: " << reasons.front();
+      else if (const std::string why = over_budget_reason(pt.problem, v, pt.threads); !why.empty())
+        std::cout << "  SKIP: " << why;
       else
         std::cout << "  est. " << format_bytes(static_cast<double>(estimate_bytes(pt)));
       std::cout << "\n";
@@ -334,6 +336,20 @@ class Runner {
     return static_cast<std::size_t>(p.batch * p.heads * rows * p.head_dim) * (sizeof(double) + sizeof(float));
   }
 
+  // Empty when the point fits the memory budget, else the reason with the bytes it would need (run and
+  // --dry-run give the same answer, before anything is allocated).
+  std::string over_budget_reason(const Problem& p, const Attention& variant, int threads) const {
+    const std::size_t estimated = sat_add(output_bytes(p), variant.workspace_bytes(p, threads));
+    const std::size_t need = sat_add(inputs_bytes(p) + reference_bytes(p), estimated);
+    if (need <= config_.memory_budget_bytes) return "";
+    return std::string(need == SIZE_MAX ? "needs at least " : "needs ") + std::to_string(need) + " bytes (" +
+           format_bytes(static_cast<double>(need)) + ": inputs " +
+           format_bytes(static_cast<double>(inputs_bytes(p))) + ", output and workspace " +
+           format_bytes(static_cast<double>(estimated)) + ", accuracy reference " +
+           format_bytes(static_cast<double>(reference_bytes(p))) + ") > memory_budget " +
+           format_bytes(static_cast<double>(config_.memory_budget_bytes));
+  }
+
   Json measure_point(const SweepPoint& pt, PointInputs& inputs, std::string& inputs_key,
                      ReferenceCache& ref) {
     const Problem& p = pt.problem;
@@ -353,15 +369,9 @@ class Runner {
       row["reason"] = why;
       return row;
     }
-    const std::size_t need = sat_add(inputs_bytes(p) + reference_bytes(p), estimated);
-    if (need > config_.memory_budget_bytes) {
+    if (std::string why = over_budget_reason(p, variant, pt.threads); !why.empty()) {
       row["status"] = "skipped";
-      row["reason"] = std::string(need == SIZE_MAX ? "needs at least " : "needs ") + std::to_string(need) +
-                      " bytes (" + format_bytes(static_cast<double>(need)) + ": inputs " +
-                      format_bytes(static_cast<double>(inputs_bytes(p))) + ", output and workspace " +
-                      format_bytes(static_cast<double>(estimated)) + ", accuracy reference " +
-                      format_bytes(static_cast<double>(reference_bytes(p))) + ") > memory_budget " +
-                      format_bytes(static_cast<double>(config_.memory_budget_bytes));
+      row["reason"] = std::move(why);
       return row;
     }
     try {
