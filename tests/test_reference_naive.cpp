@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/attention.hpp"
+#include "common/mask.hpp"
 #include "common/random.hpp"
 #include "common/reference.hpp"
 #include "common/tensor.hpp"
@@ -378,4 +379,27 @@ TEST_CASE("naive reports its quadratic workspace and its FLOPs", "[naive]") {
   Problem small = problem(2, 3, 5, 7, 16);
   CHECK(naive().workspace_bytes(small, 1) >= std::size_t{5} * 7 * sizeof(float));
   CHECK(naive().flops(small) == 4.0 * 2 * 3 * 5 * 7 * 16);
+}
+
+TEST_CASE("exact variants count causal FLOPs over the pairs below the diagonal only", "[naive]") {
+  // Brute-force count of the (i, j) pairs key_allowed leaves under a causal mask, for square and both
+  // cross shapes; every exact variant reports 4·d FLOPs per such pair.
+  for (auto [lq, lkv] : {std::pair<int64_t, int64_t>{7, 7}, {5, 9}, {9, 5}, {1, 4}, {4, 1}}) {
+    Problem p = problem(2, 3, lq, lkv, 16);
+    p.mask.causal = true;
+    double pairs = 0;
+    for (int64_t i = 0; i < lq; ++i)
+      for (int64_t j = 0; j < lkv; ++j) pairs += j <= i;
+    CAPTURE(lq, lkv);
+    CHECK(causal_pairs(p) == pairs);
+    for (const auto& name : Registry::instance().names()) {
+      const Attention& v = Registry::instance().get(name);
+      if (!v.capabilities().exact) continue;
+      CAPTURE(name);
+      CHECK(v.flops(p) == 4.0 * 2 * 3 * 16 * pairs);
+      p.mask.causal = false;
+      CHECK(v.flops(p) == 4.0 * 2 * 3 * 16 * static_cast<double>(lq * lkv));
+      p.mask.causal = true;
+    }
+  }
 }

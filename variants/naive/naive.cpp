@@ -16,6 +16,7 @@
 #include "common/aligned.hpp"
 #include "common/attention.hpp"
 #include "common/dropout.hpp"
+#include "common/mask.hpp"
 #include "common/runtime.hpp"
 #include "common/vmath.hpp"
 #include "variants/tiled/kernels.hpp"  // the exp2 polynomial shared with tiled (see exp_sub_sum_poly)
@@ -127,8 +128,9 @@ class Naive final : public Attention {
             .permutation_equivariant = true};
   }
   double flops(const Problem& p) const override {
-    // Two GEMMs of 2 * Lq * Lkv * D each, per head (softmax not counted, as is customary).
-    return 4.0 * p.batch * p.heads * static_cast<double>(p.seq_q) * p.seq_kv * p.head_dim;
+    // The shared exact-attention count (common/mask.hpp). Naive runs both GEMMs over the whole score matrix
+    // even when causal; the masked half is not counted, so its causal GFLOP/s is about half its plain one.
+    return exact_attention_flops(p);
   }
   std::size_t workspace_bytes(const Problem& p, int) const override {
     return ScoreBuffer::allocated_bytes(static_cast<std::size_t>(heads_per_group(p)) * p.seq_q * p.seq_kv);

@@ -15,6 +15,7 @@
 #include "common/aligned.hpp"
 #include "common/attention.hpp"
 #include "common/dropout.hpp"
+#include "common/mask.hpp"
 #include "variants/tiled/kernels.hpp"
 
 namespace attn::tiled {
@@ -305,9 +306,9 @@ class Tiled final : public Attention {
             {{"tile_q", 33}, {"tile_kv", 16}}};
   }
   double flops(const Problem& p) const override {
-    // 4 Lq Lkv D per head, the two products over every (query, key) pair, for every mask: causal runs do
-    // about half of this, and are compared by time, not GFLOP/s. The exponentials are not counted.
-    return 4.0 * p.batch * p.heads * static_cast<double>(p.seq_q) * p.seq_kv * p.head_dim;
+    // The shared exact-attention count (common/mask.hpp): causal counts the pairs below the diagonal only.
+    // The diagonal tiles compute some masked pairs too; those, and the exponentials, are not counted.
+    return exact_attention_flops(p);
   }
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
     const Tiles t = choose_tiles(p);
