@@ -424,6 +424,12 @@ TEST_CASE("a sweep writes one row per point to results.jsonl, results.csv and me
   REQUIRE(meta["sgemm_calibration"].size() == 1);
   CHECK(meta["sgemm_calibration"][0].at("threads") == 1);
   CHECK(meta["sgemm_calibration"][0].at("gflops").get<double>() > 0);
+  REQUIRE(meta.at("fma_peak").is_array());
+  REQUIRE(meta["fma_peak"].size() == 1);
+  CHECK(meta["fma_peak"][0].at("threads") == 1);
+  CHECK(meta["fma_peak"][0].at("isa").is_string());
+  if (!meta["fma_peak"][0]["isa"].get<std::string>().empty())
+    CHECK(meta["fma_peak"][0].at("gflops").get<double>() > 0);
   CHECK(meta.at("start_time").is_string());
   CHECK(meta.at("end_time").is_string());
   CHECK(meta.at("interrupted") == false);
@@ -457,6 +463,12 @@ TEST_CASE("ok rows hold every documented field with its type", "[sweep][run]") {
     CHECK(r["gflops"].get<double>() > 0);
     CHECK(r.at("frac_sgemm").is_number());
     CHECK(r["frac_sgemm"].get<double>() > 0);
+#if defined(__AVX512F__) || (defined(__FMA__) && defined(__AVX2__))
+    // No kernel can outrun the FMA units: frac_peak is a fraction (the sweep's tiny shapes are far below 1).
+    CHECK(r.at("frac_peak").is_number());
+    CHECK(r["frac_peak"].get<double>() > 0);
+    CHECK(r["frac_peak"].get<double>() < 1.0);
+#endif
     const Json& mem = r.at("memory");
     CHECK((mem.at("peak_bytes").is_null() || is_count(mem["peak_bytes"])));
     if (probe_supported) CHECK(is_count(mem["peak_bytes"]));
@@ -551,6 +563,7 @@ TEST_CASE("skipped and failed rows carry every documented field (null where noth
                                        "/time_ms/reps",
                                        "/gflops",
                                        "/frac_sgemm",
+                                       "/frac_peak",
                                        "/memory/peak_bytes",
                                        "/memory/estimated_bytes",
                                        "/accuracy/reference",

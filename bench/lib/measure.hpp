@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "bench/lib/sweep_config.hpp"
@@ -30,6 +31,17 @@ struct SgemmCalibration {
 
 // Square sgemm through OpenBLAS with its own `threads` threads (restored to 1 after).
 SgemmCalibration calibrate_sgemm(int threads, int64_t size = 2048, int reps = 5);
+
+// The machine's fp32 FMA throughput on `threads` cores: each thread runs 12 independent chains of the widest
+// FMA this build targets (AVX-512, else AVX2/FMA) for about 0.1 s; gflops is the sum of the threads' rates
+// (2 FLOPs per lane per FMA). It bounds what any fp32 kernel can reach, whichever BLAS is installed: rows
+// report frac_peak = gflops / this. isa is "avx512", "avx2" or "" (no FMA vectors: gflops = 0, not used).
+struct FmaPeak {
+  int threads = 1;
+  std::string isa;
+  double gflops = 0;
+};
+FmaPeak calibrate_fma_peak(int threads);
 
 // Resident memory: the process high-water mark is reset (Linux /proc/self/clear_refs "5") before a point,
 // so the peak read after it belongs to that point alone. malloc_trim(0) first returns the free memory of

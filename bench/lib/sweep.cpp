@@ -153,6 +153,7 @@ class Runner {
   std::vector<Json> existing_rows_;
   Json meta_;
   std::map<int, double> sgemm_gflops_;
+  std::map<int, double> fma_gflops_;  // 0 where the build has no FMA vectors
   std::ofstream jsonl_;
   int jsonl_fd_ = -1;
   bool tty_ = false;
@@ -269,8 +270,25 @@ class Runner {
                 << std::setprecision(1) << c.gflops << " GFLOP/s\n"
                 << std::defaultfloat;
     }
+    // The hardware bound next to the BLAS one: sgemm depends on which kernels the installed BLAS picks.
+    if (meta_.contains("fma_peak")) {
+      for (const auto& c : meta_["fma_peak"])
+        fma_gflops_[c["threads"].get<int>()] = c["gflops"].get<double>();
+    }
+    Json peaks = meta_.value("fma_peak", Json::array());
+    for (int t : config_.threads) {
+      if (fma_gflops_.count(t) || g_stop_signal.load()) continue;
+      const FmaPeak c = calibrate_fma_peak(t);
+      fma_gflops_[t] = c.gflops;
+      peaks.push_back({{"threads", t}, {"isa", c.isa}, {"gflops", c.gflops}});
+      if (c.gflops > 0)
+        std::cout << "attnbench: fp32 FMA peak (" << c.isa << "), " << t << " thread(s): " << std::fixed
+                  << std::setprecision(1) << c.gflops << " GFLOP/s\n"
+                  << std::defaultfloat;
+    }
     if (opt_.resume) meta_["resumed_at"].push_back(now_iso8601());
     meta_["sgemm_calibration"] = cal;
+    meta_["fma_peak"] = peaks;
     write_file_atomic(meta_path(), meta_.dump(2) + "\n");
   }
 
@@ -312,6 +330,7 @@ class Runner {
             {"flops", nullptr},
             {"gflops", nullptr},
             {"frac_sgemm", nullptr},
+            {"frac_peak", nullptr},
             {"accuracy",
              {{"reference", accuracy_mode(p)},
               {"rows", 0},
@@ -411,6 +430,8 @@ class Runner {
     row["flops"] = variant.flops(p);
     row["gflops"] = gflops;
     row["frac_sgemm"] = gflops / sgemm_gflops_.at(pt.threads);
+    if (const auto it = fma_gflops_.find(pt.threads); it != fma_gflops_.end() && it->second > 0)
+      row["frac_peak"] = gflops / it->second;
     row["memory"]["peak_bytes"] = peak >= 0 ? Json(peak) : Json(nullptr);
 
     // NaN never leaks silently: non-finite output from finite inputs fails the point.
