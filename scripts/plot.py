@@ -629,11 +629,12 @@ def key_figures(res, summary):
             fmt_num(num(last["time_ms"]["median"]), ".4g"),
             fmt_num(num(last.get("gflops")), ".3g"),
             fmt_num(num(last.get("frac_sgemm")), ".2f"),
+            fmt_num(num(last.get("frac_peak")), ".2f"),
             fmt_bytes(mem) + (" (est.)" if estimated else ""),
             fmt_num(worst, ".2e"),
         ])
     return md_table(["series", "parameters", "mask", "exact", "exponent (fit)", "slope, last 2 n", "max n", "time at max n (ms)",
-                     "GFLOP/s", "× sgemm", "memory at max n", "worst rel_l2_err"], table)
+                     "GFLOP/s", "× sgemm", "× FMA peak", "memory at max n", "worst rel_l2_err"], table)
 
 
 def crossover_table(res, summary):

@@ -396,7 +396,12 @@ def plan(c):
 def measure_point(torch, c, pt, probe, calibration):
     B, H, D, Lq, Lkv, T = pt["B"], pt["H"], pt["D"], pt["Lq"], pt["Lkv"], pt["threads"]
     mask = pt["mask"]
-    flops = 4.0 * B * H * Lq * Lkv * D
+    # attnbench's exact-attention count (common/mask.hpp exact_attention_flops): 4·d per attended pair,
+    # causal counting the pairs below the diagonal only (PyTorch computes them all, as naive does).
+    pairs = Lq * Lkv
+    if mask["causal"]:
+        pairs = Lq * (Lq + 1) / 2 if Lq <= Lkv else Lkv * (Lkv + 1) / 2 + (Lq - Lkv) * Lkv
+    flops = 4.0 * B * H * D * pairs
     inputs_bytes = 4 * (B * H * Lq * D + 2 * B * H * Lkv * D) + (B * Lkv if mask["pad"] is not None else 0)
     # q @ k^T materialises the scores, and each of * scale, + mask, softmax makes one more [B, H, Lq, Lkv]
     # tensor while the previous is alive: two score-sized tensors at a time, plus the additive mask.
@@ -406,6 +411,7 @@ def measure_point(torch, c, pt, probe, calibration):
     row = {"id": pt["id"], "variant": VARIANT, "params": {}, "batch": B, "heads": H, "seq_q": Lq, "seq_kv": Lkv,
            "head_dim": D, "mask": mask["label"], "regime": pt["regime"]["label"], "threads": T,
            "dropout": c["dropout"], "exact": True, "status": "ok", "reason": "",
+           "flops": None, "gflops": None, "frac_sgemm": None, "frac_peak": None,
            "peer": {"library": f"torch {torch.__version__}",
                     "formula": "softmax(q @ k.transpose(-2, -1) * scale + mask, dim=-1) @ v",
                     "memory_probe": probe.method},
@@ -465,7 +471,8 @@ def measure_point(torch, c, pt, probe, calibration):
     row["time_ms"] = t
     row["flops"] = flops
     row["gflops"] = gflops
-    row["frac_sgemm"] = gflops / calibration[T] if T in calibration else None
+    row["frac_sgemm"] = gflops / calibration["sgemm"][T] if T in calibration["sgemm"] else None
+    row["frac_peak"] = gflops / calibration["peak"][T] if calibration["peak"].get(T) else None
     row["memory"]["peak_bytes"] = peak
     row["nonfinite_inputs"] = 0
     mode = c["accuracy"]["reference"]
@@ -515,10 +522,12 @@ def main(argv):
         print(f"{PROG}: error: --filter '{a.filter}' matches none of the points", file=sys.stderr)
         return 2
     os.makedirs(out_dir, exist_ok=True)
-    calibration = {}
-    try:  # the C++ run's sgemm calibration, when it is there, gives the peer rows their fraction of sgemm
+    calibration = {"sgemm": {}, "peak": {}}
+    try:  # the C++ run's calibrations, when they are there, give the peer rows frac_sgemm and frac_peak
         with open(os.path.join(out_dir, "meta.json"), encoding="utf-8") as f:
-            calibration = {int(x["threads"]): float(x["gflops"]) for x in json.load(f).get("sgemm_calibration", [])}
+            meta = json.load(f)
+        for key, field in (("sgemm", "sgemm_calibration"), ("peak", "fma_peak")):
+            calibration[key] = {int(x["threads"]): float(x["gflops"]) for x in meta.get(field, [])}
     except (OSError, ValueError, KeyError, TypeError):
         pass
     path = os.path.join(out_dir, "results.peers.jsonl")
