@@ -226,8 +226,12 @@ def test_peer(tmp):
     keys = {"id", "variant", "params", "batch", "heads", "seq_q", "seq_kv", "head_dim", "mask", "regime", "threads",
             "exact", "status", "reason", "time_ms", "flops", "gflops", "memory", "accuracy"}
     check(all(keys <= set(r) for r in rows), "peer rows carry the sweep's fields")
-    check(all(r["accuracy"]["rel_l2_err"] < 1e-5 and r["flops"] == 4.0 * 2 * 1 * r["seq_q"] * r["seq_kv"] * 4
-              for r in rows), "peer rows: exact accuracy against fp64, flops = 4 B H Lq Lkv D")
+    def pairs(r):  # attended (query, key) pairs: the lower triangle when causal (common/mask.hpp causal_pairs)
+        q, kv = r["seq_q"], r["seq_kv"]
+        return sum(min(i + 1, kv) for i in range(q)) if r["mask"] == "causal" else q * kv
+    check(all(r["accuracy"]["rel_l2_err"] < 1e-5 and r["flops"] == 4.0 * 2 * 1 * pairs(r) * 4 for r in rows),
+          "peer rows: exact accuracy against fp64, flops = 4 B H d x attended pairs (as attnbench's exact variants)")
+    check(all("frac_peak" in r and "frac_sgemm" in r for r in rows), "peer rows carry frac_sgemm and frac_peak")
     check({r["mask"] for r in rows} == {"none", "causal", "pad=0.25"}, "peer rows use the sweep's mask labels")
     # plot.py reads the peer rows next to attnbench's (here a results.jsonl of one exact row per point).
     with open(os.path.join(out, "results.jsonl"), "w") as f:
