@@ -135,6 +135,8 @@ NpyHeader parse_npy_header(const std::string& bytes, const std::string& what) {
   std::stringstream ss(inner);
   std::string item;
   int64_t total = 1;
+  double elements = 1;  // the exact product may not fit in 64 bits: for the message
+  bool too_large = false;
   while (std::getline(ss, item, ',')) {
     std::size_t a = item.find_first_not_of(" \n\tL");
     if (a == std::string::npos) continue;  // trailing comma of a 1-tuple
@@ -143,9 +145,18 @@ NpyHeader parse_npy_header(const std::string& bytes, const std::string& what) {
     if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos || num.size() > 15)
       bad(what, "malformed shape entry '" + num + "' in " + shape);
     int64_t dim = std::stoll(num);
-    if (dim != 0 && total > kMaxElements / dim) bad(what, "shape " + shape + " is absurdly large");
-    total *= dim;
+    elements *= static_cast<double>(dim);
+    too_large = too_large || (dim != 0 && total > kMaxElements / dim);
+    if (!too_large) total *= dim;
     h.shape.push_back(dim);
+  }
+  if (too_large) {  // refused from the header, before anything is allocated
+    std::ostringstream s;
+    s.precision(17);
+    s << "shape " << shape << " is absurdly large: " << elements << " elements ("
+      << elements * static_cast<double>(item_size(h.descr)) << " bytes of " << h.descr
+      << "); every extent and their product must be at most 2^40 = " << kMaxElements << " elements";
+    bad(what, s.str());
   }
   return h;
 }

@@ -79,6 +79,8 @@ constexpr int64_t kMaxSize = int64_t{1} << 40;
 std::vector<int64_t> size_axis(const Json& v, const std::string& path) {
   std::vector<int64_t> out;
   for_axis(v, path, [&](const Json& x, const std::string& p) {
+    if (x.is_number() && x.get<double>() > static_cast<double>(kMaxSize))
+      fail(p, "must be a positive integer at most 2^40 = " + std::to_string(kMaxSize) + ", got " + x.dump());
     out.push_back(get_int(x, p, 1, kMaxSize, "a positive integer"));
   });
   return out;
@@ -386,10 +388,30 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
   // A repeated axis value (seq_len [16, 16], a variant listed twice) would make two points with one id, and
   // --resume would take one for the other: refuse it here.
   std::map<std::string, std::size_t> seen;
-  for (const SweepPoint& pt : expand_plan(c))
+  for (const SweepPoint& pt : expand_plan(c)) {
     if (++seen[pt.id] == 2)
       fail("config", "two points have the same id '" + pt.id +
                          "': an axis (sweep.*, inputs, variants or a parameter list) repeats a value");
+    // Sizes whose product overflows, and parameters a variant refuses at a shape (a global token listed
+    // twice), are config errors now rather than a failure after the output folder exists.
+    try {
+      pt.problem.validate();
+    } catch (const UsageError& e) {
+      fail("sweep", "point '" + pt.id + "': " + e.what());
+    }
+    try {
+      (void)reg.get(pt.problem.variant).not_supported_reasons(pt.problem);
+    } catch (const UsageError& e) {
+      std::string where = "variants";
+      for (std::size_t i = 0; i < c.variants.size() && variants.is_array() && where == "variants"; ++i) {
+        const auto& sets = c.variants[i].param_sets;
+        if (c.variants[i].name == pt.problem.variant &&
+            std::find(sets.begin(), sets.end(), pt.problem.params) != sets.end())
+          where = sub(idx("variants", i), "params");
+      }
+      fail(where, e.what());
+    }
+  }
   return c;
 }
 
@@ -397,7 +419,15 @@ SweepConfig load_sweep_config(const std::string& path) {
   const std::string text = read_file_bytes(path);
   Json j;
   try {
-    j = Json::parse(text);
+    // Deeper nesting than any config needs is refused while parsing: copying or printing a value nested
+    // 100000 deep would recurse until the stack overflows.
+    constexpr int kMaxDepth = 64;
+    j = Json::parse(text, [&](int depth, Json::parse_event_t, Json&) {
+      if (depth > kMaxDepth)
+        throw UsageError("file '" + path + "': JSON nested more than " + std::to_string(kMaxDepth) +
+                         " levels deep (a config needs at most 6)");
+      return true;
+    });
   } catch (const Json::parse_error& e) {
     // Translate the byte offset into a line and column.
     std::size_t line = 1, col = 1;
