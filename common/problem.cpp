@@ -104,6 +104,24 @@ void Problem::validate() const {
   check_size("seq_q", seq_q);
   check_size("seq_kv", seq_kv);
   check_size("head_dim", head_dim);
+  // Each size is at most 2^40, but their product can still overflow 64 bits: check it without wrapping.
+  auto check_elements = [&](const char* seq_name, int64_t seq, const char* tensors) {
+    int64_t n = batch;
+    const bool overflow = __builtin_mul_overflow(n, heads, &n) || __builtin_mul_overflow(n, seq, &n) ||
+                          __builtin_mul_overflow(n, head_dim, &n);
+    if (overflow || n > kMaxTensorElements) {
+      std::ostringstream s;
+      s << "batch x heads x " << seq_name << " x head_dim (the elements of " << tensors << ") = " << batch
+        << " x " << heads << " x " << seq << " x " << head_dim << " = "
+        << static_cast<double>(batch) * static_cast<double>(heads) * static_cast<double>(seq) *
+               static_cast<double>(head_dim)
+        << ": must be at most 2^58 = " << kMaxTensorElements
+        << " (so that every byte count of the problem fits in 64 bits)";
+      throw UsageError(s.str());
+    }
+  };
+  check_elements("seq_q", seq_q, "Q and the output");
+  check_elements("seq_kv", seq_kv, "K and V");
   if (scale && (!std::isfinite(*scale) || *scale <= 0))
     throw UsageError("scale: must be a finite number > 0, got " + std::to_string(*scale));
   if (!(dropout >= 0.0 && dropout < 1.0))

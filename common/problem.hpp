@@ -28,6 +28,10 @@ struct MaskSpec {
 // Parses "none", "causal", "bool", "pad" joined by '+'; throws UsageError naming `where`.
 MaskSpec parse_mask(const std::string& text, const std::string& where);
 
+// The most elements one tensor of a problem (Q, K, V, the output) may hold: every byte count derived from the
+// sizes (fp64 copies, sums over several tensors) then fits in 64 bits. Problem::validate enforces it.
+inline constexpr int64_t kMaxTensorElements = int64_t{1} << 58;
+
 struct Problem {
   std::string variant;
   Json params = Json::object();  // resolved: every parameter of the variant, defaults filled in
@@ -53,7 +57,8 @@ struct Problem {
   const Json& param(const std::string& name) const;
 
   std::string repro() const;
-  // Checks sizes (positive, not absurd), scale and dropout; throws UsageError naming the field.
+  // Checks sizes (each in [1, 2^40], every tensor at most kMaxTensorElements elements, products computed
+  // without overflow), scale and dropout; throws UsageError naming the field and the value.
   void validate() const;
 };
 

@@ -37,10 +37,13 @@ void reference_attention(const Problem& p, const AttentionInputs& in, double* ou
         double acc = 0;
         for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(q[i * D + d]) * k[j * D + d];
         s[j] = acc * scale;
-        mx = std::max(mx, s[j]);
+        mx = std::isnan(s[j]) || std::isnan(mx) ? std::numeric_limits<double>::quiet_NaN()
+                                                : std::max(mx, s[j]);
       }
       std::fill(o, o + D, 0.0);
-      if (mx == -std::numeric_limits<double>::infinity()) continue;  // fully masked row: zeros
+      // Fully masked row: zeros. (A NaN logit, from a NaN or Inf input, is not a mask: mx is NaN then, and
+      // the NaN reaches the output row as it does in every variant.)
+      if (mx == -std::numeric_limits<double>::infinity()) continue;
       double sum = 0;
       for (int64_t j = 0; j < Lkv; ++j) {
         s[j] = std::exp(s[j] - mx);  // exp(-inf) = 0 for masked keys

@@ -36,15 +36,28 @@ float hsum(__m512 v) {
 #endif
 
 float row_max(const float* x, int64_t n) {
+  // max() drops a NaN operand or keeps it depending on the order, so NaN is tracked apart: a row of NaN
+  // scores (a NaN query) next to masked -inf entries must not come out as -inf, the mark of a fully masked
+  // row.
   float m = -std::numeric_limits<float>::infinity();
+  bool nan = false;
   int64_t j = 0;
 #ifdef ATTN_HAVE_AVX512
   __m512 vm = _mm512_set1_ps(m);
-  for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(vm, _mm512_loadu_ps(x + j));
+  __mmask16 unordered = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 v = _mm512_loadu_ps(x + j);
+    unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    vm = _mm512_max_ps(vm, v);
+  }
   m = hmax(vm);
+  nan = unordered != 0;
 #endif
-  for (; j < n; ++j) m = std::max(m, x[j]);
-  return m;
+  for (; j < n; ++j) {
+    nan = nan || std::isnan(x[j]);
+    m = std::max(m, x[j]);
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : m;
 }
 
 float exp_sub_sum(float* x, int64_t n, float m) {

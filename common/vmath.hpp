@@ -5,7 +5,7 @@
 
 namespace attn {
 
-float row_max(const float* x, int64_t n);  // -inf for n == 0
+float row_max(const float* x, int64_t n);  // -inf for n == 0; NaN if any element is NaN
 // x[j] = exp(x[j] - m) in place, returns the sum (in fp32, accumulated in 16 lanes). -inf entries give 0.
 float exp_sub_sum(float* x, int64_t n, float m);
 void scale_row(float* x, int64_t n, float s);  // x *= s

@@ -1,8 +1,12 @@
 // `attnbench eval`: run one variant on Q, K, V from .npy files and write O.npy (float32, [B,H,Lq,D]).
+#include <tbb/global_control.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <iostream>
 
 #include "bench/lib/command.hpp"
+#include "bench/lib/sweep_config.hpp"
 #include "common/error.hpp"
 #include "common/npy.hpp"
 #include "common/reference.hpp"
@@ -26,22 +30,64 @@ void require_shape(const std::string& option, const std::string& file, const std
                      " does not match " + FloatArray::shape_to_string(want) + " " + meaning);
 }
 
+// A rank-4 tensor with every extent >= 1, or a UsageError naming the option, the file and the shape.
+void require_rank4(const std::string& option, const std::string& file, const FloatArray& t,
+                   const std::string& layout) {
+  if (t.rank() != 4)
+    throw UsageError(option + " '" + file + "': rank " + std::to_string(t.rank()) + " " + t.shape_str() +
+                     "; expected rank 4 " + layout);
+  for (int64_t extent : t.shape)
+    if (extent < 1)
+      throw UsageError(option + " '" + file + "': shape " + t.shape_str() + " is empty; every extent of " +
+                       layout + " must be >= 1");
+}
+
 int64_t count_nonfinite(const float* x, std::size_t n) {
   int64_t c = 0;
   for (std::size_t i = 0; i < n; ++i) c += !std::isfinite(x[i]);
   return c;
 }
 
+// JSON has no NaN/Inf: non-finite metrics are written as "inf" / "nan" strings, as in sweep rows (nlohmann
+// would write null, which reads as "no error").
+Json num(double x) {
+  if (std::isfinite(x)) return x;
+  return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
+}
+
+std::size_t sat_add(std::size_t a, std::size_t b) {
+  std::size_t r = 0;
+  return __builtin_add_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+
+// Refuses, before anything is allocated, a call whose output, workspace and (with --compare) fp64 reference
+// cannot fit in this machine's physical memory, naming the bytes it would need.
+void check_memory(const Attention& variant, const Problem& p, bool compare) {
+  const std::size_t elements = static_cast<std::size_t>(p.q_elements());  // validated: at most 2^58
+  const std::size_t output = elements * sizeof(float), reference = compare ? elements * sizeof(double) : 0;
+  const int threads = static_cast<int>(
+      tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));  // set by --threads
+  const std::size_t workspace = variant.workspace_bytes(p, threads);
+  const std::size_t need = sat_add(output + reference, workspace);
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;
+  const std::size_t physical = static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
+  if (need <= physical) return;
+  throw NotSupported(p.repro() + ": needs " + (need == SIZE_MAX ? "at least " : "") + std::to_string(need) +
+                     " bytes (" + format_bytes(static_cast<double>(need)) + ": output " +
+                     format_bytes(static_cast<double>(output)) + ", workspace " +
+                     format_bytes(static_cast<double>(workspace)) +
+                     (compare ? ", fp64 reference " + format_bytes(static_cast<double>(reference)) : "") +
+                     ") beyond the inputs, more than the " + std::to_string(physical) + " bytes (" +
+                     format_bytes(static_cast<double>(physical)) + ") of physical memory");
+}
+
 int run_eval(const EvalOptions& o) {
   const Attention& variant = Registry::instance().get(o.variant);
   Problem p = make_problem(o.variant, parse_cli_params(variant, o.params));
   FloatArray q = read_npy_float(o.q), k = read_npy_float(o.k), v = read_npy_float(o.v);
-  if (q.rank() != 4)
-    throw UsageError("--q '" + o.q + "': rank " + std::to_string(q.rank()) + " " + q.shape_str() +
-                     "; expected rank 4 [batch, heads, seq_q, head_dim]");
-  if (k.rank() != 4)
-    throw UsageError("--k '" + o.k + "': rank " + std::to_string(k.rank()) + " " + k.shape_str() +
-                     "; expected rank 4 [batch, heads, seq_kv, head_dim]");
+  require_rank4("--q", o.q, q, "[batch, heads, seq_q, head_dim]");
+  require_rank4("--k", o.k, k, "[batch, heads, seq_kv, head_dim]");
   p.batch = q.shape[0], p.heads = q.shape[1], p.seq_q = q.shape[2], p.head_dim = q.shape[3];
   p.seq_kv = k.shape[2];
   require_shape("--k", o.k, k.shape, {p.batch, p.heads, p.seq_kv, p.head_dim},
@@ -68,13 +114,14 @@ int run_eval(const EvalOptions& o) {
     for (const auto& r : reasons) why += (why.empty() ? "" : "; ") + r;
     throw NotSupported(p.repro() + ": " + why);
   }
+  check_memory(variant, p, o.compare);
   FloatArray out({p.batch, p.heads, p.seq_q, p.head_dim});
   AttentionInputs in{
       q.ptr(),  k.ptr(), v.ptr(), mask.numel() ? mask.ptr() : nullptr, pad.numel() ? pad.ptr() : nullptr,
       out.ptr()};
   variant.forward(p, in);
-  const int64_t bad_in = count_nonfinite(q.ptr(), q.numel()) + count_nonfinite(k.ptr(), k.numel()) +
-                         count_nonfinite(v.ptr(), v.numel());
+  const int64_t bad_q = count_nonfinite(q.ptr(), q.numel()), bad_k = count_nonfinite(k.ptr(), k.numel()),
+                bad_v = count_nonfinite(v.ptr(), v.numel()), bad_in = bad_q + bad_k + bad_v;
   const int64_t bad_out = count_nonfinite(out.ptr(), out.numel());
   if (bad_out)
     std::cerr << "attnbench: warning: the output holds " << bad_out << " NaN/Inf values (the inputs held "
@@ -85,11 +132,15 @@ int run_eval(const EvalOptions& o) {
     reference_attention(p, in, want.ptr());
     const ErrorMetrics m = compare_outputs(out.ptr(), want.ptr(), p.batch * p.heads * p.seq_q, p.head_dim);
     Json j = {{"id", p.repro()},
-              {"max_abs_err", m.max_abs_err},
-              {"rel_l2_err", m.rel_l2_err},
-              {"mean_cosine", m.mean_cosine},
+              {"max_abs_err", num(m.max_abs_err)},
+              {"rel_l2_err", num(m.rel_l2_err)},
+              {"mean_cosine", num(m.mean_cosine)},
               {"nan_count", m.nan_count},
-              {"inf_count", m.inf_count}};
+              {"inf_count", m.inf_count},
+              {"nonfinite_inputs", bad_in},
+              {"nonfinite_q", bad_q},
+              {"nonfinite_k", bad_k},
+              {"nonfinite_v", bad_v}};
     std::cout << j.dump() << "\n";
   }
   return 0;
