@@ -1,0 +1,143 @@
+// Test support: scratch folders and the built `attnbench` run as a child process (argv, no shell), with its
+// exit status, stdout and stderr captured and an optional address-space limit (RLIMIT_AS) to prove that a
+// command refuses a huge problem instead of allocating for it. Header-only; used by tests/test_hostile.cpp
+// and tests/test_determinism.cpp.
+#pragma once
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace attn::test {
+
+namespace fs = std::filesystem;
+
+// A fresh folder per instance, removed with its contents at the end.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& tag) {
+    static int counter = 0;
+    path_ = fs::temp_directory_path() /
+            ("attnbench-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  const fs::path& path() const { return path_; }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+inline std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+inline void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+}
+
+// Names and contents of every regular file under `dir` (empty if it does not exist): equal snapshots before
+// and after a refused command show it touched nothing.
+inline std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  if (!fs::exists(dir)) return files;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    files[fs::relative(e.path(), dir).string() + (e.is_directory() ? "/" : "")] =
+        e.is_regular_file() ? slurp(e.path()) : "";
+  return files;
+}
+
+struct ProcResult {
+  int code = -1;  // exit code, or 128 + signal
+  bool signaled = false;
+  std::string out, err;
+};
+
+struct ProcOptions {
+  fs::path cwd;                           // working directory (required: stdout/stderr are captured there)
+  std::optional<uint64_t> address_space;  // RLIMIT_AS in bytes for the child
+};
+
+// True when this build runs under a sanitizer: ASan and TSan reserve terabytes of address space at start-up,
+// so an RLIMIT_AS would stop the child before main(). Limits are then not applied.
+constexpr bool kSanitizerBuild =
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+    true;
+#else
+    false;
+#endif
+#else
+    false;
+#endif
+
+// Runs `attnbench args...` and waits for it.
+inline ProcResult run_attnbench(const std::vector<std::string>& args, const ProcOptions& opt) {
+  static int counter = 0;
+  const std::string tag = "proc-" + std::to_string(counter++);
+  const fs::path out_path = opt.cwd / (tag + ".out"), err_path = opt.cwd / (tag + ".err");
+  std::vector<std::string> argv_s{ATTNBENCH_EXE};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string dir = opt.cwd.string(), out = out_path.string(), err = err_path.string();
+  const bool limit = opt.address_space.has_value() && !kSanitizerBuild;
+  rlimit rl{};
+  if (limit) rl.rlim_cur = rl.rlim_max = static_cast<rlim_t>(*opt.address_space);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    // Only async-signal-safe calls between fork and exec (the test process has threads).
+    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (o < 0 || e < 0 || ::chdir(dir.c_str()) != 0) ::_exit(126);
+    ::dup2(o, 1);
+    ::dup2(e, 2);
+    if (limit && ::setrlimit(RLIMIT_AS, &rl) != 0) ::_exit(125);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  REQUIRE(pid > 0);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  ProcResult r;
+  r.signaled = WIFSIGNALED(status);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = slurp(out_path);
+  r.err = slurp(err_path);
+  fs::remove(out_path);
+  fs::remove(err_path);
+  return r;
+}
+
+inline ProcResult run_attnbench(const std::vector<std::string>& args, const fs::path& cwd) {
+  return run_attnbench(args, ProcOptions{cwd, std::nullopt});
+}
+
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace attn::test

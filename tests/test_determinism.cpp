@@ -1,0 +1,239 @@
+// Determinism: the same config and seed give the same results across runs and across thread counts.
+//  * Sweeps (every registered variant, both input regimes, masks, dropout), run twice with threads [1, 2]:
+//    every row field is identical except the ones listed in kRunVolatile (timing, the sgemm-relative speed,
+//    the resident-memory peak, the timestamp); a point at 1 and at 2 threads differs only in those, its id
+//    and threads, and the per-thread workspace estimate (kThreadDependent). meta.json differs only in its
+//    times and calibrations (kMetaVolatile).
+//  * `attnbench eval` for every registered variant and each of its test parameter sets, with and without
+//    masks and dropout: output .npy files bitwise equal across runs and across --threads 1 and 2, and the
+//    --compare figures identical.
+#include <catch2/catch.hpp>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/lib/sweep_config.hpp"
+#include "common/attention.hpp"
+#include "common/npy.hpp"
+#include "common/random.hpp"
+#include "common/runtime.hpp"
+#include "tests/support/process.hpp"
+
+using namespace attn;
+using namespace attn::test;
+
+namespace {
+
+// Row fields that may differ between two runs of one config (JSON pointers). Everything else must match.
+const std::vector<std::string> kRunVolatile = {
+    "/time_ms",            // wall-clock timing and its repetition count
+    "/gflops",             // flops / measured time
+    "/frac_sgemm",         // gflops over the sgemm calibration, itself a timing
+    "/frac_peak",          // gflops over the in-run peak-FLOP calibration, a timing too
+    "/memory/peak_bytes",  // resident-memory high-water mark: page-level, depends on the allocator's state
+    "/timestamp",          // when the row was written
+};
+// meta.json fields that may differ between two runs: when they ran, and the in-run calibrations (timings).
+const std::vector<std::string> kMetaVolatile = {"/start_time", "/end_time", "/sgemm_calibration",
+                                                "/fma_peak"};
+// Fields that also differ between the same point at 1 and at 2 threads.
+const std::vector<std::string> kThreadDependent = {
+    "/id",                      // ends in ",T=<threads>"
+    "/threads",                 // the thread count itself
+    "/memory/workspace_bytes",  // variants with per-thread scratch (tiled, sliding_window, causal linear)
+    "/memory/estimated_bytes",  // output + workspace
+};
+
+Json without(Json row, const std::vector<std::string>& pointers) {
+  for (const auto& p : pointers) {
+    const Json::json_pointer ptr(p);
+    if (row.contains(ptr)) row[ptr.parent_pointer()].erase(ptr.back());
+  }
+  return row;
+}
+
+std::vector<Json> read_rows(const fs::path& jsonl) {
+  std::vector<Json> rows;
+  std::istringstream in(slurp(jsonl));
+  for (std::string line; std::getline(in, line);) rows.push_back(Json::parse(line));
+  return rows;
+}
+
+std::map<std::string, Json> by_id(const std::vector<Json>& rows) {
+  std::map<std::string, Json> m;
+  for (const Json& r : rows) m[r.at("id").get<std::string>()] = r;
+  return m;
+}
+
+// Sweeps a config twice (separate output folders) and checks rows across runs and across thread counts.
+void check_sweep_determinism(const Json& config, const ScratchDir& dir) {
+  const std::string cfg = dir.file(config.at("name").get<std::string>() + ".json");
+  write_text(cfg, config.dump(2) + "\n");
+  const SweepConfig parsed = load_sweep_config(cfg);
+  std::map<std::string, SweepPoint> points;
+  for (const SweepPoint& pt : expand_plan(parsed)) points[pt.id] = pt;
+
+  std::vector<std::map<std::string, Json>> runs;
+  std::vector<Json> metas;
+  for (const char* out : {"run1", "run2"}) {
+    const ProcResult r = run_attnbench({"run", cfg, "--out", dir.file(out), "--plain"}, dir.path());
+    INFO("exit " << r.code << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
+    REQUIRE(r.code == 0);
+    runs.push_back(by_id(read_rows(dir.path() / out / "results.jsonl")));
+    REQUIRE(runs.back().size() == points.size());
+    metas.push_back(without(Json::parse(slurp(dir.path() / out / "meta.json")), kMetaVolatile));
+  }
+  CHECK(metas[0].dump() == metas[1].dump());
+
+  int ok = 0, compared_threads = 0;
+  for (const auto& [id, first] : runs[0]) {
+    INFO(id);
+    REQUIRE(runs[1].count(id) == 1);
+    const Json& second = runs[1].at(id);
+    // Across runs: identical but for the volatile fields.
+    CHECK(without(first, kRunVolatile).dump() == without(second, kRunVolatile).dump());
+    ok += first.at("status") == "ok";
+    if (first.at("status") == "ok") {  // the volatile fields exist and are measurements, not placeholders
+      CHECK(first.at("time_ms").at("median").is_number());
+      CHECK(first.at("gflops").is_number());
+    }
+    // The workspace estimate is the variant's own for the point's thread count.
+    const SweepPoint& pt = points.at(id);
+    CHECK(first.at("memory").at("workspace_bytes") ==
+          Registry::instance().get(pt.problem.variant).workspace_bytes(pt.problem, pt.threads));
+    // Across threads: the same point at T=1 and T=2 differs only in the thread-dependent fields.
+    const std::string suffix = ",T=1";
+    if (id.size() > suffix.size() && id.compare(id.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      const std::string id2 = id.substr(0, id.size() - 1) + "2";
+      if (runs[0].count(id2)) {
+        ++compared_threads;
+        std::vector<std::string> volatile_fields = kRunVolatile;
+        volatile_fields.insert(volatile_fields.end(), kThreadDependent.begin(), kThreadDependent.end());
+        CHECK(without(first, volatile_fields).dump() == without(runs[0].at(id2), volatile_fields).dump());
+        CHECK(runs[0].at(id2).at("threads") == 2);
+      }
+    }
+  }
+  CHECK(ok > 0);
+  if (available_threads() >= 2) CHECK(compared_threads * 2 == static_cast<int>(points.size()));
+}
+
+Json fast_measure() {
+  return {{"warmup", 0}, {"min_reps", 1}, {"max_reps", 2}, {"min_time_s", 0}, {"max_time_s", 1}};
+}
+
+Json thread_axis() {
+  return available_threads() >= 2 ? Json::array({1, 2}) : Json::array({1});
+}
+
+}  // namespace
+
+TEST_CASE("sweep: identical rows across runs and thread counts; only timing fields differ", "[determinism]") {
+  ScratchDir dir("determinism-sweep");
+  write_text(dir.path() / "text.txt",
+             "the quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat and the bird "
+             "sings a song of the morning to the sleepy town below the hill\n");
+  SECTION("every variant, gaussian and tokens inputs, masks, full and sampled references") {
+    const Json config = {
+        {"name", "det"},
+        {"variants", "all"},
+        {"sweep",
+         {{"batch", 2},
+          {"heads", 2},
+          {"head_dim", 24},
+          {"seq_len", {33, 100}},
+          {"mask", {"none", "causal+pad=0.25"}},
+          {"threads", thread_axis()}}},
+        {"inputs",
+         Json::parse(R"([{"regime": "gaussian", "std": [1, 3]}, {"regime": "tokens", "text": "text.txt"}])")},
+        {"measure", fast_measure()},
+        {"accuracy", {{"reference", "auto"}, {"rows", 40}}},  // 33: full, 100: 40 sampled rows
+        {"memory_budget", "1GiB"},
+        {"seed", 11}};
+    check_sweep_determinism(config, dir);
+  }
+  SECTION("dropout, cross-attention and variant parameter axes") {
+    const Json config = {{"name", "det_dropout"},
+                         {"variants", Json::parse(R"(["naive", "tiled", "linear",
+                      {"name": "sliding_window", "params": {"window": [0, 5], "global_tokens": [[0, 17]]}}])")},
+                         {"sweep",
+                          {{"batch", 1},
+                           {"heads", 3},
+                           {"head_dim", 16},
+                           {"seq_q", {48, 70}},
+                           {"seq_kv", {70}},
+                           {"mask", "causal"},
+                           {"dropout", 0.2},
+                           {"threads", thread_axis()}}},
+                         {"measure", fast_measure()},
+                         {"accuracy", {{"reference", "full"}}},
+                         {"memory_budget", "1GiB"},
+                         {"seed", 5}};
+    check_sweep_determinism(config, dir);
+  }
+}
+
+TEST_CASE("eval: every variant's output is bitwise identical across runs and at 1 and 2 threads",
+          "[determinism]") {
+  ScratchDir dir("determinism-eval");
+  const int64_t B = 2, H = 3, L = 75, D = 20;
+  FloatArray q({B, H, L, D}), k({B, H, L, D}), v({B, H, L, D});
+  fill_normal(q.ptr(), static_cast<int64_t>(q.numel()), 31, 1.5);
+  fill_normal(k.ptr(), static_cast<int64_t>(k.numel()), 32, 1.5);
+  fill_normal(v.ptr(), static_cast<int64_t>(v.numel()), 33);
+  FloatArray pad({B, L}), mask({L, L});
+  for (int64_t j = L - 9; j < L; ++j) pad.data[static_cast<std::size_t>(L + j)] = 1;  // batch 1 pads 9 keys
+  Rng rng(34);
+  for (auto& m : mask.data) m = rng.uniform() < 0.8 ? 1.0f : 0.0f;
+  const std::string qp = dir.file("q.npy"), kp = dir.file("k.npy"), vp = dir.file("v.npy"),
+                    padp = dir.file("pad.npy"), maskp = dir.file("mask.npy");
+  write_npy(qp, q);
+  write_npy(kp, k);
+  write_npy(vp, v);
+  write_npy(padp, pad);
+  write_npy(maskp, mask);
+
+  int runs = 0;
+  for (const Attention* variant : Registry::instance().all()) {
+    const Capabilities caps = variant->capabilities();
+    for (const Json& params : variant->test_param_sets()) {
+      for (const bool masked : {false, true}) {
+        std::vector<std::string> args{"eval", "--variant", variant->name(), "--q", qp,
+                                      "--k",  kp,          "--v",           vp,    "--compare"};
+        for (auto it = params.begin(); it != params.end(); ++it)
+          args.insert(args.end(), {"--param", it.key() + "=" + param_value_text(it.value())});
+        if (masked) {
+          if (caps.causal) args.push_back("--causal");
+          if (caps.key_padding) args.insert(args.end(), {"--key-padding", padp});
+          if (caps.boolean_mask) args.insert(args.end(), {"--mask", maskp});
+          if (caps.dropout) args.insert(args.end(), {"--dropout", "0.15", "--seed", "9"});
+        }
+        std::string first_json, first_out;
+        int i = 0;
+        for (const char* threads : {"1", "1", "2"}) {
+          std::vector<std::string> a{"--threads", threads};
+          a.insert(a.end(), args.begin(), args.end());
+          const std::string out = dir.file("o" + std::to_string(i++) + ".npy");
+          a.insert(a.end(), {"--out", out});
+          const ProcResult r = run_attnbench(a, dir.path());
+          INFO(variant->name() << " " << params.dump() << (masked ? " masked" : "") << " --threads "
+                               << threads << "\nstderr: " << r.err);
+          REQUIRE(r.code == 0);
+          ++runs;
+          const std::string bytes = slurp(out);
+          REQUIRE(bytes.size() > 128);
+          if (first_out.empty()) {
+            first_out = bytes, first_json = r.out;
+            CHECK(Json::parse(r.out).at("nan_count") == 0);
+          } else {
+            CHECK(bytes == first_out);
+            CHECK(r.out == first_json);
+          }
+        }
+      }
+    }
+  }
+  CHECK(runs >= 3 * 2 * static_cast<int>(Registry::instance().all().size()));
+}
