@@ -379,6 +379,10 @@ TEST_CASE("naive reports its quadratic workspace and its FLOPs", "[naive]") {
   Problem small = problem(2, 3, 5, 7, 16);
   CHECK(naive().workspace_bytes(small, 1) >= std::size_t{5} * 7 * sizeof(float));
   CHECK(naive().flops(small) == 4.0 * 2 * 3 * 5 * 7 * 16);
+  // 10^12 x 10^12 scores do not fit in 64 bits of bytes: the estimate saturates rather than wrapping to a
+  // small number that a memory budget would let through.
+  Problem huge = problem(1, 1, 1000000000000, 1000000000000, 1);
+  CHECK(naive().workspace_bytes(huge, 1) == SIZE_MAX);
 }
 
 TEST_CASE("exact variants count causal FLOPs over the pairs below the diagonal only", "[naive]") {

@@ -295,6 +295,20 @@ TEST_CASE("sliding_window is linear in n: workspace O(w), band FLOPs 4·n·(2w+1
   REQUIRE(v.flops(p) == 8 * small_flops);
 }
 
+TEST_CASE("sliding_window sizes a huge global count without listing the positions", "[sliding_window]") {
+  // global_tokens = 10^12 at seq 10^12: flops, workspace_bytes and the support check must be arithmetic
+  // (the sweep asks them before deciding to skip); listing the positions would need 8 TB.
+  const Attention& v = Registry::instance().get("sliding_window");
+  Problem p = make_problem("sliding_window", {{"window", 4}, {"global_tokens", int64_t{1000000000000}}});
+  p.batch = p.heads = p.head_dim = 1;
+  p.seq_q = p.seq_kv = 1000000000000;
+  CHECK(v.not_supported_reasons(p).empty());
+  const std::size_t ws = v.workspace_bytes(p, 1);
+  CHECK(ws >= std::size_t{1000000000000} * sizeof(int64_t));  // the position list forward would build
+  // Every position global: full attention, 4·d FLOPs per (query, key) pair.
+  CHECK(v.flops(p) == Approx(4.0 * 1e12 * 1e12).epsilon(1e-12));
+}
+
 TEST_CASE("sliding_window rejects bad parameters with the reason", "[sliding_window]") {
   using Catch::Matchers::Contains;
   REQUIRE_THROWS_WITH(make_problem("sliding_window", {{"dilation", 0}}),

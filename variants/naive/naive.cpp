@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <memory>
@@ -133,7 +134,12 @@ class Naive final : public Attention {
     return exact_attention_flops(p);
   }
   std::size_t workspace_bytes(const Problem& p, int) const override {
-    return ScoreBuffer::allocated_bytes(static_cast<std::size_t>(heads_per_group(p)) * p.seq_q * p.seq_kv);
+    // Saturates instead of wrapping: at seq 10^12 the product is ~10^24 floats, and a wrapped estimate
+    // could pass a memory budget.
+    const double floats = static_cast<double>(heads_per_group(p)) * static_cast<double>(p.seq_q) *
+                          static_cast<double>(p.seq_kv);
+    if (floats * sizeof(float) >= 0x1p63) return SIZE_MAX;
+    return ScoreBuffer::allocated_bytes(static_cast<std::size_t>(floats));
   }
 
   void forward(const Problem& p, const AttentionInputs& in) const override {

@@ -33,6 +33,16 @@ inline std::vector<int64_t> global_positions(const Json& value, int64_t seq) {
   return out;
 }
 
+// How many positions global_positions() would return, without building them (a count of 10^12 must be
+// estimated, not materialised). Duplicates in a list are counted once each time they appear; the list form is
+// validated by global_positions() before any kernel runs.
+inline int64_t global_count(const Json& value, int64_t seq) {
+  if (!value.is_array()) return std::min(value.get<int64_t>(), seq);
+  int64_t n = 0;
+  for (const Json& e : value) n += e.get<int64_t>() < seq;
+  return n;
+}
+
 // Indices of an explicit `global_tokens` list that do not exist in a sequence of `seq` positions.
 inline std::vector<int64_t> out_of_range_global_indices(const Json& value, int64_t seq) {
   std::vector<int64_t> bad;

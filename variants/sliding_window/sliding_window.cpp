@@ -32,16 +32,20 @@ constexpr int64_t kGlobalRowsPerTask = 16;
 // them to V. Redundant work is the corners: (tile + 2w) / (2w + 1) of the band FLOPs.
 struct Plan {
   int64_t seq, dim, window, dilation, tile;
-  int64_t residues;         // residue classes that hold any position: min(dilation, seq)
-  int64_t tiles_per_class;  // tiles of the longest class (class 0); shorter classes skip their last task
-  std::vector<int64_t> globals;
+  int64_t residues;              // residue classes that hold any position: min(dilation, seq)
+  int64_t tiles_per_class;       // tiles of the longest class (class 0); shorter classes skip their last task
+  std::vector<int64_t> globals;  // empty unless built with positions (forward); see globals_count()
+  int64_t n_globals;
 
-  explicit Plan(const Problem& p)
+  // with_positions = false: sizes only (flops, workspace_bytes), no O(seq) list of the global positions.
+  explicit Plan(const Problem& p, bool with_positions = true)
       : seq(p.seq_q),
         dim(p.head_dim),
         window(p.param_int("window")),
         dilation(p.param_int("dilation")),
-        globals(sliding_window::global_positions(p.param("global_tokens"), p.seq_q)) {
+        globals(with_positions ? sliding_window::global_positions(p.param("global_tokens"), p.seq_q)
+                               : std::vector<int64_t>{}),
+        n_globals(sliding_window::global_count(p.param("global_tokens"), p.seq_q)) {
     residues = std::min(dilation, seq);
     const int64_t longest = class_length(0);
     // Tile rows: half the (effective) window, within [16, 64]. Taller tiles make bigger GEMMs but waste more
@@ -53,7 +57,7 @@ struct Plan {
     tiles_per_class = (longest + tile - 1) / tile;
   }
   int64_t class_length(int64_t r) const { return (seq - r + dilation - 1) / dilation; }
-  int64_t globals_count() const { return static_cast<int64_t>(globals.size()); }
+  int64_t globals_count() const { return n_globals; }
   // Keys of a tile's band [t0 - w, t1 + w) clipped to its class, at most this wide.
   int64_t max_span() const { return std::min(tile + 2 * window, class_length(0)); }
   int64_t band_floats() const { return tile * (max_span() + globals_count()) + 2 * globals_count() * dim; }
@@ -144,7 +148,7 @@ class SlidingWindow final : public Attention {
     // Per head: 4·d FLOPs (two GEMMs) per attended (query, key) pair of the pattern, counting band rows as
     // min(2w+1, class length) keys (w+1 when causal) plus the global keys, and global rows as seq keys.
     // Edge truncation of the band and the corners this kernel computes and discards are not counted.
-    const Plan plan(p);
+    const Plan plan(p, /*with_positions=*/false);
     const double g = static_cast<double>(plan.globals_count()), n = static_cast<double>(p.seq_q);
     const int64_t band_keys = p.mask.causal ? plan.window + 1 : 2 * plan.window + 1;
     const double keys = static_cast<double>(std::min(band_keys, plan.class_length(0)));
@@ -152,13 +156,14 @@ class SlidingWindow final : public Attention {
   }
 
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
-    const Plan plan(p);
-    const int64_t per_thread = plan.band_floats() + (plan.globals.empty() ? 0 : plan.global_floats());
+    const Plan plan(p, /*with_positions=*/false);
+    const int64_t g = plan.globals_count();
+    const int64_t per_thread = plan.band_floats() + (g == 0 ? 0 : plan.global_floats());
     // Excluded-key flags (band_excluded_keys): one row per batch entry with padding, one shared row for
     // globals.
-    const int64_t flags = p.mask.key_padding ? p.batch * p.seq_q : plan.globals.empty() ? 0 : p.seq_q;
+    const int64_t flags = p.mask.key_padding ? p.batch * p.seq_q : g == 0 ? 0 : p.seq_q;
     return static_cast<std::size_t>(std::max(threads, 1)) * per_thread * sizeof(float) +
-           static_cast<std::size_t>(flags) + plan.globals.size() * sizeof(int64_t);
+           static_cast<std::size_t>(flags) + static_cast<std::size_t>(g) * sizeof(int64_t);
   }
 
   void forward(const Problem& p, const AttentionInputs& in) const override {
@@ -190,8 +195,10 @@ class SlidingWindow final : public Attention {
  protected:
   std::vector<std::string> extra_not_supported_reasons(const Problem& p) const override {
     std::vector<std::string> reasons;
-    // Resolving the positions throws UsageError on duplicates: a config error, not a skip.
-    (void)sliding_window::global_positions(p.param("global_tokens"), p.seq_q);
+    // Resolving a list throws UsageError on duplicates: a config error, not a skip. (A count has none, and
+    // is not expanded: it may be as long as the sequence.)
+    if (p.param("global_tokens").is_array())
+      (void)sliding_window::global_positions(p.param("global_tokens"), p.seq_q);
     for (int64_t bad : sliding_window::out_of_range_global_indices(p.param("global_tokens"), p.seq_q))
       reasons.push_back("sliding_window: global_tokens index " + std::to_string(bad) +
                         " is not a position of a " + std::to_string(p.seq_q) +
