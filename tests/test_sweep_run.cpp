@@ -20,90 +20,23 @@
 
 #include "bench/lib/sweep_config.hpp"
 #include "common/attention.hpp"
+#include "tests/support/process.hpp"
 
 using namespace attn;
+using namespace attn::test;
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 
 namespace {
 
 // A scratch folder (the working directory of every run, so a default results/ folder would land here).
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("attnbench-sweeprun-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return (path / name).string(); }
+struct TempDir : ScratchDir {
+  TempDir() : ScratchDir("sweeprun") {}
 };
+using RunResult = ProcResult;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream(p, std::ios::binary) << text;
-}
-
-// Starts `attnbench args...` in `cwd` with stdout/stderr in cwd/<log>.out|.err; returns the child's pid.
 pid_t spawn_attnbench(const std::vector<std::string>& args, const fs::path& cwd, const std::string& log) {
-  std::vector<std::string> argv_s{ATTNBENCH_EXE};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const std::string dir = cwd.string(), out = (cwd / (log + ".out")).string(),
-                    err = (cwd / (log + ".err")).string();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    // Only async-signal-safe calls between fork and exec (the test process may have threads).
-    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (o < 0 || e < 0 || ::chdir(dir.c_str()) != 0) ::_exit(126);
-    ::dup2(o, 1);
-    ::dup2(e, 2);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  REQUIRE(pid > 0);
-  return pid;
-}
-
-struct RunResult {
-  int code = -1;          // exit code, or 128 + signal
-  bool signaled = false;  // ended by a signal (not by exit(code))
-  std::string out, err;
-};
-
-RunResult wait_attnbench(pid_t pid, const fs::path& cwd, const std::string& log) {
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  RunResult r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.signaled = WIFSIGNALED(status);
-  r.out = slurp(cwd / (log + ".out"));
-  r.err = slurp(cwd / (log + ".err"));
-  fs::remove(cwd / (log + ".out"));
-  fs::remove(cwd / (log + ".err"));
-  return r;
-}
-
-RunResult run_attnbench(const std::vector<std::string>& args, const fs::path& cwd) {
-  const RunResult r = wait_attnbench(spawn_attnbench(args, cwd, "log"), cwd, "log");
-  UNSCOPED_INFO("attnbench exit " << r.code << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
-  return r;
+  return attn::test::spawn_attnbench(args, ProcOptions{cwd, std::nullopt}, log);
 }
 
 std::size_t count_complete_lines(const fs::path& p);
@@ -237,14 +170,6 @@ Json read_json(const fs::path& p) {
   return j;
 }
 
-// Names and contents of every file under `dir`, to show a refused run touched nothing.
-std::map<std::string, std::string> snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> files;
-  for (const auto& e : fs::recursive_directory_iterator(dir))
-    if (e.is_regular_file()) files[fs::relative(e.path(), dir).string()] = slurp(e.path());
-  return files;
-}
-
 Json measure_fast() {
   return {{"warmup", 0}, {"min_reps", 1}, {"max_reps", 2}, {"min_time_s", 0}, {"max_time_s", 1}};
 }
@@ -306,7 +231,7 @@ struct MixedRun {
 const MixedRun& mixed_run() {
   static const std::unique_ptr<MixedRun> run = [] {
     auto m = std::make_unique<MixedRun>();
-    write_text(m->dir.path / "empty.txt", "");
+    write_text(m->dir.path() / "empty.txt", "");
     m->config = {
         {"name", "mixed"},
         {"variants",
@@ -327,10 +252,10 @@ const MixedRun& mixed_run() {
         {"memory_budget", "256KiB"},
         {"seed", 1}};
     m->config_path = write_config(m->dir, "mixed.json", m->config);
-    m->out = m->dir.path / "out";
+    m->out = m->dir.path() / "out";
     m->result = wait_attnbench(
-        spawn_attnbench({"run", m->config_path, "--out", m->out.string()}, m->dir.path, "mixed"), m->dir.path,
-        "mixed");
+        spawn_attnbench({"run", m->config_path, "--out", m->out.string()}, m->dir.path(), "mixed"),
+        m->dir.path(), "mixed");
     if (fs::exists(m->out / "results.jsonl")) m->rows = read_rows(m->out / "results.jsonl");
     return m;
   }();
@@ -350,7 +275,7 @@ const SmallRun& small_run() {
   static const std::unique_ptr<SmallRun> run = [] {
     auto m = std::make_unique<SmallRun>();
     const std::string cfg = write_config(m->dir, "small.json", small_config());
-    m->out = m->dir.path / "out";
+    m->out = m->dir.path() / "out";
     // Stale results from an older sweep, for --force to replace.
     fs::create_directories(m->out);
     write_text(m->out / "results.jsonl", R"({"id": "stale", "status": "ok"})"
@@ -358,7 +283,7 @@ const SmallRun& small_run() {
     write_text(m->out / "meta.json", R"({"config_hash": "0", "resumed_at": ["then"]})"
                                      "\n");
     write_text(m->out / "results.csv", "id,status\nstale,ok\n");
-    m->result = run_attnbench({"run", cfg, "--out", m->out.string(), "--force"}, m->dir.path);
+    m->result = run_attnbench({"run", cfg, "--out", m->out.string(), "--force"}, m->dir.path());
     if (fs::exists(m->out / "results.jsonl")) m->rows = read_rows(m->out / "results.jsonl");
     return m;
   }();
@@ -385,22 +310,22 @@ TEST_CASE("an invalid config exits 2 and creates no output folder", "[sweep][run
   Json bad = small_config();
   bad["sweep"]["seq_len"] = {64, 128, -5};
   const std::string cfg = write_config(dir, "bad.json", bad);
-  const RunResult r = run_attnbench({"run", cfg, "--out", dir.file("out")}, dir.path);
+  const RunResult r = run_attnbench({"run", cfg, "--out", dir.file("out")}, dir.path());
   CHECK(r.code == 2);
   CHECK_THAT(r.err, Contains("sweep.seq_len[2]: must be a positive integer, got -5"));
-  CHECK_FALSE(fs::exists(dir.path / "out"));
+  CHECK_FALSE(fs::exists(dir.path() / "out"));
   // Nor the default folder (results/<name> under the working directory).
-  const RunResult r2 = run_attnbench({"run", cfg}, dir.path);
+  const RunResult r2 = run_attnbench({"run", cfg}, dir.path());
   CHECK(r2.code == 2);
-  CHECK_FALSE(fs::exists(dir.path / "results"));
+  CHECK_FALSE(fs::exists(dir.path() / "results"));
 
   bad = small_config();
   bad["sweeep"] = bad["sweep"];
   write_config(dir, "bad.json", bad);
-  const RunResult r3 = run_attnbench({"run", cfg, "--out", dir.file("out")}, dir.path);
+  const RunResult r3 = run_attnbench({"run", cfg, "--out", dir.file("out")}, dir.path());
   CHECK(r3.code == 2);
   CHECK_THAT(r3.err, Contains("did you mean 'sweep'?"));
-  CHECK_FALSE(fs::exists(dir.path / "out"));
+  CHECK_FALSE(fs::exists(dir.path() / "out"));
 }
 
 TEST_CASE("a sweep writes one row per point to results.jsonl, results.csv and meta.json", "[sweep][run]") {
@@ -601,7 +526,7 @@ TEST_CASE("rerun, --force, --resume and torn lines on one output folder", "[swee
 
   TempDir dir;
   const std::string cfg = write_config(dir, "small.json", small_config());
-  const fs::path out = dir.path / "out";
+  const fs::path out = dir.path() / "out";
   fs::copy(pristine.out, out, fs::copy_options::recursive);
   const std::vector<std::string> base{"run", cfg, "--out", out.string()};
   auto with = [&](std::vector<std::string> extra) {
@@ -614,7 +539,7 @@ TEST_CASE("rerun, --force, --resume and torn lines on one output folder", "[swee
 
   SECTION("a rerun without --resume or --force exits 2 and touches nothing") {
     const auto before = snapshot(out);
-    const RunResult r = run_attnbench(base, dir.path);
+    const RunResult r = run_attnbench(base, dir.path());
     CHECK(r.code == 2);
     CHECK_THAT(r.err, Contains("already holds results"));
     CHECK(snapshot(out) == before);
@@ -622,13 +547,13 @@ TEST_CASE("rerun, --force, --resume and torn lines on one output folder", "[swee
 
   SECTION("--resume and --force together exit 2 and touch nothing") {
     const auto before = snapshot(out);
-    CHECK(run_attnbench(with({"--resume", "--force"}), dir.path).code == 2);
+    CHECK(run_attnbench(with({"--resume", "--force"}), dir.path()).code == 2);
     CHECK(snapshot(out) == before);
   }
 
   SECTION("--resume on a finished sweep measures nothing new") {
     const std::string jsonl = slurp(out / "results.jsonl");
-    const RunResult r = run_attnbench(with({"--resume"}), dir.path);
+    const RunResult r = run_attnbench(with({"--resume"}), dir.path());
     CHECK(r.code == 0);
     CHECK_THAT(r.out, Contains("4 already done"));
     CHECK(slurp(out / "results.jsonl") == jsonl);
@@ -643,7 +568,7 @@ TEST_CASE("rerun, --force, --resume and torn lines on one output folder", "[swee
     changed["seed"] = 4;
     write_config(dir, "small.json", changed);
     const auto before = snapshot(out);
-    const RunResult r = run_attnbench(with({"--resume"}), dir.path);
+    const RunResult r = run_attnbench(with({"--resume"}), dir.path());
     CHECK(r.code == 2);
     CHECK_THAT(r.err, Contains("config changed"));
     CHECK(snapshot(out) == before);
@@ -658,7 +583,7 @@ TEST_CASE("rerun, --force, --resume and torn lines on one output folder", "[swee
     text += lines.back().substr(0, lines.back().size() / 2);  // a write cut mid-line, no newline
     write_text(out / "results.jsonl", text);
 
-    const RunResult r = run_attnbench(with({"--resume"}), dir.path);
+    const RunResult r = run_attnbench(with({"--resume"}), dir.path());
     CHECK(r.code == 0);
     CHECK_THAT(r.out, Contains("3 already done"));
     const std::vector<Json> rows = read_rows(out / "results.jsonl");
@@ -677,7 +602,7 @@ TEST_CASE("rerun, --force, --resume and torn lines on one output folder", "[swee
     for (const auto& l : lines) text += l + "\n";
     write_text(out / "results.jsonl", text);
     const auto before = snapshot(out);
-    const RunResult r = run_attnbench(with({"--resume"}), dir.path);
+    const RunResult r = run_attnbench(with({"--resume"}), dir.path());
     CHECK(r.code == 2);
     CHECK_THAT(r.err, Contains("line 2"));
     CHECK(snapshot(out) == before);
@@ -685,7 +610,7 @@ TEST_CASE("rerun, --force, --resume and torn lines on one output folder", "[swee
 
   SECTION("--resume --filter measures only the missing points that match") {
     write_text(out / "results.jsonl", "");  // as if killed right after the calibration
-    const RunResult r = run_attnbench(with({"--resume", "--filter", "causal"}), dir.path);
+    const RunResult r = run_attnbench(with({"--resume", "--filter", "causal"}), dir.path());
     CHECK(r.code == 0);
     const std::vector<Json> rows = read_rows(out / "results.jsonl");
     CHECK(rows.size() == 2);
@@ -698,10 +623,10 @@ TEST_CASE("run with a filter that matches nothing exits 2 and writes nothing", "
   TempDir dir;
   const std::string cfg = write_config(dir, "small.json", small_config());
   const RunResult r =
-      run_attnbench({"run", cfg, "--out", dir.file("out"), "--filter", "no-such-point"}, dir.path);
+      run_attnbench({"run", cfg, "--out", dir.file("out"), "--filter", "no-such-point"}, dir.path());
   CHECK(r.code == 2);
   CHECK_THAT(r.err, Contains("no-such-point"));
-  CHECK_FALSE(fs::exists(dir.path / "out"));
+  CHECK_FALSE(fs::exists(dir.path() / "out"));
 }
 
 TEST_CASE("a dry run lists every point with skip reasons and writes nothing", "[sweep][run]") {
@@ -710,10 +635,10 @@ TEST_CASE("a dry run lists every point with skip reasons and writes nothing", "[
   c["variants"] = {"naive", "linear"};
   c["sweep"]["dropout"] = 0.1;  // linear forms no weights to drop: every linear point is skipped
   const std::string cfg = write_config(dir, "dry.json", c);
-  const RunResult r = run_attnbench({"run", cfg, "--out", dir.file("out"), "--dry-run"}, dir.path);
+  const RunResult r = run_attnbench({"run", cfg, "--out", dir.file("out"), "--dry-run"}, dir.path());
   CHECK(r.code == 0);
-  CHECK_FALSE(fs::exists(dir.path / "out"));
-  CHECK_FALSE(fs::exists(dir.path / "results"));
+  CHECK_FALSE(fs::exists(dir.path() / "out"));
+  CHECK_FALSE(fs::exists(dir.path() / "results"));
   const std::set<std::string> planned = planned_ids(cfg);
   REQUIRE(planned.size() == 8);
   std::set<std::string> listed;
@@ -729,19 +654,19 @@ TEST_CASE("a dry run lists every point with skip reasons and writes nothing", "[
 
   // --filter narrows the listed plan to the ids containing the text.
   const RunResult f =
-      run_attnbench({"run", cfg, "--out", dir.file("out"), "--dry-run", "--filter", "linear"}, dir.path);
+      run_attnbench({"run", cfg, "--out", dir.file("out"), "--dry-run", "--filter", "linear"}, dir.path());
   CHECK(f.code == 0);
   CHECK_THAT(f.out, Contains("4 points"));
   for (const auto& id : planned)
     CHECK((f.out.find(id + "  ") != std::string::npos) == (id.find("linear") != std::string::npos));
-  CHECK_FALSE(fs::exists(dir.path / "out"));
+  CHECK_FALSE(fs::exists(dir.path() / "out"));
 
   // Points over the memory budget are listed as skipped with the bytes they need, as the run would skip them.
   Json big = small_config();
   big["variants"] = {"naive"};
   big["memory_budget"] = "1KiB";
   const std::string big_cfg = write_config(dir, "dry_budget.json", big);
-  const RunResult b = run_attnbench({"run", big_cfg, "--out", dir.file("out"), "--dry-run"}, dir.path);
+  const RunResult b = run_attnbench({"run", big_cfg, "--out", dir.file("out"), "--dry-run"}, dir.path());
   CHECK(b.code == 0);
   int over = 0;
   for (const auto& line : lines_of(b.out))
@@ -750,7 +675,7 @@ TEST_CASE("a dry run lists every point with skip reasons and writes nothing", "[
       ++over;
   CHECK(over == static_cast<int>(planned_ids(big_cfg).size()));
   CHECK(over > 0);
-  CHECK_FALSE(fs::exists(dir.path / "out"));
+  CHECK_FALSE(fs::exists(dir.path() / "out"));
 }
 
 TEST_CASE("kill -9 mid-run, --resume, SIGINT mid-resume (exit 130), --resume: every point exactly once",
@@ -758,16 +683,16 @@ TEST_CASE("kill -9 mid-run, --resume, SIGINT mid-resume (exit 130), --resume: ev
   // One sequence so the sgemm calibration runs once: resumed runs reuse the one in meta.json.
   TempDir dir;
   const std::string cfg = write_config(dir, "slow.json", slow_config());
-  const fs::path out = dir.path / "out", jsonl = out / "results.jsonl";
+  const fs::path out = dir.path() / "out", jsonl = out / "results.jsonl";
   const std::vector<std::string> resume{"run", cfg, "--out", out.string(), "--resume"};
   const std::set<std::string> planned = planned_ids(cfg);
   REQUIRE(planned.size() == 40);
 
   // kill -9 after the first row.
-  pid_t pid = spawn_attnbench({"run", cfg, "--out", out.string()}, dir.path, "killed");
-  wait_for_rows(pid, 0, jsonl, dir.path, "killed");
+  pid_t pid = spawn_attnbench({"run", cfg, "--out", out.string()}, dir.path(), "killed");
+  wait_for_rows(pid, 0, jsonl, dir.path(), "killed");
   REQUIRE(::kill(pid, SIGKILL) == 0);
-  const RunResult killed = wait_attnbench(pid, dir.path, "killed");
+  const RunResult killed = wait_attnbench(pid, dir.path(), "killed");
   INFO("killed run stdout:\n" << killed.out << "\nstderr:\n" << killed.err);
   REQUIRE(killed.code == 128 + SIGKILL);
   const std::vector<Json> after_kill = read_rows(jsonl);
@@ -775,10 +700,10 @@ TEST_CASE("kill -9 mid-run, --resume, SIGINT mid-resume (exit 130), --resume: ev
   CHECK(after_kill.size() < planned.size());  // it died mid-run
 
   // --resume, interrupted with SIGINT once it has added a row: it finishes that point and exits 130.
-  pid = spawn_attnbench(resume, dir.path, "interrupted");
-  wait_for_rows(pid, after_kill.size(), jsonl, dir.path, "interrupted");
+  pid = spawn_attnbench(resume, dir.path(), "interrupted");
+  wait_for_rows(pid, after_kill.size(), jsonl, dir.path(), "interrupted");
   REQUIRE(::kill(pid, SIGINT) == 0);
-  const RunResult stopped = wait_attnbench(pid, dir.path, "interrupted");
+  const RunResult stopped = wait_attnbench(pid, dir.path(), "interrupted");
   INFO("interrupted run stdout:\n" << stopped.out << "\nstderr:\n" << stopped.err);
   CHECK(stopped.code == 130);
   CHECK_THAT(stopped.out, Contains(std::to_string(after_kill.size()) + " already done"));
@@ -794,7 +719,7 @@ TEST_CASE("kill -9 mid-run, --resume, SIGINT mid-resume (exit 130), --resume: ev
   CHECK(meta.at("end_time").is_string());
 
   // --resume completes it.
-  const RunResult r = run_attnbench(resume, dir.path);
+  const RunResult r = run_attnbench(resume, dir.path());
   CHECK(r.code == 0);
   CHECK_THAT(r.out, Contains(std::to_string(partial.size()) + " already done"));
   const std::vector<Json> rows = read_rows(jsonl);
@@ -818,14 +743,14 @@ TEST_CASE("kill -9 during the sgemm calibration (before any row), then --resume 
   // that both a plain rerun ("already holds results") and --resume ("no meta.json") refuse.
   TempDir dir;
   const std::string cfg = write_config(dir, "small.json", small_config());
-  const fs::path out = dir.path / "out";
-  const pid_t pid = spawn_attnbench({"run", cfg, "--out", out.string()}, dir.path, "early");
-  wait_for_file(pid, out / "results.jsonl", dir.path, "early");  // created just before the calibration
+  const fs::path out = dir.path() / "out";
+  const pid_t pid = spawn_attnbench({"run", cfg, "--out", out.string()}, dir.path(), "early");
+  wait_for_file(pid, out / "results.jsonl", dir.path(), "early");  // created just before the calibration
   REQUIRE(::kill(pid, SIGKILL) == 0);
-  const RunResult killed = wait_attnbench(pid, dir.path, "early");
+  const RunResult killed = wait_attnbench(pid, dir.path(), "early");
   REQUIRE(killed.code == 128 + SIGKILL);
 
-  const RunResult r = run_attnbench({"run", cfg, "--out", out.string(), "--resume"}, dir.path);
+  const RunResult r = run_attnbench({"run", cfg, "--out", out.string(), "--resume"}, dir.path());
   CHECK(r.code == 0);
   if (r.code == 0) {
     const std::vector<Json> rows = read_rows(out / "results.jsonl");
@@ -838,11 +763,11 @@ TEST_CASE("SIGINT during the sgemm calibration stops cleanly: exit 130, meta.jso
           "[sweep][run]") {
   TempDir dir;
   const std::string cfg = write_config(dir, "small.json", small_config());
-  const fs::path out = dir.path / "out";
-  const pid_t pid = spawn_attnbench({"run", cfg, "--out", out.string()}, dir.path, "early");
-  wait_for_file(pid, out / "results.jsonl", dir.path, "early");  // created just before the calibration
+  const fs::path out = dir.path() / "out";
+  const pid_t pid = spawn_attnbench({"run", cfg, "--out", out.string()}, dir.path(), "early");
+  wait_for_file(pid, out / "results.jsonl", dir.path(), "early");  // created just before the calibration
   REQUIRE(::kill(pid, SIGINT) == 0);
-  const RunResult r = wait_attnbench(pid, dir.path, "early");
+  const RunResult r = wait_attnbench(pid, dir.path(), "early");
   INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
   CHECK_FALSE(r.signaled);  // not killed by the default SIGINT action
   CHECK(r.code == 130);

@@ -1,7 +1,7 @@
 // Test support: scratch folders and the built `attnbench` run as a child process (argv, no shell), with its
 // exit status, stdout and stderr captured and an optional address-space limit (RLIMIT_AS) to prove that a
-// command refuses a huge problem instead of allocating for it. Header-only; used by tests/test_hostile.cpp
-// and tests/test_determinism.cpp.
+// command refuses a huge problem instead of allocating for it. Header-only; used by tests/test_hostile.cpp,
+// tests/test_determinism.cpp and tests/test_sweep_run.cpp.
 #pragma once
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -93,17 +93,17 @@ constexpr bool kSanitizerBuild =
     false;
 #endif
 
-// Runs `attnbench args...` and waits for it.
-inline ProcResult run_attnbench(const std::vector<std::string>& args, const ProcOptions& opt) {
-  static int counter = 0;
-  const std::string tag = "proc-" + std::to_string(counter++);
-  const fs::path out_path = opt.cwd / (tag + ".out"), err_path = opt.cwd / (tag + ".err");
+// Starts `attnbench args...` in opt.cwd with stdout/stderr in cwd/<log>.out|.err; returns the child's pid
+// (for tests that signal it mid-run). wait_attnbench collects it.
+inline pid_t spawn_attnbench(const std::vector<std::string>& args, const ProcOptions& opt,
+                             const std::string& log) {
   std::vector<std::string> argv_s{ATTNBENCH_EXE};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
   argv.push_back(nullptr);
-  const std::string dir = opt.cwd.string(), out = out_path.string(), err = err_path.string();
+  const std::string dir = opt.cwd.string(), out = (opt.cwd / (log + ".out")).string(),
+                    err = (opt.cwd / (log + ".err")).string();
   const bool limit = opt.address_space.has_value() && !kSanitizerBuild;
   rlimit rl{};
   if (limit) rl.rlim_cur = rl.rlim_max = static_cast<rlim_t>(*opt.address_space);
@@ -120,15 +120,28 @@ inline ProcResult run_attnbench(const std::vector<std::string>& args, const Proc
     ::_exit(127);
   }
   REQUIRE(pid > 0);
+  return pid;
+}
+
+inline ProcResult wait_attnbench(pid_t pid, const fs::path& cwd, const std::string& log) {
   int status = 0;
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   ProcResult r;
   r.signaled = WIFSIGNALED(status);
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = slurp(out_path);
-  r.err = slurp(err_path);
-  fs::remove(out_path);
-  fs::remove(err_path);
+  r.out = slurp(cwd / (log + ".out"));
+  r.err = slurp(cwd / (log + ".err"));
+  fs::remove(cwd / (log + ".out"));
+  fs::remove(cwd / (log + ".err"));
+  return r;
+}
+
+// Runs `attnbench args...` and waits for it; its exit code and output go with the next assertion's report.
+inline ProcResult run_attnbench(const std::vector<std::string>& args, const ProcOptions& opt) {
+  static int counter = 0;
+  const std::string tag = "proc-" + std::to_string(counter++);
+  ProcResult r = wait_attnbench(spawn_attnbench(args, opt, tag), opt.cwd, tag);
+  UNSCOPED_INFO("attnbench exit " << r.code << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
   return r;
 }
 
