@@ -49,7 +49,8 @@ bool is_unsigned_integer(std::string_view s) {
 // Parses one embedding value; nullopt unless the whole field is a finite number within the float range
 // (rounding a larger value to float would make it inf, i.e. a NaN source downstream).
 std::optional<float> parse_value(std::string_view s) {
-  if (s.size() > 1 && s[0] == '+') s.remove_prefix(1);  // from_chars rejects a leading '+'
+  // from_chars rejects a leading '+'; drop one, but not in front of a second sign ("+-1" is no number).
+  if (s.size() > 1 && s[0] == '+' && s[1] != '-' && s[1] != '+') s.remove_prefix(1);
   double v = 0;
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
@@ -106,7 +107,10 @@ TokenEmbedding TokenEmbedding::seeded(int64_t vocab_size, int64_t d_model, uint6
 }
 
 TokenEmbedding TokenEmbedding::load_text(const std::string& path) {
-  const std::string bytes = read_file_bytes(path);
+  return parse_text(read_file_bytes(path), path);
+}
+
+TokenEmbedding TokenEmbedding::parse_text(const std::string& bytes, const std::string& path) {
   const std::string where = "embeddings file '" + path + "'";
   if (bytes.find('\0') != std::string::npos)
     throw UsageError(where +

@@ -37,6 +37,9 @@ class TokenEmbedding {
   // naming file:line, a row with the wrong number of values, a non-numeric, non-finite or out-of-float-range
   // value, and a duplicate word (with the line of its first occurrence). Every word is assigned.
   static TokenEmbedding load_text(const std::string& path);
+  // The same on the bytes of such a file; `path` names it in messages (load_text reads the file and calls
+  // this; tests/fuzz/fuzz_word2vec.cpp fuzzes it).
+  static TokenEmbedding parse_text(const std::string& bytes, const std::string& path);
 
   int64_t vocab_size() const { return vocab_size_; }
   int64_t d_model() const { return table_.shape[1]; }

@@ -207,11 +207,14 @@ FloatArray read_npy_float(const std::string& path) {
 }
 
 DoubleArray read_npy_double(const std::string& path) {
-  std::string bytes = read_file_bytes(path);
-  NpyHeader h = parse_npy_header(bytes, path);
+  return parse_npy_double(read_file_bytes(path), path);
+}
+
+DoubleArray parse_npy_double(const std::string& bytes, const std::string& what) {
+  NpyHeader h = parse_npy_header(bytes, what);
   if (h.descr != "<f4" && h.descr != "<f8")
-    bad(path, "dtype '" + h.descr + "' is not allowed here (float32 '<f4' or float64 '<f8')");
-  std::size_t n = checked_count(h, bytes, path);
+    bad(what, "dtype '" + h.descr + "' is not allowed here (float32 '<f4' or float64 '<f8')");
+  std::size_t n = checked_count(h, bytes, what);
   DoubleArray out(h.shape);
   const char* p = bytes.data() + h.data_offset;
   for (std::size_t i = 0; i < n; ++i)

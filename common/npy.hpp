@@ -1,5 +1,7 @@
 // Reading and writing NumPy .npy files (format versions 1.0-3.0, C order, little-endian).
 // Readers check everything a corrupt or foreign file can get wrong and throw UsageError naming the file.
+// Each read_npy_* reads the file and calls its parse_npy_* twin on the bytes (tests/fuzz/fuzz_npy.cpp fuzzes
+// the parse_* functions).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -24,6 +26,7 @@ FloatArray read_npy_float(const std::string& path);
 FloatArray parse_npy_float(const std::string& bytes, const std::string& what);
 // float64 kept in double (for references and weights read at full precision).
 DoubleArray read_npy_double(const std::string& path);
+DoubleArray parse_npy_double(const std::string& bytes, const std::string& what);
 // A boolean/integer mask: bool, u1, i1, i4, i8 (and float32/64 holding 0/1); nonzero becomes 1.
 ByteArray read_npy_mask(const std::string& path);
 ByteArray parse_npy_mask(const std::string& bytes, const std::string& what);

@@ -360,6 +360,7 @@ TEST_CASE("embedding loader: bad files are rejected with file:line", "[frontends
   CHECK_THROWS_WITH(load("a 1 2\nb 3 4 5\n"), Contains(f + ":2") && Contains("has 3 values"));
   CHECK_THROWS_WITH(load("a 1 2\nb 3 x4\n"), Contains(f + ":2") && Contains("'x4'"));
   CHECK_THROWS_WITH(load("a 1 nan\n"), Contains(f + ":1") && Contains("'nan'"));
+  CHECK_THROWS_WITH(load("a +-1 2\n"), Contains(f + ":1") && Contains("'+-1'"));  // was read as -1
   CHECK_THROWS_WITH(load("a 1 1e39\n"), Contains(f + ":1") && Contains("float32 range"));
   CHECK_THROWS_WITH(load("a 1 2\nb 3 4\na 5 6\n"),
                     Contains(f + ":3") && Contains("duplicate word 'a'") && Contains("first on line 1"));

@@ -516,6 +516,22 @@ TEST_CASE("plan expansion: repeated axis values do not produce two points with o
   }
 }
 
+TEST_CASE("plan expansion: more than 10000 points or parameter combinations are refused before expanding",
+          "[sweep][config]") {
+  // A fuzz_config timeout: three 199-value axes (8 million points) made validation run for minutes.
+  Json j = base_config();
+  j["sweep"]["seq_len"] = Json::array();
+  j["sweep"]["batch"] = Json::array();
+  for (int i = 1; i <= 101; ++i) j["sweep"]["seq_len"].push_back(i);
+  for (int i = 1; i <= 100; ++i) j["sweep"]["batch"].push_back(i);
+  CHECK_THAT(config_error(j), Contains("config: ") && Contains("more than 10000 points"));
+  j["sweep"]["batch"] = 1;
+  j["variants"] = Json::parse(R"([{"name": "sliding_window", "params": {"window": [], "dilation": []}}])");
+  for (int i = 0; i <= 200; ++i) j["variants"][0]["params"]["window"].push_back(i);
+  for (int i = 1; i <= 60; ++i) j["variants"][0]["params"]["dilation"].push_back(i);
+  CHECK_THAT(config_error(j), Contains("variants[0].params") && Contains("more than 10000 combinations"));
+}
+
 TEST_CASE("parse_bytes and format_bytes", "[sweep][config]") {
   CHECK(parse_bytes("8GiB", "b") == (uint64_t{8} << 30));
   CHECK(parse_bytes("512 MiB", "b") == (uint64_t{512} << 20));
@@ -524,8 +540,12 @@ TEST_CASE("parse_bytes and format_bytes", "[sweep][config]") {
   CHECK(parse_bytes("100", "b") == 100);
   CHECK(parse_bytes("7B", "b") == 7);
   CHECK(parse_bytes(Json(1073741824), "b") == 1073741824);
+  CHECK(parse_bytes("16777215 TiB", "b") == (uint64_t{16777215} << 40));  // just below 2^64
   for (const Json& bad :
-       {Json("8 parsecs"), Json(""), Json(-1), Json(0), Json(true), Json("GiB"), Json("0.1B")}) {
+       {Json("8 parsecs"), Json(""), Json(-1), Json(0), Json(true), Json("GiB"), Json("0.1B"),
+        // fuzz_config findings: at or above 2^64 bytes the conversion to uint64_t was undefined behaviour,
+        // and 309+ digits made std::stod throw std::out_of_range instead of a UsageError.
+        Json(1e300), Json(18446744073709551616.0), Json("99999999999999 TiB"), Json(std::string(400, '9'))}) {
     INFO(bad.dump());
     try {
       (void)parse_bytes(bad, "where.x");
@@ -554,6 +574,16 @@ TEST_CASE("load_sweep_config: file errors name the file, JSON errors the line", 
     } catch (const UsageError& e) {
       CHECK_THAT(std::string(e.what()), Contains(path));
       CHECK_THAT(std::string(e.what()), Contains("line 4"));
+    }
+  }
+  SECTION("a number beyond the double range is a JSON error naming the file (found by fuzzing)") {
+    // nlohmann::json throws out_of_range (not parse_error) for it, which used to escape as a crash.
+    const std::string path = dir.write("huge.json", R"({"name": "t", "seed": 1e400})");
+    try {
+      (void)load_sweep_config(path);
+      FAIL("no error for 1e400");
+    } catch (const UsageError& e) {
+      CHECK_THAT(std::string(e.what()), Contains(path) && Contains("invalid JSON") && Contains("1e400"));
     }
   }
   SECTION("missing file") {

@@ -76,6 +76,16 @@ void for_axis(const Json& v, const std::string& path, F&& each) {
 
 constexpr int64_t kMaxSize = int64_t{1} << 40;
 
+// The most points one config may expand to (the presets have at most a few hundred). At a second or more per
+// point this is hours of measuring; far more is an axis list gone wrong, whose expansion and checks would
+// take minutes and gigabytes before anything runs.
+constexpr uint64_t kMaxPoints = 10000;
+
+// a * b, saturating at kMaxPoints + 1 (a is at most kMaxPoints + 1 and b a list's length: no overflow).
+uint64_t points_product(uint64_t a, uint64_t b) {
+  return std::min<uint64_t>(a * b, kMaxPoints + 1);
+}
+
 std::vector<int64_t> size_axis(const Json& v, const std::string& path) {
   std::vector<int64_t> out;
   for_axis(v, path, [&](const Json& x, const std::string& p) {
@@ -175,6 +185,8 @@ std::vector<Json> expand_params(const Attention& variant, const Json& given, con
     } else {
       values.push_back(v);
     }
+    if (points_product(combos.size(), values.size()) > kMaxPoints)
+      fail(path, "the parameter lists make more than " + std::to_string(kMaxPoints) + " combinations");
     std::vector<Json> next;
     for (std::size_t i = 0; i < values.size(); ++i) {
       const std::string vp =
@@ -214,15 +226,22 @@ std::string MaskAxis::label() const {
 }
 
 uint64_t parse_bytes(const Json& value, const std::string& where) {
+  // 2^64 as a double: a byte count below it converts to uint64_t exactly; converting a larger one (1e300,
+  // "99999999999999 TiB") is undefined behaviour.
+  constexpr double kTwoTo64 = 18446744073709551616.0;
   if (value.is_number()) {
     double d = value.get<double>();
-    if (!std::isfinite(d) || d < 1) fail(where, "must be a positive number of bytes, got " + value.dump());
+    if (!std::isfinite(d) || d < 1 || d >= kTwoTo64)
+      fail(where, "must be a number of bytes in [1, 2^64), got " + value.dump());
     return static_cast<uint64_t>(d);
   }
   static const std::regex re(R"(^\s*([0-9]+(\.[0-9]+)?)\s*(B|KiB|MiB|GiB|TiB|K|M|G|T|KB|MB|GB|TB)?\s*$)");
   std::smatch m;
+  // Longer text is no byte size: bounding it keeps std::stod in range (it throws std::out_of_range past
+  // 1e308, i.e. for 309 digits) and std::regex's recursive matcher shallow.
+  constexpr std::size_t kMaxText = 64;
   const std::string text = value.is_string() ? value.get<std::string>() : "";
-  if (!value.is_string() || !std::regex_match(text, m, re))
+  if (!value.is_string() || text.size() > kMaxText || !std::regex_match(text, m, re))
     fail(where, "must be bytes as a number or a string like \"8GiB\" or \"512MiB\", got " + value.dump());
   const double n = std::stod(m[1].str());
   const std::string u = m[3].str();
@@ -232,6 +251,7 @@ uint64_t parse_bytes(const Json& value, const std::string& where) {
   if (u == "G" || u == "GiB" || u == "GB") mult = 1024.0 * 1024 * 1024;
   if (u == "T" || u == "TiB" || u == "TB") mult = 1024.0 * 1024 * 1024 * 1024;
   if (n * mult < 1) fail(where, "must be at least 1 byte, got " + value.dump());
+  if (n * mult >= kTwoTo64) fail(where, "must be less than 2^64 bytes (16 EiB), got " + value.dump());
   return static_cast<uint64_t>(n * mult);
 }
 
@@ -385,6 +405,18 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
   if (j.contains("seed"))
     c.seed =
         static_cast<uint64_t>(get_int(j["seed"], "seed", 0, int64_t{1} << 53, "an integer in [0, 2^53]"));
+  // Counted before expanding: a cross product of long axes is refused without building it.
+  uint64_t param_sets = 0;
+  for (const VariantSpec& v : c.variants)
+    param_sets = std::min(param_sets + v.param_sets.size(), kMaxPoints + 1);
+  uint64_t points = param_sets;
+  for (const std::size_t n :
+       {c.regimes.size(), c.batch.size(), c.heads.size(), c.head_dim.size(), c.seq_q.size(),
+        c.self_attention ? std::size_t{1} : c.seq_kv.size(), c.masks.size(), c.threads.size()})
+    points = points_product(points, n);
+  if (points > kMaxPoints)
+    fail("config", "the cross product of variants, parameters, sweep.*, and inputs has more than " +
+                       std::to_string(kMaxPoints) + " points; split the sweep or shorten an axis");
   // A repeated axis value (seq_len [16, 16], a variant listed twice) would make two points with one id, and
   // --resume would take one for the other: refuse it here.
   std::map<std::string, std::size_t> seen;
@@ -416,7 +448,10 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
 }
 
 SweepConfig load_sweep_config(const std::string& path) {
-  const std::string text = read_file_bytes(path);
+  return parse_sweep_config_text(read_file_bytes(path), path);
+}
+
+SweepConfig parse_sweep_config_text(const std::string& text, const std::string& path) {
   Json j;
   try {
     // Deeper nesting than any config needs is refused while parsing: copying or printing a value nested
@@ -439,6 +474,9 @@ SweepConfig load_sweep_config(const std::string& path) {
     }
     throw UsageError("file '" + path + "': invalid JSON at line " + std::to_string(line) + ", column " +
                      std::to_string(col) + ": " + e.what());
+  } catch (const Json::exception& e) {
+    // Not a syntax error but a value the parser cannot hold, e.g. out_of_range.406 for 1e400.
+    throw UsageError("file '" + path + "': invalid JSON: " + e.what());
   }
   try {
     return parse_sweep_config(j, path);

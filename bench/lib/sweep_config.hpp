@@ -76,6 +76,9 @@ struct SweepPoint {
 // Parses and validates; every error is a UsageError naming the JSON path (e.g. "sweep.seq_len[2]").
 SweepConfig parse_sweep_config(const Json& j, const std::string& source_path);
 SweepConfig load_sweep_config(const std::string& path);  // file errors name the file; JSON errors the line
+// load_sweep_config on the text of a config file named `source_path` (tokens files resolve against its
+// folder): JSON parsing with line/column errors, then parse_sweep_config. tests/fuzz/fuzz_config fuzzes it.
+SweepConfig parse_sweep_config_text(const std::string& text, const std::string& source_path);
 
 // Expands the cross product. Points sharing inputs are adjacent so inputs and references are made once.
 std::vector<SweepPoint> expand_plan(const SweepConfig& config);
