@@ -126,7 +126,9 @@ std::vector<float> gather_rows(const float* x, int64_t bh, int64_t seq, int64_t 
 //  * a logit s_ij = scale * sum_d q_id k_jd accumulates D products: |error| <= D * u * S (Cauchy-Schwarz
 //    bounds sum_d |q_id k_jd| by ||q_i|| ||k_j||), plus one rounding for the scale;
 //  * exp(s_ij - max) then carries a relative error of about 2 * D * u * S (both s_ij and the max move) plus a
-//    few ulps for the exp itself (SLEEF u10: 1 ulp; online-softmax rescales add one rounding per key tile);
+//    few ulps for the exp itself (the exp2 polynomial of common/simd-inl.hpp: 1.5 ulp, plus |s_ij - max| * u
+//    from the log2(e) multiply, <= 2 * S * u and so inside the first term; online-softmax rescales add one
+//    rounding per key tile);
 //  * the normaliser and the weighted sum of values accumulate Lkv terms each: Lkv * u relative, and the
 //    weights sum to 1, so each adds Lkv * u * max|v| to the output error.
 // Total |error| <= u * max|v| * (2 * D * S + 2 * Lkv + 16) / (1 - p) for dropout p; we allow 4x that, since

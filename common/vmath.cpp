@@ -1,108 +1,150 @@
-// Row kernels with AVX-512 intrinsics and SLEEF where available; scalar fallbacks elsewhere.
-#include "common/vmath.hpp"
+// The row kernels of common/vmath.hpp, compiled once per SIMD target (Highway foreach_target) and dispatched
+// to the target selected in common/simd.hpp. Tails shorter than a vector go through a padded stack buffer,
+// never a masked load past the end of the row.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "common/vmath.cpp"
+#include <hwy/foreach_target.h>  // must come before highway.h
+
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#include <sleef.h>
-#define ATTN_HAVE_AVX512 1
-// GCC 12's own _mm512_undefined_ps (`__m512 __Y = __Y;`) trips -Wmaybe-uninitialized inside the header.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#include "common/simd-inl.hpp"
+#include "common/vmath.hpp"
 
-namespace attn {
+HWY_BEFORE_NAMESPACE();
+namespace attn::simd::HWY_NAMESPACE {
 
-#ifdef ATTN_HAVE_AVX512
-namespace {
-// Horizontal reductions through memory: GCC 12's _mm512_reduce_* trip -Wuninitialized inside its own header.
-float hmax(__m512 v) {
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, v);
-  float m = lanes[0];
-  for (int i = 1; i < 16; ++i) m = std::max(m, lanes[i]);
-  return m;
-}
-float hsum(__m512 v) {
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, v);
-  float s = 0;
-  for (int i = 0; i < 16; ++i) s += lanes[i];
-  return s;
-}
-}  // namespace
-#endif
-
-float row_max(const float* x, int64_t n) {
-  // max() drops a NaN operand or keeps it depending on the order, so NaN is tracked apart: a row of NaN
-  // scores (a NaN query) next to masked -inf entries must not come out as -inf, the mark of a fully masked
-  // row.
-  float m = -std::numeric_limits<float>::infinity();
-  bool nan = false;
+// Applies `op` (a vector -> vector function) over [0, n): full vectors in place, the tail through a buffer
+// padded with `pad`.
+template <class Op>
+HWY_INLINE void map_row(const float* src, float* dst, int64_t n, float pad, Op op) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   int64_t j = 0;
-#ifdef ATTN_HAVE_AVX512
-  __m512 vm = _mm512_set1_ps(m);
-  __mmask16 unordered = 0;
-  for (; j + 16 <= n; j += 16) {
-    const __m512 v = _mm512_loadu_ps(x + j);
-    unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    vm = _mm512_max_ps(vm, v);
+  for (; j + N <= n; j += N) hn::StoreU(op(hn::LoadU(d, src + j)), d, dst + j);
+  if (j < n) {
+    HWY_ALIGN float buf[kPadLanes];
+    std::fill(buf, buf + kPadLanes, pad);
+    std::copy(src + j, src + n, buf);
+    hn::Store(op(hn::Load(d, buf)), d, buf);
+    std::copy(buf, buf + (n - j), dst + j);
   }
-  m = hmax(vm);
-  nan = unordered != 0;
-#endif
+}
+
+float RowMax(const float* x, int64_t n) {
+  // max() drops a NaN operand or keeps it depending on the target and the operand order, so NaN is tracked
+  // apart: a row of NaN scores (a NaN query) next to masked -inf entries must not come out as -inf, the mark
+  // of a fully masked row.
+  const DF d;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  auto vm = hn::Set(d, neg_inf);
+  auto nan = hn::Zero(d);  // lanes become nonzero (all ones) once a NaN was seen
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t j = 0;
+  for (; j + N <= n; j += N) {
+    const auto v = hn::LoadU(d, x + j);
+    nan = hn::Or(nan, hn::VecFromMask(d, hn::IsNaN(v)));
+    vm = hn::Max(vm, v);
+  }
+  float m = hn::GetLane(hn::MaxOfLanes(d, vm));
+  bool any_nan = !hn::AllTrue(d, hn::Eq(nan, hn::Zero(d)));
   for (; j < n; ++j) {
-    nan = nan || std::isnan(x[j]);
+    any_nan = any_nan || std::isnan(x[j]);
     m = std::max(m, x[j]);
   }
-  return nan ? std::numeric_limits<float>::quiet_NaN() : m;
+  return any_nan ? std::numeric_limits<float>::quiet_NaN() : m;
 }
 
+float ExpSubSum(float* x, int64_t n, float m) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto vm = hn::Set(d, m), log2e = hn::Set(d, 1.4426950408889634f);
+  auto sum0 = hn::Zero(d), sum1 = hn::Zero(d);  // two chains, so the adds do not serialise on latency
+  int64_t j = 0;
+  for (; j + 2 * N <= n; j += 2 * N) {
+    const auto e0 = Exp2(d, hn::Mul(hn::Sub(hn::LoadU(d, x + j), vm), log2e));
+    const auto e1 = Exp2(d, hn::Mul(hn::Sub(hn::LoadU(d, x + j + N), vm), log2e));
+    hn::StoreU(e0, d, x + j);
+    hn::StoreU(e1, d, x + j + N);
+    sum0 = hn::Add(sum0, e0);
+    sum1 = hn::Add(sum1, e1);
+  }
+  // The rest (fewer than 2 vectors) through a buffer padded with -inf, whose exp is exactly 0.
+  for (; j < n; j += N) {
+    HWY_ALIGN float buf[kPadLanes];
+    const int64_t count = std::min(N, n - j);
+    std::fill(buf, buf + kPadLanes, -std::numeric_limits<float>::infinity());
+    std::copy(x + j, x + j + count, buf);
+    const auto e = Exp2(d, hn::Mul(hn::Sub(hn::Load(d, buf), vm), log2e));
+    hn::Store(e, d, buf);
+    std::copy(buf, buf + count, x + j);
+    sum1 = hn::Add(sum1, e);
+  }
+  return hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0, sum1)));
+}
+
+void ScaleRow(float* x, int64_t n, float s) {
+  const DF d;
+  // Lambdas capture scalars only: SVE vectors are sizeless types, which a lambda cannot capture.
+  map_row(x, x, n, 0.0f, [d, s](auto v) { return hn::Mul(v, hn::Set(d, s)); });
+}
+
+void Exp2Array(const float* x, float* y, int64_t n) {
+  const DF d;
+  map_row(x, y, n, 0.0f, [d](auto v) { return Exp2(d, v); });
+}
+
+void EluPlusOne(const float* src, float* dst, int64_t n) {
+  const DF d;
+  map_row(src, dst, n, 0.0f, [d](auto x) {
+    const auto zero = hn::Zero(d), one = hn::Set(d, 1.0f);
+    const auto positive = hn::Gt(x, zero);  // false for NaN: NaN goes through exp and stays NaN
+    const auto below = hn::Exp(d, hn::IfThenZeroElse(positive, x));
+    return hn::IfThenElse(positive, hn::Add(x, one), below);
+  });
+}
+
+void Relu(const float* src, float* dst, int64_t n) {
+  const DF d;
+  // Zero where x <= 0; NaN (not <= 0) passes through, so a NaN input is not hidden.
+  map_row(src, dst, n, 0.0f, [d](auto x) { return hn::IfThenZeroElse(hn::Le(x, hn::Zero(d)), x); });
+}
+
+}  // namespace attn::simd::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn {
+namespace simd {
+HWY_EXPORT(RowMax);
+HWY_EXPORT(ExpSubSum);
+HWY_EXPORT(ScaleRow);
+HWY_EXPORT(Exp2Array);
+HWY_EXPORT(EluPlusOne);
+HWY_EXPORT(Relu);
+}  // namespace simd
+
+float row_max(const float* x, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(simd::RowMax)(x, n);
+}
 float exp_sub_sum(float* x, int64_t n, float m) {
-  float sum = 0;
-  int64_t j = 0;
-#ifdef ATTN_HAVE_AVX512
-  const __m512 vm = _mm512_set1_ps(m);
-  __m512 vs = _mm512_setzero_ps();
-  for (; j + 16 <= n; j += 16) {
-    __m512 e = Sleef_expf16_u10(_mm512_sub_ps(_mm512_loadu_ps(x + j), vm));
-    _mm512_storeu_ps(x + j, e);
-    vs = _mm512_add_ps(vs, e);
-  }
-  if (j < n) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (n - j)) - 1);
-    __m512 in = _mm512_mask_loadu_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), tail, x + j);
-    __m512 e = Sleef_expf16_u10(_mm512_sub_ps(in, vm));
-    _mm512_mask_storeu_ps(x + j, tail, e);
-    vs = _mm512_add_ps(vs, e);
-    j = n;
-  }
-  sum = hsum(vs);
-#endif
-  for (; j < n; ++j) {
-    x[j] = std::exp(x[j] - m);
-    sum += x[j];
-  }
-  return sum;
+  return HWY_DYNAMIC_DISPATCH(simd::ExpSubSum)(x, n, m);
 }
-
 void scale_row(float* x, int64_t n, float s) {
-  int64_t j = 0;
-#ifdef ATTN_HAVE_AVX512
-  const __m512 vs = _mm512_set1_ps(s);
-  for (; j + 16 <= n; j += 16) _mm512_storeu_ps(x + j, _mm512_mul_ps(_mm512_loadu_ps(x + j), vs));
-#endif
-  for (; j < n; ++j) x[j] *= s;
+  HWY_DYNAMIC_DISPATCH(simd::ScaleRow)(x, n, s);
 }
-
-void exp_inplace(float* x, int64_t n) {
-  int64_t j = 0;
-#ifdef ATTN_HAVE_AVX512
-  for (; j + 16 <= n; j += 16) _mm512_storeu_ps(x + j, Sleef_expf16_u10(_mm512_loadu_ps(x + j)));
-#endif
-  for (; j < n; ++j) x[j] = std::exp(x[j]);
+void exp2_array(const float* x, float* y, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(simd::Exp2Array)(x, y, n);
 }
-
+void elu_plus_one(const float* src, float* dst, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(simd::EluPlusOne)(src, dst, n);
+}
+void relu(const float* src, float* dst, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(simd::Relu)(src, dst, n);
+}
 }  // namespace attn
+#endif  // HWY_ONCE

@@ -6,7 +6,7 @@ ATTN_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 # Build and test dependencies (Debian 12 package names).
 ATTN_BUILD_PACKAGES=(g++ cmake ninja-build git pkg-config libeigen3-dev libopenblas-dev libopenblas0-pthread
-  libtbb-dev nlohmann-json3-dev catch2 libcli11-dev libsleef-dev libbenchmark-dev)
+  libtbb-dev nlohmann-json3-dev catch2 libcli11-dev libhwy-dev libbenchmark-dev)
 # Plots and the numpy/PyTorch interoperability tests run with Debian's python (/usr/bin/python3).
 ATTN_PYTHON_PACKAGES=(python3 python3-numpy python3-matplotlib)
 ATTN_TORCH_PACKAGES=(python3-torch)

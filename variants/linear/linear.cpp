@@ -1,9 +1,5 @@
 // linear: kernelised attention (Katharopoulos et al. 2020), φ(Q)(φ(K)ᵀV) / (φ(Q)(φ(K)ᵀ1) + eps) in O(n·d²)
 // time by associativity; causal runs in chunks with a running d×d state.
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#include <sleef.h>
-#endif
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 
@@ -15,6 +11,7 @@
 #include "common/error.hpp"
 #include "common/mask.hpp"
 #include "common/runtime.hpp"
+#include "common/vmath.hpp"
 
 namespace attn {
 namespace {
@@ -30,34 +27,14 @@ FeatureMap feature_map_of(const Problem& p) {
   return p.param_string("feature_map") == "relu" ? FeatureMap::relu : FeatureMap::elu;
 }
 
-// dst = φ(src) for `n` values. elu(x) + 1 is x + 1 for x > 0 and exp(x) for x <= 0 (so φ > 0 always);
-// relu(x) = max(x, 0) can be 0 for a whole row, which eps then guards. One vectorised pass: the feature map
-// was ~25% of the non-causal time as separate min / exp / fix-up passes.
+// dst = φ(src) for `n` values, one vectorised pass on the selected SIMD target (common/vmath.hpp). elu(x) + 1
+// is x + 1 for x > 0 and exp(x) for x <= 0 (so φ > 0 always); relu(x) = max(x, 0) can be 0 for a whole row,
+// which eps then guards. A NaN input stays NaN in both.
 void apply_feature_map(FeatureMap fm, const float* src, float* dst, int64_t n) {
-  int64_t e = 0;
-#if defined(__AVX512F__)
-  // Masked moves rather than _mm512_min/max_ps: those return 0 for a NaN input (hiding it) and trip GCC 12's
-  // -Wmaybe-uninitialized inside its own header. A NaN input stays NaN here, as in the scalar tail.
-  const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
-  if (fm == FeatureMap::relu) {
-    for (; e + 16 <= n; e += 16) {
-      const __m512 x = _mm512_loadu_ps(src + e);
-      _mm512_storeu_ps(dst + e,
-                       _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, zero, _CMP_NLE_UQ), x));  // x > 0 or NaN
-    }
-  } else {
-    for (; e + 16 <= n; e += 16) {
-      const __m512 x = _mm512_loadu_ps(src + e);
-      const __mmask16 positive = _mm512_cmp_ps_mask(x, zero, _CMP_GT_OQ);
-      const __m512 below = Sleef_expf16_u10(_mm512_maskz_mov_ps(static_cast<__mmask16>(~positive), x));
-      _mm512_storeu_ps(dst + e, _mm512_mask_blend_ps(positive, below, _mm512_add_ps(x, one)));
-    }
-  }
-#endif
-  for (; e < n; ++e) {
-    const float x = src[e];
-    dst[e] = fm == FeatureMap::relu ? (x <= 0.0f ? 0.0f : x) : x > 0.0f ? x + 1.0f : std::exp(x);
-  }
+  if (fm == FeatureMap::relu)
+    relu(src, dst, n);
+  else
+    elu_plus_one(src, dst, n);
 }
 
 double feature_map_fp64(FeatureMap fm, double x) {
@@ -196,7 +173,7 @@ class Linear final : public Attention {
   }
 
   // Why this bound. With u = 2^-24, L = the keys a row sums over (≤ seq_kv) and w_ij = φ(q_i)·φ(k_j):
-  //  * φ in fp32 is within 2u relative (one rounding for x + 1; SLEEF exp is within 1 ulp), so each product
+  //  * φ in fp32 is within 2u relative (one rounding for x + 1; Highway's exp is within 1 ulp), so each product
   //    φ(q)_e φ(k)_e is within 5u relative;
   //  * every term of the numerator, φ(q_i)_e φ(k_j)_e v_jd, and of the denominator is a product of those, and
   //    however the sums are associated (per key, per feature, chunk by chunk through the state) a sum of

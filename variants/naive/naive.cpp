@@ -1,5 +1,9 @@
 // naive: exact softmax attention, the baseline. Materialises the [seq_q, seq_kv] score matrix of each head
-// (quadratic memory), with BLAS GEMMs for Q K^T and P V and a max-subtracted softmax in between.
+// (quadratic memory), with BLAS GEMMs for Q K^T and P V and a max-subtracted softmax in between. The softmax
+// exponential is the exp2 polynomial tiled uses (common/vmath.hpp exp_sub_sum, <= 1.5 ulp), so a tiled-vs-
+// naive speed-up measures the tiling, not a faster exp. Causal runs a lower-trapezoid schedule: each block of
+// query rows multiplies only the key columns up to its last row, so no GEMM work is spent on the masked
+// upper triangle beyond the diagonal blocks.
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
@@ -20,7 +24,6 @@
 #include "common/mask.hpp"
 #include "common/runtime.hpp"
 #include "common/vmath.hpp"
-#include "variants/tiled/kernels.hpp"  // the exp2 polynomial shared with tiled (see exp_sub_sum_poly)
 
 namespace attn {
 namespace {
@@ -36,41 +39,6 @@ constexpr std::size_t kHeadGroupBytes = 32u << 20;
 // than 256 rows did, while each call still amortises BLAS's packing of K over enough rows.
 int64_t rows_per_block(const Problem& p) {
   return std::clamp<int64_t>(p.seq_q / 8, 16, 128);
-}
-
-// x[j] = exp(x[j] - m) in place, returning the sum: the same exp2 polynomial as tiled (kernels.hpp, <= 1.5
-// ulp, tested in tests/test_tiled.cpp), so a tiled-vs-naive speed-up measures the tiling, not a faster exp.
-// The max is subtracted before the log2(e) multiply, so large logits lose no accuracy to it: the multiply's
-// rounding changes a weight w = exp(x - m) by at most w |x - m| 2^-24 <= 2^-24 / e. -inf entries (masked
-// keys) give 0. It takes about half the time of SLEEF's expf_u10 here.
-float exp_sub_sum_poly(float* x, int64_t n, float m) {
-  using namespace tiled;
-  const V16 vm = v_set1(m), log2e = v_set1(1.4426950408889634f);
-  V16 sum0 = v_zero(), sum1 = v_zero();  // two chains, so the adds do not serialise on latency
-  int64_t j = 0;
-  for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
-    const V16 e0 = v_exp2(v_mul(v_sub(v_load(x + j), vm), log2e));
-    const V16 e1 = v_exp2(v_mul(v_sub(v_load(x + j + kLanes), vm), log2e));
-    v_store(x + j, e0);
-    v_store(x + j + kLanes, e1);
-    sum0 = v_add(sum0, e0);
-    sum1 = v_add(sum1, e1);
-  }
-  alignas(64) float lanes[kLanes];
-  v_store(lanes, v_add(sum0, sum1));
-  float sum = 0;
-  for (float f : lanes) sum += f;
-  if (j < n) {  // tail: through a padded buffer
-    float buf[2 * kLanes];
-    const int64_t rest = n - j;
-    for (int64_t t = 0; t < rest; ++t) buf[t] = (x[j + t] - m) * 1.4426950408889634f;
-    exp2_array(buf, buf, rest);
-    for (int64_t t = 0; t < rest; ++t) {
-      x[j + t] = buf[t];
-      sum += buf[t];
-    }
-  }
-  return sum;
 }
 
 // The score matrices of one head group, allocated per call (quadratic memory is what naive is). Neither
@@ -129,8 +97,8 @@ class Naive final : public Attention {
             .permutation_equivariant = true};
   }
   double flops(const Problem& p) const override {
-    // The shared exact-attention count (common/mask.hpp). Naive runs both GEMMs over the whole score matrix
-    // even when causal; the masked half is not counted, so its causal GFLOP/s is about half its plain one.
+    // The shared exact-attention count (common/mask.hpp). Causal GEMMs stop at each row block's last row
+    // (the lower trapezoid); the masked pairs inside the diagonal blocks are computed but not counted.
     return exact_attention_flops(p);
   }
   std::size_t workspace_bytes(const Problem& p, int) const override {
@@ -161,28 +129,30 @@ class Naive final : public Attention {
         const float* k = in.k + bh * Lkv * D;
         const float* v = in.v + bh * Lkv * D;
         float* o = in.out + (bh * Lq + r0) * D;
-        sgemm(false, true, nr, Lkv, D, scale, q, D, k, D, 0.0f, s, Lkv);
-        for (int64_t r = 0; r < nr; ++r) softmax_row(p, in, b, h, r0 + r, s + r * Lkv);
-        sgemm(false, false, nr, D, Lkv, 1.0f, s, Lkv, v, D, 0.0f, o, D);
+        // Causal (query i attends keys j <= i): keys past the block's last row are hidden from every row of
+        // the block, so both GEMMs stop there.
+        const int64_t keys = p.mask.causal ? std::min(Lkv, r1) : Lkv;
+        sgemm(false, true, nr, keys, D, scale, q, D, k, D, 0.0f, s, Lkv);
+        for (int64_t r = 0; r < nr; ++r) softmax_row(p, in, b, h, r0 + r, s + r * Lkv, keys);
+        sgemm(false, false, nr, D, keys, 1.0f, s, Lkv, v, D, 0.0f, o, D);
       });
     }
   }
 
  private:
-  // Masks, then normalises one score row in place. A row with no allowed key becomes all zeros, so the
-  // following GEMM writes a zero output row.
+  // Masks, then normalises the first `Lkv` scores of one row in place (the keys its block computed). A row
+  // with no allowed key becomes all zeros, so the following GEMM writes a zero output row.
   static void softmax_row(const Problem& p, const AttentionInputs& in, int64_t b, int64_t h, int64_t i,
-                          float* s) {
-    const int64_t Lkv = p.seq_kv;
+                          float* s, int64_t Lkv) {
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
     if (p.mask.causal && i + 1 < Lkv) std::fill(s + i + 1, s + Lkv, kNegInf);
     if (p.mask.boolean) {
-      const uint8_t* m = in.mask + i * Lkv;
+      const uint8_t* m = in.mask + i * p.seq_kv;
       for (int64_t j = 0; j < Lkv; ++j)
         if (!m[j]) s[j] = kNegInf;
     }
     if (p.mask.key_padding) {
-      const uint8_t* pad = in.key_padding + b * Lkv;
+      const uint8_t* pad = in.key_padding + b * p.seq_kv;
       for (int64_t j = 0; j < Lkv; ++j)
         if (pad[j]) s[j] = kNegInf;
     }
@@ -191,7 +161,7 @@ class Naive final : public Attention {
       std::fill(s, s + Lkv, 0.0f);
       return;
     }
-    const float sum = exp_sub_sum_poly(s, Lkv, mx);
+    const float sum = exp_sub_sum(s, Lkv, mx);
     if (p.dropout > 0) {
       const DropoutRow drop(p.dropout, p.seed, b, h, i);
       const float keep_scale = drop.scale() / sum;
