@@ -1,13 +1,13 @@
-// Timing statistics, sgemm calibration and the memory probe.
+// Timing statistics, the sgemm calibration, the per-target FMA peak (common/simd.hpp) and the memory probe.
 #include "bench/lib/measure.hpp"
 
-#include <immintrin.h>
 #include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <latch>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -15,6 +15,7 @@
 #include "common/aligned.hpp"
 #include "common/random.hpp"
 #include "common/runtime.hpp"
+#include "common/simd.hpp"
 
 namespace attn {
 
@@ -87,55 +88,6 @@ SgemmCalibration calibrate_sgemm(int threads, int64_t size, int reps) {
 }
 
 namespace {
-// 12 independent accumulators cover the FMA latency (4 cycles) times two FMA pipes with room to spare; the
-// empty asm keeps the compiler from merging the chains or hoisting them out of the loop. Returns seconds.
-template <class Vec, Vec (*Fma)(Vec, Vec, Vec), Vec (*Set)(float)>
-double fma_chains(int64_t iterations) {
-  Vec acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = Set(static_cast<float>(i) * 1e-3f);
-  const Vec a = Set(0.999999f), b = Set(1e-7f);
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t it = 0; it < iterations; ++it) {
-    for (int i = 0; i < 12; ++i) acc[i] = Fma(acc[i], a, b);
-    for (int i = 0; i < 12; ++i) asm volatile("" : "+v"(acc[i]));
-  }
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (int i = 0; i < 12; ++i) asm volatile("" ::"v"(acc[i]));
-  return s;
-}
-
-#if defined(__AVX512F__)
-__m512 fma512(__m512 a, __m512 b, __m512 c) {
-  return _mm512_fmadd_ps(a, b, c);
-}
-__m512 set512(float x) {
-  return _mm512_set1_ps(x);
-}
-constexpr int kFmaLanes = 16;
-constexpr const char* kFmaIsa = "avx512";
-double fma_run(int64_t it) {
-  return fma_chains<__m512, fma512, set512>(it);
-}
-#elif defined(__FMA__) && defined(__AVX2__)
-__m256 fma256(__m256 a, __m256 b, __m256 c) {
-  return _mm256_fmadd_ps(a, b, c);
-}
-__m256 set256(float x) {
-  return _mm256_set1_ps(x);
-}
-constexpr int kFmaLanes = 8;
-constexpr const char* kFmaIsa = "avx2";
-double fma_run(int64_t it) {
-  return fma_chains<__m256, fma256, set256>(it);
-}
-#else
-constexpr int kFmaLanes = 0;
-constexpr const char* kFmaIsa = "";
-double fma_run(int64_t) {
-  return 0;
-}
-#endif
-
 int64_t status_kib(const char* key) {
   std::ifstream f("/proc/self/status");
   std::string line;
@@ -149,20 +101,31 @@ int64_t status_kib(const char* key) {
 FmaPeak calibrate_fma_peak(int threads) {
   FmaPeak peak;
   peak.threads = threads;
-  peak.isa = kFmaIsa;
-  if (kFmaLanes == 0) return peak;
-  // Size the run on one thread (about 0.1 s), then run it on every thread at once, twice, keeping the
-  // faster round (the first may include frequency ramp-up).
-  int64_t iterations = 1 << 20;
-  while (fma_run(iterations) < 0.05) iterations *= 2;
-  const double flops_per_thread = 2.0 * kFmaLanes * 12.0 * static_cast<double>(iterations);
+  peak.isa = simd::active_isa();
+  // Size the run on one thread: double until it takes 50 ms, then scale to about 0.1 s.
+  int64_t iterations = 1 << 16;
+  simd::FmaRun probe = simd::fma_chains(iterations);
+  while (probe.seconds < 0.05 && iterations < (int64_t{1} << 40)) {
+    iterations *= 2;
+    probe = simd::fma_chains(iterations);
+  }
+  iterations = std::max<int64_t>(
+      1, static_cast<int64_t>(static_cast<double>(iterations) * 0.1 / std::max(probe.seconds, 1e-9)));
+  peak.lanes = probe.lanes;
+  // Every thread at once (a latch releases them together), twice, keeping the faster round: the first may
+  // include frequency ramp-up.
   for (int round = 0; round < 2; ++round) {
-    std::vector<double> seconds(static_cast<std::size_t>(threads));
+    std::vector<simd::FmaRun> runs(static_cast<std::size_t>(threads));
+    std::latch start(threads);
     std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { seconds[t] = fma_run(iterations); });
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        start.arrive_and_wait();
+        runs[static_cast<std::size_t>(t)] = simd::fma_chains(iterations);
+      });
     for (auto& th : pool) th.join();
     double gflops = 0;
-    for (double sec : seconds) gflops += flops_per_thread / (sec * 1e9);
+    for (const simd::FmaRun& r : runs) gflops += r.flops / (r.seconds * 1e9);
     peak.gflops = std::max(peak.gflops, gflops);
   }
   return peak;

@@ -32,14 +32,17 @@ struct SgemmCalibration {
 // Square sgemm through OpenBLAS with its own `threads` threads (restored to 1 after).
 SgemmCalibration calibrate_sgemm(int threads, int64_t size = 2048, int reps = 5);
 
-// The machine's fp32 FMA throughput on `threads` cores: each thread runs 12 independent chains of the widest
-// FMA this build targets (AVX-512, else AVX2/FMA) for about 0.1 s; gflops is the sum of the threads' rates
-// (2 FLOPs per lane per FMA). It bounds what any fp32 kernel can reach, whichever BLAS is installed: rows
-// report frac_peak = gflops / this. isa is "avx512", "avx2" or "" (no FMA vectors: gflops = 0, not used).
+// The machine's fp32 FMA throughput on `threads` cores for the active SIMD target (simd::active_isa(); run it
+// under simd::ScopedIsa to measure another): each thread runs simd::fma_chains (12 independent chains of the
+// target's full-width FMA, held in registers) for about 0.1 s, all threads at once, twice; gflops is the
+// better round's sum of the threads' rates (2 FLOPs per lane per FMA). It bounds what any fp32 kernel on
+// that target can reach, whichever BLAS is installed: rows report frac_peak = gflops / the peak of their own
+// target and thread count. It does not depend on the compiler's -march flags.
 struct FmaPeak {
   int threads = 1;
-  std::string isa;
+  std::string isa;  // the target that ran, e.g. "avx3", "avx2", "neon", "scalar"
   double gflops = 0;
+  int lanes = 0;  // fp32 lanes per vector on that target
 };
 FmaPeak calibrate_fma_peak(int threads);
 
