@@ -1,17 +1,20 @@
-// System and build facts for meta.json.
+// System and build facts for meta.json and `attnbench info`.
 #include "bench/lib/sysinfo.hpp"
 
+#include <cblas.h>
 #include <oneapi/tbb/version.h>
 #include <unistd.h>
 
 #include <Eigen/Core>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include "common/runtime.hpp"
+#include "common/simd.hpp"
 
 namespace attn {
 
@@ -24,15 +27,47 @@ std::string now_iso8601() {
   return buf;
 }
 
+namespace {
+
+// The first value of `key` in /proc/cpuinfo ("" if absent).
+std::string cpuinfo_field(const std::string& key) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind(key, 0) != 0) continue;
+    const std::size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::size_t start = line.find_first_not_of(" \t", colon + 1);
+    return start == std::string::npos ? "" : line.substr(start);
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string cpu_model() {
+  if (std::string model = cpuinfo_field("model name"); !model.empty()) return model;
+  // aarch64 kernels name no model, only the implementer and part codes (0x41 = Arm, part 0xd0c = Neoverse
+  // N1).
+  const std::string implementer = cpuinfo_field("CPU implementer"), part = cpuinfo_field("CPU part");
+  return implementer.empty() ? "" : "CPU implementer " + implementer + ", part " + part;
+}
+
+nlohmann::json isa_json() {
+  const simd::IsaInfo& info = simd::isa_info();
+  return {{"compiled", info.compiled}, {"supported", info.supported}, {"best", info.best}};
+}
+
+nlohmann::json blas_json() {
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  return {{"library", openblas_get_config()},
+          {"core", openblas_get_corename()},
+          {"coretype_env", forced ? nlohmann::json(forced) : nlohmann::json(nullptr)},
+          {"note", blas_kernel_note()}};
+}
+
 nlohmann::json system_info() {
   nlohmann::json j;
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line, model, flags;
-  while (std::getline(cpuinfo, line)) {
-    auto value = [&] { return line.substr(line.find(':') + 2); };
-    if (model.empty() && line.rfind("model name", 0) == 0) model = value();
-    if (flags.empty() && line.rfind("flags", 0) == 0) flags = value();
-  }
+  const std::string model = cpu_model(), flags = cpuinfo_field("flags");
   // Only the SIMD flags that matter for these kernels; the full list is long and mostly noise.
   std::string simd;
   std::istringstream fs(flags);
@@ -42,6 +77,7 @@ nlohmann::json system_info() {
       simd += (simd.empty() ? "" : " ") + f;
   j["cpu_model"] = model;
   j["cpu_simd_flags"] = simd;
+  j["isa"] = isa_json();
   j["cores_available"] = available_threads();
   j["memory_total_bytes"] =
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));

@@ -1,10 +1,17 @@
-// Facts about the machine and the build, recorded in every results folder's meta.json.
+// Facts about the machine and the build, recorded in every results folder's meta.json and printed by
+// `attnbench info`.
 #pragma once
 #include <nlohmann/json.hpp>
 
 namespace attn {
 
-nlohmann::json system_info();  // cpu model and flags, cores, memory, compiler, flags, library versions, git
-std::string now_iso8601();     // UTC, e.g. 2026-11-29T21:32:24Z
+nlohmann::json system_info();  // cpu model and flags, SIMD targets, cores, memory, compiler, flags, library
+                               // versions, git
+std::string cpu_model();       // "model name" of /proc/cpuinfo (empty where it has none)
+nlohmann::json isa_json();     // {"compiled": [...], "supported": [...], "best": "..."} (simd::isa_info())
+// {"library": openblas_get_config(), "core": the kernel core OpenBLAS uses, "coretype_env": OPENBLAS_CORETYPE
+// or null, "note": blas_kernel_note() (empty unless the variable forces AVX2 kernels on an AVX-512 CPU)}
+nlohmann::json blas_json();
+std::string now_iso8601();  // UTC, e.g. 2026-11-29T21:32:24Z
 
 }  // namespace attn

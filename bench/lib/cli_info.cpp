@@ -1,0 +1,62 @@
+// `attnbench info [--json]`: what this machine and build give the kernels: the CPU model, the SIMD targets
+// (compiled into the binary, supported by the CPU, the best one, which --isa best picks), the BLAS library
+// with the kernel core it uses, the TBB version and the thread count commands run with.
+#include <oneapi/tbb/version.h>
+#include <tbb/global_control.h>
+
+#include <iostream>
+
+#include "bench/lib/command.hpp"
+#include "bench/lib/sysinfo.hpp"
+#include "common/runtime.hpp"
+
+namespace attn::cli {
+namespace {
+
+std::string joined(const Json& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n.get<std::string>();
+  return s;
+}
+
+int run_info(bool as_json) {
+  // run_cli's ThreadScope holds the --threads value (all available cores by default).
+  const auto threads =
+      static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
+  const Json info = {{"cpu_model", cpu_model()},
+                     {"isa", isa_json()},
+                     {"blas", blas_json()},
+                     {"tbb", {{"version", TBB_runtime_version()}, {"headers", TBB_VERSION_STRING}}},
+                     {"threads", threads},
+                     {"cores_available", available_threads()}};
+  if (as_json) {
+    std::cout << info.dump(2) << "\n";
+    return 0;
+  }
+  const Json& isa = info["isa"];
+  const Json& blas = info["blas"];
+  std::cout << "cpu:       " << (info["cpu_model"] == "" ? "(unknown)" : info["cpu_model"].get<std::string>())
+            << "\n"
+            << "isa:       best " << isa["best"].get<std::string>() << "\n"
+            << "           supported: " << joined(isa["supported"]) << "\n"
+            << "           compiled:  " << joined(isa["compiled"]) << "\n"
+            << "blas:      " << blas["library"].get<std::string>() << "\n"
+            << "           core: " << blas["core"].get<std::string>();
+  if (!blas["coretype_env"].is_null())
+    std::cout << " (OPENBLAS_CORETYPE=" << blas["coretype_env"].get<std::string>() << ")";
+  std::cout << "\n";
+  if (const std::string note = blas["note"]; !note.empty()) std::cout << "           note: " << note << "\n";
+  std::cout << "tbb:       " << info["tbb"]["version"].get<std::string>() << "\n"
+            << "threads:   " << threads << " (" << available_threads() << " cores available)\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace attn::cli
+
+ATTN_REGISTER_COMMAND("info", "the CPU, SIMD targets (compiled, supported, best), BLAS core, TBB and threads",
+                      [](CLI::App& sub) {
+                        auto as_json = std::make_shared<bool>(false);
+                        sub.add_flag("--json", *as_json, "machine-readable output");
+                        return std::function<int()>([as_json] { return attn::cli::run_info(*as_json); });
+                      })
