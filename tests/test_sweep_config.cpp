@@ -14,6 +14,7 @@
 #include "common/attention.hpp"
 #include "common/error.hpp"
 #include "common/runtime.hpp"
+#include "common/simd.hpp"
 
 using namespace attn;
 using Catch::Matchers::Contains;
@@ -530,6 +531,80 @@ TEST_CASE("plan expansion: more than 10000 points or parameter combinations are 
   for (int i = 0; i <= 200; ++i) j["variants"][0]["params"]["window"].push_back(i);
   for (int i = 1; i <= 60; ++i) j["variants"][0]["params"]["dilation"].push_back(i);
   CHECK_THAT(config_error(j), Contains("variants[0].params") && Contains("more than 10000 combinations"));
+}
+
+TEST_CASE("sweep.isa: an axis of SIMD targets, validated against this CPU; \"best\" keeps the ids",
+          "[sweep][config][isa]") {
+  const std::string best = simd::isa_info().best;
+  std::string supported = "best";
+  for (const auto& n : simd::isa_info().supported) supported += ", " + n;
+  SECTION("default: best, and ids as before the axis existed") {
+    const SweepConfig c = parse_sweep_config(base_config(), "cfg.json");
+    CHECK(c.isas == std::vector<std::string>{"best"});
+    CHECK_FALSE(c.isa_from_config);
+    for (const auto& pt : expand_plan(c)) {
+      CHECK(pt.isa == "best");
+      CHECK(pt.id.find("isa") == std::string::npos);
+      CHECK(pt.id.substr(pt.id.size() - 4) == ",T=1");
+    }
+  }
+  SECTION("a list multiplies the points; the points of one input share its inputs and are adjacent") {
+    Json j = base_config();
+    j["sweep"]["isa"] = {"best", "scalar"};
+    const SweepConfig c = parse_sweep_config(j, "cfg.json");
+    CHECK(c.isa_from_config);
+    const auto plan = expand_plan(c);
+    const auto plain = expand_plan(parse_sweep_config(base_config(), "cfg.json"));
+    REQUIRE(plan.size() == 2 * plain.size());
+    for (std::size_t i = 0; i < plain.size(); ++i) {
+      // "best" gives exactly the id the same point has without sweep.isa; other names add ",isa=NAME".
+      CHECK(plan[2 * i].isa == "best");
+      CHECK(plan[2 * i].id == plain[i].id);
+      CHECK(plan[2 * i + 1].isa == "scalar");
+      CHECK(plan[2 * i + 1].id == plain[i].id + ",isa=scalar");
+      CHECK(plan[2 * i + 1].input_key == plan[2 * i].input_key);
+      CHECK(plan[2 * i + 1].input_seed == plan[2 * i].input_seed);
+    }
+  }
+  SECTION("a single name, including the best target by its own name") {
+    Json j = base_config();
+    j["sweep"]["isa"] = best;
+    const auto plan = expand_plan(parse_sweep_config(j, "cfg.json"));
+    for (const auto& pt : plan) CHECK_THAT(pt.id, Contains(",isa=" + best));
+  }
+  SECTION("errors name the path, the value and the supported targets") {
+    Json j = base_config();
+    j["sweep"]["isa"] = "avx9";
+    CHECK_THAT(config_error(j), Contains("sweep.isa 'avx9'") && Contains("supported: " + supported));
+    j["sweep"]["isa"] = {"scalar", "AVX2"};  // names are lower case
+    CHECK_THAT(config_error(j), Contains("sweep.isa[1] 'AVX2'") && Contains("supported: " + supported));
+    j["sweep"]["isa"] = {"scalar", nullptr};
+    CHECK_THAT(config_error(j), Contains("sweep.isa[1]: must be a SIMD target name") && Contains("got null"));
+    j["sweep"]["isa"] = Json::array();
+    CHECK_THAT(config_error(j), Contains("sweep.isa: must not be an empty list"));
+    j["sweep"]["isa"] = {"best", "best"};
+    CHECK_THAT(config_error(j), Contains("same id"));
+    j["sweep"]["iza"] = "best";
+    j["sweep"].erase("isa");
+    CHECK_THAT(config_error(j), Contains("did you mean 'isa'?"));
+  }
+  SECTION("apply_isa_option (run --isa): sets the axis of a config without sweep.isa, refuses a conflict") {
+    SweepConfig c = parse_sweep_config(base_config(), "cfg.json");
+    apply_isa_option(c, "best");
+    CHECK(c.isas == std::vector<std::string>{"best"});
+    apply_isa_option(c, "scalar");
+    CHECK(c.isas == std::vector<std::string>{"scalar"});
+    CHECK_THROWS_WITH(apply_isa_option(c, "nosuch"), Contains("--isa 'nosuch'") && Contains(supported));
+    Json j = base_config();
+    j["sweep"]["isa"] = {"best", "scalar"};
+    SweepConfig with_axis = parse_sweep_config(j, "cfg.json");
+    apply_isa_option(with_axis, "best");  // the default: the config's axis stands
+    CHECK(with_axis.isas == std::vector<std::string>{"best", "scalar"});
+    CHECK_THROWS_AS(apply_isa_option(with_axis, "scalar"), UsageError);
+    CHECK_THROWS_WITH(apply_isa_option(with_axis, "scalar"), Contains("--isa 'scalar'") &&
+                                                                 Contains("sets sweep.isa") &&
+                                                                 Contains(R"(["best","scalar"])"));
+  }
 }
 
 TEST_CASE("parse_bytes and format_bytes", "[sweep][config]") {

@@ -20,6 +20,7 @@
 
 #include "bench/lib/sweep_config.hpp"
 #include "common/attention.hpp"
+#include "common/simd.hpp"
 #include "tests/support/process.hpp"
 
 using namespace attn;
@@ -349,12 +350,15 @@ TEST_CASE("a sweep writes one row per point to results.jsonl, results.csv and me
   REQUIRE(meta["sgemm_calibration"].size() == 1);
   CHECK(meta["sgemm_calibration"][0].at("threads") == 1);
   CHECK(meta["sgemm_calibration"][0].at("gflops").get<double>() > 0);
+  // One FMA peak per (threads, SIMD target): here the best target only (the config has no sweep.isa).
   REQUIRE(meta.at("fma_peak").is_array());
   REQUIRE(meta["fma_peak"].size() == 1);
   CHECK(meta["fma_peak"][0].at("threads") == 1);
-  CHECK(meta["fma_peak"][0].at("isa").is_string());
-  if (!meta["fma_peak"][0]["isa"].get<std::string>().empty())
-    CHECK(meta["fma_peak"][0].at("gflops").get<double>() > 0);
+  CHECK(meta["fma_peak"][0].at("isa") == simd::isa_info().best);
+  CHECK(meta["fma_peak"][0].at("gflops").get<double>() > 0);
+  CHECK(meta["fma_peak"][0].at("lanes").get<int>() >= 1);
+  CHECK(meta.at("isa_option") == "best");
+  CHECK(meta.at("system").at("isa").at("best") == simd::isa_info().best);
   CHECK(meta.at("start_time").is_string());
   CHECK(meta.at("end_time").is_string());
   CHECK(meta.at("interrupted") == false);
@@ -388,12 +392,12 @@ TEST_CASE("ok rows hold every documented field with its type", "[sweep][run]") {
     CHECK(r["gflops"].get<double>() > 0);
     CHECK(r.at("frac_sgemm").is_number());
     CHECK(r["frac_sgemm"].get<double>() > 0);
-#if defined(__AVX512F__) || (defined(__FMA__) && defined(__AVX2__))
     // No kernel can outrun the FMA units: frac_peak is a fraction (the sweep's tiny shapes are far below 1).
+    // The probe runs on every target through run-time dispatch, so this holds whatever the build flags.
     CHECK(r.at("frac_peak").is_number());
     CHECK(r["frac_peak"].get<double>() > 0);
     CHECK(r["frac_peak"].get<double>() < 1.0);
-#endif
+    CHECK(r.at("isa") == simd::isa_info().best);  // no sweep.isa: the best target ran
     const Json& mem = r.at("memory");
     CHECK((mem.at("peak_bytes").is_null() || is_count(mem["peak_bytes"])));
     if (probe_supported) CHECK(is_count(mem["peak_bytes"]));
@@ -480,6 +484,7 @@ TEST_CASE("skipped and failed rows carry every documented field (null where noth
                                        "/mask",
                                        "/regime",
                                        "/threads",
+                                       "/isa",
                                        "/status",
                                        "/reason",
                                        "/time_ms/median",
@@ -774,4 +779,159 @@ TEST_CASE("SIGINT during the sgemm calibration stops cleanly: exit 130, meta.jso
   CHECK(fs::exists(out / "results.csv"));
   REQUIRE(fs::exists(out / "meta.json"));
   CHECK(read_json(out / "meta.json").value("interrupted", false) == true);
+}
+
+namespace {
+
+// Two variants, one with BLAS GEMMs (naive) and one with its own SIMD kernels (tiled), at one small shape.
+Json isa_config() {
+  return {{"name", "isa"},
+          {"variants", {"naive", "tiled"}},
+          {"sweep", {{"batch", 1}, {"heads", 2}, {"head_dim", 16}, {"seq_len", 33}, {"threads", 1}}},
+          {"measure", measure_fast()},
+          {"accuracy", {{"reference", "full"}}},
+          {"memory_budget", "1GiB"}};
+}
+
+// "best, avx3, ..., scalar": what every --isa / sweep.isa error lists.
+std::string supported_isas() {
+  std::string s = "best";
+  for (const auto& n : simd::isa_info().supported) s += ", " + n;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("sweep.isa [best, scalar]: rows name the target that ran, fma_peak and frac_peak are per target",
+          "[sweep][run][isa]") {
+  TempDir dir;
+  Json config = isa_config();
+  config["sweep"]["isa"] = {"best", "scalar"};
+  const std::string cfg = write_config(dir, "isa.json", config);
+  const fs::path out = dir.path() / "out";
+  const RunResult r = run_attnbench({"run", cfg, "--out", out.string()}, dir.path());
+  REQUIRE(r.code == 0);
+  const std::vector<Json> rows = read_rows(out / "results.jsonl");
+  REQUIRE(rows.size() == 4);  // variants x isa
+  const std::string best = simd::isa_info().best;
+  const Json meta = read_json(out / "meta.json");
+  // One peak per (threads, target that ran): "best" resolves to this CPU's best target.
+  std::map<std::string, double> peak;
+  for (const Json& p : meta.at("fma_peak")) {
+    CHECK(p.at("threads") == 1);
+    CHECK(p.at("gflops").get<double>() > 0);
+    CHECK(p.at("lanes").get<int>() >= 1);
+    peak[p.at("isa").get<std::string>()] = p["gflops"].get<double>();
+  }
+  CHECK(peak.size() == (best == "scalar" ? 1u : 2u));
+  CHECK(peak.count(best));
+  CHECK(peak.count("scalar"));
+  std::map<std::string, int> per_isa;
+  for (const Json& row : rows) {
+    INFO(row.dump());
+    CHECK(row.at("status") == "ok");
+    const std::string id = row.at("id");
+    // The requested "best" adds nothing to the id (as without sweep.isa); other names end it with ",isa=".
+    const bool scalar = id.size() > 11 && id.substr(id.size() - 11) == ",isa=scalar";
+    CHECK((scalar || id.find("isa=") == std::string::npos));
+    CHECK(row.at("isa") == (scalar ? "scalar" : best));
+    ++per_isa[row["isa"].get<std::string>()];
+    // frac_peak is over the peak of the row's own target.
+    CHECK(row.at("frac_peak").get<double>() ==
+          Approx(row.at("gflops").get<double>() / peak.at(row["isa"].get<std::string>())).epsilon(1e-9));
+    CHECK(row.at("accuracy").at("max_abs_err").get<double>() < 1e-4);
+  }
+  CHECK(per_isa["scalar"] == 2);
+  if (best != "scalar") CHECK(per_isa[best] == 2);
+  check_csv_matches(out, rows);
+  const auto records = parse_csv(slurp(out / "results.csv"));
+  const auto col = std::find(records[0].begin(), records[0].end(), "isa") - records[0].begin();
+  REQUIRE(col < static_cast<std::ptrdiff_t>(records[0].size()));
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    CHECK(records[i + 1][static_cast<std::size_t>(col)] == rows[i]["isa"].get<std::string>());
+
+  // --filter selects by target.
+  const RunResult dry = run_attnbench({"run", cfg, "--dry-run", "--filter", "isa=scalar"}, dir.path());
+  CHECK(dry.code == 0);
+  CHECK_THAT(dry.out, Contains("2 points"));
+}
+
+TEST_CASE("a bad sweep.isa is refused (exit 2, path, value, supported targets) before anything is written",
+          "[sweep][run][isa]") {
+  TempDir dir;
+  const fs::path out = dir.path() / "out";
+  // An earlier sweep's folder, which --force would replace: it stays exactly as it was.
+  fs::create_directories(out);
+  write_text(out / "results.jsonl", R"({"id": "old", "status": "ok"})"
+                                    "\n");
+  write_text(out / "meta.json", R"({"config_hash": "0"})"
+                                "\n");
+  const auto before = snapshot(dir.path());
+  struct Case {
+    Json isa;
+    std::vector<std::string> parts;
+  };
+  const std::vector<Case> cases = {
+      {"nosuch", {"sweep.isa 'nosuch'", "supported: " + supported_isas()}},
+      {{"best", "nosuch"}, {"sweep.isa[1] 'nosuch'", "supported: " + supported_isas()}},
+      {{"scalar", 3}, {"sweep.isa[1]: must be a SIMD target name", "got 3"}},
+      {Json::array(), {"sweep.isa: must not be an empty list"}},
+      {{"scalar", "scalar"}, {"same id"}},
+  };
+  for (const Case& c : cases) {
+    Json config = isa_config();
+    config["sweep"]["isa"] = c.isa;
+    const std::string cfg = write_config(dir, "bad.json", config);
+    const auto snap = snapshot(dir.path());
+    const RunResult r = run_attnbench({"run", cfg, "--out", out.string(), "--force"}, dir.path());
+    INFO("sweep.isa " << c.isa.dump());
+    CHECK(r.code == 2);
+    for (const auto& part : c.parts) CHECK_THAT(r.err, Contains(part));
+    CHECK(snapshot(dir.path()) == snap);
+    CHECK_FALSE(fs::exists(dir.path() / "results"));
+  }
+  fs::remove(dir.path() / "bad.json");
+  CHECK(snapshot(dir.path()) == before);
+}
+
+TEST_CASE("run --isa: the target of a config without sweep.isa, refused next to one, kept for --resume",
+          "[sweep][run][isa]") {
+  TempDir dir;
+  const std::string cfg = write_config(dir, "isa.json", isa_config());
+  const fs::path out = dir.path() / "out";
+  const RunResult r = run_attnbench({"run", cfg, "--out", out.string(), "--isa", "scalar"}, dir.path());
+  REQUIRE(r.code == 0);
+  const std::vector<Json> rows = read_rows(out / "results.jsonl");
+  REQUIRE(rows.size() == 2);
+  for (const Json& row : rows) {
+    CHECK(row.at("isa") == "scalar");
+    CHECK_THAT(row.at("id").get<std::string>(), Contains(",isa=scalar"));
+  }
+  const Json meta = read_json(out / "meta.json");
+  CHECK(meta.at("isa_option") == "scalar");
+  bool scalar_peak = false;
+  for (const Json& p : meta.at("fma_peak")) scalar_peak |= p.at("isa") == "scalar";
+  CHECK(scalar_peak);
+
+  // --resume with another --isa would mix targets in one folder: refused, naming both.
+  const auto snap = snapshot(dir.path());
+  const RunResult resume = run_attnbench({"run", cfg, "--out", out.string(), "--resume"}, dir.path());
+  CHECK(resume.code == 2);
+  CHECK_THAT(resume.err, Contains("--isa scalar"));
+  CHECK_THAT(resume.err, Contains("--isa best"));
+  CHECK(snapshot(dir.path()) == snap);
+  const RunResult same =
+      run_attnbench({"run", cfg, "--out", out.string(), "--resume", "--isa", "scalar"}, dir.path());
+  CHECK(same.code == 0);
+
+  // A config with sweep.isa and a different --isa contradict each other.
+  Json with_axis = isa_config();
+  with_axis["sweep"]["isa"] = "best";
+  const std::string cfg2 = write_config(dir, "axis.json", with_axis);
+  const RunResult both =
+      run_attnbench({"run", cfg2, "--out", dir.file("out2"), "--isa", "scalar"}, dir.path());
+  CHECK(both.code == 2);
+  CHECK_THAT(both.err, Contains("--isa 'scalar'"));
+  CHECK_THAT(both.err, Contains("sets sweep.isa"));
+  CHECK_FALSE(fs::exists(dir.path() / "out2"));
 }

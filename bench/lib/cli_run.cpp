@@ -4,6 +4,7 @@
 #include "bench/lib/command.hpp"
 #include "bench/lib/sweep.hpp"
 #include "common/error.hpp"
+#include "common/simd.hpp"
 
 namespace attn::cli {
 namespace {
@@ -16,6 +17,7 @@ struct RunOptions {
 
 int run_config(RunOptions& o) {
   // Everything is validated before the output folder is touched.
+  simd::select_isa(o.sweep.isa, "--isa");
   const SweepConfig config = load_sweep_config(o.config);
   if (o.sweep.resume && o.sweep.force) throw UsageError("--resume and --force exclude each other");
   o.sweep.progress_tty = !o.plain;
@@ -35,5 +37,11 @@ ATTN_REGISTER_COMMAND(
       sub.add_option("--filter", o->sweep.filter, "only points whose id contains this text");
       sub.add_flag("--dry-run", o->sweep.dry_run, "print the plan with skip reasons; write nothing");
       sub.add_flag("--plain", o->plain, "one plain line per point even on a terminal");
+      attn::cli::add_isa_option(sub, o->sweep.isa)
+          ->description(
+              "SIMD target of every point when the config has no sweep.isa (a config that has one refuses "
+              "any "
+              "other value than the default, best); kept in meta.json, --resume needs the same. Targets: "
+              "see `attnbench info`");
       return std::function<int()>([o] { return attn::cli::run_config(*o); });
     })

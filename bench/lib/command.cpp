@@ -7,6 +7,7 @@
 
 #include "common/error.hpp"
 #include "common/runtime.hpp"
+#include "common/simd.hpp"
 
 namespace attn::cli {
 
@@ -18,6 +19,14 @@ std::vector<Command>& commands() {
 bool register_command(std::string name, std::string help, CommandSetup setup) {
   commands().push_back({std::move(name), std::move(help), std::move(setup)});
   return true;
+}
+
+CLI::Option* add_isa_option(CLI::App& sub, std::string& name) {
+  std::string supported;
+  for (const auto& n : simd::isa_info().supported) supported += ", " + n;
+  return sub.add_option("--isa", name,
+                        "SIMD target the kernels run on: best (default; " + simd::isa_info().best + " here)" +
+                            supported + " (see `attnbench info`)");
 }
 
 Json parse_cli_params(const Attention& variant, const std::vector<std::string>& kvs) {

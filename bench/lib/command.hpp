@@ -22,6 +22,10 @@ struct Command {
 std::vector<Command>& commands();
 bool register_command(std::string name, std::string help, CommandSetup setup);
 
+// `--isa NAME` (default "best") for a subcommand that runs kernels; the action passes the value to
+// simd::select_isa(name, "--isa") before any work, which refuses (exit 2) a name this CPU cannot run.
+CLI::Option* add_isa_option(CLI::App& sub, std::string& name);
+
 // Runs the CLI: returns 0 on success, 1 on a failed check or run, 2 on a usage error (bad option/file).
 int run_cli(int argc, const char* const* argv);
 

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -24,6 +25,7 @@
 #include "common/npy.hpp"
 #include "common/reference.hpp"
 #include "common/runtime.hpp"
+#include "common/simd.hpp"
 
 namespace fs = std::filesystem;
 
@@ -153,7 +155,7 @@ class Runner {
   std::vector<Json> existing_rows_;
   Json meta_;
   std::map<int, double> sgemm_gflops_;
-  std::map<int, double> fma_gflops_;  // 0 where the build has no FMA vectors
+  std::map<std::pair<int, std::string>, double> fma_gflops_;  // (threads, resolved isa) -> GFLOP/s
   std::ofstream jsonl_;
   int jsonl_fd_ = -1;
   bool tty_ = false;
@@ -212,6 +214,10 @@ class Runner {
         throw UsageError("--resume: the config changed since the interrupted run in '" + dir.string() +
                          "' (hash " + old.value("config_hash", "?") + " then, " + config_.hash() +
                          " now); rerun without --resume (and --force) or use another --out");
+      if (const std::string was = old.value("isa_option", "best"); was != opt_.isa)
+        throw UsageError("--resume: the interrupted run in '" + dir.string() + "' ran with --isa " + was +
+                         ", this one with --isa " + opt_.isa + "; resume with --isa " + was +
+                         " (or rerun with --force or another --out)");
       meta_ = old;
       if (fs::exists(dir / "results.jsonl")) existing_rows_ = read_results_jsonl(jsonl_path(), true);
     } else if (has_results && !opt_.force) {
@@ -236,6 +242,7 @@ class Runner {
                {"config_hash", config_.hash()},
                {"config", config_.raw},
                {"system", system_info()},
+               {"isa_option", opt_.isa},
                {"start_time", now_iso8601()},
                {"end_time", nullptr},
                {"memory_probe", probe_.supported() ? "VmHWM reset per point" : "unsupported"}};
@@ -270,20 +277,41 @@ class Runner {
                 << std::setprecision(1) << c.gflops << " GFLOP/s\n"
                 << std::defaultfloat;
     }
-    // The hardware bound next to the BLAS one: sgemm depends on which kernels the installed BLAS picks.
-    if (meta_.contains("fma_peak")) {
-      for (const auto& c : meta_["fma_peak"])
-        fma_gflops_[c["threads"].get<int>()] = c["gflops"].get<double>();
-    }
+    // The hardware bound next to the BLAS one (sgemm depends on which kernels the installed BLAS picks), per
+    // thread count and SIMD target: the best target (the bound sgemm is checked against) and every target the
+    // points run on, each measured under its own selection. Targets are keyed by the name that ran, so
+    // "best" and the name it resolves to are measured once.
     Json peaks = meta_.value("fma_peak", Json::array());
+    for (const auto& c : peaks)  // resumed: keep the denominators of the rows already written
+      if (c.contains("isa") && c["isa"].is_string())
+        fma_gflops_[{c["threads"].get<int>(), c["isa"].get<std::string>()}] = c["gflops"].get<double>();
+    std::vector<std::string> requested{"best"};
+    for (const std::string& name : config_.isas)
+      if (std::find(requested.begin(), requested.end(), name) == requested.end()) requested.push_back(name);
+    std::string best;
+    for (int t : config_.threads)
+      for (const std::string& name : requested) {
+        if (g_stop_signal.load()) break;
+        const simd::ScopedIsa scope(name, "sweep.isa");
+        const std::string isa = simd::active_isa();
+        if (name == "best") best = isa;
+        if (fma_gflops_.count({t, isa})) continue;
+        const FmaPeak c = calibrate_fma_peak(t);
+        fma_gflops_[{t, c.isa}] = c.gflops;
+        peaks.push_back({{"threads", t}, {"isa", c.isa}, {"gflops", c.gflops}, {"lanes", c.lanes}});
+        std::cout << "attnbench: fp32 FMA peak (" << c.isa << ", " << c.lanes << " lanes), " << t
+                  << " thread(s): " << std::fixed << std::setprecision(1) << c.gflops << " GFLOP/s\n"
+                  << std::defaultfloat;
+      }
+    // sgemm is fp32 FMAs on the same cores: above the best target's peak, the probe is wrong.
     for (int t : config_.threads) {
-      if (fma_gflops_.count(t) || g_stop_signal.load()) continue;
-      const FmaPeak c = calibrate_fma_peak(t);
-      fma_gflops_[t] = c.gflops;
-      peaks.push_back({{"threads", t}, {"isa", c.isa}, {"gflops", c.gflops}});
-      if (c.gflops > 0)
-        std::cout << "attnbench: fp32 FMA peak (" << c.isa << "), " << t << " thread(s): " << std::fixed
-                  << std::setprecision(1) << c.gflops << " GFLOP/s\n"
+      const auto s = sgemm_gflops_.find(t);
+      const auto p = fma_gflops_.find({t, best});
+      if (s != sgemm_gflops_.end() && p != fma_gflops_.end() && s->second > p->second)
+        std::cerr << "attnbench: warning: the sgemm calibration at " << t << " thread(s) (" << std::fixed
+                  << std::setprecision(1) << s->second << " GFLOP/s) exceeds the fp32 FMA peak of the best "
+                  << "SIMD target " << best << " (" << p->second
+                  << " GFLOP/s): the FMA-peak probe is wrong, and frac_peak with it\n"
                   << std::defaultfloat;
     }
     if (opt_.resume) meta_["resumed_at"].push_back(now_iso8601());
@@ -302,6 +330,7 @@ class Runner {
               << std::flush;
   }
 
+  // `isa` is the SIMD target that runs the point (the caller holds the point's simd::ScopedIsa).
   Json base_row(const SweepPoint& pt) const {
     const Problem& p = pt.problem;
     return {{"id", pt.id},
@@ -315,6 +344,7 @@ class Runner {
             {"mask", pt.mask.label()},
             {"regime", pt.regime.label()},
             {"threads", pt.threads},
+            {"isa", simd::active_isa()},
             {"dropout", p.dropout},
             {"exact", Registry::instance().get(p.variant).capabilities().exact},
             {"status", "ok"},
@@ -373,6 +403,9 @@ class Runner {
                      ReferenceCache& ref) {
     const Problem& p = pt.problem;
     const Attention& variant = Registry::instance().get(p.variant);
+    // Every kernel of the point (inputs, timed calls) runs on the point's target; sweep.isa was validated
+    // with the config.
+    const simd::ScopedIsa isa_scope(pt.isa, "sweep.isa");
     Json row = base_row(pt);
     const std::size_t workspace = variant.workspace_bytes(p, pt.threads);
     const std::size_t estimated = sat_add(output_bytes(p), workspace);
@@ -430,7 +463,8 @@ class Runner {
     row["flops"] = variant.flops(p);
     row["gflops"] = gflops;
     row["frac_sgemm"] = gflops / sgemm_gflops_.at(pt.threads);
-    if (const auto it = fma_gflops_.find(pt.threads); it != fma_gflops_.end() && it->second > 0)
+    if (const auto it = fma_gflops_.find({pt.threads, row["isa"].get<std::string>()});
+        it != fma_gflops_.end() && it->second > 0)
       row["frac_peak"] = gflops / it->second;
     row["memory"]["peak_bytes"] = peak >= 0 ? Json(peak) : Json(nullptr);
 
@@ -580,7 +614,9 @@ std::string results_csv(const std::vector<Json>& rows) {
 int run_sweep(const SweepConfig& config, const SweepOptions& options) {
   SweepOptions o = options;
   if (o.out_dir.empty()) o.out_dir = (fs::path("results") / config.name).string();
-  return Runner(config, o).run();
+  SweepConfig c = config;
+  apply_isa_option(c, o.isa);
+  return Runner(c, o).run();
 }
 
 }  // namespace attn

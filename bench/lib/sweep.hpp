@@ -16,6 +16,8 @@ struct SweepOptions {
   std::string filter;        // only points whose id contains this substring
   bool dry_run = false;      // print the plan (with skip reasons and memory estimates); write nothing
   bool progress_tty = true;  // one rewriting progress line on a terminal (else one plain line per point)
+  std::string isa = "best";  // `run --isa`: the target of every point when the config has no sweep.isa
+                             // (apply_isa_option); kept in meta.json, --resume requires the same
 };
 
 // Returns the exit code: 0 all points ok or skipped, 1 some point failed, 130 interrupted (SIGINT/SIGTERM).

@@ -15,6 +15,7 @@
 #include "common/error.hpp"
 #include "common/npy.hpp"
 #include "common/runtime.hpp"
+#include "common/simd.hpp"
 
 namespace attn {
 namespace {
@@ -324,8 +325,9 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
   }
 
   const Json sweep = j.value("sweep", Json::object());
-  check_keys(sweep, "sweep",
-             {"batch", "heads", "head_dim", "seq_len", "seq_q", "seq_kv", "mask", "threads", "dropout"});
+  check_keys(
+      sweep, "sweep",
+      {"batch", "heads", "head_dim", "seq_len", "seq_q", "seq_kv", "mask", "threads", "isa", "dropout"});
   if (sweep.contains("batch")) c.batch = size_axis(sweep["batch"], "sweep.batch");
   if (sweep.contains("heads")) c.heads = size_axis(sweep["heads"], "sweep.heads");
   if (sweep.contains("head_dim")) c.head_dim = size_axis(sweep["head_dim"], "sweep.head_dim");
@@ -355,6 +357,17 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
     });
   } else {
     c.threads = {avail};
+  }
+  if (sweep.contains("isa")) {
+    c.isas.clear();
+    c.isa_from_config = true;
+    for_axis(sweep["isa"], "sweep.isa", [&](const Json& v, const std::string& p) {
+      if (!v.is_string())
+        fail(p, "must be a SIMD target name (\"best\" or one of " + join(simd::isa_info().supported) +
+                    "), got " + v.dump());
+      simd::validate_isa(v.get<std::string>(), p);  // names p, the value and the supported targets
+      c.isas.push_back(v.get<std::string>());
+    });
   }
   if (sweep.contains("dropout"))
     c.dropout = get_number(sweep["dropout"], "sweep.dropout", 0, 0.999999, "a probability in [0, 1)");
@@ -412,7 +425,7 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
   uint64_t points = param_sets;
   for (const std::size_t n :
        {c.regimes.size(), c.batch.size(), c.heads.size(), c.head_dim.size(), c.seq_q.size(),
-        c.self_attention ? std::size_t{1} : c.seq_kv.size(), c.masks.size(), c.threads.size()})
+        c.self_attention ? std::size_t{1} : c.seq_kv.size(), c.masks.size(), c.threads.size(), c.isas.size()})
     points = points_product(points, n);
   if (points > kMaxPoints)
     fail("config", "the cross product of variants, parameters, sweep.*, and inputs has more than " +
@@ -445,6 +458,16 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
     }
   }
   return c;
+}
+
+void apply_isa_option(SweepConfig& c, const std::string& name) {
+  simd::validate_isa(name, "--isa");
+  if (name == "best") return;  // the default: the config's sweep.isa (or its default) stands
+  if (c.isa_from_config)
+    throw UsageError("--isa '" + name + "': config '" + c.source_path + "' sets sweep.isa (" +
+                     c.raw["sweep"]["isa"].dump() +
+                     "); give the targets in one place: drop --isa, or drop sweep.isa from the config");
+  c.isas = {name};
 }
 
 SweepConfig load_sweep_config(const std::string& path) {
@@ -503,27 +526,32 @@ std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
               for (unsigned char ch : key.str()) seed = (seed ^ ch) * 1099511628211ull;
               for (const VariantSpec& v : c.variants)
                 for (const Json& params : v.param_sets)
-                  for (int T : c.threads) {
-                    SweepPoint pt;
-                    Problem& p = pt.problem;
-                    p.variant = v.name;
-                    p.params = params;
-                    p.batch = B, p.heads = H, p.seq_q = Lq, p.seq_kv = Lkv, p.head_dim = D;
-                    p.mask = mask.spec;
-                    p.dropout = c.dropout;
-                    p.seed = c.seed;
-                    pt.mask = mask;
-                    pt.regime = regime;
-                    pt.threads = T;
-                    pt.input_key = key.str();
-                    pt.input_seed = seed;
-                    std::ostringstream id;
-                    id << p.repro();
-                    if (mask.spec.key_padding) id << ",padfrac=" << shortest_double_text(mask.pad_fraction);
-                    id << "," << regime.label() << ",T=" << T;
-                    pt.id = id.str();
-                    plan.push_back(std::move(pt));
-                  }
+                  for (int T : c.threads)
+                    for (const std::string& isa : c.isas) {
+                      SweepPoint pt;
+                      Problem& p = pt.problem;
+                      p.variant = v.name;
+                      p.params = params;
+                      p.batch = B, p.heads = H, p.seq_q = Lq, p.seq_kv = Lkv, p.head_dim = D;
+                      p.mask = mask.spec;
+                      p.dropout = c.dropout;
+                      p.seed = c.seed;
+                      pt.mask = mask;
+                      pt.regime = regime;
+                      pt.threads = T;
+                      pt.isa = isa;
+                      pt.input_key = key.str();
+                      pt.input_seed = seed;
+                      std::ostringstream id;
+                      id << p.repro();
+                      if (mask.spec.key_padding) id << ",padfrac=" << shortest_double_text(mask.pad_fraction);
+                      id << "," << regime.label() << ",T=" << T;
+                      // "best" adds nothing: configs without sweep.isa keep the ids (and --filter texts and
+                      // resumable folders) they had before the axis existed.
+                      if (isa != "best") id << ",isa=" << isa;
+                      pt.id = id.str();
+                      plan.push_back(std::move(pt));
+                    }
             }
   return plan;
 }

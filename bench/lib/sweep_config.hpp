@@ -53,6 +53,9 @@ struct SweepConfig {
   std::vector<MaskAxis> masks;
   std::vector<Regime> regimes;
   std::vector<int> threads;
+  // SIMD targets (sweep.isa, validated against this CPU): "best" or a name from simd::isa_info().supported.
+  std::vector<std::string> isas{"best"};
+  bool isa_from_config = false;  // sweep.isa given (else `run --isa` / `attnbench_gbench --isa` may set it)
   double dropout = 0;
   MeasureSettings measure;
   AccuracySettings accuracy;
@@ -68,7 +71,10 @@ struct SweepPoint {
   MaskAxis mask;
   Regime regime;
   int threads = 1;
-  std::string id;           // problem.repro() + pad fraction + regime + threads: unique within a sweep
+  std::string isa = "best";  // the requested SIMD target; the row records the one that ran (resolved)
+  // problem.repro() + pad fraction + regime + threads (+ ",isa=NAME" unless the requested isa is "best", so
+  // configs without sweep.isa keep their ids): unique within a sweep
+  std::string id;
   std::string input_key;    // identical for points that share inputs (and so the reference)
   uint64_t input_seed = 0;  // derived from the config seed and the input key
 };
@@ -79,6 +85,11 @@ SweepConfig load_sweep_config(const std::string& path);  // file errors name the
 // load_sweep_config on the text of a config file named `source_path` (tokens files resolve against its
 // folder): JSON parsing with line/column errors, then parse_sweep_config. tests/fuzz/fuzz_config fuzzes it.
 SweepConfig parse_sweep_config_text(const std::string& text, const std::string& source_path);
+
+// `run --isa NAME` and `attnbench_gbench --isa NAME`: every point of a config that does not set sweep.isa
+// runs on NAME. A config that sets sweep.isa keeps it, and any NAME but "best" is then refused (UsageError
+// naming both), since the two would contradict each other. NAME is validated like sweep.isa.
+void apply_isa_option(SweepConfig& config, const std::string& name);
 
 // Expands the cross product. Points sharing inputs are adjacent so inputs and references are made once.
 std::vector<SweepPoint> expand_plan(const SweepConfig& config);
