@@ -1,7 +1,9 @@
 // attnbench_gbench: Google Benchmark driver over the registry. Registers one benchmark per (variant, problem)
 // of a sweep config (default configs/gbench.json), named by the point's id, with a GFLOP/s counter, so
-// --benchmark_filter, --benchmark_out and Google Benchmark's compare.py work as usual.
-//   attnbench_gbench [--config=PATH] [--benchmark_* flags]
+// --benchmark_filter, --benchmark_out and Google Benchmark's compare.py work as usual. --isa NAME (default
+// best) picks the SIMD target, as in `attnbench run`: every point of a config without sweep.isa runs on it;
+// each benchmark's label names the target that ran.
+//   attnbench_gbench [--config=PATH] [--isa=NAME] [--benchmark_* flags]
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -13,6 +15,7 @@
 #include "bench/lib/sweep_config.hpp"
 #include "common/error.hpp"
 #include "common/runtime.hpp"
+#include "common/simd.hpp"
 
 namespace {
 
@@ -21,7 +24,9 @@ void run_point(benchmark::State& state, const attn::SweepPoint& pt) {
   const attn::PointInputs inputs = attn::make_inputs(pt);
   attn::FloatArray out({pt.problem.batch, pt.problem.heads, pt.problem.seq_q, pt.problem.head_dim});
   const attn::AttentionInputs in = inputs.view(out.ptr());
+  const attn::simd::ScopedIsa isa(pt.isa, "sweep.isa");
   attn::ThreadScope scope(pt.threads);
+  state.SetLabel("isa=" + attn::simd::active_isa());
   for (auto _ : state) {
     variant.forward(pt.problem, in);
     benchmark::DoNotOptimize(out.ptr());
@@ -36,18 +41,31 @@ void run_point(benchmark::State& state, const attn::SweepPoint& pt) {
 
 int main(int argc, char** argv) {
   std::string config_path = std::string(ATTN_SOURCE_DIR) + "/configs/gbench.json";
+  std::string isa = "best";
   std::vector<char*> args;
+  // Our options are taken out before Google Benchmark sees (and refuses) them.
   for (int i = 0; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--config=", 9) == 0)
+    if (std::strncmp(argv[i], "--config=", 9) == 0) {
       config_path = argv[i] + 9;
-    else
+    } else if (std::strncmp(argv[i], "--isa=", 6) == 0) {
+      isa = argv[i] + 6;
+    } else if (std::strcmp(argv[i], "--isa") == 0) {
+      if (i + 1 == argc) {
+        std::cerr << "attnbench_gbench: error: --isa needs a value: best or a SIMD target name\n";
+        return 2;
+      }
+      isa = argv[++i];
+    } else {
       args.push_back(argv[i]);
+    }
   }
   int n = static_cast<int>(args.size());
   benchmark::Initialize(&n, args.data());
   if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 2;
   try {
-    const attn::SweepConfig config = attn::load_sweep_config(config_path);
+    attn::simd::select_isa(isa, "--isa");
+    attn::SweepConfig config = attn::load_sweep_config(config_path);
+    attn::apply_isa_option(config, isa);
     for (const attn::SweepPoint& pt : attn::expand_plan(config)) {
       const attn::Attention& v = attn::Registry::instance().get(pt.problem.variant);
       auto reasons = v.not_supported_reasons(pt.problem);
@@ -69,6 +87,11 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("attnbench_build_type", ATTN_BUILD_TYPE);
     benchmark::AddCustomContext("attnbench_config", config_path);
     benchmark::AddCustomContext("attnbench_threads_available", std::to_string(attn::available_threads()));
+    std::string supported;
+    for (const auto& name : attn::simd::isa_info().supported)
+      supported += (supported.empty() ? "" : ",") + name;
+    benchmark::AddCustomContext("attnbench_isa_option", isa);
+    benchmark::AddCustomContext("attnbench_isa_supported", supported);
   } catch (const attn::UsageError& e) {
     std::cerr << "attnbench_gbench: error: " << e.what() << "\n";
     return 2;

@@ -10,12 +10,13 @@
 #include "common/error.hpp"
 #include "common/npy.hpp"
 #include "common/reference.hpp"
+#include "common/simd.hpp"
 
 namespace attn::cli {
 namespace {
 
 struct EvalOptions {
-  std::string variant, q, k, v, mask, key_padding, out;
+  std::string variant, q, k, v, mask, key_padding, out, isa = "best";
   std::vector<std::string> params;
   bool causal = false, compare = false;
   std::optional<double> scale;
@@ -83,6 +84,7 @@ void check_memory(const Attention& variant, const Problem& p, bool compare) {
 }
 
 int run_eval(const EvalOptions& o) {
+  simd::select_isa(o.isa, "--isa");
   const Attention& variant = Registry::instance().get(o.variant);
   Problem p = make_problem(o.variant, parse_cli_params(variant, o.params));
   FloatArray q = read_npy_float(o.q), k = read_npy_float(o.k), v = read_npy_float(o.v);
@@ -132,6 +134,7 @@ int run_eval(const EvalOptions& o) {
     reference_attention(p, in, want.ptr());
     const ErrorMetrics m = compare_outputs(out.ptr(), want.ptr(), p.batch * p.heads * p.seq_q, p.head_dim);
     Json j = {{"id", p.repro()},
+              {"isa", simd::active_isa()},
               {"max_abs_err", num(m.max_abs_err)},
               {"rel_l2_err", num(m.rel_l2_err)},
               {"mean_cosine", num(m.mean_cosine)},
@@ -166,5 +169,6 @@ ATTN_REGISTER_COMMAND(
       sub.add_option("--seed", o->seed, "dropout seed");
       sub.add_option("--out", o->out, "output .npy, float32 [batch, heads, seq_q, head_dim]")->required();
       sub.add_flag("--compare", o->compare, "print accuracy against the fp64 exact reference as JSON");
+      attn::cli::add_isa_option(sub, o->isa);
       return std::function<int()>([o] { return attn::cli::run_eval(*o); });
     })

@@ -7,12 +7,13 @@
 #include "common/error.hpp"
 #include "common/multihead.hpp"
 #include "common/npy.hpp"
+#include "common/simd.hpp"
 
 namespace attn::cli {
 namespace {
 
 struct LayerOptions {
-  std::string x, context, weights, variant = "naive", key_padding, out;
+  std::string x, context, weights, variant = "naive", key_padding, out, isa = "best";
   std::vector<std::string> params;
   int64_t heads = 0;
   bool causal = false, residual = false;
@@ -35,6 +36,7 @@ FloatArray read_sequence(const std::string& option, const std::string& path, int
 }
 
 int run_layer(const LayerOptions& o) {
+  simd::select_isa(o.isa, "--isa");
   const Attention& variant = Registry::instance().get(o.variant);
   MultiHeadCall call;
   call.variant = o.variant;
@@ -99,6 +101,7 @@ ATTN_REGISTER_COMMAND(
           "key padding .npy [batch, seq_kv], nonzero/True = padded (torch's key_padding_mask); a query "
           "with no allowed key gets output b_o, not NaN");
       sub.add_flag("--residual", o->residual, "add the input: Y = X + attention(X, context)");
+      attn::cli::add_isa_option(sub, o->isa);
       sub.add_option("--out", o->out, "output .npy, float32 [batch, seq_q, E] (written only on success)")
           ->required();
       return std::function<int()>([o] { return attn::cli::run_layer(*o); });
