@@ -167,10 +167,15 @@ class Results:
         for r in rows:
             for k, v in (r.get("params") or {}).items():
                 values.setdefault((r["variant"], k), set()).add(json.dumps(v, sort_keys=True))
+        # A sweep over SIMD targets (sweep.isa) gives each target its own curve: "tiled [avx2]". The isa is the
+        # target that ran; peer rows have none (PyTorch picks its own kernels).
+        several_isas = len({r.get("isa") for r in rows if r.get("isa")}) > 1
         for r in rows:
             params = r.get("params") or {}
             keys = [k for k in sorted(params) if len(values[(r["variant"], k)]) > 1]
             r["_label"] = r["variant"] + (f"({params_text(params, keys)})" if keys else "")
+            if several_isas and r.get("isa"):
+                r["_label"] += f" [{r['isa']}]"
             r["_params"] = params_text(params)
 
     def rest_key(self, r):
@@ -254,8 +259,9 @@ def memory_of(r):
 
 
 def point_key(r):
+    """One measured point; variants are compared within it (on the same SIMD target when the sweep has several)."""
     return (r["mask"], r.get("regime"), r.get("batch"), r.get("heads"), r.get("head_dim"), r.get("threads"),
-            r.get("seq_q"), r["seq_kv"])
+            r.get("seq_q"), r["seq_kv"], r.get("isa"))
 
 
 def best_exact(res):
@@ -711,9 +717,18 @@ def machine_section(res):
             ["compiler", s.get("compiler", "?")], ["build", f"{s.get('build_type', '?')} {s.get('cxx_flags', '').strip()}"],
             ["git commit", s.get("git_commit", "?")], ["host", s.get("hostname", "?")]]
     rows += [[k, v] for k, v in sorted(lib.items())]
+    isa = s.get("isa") or {}
+    if isa:
+        rows.append(["SIMD targets", f"best {isa.get('best', '?')}; supported: {', '.join(isa.get('supported', []))}"])
     for c in res.meta.get("sgemm_calibration", []):
         rows.append([f"sgemm calibration, {c.get('threads')} thread(s)",
                      f"{num(c.get('gflops')):.1f} GFLOP/s ({c.get('size')}³, cv {num(c.get('cv')) or 0:.2f})"])
+    # One FMA peak per (threads, SIMD target); older results have one per thread count.
+    for c in res.meta.get("fma_peak", []):
+        if num(c.get("gflops")):
+            lanes = f", {c['lanes']} lanes" if c.get("lanes") else ""
+            rows.append([f"fp32 FMA peak, {c.get('threads')} thread(s), {c.get('isa') or '?'}",
+                         f"{num(c.get('gflops')):.1f} GFLOP/s{lanes}"])
     rows += [["memory probe", res.meta.get("memory_probe", "?")],
              ["run", f"{res.meta.get('start_time', '?')} → {res.meta.get('end_time', '?')}"
                      + (" (interrupted)" if res.meta.get("interrupted") else "")]]

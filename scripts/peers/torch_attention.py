@@ -526,8 +526,12 @@ def main(argv):
     try:  # the C++ run's calibrations, when they are there, give the peer rows frac_sgemm and frac_peak
         with open(os.path.join(out_dir, "meta.json"), encoding="utf-8") as f:
             meta = json.load(f)
-        for key, field in (("sgemm", "sgemm_calibration"), ("peak", "fma_peak")):
-            calibration[key] = {int(x["threads"]): float(x["gflops"]) for x in meta.get(field, [])}
+        calibration["sgemm"] = {int(x["threads"]): float(x["gflops"]) for x in meta.get("sgemm_calibration", [])}
+        # fma_peak has one entry per (threads, SIMD target): PyTorch picks its own kernels, so its bound is the
+        # best target's peak, the highest one at each thread count.
+        for x in meta.get("fma_peak", []):
+            T = int(x["threads"])
+            calibration["peak"][T] = max(calibration["peak"].get(T, 0.0), float(x["gflops"]))
     except (OSError, ValueError, KeyError, TypeError):
         pass
     path = os.path.join(out_dir, "results.peers.jsonl")

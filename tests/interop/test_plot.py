@@ -171,6 +171,41 @@ def test_never_and_always(tmp):
     check(cross["fast"]["less_memory"] == "never within measured range", f"fast memory: {cross['fast']['less_memory']}")
 
 
+def test_isa(tmp):
+    """A sweep over SIMD targets (sweep.isa): one curve per target ("tiled [scalar]"), variants compared within
+    a target, and meta.json's fma_peak (one entry per threads and target) listed in the machine section."""
+    d = os.path.join(tmp, "isa")
+    os.makedirs(d)
+    rows = []
+    for n in (128, 256, 512):
+        for isa, speed in (("avx3", 1.0), ("scalar", 8.0)):
+            for variant, exact, c in (("naive", True, 1e-5), ("tiled", True, 5e-6)):
+                r = row(variant, n, speed * c * n ** 2, exact, 1e-7, peak=100 * n)
+                r["isa"] = isa
+                if isa != "avx3":
+                    r["id"] += f",isa={isa}"
+                rows.append(r)
+    with open(os.path.join(d, "results.jsonl"), "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    meta = {"config_name": "isa", "config": {"name": "isa", "sweep": {"isa": ["best", "scalar"]}},
+            "sgemm_calibration": [{"threads": 1, "gflops": 50.0, "size": 2048, "cv": 0.01}],
+            "fma_peak": [{"threads": 1, "isa": "avx3", "gflops": 220.0, "lanes": 16},
+                         {"threads": 1, "isa": "scalar", "gflops": 5.5, "lanes": 1}],
+            "system": {"cpu_model": "synthetic CPU", "cores_available": 1,
+                       "isa": {"compiled": ["avx3", "scalar"], "supported": ["avx3", "scalar"], "best": "avx3"}}}
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    r = run_plot(d)
+    if not check(r.returncode == 0, f"plot.py on a sweep over targets exits 0 (got {r.returncode}: {r.stderr.strip()[-500:]})"):
+        return
+    with open(os.path.join(d, "REPORT.md"), encoding="utf-8") as f:
+        md = f.read()
+    check("`tiled [scalar]`" in md and "`naive [avx3]`" in md, "one series per variant and target")
+    check("fp32 FMA peak, 1 thread(s), scalar | 5.5 GFLOP/s, 1 lanes" in md
+          and "fp32 FMA peak, 1 thread(s), avx3 | 220.0 GFLOP/s, 16 lanes" in md, "REPORT.md lists the FMA peak per target")
+    check("best avx3" in md, "REPORT.md names the SIMD targets")
+
+
 def test_errors(tmp):
     missing = os.path.join(tmp, "does-not-exist")
     r = run_plot(missing)
@@ -257,6 +292,7 @@ def main():
         test_fixture(tmp)
         test_synthetic(tmp)
         test_never_and_always(tmp)
+        test_isa(tmp)
         test_errors(tmp)
         test_peer(tmp)
     print(f"{len(failures)} failure(s)" if failures else "all passed")
