@@ -3,7 +3,10 @@
 // target through foreach_target.h; the selection code below HWY_ONCE exists once.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "common/simd.cpp"
-#include <hwy/foreach_target.h>  // must come before highway.h
+// clang-format off
+#include <hwy/foreach_target.h>  // must come first: it re-includes this file once per target
+// clang-format on
+#include "common/simd.hpp"
 
 #include <hwy/highway.h>
 #include <hwy/targets.h>
@@ -15,7 +18,6 @@
 
 #include "common/error.hpp"
 #include "common/simd-inl.hpp"
-#include "common/simd.hpp"
 
 // A vector register operand: any xmm/ymm/zmm on x86, a SIMD/FP (or SVE) register on Arm.
 #ifndef ATTN_VREG
@@ -49,7 +51,8 @@ FmaRun FmaChains(int64_t iterations) {
   const V a = hn::Set(d, 0.999999f), b = hn::Set(d, 1e-7f);
   V acc0 = hn::Set(d, 0.0f), acc1 = hn::Set(d, 1e-3f), acc2 = hn::Set(d, 2e-3f), acc3 = hn::Set(d, 3e-3f);
   V acc4 = hn::Set(d, 4e-3f), acc5 = hn::Set(d, 5e-3f), acc6 = hn::Set(d, 6e-3f), acc7 = hn::Set(d, 7e-3f);
-  V acc8 = hn::Set(d, 8e-3f), acc9 = hn::Set(d, 9e-3f), acc10 = hn::Set(d, 1e-2f), acc11 = hn::Set(d, 1.1e-2f);
+  V acc8 = hn::Set(d, 8e-3f), acc9 = hn::Set(d, 9e-3f), acc10 = hn::Set(d, 1e-2f),
+    acc11 = hn::Set(d, 1.1e-2f);
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t it = 0; it < iterations; ++it) {
     acc0 = hn::MulAdd(acc0, a, b);

@@ -3,7 +3,10 @@
 // never a masked load past the end of the row.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "common/vmath.cpp"
-#include <hwy/foreach_target.h>  // must come before highway.h
+// clang-format off
+#include <hwy/foreach_target.h>  // must come first: it re-includes this file once per target
+// clang-format on
+#include "common/vmath.hpp"
 
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
@@ -13,7 +16,6 @@
 #include <limits>
 
 #include "common/simd-inl.hpp"
-#include "common/vmath.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::simd::HWY_NAMESPACE {

@@ -12,7 +12,7 @@ float row_max(const float* x, int64_t n);  // -inf for n == 0; NaN if any elemen
 // subtracted before the log2(e) multiply, so that multiply's rounding changes a weight w = exp(x - m) by at
 // most w |x - m| 2^-24 <= 2^-24 / e in absolute terms.
 float exp_sub_sum(float* x, int64_t n, float m);
-void scale_row(float* x, int64_t n, float s);       // x *= s
+void scale_row(float* x, int64_t n, float s);          // x *= s
 void exp2_array(const float* x, float* y, int64_t n);  // y = 2^x (the polynomial itself; x <= 0 or NaN)
 // dst = elu(src) + 1 (src + 1 above 0, exp(src) at or below; exp is Highway's, <= 1 ulp) and dst = relu(src).
 // A NaN input stays NaN in both.

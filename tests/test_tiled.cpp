@@ -11,8 +11,8 @@
 #include "common/random.hpp"
 #include "common/reference.hpp"
 #include "common/runtime.hpp"
-#include "common/tensor.hpp"
 #include "common/simd.hpp"
+#include "common/tensor.hpp"
 #include "common/vmath.hpp"
 
 using namespace attn;

@@ -173,7 +173,8 @@ class Linear final : public Attention {
   }
 
   // Why this bound. With u = 2^-24, L = the keys a row sums over (≤ seq_kv) and w_ij = φ(q_i)·φ(k_j):
-  //  * φ in fp32 is within 2u relative (one rounding for x + 1; Highway's exp is within 1 ulp), so each product
+  //  * φ in fp32 is within 2u relative (one rounding for x + 1; Highway's exp is within 1 ulp), so each
+  //  product
   //    φ(q)_e φ(k)_e is within 5u relative;
   //  * every term of the numerator, φ(q_i)_e φ(k_j)_e v_jd, and of the denominator is a product of those, and
   //    however the sums are associated (per key, per feature, chunk by chunk through the state) a sum of

@@ -2,6 +2,8 @@
 // the output rescaled when the max moves and divided once at the end. O(n) memory, no score matrix. This
 // file chooses the tiles and splits the work; tiled_kernels.cpp does one query tile on the SIMD target that
 // common/simd.hpp selected (Highway dispatch).
+#include "variants/tiled/tiled.hpp"
+
 #include <tbb/blocked_range.h>
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
@@ -13,7 +15,6 @@
 
 #include "common/attention.hpp"
 #include "common/mask.hpp"
-#include "variants/tiled/tiled.hpp"
 
 namespace attn::tiled {
 namespace {

@@ -4,8 +4,9 @@
 // entry point tiled.cpp calls.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "variants/tiled/tiled_kernels.cpp"
-#include <hwy/foreach_target.h>  // must come before highway.h
-
+// clang-format off
+#include <hwy/foreach_target.h>  // must come first: it re-includes this file once per target
+// clang-format on
 #include <hwy/highway.h>
 
 #include <algorithm>
@@ -125,7 +126,8 @@ constexpr auto PvTable(std::integer_sequence<int, V...>) {
 }
 
 // S^T (nk x ld) = K_tile Q^T; colmax (if given) receives the per-query maxima.
-void ScoreTile(const float* k, int64_t dim, const float* qt, int64_t ld, int64_t nk, float* s, float* colmax) {
+void ScoreTile(const float* k, int64_t dim, const float* qt, int64_t ld, int64_t nk, float* s,
+               float* colmax) {
   static constexpr auto kernels = ScoreTable(std::make_integer_sequence<int, kScoreVecs>());
   const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
   for (int64_t c0 = 0; c0 < ld; c0 += kScoreVecs * N) {
@@ -139,7 +141,8 @@ void ScoreTile(const float* k, int64_t dim, const float* qt, int64_t ld, int64_t
 }
 
 // O^T (dim x ld) = alpha * O^T + V_tile^T P^T.
-void PvTile(const float* v, int64_t dim, const float* s, int64_t ld, int64_t nk, float* ot, const float* alpha) {
+void PvTile(const float* v, int64_t dim, const float* s, int64_t ld, int64_t nk, float* ot,
+            const float* alpha) {
   static constexpr auto kernels = PvTable(std::make_integer_sequence<int, kPvVecs>());
   const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
   for (int64_t c0 = 0; c0 < ld; c0 += kPvVecs * N) {
@@ -184,7 +187,8 @@ void MaskTile(const Context& c, int64_t b, int64_t i0, int64_t nq, int64_t j0, i
 // The online-softmax step for one key tile: new running max, rescale factor alpha = 2^(m_old - m_new),
 // s = 2^(s - m_new) in place, l = alpha * l + row sums. A query with no allowed key so far keeps m = -inf and
 // uses 0 in its place, so its masked scores give 2^-inf = 0 and nothing becomes NaN.
-void SoftmaxUpdate(float* s, int64_t ld, int64_t nk, float* m, float* l, const float* tile_max, float* alpha) {
+void SoftmaxUpdate(float* s, int64_t ld, int64_t nk, float* m, float* l, const float* tile_max,
+                   float* alpha) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   for (int64_t c0 = 0; c0 < ld; c0 += N) {
