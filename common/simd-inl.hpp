@@ -28,20 +28,25 @@ inline constexpr float kExp2Coeffs[7] = {1.0f,           0.693147182f,   0.24022
                                          0.00961848907f, 0.00133999309f, 0.000153458008f};
 
 // 2^x for x <= 0 (and NaN): the softmax exponential, with log2(e) folded into the logit scale.
-// x = n + f with n = round(x), f in [-1/2, 1/2] exact; 2^f by the polynomial above; 2^n applied exactly
-// (scalef on AVX-512, two exact power-of-two multiplies elsewhere, the second of which is the only rounding
-// of a denormal result). Error: <= 1.5 ulp of the true 2^x for x in [-126, 0] (normal results), <= 2^-149
-// absolute below (denormal results); 2^-inf = 0 and NaN stays NaN. tests/test_tiled.cpp asserts all of this
-// on a dense sample, for every target the CPU supports.
+// x = n + f with n = round-to-nearest(x) and f in [-1/2, 1/2] exact; 2^f by the polynomial above; 2^n built
+// from its exponent bits (scalef on AVX-512). Error: <= 1.5 ulp of the true 2^x for x in [-126, 0]; results
+// below the normal range (x < -126, true value < 2^-126) are flushed to 0, and 2^-inf = 0; NaN stays NaN.
+// tests/test_tiled.cpp asserts all of this on a dense sample, for every target the CPU supports.
 //
-// Lanes with x < -150 (a masked key's -inf, or a weight below half the smallest denormal) are computed at 0
-// and zeroed after: their true result rounds to 0 anyway, and computing an underflow there would cost a
-// microcode assist per lane on Intel cores (the measured cause of a slow causal softmax).
+// Why flush: a softmax weight is divided by a sum >= 1 (the max element contributes 2^0), so an absolute
+// error below 2^-126 is 2^-102 relative to the sum, far below fp32 resolution. It saves the work a denormal
+// result needs (on Intel cores every underflowing lane costs a microcode assist, the measured cause of a slow
+// causal softmax: masked keys are -inf) and lets 2^n be a single exponent field.
 template <class D, class V = hn::Vec<D>>
 HWY_INLINE V Exp2(D d, V x) {
-  const auto tiny = hn::Lt(x, hn::Set(d, -150.0f));  // false for NaN: NaN lanes are computed and stay NaN
-  x = hn::IfThenZeroElse(tiny, x);
-  const V n = hn::Round(x);
+  const auto tiny = hn::Lt(x, hn::Set(d, -126.0f));  // false for NaN: NaN lanes are computed and stay NaN
+  x = hn::IfThenZeroElse(tiny, x);                   // computed at 0, zeroed at the end
+  // Round to nearest by the 1.5 * 2^23 trick: for |x| < 2^22 the sum's low mantissa bits hold round(x) as an
+  // integer and subtracting the constant back gives round(x) as a float, exactly. (Cheaper than Round plus
+  // a float-to-int conversion on targets without AVX-512.)
+  const V magic = hn::Set(d, 12582912.0f);
+  const V shifted = hn::Add(x, magic);
+  const V n = hn::Sub(shifted, magic);
   const V f = hn::Sub(x, n);
   V p = hn::Set(d, kExp2Coeffs[6]);
   p = hn::MulAdd(p, f, hn::Set(d, kExp2Coeffs[5]));
@@ -58,17 +63,11 @@ HWY_INLINE V Exp2(D d, V x) {
     return hn::IfThenZeroElse(tiny, r);
   }
 #endif
-  // 2^n = 2^n1 * 2^n2 with n1 = floor(n / 2): both factors are normal for n in [-150, 128], so p * 2^n1 is
-  // exact and only the second product rounds. NaN lanes use n = 0 (their p is NaN already), which keeps the
-  // integer conversion defined.
+  // 2^n for n in [-126, 0]: exponent field n + 127 = the shifted sum's integer bits minus the magic's, plus
+  // 127. A NaN lane gives garbage bits here, but its p is NaN and NaN times anything is NaN.
   const hn::RebindToSigned<D> di;
-  const auto ni = hn::ConvertTo(di, hn::IfThenZeroElse(hn::IsNaN(n), n));
-  const auto n1 = hn::ShiftRight<1>(ni);
-  const auto n2 = hn::Sub(ni, n1);
-  const auto bias = hn::Set(di, 127);
-  const V s1 = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(n1, bias)));
-  const V s2 = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(n2, bias)));
-  return hn::IfThenZeroElse(tiny, hn::Mul(hn::Mul(p, s1), s2));
+  const auto bits = hn::Add(hn::BitCast(di, shifted), hn::Set(di, 127 - 0x4B400000));
+  return hn::IfThenZeroElse(tiny, hn::Mul(p, hn::BitCast(d, hn::ShiftLeft<23>(bits))));
 }
 
 }  // namespace attn::simd::HWY_NAMESPACE

@@ -315,7 +315,8 @@ TEST_CASE("tiled workspace is O(1) in the sequence length and linear in threads"
 TEST_CASE("the exp2 polynomial is within its documented error bound on every supported SIMD target",
           "[tiled][simd]") {
   // Every logit difference in [-88, 0] (exp domain) is x in [-127, 0] once log2(e) is folded into the scale.
-  // Bound: 1.5 ulp of the exact 2^x while the result is normal (x >= -126); 2^-149 (one denormal ulp) below.
+  // Bound: 1.5 ulp of the exact 2^x while the result is normal (x >= -126); below, results are flushed to 0,
+  // an absolute error under 2^-126 (common/simd-inl.hpp says why that is harmless for softmax weights).
   std::vector<float> x;
   for (double t = -127.0; t <= 0.0; t += 1.0 / 4099) x.push_back(static_cast<float>(t));  // ~520k points
   for (float t = -150.0f; t <= -120.0f; t += 0.01f) x.push_back(t);
@@ -346,7 +347,7 @@ TEST_CASE("the exp2 polynomial is within its documented error bound on every sup
       INFO("worst " << worst_ulp << " ulp at x = " << worst_x << "; worst denormal abs error "
                     << worst_abs_denormal);
       CHECK(worst_ulp <= 1.5);
-      CHECK(worst_abs_denormal <= std::ldexp(1.0, -149));
+      CHECK(worst_abs_denormal < std::ldexp(1.0, -126));
       CHECK(x.size() > 8'000'000);  // the exhaustive part really ran
 
       // Special values: exactly 1 at 0 (the max element), exactly 0 for -inf and far below, NaN kept.
