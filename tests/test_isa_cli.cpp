@@ -65,7 +65,7 @@ struct QkvFiles {
 
 }  // namespace
 
-TEST_CASE("--isa with an unsupported name exits 2 naming --isa, the value and the supported targets",
+TEST_CASE("an unsupported --isa name exits 2 naming --isa, the value and the supported targets",
           "[cli][isa]") {
   ScratchDir dir("isa-cli");
   REQUIRE_FALSE(simd::isa_info().supported.empty());
