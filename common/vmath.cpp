@@ -104,9 +104,10 @@ void EluPlusOne(const float* src, float* dst, int64_t n) {
   const DF d;
   map_row(src, dst, n, 0.0f, [d](auto x) {
     const auto zero = hn::Zero(d), one = hn::Set(d, 1.0f);
-    const auto positive = hn::Gt(x, zero);  // false for NaN: NaN goes through exp and stays NaN
+    const auto positive = hn::Gt(x, zero);
     const auto below = hn::Exp(d, hn::IfThenZeroElse(positive, x));
-    return hn::IfThenElse(positive, hn::Add(x, one), below);
+    // Highway's Exp clamps its argument, which would turn NaN into a finite value: NaN lanes keep x.
+    return hn::IfThenElse(hn::IsNaN(x), x, hn::IfThenElse(positive, hn::Add(x, one), below));
   });
 }
 

@@ -20,7 +20,12 @@ attn_log() { printf '[attnbench] %s\n' "$*" >&2; }
 attn_ensure_packages() {
   local missing=()
   for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    # Installed for this machine's architecture (or arch-independent): an :arm64 copy from the cross build
+    # (scripts/cross-test) must not count for the amd64 package of the same name.
+    local arch="${p#*:}"
+    [ "$arch" = "$p" ] && arch="$(dpkg --print-architecture)"
+    dpkg-query -W -f='${Status} ${Architecture}\n' "${p%%:*}" 2>/dev/null |
+      grep -qE "^install ok installed ($arch|all)\$" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   local sudo=()

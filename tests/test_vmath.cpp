@@ -1,0 +1,88 @@
+// The row kernels of common/vmath.hpp on every SIMD target this CPU supports: every length from 0 to 40 (so
+// every vector-tail size of every target runs), against fp64 on the same inputs, with NaN kept visible.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/simd.hpp"
+#include "common/vmath.hpp"
+
+using namespace attn;
+
+namespace {
+std::vector<float> random_row(int64_t n, uint32_t seed, float lo, float hi) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (float& e : x) e = dist(gen);
+  return x;
+}
+}  // namespace
+
+TEST_CASE("row kernels match fp64 on every supported SIMD target and every tail length", "[simd][vmath]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const double u = std::ldexp(1.0, -24);
+  for (const std::string& isa : simd::isa_info().supported) {
+    DYNAMIC_SECTION("on " << isa) {
+      const simd::ScopedIsa scoped(isa);
+      REQUIRE(simd::active_isa() == isa);
+      CHECK(row_max(nullptr, 0) == -inf);
+      for (int64_t n = 1; n <= 40; ++n) {
+        INFO("n = " << n);
+        std::vector<float> x = random_row(n, static_cast<uint32_t>(n), -20.0f, 20.0f);
+        // row_max: exact; a NaN anywhere (first, last) makes it NaN whatever the lane order.
+        float want = -inf;
+        for (float e : x) want = std::max(want, e);
+        CHECK(row_max(x.data(), n) == want);
+        for (int64_t at : {int64_t{0}, n - 1}) {
+          std::vector<float> y = x;
+          y[at] = nan;
+          CHECK(std::isnan(row_max(y.data(), n)));
+        }
+        // exp_sub_sum: each weight within the bound below, and the
+        // sum within n u of the exact sum of the returned weights; -inf entries give exactly 0.
+        // One masked (-inf) entry when the row has room for it (callers never pass m = -inf: a fully masked
+        // row is handled before the exp).
+        std::vector<float> w = x;
+        const int64_t masked = n >= 2 ? n / 2 : -1;
+        if (masked >= 0) w[static_cast<std::size_t>(masked)] = -inf;
+        const float m = row_max(w.data(), n);
+        std::vector<float> e = w;
+        const float sum = exp_sub_sum(e.data(), n, m);
+        double exact_sum = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          if (j == masked) {
+            CHECK(e[static_cast<std::size_t>(j)] == 0.0f);
+            continue;
+          }
+          const double t = static_cast<double>(w[j]) - m;
+          const double ref = std::exp(t);
+          // 1.5 ulp (<= 3u relative) for the polynomial; |t| u each for rounding x - m, for the log2(e)
+          // multiply and (less) for log2(e) itself: 3 |t| u in all.
+          CHECK(std::fabs(e[j] - ref) <= ref * (3 * u + 3 * std::fabs(t) * u) + 1e-38);
+          exact_sum += e[j];
+        }
+        CHECK(std::fabs(sum - exact_sum) <= exact_sum * (n + 1) * u);
+        // scale_row: one rounding per element.
+        std::vector<float> s = x;
+        scale_row(s.data(), n, 0.37f);
+        for (int64_t j = 0; j < n; ++j) CHECK(s[j] == x[j] * 0.37f);
+        // Feature maps: relu exact, elu + 1 within 1 ulp of exp (Highway's) and one rounding of x + 1.
+        std::vector<float> xn = random_row(n, static_cast<uint32_t>(100 + n), -10.0f, 10.0f);
+        xn[0] = nan;
+        std::vector<float> r(xn.size()), el(xn.size());
+        relu(xn.data(), r.data(), n);
+        elu_plus_one(xn.data(), el.data(), n);
+        CHECK(std::isnan(r[0]));
+        CHECK(std::isnan(el[0]));
+        for (int64_t j = 1; j < n; ++j) {
+          CHECK(r[j] == (xn[j] > 0 ? xn[j] : 0.0f));
+          const double ref = xn[j] > 0 ? xn[j] + 1.0 : std::exp(static_cast<double>(xn[j]));
+          CHECK(std::fabs(el[j] - ref) <= ref * 2 * u);
+        }
+      }
+    }
+  }
+}
