@@ -19,13 +19,17 @@
 #include "common/error.hpp"
 #include "common/simd-inl.hpp"
 
-// A vector register operand: any xmm/ymm/zmm on x86, a SIMD/FP (or SVE) register on Arm.
-#ifndef ATTN_VREG
+// A vector register operand for the probe's asm: any xmm/ymm/zmm on x86, a SIMD/FP register on Arm (an SVE
+// vector is the sizeless type itself, not a wrapper with .raw). Redefined for each target this file is
+// compiled for.
+#undef ATTN_VREG
 #if HWY_ARCH_X86
-#define ATTN_VREG(x) "+v"(x)
-#else
+#define ATTN_VREG(x) "+v"(x.raw)
+#elif HWY_TARGET == HWY_SVE || HWY_TARGET == HWY_SVE2 || HWY_TARGET == HWY_SVE_256 || \
+    HWY_TARGET == HWY_SVE2_128
 #define ATTN_VREG(x) "+w"(x)
-#endif
+#else
+#define ATTN_VREG(x) "+w"(x.raw)
 #endif
 
 HWY_BEFORE_NAMESPACE();
@@ -69,9 +73,9 @@ FmaRun FmaChains(int64_t iterations) {
     acc11 = hn::MulAdd(acc11, a, b);
 #if HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128 && (HWY_ARCH_X86 || HWY_ARCH_ARM)
     asm volatile(""
-                 : ATTN_VREG(acc0.raw), ATTN_VREG(acc1.raw), ATTN_VREG(acc2.raw), ATTN_VREG(acc3.raw),
-                   ATTN_VREG(acc4.raw), ATTN_VREG(acc5.raw), ATTN_VREG(acc6.raw), ATTN_VREG(acc7.raw),
-                   ATTN_VREG(acc8.raw), ATTN_VREG(acc9.raw), ATTN_VREG(acc10.raw), ATTN_VREG(acc11.raw));
+                 : ATTN_VREG(acc0), ATTN_VREG(acc1), ATTN_VREG(acc2), ATTN_VREG(acc3), ATTN_VREG(acc4),
+                   ATTN_VREG(acc5), ATTN_VREG(acc6), ATTN_VREG(acc7), ATTN_VREG(acc8), ATTN_VREG(acc9),
+                   ATTN_VREG(acc10), ATTN_VREG(acc11));
 #else
     KeepLive(acc0);
 #endif

@@ -17,8 +17,15 @@
 
 #include "common/simd-inl.hpp"
 
+// The per-target functions live in attn::N_<TARGET> (not attn::simd::...) so that the public functions in
+// namespace attn can dispatch to them by their plain names, which is also what HWY_COMPILE_ONLY_STATIC
+// (ATTN_NATIVE=ON) resolves them by.
 HWY_BEFORE_NAMESPACE();
-namespace attn::simd::HWY_NAMESPACE {
+namespace attn::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using simd::HWY_NAMESPACE::DF;
+using simd::HWY_NAMESPACE::Exp2;
+using simd::HWY_NAMESPACE::kPadLanes;
 
 // Applies `op` (a vector -> vector function) over [0, n): full vectors in place, the tail through a buffer
 // padded with `pad`.
@@ -117,37 +124,35 @@ void Relu(const float* src, float* dst, int64_t n) {
   map_row(src, dst, n, 0.0f, [d](auto x) { return hn::IfThenZeroElse(hn::Le(x, hn::Zero(d)), x); });
 }
 
-}  // namespace attn::simd::HWY_NAMESPACE
+}  // namespace attn::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace attn {
-namespace simd {
 HWY_EXPORT(RowMax);
 HWY_EXPORT(ExpSubSum);
 HWY_EXPORT(ScaleRow);
 HWY_EXPORT(Exp2Array);
 HWY_EXPORT(EluPlusOne);
 HWY_EXPORT(Relu);
-}  // namespace simd
 
 float row_max(const float* x, int64_t n) {
-  return HWY_DYNAMIC_DISPATCH(simd::RowMax)(x, n);
+  return HWY_DYNAMIC_DISPATCH(RowMax)(x, n);
 }
 float exp_sub_sum(float* x, int64_t n, float m) {
-  return HWY_DYNAMIC_DISPATCH(simd::ExpSubSum)(x, n, m);
+  return HWY_DYNAMIC_DISPATCH(ExpSubSum)(x, n, m);
 }
 void scale_row(float* x, int64_t n, float s) {
-  HWY_DYNAMIC_DISPATCH(simd::ScaleRow)(x, n, s);
+  HWY_DYNAMIC_DISPATCH(ScaleRow)(x, n, s);
 }
 void exp2_array(const float* x, float* y, int64_t n) {
-  HWY_DYNAMIC_DISPATCH(simd::Exp2Array)(x, y, n);
+  HWY_DYNAMIC_DISPATCH(Exp2Array)(x, y, n);
 }
 void elu_plus_one(const float* src, float* dst, int64_t n) {
-  HWY_DYNAMIC_DISPATCH(simd::EluPlusOne)(src, dst, n);
+  HWY_DYNAMIC_DISPATCH(EluPlusOne)(src, dst, n);
 }
 void relu(const float* src, float* dst, int64_t n) {
-  HWY_DYNAMIC_DISPATCH(simd::Relu)(src, dst, n);
+  HWY_DYNAMIC_DISPATCH(Relu)(src, dst, n);
 }
 }  // namespace attn
 #endif  // HWY_ONCE

@@ -43,6 +43,27 @@ constexpr int kScoreRows = 4, kScoreVecs = 3, kPvRows = 4, kPvVecs = 3;
 constexpr int kScoreRows = 8, kScoreVecs = 2, kPvRows = 8, kPvVecs = 2;
 #endif
 
+// The micro-kernels keep their MR x NV accumulators in named variables, not arrays: SVE vectors are sizeless
+// types, which cannot be array elements. ATTN_ROWS expands a row macro for rows 0..7; rows and vectors past
+// MR and NV are never touched (if constexpr) and the compiler drops them.
+static_assert(kScoreRows <= 8 && kScoreVecs <= 3 && kPvRows <= 8 && kPvVecs <= 3);
+#define ATTN_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define ATTN_DECLARE(r) VF acc##r##_0 = hn::Zero(d), acc##r##_1 = hn::Zero(d), acc##r##_2 = hn::Zero(d);
+// acc[r][c] += a * b[c] for the NV vectors of row r, a = the row's broadcast scalar `x`.
+#define ATTN_FMA_ROW(r, x)                                            \
+  if constexpr (r < MR) {                                             \
+    const VF a = hn::Set(d, x);                                       \
+    acc##r##_0 = hn::MulAdd(a, b0, acc##r##_0);                       \
+    if constexpr (NV > 1) acc##r##_1 = hn::MulAdd(a, b1, acc##r##_1); \
+    if constexpr (NV > 2) acc##r##_2 = hn::MulAdd(a, b2, acc##r##_2); \
+  }
+#define ATTN_STORE_ROW(r, out, ld)                                            \
+  if constexpr (r < MR) {                                                     \
+    hn::Store(acc##r##_0, d, (out) + r * (ld));                               \
+    if constexpr (NV > 1) hn::Store(acc##r##_1, d, (out) + r * (ld) + N);     \
+    if constexpr (NV > 2) hn::Store(acc##r##_2, d, (out) + r * (ld) + 2 * N); \
+  }
+
 // Score micro-kernel: an MR x (NV vectors) block of S^T = K Q^T, keys in rows and queries in lanes.
 //   k:  MR key rows, row stride ldk (the K tensor itself: no packing);
 //   qt: Q^T, [d][ldq], already multiplied by scale * log2(e);
@@ -55,25 +76,35 @@ HWY_NOINLINE void ScoreKernel(const float* HWY_RESTRICT k, int64_t ldk, const fl
                               float* HWY_RESTRICT colmax) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  VF acc[MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = hn::Zero(d);
+  ATTN_ROWS(ATTN_DECLARE)
   for (int64_t e = 0; e < depth; ++e) {
-    VF b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = hn::Load(d, qt + e * ldq + v * N);
-    for (int r = 0; r < MR; ++r) {
-      const VF a = hn::Set(d, k[r * ldk + e]);
-      for (int v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(a, b[v], acc[r][v]);
-    }
+    const float* qe = qt + e * ldq;
+    const VF b0 = hn::Load(d, qe);
+    VF b1 = b0, b2 = b0;
+    if constexpr (NV > 1) b1 = hn::Load(d, qe + N);
+    if constexpr (NV > 2) b2 = hn::Load(d, qe + 2 * N);
+#define ATTN_SCORE_ROW(r) ATTN_FMA_ROW(r, k[r * ldk + e])
+    ATTN_ROWS(ATTN_SCORE_ROW)
+#undef ATTN_SCORE_ROW
   }
-  for (int r = 0; r < MR; ++r)
-    for (int v = 0; v < NV; ++v) hn::Store(acc[r][v], d, s + r * lds + v * N);
+#define ATTN_SCORE_STORE(r) ATTN_STORE_ROW(r, s, lds)
+  ATTN_ROWS(ATTN_SCORE_STORE)
+#undef ATTN_SCORE_STORE
   if (colmax) {
-    for (int v = 0; v < NV; ++v) {
-      VF m = hn::Load(d, colmax + v * N);
-      for (int r = 0; r < MR; ++r) m = hn::Max(m, acc[r][v]);
-      hn::Store(m, d, colmax + v * N);
-    }
+#define ATTN_MAX_ROW(r, c) \
+  if constexpr (r < MR) m = hn::Max(m, acc##r##_##c);
+#define ATTN_COLMAX(c)                                                                             \
+  if constexpr (c < NV) {                                                                          \
+    VF m = hn::Load(d, colmax + c * N);                                                            \
+    ATTN_MAX_ROW(0, c)                                                                             \
+    ATTN_MAX_ROW(1, c) ATTN_MAX_ROW(2, c) ATTN_MAX_ROW(3, c) ATTN_MAX_ROW(4, c) ATTN_MAX_ROW(5, c) \
+        ATTN_MAX_ROW(6, c) ATTN_MAX_ROW(7, c) hn::Store(m, d, colmax + c * N);                     \
+  }
+    ATTN_COLMAX(0)
+    ATTN_COLMAX(1)
+    ATTN_COLMAX(2)
+#undef ATTN_COLMAX
+#undef ATTN_MAX_ROW
   }
 }
 
@@ -88,21 +119,38 @@ HWY_NOINLINE void PvKernel(const float* HWY_RESTRICT v, int64_t ldv, const float
                            int64_t nk, float* HWY_RESTRICT ot, int64_t ldo, const float* HWY_RESTRICT alpha) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  VF acc[MR][NV];
-  for (int r = 0; r < MR; ++r)
-    for (int c = 0; c < NV; ++c)
-      acc[r][c] = hn::Mul(hn::Load(d, ot + r * ldo + c * N), hn::Load(d, alpha + c * N));
-  for (int64_t j = 0; j < nk; ++j) {
-    VF b[NV];
-    for (int c = 0; c < NV; ++c) b[c] = hn::Load(d, p + j * ldp + c * N);
-    for (int r = 0; r < MR; ++r) {
-      const VF x = hn::Set(d, v[j * ldv + r]);
-      for (int c = 0; c < NV; ++c) acc[r][c] = hn::MulAdd(x, b[c], acc[r][c]);
-    }
+  ATTN_ROWS(ATTN_DECLARE) {
+    const VF a0 = hn::Load(d, alpha);
+    VF a1 = a0, a2 = a0;
+    if constexpr (NV > 1) a1 = hn::Load(d, alpha + N);
+    if constexpr (NV > 2) a2 = hn::Load(d, alpha + 2 * N);
+#define ATTN_PV_INIT(r)                                                                \
+  if constexpr (r < MR) {                                                              \
+    acc##r##_0 = hn::Mul(hn::Load(d, ot + r * ldo), a0);                               \
+    if constexpr (NV > 1) acc##r##_1 = hn::Mul(hn::Load(d, ot + r * ldo + N), a1);     \
+    if constexpr (NV > 2) acc##r##_2 = hn::Mul(hn::Load(d, ot + r * ldo + 2 * N), a2); \
   }
-  for (int r = 0; r < MR; ++r)
-    for (int c = 0; c < NV; ++c) hn::Store(acc[r][c], d, ot + r * ldo + c * N);
+    ATTN_ROWS(ATTN_PV_INIT)
+#undef ATTN_PV_INIT
+  }
+  for (int64_t j = 0; j < nk; ++j) {
+    const float* pj = p + j * ldp;
+    const VF b0 = hn::Load(d, pj);
+    VF b1 = b0, b2 = b0;
+    if constexpr (NV > 1) b1 = hn::Load(d, pj + N);
+    if constexpr (NV > 2) b2 = hn::Load(d, pj + 2 * N);
+#define ATTN_PV_ROW(r) ATTN_FMA_ROW(r, v[j * ldv + r])
+    ATTN_ROWS(ATTN_PV_ROW)
+#undef ATTN_PV_ROW
+  }
+#define ATTN_PV_STORE(r) ATTN_STORE_ROW(r, ot, ldo)
+  ATTN_ROWS(ATTN_PV_STORE)
+#undef ATTN_PV_STORE
 }
+#undef ATTN_STORE_ROW
+#undef ATTN_FMA_ROW
+#undef ATTN_DECLARE
+#undef ATTN_ROWS
 
 using ScoreFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, float*);
 using PvFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, const float*);
