@@ -28,7 +28,7 @@ void run_point(benchmark::State& state, const attn::SweepPoint& pt) {
   attn::ThreadScope scope(pt.threads);
   state.SetLabel("isa=" + attn::simd::active_isa());
   for (auto _ : state) {
-    variant.forward(pt.problem, in);
+    variant.run(pt.problem, in);
     benchmark::DoNotOptimize(out.ptr());
     benchmark::ClobberMemory();
   }
@@ -68,15 +68,15 @@ int main(int argc, char** argv) {
     attn::apply_isa_option(config, isa);
     for (const attn::SweepPoint& pt : attn::expand_plan(config)) {
       const attn::Attention& v = attn::Registry::instance().get(pt.problem.variant);
-      auto reasons = v.not_supported_reasons(pt.problem);
+      std::string why = v.unsupported_reasons_text(pt.problem);
       const std::size_t need =
           static_cast<std::size_t>(pt.problem.q_elements() * 2 + pt.problem.kv_elements() * 2) *
               sizeof(float) +
           v.workspace_bytes(pt.problem, pt.threads);
-      if (reasons.empty() && need > config.memory_budget_bytes)
-        reasons.push_back("needs " + std::to_string(need) + " bytes > memory_budget");
-      if (!reasons.empty()) {
-        std::cerr << "SKIPPED " << pt.id << ": " << reasons.front() << "\n";
+      if (why.empty() && need > config.memory_budget_bytes)
+        why = "needs " + std::to_string(need) + " bytes > memory_budget";
+      if (!why.empty()) {
+        std::cerr << "SKIPPED " << pt.id << ": " << why << "\n";
         continue;
       }
       benchmark::RegisterBenchmark(pt.id.c_str(), run_point, pt)

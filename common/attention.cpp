@@ -33,6 +33,20 @@ std::vector<std::string> Attention::not_supported_reasons(const Problem& p) cons
   return r;
 }
 
+std::string Attention::unsupported_reasons_text(const Problem& p) const {
+  std::string why;
+  for (const auto& r : not_supported_reasons(p)) why += (why.empty() ? "" : "; ") + r;
+  return why;
+}
+
+void Attention::run(const Problem& p, const AttentionInputs& in) const {
+  p.validate();
+  if (const std::string why = unsupported_reasons_text(p); !why.empty())
+    throw NotSupported(p.repro() + ": " + why);
+  check_inputs(p, in);
+  forward(p, in);
+}
+
 void Attention::reference_forward(const Problem& p, const AttentionInputs& in, double* out) const {
   reference_attention(p, in, out);
 }

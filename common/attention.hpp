@@ -57,9 +57,13 @@ class Attention {
   // Bytes this variant allocates beyond Q, K, V, O and the masks (at `threads` threads).
   virtual std::size_t workspace_bytes(const Problem& p, int threads) const = 0;
 
-  // Computes out = attention(q, k, v). Must be thread-safe (the registry holds one instance) and use
-  // TBB for parallelism; BLAS runs single-threaded inside (see blas.hpp).
-  virtual void forward(const Problem& p, const AttentionInputs& in) const = 0;
+  // not_supported_reasons joined with "; " (empty = supported): the one text every caller shows.
+  std::string unsupported_reasons_text(const Problem& p) const;
+
+  // The one checked entry point, what every caller uses: validates `p` (sizes, Problem::validate), refuses
+  // what this variant cannot run (NotSupported, with unsupported_reasons_text) and inputs missing a tensor
+  // `p` needs (UsageError), then calls forward. Variants never repeat these checks.
+  void run(const Problem& p, const AttentionInputs& in) const;
 
   // The fp64 oracle for what this variant computes: its own exact definition. The default is exact softmax
   // attention (reference.hpp); approximate variants override it (e.g. linear attention's quadratic form).
@@ -73,6 +77,9 @@ class Attention {
   virtual std::vector<Json> test_param_sets() const { return {Json::object()}; }
 
  protected:
+  // Computes out = attention(q, k, v) for a problem run() has checked. Must be thread-safe (the registry
+  // holds one instance) and use TBB for parallelism; BLAS runs single-threaded inside (common/runtime.hpp).
+  virtual void forward(const Problem& p, const AttentionInputs& in) const = 0;
   virtual std::vector<std::string> extra_not_supported_reasons(const Problem&) const { return {}; }
 };
 
@@ -93,7 +100,7 @@ class Registry {
 // Builds a fully resolved Problem for `variant` with user parameters `given` (validated, defaults filled).
 Problem make_problem(const std::string& variant, const Json& given = Json::object());
 
-// Checks that `in` has every pointer `p` needs; throws UsageError otherwise.
+// Checks that `in` has every pointer `p` needs; throws UsageError otherwise (Attention::run calls it).
 void check_inputs(const Problem& p, const AttentionInputs& in);
 
 }  // namespace attn

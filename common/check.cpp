@@ -102,17 +102,15 @@ class Checker {
 
   // Skips with the variant's reasons when unsupported; returns false then.
   bool supported(const std::string& check, const Problem& p) {
-    auto reasons = v_.not_supported_reasons(p);
-    if (reasons.empty()) return true;
-    std::string why;
-    for (const auto& r : reasons) why += (why.empty() ? "" : "; ") + r;
+    const std::string why = v_.unsupported_reasons_text(p);
+    if (why.empty()) return true;
     report({check, p.repro(), CheckStatus::skipped, why});
     return false;
   }
 
   bool run(const Problem& p, CaseData& data, const std::string& check) {
     try {
-      v_.forward(p, data.inputs());
+      v_.run(p, data.inputs());
       return true;
     } catch (const std::exception& e) {
       report({check, p.repro(), CheckStatus::failed, std::string("forward threw: ") + e.what()});

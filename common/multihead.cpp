@@ -252,11 +252,8 @@ Problem MultiHeadLayer::core_problem(const MultiHeadCall& call, int64_t batch, i
   p.mask.causal = call.causal;
   p.mask.key_padding = call.key_padding != nullptr;
   p.validate();
-  if (auto reasons = variant.not_supported_reasons(p); !reasons.empty()) {
-    std::string why;
-    for (const auto& r : reasons) why += (why.empty() ? "" : "; ") + r;
+  if (const std::string why = variant.unsupported_reasons_text(p); !why.empty())
     throw NotSupported(p.repro() + ": " + why);
-  }
   return p;
 }
 
@@ -274,7 +271,7 @@ FloatArray MultiHeadLayer::forward(const FloatArray& x, const FloatArray* contex
   const AttentionInputs in{
       qkv.q.ptr(),    qkv.k.ptr(), qkv.v.ptr(), nullptr, call.key_padding ? call.key_padding->ptr() : nullptr,
       heads_out.ptr()};
-  Registry::instance().get(call.variant).forward(p, in);
+  Registry::instance().get(call.variant).run(p, in);
   FloatArray y = output_projection(heads_out);
   if (call.residual)
     for (std::size_t e = 0; e < y.numel(); ++e) y.data[e] += x.data[e];

@@ -59,7 +59,12 @@ float RowMax(const float* x, int64_t n) {
     nan = hn::Or(nan, hn::VecFromMask(d, hn::IsNaN(v)));
     vm = hn::Max(vm, v);
   }
-  float m = hn::GetLane(hn::MaxOfLanes(d, vm));
+  // Reduced through memory, not MaxOfLanes: Highway 1.0.3's emu128 MaxOfLanes starts from -FLT_MAX and so
+  // turns an all -inf row (fully masked) into -FLT_MAX.
+  HWY_ALIGN float lanes[kPadLanes];
+  hn::Store(vm, d, lanes);
+  float m = lanes[0];
+  for (int64_t i = 1; i < N; ++i) m = std::max(m, lanes[i]);
   bool any_nan = !hn::AllTrue(d, hn::Eq(nan, hn::Zero(d)));
   for (; j < n; ++j) {
     any_nan = any_nan || std::isnan(x[j]);
@@ -112,9 +117,11 @@ void EluPlusOne(const float* src, float* dst, int64_t n) {
   map_row(src, dst, n, 0.0f, [d](auto x) {
     const auto zero = hn::Zero(d), one = hn::Set(d, 1.0f);
     const auto positive = hn::Gt(x, zero);
-    const auto below = hn::Exp(d, hn::IfThenZeroElse(positive, x));
-    // Highway's Exp clamps its argument, which would turn NaN into a finite value: NaN lanes keep x.
-    return hn::IfThenElse(hn::IsNaN(x), x, hn::IfThenElse(positive, hn::Add(x, one), below));
+    // Highway's Exp would turn NaN into a finite value (and converts it to an integer, undefined for NaN):
+    // NaN lanes compute exp(0) and keep x at the end.
+    const auto nan = hn::IsNaN(x);
+    const auto below = hn::Exp(d, hn::IfThenZeroElse(hn::Or(positive, nan), x));
+    return hn::IfThenElse(nan, x, hn::IfThenElse(positive, hn::Add(x, one), below));
   });
 }
 

@@ -100,7 +100,7 @@ struct EvalFiles {
 
   FloatArray run_naive(const Problem& problem) {
     FloatArray out({problem.batch, problem.heads, problem.seq_q, problem.head_dim}, std::nanf(""));
-    Registry::instance().get("naive").forward(problem, inputs(problem, out));
+    Registry::instance().get("naive").run(problem, inputs(problem, out));
     return out;
   }
   AttentionInputs inputs(const Problem& problem, FloatArray& out) {

@@ -43,7 +43,7 @@ struct Case {
   }
   FloatArray run_naive() {
     out = FloatArray(q.shape, std::nanf(""));
-    naive().forward(p, inputs());
+    naive().run(p, inputs());
     return out;
   }
   DoubleArray reference() {

@@ -48,7 +48,7 @@ struct LinearCase {
 
   FloatArray run() const {
     FloatArray out({p.batch, p.heads, p.seq_q, p.head_dim}, std::nanf(""));
-    Registry::instance().get("linear").forward(p, inputs(out.ptr()));
+    Registry::instance().get("linear").run(p, inputs(out.ptr()));
     return out;
   }
 

@@ -49,7 +49,7 @@ struct Case {
         q.ptr(),  k.ptr(), v.ptr(), mask.numel() ? mask.ptr() : nullptr, pad.numel() ? pad.ptr() : nullptr,
         out.ptr()};
   }
-  void run_naive() { naive().forward(p, inputs()); }
+  void run_naive() { naive().run(p, inputs()); }
   DoubleArray reference() {
     DoubleArray want(out.shape);
     reference_attention(p, inputs(), want.ptr());

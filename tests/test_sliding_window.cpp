@@ -51,7 +51,7 @@ struct Case {
 
   FloatArray run(const std::string& variant, const Problem& problem, const uint8_t* mask = nullptr) const {
     FloatArray out({p.batch, p.heads, p.seq_q, p.head_dim}, std::nanf(""));
-    Registry::instance().get(variant).forward(problem, inputs(out.ptr(), mask));
+    Registry::instance().get(variant).run(problem, inputs(out.ptr(), mask));
     return out;
   }
 };

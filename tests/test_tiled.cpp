@@ -71,7 +71,7 @@ struct Inputs {
     vp.head_dim = p.head_dim;
     vp.mask = p.mask, vp.scale = p.scale, vp.dropout = p.dropout, vp.seed = p.seed;
     FloatArray out({p.batch, p.heads, p.seq_q, p.head_dim}, std::nanf(""));
-    variant.forward(vp, inputs(out.ptr()));
+    variant.run(vp, inputs(out.ptr()));
     return out;
   }
 

@@ -111,17 +111,14 @@ int run_eval(const EvalOptions& o) {
     p.mask.key_padding = true;
   }
   p.validate();
-  if (auto reasons = variant.not_supported_reasons(p); !reasons.empty()) {
-    std::string why;
-    for (const auto& r : reasons) why += (why.empty() ? "" : "; ") + r;
+  if (const std::string why = variant.unsupported_reasons_text(p); !why.empty())
     throw NotSupported(p.repro() + ": " + why);
-  }
   check_memory(variant, p, o.compare);
   FloatArray out({p.batch, p.heads, p.seq_q, p.head_dim});
   AttentionInputs in{
       q.ptr(),  k.ptr(), v.ptr(), mask.numel() ? mask.ptr() : nullptr, pad.numel() ? pad.ptr() : nullptr,
       out.ptr()};
-  variant.forward(p, in);
+  variant.run(p, in);
   const int64_t bad_q = count_nonfinite(q.ptr(), q.numel()), bad_k = count_nonfinite(k.ptr(), k.numel()),
                 bad_v = count_nonfinite(v.ptr(), v.numel()), bad_in = bad_q + bad_k + bad_v;
   const int64_t bad_out = count_nonfinite(out.ptr(), out.numel());

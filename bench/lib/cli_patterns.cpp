@@ -156,7 +156,7 @@ FloatArray measure_weights(const Attention& variant, const Problem& p, const Inp
     ai.k = in.k.ptr();
     ai.v = v.ptr();
     ai.out = out.ptr();
-    variant.forward(p, ai);
+    variant.run(p, ai);
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < N; ++i)
         for (int64_t c = 0; c < cols; ++c)
@@ -206,9 +206,9 @@ int run_patterns(const PatternsOptions& o) {
                   {"exact", variant.capabilities().exact},
                   {"description", variant.description()},
                   {"repro", p.repro()}};
-    if (auto reasons = variant.not_supported_reasons(p); !reasons.empty()) {
+    if (const std::string why = variant.unsupported_reasons_text(p); !why.empty()) {
       entry["status"] = "skipped";
-      entry["reason"] = join(reasons);
+      entry["reason"] = why;
       std::cout << name << ": skipped (" << entry["reason"].get<std::string>() << ")\n";
       variants_json.push_back(entry);
       continue;

@@ -169,10 +169,9 @@ class Runner {
     for (const auto& pt : plan) {
       const Attention& v = Registry::instance().get(pt.problem.variant);
       std::cout << pt.id;
-      auto reasons = v.not_supported_reasons(pt.problem);
-      if (!reasons.empty())
-        std::cout << "  SKIP: " << reasons.front();
-      else if (const std::string why = over_budget_reason(pt.problem, v, pt.threads); !why.empty())
+      std::string why = v.unsupported_reasons_text(pt.problem);
+      if (why.empty()) why = over_budget_reason(pt.problem, v, pt.threads);
+      if (!why.empty())
         std::cout << "  SKIP: " << why;
       else
         std::cout << "  est. " << format_bytes(static_cast<double>(estimate_bytes(pt)));
@@ -414,9 +413,7 @@ class Runner {
                      {"workspace_bytes", workspace},
                      {"reference_bytes", reference_bytes(p)},
                      {"peak_bytes", nullptr}};
-    if (auto reasons = variant.not_supported_reasons(p); !reasons.empty()) {
-      std::string why;
-      for (const auto& r : reasons) why += (why.empty() ? "" : "; ") + r;
+    if (const std::string why = variant.unsupported_reasons_text(p); !why.empty()) {
       row["status"] = "skipped";
       row["reason"] = why;
       return row;
@@ -454,7 +451,7 @@ class Runner {
       out = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
       const AttentionInputs in = inputs.view(out.ptr());
       ThreadScope scope(pt.threads);
-      t = time_repeated([&] { variant.forward(p, in); }, config_.measure);
+      t = time_repeated([&] { variant.run(p, in); }, config_.measure);
       peak = probe_.peak_increase();
     }
     const double gflops = variant.flops(p) / (t.median_ms * 1e6);

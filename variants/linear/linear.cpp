@@ -135,7 +135,6 @@ class Linear final : public Attention {
   }
 
   void forward(const Problem& p, const AttentionInputs& in) const override {
-    check_inputs(p, in);
     if (auto reasons = not_supported_reasons(p); !reasons.empty())
       throw NotSupported("linear: " + reasons.front());
     if (p.mask.causal)

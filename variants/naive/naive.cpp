@@ -111,7 +111,6 @@ class Naive final : public Attention {
   }
 
   void forward(const Problem& p, const AttentionInputs& in) const override {
-    check_inputs(p, in);
     const int64_t Lq = p.seq_q, Lkv = p.seq_kv, D = p.head_dim, BH = p.batch * p.heads;
     const int64_t group = heads_per_group(p), rows = rows_per_block(p);
     const int64_t blocks_per_head = (Lq + rows - 1) / rows;

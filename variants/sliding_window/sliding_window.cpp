@@ -167,7 +167,6 @@ class SlidingWindow final : public Attention {
   }
 
   void forward(const Problem& p, const AttentionInputs& in) const override {
-    check_inputs(p, in);
     if (auto reasons = not_supported_reasons(p); !reasons.empty())
       throw NotSupported("sliding_window: " + reasons.front());
     const Plan plan(p);

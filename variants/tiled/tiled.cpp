@@ -91,7 +91,6 @@ class Tiled final : public Attention {
   }
 
   void forward(const Problem& p, const AttentionInputs& in) const override {
-    check_inputs(p, in);
     const Context c{p, in, choose_tiles(p), static_cast<float>(p.effective_scale() * std::numbers::log2e)};
     const int64_t q_tiles = (p.seq_q + c.tiles.q - 1) / c.tiles.q;
     tbb::enumerable_thread_specific<Scratch> scratch;

@@ -97,8 +97,9 @@ HWY_NOINLINE void ScoreKernel(const float* HWY_RESTRICT k, int64_t ldk, const fl
   if constexpr (c < NV) {                                                                          \
     VF m = hn::Load(d, colmax + c * N);                                                            \
     ATTN_MAX_ROW(0, c)                                                                             \
-    ATTN_MAX_ROW(1, c) ATTN_MAX_ROW(2, c) ATTN_MAX_ROW(3, c) ATTN_MAX_ROW(4, c) ATTN_MAX_ROW(5, c) \
-        ATTN_MAX_ROW(6, c) ATTN_MAX_ROW(7, c) hn::Store(m, d, colmax + c * N);                     \
+    ATTN_MAX_ROW(1, c)                                                                             \
+    ATTN_MAX_ROW(2, c) ATTN_MAX_ROW(3, c) ATTN_MAX_ROW(4, c) ATTN_MAX_ROW(5, c) ATTN_MAX_ROW(6, c) \
+        ATTN_MAX_ROW(7, c) hn::Store(m, d, colmax + c * N);                                        \
   }
     ATTN_COLMAX(0)
     ATTN_COLMAX(1)
