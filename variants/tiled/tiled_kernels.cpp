@@ -91,21 +91,21 @@ HWY_NOINLINE void ScoreKernel(const float* HWY_RESTRICT k, int64_t ldk, const fl
   ATTN_ROWS(ATTN_SCORE_STORE)
 #undef ATTN_SCORE_STORE
   if (colmax) {
-#define ATTN_MAX_ROW(r, c) \
-  if constexpr (r < MR) m = hn::Max(m, acc##r##_##c);
-#define ATTN_COLMAX(c)                                                                             \
-  if constexpr (c < NV) {                                                                          \
-    VF m = hn::Load(d, colmax + c * N);                                                            \
-    ATTN_MAX_ROW(0, c)                                                                             \
-    ATTN_MAX_ROW(1, c)                                                                             \
-    ATTN_MAX_ROW(2, c) ATTN_MAX_ROW(3, c) ATTN_MAX_ROW(4, c) ATTN_MAX_ROW(5, c) ATTN_MAX_ROW(6, c) \
-        ATTN_MAX_ROW(7, c) hn::Store(m, d, colmax + c * N);                                        \
+    VF m0 = hn::Load(d, colmax);
+    VF m1 = m0, m2 = m0;
+    if constexpr (NV > 1) m1 = hn::Load(d, colmax + N);
+    if constexpr (NV > 2) m2 = hn::Load(d, colmax + 2 * N);
+#define ATTN_MAX_ROW(r)                                 \
+  if constexpr (r < MR) {                               \
+    m0 = hn::Max(m0, acc##r##_0);                       \
+    if constexpr (NV > 1) m1 = hn::Max(m1, acc##r##_1); \
+    if constexpr (NV > 2) m2 = hn::Max(m2, acc##r##_2); \
   }
-    ATTN_COLMAX(0)
-    ATTN_COLMAX(1)
-    ATTN_COLMAX(2)
-#undef ATTN_COLMAX
+    ATTN_ROWS(ATTN_MAX_ROW)
 #undef ATTN_MAX_ROW
+    hn::Store(m0, d, colmax);
+    if constexpr (NV > 1) hn::Store(m1, d, colmax + N);
+    if constexpr (NV > 2) hn::Store(m2, d, colmax + 2 * N);
   }
 }
 
