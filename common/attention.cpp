@@ -6,6 +6,7 @@
 
 #include "common/error.hpp"
 #include "common/reference.hpp"
+#include "common/util.hpp"
 
 namespace attn {
 
@@ -16,7 +17,26 @@ Json capabilities_json(const Capabilities& c) {
           {"key_padding", c.key_padding},
           {"cross", c.cross},
           {"dropout", c.dropout},
-          {"permutation_equivariant", c.permutation_equivariant}};
+          {"permutation_equivariant", c.permutation_equivariant},
+          {"baseline", c.baseline}};
+}
+
+std::size_t MemoryEstimate::beyond_inputs() const {
+  return sat_add(output, workspace);
+}
+std::size_t MemoryEstimate::total() const {
+  return sat_add(inputs, beyond_inputs());
+}
+
+MemoryEstimate Attention::estimate_memory(const Problem& p, int threads) const {
+  // Problem::validate bounds every tensor at 2^58 elements, so these products fit in 64 bits.
+  MemoryEstimate m;
+  m.inputs = static_cast<std::size_t>(p.q_elements() + 2 * p.kv_elements()) * sizeof(float) +
+             (p.mask.boolean ? static_cast<std::size_t>(p.seq_q * p.seq_kv) : 0) +
+             (p.mask.key_padding ? static_cast<std::size_t>(p.batch * p.seq_kv) : 0);
+  m.output = static_cast<std::size_t>(p.q_elements()) * sizeof(float);
+  m.workspace = workspace_bytes(p, threads);
+  return m;
 }
 
 std::vector<std::string> Attention::not_supported_reasons(const Problem& p) const {
@@ -90,6 +110,19 @@ const Attention& Registry::get(std::string_view name) const {
   throw UsageError(unknown_variant_message(name));
 }
 
+const Attention& Registry::baseline() const {
+  const Attention* found = nullptr;
+  for (const auto& v : variants_) {
+    if (!v->capabilities().baseline) continue;
+    if (found)
+      throw std::logic_error("variants '" + found->name() + "' and '" + v->name() +
+                             "' both set capabilities().baseline; exactly one may");
+    found = v.get();
+  }
+  if (!found) throw std::logic_error("no registered variant sets capabilities().baseline");
+  return *found;
+}
+
 std::vector<const Attention*> Registry::all() const {
   std::vector<const Attention*> out;
   for (const auto& v : variants_) out.push_back(v.get());
@@ -110,8 +143,10 @@ Problem make_problem(const std::string& variant, const Json& given) {
   return p;
 }
 
-void check_inputs(const Problem& p, const AttentionInputs& in) {
-  if (!in.q || !in.k || !in.v || !in.out) throw UsageError("attention inputs: q, k, v and out are required");
+void check_inputs(const Problem& p, const AttentionInputs& in, bool needs_out) {
+  if (!in.q || !in.k || !in.v || (needs_out && !in.out))
+    throw UsageError(needs_out ? "attention inputs: q, k, v and out are required"
+                               : "attention inputs: q, k and v are required");
   if (p.mask.boolean && !in.mask)
     throw UsageError("attention inputs: the problem has a boolean mask but no mask tensor was given");
   if (p.mask.key_padding && !in.key_padding)

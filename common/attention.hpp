@@ -23,6 +23,9 @@ struct Capabilities {
   // Permuting keys and values together leaves the output unchanged, and permuting queries permutes it
   // (true of any attention whose pattern does not depend on positions).
   bool permutation_equivariant = false;
+  // The exact baseline every other variant is compared with (exactly one registered variant sets it): the
+  // default of commands that take one variant (`attnbench layer`, the multi-head layer).
+  bool baseline = false;
 };
 
 Json capabilities_json(const Capabilities& caps);
@@ -37,6 +40,16 @@ struct AttentionInputs {
   const uint8_t* mask = nullptr;
   const uint8_t* key_padding = nullptr;
   float* out = nullptr;
+};
+
+// Bytes of one call, from the problem's sizes: every sum saturates at SIZE_MAX instead of wrapping (a
+// workspace estimate for an absurd problem may be near 2^64, and a wrapped sum would pass a memory check).
+struct MemoryEstimate {
+  std::size_t inputs = 0;             // Q, K, V and the masks the problem uses
+  std::size_t output = 0;             // the fp32 output
+  std::size_t workspace = 0;          // the variant's own allocations (workspace_bytes)
+  std::size_t beyond_inputs() const;  // output + workspace: what a call allocates when its inputs exist
+  std::size_t total() const;          // inputs + output + workspace
 };
 
 class Attention {
@@ -56,6 +69,10 @@ class Attention {
   virtual double flops(const Problem& p) const = 0;
   // Bytes this variant allocates beyond Q, K, V, O and the masks (at `threads` threads).
   virtual std::size_t workspace_bytes(const Problem& p, int threads) const = 0;
+
+  // What one run(p, ...) at `threads` threads needs in memory, from the sizes alone (nothing is allocated):
+  // the one estimate the sweep, eval, check and the Google Benchmark driver all use.
+  MemoryEstimate estimate_memory(const Problem& p, int threads) const;
 
   // not_supported_reasons joined with "; " (empty = supported): the one text every caller shows.
   std::string unsupported_reasons_text(const Problem& p) const;
@@ -92,6 +109,8 @@ class Registry {
   std::vector<const Attention*> all() const;          // sorted by name
   std::vector<std::string> names() const;
   std::string unknown_variant_message(std::string_view name) const;
+  // The variant whose capabilities().baseline is set; throws std::logic_error unless exactly one is.
+  const Attention& baseline() const;
 
  private:
   std::vector<std::unique_ptr<Attention>> variants_;
@@ -100,8 +119,9 @@ class Registry {
 // Builds a fully resolved Problem for `variant` with user parameters `given` (validated, defaults filled).
 Problem make_problem(const std::string& variant, const Json& given = Json::object());
 
-// Checks that `in` has every pointer `p` needs; throws UsageError otherwise (Attention::run calls it).
-void check_inputs(const Problem& p, const AttentionInputs& in);
+// Checks that `in` has every pointer `p` needs (`out` only if needs_out); throws UsageError otherwise
+// (Attention::run and reference_attention call it).
+void check_inputs(const Problem& p, const AttentionInputs& in, bool needs_out = true);
 
 }  // namespace attn
 

@@ -242,8 +242,9 @@ FloatArray MultiHeadLayer::output_projection(const FloatArray& heads_out) const 
 
 Problem MultiHeadLayer::core_problem(const MultiHeadCall& call, int64_t batch, int64_t seq_q,
                                      int64_t seq_kv) const {
-  const Attention& variant = Registry::instance().get(call.variant);
-  Problem p = make_problem(call.variant, call.params);
+  const Attention& variant =
+      call.variant.empty() ? Registry::instance().baseline() : Registry::instance().get(call.variant);
+  Problem p = make_problem(variant.name(), call.params);
   p.batch = batch;
   p.heads = heads_;
   p.seq_q = seq_q;
@@ -271,7 +272,7 @@ FloatArray MultiHeadLayer::forward(const FloatArray& x, const FloatArray* contex
   const AttentionInputs in{
       qkv.q.ptr(),    qkv.k.ptr(), qkv.v.ptr(), nullptr, call.key_padding ? call.key_padding->ptr() : nullptr,
       heads_out.ptr()};
-  Registry::instance().get(call.variant).run(p, in);
+  Registry::instance().get(p.variant).run(p, in);
   FloatArray y = output_projection(heads_out);
   if (call.residual)
     for (std::size_t e = 0; e < y.numel(); ++e) y.data[e] += x.data[e];

@@ -37,7 +37,7 @@ MultiHeadWeights random_multihead_weights(int64_t d_model, uint64_t seed, bool w
 
 // One call of the layer: the core operator and the masks.
 struct MultiHeadCall {
-  std::string variant = "naive";           // any registered variant
+  std::string variant{};                   // any registered variant; empty: the registry's baseline
   Json params = Json::object();            // its parameters (validated, defaults filled by make_problem)
   bool causal = false;                     // query i attends keys j <= i (torch's attn_mask = triu(ones, 1))
   const ByteArray* key_padding = nullptr;  // [B, Lkv], nonzero = padded (torch key_padding_mask True)

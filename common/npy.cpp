@@ -294,5 +294,11 @@ void write_npy(const std::string& path, const FloatArray& array) {
 void write_npy(const std::string& path, const DoubleArray& array) {
   write_file_atomic(path, to_npy_bytes(array, "<f8"));
 }
+void write_npy(const std::string& path, const ByteArray& array) {
+  write_file_atomic(path, to_npy_bytes(array, "|u1"));
+}
+void write_npy(const std::string& path, const NdArray<int64_t>& array) {
+  write_file_atomic(path, to_npy_bytes(array, "<i8"));
+}
 
 }  // namespace attn

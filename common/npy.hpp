@@ -34,6 +34,8 @@ ByteArray parse_npy_mask(const std::string& bytes, const std::string& what);
 // Written to `path.tmp` and renamed, so a reader never sees a half-written file.
 void write_npy(const std::string& path, const FloatArray& array);
 void write_npy(const std::string& path, const DoubleArray& array);
+void write_npy(const std::string& path, const ByteArray& array);         // uint8 ('|u1'), e.g. masks
+void write_npy(const std::string& path, const NdArray<int64_t>& array);  // int64 ('<i8'), e.g. row indices
 std::string npy_bytes(const FloatArray& array);
 
 // Whole-file helpers shared by every loader.

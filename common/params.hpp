@@ -38,10 +38,10 @@ Json parse_param_value(const ParamSpec& spec, const std::string& text, const std
 // form that reads back to the same double).
 std::string param_value_text(const Json& value);
 
-// The closest candidate by edit distance, if it is close enough to be a plausible typo.
 // The shortest decimal text that parses back to exactly `x`.
 std::string shortest_double_text(double x);
 
+// The closest candidate by edit distance, if it is close enough to be a plausible typo.
 std::optional<std::string> did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
 
 }  // namespace attn

@@ -27,21 +27,36 @@ std::string MaskSpec::str() const {
   return s;
 }
 
-MaskSpec parse_mask(const std::string& text, const std::string& where) {
+MaskSpec parse_mask(const std::string& text, const std::string& where, double* pad_fraction) {
   MaskSpec m;
   if (text == "none" || text.empty()) return m;
+  const std::string allowed = pad_fraction ? "none, causal, pad, pad=F with F in [0, 1], joined by '+'"
+                                           : "none, or causal, bool, pad joined by '+'";
   std::stringstream ss(text);
   std::string part;
   while (std::getline(ss, part, '+')) {
-    if (part == "causal")
+    if (part == "causal") {
       m.causal = true;
-    else if (part == "bool")
+    } else if (part == "bool" && !pad_fraction) {
       m.boolean = true;
-    else if (part == "pad")
+    } else if (part == "pad") {
       m.key_padding = true;
-    else
-      throw UsageError(where + ": unknown mask '" + part + "' in '" + text +
-                       "' (allowed: none, or causal, bool, pad joined by '+')");
+    } else if (pad_fraction && part.rfind("pad=", 0) == 0) {
+      m.key_padding = true;
+      double f = 0;
+      try {
+        std::size_t used = 0;
+        f = std::stod(part.substr(4), &used);
+        if (used != part.size() - 4) throw std::invalid_argument(part);
+      } catch (const std::exception&) {
+        throw UsageError(where + ": padding fraction in '" + text + "' is not a number");
+      }
+      if (!(f >= 0 && f <= 1))
+        throw UsageError(where + ": padding fraction must be in [0, 1], got '" + part.substr(4) + "'");
+      *pad_fraction = f;
+    } else {
+      throw UsageError(where + ": unknown mask '" + part + "' in '" + text + "' (allowed: " + allowed + ")");
+    }
   }
   return m;
 }

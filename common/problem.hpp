@@ -25,8 +25,10 @@ struct MaskSpec {
   bool operator==(const MaskSpec&) const = default;
 };
 
-// Parses "none", "causal", "bool", "pad" joined by '+'; throws UsageError naming `where`.
-MaskSpec parse_mask(const std::string& text, const std::string& where);
+// Parses "none", "causal", "bool", "pad" joined by '+'; throws UsageError naming `where`. With
+// `pad_fraction` (the sweep's generated masks), "pad=F" (F in [0, 1]) is also allowed and stores F there
+// ("pad" leaves it as it was), and "bool" is not (the sweep generates no boolean masks).
+MaskSpec parse_mask(const std::string& text, const std::string& where, double* pad_fraction = nullptr);
 
 // The most elements one tensor of a problem (Q, K, V, the output) may hold: every byte count derived from the
 // sizes (fp64 copies, sums over several tensors) then fits in 64 bits. Problem::validate enforces it.

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common/dropout.hpp"
+#include "common/hash.hpp"
 
 namespace attn {
 

@@ -14,7 +14,7 @@ namespace attn {
 
 void reference_attention(const Problem& p, const AttentionInputs& in, double* out,
                          const std::vector<int64_t>* rows) {
-  check_inputs(p, in);
+  check_inputs(p, in, /*needs_out=*/false);  // the result goes to `out`; in.out is not used
   const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv;
   const int64_t nrows = rows ? static_cast<int64_t>(rows->size()) : Lq;
   const double scale = p.effective_scale();

@@ -11,7 +11,7 @@ namespace attn {
 // out[b,h,r,:] = sum_j w_rj v_j with w = softmax over allowed j of scale * q_r . k_j, then dropout (same
 // counter-based decisions as the variants). A row with no allowed key is all zeros.
 // rows == nullptr: every query row, out is [B,H,seq_q,D]. Otherwise only those query rows (in that order),
-// out is [B,H,rows.size(),D].
+// out is [B,H,rows.size(),D]. in.out is not used (may be null).
 void reference_attention(const Problem& p, const AttentionInputs& in, double* out,
                          const std::vector<int64_t>* rows = nullptr);
 
@@ -36,7 +36,8 @@ std::vector<int64_t> sample_rows(int64_t seq_q, int64_t count);
 std::vector<float> gather_rows(const float* x, int64_t bh, int64_t seq, int64_t dim,
                                const std::vector<int64_t>& rows);
 
-// Derived bound on |out_fp32 - out_fp64| for exact softmax attention computed in fp32 (see tolerance.cpp).
+// Derived bound on |out_fp32 - out_fp64| for exact softmax attention computed in fp32 (derivation next to
+// its definition in reference.cpp).
 double exact_abs_tolerance(const Problem& p, const AttentionInputs& in);
 
 }  // namespace attn

@@ -94,7 +94,8 @@ class Naive final : public Attention {
             .key_padding = true,
             .cross = true,
             .dropout = true,
-            .permutation_equivariant = true};
+            .permutation_equivariant = true,
+            .baseline = true};
   }
   double flops(const Problem& p) const override {
     // The shared exact-attention count (common/mask.hpp). Causal GEMMs stop at each row block's last row
