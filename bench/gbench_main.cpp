@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "bench/lib/inputs.hpp"
-#include "bench/lib/sweep_config.hpp"
+#include "bench/lib/plan.hpp"
 #include "common/error.hpp"
 #include "common/runtime.hpp"
 #include "common/simd.hpp"
@@ -64,18 +64,10 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 2;
   try {
     attn::simd::select_isa(isa, "--isa");
-    attn::SweepConfig config = attn::load_sweep_config(config_path);
-    attn::apply_isa_option(config, isa);
-    for (const attn::SweepPoint& pt : attn::expand_plan(config)) {
-      const attn::Attention& v = attn::Registry::instance().get(pt.problem.variant);
-      std::string why = v.unsupported_reasons_text(pt.problem);
-      const std::size_t need =
-          static_cast<std::size_t>(pt.problem.q_elements() * 2 + pt.problem.kv_elements() * 2) *
-              sizeof(float) +
-          v.workspace_bytes(pt.problem, pt.threads);
-      if (why.empty() && need > config.memory_budget_bytes)
-        why = "needs " + std::to_string(need) + " bytes > memory_budget";
-      if (!why.empty()) {
+    const attn::Plan plan = attn::load_plan(config_path, isa);
+    for (const attn::SweepPoint& pt : plan.points) {
+      // The same skip decision (unsupported, or over the config's memory budget) as `attnbench run`.
+      if (const std::string why = attn::skip_reason(pt, plan.config); !why.empty()) {
         std::cerr << "SKIPPED " << pt.id << ": " << why << "\n";
         continue;
       }

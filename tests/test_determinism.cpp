@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/lib/sweep_config.hpp"
+#include "bench/lib/plan.hpp"
 #include "common/attention.hpp"
 #include "common/npy.hpp"
 #include "common/random.hpp"
@@ -73,7 +73,7 @@ void check_sweep_determinism(const Json& config, const ScratchDir& dir) {
   write_text(cfg, config.dump(2) + "\n");
   const SweepConfig parsed = load_sweep_config(cfg);
   std::map<std::string, SweepPoint> points;
-  for (const SweepPoint& pt : expand_plan(parsed)) points[pt.id] = pt;
+  for (const SweepPoint& pt : make_plan(parsed).points) points[pt.id] = pt;
 
   std::vector<std::map<std::string, Json>> runs;
   std::vector<Json> metas;

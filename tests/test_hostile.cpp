@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/lib/sweep_config.hpp"
+#include "bench/lib/plan.hpp"
 #include "common/attention.hpp"
 #include "common/error.hpp"
 #include "common/npy.hpp"
@@ -273,7 +273,7 @@ TEST_CASE("run: seq_len 10^12 is skipped with the bytes it needs, before allocat
   CHECK_FALSE(r.signaled);
   REQUIRE(r.code == 0);
   const SweepConfig config = load_sweep_config(cfg);
-  const std::vector<SweepPoint> plan = expand_plan(config);
+  const std::vector<SweepPoint> plan = make_plan(config).points;
   REQUIRE(plan.size() == Registry::instance().all().size());
   std::map<std::string, Json> rows;
   for (const auto& line : [&] {

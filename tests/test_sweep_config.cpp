@@ -10,11 +10,12 @@
 #include <set>
 #include <string>
 
-#include "bench/lib/sweep_config.hpp"
+#include "bench/lib/plan.hpp"
 #include "common/attention.hpp"
 #include "common/error.hpp"
 #include "common/runtime.hpp"
 #include "common/simd.hpp"
+#include "common/util.hpp"
 
 using namespace attn;
 using Catch::Matchers::Contains;
@@ -32,11 +33,11 @@ Json base_config() {
   })");
 }
 
-// The UsageError text parse_sweep_config throws for `j` (the test fails if it throws nothing or another
-// type).
+// The UsageError text parsing `j` and making its plan for this machine throws (the test fails if it throws
+// nothing or another type).
 std::string config_error(const Json& j, const std::string& source = "/nonexistent/dir/cfg.json") {
   try {
-    (void)parse_sweep_config(j, source);
+    (void)make_plan(parse_sweep_config(j, source));
   } catch (const UsageError& e) {
     return e.what();
   } catch (const std::exception& e) {
@@ -74,7 +75,7 @@ TEST_CASE("the base config used by these tests is valid", "[sweep][config]") {
   CHECK(c.name == "t");
   CHECK(c.memory_budget_bytes == (uint64_t{1} << 30));
   CHECK(c.measure.max_reps == 2);
-  CHECK(expand_plan(c).size() == 2);
+  CHECK(make_plan(c).points.size() == 2);
 }
 
 TEST_CASE("unknown keys are rejected with their path and a did-you-mean", "[sweep][config]") {
@@ -379,7 +380,7 @@ TEST_CASE("plan expansion: variants x params x batch x heads x head_dim x seq x 
   CHECK(c.variants[0].param_sets.size() == 1);
   CHECK(c.variants[1].param_sets.size() == 3);  // the window axis
   CHECK(c.regimes.size() == 3);
-  const auto plan = expand_plan(c);
+  const auto plan = make_plan(c).points;
   CHECK(plan.size() == (1 + 3) * 2 * 3 * 2 * 3 * 2 * 3 * threads);
 
   std::set<std::string> ids;
@@ -406,7 +407,7 @@ TEST_CASE("plan expansion: two parameter axes multiply", "[sweep][config]") {
   for (const Json& p : c.variants[0].param_sets)
     combos.insert({p["window"].get<int64_t>(), p["dilation"].get<int64_t>()});
   CHECK(combos.size() == 6);
-  CHECK(expand_plan(c).size() == 6 * 2);  // x two sequence lengths
+  CHECK(make_plan(c).points.size() == 6 * 2);  // x two sequence lengths
 }
 
 TEST_CASE("plan expansion: cross-attention is seq_q x seq_kv", "[sweep][config]") {
@@ -416,7 +417,7 @@ TEST_CASE("plan expansion: cross-attention is seq_q x seq_kv", "[sweep][config]"
   j["sweep"]["seq_kv"] = {8, 24, 40};
   const SweepConfig c = parse_sweep_config(j, "cfg.json");
   CHECK_FALSE(c.self_attention);
-  const auto plan = expand_plan(c);
+  const auto plan = make_plan(c).points;
   REQUIRE(plan.size() == 6);
   std::set<std::pair<int64_t, int64_t>> pairs;
   for (const auto& pt : plan) pairs.insert({pt.problem.seq_q, pt.problem.seq_kv});
@@ -428,7 +429,7 @@ TEST_CASE("plan expansion: \"all\" covers every registered variant with its defa
   Json j = base_config();
   j["variants"] = "all";
   const SweepConfig c = parse_sweep_config(j, "cfg.json");
-  const auto plan = expand_plan(c);
+  const auto plan = make_plan(c).points;
   const auto names = Registry::instance().names();
   REQUIRE(!names.empty());
   CHECK(plan.size() == names.size() * 2);
@@ -440,7 +441,7 @@ TEST_CASE("plan expansion: \"all\" covers every registered variant with its defa
   CHECK(seen == std::set<std::string>(names.begin(), names.end()));
   // Leaving "variants" out means all of them too.
   j.erase("variants");
-  CHECK(expand_plan(parse_sweep_config(j, "cfg.json")).size() == plan.size());
+  CHECK(make_plan(parse_sweep_config(j, "cfg.json")).points.size() == plan.size());
 }
 
 TEST_CASE("plan expansion: ids are unique and points sharing inputs are adjacent", "[sweep][config]") {
@@ -450,7 +451,7 @@ TEST_CASE("plan expansion: ids are unique and points sharing inputs are adjacent
                                "seq_kv": [16, 24], "mask": ["none", "causal", "pad=0.25", "pad=0.5"],
                                "threads": 1})");
   j["inputs"] = Json::parse(R"({"regime": "gaussian", "std": [0.5, 1, 3]})");
-  const auto plan = expand_plan(parse_sweep_config(j, "cfg.json"));
+  const auto plan = make_plan(parse_sweep_config(j, "cfg.json")).points;
   REQUIRE(plan.size() == Registry::instance().names().size() * 2 * 2 * 4 * 4 * 3);
 
   std::set<std::string> ids;
@@ -489,13 +490,12 @@ TEST_CASE("plan expansion: repeated axis values do not produce two points with o
   // Two points with one id would collide in --resume (one counts as the other's result) and in the reader
   // (which keeps one row per id). Either the config is rejected or the ids differ.
   auto ids_unique_or_rejected = [](const Json& j) {
-    SweepConfig c;
+    std::vector<SweepPoint> plan;
     try {
-      c = parse_sweep_config(j, "cfg.json");
+      plan = make_plan(parse_sweep_config(j, "cfg.json")).points;
     } catch (const UsageError&) {
       return true;
     }
-    const auto plan = expand_plan(c);
     std::set<std::string> ids;
     for (const auto& pt : plan) ids.insert(pt.id);
     return ids.size() == plan.size();
@@ -542,7 +542,7 @@ TEST_CASE("sweep.isa: an axis of SIMD targets, validated against this CPU; \"bes
     const SweepConfig c = parse_sweep_config(base_config(), "cfg.json");
     CHECK(c.isas == std::vector<std::string>{"best"});
     CHECK_FALSE(c.isa_from_config);
-    for (const auto& pt : expand_plan(c)) {
+    for (const auto& pt : make_plan(c).points) {
       CHECK(pt.isa == "best");
       CHECK(pt.id.find("isa") == std::string::npos);
       CHECK(pt.id.substr(pt.id.size() - 4) == ",T=1");
@@ -553,8 +553,8 @@ TEST_CASE("sweep.isa: an axis of SIMD targets, validated against this CPU; \"bes
     j["sweep"]["isa"] = {"best", "scalar"};
     const SweepConfig c = parse_sweep_config(j, "cfg.json");
     CHECK(c.isa_from_config);
-    const auto plan = expand_plan(c);
-    const auto plain = expand_plan(parse_sweep_config(base_config(), "cfg.json"));
+    const auto plan = make_plan(c).points;
+    const auto plain = make_plan(parse_sweep_config(base_config(), "cfg.json")).points;
     REQUIRE(plan.size() == 2 * plain.size());
     for (std::size_t i = 0; i < plain.size(); ++i) {
       // "best" gives exactly the id the same point has without sweep.isa; other names add ",isa=NAME".
@@ -569,7 +569,7 @@ TEST_CASE("sweep.isa: an axis of SIMD targets, validated against this CPU; \"bes
   SECTION("a single name, including the best target by its own name") {
     Json j = base_config();
     j["sweep"]["isa"] = best;
-    const auto plan = expand_plan(parse_sweep_config(j, "cfg.json"));
+    const auto plan = make_plan(parse_sweep_config(j, "cfg.json")).points;
     for (const auto& pt : plan) CHECK_THAT(pt.id, Contains(",isa=" + best));
   }
   SECTION("errors name the path, the value and the supported targets") {
@@ -688,7 +688,39 @@ TEST_CASE("load_sweep_config: file errors name the file, JSON errors the line", 
       // default.json asks for 2 threads, which a 1-core machine rightly rejects.
       if (std::string(name) == "default.json" && available_threads() < 2) continue;
       const SweepConfig c = load_sweep_config(std::string(ATTN_SOURCE_DIR) + "/configs/" + name);
-      CHECK(!expand_plan(c).empty());
+      CHECK(!make_plan(c).points.empty());
     }
   }
+}
+
+TEST_CASE("plan: the machine's defaults and limits are resolved after parsing, from the Machine given",
+          "[sweep][config][plan]") {
+  Json j = base_config();
+  j["sweep"].erase("threads");
+  j.erase("memory_budget");
+  const SweepConfig parsed = parse_sweep_config(j, "cfg.json");
+  CHECK(parsed.threads.empty());  // parsing reads no machine
+  CHECK_FALSE(parsed.memory_budget_bytes.has_value());
+  CHECK_THROWS_AS(expand_plan(parsed), std::logic_error);  // unresolved: only make_plan expands
+
+  Machine m;
+  m.threads = 5;
+  m.physical_bytes = uint64_t{10} << 30;
+  m.isas = {"scalar"};
+  const Plan plan = make_plan(parsed, "best", m);
+  CHECK(plan.config.threads == std::vector<int>{5});
+  CHECK(plan.config.memory_budget_bytes == (uint64_t{5} << 30));  // half the physical memory
+  for (const SweepPoint& pt : plan.points) CHECK(pt.threads == 5);
+  m.physical_bytes = 0;  // unknown: 8 GiB
+  CHECK(make_plan(parsed, "best", m).config.memory_budget_bytes == (uint64_t{8} << 30));
+
+  j["sweep"]["threads"] = {1, 6};
+  CHECK_THROWS_WITH(make_plan(parse_sweep_config(j, "cfg.json"), "best", m),
+                    Contains("sweep.threads[1]: must be an integer in [1, 5] (the cores available), got 6"));
+  j["sweep"]["threads"] = 1;
+  j["sweep"]["isa"] = {"scalar", simd::isa_info().compiled.front()};
+  if (simd::isa_info().compiled.front() != "scalar")  // a build with more than the fallback
+    CHECK_THROWS_WITH(make_plan(parse_sweep_config(j, "cfg.json"), "best", m),
+                      Contains("sweep.isa[1] '" + simd::isa_info().compiled.front() +
+                               "': this CPU does not support that target; supported: best, scalar"));
 }

@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "bench/lib/sweep_config.hpp"
+#include "bench/lib/plan.hpp"
 #include "common/attention.hpp"
 #include "common/simd.hpp"
 #include "tests/support/process.hpp"
@@ -214,7 +214,7 @@ std::string write_config(const TempDir& dir, const std::string& name, const Json
 // The ids the sweep should produce for a config file, from the library itself.
 std::set<std::string> planned_ids(const std::string& config_path) {
   std::set<std::string> ids;
-  for (const auto& pt : expand_plan(load_sweep_config(config_path))) ids.insert(pt.id);
+  for (const auto& pt : make_plan(load_sweep_config(config_path)).points) ids.insert(pt.id);
   return ids;
 }
 

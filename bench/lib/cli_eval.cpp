@@ -6,11 +6,11 @@
 #include <iostream>
 
 #include "bench/lib/command.hpp"
-#include "bench/lib/sweep_config.hpp"
 #include "common/error.hpp"
 #include "common/npy.hpp"
 #include "common/reference.hpp"
 #include "common/simd.hpp"
+#include "common/util.hpp"
 
 namespace attn::cli {
 namespace {
@@ -43,41 +43,24 @@ void require_rank4(const std::string& option, const std::string& file, const Flo
                        layout + " must be >= 1");
 }
 
-int64_t count_nonfinite(const float* x, std::size_t n) {
-  int64_t c = 0;
-  for (std::size_t i = 0; i < n; ++i) c += !std::isfinite(x[i]);
-  return c;
-}
-
-// JSON has no NaN/Inf: non-finite metrics are written as "inf" / "nan" strings, as in sweep rows (nlohmann
-// would write null, which reads as "no error").
-Json num(double x) {
-  if (std::isfinite(x)) return x;
-  return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
-}
-
-std::size_t sat_add(std::size_t a, std::size_t b) {
-  std::size_t r = 0;
-  return __builtin_add_overflow(a, b, &r) ? SIZE_MAX : r;
-}
-
 // Refuses, before anything is allocated, a call whose output, workspace and (with --compare) fp64 reference
 // cannot fit in this machine's physical memory, naming the bytes it would need.
 void check_memory(const Attention& variant, const Problem& p, bool compare) {
-  const std::size_t elements = static_cast<std::size_t>(p.q_elements());  // validated: at most 2^58
-  const std::size_t output = elements * sizeof(float), reference = compare ? elements * sizeof(double) : 0;
   const int threads = static_cast<int>(
       tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));  // set by --threads
-  const std::size_t workspace = variant.workspace_bytes(p, threads);
-  const std::size_t need = sat_add(output + reference, workspace);
+  const MemoryEstimate m = variant.estimate_memory(p, threads);
+  // The inputs are already in memory (read from the files); what the call adds is the output, the
+  // workspace and, with --compare, the fp64 reference (q_elements fit: Problem::validate bounds them).
+  const std::size_t reference = compare ? static_cast<std::size_t>(p.q_elements()) * sizeof(double) : 0;
+  const std::size_t need = sat_add(m.beyond_inputs(), reference);
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page <= 0) return;
   const std::size_t physical = static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
   if (need <= physical) return;
   throw NotSupported(p.repro() + ": needs " + (need == SIZE_MAX ? "at least " : "") + std::to_string(need) +
                      " bytes (" + format_bytes(static_cast<double>(need)) + ": output " +
-                     format_bytes(static_cast<double>(output)) + ", workspace " +
-                     format_bytes(static_cast<double>(workspace)) +
+                     format_bytes(static_cast<double>(m.output)) + ", workspace " +
+                     format_bytes(static_cast<double>(m.workspace)) +
                      (compare ? ", fp64 reference " + format_bytes(static_cast<double>(reference)) : "") +
                      ") beyond the inputs, more than the " + std::to_string(physical) + " bytes (" +
                      format_bytes(static_cast<double>(physical)) + ") of physical memory");
@@ -132,9 +115,9 @@ int run_eval(const EvalOptions& o) {
     const ErrorMetrics m = compare_outputs(out.ptr(), want.ptr(), p.batch * p.heads * p.seq_q, p.head_dim);
     Json j = {{"id", p.repro()},
               {"isa", simd::active_isa()},
-              {"max_abs_err", num(m.max_abs_err)},
-              {"rel_l2_err", num(m.rel_l2_err)},
-              {"mean_cosine", num(m.mean_cosine)},
+              {"max_abs_err", json_number(m.max_abs_err)},
+              {"rel_l2_err", json_number(m.rel_l2_err)},
+              {"mean_cosine", json_number(m.mean_cosine)},
               {"nan_count", m.nan_count},
               {"inf_count", m.inf_count},
               {"nonfinite_inputs", bad_in},

@@ -1,12 +1,14 @@
 // `attnbench info [--json]`: what this machine and build give the kernels: the CPU model, the SIMD targets
 // (compiled into the binary, supported by the CPU, the best one, which --isa best picks), the BLAS library
-// with the kernel core it uses, the TBB version and the thread count commands run with.
+// with the kernel core it uses, the TBB version and the thread count commands run with. `--row-fields`
+// prints the result row's field table instead (configs/README.md holds it; tests/test_result_row.cpp checks).
 #include <oneapi/tbb/version.h>
 #include <tbb/global_control.h>
 
 #include <iostream>
 
 #include "bench/lib/command.hpp"
+#include "bench/lib/result_row.hpp"
 #include "bench/lib/sysinfo.hpp"
 #include "common/runtime.hpp"
 
@@ -19,7 +21,18 @@ std::string joined(const Json& names) {
   return s;
 }
 
-int run_info(bool as_json) {
+int run_info(bool as_json, bool row_fields) {
+  if (row_fields) {
+    if (as_json) {
+      Json fields = Json::array();
+      for (const RowField& f : attn::row_fields())
+        fields.push_back({{"field", f.path}, {"type", f.type}, {"meaning", f.meaning}});
+      std::cout << fields.dump(2) << "\n";
+    } else {
+      std::cout << row_fields_markdown();
+    }
+    return 0;
+  }
   // run_cli's ThreadScope holds the --threads value (all available cores by default).
   const auto threads =
       static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
@@ -57,6 +70,10 @@ int run_info(bool as_json) {
 ATTN_REGISTER_COMMAND("info", "the CPU, SIMD targets (compiled, supported, best), BLAS core, TBB and threads",
                       [](CLI::App& sub) {
                         auto as_json = std::make_shared<bool>(false);
+                        auto row_fields = std::make_shared<bool>(false);
                         sub.add_flag("--json", *as_json, "machine-readable output");
-                        return std::function<int()>([as_json] { return attn::cli::run_info(*as_json); });
+                        sub.add_flag("--row-fields", *row_fields,
+                                     "the result row's fields (Markdown table; JSON with --json)");
+                        return std::function<int()>(
+                            [as_json, row_fields] { return attn::cli::run_info(*as_json, *row_fields); });
                       })

@@ -13,7 +13,7 @@ namespace attn::cli {
 namespace {
 
 struct LayerOptions {
-  std::string x, context, weights, variant = "naive", key_padding, out, isa = "best";
+  std::string x, context, weights, variant, key_padding, out, isa = "best";
   std::vector<std::string> params;
   int64_t heads = 0;
   bool causal = false, residual = false;
@@ -37,9 +37,10 @@ FloatArray read_sequence(const std::string& option, const std::string& path, int
 
 int run_layer(const LayerOptions& o) {
   simd::select_isa(o.isa, "--isa");
-  const Attention& variant = Registry::instance().get(o.variant);
+  const Attention& variant =
+      o.variant.empty() ? Registry::instance().baseline() : Registry::instance().get(o.variant);
   MultiHeadCall call;
-  call.variant = o.variant;
+  call.variant = variant.name();
   call.params = parse_cli_params(variant, o.params);
   call.causal = o.causal;
   call.residual = o.residual;
@@ -93,7 +94,8 @@ ATTN_REGISTER_COMMAND(
           ->required();
       sub.add_option("--heads", o->heads, "number of heads; must divide E (head_dim = E / heads)")
           ->required();
-      sub.add_option("--variant", o->variant, "core attention variant (see `attnbench list`; default naive)");
+      sub.add_option("--variant", o->variant,
+                     "core attention variant (see `attnbench list`; default: the exact baseline)");
       sub.add_option("--param", o->params, "variant parameter NAME=VALUE (repeatable)");
       sub.add_flag("--causal", o->causal, "causal mask (query i attends keys j <= i)");
       sub.add_option(

@@ -19,6 +19,7 @@
 #include "common/npy.hpp"
 #include "common/positional.hpp"
 #include "common/random.hpp"
+#include "common/util.hpp"
 
 namespace fs = std::filesystem;
 
@@ -45,12 +46,6 @@ struct Inputs {
   std::vector<std::string> tokens;  // --text only
   int64_t unknown_tokens = 0;
 };
-
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
-  return s;
-}
 
 void check_options(const PatternsOptions& o) {
   if (!o.seq_opt->count() && !o.text_opt->count())

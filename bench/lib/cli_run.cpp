@@ -1,4 +1,5 @@
-// `attnbench run CONFIG.json`: the sweep engine (configs/README.md documents the schema).
+// `attnbench run CONFIG.json`: the sweep (configs/README.md documents the schema); bench/lib/sweep.hpp drives
+// its stages.
 #include <unistd.h>
 
 #include "bench/lib/command.hpp"
@@ -17,11 +18,12 @@ struct RunOptions {
 
 int run_config(RunOptions& o) {
   // Everything is validated before the output folder is touched.
-  simd::select_isa(o.sweep.isa, "--isa");
-  const SweepConfig config = load_sweep_config(o.config);
   if (o.sweep.resume && o.sweep.force) throw UsageError("--resume and --force exclude each other");
+  if (o.sweep.json && !o.sweep.dry_run) throw UsageError("--json goes with --dry-run (it prints the plan)");
+  simd::select_isa(o.sweep.isa, "--isa");
+  const Plan plan = load_plan(o.config, o.sweep.isa);
   o.sweep.progress_tty = !o.plain;
-  return run_sweep(config, o.sweep);
+  return run_sweep(plan, o.sweep);
 }
 
 }  // namespace
@@ -36,6 +38,10 @@ ATTN_REGISTER_COMMAND(
       sub.add_flag("--force", o->sweep.force, "replace results already in the output folder");
       sub.add_option("--filter", o->sweep.filter, "only points whose id contains this text");
       sub.add_flag("--dry-run", o->sweep.dry_run, "print the plan with skip reasons; write nothing");
+      sub.add_flag(
+          "--json", o->sweep.json,
+          "with --dry-run: one JSON object per point (id, problem, inputs, FLOPs, memory, skip reason, "
+          "accuracy rows, base result row)");
       sub.add_flag("--plain", o->plain, "one plain line per point even on a terminal");
       attn::cli::add_isa_option(sub, o->sweep.isa)
           ->description(

@@ -1,6 +1,6 @@
 // Input tensors for a sweep point, made from its regime and seed: the same point always gets the same inputs.
 #pragma once
-#include "bench/lib/sweep_config.hpp"
+#include "bench/lib/plan.hpp"
 #include "common/attention.hpp"
 #include "common/tensor.hpp"
 

@@ -6,9 +6,15 @@
 #include <string>
 #include <vector>
 
-#include "bench/lib/sweep_config.hpp"
-
 namespace attn {
+
+struct MeasureSettings {
+  int warmup = 1;
+  int min_reps = 3;
+  int max_reps = 50;
+  double min_time_s = 0.2;  // keep repeating until this much time has been measured...
+  double max_time_s = 10;   // ...but stop after this much (at least one measured repetition)
+};
 
 struct TimingStats {
   double median_ms = 0, p10_ms = 0, p90_ms = 0, mean_ms = 0, cv = 0;  // cv = stddev / mean

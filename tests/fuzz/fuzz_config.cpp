@@ -1,7 +1,7 @@
-// libFuzzer target: sweep configs (bench/lib/sweep_config.cpp) on arbitrary bytes, through the code path of
-// `attnbench run CONFIG.json --dry-run`: JSON parsing, the full validation, plan expansion, and the dry-run
-// plan listing (each point's skip reasons and memory estimate). No sweep runs and nothing is written: the
-// dry run returns before the output folder is touched, and its listing goes to a discarding stream.
+// libFuzzer target: sweep configs (bench/lib/config.cpp, plan.cpp) on arbitrary bytes, through the code path
+// of `attnbench run CONFIG.json --dry-run`: JSON parsing, the full validation, plan expansion, and the
+// dry-run plan listing (each point's skip reasons and memory estimate). No sweep runs and nothing is written:
+// the dry run returns before the output folder is touched, and its listing goes to a discarding stream.
 // UsageError and NotSupported are the expected answers to a bad config; any other exception, a crash, a
 // sanitizer report, a timeout or an allocation beyond -malloc_limit_mb is a finding.
 #include <cmath>
@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/lib/plan.hpp"
 #include "bench/lib/sweep.hpp"
-#include "bench/lib/sweep_config.hpp"
 #include "common/error.hpp"
 #include "common/params.hpp"
 
@@ -58,9 +58,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {
     // Relative "tokens" text files resolve against the config's folder: tests/fuzz/data holds sample.txt.
-    const attn::SweepConfig config = attn::parse_sweep_config_text(text, ATTN_FUZZ_DATA_DIR "/config.json");
+    const attn::Plan plan =
+        attn::make_plan(attn::parse_sweep_config_text(text, ATTN_FUZZ_DATA_DIR "/config.json"));
+    const attn::SweepConfig& config = plan.config;
     require(!config.name.empty() && !config.variants.empty() && !config.regimes.empty(),
             "a valid config has a name, variants and regimes");
+    require(!plan.points.empty() && !config.threads.empty() && config.memory_budget_bytes.has_value(),
+            "a plan has points and is resolved for the machine");
     attn::SweepOptions options;
     options.dry_run = true;  // the listing only: never measure, never write
     options.progress_tty = false;
@@ -68,7 +72,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     int status = 0;
     {
       QuietCout quiet;
-      status = attn::run_sweep(config, options);
+      status = attn::run_sweep(plan, options);
+      options.json = true;  // and the JSON listing (`run --dry-run --json`)
+      status |= attn::run_sweep(plan, options);
     }
     require(status == 0, "a dry run succeeds");
   } catch (const attn::UsageError&) {

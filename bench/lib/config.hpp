@@ -1,5 +1,7 @@
-// Sweep configs: the JSON schema (configs/README.md), its validation with JSON-path error messages, and the
-// expansion of a config into single-valued points (the cross product of every axis, as benchdnn does).
+// Stage 1 of a sweep (config -> plan -> runner -> store): the JSON config (schema: configs/README.md), parsed
+// and validated with JSON-path error messages. Parsing reads neither the machine nor the registry's runtime
+// state beyond variant names and parameter specs: what depends on the machine (threads, memory budget,
+// SIMD targets this CPU has) is resolved by the plan (plan.hpp).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -7,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/lib/measure.hpp"
 #include "common/problem.hpp"
 
 namespace attn {
@@ -29,14 +32,6 @@ struct VariantSpec {
   std::vector<Json> param_sets;  // expanded: one resolved parameter object per combination
 };
 
-struct MeasureSettings {
-  int warmup = 1;
-  int min_reps = 3;
-  int max_reps = 50;
-  double min_time_s = 0.2;  // keep repeating until this much time has been measured...
-  double max_time_s = 10;   // ...but stop after this much (at least one measured repetition)
-};
-
 struct AccuracySettings {
   std::string reference = "auto";  // "full" | "sampled" | "auto" (full when seq_q <= rows) | "none"
   int64_t rows = 64;               // sampled query rows per (batch, head)
@@ -52,31 +47,17 @@ struct SweepConfig {
   bool self_attention = true;  // seq_len given: seq_q = seq_kv
   std::vector<MaskAxis> masks;
   std::vector<Regime> regimes;
-  std::vector<int> threads;
-  // SIMD targets (sweep.isa, validated against this CPU): "best" or a name from simd::isa_info().supported.
+  std::vector<int> threads;  // empty: every available core (resolved by the plan)
+  // SIMD targets (sweep.isa): "best" or a target name this build knows; the plan checks this CPU has them.
   std::vector<std::string> isas{"best"};
   bool isa_from_config = false;  // sweep.isa given (else `run --isa` / `attnbench_gbench --isa` may set it)
   double dropout = 0;
   MeasureSettings measure;
   AccuracySettings accuracy;
-  uint64_t memory_budget_bytes = 0;
+  std::optional<uint64_t> memory_budget_bytes;  // unset: half the physical memory (resolved by the plan)
   uint64_t seed = 0;
 
   std::string hash() const;  // FNV-1a of the canonical JSON dump of `raw`
-};
-
-// One measured point: a fully specified problem plus how its inputs are made and how many threads run it.
-struct SweepPoint {
-  Problem problem;
-  MaskAxis mask;
-  Regime regime;
-  int threads = 1;
-  std::string isa = "best";  // the requested SIMD target; the row records the one that ran (resolved)
-  // problem.repro() + pad fraction + regime + threads (+ ",isa=NAME" unless the requested isa is "best", so
-  // configs without sweep.isa keep their ids): unique within a sweep
-  std::string id;
-  std::string input_key;    // identical for points that share inputs (and so the reference)
-  uint64_t input_seed = 0;  // derived from the config seed and the input key
 };
 
 // Parses and validates; every error is a UsageError naming the JSON path (e.g. "sweep.seq_len[2]").
@@ -86,16 +67,7 @@ SweepConfig load_sweep_config(const std::string& path);  // file errors name the
 // folder): JSON parsing with line/column errors, then parse_sweep_config. tests/fuzz/fuzz_config fuzzes it.
 SweepConfig parse_sweep_config_text(const std::string& text, const std::string& source_path);
 
-// `run --isa NAME` and `attnbench_gbench --isa NAME`: every point of a config that does not set sweep.isa
-// runs on NAME. A config that sets sweep.isa keeps it, and any NAME but "best" is then refused (UsageError
-// naming both), since the two would contradict each other. NAME is validated like sweep.isa.
-void apply_isa_option(SweepConfig& config, const std::string& name);
-
-// Expands the cross product. Points sharing inputs are adjacent so inputs and references are made once.
-std::vector<SweepPoint> expand_plan(const SweepConfig& config);
-
 // "8GiB", "512 MiB", "1.5G", 1073741824 -> bytes; UsageError naming `where` otherwise.
 uint64_t parse_bytes(const Json& value, const std::string& where);
-std::string format_bytes(double bytes);
 
 }  // namespace attn

@@ -1,7 +1,6 @@
-// Config parsing and validation. Nothing runs and nothing is written until the whole config is valid.
-#include "bench/lib/sweep_config.hpp"
-
-#include <unistd.h>
+// Config parsing and validation, one function per section of the file. Nothing runs and nothing is written
+// until the whole config (and then its plan) is valid.
+#include "bench/lib/config.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -13,21 +12,16 @@
 
 #include "common/attention.hpp"
 #include "common/error.hpp"
+#include "common/hash.hpp"
 #include "common/npy.hpp"
-#include "common/runtime.hpp"
 #include "common/simd.hpp"
+#include "common/util.hpp"
 
 namespace attn {
 namespace {
 
 [[noreturn]] void fail(const std::string& path, const std::string& msg) {
   throw UsageError(path + ": " + msg);
-}
-
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
-  return s;
 }
 
 // Rejects keys of `obj` outside `allowed`, with a did-you-mean.
@@ -76,6 +70,8 @@ void for_axis(const Json& v, const std::string& path, F&& each) {
 }
 
 constexpr int64_t kMaxSize = int64_t{1} << 40;
+// sweep.threads above this is no machine's core count (the plan checks the cores this machine has).
+constexpr int64_t kMaxThreads = 1 << 16;
 
 // The most points one config may expand to (the presets have at most a few hundred). At a second or more per
 // point this is hours of measuring; far more is an axis list gone wrong, whose expansion and checks would
@@ -100,33 +96,10 @@ std::vector<int64_t> size_axis(const Json& v, const std::string& path) {
 MaskAxis parse_mask_axis(const Json& v, const std::string& path) {
   if (!v.is_string())
     fail(path, "must be a mask string (none, causal, pad, pad=F, causal+pad=F), got " + v.dump());
-  const std::string text = v.get<std::string>();
   MaskAxis m;
-  std::stringstream ss(text);
-  std::string part;
-  while (std::getline(ss, part, '+')) {
-    if (part == "none" && text == "none") continue;
-    if (part == "causal") {
-      m.spec.causal = true;
-    } else if (part == "pad" || part.rfind("pad=", 0) == 0) {
-      m.spec.key_padding = true;
-      m.pad_fraction = 0.25;
-      if (part.size() > 4) {
-        try {
-          std::size_t used = 0;
-          m.pad_fraction = std::stod(part.substr(4), &used);
-          if (used != part.size() - 4) throw std::invalid_argument(part);
-        } catch (const std::exception&) {
-          fail(path, "padding fraction in '" + text + "' is not a number");
-        }
-        if (!(m.pad_fraction >= 0 && m.pad_fraction <= 1))
-          fail(path, "padding fraction must be in [0, 1], got '" + part.substr(4) + "'");
-      }
-    } else {
-      fail(path, "unknown mask '" + part + "' in '" + text +
-                     "' (allowed: none, causal, pad, pad=F with F in [0, 1], joined by '+')");
-    }
-  }
+  m.pad_fraction = 0.25;  // "pad" without a fraction
+  m.spec = parse_mask(v.get<std::string>(), path, &m.pad_fraction);
+  if (!m.spec.key_padding) m.pad_fraction = 0;
   return m;
 }
 
@@ -206,12 +179,6 @@ std::vector<Json> expand_params(const Attention& variant, const Json& given, con
   return out;
 }
 
-uint64_t default_memory_budget() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 2
-                               : (8ull << 30);
-}
-
 }  // namespace
 
 std::string Regime::label() const {
@@ -256,31 +223,15 @@ uint64_t parse_bytes(const Json& value, const std::string& where) {
   return static_cast<uint64_t>(n * mult);
 }
 
-std::string format_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  int u = 0;
-  while (std::fabs(bytes) >= 1024 && u < 6) bytes /= 1024, ++u;
-  std::ostringstream s;
-  s.precision(u ? 3 : 0);
-  s << std::fixed << bytes << " " << units[u];
-  return s.str();
-}
-
 std::string SweepConfig::hash() const {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : raw.dump()) h = (h ^ c) * 1099511628211ull;
   std::ostringstream s;
-  s << std::hex << h;
+  s << std::hex << fnv1a64(raw.dump());
   return s.str();
 }
 
-SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
-  SweepConfig c;
-  c.raw = j;
-  c.source_path = source_path;
-  check_keys(
-      j, "",
-      {"name", "description", "variants", "sweep", "inputs", "measure", "accuracy", "memory_budget", "seed"});
+namespace {
+
+void parse_identity(const Json& j, SweepConfig& c) {
   if (!j.contains("name")) fail("name", "missing (a name for the results folder, e.g. \"default\")");
   if (!j["name"].is_string() ||
       !std::regex_match(j["name"].get<std::string>(), std::regex("[A-Za-z0-9_.-]{1,64}")) ||
@@ -293,38 +244,42 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
       fail("description", "must be a string, got " + j["description"].dump());
     c.description = j["description"].get<std::string>();
   }
+}
 
-  // Variants: "all", or a list of names / {"name", "params"} objects.
-  const Json variants = j.value("variants", Json("all"));
+// "variants": "all", or a list of names / {"name", "params"} objects.
+void parse_variants(const Json& variants, SweepConfig& c) {
   auto& reg = Registry::instance();
   if (variants.is_string() && variants.get<std::string>() == "all") {
     for (const Attention* v : reg.all()) c.variants.push_back({v->name(), {make_problem(v->name()).params}});
-  } else if (variants.is_array() && !variants.empty()) {
-    for (std::size_t i = 0; i < variants.size(); ++i) {
-      const std::string p = idx("variants", i);
-      const Json& e = variants[i];
-      Json name, params = Json::object();
-      if (e.is_string()) {
-        name = e;
-      } else if (e.is_object()) {
-        check_keys(e, p, {"name", "params"});
-        if (!e.contains("name")) fail(p, "missing key 'name'");
-        name = e["name"];
-        if (e.contains("params")) params = e["params"];
-      } else {
-        fail(p, "must be a variant name or {\"name\": ..., \"params\": {...}}, got " + e.dump());
-      }
-      if (!name.is_string()) fail(p, "variant name must be a string, got " + name.dump());
-      const Attention* v = reg.find(name.get<std::string>());
-      if (!v) fail(e.is_string() ? p : sub(p, "name"), reg.unknown_variant_message(name.get<std::string>()));
-      c.variants.push_back({v->name(), expand_params(*v, params, sub(p, "params"))});
-    }
-  } else {
+    return;
+  }
+  if (!variants.is_array() || variants.empty())
     fail("variants",
          "must be \"all\" or a non-empty list of variant names or objects, got " + variants.dump());
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    const std::string p = idx("variants", i);
+    const Json& e = variants[i];
+    Json name, params = Json::object();
+    if (e.is_string()) {
+      name = e;
+    } else if (e.is_object()) {
+      check_keys(e, p, {"name", "params"});
+      if (!e.contains("name")) fail(p, "missing key 'name'");
+      name = e["name"];
+      if (e.contains("params")) params = e["params"];
+    } else {
+      fail(p, "must be a variant name or {\"name\": ..., \"params\": {...}}, got " + e.dump());
+    }
+    if (!name.is_string()) fail(p, "variant name must be a string, got " + name.dump());
+    const Attention* v = reg.find(name.get<std::string>());
+    if (!v) fail(e.is_string() ? p : sub(p, "name"), reg.unknown_variant_message(name.get<std::string>()));
+    c.variants.push_back({v->name(), expand_params(*v, params, sub(p, "params"))});
   }
+}
 
-  const Json sweep = j.value("sweep", Json::object());
+// "sweep": the shape, mask, thread, SIMD-target and dropout axes. Threads and targets are checked against
+// this machine by the plan, not here.
+void parse_sweep_axes(const Json& sweep, SweepConfig& c) {
   check_keys(
       sweep, "sweep",
       {"batch", "heads", "head_dim", "seq_len", "seq_q", "seq_kv", "mask", "threads", "isa", "dropout"});
@@ -348,126 +303,102 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
   }
   for_axis(sweep.value("mask", Json("none")), "sweep.mask",
            [&](const Json& m, const std::string& p) { c.masks.push_back(parse_mask_axis(m, p)); });
-  const int avail = available_threads();
-  if (sweep.contains("threads")) {
+  if (sweep.contains("threads"))
     for_axis(sweep["threads"], "sweep.threads", [&](const Json& t, const std::string& p) {
-      c.threads.push_back(static_cast<int>(
-          get_int(t, p, 1, avail,
-                  ("an integer in [1, " + std::to_string(avail) + "] (the cores available)").c_str())));
+      c.threads.push_back(static_cast<int>(get_int(t, p, 1, kMaxThreads, "a positive integer")));
     });
-  } else {
-    c.threads = {avail};
-  }
   if (sweep.contains("isa")) {
     c.isas.clear();
     c.isa_from_config = true;
+    const std::vector<std::string>& known = simd::isa_info().compiled;
     for_axis(sweep["isa"], "sweep.isa", [&](const Json& v, const std::string& p) {
       if (!v.is_string())
-        fail(p, "must be a SIMD target name (\"best\" or one of " + join(simd::isa_info().supported) +
-                    "), got " + v.dump());
-      simd::validate_isa(v.get<std::string>(), p);  // names p, the value and the supported targets
-      c.isas.push_back(v.get<std::string>());
+        fail(p, "must be a SIMD target name (\"best\" or one of " + join(known) + "), got " + v.dump());
+      const std::string name = v.get<std::string>();
+      // A name this build has no kernels for is a config error on any machine (validate_isa's message names
+      // the targets); whether this CPU runs it is the plan's question.
+      if (name != "best" && std::find(known.begin(), known.end(), name) == known.end())
+        simd::validate_isa(name, p);
+      c.isas.push_back(name);
     });
   }
   if (sweep.contains("dropout"))
     c.dropout = get_number(sweep["dropout"], "sweep.dropout", 0, 0.999999, "a probability in [0, 1)");
+}
 
-  const std::string dir = std::filesystem::path(source_path).parent_path().string();
-  parse_regimes(j.value("inputs", Json{{"regime", "gaussian"}, {"std", 1.0}}), "inputs",
-                dir.empty() ? "." : dir, c.regimes);
+void parse_measure(const Json& m, MeasureSettings& s) {
+  check_keys(m, "measure", {"warmup", "min_reps", "max_reps", "min_time_s", "max_time_s"});
+  if (m.contains("warmup"))
+    s.warmup = static_cast<int>(get_int(m["warmup"], "measure.warmup", 0, 1000, "an integer in [0, 1000]"));
+  if (m.contains("min_reps"))
+    s.min_reps =
+        static_cast<int>(get_int(m["min_reps"], "measure.min_reps", 1, 100000, "an integer in [1, 100000]"));
+  if (m.contains("max_reps"))
+    s.max_reps =
+        static_cast<int>(get_int(m["max_reps"], "measure.max_reps", 1, 100000, "an integer in [1, 100000]"));
+  if (m.contains("min_time_s"))
+    s.min_time_s = get_number(m["min_time_s"], "measure.min_time_s", 0, 3600, "seconds in [0, 3600]");
+  if (m.contains("max_time_s"))
+    s.max_time_s =
+        get_number(m["max_time_s"], "measure.max_time_s", 0.001, 86400, "seconds in [0.001, 86400]");
+  if (s.max_reps < s.min_reps)
+    fail("measure.max_reps", "must be >= measure.min_reps (" + std::to_string(s.min_reps) + "), got " +
+                                 std::to_string(s.max_reps));
+  if (s.max_time_s < s.min_time_s)
+    fail("measure.max_time_s", "must be >= measure.min_time_s, got " + m["max_time_s"].dump());
+}
 
-  if (j.contains("measure")) {
-    const Json& m = j["measure"];
-    check_keys(m, "measure", {"warmup", "min_reps", "max_reps", "min_time_s", "max_time_s"});
-    if (m.contains("warmup"))
-      c.measure.warmup =
-          static_cast<int>(get_int(m["warmup"], "measure.warmup", 0, 1000, "an integer in [0, 1000]"));
-    if (m.contains("min_reps"))
-      c.measure.min_reps = static_cast<int>(
-          get_int(m["min_reps"], "measure.min_reps", 1, 100000, "an integer in [1, 100000]"));
-    if (m.contains("max_reps"))
-      c.measure.max_reps = static_cast<int>(
-          get_int(m["max_reps"], "measure.max_reps", 1, 100000, "an integer in [1, 100000]"));
-    if (m.contains("min_time_s"))
-      c.measure.min_time_s =
-          get_number(m["min_time_s"], "measure.min_time_s", 0, 3600, "seconds in [0, 3600]");
-    if (m.contains("max_time_s"))
-      c.measure.max_time_s =
-          get_number(m["max_time_s"], "measure.max_time_s", 0.001, 86400, "seconds in [0.001, 86400]");
-    if (c.measure.max_reps < c.measure.min_reps)
-      fail("measure.max_reps", "must be >= measure.min_reps (" + std::to_string(c.measure.min_reps) +
-                                   "), got " + std::to_string(c.measure.max_reps));
-    if (c.measure.max_time_s < c.measure.min_time_s)
-      fail("measure.max_time_s", "must be >= measure.min_time_s, got " + m["max_time_s"].dump());
+void parse_accuracy(const Json& a, AccuracySettings& s) {
+  check_keys(a, "accuracy", {"reference", "rows"});
+  if (a.contains("reference")) {
+    const std::vector<std::string> modes{"auto", "full", "sampled", "none"};
+    if (!a["reference"].is_string() ||
+        std::find(modes.begin(), modes.end(), a["reference"].get<std::string>()) == modes.end())
+      fail("accuracy.reference", "must be one of auto, full, sampled, none, got " + a["reference"].dump());
+    s.reference = a["reference"].get<std::string>();
   }
-  if (j.contains("accuracy")) {
-    const Json& a = j["accuracy"];
-    check_keys(a, "accuracy", {"reference", "rows"});
-    if (a.contains("reference")) {
-      const std::vector<std::string> modes{"auto", "full", "sampled", "none"};
-      if (!a["reference"].is_string() ||
-          std::find(modes.begin(), modes.end(), a["reference"].get<std::string>()) == modes.end())
-        fail("accuracy.reference", "must be one of auto, full, sampled, none, got " + a["reference"].dump());
-      c.accuracy.reference = a["reference"].get<std::string>();
-    }
-    if (a.contains("rows"))
-      c.accuracy.rows = get_int(a["rows"], "accuracy.rows", 1, 1 << 20, "an integer in [1, 1048576]");
-  }
-  c.memory_budget_bytes = j.contains("memory_budget") ? parse_bytes(j["memory_budget"], "memory_budget")
-                                                      : default_memory_budget();
-  if (j.contains("seed"))
-    c.seed =
-        static_cast<uint64_t>(get_int(j["seed"], "seed", 0, int64_t{1} << 53, "an integer in [0, 2^53]"));
-  // Counted before expanding: a cross product of long axes is refused without building it.
+  if (a.contains("rows"))
+    s.rows = get_int(a["rows"], "accuracy.rows", 1, 1 << 20, "an integer in [1, 1048576]");
+}
+
+// Counted before any expansion: a cross product of long axes is refused without building it.
+void check_point_count(const SweepConfig& c) {
   uint64_t param_sets = 0;
   for (const VariantSpec& v : c.variants)
     param_sets = std::min(param_sets + v.param_sets.size(), kMaxPoints + 1);
   uint64_t points = param_sets;
-  for (const std::size_t n :
-       {c.regimes.size(), c.batch.size(), c.heads.size(), c.head_dim.size(), c.seq_q.size(),
-        c.self_attention ? std::size_t{1} : c.seq_kv.size(), c.masks.size(), c.threads.size(), c.isas.size()})
+  for (const std::size_t n : {c.regimes.size(), c.batch.size(), c.heads.size(), c.head_dim.size(),
+                              c.seq_q.size(), c.self_attention ? std::size_t{1} : c.seq_kv.size(),
+                              c.masks.size(), std::max<std::size_t>(c.threads.size(), 1), c.isas.size()})
     points = points_product(points, n);
   if (points > kMaxPoints)
     fail("config", "the cross product of variants, parameters, sweep.*, and inputs has more than " +
                        std::to_string(kMaxPoints) + " points; split the sweep or shorten an axis");
-  // A repeated axis value (seq_len [16, 16], a variant listed twice) would make two points with one id, and
-  // --resume would take one for the other: refuse it here.
-  std::map<std::string, std::size_t> seen;
-  for (const SweepPoint& pt : expand_plan(c)) {
-    if (++seen[pt.id] == 2)
-      fail("config", "two points have the same id '" + pt.id +
-                         "': an axis (sweep.*, inputs, variants or a parameter list) repeats a value");
-    // Sizes whose product overflows, and parameters a variant refuses at a shape (a global token listed
-    // twice), are config errors now rather than a failure after the output folder exists.
-    try {
-      pt.problem.validate();
-    } catch (const UsageError& e) {
-      fail("sweep", "point '" + pt.id + "': " + e.what());
-    }
-    try {
-      (void)reg.get(pt.problem.variant).not_supported_reasons(pt.problem);
-    } catch (const UsageError& e) {
-      std::string where = "variants";
-      for (std::size_t i = 0; i < c.variants.size() && variants.is_array() && where == "variants"; ++i) {
-        const auto& sets = c.variants[i].param_sets;
-        if (c.variants[i].name == pt.problem.variant &&
-            std::find(sets.begin(), sets.end(), pt.problem.params) != sets.end())
-          where = sub(idx("variants", i), "params");
-      }
-      fail(where, e.what());
-    }
-  }
-  return c;
 }
 
-void apply_isa_option(SweepConfig& c, const std::string& name) {
-  simd::validate_isa(name, "--isa");
-  if (name == "best") return;  // the default: the config's sweep.isa (or its default) stands
-  if (c.isa_from_config)
-    throw UsageError("--isa '" + name + "': config '" + c.source_path + "' sets sweep.isa (" +
-                     c.raw["sweep"]["isa"].dump() +
-                     "); give the targets in one place: drop --isa, or drop sweep.isa from the config");
-  c.isas = {name};
+}  // namespace
+
+SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
+  SweepConfig c;
+  c.raw = j;
+  c.source_path = source_path;
+  check_keys(
+      j, "",
+      {"name", "description", "variants", "sweep", "inputs", "measure", "accuracy", "memory_budget", "seed"});
+  parse_identity(j, c);
+  parse_variants(j.value("variants", Json("all")), c);
+  parse_sweep_axes(j.value("sweep", Json::object()), c);
+  const std::string dir = std::filesystem::path(source_path).parent_path().string();
+  parse_regimes(j.value("inputs", Json{{"regime", "gaussian"}, {"std", 1.0}}), "inputs",
+                dir.empty() ? "." : dir, c.regimes);
+  if (j.contains("measure")) parse_measure(j["measure"], c.measure);
+  if (j.contains("accuracy")) parse_accuracy(j["accuracy"], c.accuracy);
+  if (j.contains("memory_budget")) c.memory_budget_bytes = parse_bytes(j["memory_budget"], "memory_budget");
+  if (j.contains("seed"))
+    c.seed =
+        static_cast<uint64_t>(get_int(j["seed"], "seed", 0, int64_t{1} << 53, "an integer in [0, 2^53]"));
+  check_point_count(c);
+  return c;
 }
 
 SweepConfig load_sweep_config(const std::string& path) {
@@ -506,54 +437,6 @@ SweepConfig parse_sweep_config_text(const std::string& text, const std::string& 
   } catch (const UsageError& e) {
     throw UsageError("config '" + path + "': " + e.what());
   }
-}
-
-std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
-  std::vector<SweepPoint> plan;
-  const std::size_t n_seq = c.self_attention ? c.seq_q.size() : c.seq_q.size() * c.seq_kv.size();
-  for (const Regime& regime : c.regimes)
-    for (int64_t B : c.batch)
-      for (int64_t H : c.heads)
-        for (int64_t D : c.head_dim)
-          for (std::size_t s = 0; s < n_seq; ++s)
-            for (const MaskAxis& mask : c.masks) {
-              const int64_t Lq = c.self_attention ? c.seq_q[s] : c.seq_q[s / c.seq_kv.size()];
-              const int64_t Lkv = c.self_attention ? c.seq_kv[s] : c.seq_kv[s % c.seq_kv.size()];
-              std::ostringstream key;
-              key << "B=" << B << ",H=" << H << ",Lq=" << Lq << ",Lkv=" << Lkv << ",D=" << D << ","
-                  << mask.label() << "," << regime.label();
-              uint64_t seed = c.seed;
-              for (unsigned char ch : key.str()) seed = (seed ^ ch) * 1099511628211ull;
-              for (const VariantSpec& v : c.variants)
-                for (const Json& params : v.param_sets)
-                  for (int T : c.threads)
-                    for (const std::string& isa : c.isas) {
-                      SweepPoint pt;
-                      Problem& p = pt.problem;
-                      p.variant = v.name;
-                      p.params = params;
-                      p.batch = B, p.heads = H, p.seq_q = Lq, p.seq_kv = Lkv, p.head_dim = D;
-                      p.mask = mask.spec;
-                      p.dropout = c.dropout;
-                      p.seed = c.seed;
-                      pt.mask = mask;
-                      pt.regime = regime;
-                      pt.threads = T;
-                      pt.isa = isa;
-                      pt.input_key = key.str();
-                      pt.input_seed = seed;
-                      std::ostringstream id;
-                      id << p.repro();
-                      if (mask.spec.key_padding) id << ",padfrac=" << shortest_double_text(mask.pad_fraction);
-                      id << "," << regime.label() << ",T=" << T;
-                      // "best" adds nothing: configs without sweep.isa keep the ids (and --filter texts and
-                      // resumable folders) they had before the axis existed.
-                      if (isa != "best") id << ",isa=" << isa;
-                      pt.id = id.str();
-                      plan.push_back(std::move(pt));
-                    }
-            }
-  return plan;
 }
 
 }  // namespace attn

@@ -1,0 +1,281 @@
+// The plan: machine defaults resolved, the cross product expanded and checked, and per-point facts.
+#include "bench/lib/plan.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+#include "common/error.hpp"
+#include "common/hash.hpp"
+#include "common/reference.hpp"
+#include "common/runtime.hpp"
+#include "common/simd.hpp"
+#include "common/util.hpp"
+
+namespace attn {
+namespace {
+
+std::string axis_path(const Json& raw, const std::string& section, const std::string& key, std::size_t i) {
+  const bool list = raw.contains(section) && raw[section].contains(key) && raw[section][key].is_array();
+  return section + "." + key + (list ? "[" + std::to_string(i) + "]" : "");
+}
+
+// Fills what the config left to the machine and checks what it asked against the machine.
+void resolve_for_machine(SweepConfig& c, const Machine& m) {
+  if (c.threads.empty()) {
+    c.threads = {m.threads};
+  } else {
+    for (std::size_t i = 0; i < c.threads.size(); ++i)
+      if (c.threads[i] > m.threads)
+        throw UsageError(axis_path(c.raw, "sweep", "threads", i) + ": must be an integer in [1, " +
+                         std::to_string(m.threads) + "] (the cores available), got " +
+                         std::to_string(c.threads[i]));
+  }
+  if (!c.memory_budget_bytes)
+    c.memory_budget_bytes = m.physical_bytes ? m.physical_bytes / 2 : (uint64_t{8} << 30);
+  for (std::size_t i = 0; i < c.isas.size(); ++i) {
+    const std::string& name = c.isas[i];
+    if (name != "best" && std::find(m.isas.begin(), m.isas.end(), name) == m.isas.end())
+      throw UsageError((c.isa_from_config ? axis_path(c.raw, "sweep", "isa", i) : std::string("--isa")) +
+                       " '" + name + "': this CPU does not support that target; supported: best, " +
+                       join(m.isas));
+  }
+}
+
+// A repeated axis value (seq_len [16, 16], a variant listed twice) would make two points with one id, and
+// --resume would take one for the other; sizes whose product overflows, and parameters a variant refuses at
+// a shape (a global token listed twice), are config errors too, before any output folder exists.
+void check_plan(const SweepConfig& c, const std::vector<SweepPoint>& points) {
+  std::map<std::string, std::size_t> seen;
+  const Json variants = c.raw.value("variants", Json("all"));
+  for (const SweepPoint& pt : points) {
+    if (++seen[pt.id] == 2)
+      throw UsageError("config: two points have the same id '" + pt.id +
+                       "': an axis (sweep.*, inputs, variants or a parameter list) repeats a value");
+    try {
+      pt.problem.validate();
+    } catch (const UsageError& e) {
+      throw UsageError("sweep: point '" + pt.id + "': " + e.what());
+    }
+    try {
+      (void)Registry::instance().get(pt.problem.variant).not_supported_reasons(pt.problem);
+    } catch (const UsageError& e) {
+      std::string where = "variants";
+      for (std::size_t i = 0; i < c.variants.size() && variants.is_array() && where == "variants"; ++i) {
+        const auto& sets = c.variants[i].param_sets;
+        if (c.variants[i].name == pt.problem.variant &&
+            std::find(sets.begin(), sets.end(), pt.problem.params) != sets.end())
+          where = "variants[" + std::to_string(i) + "].params";
+      }
+      throw UsageError(where + ": " + e.what());
+    }
+  }
+}
+
+}  // namespace
+
+Machine this_machine() {
+  Machine m;
+  m.threads = available_threads();
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  m.physical_bytes = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+  m.isas = simd::isa_info().supported;
+  return m;
+}
+
+void apply_isa_option(SweepConfig& c, const std::string& name) {
+  simd::validate_isa(name, "--isa");
+  if (name == "best") return;  // the default: the config's sweep.isa (or its default) stands
+  if (c.isa_from_config)
+    throw UsageError("--isa '" + name + "': config '" + c.source_path + "' sets sweep.isa (" +
+                     c.raw["sweep"]["isa"].dump() +
+                     "); give the targets in one place: drop --isa, or drop sweep.isa from the config");
+  c.isas = {name};
+}
+
+Plan make_plan(SweepConfig config, const std::string& isa_option, const Machine& machine) {
+  apply_isa_option(config, isa_option);
+  resolve_for_machine(config, machine);
+  Plan plan;
+  plan.points = expand_plan(config);
+  check_plan(config, plan.points);
+  plan.config = std::move(config);
+  return plan;
+}
+
+Plan load_plan(const std::string& path, const std::string& isa_option) {
+  SweepConfig c = load_sweep_config(path);
+  try {
+    return make_plan(std::move(c), isa_option);
+  } catch (const UsageError& e) {
+    const std::string what = e.what();
+    if (what.rfind("--isa", 0) == 0) throw;  // about the option, not the file
+    throw UsageError("config '" + path + "': " + what);
+  }
+}
+
+std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
+  if (c.threads.empty() || !c.memory_budget_bytes)
+    throw std::logic_error("expand_plan: the config is not resolved for a machine (use make_plan)");
+  std::vector<SweepPoint> plan;
+  const std::size_t n_seq = c.self_attention ? c.seq_q.size() : c.seq_q.size() * c.seq_kv.size();
+  for (const Regime& regime : c.regimes)
+    for (int64_t B : c.batch)
+      for (int64_t H : c.heads)
+        for (int64_t D : c.head_dim)
+          for (std::size_t s = 0; s < n_seq; ++s)
+            for (const MaskAxis& mask : c.masks) {
+              const int64_t Lq = c.self_attention ? c.seq_q[s] : c.seq_q[s / c.seq_kv.size()];
+              const int64_t Lkv = c.self_attention ? c.seq_kv[s] : c.seq_kv[s % c.seq_kv.size()];
+              std::ostringstream key;
+              key << "B=" << B << ",H=" << H << ",Lq=" << Lq << ",Lkv=" << Lkv << ",D=" << D << ","
+                  << mask.label() << "," << regime.label();
+              const uint64_t seed = fnv1a64(key.str(), c.seed);
+              for (const VariantSpec& v : c.variants)
+                for (const Json& params : v.param_sets)
+                  for (int T : c.threads)
+                    for (const std::string& isa : c.isas) {
+                      SweepPoint pt;
+                      Problem& p = pt.problem;
+                      p.variant = v.name;
+                      p.params = params;
+                      p.batch = B, p.heads = H, p.seq_q = Lq, p.seq_kv = Lkv, p.head_dim = D;
+                      p.mask = mask.spec;
+                      p.dropout = c.dropout;
+                      p.seed = c.seed;
+                      pt.mask = mask;
+                      pt.regime = regime;
+                      pt.threads = T;
+                      pt.isa = isa;
+                      pt.input_key = key.str();
+                      pt.input_seed = seed;
+                      std::ostringstream id;
+                      id << p.repro();
+                      if (mask.spec.key_padding) id << ",padfrac=" << shortest_double_text(mask.pad_fraction);
+                      id << "," << regime.label() << ",T=" << T;
+                      // "best" adds nothing: configs without sweep.isa keep the ids (and --filter texts and
+                      // resumable folders) they had before the axis existed.
+                      if (isa != "best") id << ",isa=" << isa;
+                      pt.id = id.str();
+                      plan.push_back(std::move(pt));
+                    }
+            }
+  return plan;
+}
+
+std::string accuracy_mode(const Problem& p, const AccuracySettings& a) {
+  if (a.reference != "auto") return a.reference;
+  return p.seq_q <= a.rows ? "full" : "sampled";
+}
+
+std::vector<int64_t> accuracy_rows(const Problem& p, const AccuracySettings& a) {
+  const std::string mode = accuracy_mode(p, a);
+  if (mode == "none") return {};
+  return sample_rows(p.seq_q, mode == "full" ? p.seq_q : a.rows);
+}
+
+std::size_t PointMemory::need() const {
+  return sat_add(call.total(), reference);
+}
+
+PointMemory point_memory(const SweepPoint& pt, const SweepConfig& c) {
+  const Problem& p = pt.problem;
+  PointMemory m;
+  m.call = Registry::instance().get(p.variant).estimate_memory(p, pt.threads);
+  // The accuracy step's fp64 reference rows and the fp32 copy of the compared output rows.
+  const std::string mode = accuracy_mode(p, c.accuracy);
+  if (mode != "none") {
+    const int64_t rows = mode == "full" ? p.seq_q : std::min(p.seq_q, c.accuracy.rows);
+    m.reference =
+        static_cast<std::size_t>(p.batch * p.heads * rows * p.head_dim) * (sizeof(double) + sizeof(float));
+  }
+  return m;
+}
+
+std::string skip_reason(const SweepPoint& pt, const SweepConfig& c) {
+  if (std::string why = Registry::instance().get(pt.problem.variant).unsupported_reasons_text(pt.problem);
+      !why.empty())
+    return why;
+  const PointMemory m = point_memory(pt, c);
+  const std::size_t need = m.need(), budget = *c.memory_budget_bytes;
+  if (need <= budget) return "";
+  return std::string(need == SIZE_MAX ? "needs at least " : "needs ") + std::to_string(need) + " bytes (" +
+         format_bytes(static_cast<double>(need)) + ": inputs " +
+         format_bytes(static_cast<double>(m.call.inputs)) + ", output and workspace " +
+         format_bytes(static_cast<double>(m.call.beyond_inputs())) + ", accuracy reference " +
+         format_bytes(static_cast<double>(m.reference)) + ") > memory_budget " +
+         format_bytes(static_cast<double>(budget));
+}
+
+ResultRow base_row(const SweepPoint& pt, const SweepConfig& c, const std::string& isa) {
+  const Problem& p = pt.problem;
+  const Attention& v = Registry::instance().get(p.variant);
+  ResultRow r;
+  r.id = pt.id;
+  r.variant = p.variant;
+  r.params = p.params;
+  r.batch = p.batch, r.heads = p.heads, r.seq_q = p.seq_q, r.seq_kv = p.seq_kv, r.head_dim = p.head_dim;
+  r.mask = pt.mask.label();
+  r.regime = pt.regime.label();
+  r.threads = pt.threads;
+  r.isa = isa;
+  r.dropout = p.dropout;
+  r.exact = v.capabilities().exact;
+  r.accuracy.reference = accuracy_mode(p, c.accuracy);
+  const PointMemory m = point_memory(pt, c);
+  r.memory.estimated_bytes = m.call.beyond_inputs();
+  r.memory.inputs_bytes = m.call.inputs;
+  r.memory.workspace_bytes = m.call.workspace;
+  r.memory.reference_bytes = m.reference;
+  return r;
+}
+
+Json point_json(const SweepPoint& pt, const SweepConfig& c) {
+  const Problem& p = pt.problem;
+  const Attention& v = Registry::instance().get(p.variant);
+  const simd::ScopedIsa scope(pt.isa, "sweep.isa");
+  const std::string skip = skip_reason(pt, c);
+  const PointMemory m = point_memory(pt, c);
+  Json j = {
+      {"id", pt.id},
+      {"variant", p.variant},
+      {"params", p.params},
+      {"problem",
+       {{"batch", p.batch},
+        {"heads", p.heads},
+        {"seq_q", p.seq_q},
+        {"seq_kv", p.seq_kv},
+        {"head_dim", p.head_dim},
+        {"scale", p.effective_scale()},
+        {"causal", p.mask.causal},
+        {"key_padding", p.mask.key_padding},
+        {"dropout", p.dropout},
+        {"seed", p.seed}}},
+      {"mask", {{"label", pt.mask.label()}, {"pad_fraction", pt.mask.pad_fraction}}},
+      {"inputs",
+       {{"key", pt.input_key},
+        {"seed", pt.input_seed},
+        {"regime", pt.regime.kind},
+        {"std", pt.regime.std},
+        {"text", pt.regime.text},
+        {"label", pt.regime.label()}}},
+      {"threads", pt.threads},
+      {"isa_requested", pt.isa},
+      {"isa", simd::active_isa()},
+      {"accuracy", {{"reference", accuracy_mode(p, c.accuracy)}, {"rows", accuracy_rows(p, c.accuracy)}}},
+      {"flops", v.flops(p)},
+      {"memory",
+       {{"inputs_bytes", m.call.inputs},
+        {"output_bytes", m.call.output},
+        {"workspace_bytes", m.call.workspace},
+        {"reference_bytes", m.reference},
+        {"need_bytes", m.need()},
+        {"budget_bytes", *c.memory_budget_bytes}}},
+      {"skip", skip.empty() ? Json(nullptr) : Json(skip)},
+      {"row", to_json(base_row(pt, c, simd::active_isa()))}};
+  return j;
+}
+
+}  // namespace attn

@@ -1,0 +1,84 @@
+// Stage 2 of a sweep (config -> plan -> runner -> store): a validated config becomes the list of points to
+// measure. Two steps: the machine's defaults and limits are resolved first (threads, memory budget, SIMD
+// targets this CPU has, `run --isa`), then the cross product of every axis is expanded (pure: the same
+// resolved config gives the same points on any machine) and checked (unique ids, every point a valid
+// problem). Also what every consumer of a point asks of it: its accuracy mode, sampled rows, memory need and
+// skip reason, and the point as JSON (`run --dry-run --json`, `attnbench inputs`, the PyTorch peer).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/lib/config.hpp"
+#include "bench/lib/result_row.hpp"
+#include "common/attention.hpp"
+
+namespace attn {
+
+// One measured point: a fully specified problem plus how its inputs are made and how many threads run it.
+struct SweepPoint {
+  Problem problem;
+  MaskAxis mask;
+  Regime regime;
+  int threads = 1;
+  std::string isa = "best";  // the requested SIMD target; the row records the one that ran (resolved)
+  // problem.repro() + pad fraction + regime + threads (+ ",isa=NAME" unless the requested isa is "best", so
+  // configs without sweep.isa keep their ids): unique within a sweep
+  std::string id;
+  std::string input_key;    // identical for points that share inputs (and so the reference)
+  uint64_t input_seed = 0;  // derived from the config seed and the input key
+};
+
+// What the plan's defaults and limits read from the machine (tests pass their own).
+struct Machine {
+  int threads = 1;                // cores available to this process
+  uint64_t physical_bytes = 0;    // 0: unknown
+  std::vector<std::string> isas;  // SIMD targets this CPU supports (simd::isa_info().supported)
+};
+Machine this_machine();
+
+struct Plan {
+  SweepConfig config;  // resolved: threads, memory budget and targets filled in for the machine
+  std::vector<SweepPoint> points;
+};
+
+// Resolves `config` for `machine` (UsageError naming the field: more threads than cores, a target this CPU
+// lacks), applies `run --isa NAME` (isa_option; see apply_isa_option), expands and checks the plan.
+Plan make_plan(SweepConfig config, const std::string& isa_option = "best",
+               const Machine& machine = this_machine());
+Plan load_plan(const std::string& path, const std::string& isa_option = "best");
+
+// `run --isa NAME` and `attnbench_gbench --isa NAME`: every point of a config that does not set sweep.isa
+// runs on NAME. A config that sets sweep.isa keeps it, and any NAME but "best" is then refused (UsageError
+// naming both), since the two would contradict each other. NAME is validated like sweep.isa.
+void apply_isa_option(SweepConfig& config, const std::string& name);
+
+// The cross product of a resolved config. Points sharing inputs are adjacent so inputs and references are
+// made once.
+std::vector<SweepPoint> expand_plan(const SweepConfig& resolved);
+
+// "full" | "sampled" | "none" for this problem under the config's accuracy settings.
+std::string accuracy_mode(const Problem& p, const AccuracySettings& accuracy);
+// The query rows the accuracy step compares (empty when the mode is "none").
+std::vector<int64_t> accuracy_rows(const Problem& p, const AccuracySettings& accuracy);
+
+struct PointMemory {
+  MemoryEstimate call;        // inputs, output, workspace of one call
+  std::size_t reference = 0;  // the accuracy step's fp64 reference rows and fp32 copy
+  std::size_t need() const;   // everything the point holds at once (saturating)
+};
+PointMemory point_memory(const SweepPoint& pt, const SweepConfig& resolved);
+
+// Why the point is not measured ("" = it is): the variant's unsupported reasons, else the memory budget
+// (with the bytes it needs). run, --dry-run, --json and gbench give the same answer, before any allocation.
+std::string skip_reason(const SweepPoint& pt, const SweepConfig& resolved);
+
+// The row a point starts as (identity and estimates filled, measurements null). `isa` is the target that
+// runs it (simd::active_isa() under the point's simd::ScopedIsa).
+ResultRow base_row(const SweepPoint& pt, const SweepConfig& resolved, const std::string& isa);
+
+// The point as `run --dry-run --json` prints it: id, problem, inputs (regime, seed), mask, threads, isa,
+// accuracy mode and rows, FLOPs, memory, skip reason and its base row.
+Json point_json(const SweepPoint& pt, const SweepConfig& resolved);
+
+}  // namespace attn

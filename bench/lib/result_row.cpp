@@ -1,0 +1,252 @@
+// The result row's one writer, one reader and field documentation.
+#include "bench/lib/result_row.hpp"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "common/error.hpp"
+#include "common/util.hpp"
+
+namespace attn {
+namespace {
+
+Json opt(const std::optional<double>& x) {
+  return x ? json_number(*x) : Json(nullptr);
+}
+Json opt(const std::optional<int64_t>& x) {
+  return x ? Json(*x) : Json(nullptr);
+}
+
+// Reading: every accessor names the field's path in its error.
+class Reader {
+ public:
+  Reader(const Json& j, std::string where) : j_(j), where_(std::move(where)) {
+    if (!j.is_object()) fail("", "a result row must be a JSON object, got " + j.dump());
+  }
+
+  [[noreturn]] void fail(const std::string& path, const std::string& msg) const {
+    throw UsageError(where_ + (path.empty() ? "" : ": field '" + path + "'") + ": " + msg);
+  }
+  const Json* find(const std::string& path) const {
+    const Json* cur = &j_;
+    std::stringstream ss(path);
+    std::string part;
+    while (std::getline(ss, part, '.')) {
+      if (!cur->is_object() || !cur->contains(part)) return nullptr;
+      cur = &(*cur)[part];
+    }
+    return cur;
+  }
+  std::string str(const std::string& path, bool required = false) const {
+    const Json* v = find(path);
+    if (!v || v->is_null()) {
+      if (required) fail(path, "missing (every row has it)");
+      return "";
+    }
+    if (!v->is_string()) fail(path, "must be a string, got " + v->dump());
+    return v->get<std::string>();
+  }
+  int64_t integer(const std::string& path) const {
+    const Json* v = find(path);
+    if (!v || v->is_null()) return 0;
+    if (!v->is_number_integer()) fail(path, "must be an integer, got " + v->dump());
+    return v->get<int64_t>();
+  }
+  uint64_t bytes(const std::string& path) const {
+    const Json* v = find(path);
+    if (!v || v->is_null()) return 0;
+    if (!v->is_number_unsigned() && !(v->is_number_integer() && v->get<int64_t>() >= 0))
+      fail(path, "must be a byte count (non-negative integer), got " + v->dump());
+    return v->get<uint64_t>();
+  }
+  std::optional<int64_t> opt_integer(const std::string& path) const {
+    const Json* v = find(path);
+    if (!v || v->is_null()) return std::nullopt;
+    if (!v->is_number_integer()) fail(path, "must be an integer or null, got " + v->dump());
+    return v->get<int64_t>();
+  }
+  // A metric: a number, null, or "nan" / "inf" / "-inf" (JSON has no non-finite numbers).
+  std::optional<double> opt_number(const std::string& path) const {
+    const Json* v = find(path);
+    if (!v || v->is_null()) return std::nullopt;
+    if (v->is_number()) return v->get<double>();
+    if (v->is_string()) {
+      const std::string s = v->get<std::string>();
+      if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
+      if (s == "inf") return std::numeric_limits<double>::infinity();
+      if (s == "-inf") return -std::numeric_limits<double>::infinity();
+    }
+    fail(path, "must be a number, null, \"nan\", \"inf\" or \"-inf\", got " + v->dump());
+  }
+  double number(const std::string& path) const { return opt_number(path).value_or(0.0); }
+  bool boolean(const std::string& path) const {
+    const Json* v = find(path);
+    if (!v || v->is_null()) return false;
+    if (!v->is_boolean()) fail(path, "must be true or false, got " + v->dump());
+    return v->get<bool>();
+  }
+
+ private:
+  const Json& j_;
+  std::string where_;
+};
+
+}  // namespace
+
+Json to_json(const ResultRow& r) {
+  return {{"id", r.id},
+          {"variant", r.variant},
+          {"params", r.params},
+          {"batch", r.batch},
+          {"heads", r.heads},
+          {"seq_q", r.seq_q},
+          {"seq_kv", r.seq_kv},
+          {"head_dim", r.head_dim},
+          {"mask", r.mask},
+          {"regime", r.regime},
+          {"threads", r.threads},
+          {"isa", r.isa},
+          {"dropout", r.dropout},
+          {"exact", r.exact},
+          {"status", r.status},
+          {"reason", r.reason},
+          {"time_ms",
+           {{"median", opt(r.time_ms.median)},
+            {"p10", opt(r.time_ms.p10)},
+            {"p90", opt(r.time_ms.p90)},
+            {"mean", opt(r.time_ms.mean)},
+            {"cv", opt(r.time_ms.cv)},
+            {"reps", r.time_ms.reps}}},
+          {"flops", opt(r.flops)},
+          {"gflops", opt(r.gflops)},
+          {"frac_sgemm", opt(r.frac_sgemm)},
+          {"frac_peak", opt(r.frac_peak)},
+          {"accuracy",
+           {{"reference", r.accuracy.reference},
+            {"rows", r.accuracy.rows},
+            {"max_abs_err", opt(r.accuracy.max_abs_err)},
+            {"rel_l2_err", opt(r.accuracy.rel_l2_err)},
+            {"mean_cosine", opt(r.accuracy.mean_cosine)},
+            {"nan_count", opt(r.accuracy.nan_count)},
+            {"inf_count", opt(r.accuracy.inf_count)}}},
+          {"memory",
+           {{"estimated_bytes", r.memory.estimated_bytes},
+            {"inputs_bytes", r.memory.inputs_bytes},
+            {"workspace_bytes", r.memory.workspace_bytes},
+            {"reference_bytes", r.memory.reference_bytes},
+            {"peak_bytes", opt(r.memory.peak_bytes)}}},
+          {"nonfinite_inputs", opt(r.nonfinite_inputs)},
+          {"timestamp", r.timestamp}};
+}
+
+ResultRow row_from_json(const Json& j, const std::string& where) {
+  const Reader in(j, where);
+  ResultRow r;
+  r.id = in.str("id", true);
+  r.variant = in.str("variant", true);
+  r.status = in.str("status", true);
+  if (r.status != "ok" && r.status != "skipped" && r.status != "failed")
+    in.fail("status", "must be ok, skipped or failed, got '" + r.status + "'");
+  if (const Json* p = in.find("params"); p && !p->is_null()) {
+    if (!p->is_object()) in.fail("params", "must be an object, got " + p->dump());
+    r.params = *p;
+  }
+  r.batch = in.integer("batch");
+  r.heads = in.integer("heads");
+  r.seq_q = in.integer("seq_q");
+  r.seq_kv = in.integer("seq_kv");
+  r.head_dim = in.integer("head_dim");
+  r.mask = in.str("mask");
+  r.regime = in.str("regime");
+  r.threads = static_cast<int>(in.integer("threads"));
+  r.isa = in.str("isa");
+  r.dropout = in.number("dropout");
+  r.exact = in.boolean("exact");
+  r.reason = in.str("reason");
+  r.time_ms.median = in.opt_number("time_ms.median");
+  r.time_ms.p10 = in.opt_number("time_ms.p10");
+  r.time_ms.p90 = in.opt_number("time_ms.p90");
+  r.time_ms.mean = in.opt_number("time_ms.mean");
+  r.time_ms.cv = in.opt_number("time_ms.cv");
+  r.time_ms.reps = static_cast<int>(in.integer("time_ms.reps"));
+  r.flops = in.opt_number("flops");
+  r.gflops = in.opt_number("gflops");
+  r.frac_sgemm = in.opt_number("frac_sgemm");
+  r.frac_peak = in.opt_number("frac_peak");
+  r.accuracy.reference = in.str("accuracy.reference");
+  r.accuracy.rows = in.integer("accuracy.rows");
+  r.accuracy.max_abs_err = in.opt_number("accuracy.max_abs_err");
+  r.accuracy.rel_l2_err = in.opt_number("accuracy.rel_l2_err");
+  r.accuracy.mean_cosine = in.opt_number("accuracy.mean_cosine");
+  r.accuracy.nan_count = in.opt_integer("accuracy.nan_count");
+  r.accuracy.inf_count = in.opt_integer("accuracy.inf_count");
+  r.memory.estimated_bytes = in.bytes("memory.estimated_bytes");
+  r.memory.inputs_bytes = in.bytes("memory.inputs_bytes");
+  r.memory.workspace_bytes = in.bytes("memory.workspace_bytes");
+  r.memory.reference_bytes = in.bytes("memory.reference_bytes");
+  r.memory.peak_bytes = in.opt_integer("memory.peak_bytes");
+  r.nonfinite_inputs = in.opt_integer("nonfinite_inputs");
+  r.timestamp = in.str("timestamp");
+  return r;
+}
+
+const std::vector<RowField>& row_fields() {
+  static const std::vector<RowField> fields{
+      {"id", "string",
+       "the point's unique id: the problem's repro string, `,padfrac=F` with key padding, the regime, `,T=` "
+       "threads, and `,isa=NAME` unless the requested target is `best`"},
+      {"variant", "string", "registered variant name"},
+      {"params", "object", "the variant's resolved parameters (defaults filled in)"},
+      {"batch", "integer", "B"},
+      {"heads", "integer", "H"},
+      {"seq_q", "integer", "query length"},
+      {"seq_kv", "integer", "key/value length"},
+      {"head_dim", "integer", "D"},
+      {"mask", "string", "`none`, `causal`, `pad=F`, `causal+pad=F`"},
+      {"regime", "string", "how the inputs were made: `gaussian(std=S)` or `tokens(FILE)`"},
+      {"threads", "integer", "TBB threads"},
+      {"isa", "string", "the SIMD target that ran (e.g. `avx3`, `avx2`, `neon`, `scalar`)"},
+      {"dropout", "number", "dropout probability on the attention weights"},
+      {"exact", "boolean", "the variant computes softmax attention exactly"},
+      {"status", "string", "`ok`, `skipped` (unsupported or over the memory budget) or `failed`"},
+      {"reason", "string", "why skipped or failed (`\"\"` when ok)"},
+      {"time_ms.median", "number|null", "median milliseconds per call"},
+      {"time_ms.p10", "number|null", "10th percentile"},
+      {"time_ms.p90", "number|null", "90th percentile"},
+      {"time_ms.mean", "number|null", "mean"},
+      {"time_ms.cv", "number|null", "coefficient of variation (stddev / mean)"},
+      {"time_ms.reps", "integer", "measured repetitions (0 when not measured)"},
+      {"flops", "number|null", "floating-point operations of one call, as the variant counts its work"},
+      {"gflops", "number|null", "flops / median time"},
+      {"frac_sgemm", "number|null", "gflops / the sgemm calibration at the same thread count"},
+      {"frac_peak", "number|null", "gflops / the fp32 FMA peak of the row's own SIMD target and threads"},
+      {"accuracy.reference", "string", "`full`, `sampled` or `none`"},
+      {"accuracy.rows", "integer", "query rows compared per (batch, head)"},
+      {"accuracy.max_abs_err", "number|string|null",
+       "largest absolute error against the fp64 exact reference (`\"inf\"` if an output is non-finite)"},
+      {"accuracy.rel_l2_err", "number|string|null", "‖out − ref‖₂ / ‖ref‖₂ over the compared rows"},
+      {"accuracy.mean_cosine", "number|string|null", "mean cosine similarity of output and reference rows"},
+      {"accuracy.nan_count", "integer|null", "NaN values in the compared output rows"},
+      {"accuracy.inf_count", "integer|null", "Inf values in the compared output rows"},
+      {"memory.estimated_bytes", "integer", "output + the variant's workspace estimate (saturating)"},
+      {"memory.inputs_bytes", "integer", "Q, K, V and masks"},
+      {"memory.workspace_bytes", "integer", "the variant's own workspace estimate at `threads`"},
+      {"memory.reference_bytes", "integer", "what the accuracy step allocates (fp64 reference rows + copy)"},
+      {"memory.peak_bytes", "integer|null",
+       "measured increase of the resident high-water mark during the timed calls (null: not measured)"},
+      {"nonfinite_inputs", "integer|null", "NaN/Inf values in Q, K, V (null until measured)"},
+      {"timestamp", "string", "when the row was written (UTC)"},
+  };
+  return fields;
+}
+
+std::string row_fields_markdown() {
+  std::ostringstream o;
+  o << "| field | type | meaning |\n|---|---|---|\n";
+  for (const RowField& f : row_fields())
+    o << "| `" << f.path << "` | " << f.type << " | " << f.meaning << " |\n";
+  return o.str();
+}
+
+}  // namespace attn

@@ -1,0 +1,72 @@
+// The result row: one measured (or skipped, or failed) sweep point, the one definition of what
+// results.jsonl, results.csv, the PyTorch peer's rows and plot.py read. to_json/row_from_json are its only
+// writer and reader; row_fields() documents every field (configs/README.md's table is generated from it and a
+// test holds the two together, and holds the JSON against tests/data/result_row.json).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/params.hpp"
+
+namespace attn {
+
+struct TimingSummary {  // milliseconds per call over the measured repetitions (null until measured)
+  std::optional<double> median, p10, p90, mean, cv;
+  int reps = 0;
+};
+
+struct AccuracySummary {  // against the fp64 exact softmax reference (metrics null until compared)
+  std::string reference;  // "full" | "sampled" | "none"
+  int64_t rows = 0;       // query rows compared per (batch, head)
+  std::optional<double> max_abs_err, rel_l2_err, mean_cosine;  // written as "nan"/"inf" when not finite
+  std::optional<int64_t> nan_count, inf_count;
+};
+
+struct MemorySummary {
+  uint64_t estimated_bytes = 0;  // output + workspace (saturating)
+  uint64_t inputs_bytes = 0;
+  uint64_t workspace_bytes = 0;
+  uint64_t reference_bytes = 0;
+  std::optional<int64_t> peak_bytes;  // measured resident high-water-mark increase (null: not measured)
+};
+
+struct ResultRow {
+  std::string id;
+  std::string variant;
+  Json params = Json::object();
+  int64_t batch = 0, heads = 0, seq_q = 0, seq_kv = 0, head_dim = 0;
+  std::string mask;    // MaskAxis::label()
+  std::string regime;  // Regime::label()
+  int threads = 0;
+  std::string isa;  // the SIMD target that ran
+  double dropout = 0;
+  bool exact = false;
+  std::string status = "ok";  // "ok" | "skipped" | "failed"
+  std::string reason;         // why skipped or failed ("" when ok)
+  TimingSummary time_ms;
+  std::optional<double> flops, gflops, frac_sgemm, frac_peak;
+  AccuracySummary accuracy;
+  MemorySummary memory;
+  std::optional<int64_t> nonfinite_inputs;  // NaN/Inf values in Q, K, V (null until measured)
+  std::string timestamp;                    // when the row was written (UTC ISO 8601)
+};
+
+// Every field is written (null until known), so readers never test for presence.
+Json to_json(const ResultRow& row);
+// Reads a row written by to_json (or the PyTorch peer). Throws UsageError naming `where` and the field for a
+// missing required field or a wrong type; fields a row from an older attnbench lacks read as null.
+ResultRow row_from_json(const Json& j, const std::string& where);
+
+struct RowField {
+  std::string path;  // "time_ms.median"
+  std::string type;  // "number|null", "string", ...
+  std::string meaning;
+};
+// Every field of the row in the order the documentation lists them.
+const std::vector<RowField>& row_fields();
+// The Markdown table of row_fields() that configs/README.md holds (`attnbench info --row-fields`).
+std::string row_fields_markdown();
+
+}  // namespace attn

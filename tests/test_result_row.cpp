@@ -1,0 +1,84 @@
+// The result row (bench/lib/result_row.hpp) against its committed fixture: the writer reproduces the fixture
+// byte for byte, the reader reads it back to the same row, every documented field is in the JSON and every
+// JSON field is documented, configs/README.md holds the generated field table, and bad rows are refused
+// with the field named.
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "bench/lib/result_row.hpp"
+#include "common/error.hpp"
+#include "common/npy.hpp"
+
+using namespace attn;
+using Catch::Matchers::Contains;
+
+namespace {
+
+std::set<std::string> leaf_paths(const Json& j, const std::string& prefix = "") {
+  std::set<std::string> out;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string k = prefix.empty() ? it.key() : prefix + "." + it.key();
+    if (it.value().is_object() && it.key() != "params") {
+      const auto sub = leaf_paths(it.value(), k);
+      out.insert(sub.begin(), sub.end());
+    } else {
+      out.insert(k);
+    }
+  }
+  return out;
+}
+
+const std::string kFixture = std::string(ATTN_SOURCE_DIR) + "/tests/data/result_row.json";
+
+}  // namespace
+
+TEST_CASE("result row: the fixture round-trips byte for byte and every field is documented", "[row]") {
+  // The fixture holds rows as `attnbench run` writes them: ok, skipped, failed, and non-finite metrics.
+  const Json fixture = Json::parse(read_file_bytes(kFixture));
+  REQUIRE(fixture.is_array());
+  REQUIRE(fixture.size() >= 3);
+  std::set<std::string> documented;
+  for (const RowField& f : row_fields()) documented.insert(f.path);
+  for (std::size_t i = 0; i < fixture.size(); ++i) {
+    INFO("fixture row " << i);
+    const ResultRow row = row_from_json(fixture[i], "fixture");
+    CHECK(to_json(row).dump() == fixture[i].dump());
+    CHECK(to_json(row_from_json(to_json(row), "again")).dump() == fixture[i].dump());
+    CHECK(leaf_paths(fixture[i]) == documented);
+  }
+  // A default row has every field too (null until measured).
+  CHECK(leaf_paths(to_json(ResultRow{})) == documented);
+}
+
+TEST_CASE("result row: configs/README.md holds the table generated from row_fields()", "[row]") {
+  const std::string readme = read_file_bytes(std::string(ATTN_SOURCE_DIR) + "/configs/README.md");
+  INFO("regenerate the table with `attnbench info --row-fields`");
+  CHECK_THAT(readme, Contains(row_fields_markdown()));
+}
+
+TEST_CASE("result row: the reader names the field of a bad row", "[row]") {
+  const Json good = Json::parse(read_file_bytes(kFixture))[0];
+  Json j = good;
+  j.erase("id");
+  CHECK_THROWS_WITH(row_from_json(j, "line 3"), Contains("line 3: field 'id': missing"));
+  j = good;
+  j["time_ms"]["median"] = "fast";
+  CHECK_THROWS_WITH(row_from_json(j, "x"), Contains("field 'time_ms.median': must be a number, null"));
+  j = good;
+  j["status"] = "great";
+  CHECK_THROWS_WITH(row_from_json(j, "x"), Contains("field 'status': must be ok, skipped or failed"));
+  j = good;
+  j["memory"]["inputs_bytes"] = -1;
+  CHECK_THROWS_AS(row_from_json(j, "x"), UsageError);
+  CHECK_THROWS_WITH(row_from_json(Json::array(), "x"), Contains("must be a JSON object"));
+  // Non-finite metrics travel as strings and come back non-finite.
+  j = good;
+  j["accuracy"]["max_abs_err"] = "inf";
+  j["accuracy"]["mean_cosine"] = "nan";
+  const ResultRow r = row_from_json(j, "x");
+  CHECK(std::isinf(*r.accuracy.max_abs_err));
+  CHECK(std::isnan(*r.accuracy.mean_cosine));
+  CHECK(to_json(r)["accuracy"]["max_abs_err"] == "inf");
+}
