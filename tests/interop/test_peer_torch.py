@@ -1,0 +1,312 @@
+#!/usr/bin/python3
+"""The PyTorch peer (scripts/peers/torch_attention.py) is fed by attnbench's plan: its Q, K, V are the sweep's
+bit for bit, it fetches each input set once, its ids are the exact points' ids under "peer/torch_naive", its
+rows have exactly the C++ row's fields and types, its accuracy against the fp64 reference is fp32-exact, it
+skips what the plan skips (and dropout, and what PyTorch's memory would exceed), and its errors name the
+config field or the missing attnbench.
+
+Run by ctest as `/usr/bin/python3 test_peer_torch.py --attnbench PATH`. Exit 0 pass, 1 fail, 77 skip (numpy or
+torch missing). Tiny shapes: a few seconds, most of it importing torch and attnbench's sgemm calibration."""
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import numpy as np
+    import torch  # noqa: F401  (the peer imports it; in-process runs share this import)
+except ImportError as e:
+    print(f"skipped: {e} (install python3-numpy python3-torch; for {sys.executable})")
+    sys.exit(77)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PEER = os.path.join(ROOT, "scripts", "peers", "torch_attention.py")
+MEASURE = {"warmup": 0, "min_reps": 1, "max_reps": 2, "min_time_s": 0, "max_time_s": 1}
+TEXT = ("attention is all you need said the paper and the benchmark measured how long attention takes "
+        "on the cpu for every length of sequence the sweep lists ") * 3
+
+failures = []
+
+
+def check(cond, what):
+    print(("ok    " if cond else "FAIL  ") + what)
+    if not cond:
+        failures.append(what)
+    return cond
+
+
+def load_peer():
+    spec = importlib.util.spec_from_file_location("torch_attention", PEER)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def write_config(tmp, name, threads=1, **over):
+    cfg = {"name": name, "variants": ["linear", "naive", "tiled"],
+           "sweep": {"batch": 2, "heads": 2, "head_dim": 8, "seq_len": [16, 40], "mask": ["none", "causal+pad=0.25"],
+                     "threads": threads},
+           "inputs": [{"regime": "gaussian", "std": [1.0, 2.0]}, {"regime": "tokens", "text": "words.txt"}],
+           "measure": MEASURE, "accuracy": {"reference": "sampled", "rows": 5}, "memory_budget": "1GiB", "seed": 9}
+    cfg.update(over)
+    path = os.path.join(tmp, name + ".json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def run_peer_inprocess(mod, *argv):
+    """(exit code, stderr) of the peer's main() in this process (torch is imported once)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = mod.main(list(argv))
+    return rc, err.getvalue()
+
+
+def fields(row, table, prefix=""):
+    """{field path: value}, nested objects flattened except where the field table names the object itself."""
+    out = {}
+    for k, v in row.items():
+        path = prefix + k
+        if isinstance(v, dict) and v and path not in table:
+            out.update(fields(v, table, path + "."))
+        else:
+            out[path] = v
+    return out
+
+
+def type_ok(v, types):
+    kinds = {"string": lambda x: isinstance(x, str), "null": lambda x: x is None,
+             "integer": lambda x: isinstance(x, int) and not isinstance(x, bool),
+             "number": lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
+             "boolean": lambda x: isinstance(x, bool), "object": lambda x: isinstance(x, dict)}
+    return any(kinds[t](v) for t in types.split("|"))
+
+
+def tolerance(q, k, v, scale):
+    """fp32 bound of exact attention (as tests/interop/test_eval_torch.py, from exact_abs_tolerance): u max|v|
+    (2 D S + 2 Lkv + 16) with S = scale max|q_i| max|k_j|, times 4 for reordered sums."""
+    u = 2.0 ** -24
+    qn = np.sqrt((q.astype(np.float64) ** 2).sum(-1)).max()
+    kn = np.sqrt((k.astype(np.float64) ** 2).sum(-1)).max()
+    return 4 * u * np.abs(v).max() * (2 * q.shape[-1] * scale * qn * kn + 2 * k.shape[-2] + 16)
+
+
+def test_sweep(exe, mod, tmp):
+    # Two thread counts where there are two cores: two peer points share each input set.
+    cores = json.loads(subprocess.run([exe, "info", "--json"], capture_output=True, text=True, timeout=60).stdout)["threads"]
+    cfg = write_config(tmp, "peer-sweep", threads=[1, 2] if cores >= 2 else 1)
+    with open(os.path.join(tmp, "words.txt"), "w") as f:
+        f.write(TEXT)
+    plan = mod.load_plan(exe, cfg)
+    naive = {p["id"]: p for p in plan if p["variant"] == "naive"}
+    keys = {p["inputs"]["key"] for p in plan}
+    out = os.path.join(tmp, "out")
+    # The C++ sweep of the exact baseline first: its rows and meta.json (calibrations) are what the peer joins.
+    r = subprocess.run([exe, "run", cfg, "--out", out, "--filter", "naive:"], capture_output=True, text=True, timeout=300)
+    if not check(r.returncode == 0, f"attnbench run (naive points) exits 0 ({r.stderr.strip()[-300:]})"):
+        return
+    with open(os.path.join(out, "results.jsonl")) as f:
+        cpp = {row["id"]: row for row in map(json.loads, f)}
+    with open(os.path.join(out, "meta.json")) as f:
+        meta = json.load(f)
+
+    fed, fetched = {}, []
+    real_fetch, real_measure = mod.fetch_inputs, mod.measure
+
+    def fetch(exe_, config, pt, tmp_):
+        fetched.append(pt["inputs"]["key"])
+        return real_fetch(exe_, config, pt, tmp_)
+
+    def measure(torch_, pt, row, data, *rest):
+        fed[row["id"]] = {k: a.copy() for k, a in data.items()}
+        return real_measure(torch_, pt, row, data, *rest)
+
+    mod.fetch_inputs, mod.measure = fetch, measure
+    try:
+        rc, err = run_peer_inprocess(mod, cfg, "--out", out, "--attnbench", exe)
+    finally:
+        mod.fetch_inputs, mod.measure = real_fetch, real_measure
+    if not check(rc == 0, f"peer exits 0 ({err.strip()[-300:]})"):
+        return
+    with open(os.path.join(out, "results.peers.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    want_ids = ["peer/torch_" + i for i in naive]
+    check([r["id"] for r in rows] == want_ids,
+          f"one peer row per (shape, mask, regime, threads), in plan order: 'peer/torch_' + the naive point's id "
+          f"({len(rows)} rows, {len(naive)} naive points, {len(plan)} plan points)")
+    check(sorted(fetched) == sorted(keys) and len(fetched) < len(plan),
+          f"inputs fetched once per input set ({len(fetched)} fetches, {len(keys)} sets, {len(rows)} peer points)")
+    check(all(r["status"] == "ok" and r["variant"] == "torch_naive" and r["reason"] == "" for r in rows),
+          "every peer row ok, variant torch_naive, no reason")
+    check(any(r["regime"].startswith("tokens(") for r in rows), "tokens regime points run (their inputs come from attnbench)")
+
+    # Q, K, V (and the key padding) fed to PyTorch are attnbench's, bit for bit.
+    same, checked = True, 0
+    for pid, data in fed.items():
+        cid = pid.removeprefix("peer/torch_")
+        d = os.path.join(tmp, "inputs", str(checked))
+        r = subprocess.run([exe, "inputs", cfg, "--filter", cid, "--out", d], capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            check(False, f"attnbench inputs {cid} exits 0 ({r.stderr.strip()})")
+            return
+        names = ["q", "k", "v", "reference", "rows"] + (["key_padding"] if naive[cid]["problem"]["key_padding"] else [])
+        for n in names:
+            a = np.load(os.path.join(d, n + ".npy"))
+            same &= n in data and data[n].dtype == a.dtype and np.array_equal(data[n], a)
+        same &= set(data) == set(names)
+        checked += 1
+    check(same and checked == len(rows), f"the peer's Q, K, V, key padding, reference rows == `attnbench inputs` "
+                                         f"of the same point, dtype and bits ({checked} points)")
+
+    # ... and they are what `attnbench run` measured: naive on them (attnbench eval) has the run row's error.
+    table = {f["field"]: f["type"] for f in json.loads(subprocess.run(
+        [exe, "info", "--row-fields", "--json"], capture_output=True, text=True, timeout=60).stdout)}
+    for pid in (want_ids[0], next(i for i in want_ids if "causal+pad" in i and "tokens(" in i)):
+        data, c = fed[pid], cpp[pid.removeprefix("peer/torch_")]
+        paths = {}
+        for n in ("q", "k", "v", "key_padding"):
+            if n in data:
+                paths[n] = os.path.join(tmp, f"eval_{n}.npy")
+                np.save(paths[n], data[n])
+        o = os.path.join(tmp, "eval_out.npy")
+        args = [exe, "eval", "--variant", "naive", "--q", paths["q"], "--k", paths["k"], "--v", paths["v"], "--out", o]
+        if naive[c["id"]]["problem"]["causal"]:
+            args.append("--causal")
+        if "key_padding" in paths:
+            args += ["--key-padding", paths["key_padding"]]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        if not check(r.returncode == 0, f"attnbench eval on the peer's inputs exits 0 ({r.stderr.strip()})"):
+            return
+        got = np.load(o)[:, :, data["rows"], :].astype(np.float64)
+        err = float(np.abs(got - data["reference"]).max())
+        check(err == c["accuracy"]["max_abs_err"] and c["status"] == "ok",
+              f"{c['id']}: naive on the peer's inputs has the sweep row's max_abs_err exactly ({err!r} vs "
+              f"{c['accuracy']['max_abs_err']!r})")
+
+    # The row schema: the C++ row's field set and the field table's types; the plan's identity and flops.
+    same = ("batch", "heads", "seq_q", "seq_kv", "head_dim", "mask", "regime", "threads", "dropout", "flops",
+            "accuracy.reference", "accuracy.rows", "memory.inputs_bytes", "memory.reference_bytes")
+    sgemm = {x["threads"]: x["gflops"] for x in meta["sgemm_calibration"]}
+    peak = {t: max(x["gflops"] for x in meta["fma_peak"] if x["threads"] == t) for t in sgemm}
+    wrong = {"fields": [], "types": [], "identity": [], "accuracy": [], "gflops": []}
+    worst = 0.0
+    for r in rows:
+        c, f = cpp[r["id"].removeprefix("peer/torch_")], fields(r, table)
+        fc = fields(c, table)
+        if not set(f) == set(fc) == set(table):
+            wrong["fields"].append((r["id"], sorted(set(f) ^ set(fc))))
+        wrong["types"] += [(r["id"], k, v) for k, v in f.items() if k in table and not type_ok(v, table[k])]
+        wrong["identity"] += [(r["id"], k, f.get(k), fc[k]) for k in same if f.get(k) != fc[k]]
+        data, a = fed[r["id"]], r["accuracy"]
+        tol = tolerance(data["q"], data["k"], data["v"], naive[c["id"]]["problem"]["scale"])
+        err, rel, cos = (float(a[k]) if a[k] is not None else math.nan for k in ("max_abs_err", "rel_l2_err", "mean_cosine"))
+        worst = max(worst, err / tol)
+        if not (err <= tol and rel < 1e-5 and cos > 1 - 1e-9
+                and a["nan_count"] == 0 and a["inf_count"] == 0 and a["rows"] == len(data["rows"]) == 5):
+            wrong["accuracy"].append((r["id"], a, tol))
+        T = r["threads"]
+        if not (r["gflops"] > 0 and abs(r["frac_sgemm"] - r["gflops"] / sgemm[T]) <= 1e-12 * r["frac_sgemm"]
+                and abs(r["frac_peak"] - r["gflops"] / peak[T]) <= 1e-12 * r["frac_peak"]
+                and r["time_ms"]["reps"] >= 1 and r["nonfinite_inputs"] == 0):
+            wrong["gflops"].append(r["id"])
+    check(not wrong["fields"], f"every peer row has exactly the C++ row's fields, the field table's ({wrong['fields']})")
+    check(not wrong["types"], f"every field has the field table's type ({wrong['types']})")
+    check(not wrong["identity"], f"identity, flops and accuracy rows as the C++ row of the point ({wrong['identity']})")
+    check(not wrong["accuracy"], f"fp32-exact against the fp64 reference on the 5 sampled rows (largest "
+                                 f"max_abs_err / bound {worst:.2e}; {wrong['accuracy']})")
+    check(not wrong["gflops"], f"gflops from the plan's flops, frac_sgemm and frac_peak from meta.json's "
+                               f"calibrations ({wrong['gflops']})")
+
+
+def test_skips(exe, mod, tmp):
+    # The plan skips every point under a tiny memory_budget: the peer skips them with the plan's reason.
+    cfg = write_config(tmp, "peer-tiny-budget", inputs={"regime": "gaussian"}, memory_budget=1000)
+    plan = {p["id"]: p for p in mod.load_plan(exe, cfg) if p["variant"] == "naive"}
+    out = os.path.join(tmp, "skip-out")
+    rc, err = run_peer_inprocess(mod, cfg, "--out", out, "--attnbench", exe, "--filter", "Lq=16")
+    with open(os.path.join(out, "results.peers.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    check(rc == 0 and len(rows) == 2 and all(r["status"] == "skipped" and "Lq=16" in r["id"]
+                                             and r["reason"] == plan[r["id"].removeprefix("peer/torch_")]["skip"]
+                                             and r["time_ms"]["median"] is None and r["flops"] is None for r in rows),
+          f"points the plan skips: skipped with its reason, nothing measured; --filter passed through (rc {rc}, "
+          f"{[r['reason'][:60] for r in rows]})")
+    # A budget the exact variant fits in but PyTorch's score matrices do not; and dropout.
+    need = max(p["memory"]["need_bytes"] for p in plan.values() if "Lq=40" in p["id"])
+    cfg = write_config(tmp, "peer-torch-budget", inputs={"regime": "gaussian"}, memory_budget=need)
+    cfg_drop = write_config(tmp, "peer-dropout", inputs={"regime": "gaussian"})
+    with open(cfg_drop) as f:
+        j = json.load(f)
+    j["sweep"]["dropout"] = 0.1
+    with open(cfg_drop, "w") as f:
+        json.dump(j, f)
+    for c, filt, want in ((cfg, "Lq=40", "in PyTorch"), (cfg_drop, "Lq=16", "dropout")):
+        out = os.path.join(tmp, os.path.basename(c) + "-out")
+        rc, err = run_peer_inprocess(mod, c, "--out", out, "--attnbench", exe, "--filter", filt)
+        with open(os.path.join(out, "results.peers.jsonl")) as f:
+            rows = [json.loads(line) for line in f]
+        check(rc == 0 and len(rows) == 2 and all(r["status"] == "skipped" and want in r["reason"] for r in rows),
+              f"{os.path.basename(c)}: skipped, reason mentions '{want}' ({[r['reason'][:80] for r in rows]})")
+    # A sweep over SIMD targets: PyTorch runs each point once, its id without ",isa=".
+    cfg = write_config(tmp, "peer-isa", inputs={"regime": "gaussian"})
+    with open(cfg) as f:
+        j = json.load(f)
+    j["sweep"]["isa"] = ["best", "scalar"]
+    with open(cfg, "w") as f:
+        json.dump(j, f)
+    pts = mod.peer_points(mod.load_plan(exe, cfg))
+    check(len(pts) == 4 and not any(",isa=" in pid for pid, _ in pts),
+          f"sweep.isa: one peer point per shape and mask, ids without ',isa=' ({[p for p, _ in pts]})")
+
+
+def test_errors(exe, tmp):
+    def peer(*args, env=None, pre=()):
+        return subprocess.run([sys.executable, *pre, PEER, *args], capture_output=True, text=True, timeout=120,
+                              env=env)
+    bad = os.path.join(tmp, "bad.json")
+    with open(bad, "w") as f:
+        json.dump({"name": "bad", "sweep": {"seq_len": [8], "heads": 2, "head_dim": 8, "mask": "causl"}}, f)
+    r = peer(bad, "--attnbench", exe)
+    check(r.returncode == 2 and r.stderr.startswith("torch_attention.py: ") and "sweep.mask" in r.stderr
+          and "causl" in r.stderr and not r.stdout, f"bad config: exit 2, attnbench's message naming the field, "
+                                                    f"prefixed with the program ({r.stderr.strip()!r})")
+    cfg = write_config(tmp, "peer-errors", inputs={"regime": "gaussian"})
+    missing = os.path.join(tmp, "no-such-dir", "attnbench")
+    r = peer(cfg, "--attnbench", missing)
+    check(r.returncode == 2 and missing in r.stderr and "--attnbench" in r.stderr,
+          f"missing --attnbench PATH: exit 2 naming the path ({r.stderr.strip()!r})")
+    r = peer(cfg, env=dict(os.environ, ATTNBENCH=missing))
+    check(r.returncode == 2 and missing in r.stderr, f"missing $ATTNBENCH: exit 2 naming the path ({r.stderr.strip()!r})")
+    r = peer(cfg, "--attnbench", exe, "--filter", "no-such-point")
+    check(r.returncode == 2 and "--filter" in r.stderr and "no-such-point" in r.stderr,
+          f"--filter matching nothing: exit 2 ({r.stderr.strip()!r})")
+    out = os.path.join(tmp, "hidden-torch-out")
+    hide = ["-c", "import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.argv[1:]; "
+                  "runpy.run_path(sys.argv[0], run_name='__main__')"]
+    r = peer(cfg, "--out", out, "--attnbench", exe, pre=hide)
+    check(r.returncode == 0 and r.stdout.startswith("torch not available:") and not os.path.exists(out),
+          f"without torch: 'torch not available: ...', exit 0, nothing written ({r.stdout.strip()!r})")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--attnbench", required=True, help="path of the attnbench binary")
+    exe = os.path.abspath(ap.parse_args().attnbench)
+    mod = load_peer()
+    with tempfile.TemporaryDirectory(prefix="attnbench-test-peer-") as tmp:
+        test_sweep(exe, mod, tmp)
+        test_skips(exe, mod, tmp)
+        test_errors(exe, tmp)
+    print(f"{len(failures)} failure(s)" if failures else "all passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
