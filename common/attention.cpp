@@ -2,6 +2,7 @@
 #include "common/attention.hpp"
 
 #include <algorithm>
+#include <sstream>
 #include <stdexcept>
 
 #include "common/error.hpp"
@@ -135,11 +136,56 @@ std::vector<std::string> Registry::names() const {
   return out;
 }
 
+namespace {
+// Resolves `given` against the variant's specs and records their order (Problem::param_order).
+void set_params(Problem& p, const Attention& v, const Json& given, const std::string& where) {
+  const auto specs = v.param_specs();
+  p.params = resolve_params(specs, given, where);
+  p.param_order.clear();
+  for (const auto& s : specs) p.param_order.push_back(s.name);
+}
+}  // namespace
+
 Problem make_problem(const std::string& variant, const Json& given) {
   const Attention& v = Registry::instance().get(variant);
   Problem p;
   p.variant = variant;
-  p.params = resolve_params(v.param_specs(), given, "variant '" + variant + "'");
+  set_params(p, v, given, "variant '" + variant + "'");
+  return p;
+}
+
+Problem parse_problem(const std::string& repro) {
+  const std::string where = "repro string '" + repro + "'";
+  Problem p;
+  std::size_t colon = repro.rfind(':');
+  if (colon == std::string::npos) throw UsageError(where + ": missing ':' between variant and shape");
+  std::string head = repro.substr(0, colon), tail = repro.substr(colon + 1);
+  std::size_t brace = head.find('{');
+  p.variant = head.substr(0, brace);
+  const Attention* variant = Registry::instance().find(p.variant);
+  if (!variant) throw UsageError(where + ": " + Registry::instance().unknown_variant_message(p.variant));
+  Json given = Json::object();
+  if (brace != std::string::npos) {
+    if (head.back() != '}') throw UsageError(where + ": unbalanced '{' in the parameter list");
+    std::stringstream ss(head.substr(brace + 1, head.size() - brace - 2));
+    std::string kv;
+    const auto specs = variant->param_specs();
+    while (std::getline(ss, kv, ',')) {
+      std::size_t eq = kv.find('=');
+      if (eq == std::string::npos) throw UsageError(where + ": parameter '" + kv + "' is not k=v");
+      std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+      const ParamSpec* spec = nullptr;
+      for (const auto& s : specs)
+        if (s.name == k) spec = &s;
+      if (!spec) {
+        given[k] = v;  // resolve_params reports it with a did-you-mean
+        continue;
+      }
+      given[k] = v == "[]" ? Json::array() : parse_param_value(*spec, v, where + ": parameter '" + k + "'");
+    }
+  }
+  set_params(p, *variant, given, where);
+  parse_problem_shape(tail, where, p);
   return p;
 }
 

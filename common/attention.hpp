@@ -118,6 +118,8 @@ class Registry {
 
 // Builds a fully resolved Problem for `variant` with user parameters `given` (validated, defaults filled).
 Problem make_problem(const std::string& variant, const Json& given = Json::object());
+// Reads a repro string (Problem::repro) back; parameters are resolved against the registered variant's specs.
+Problem parse_problem(const std::string& repro);
 
 // Checks that `in` has every pointer `p` needs (`out` only if needs_out); throws UsageError otherwise
 // (Attention::run and reference_attention call it).

@@ -7,7 +7,6 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "common/attention.hpp"
 #include "common/error.hpp"
 
 namespace attn {
@@ -86,12 +85,10 @@ std::string Problem::repro() const {
   if (!params.empty()) {
     s << "{";
     bool first = true;
-    // Spec order when the variant is registered (stable across JSON key order), else key order.
+    // Spec order (stable across JSON key order) when param_order covers params, else key order.
     std::vector<std::string> names;
-    if (const Attention* v = Registry::instance().find(variant)) {
-      for (const auto& spec : v->param_specs())
-        if (params.contains(spec.name)) names.push_back(spec.name);
-    }
+    for (const auto& n : param_order)
+      if (params.contains(n)) names.push_back(n);
     if (names.size() != params.size()) {
       names.clear();
       for (auto it = params.begin(); it != params.end(); ++it) names.push_back(it.key());
@@ -143,37 +140,7 @@ void Problem::validate() const {
     throw UsageError("dropout: must be a probability in [0, 1), got " + std::to_string(dropout));
 }
 
-Problem parse_problem(const std::string& repro) {
-  const std::string where = "repro string '" + repro + "'";
-  Problem p;
-  std::size_t colon = repro.rfind(':');
-  if (colon == std::string::npos) throw UsageError(where + ": missing ':' between variant and shape");
-  std::string head = repro.substr(0, colon), tail = repro.substr(colon + 1);
-  std::size_t brace = head.find('{');
-  p.variant = head.substr(0, brace);
-  const Attention* variant = Registry::instance().find(p.variant);
-  if (!variant) throw UsageError(where + ": " + Registry::instance().unknown_variant_message(p.variant));
-  Json given = Json::object();
-  if (brace != std::string::npos) {
-    if (head.back() != '}') throw UsageError(where + ": unbalanced '{' in the parameter list");
-    std::stringstream ss(head.substr(brace + 1, head.size() - brace - 2));
-    std::string kv;
-    const auto specs = variant->param_specs();
-    while (std::getline(ss, kv, ',')) {
-      std::size_t eq = kv.find('=');
-      if (eq == std::string::npos) throw UsageError(where + ": parameter '" + kv + "' is not k=v");
-      std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
-      const ParamSpec* spec = nullptr;
-      for (const auto& s : specs)
-        if (s.name == k) spec = &s;
-      if (!spec) {
-        given[k] = v;  // resolve_params reports it with a did-you-mean
-        continue;
-      }
-      given[k] = v == "[]" ? Json::array() : parse_param_value(*spec, v, where + ": parameter '" + k + "'");
-    }
-  }
-  p.params = resolve_params(variant->param_specs(), given, where);
+void parse_problem_shape(const std::string& tail, const std::string& where, Problem& p) {
   std::stringstream ss(tail);
   std::string item;
   while (std::getline(ss, item, ',')) {
@@ -224,7 +191,6 @@ Problem parse_problem(const std::string& repro) {
       throw UsageError(where + ": unknown field '" + k + "' (B, H, Lq, Lkv, D, scale, dropout, seed)");
   }
   p.validate();
-  return p;
 }
 
 }  // namespace attn

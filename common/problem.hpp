@@ -37,6 +37,10 @@ inline constexpr int64_t kMaxTensorElements = int64_t{1} << 58;
 struct Problem {
   std::string variant;
   Json params = Json::object();  // resolved: every parameter of the variant, defaults filled in
+  // The variant's parameter names in its spec order, set where params are resolved against the specs
+  // (make_problem, parse_problem): repro() lists parameters in this order (key order when it does not cover
+  // `params`), so ids do not depend on JSON key order and this file needs no registry.
+  std::vector<std::string> param_order;
   int64_t batch = 1;
   int64_t heads = 1;
   int64_t seq_q = 1;
@@ -64,7 +68,9 @@ struct Problem {
   void validate() const;
 };
 
-// Reads a repro string back. Parameters are resolved against the registered variant's specs.
-Problem parse_problem(const std::string& repro);
+// Reads the shape part of a repro string ("B=1,H=8,Lq=16,Lkv=16,D=8,causal,scale=0.5") into `p` (sizes, mask,
+// scale, dropout, seed), then validates `p`; UsageError naming `where`. parse_problem (attention.hpp) reads a
+// whole repro string, parameters included.
+void parse_problem_shape(const std::string& shape, const std::string& where, Problem& p);
 
 }  // namespace attn
