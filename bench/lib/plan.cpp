@@ -139,8 +139,7 @@ std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
                     for (const std::string& isa : c.isas) {
                       SweepPoint pt;
                       Problem& p = pt.problem;
-                      p.variant = v.name;
-                      p.params = params;
+                      p = make_problem(v.name, params);  // resolved already; this records the spec order
                       p.batch = B, p.heads = H, p.seq_q = Lq, p.seq_kv = Lkv, p.head_dim = D;
                       p.mask = mask.spec;
                       p.dropout = c.dropout;
@@ -240,6 +239,7 @@ Json point_json(const SweepPoint& pt, const SweepConfig& c) {
   const PointMemory m = point_memory(pt, c);
   Json j = {
       {"id", pt.id},
+      {"config", c.name},
       {"variant", p.variant},
       {"params", p.params},
       {"problem",
@@ -273,6 +273,12 @@ Json point_json(const SweepPoint& pt, const SweepConfig& c) {
         {"reference_bytes", m.reference},
         {"need_bytes", m.need()},
         {"budget_bytes", *c.memory_budget_bytes}}},
+      {"measure",
+       {{"warmup", c.measure.warmup},
+        {"min_reps", c.measure.min_reps},
+        {"max_reps", c.measure.max_reps},
+        {"min_time_s", c.measure.min_time_s},
+        {"max_time_s", c.measure.max_time_s}}},
       {"skip", skip.empty() ? Json(nullptr) : Json(skip)},
       {"row", to_json(base_row(pt, c, simd::active_isa()))}};
   return j;
