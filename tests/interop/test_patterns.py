@@ -2,10 +2,8 @@
 """`attnbench patterns` against numpy: the weights it measures are the ones each variant is defined to apply.
 
 Run by ctest as `/usr/bin/python3 test_patterns.py --attnbench PATH`. Exit 0 pass, 1 fail, 77 skip (numpy
-missing). Also checks that scripts/plot.py draws the patterns, and that the PyTorch peer runner's input
-generator reproduces attnbench's seeded inputs bit for bit (its q.npy)."""
+missing). Also checks that scripts/plot.py draws the patterns."""
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,7 +12,6 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLOT = os.path.join(ROOT, "scripts", "plot.py")
-PEER = os.path.join(ROOT, "scripts", "peers", "torch_attention.py")
 N, HEADS, HEAD_DIM, WINDOW = 16, 2, 4, 2  # head_dim 4 < N: the unit-vector probe needs 4 passes per variant
 VARIANTS = ["naive", "tiled", "sliding_window", "linear"]
 
