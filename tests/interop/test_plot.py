@@ -1,10 +1,15 @@
 #!/usr/bin/python3
 """scripts/plot.py end to end: every figure and the report from a committed results fixture, the fitted
-exponent and crossover on synthetic results with known answers, and clear errors on bad input.
+exponent and crossover on synthetic results with known answers, and clear errors on bad input. And its stages
+(scripts/plotlib: results -> analysis -> figures -> report) apart: the analysis alone, without matplotlib,
+is summary.json; the report without figures has every table; drawing the figures (in any order) changes
+neither.
 
-Run by ctest as `/usr/bin/python3 test_plot.py --attnbench PATH` (the binary is not needed here).
+Run by ctest as `/usr/bin/python3 test_plot.py --attnbench PATH` (the binary is not needed here). The cases
+run in parallel threads (each one mostly waits on a plot.py subprocess); their lines print case by case.
 Exit 0 pass, 1 fail, 77 skip (numpy or matplotlib missing)."""
 import argparse
+import concurrent.futures
 import json
 import math
 import os
@@ -12,25 +17,109 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PLOT = os.path.join(ROOT, "scripts", "plot.py")
+SCRIPTS = os.path.join(ROOT, "scripts")
+PLOT = os.path.join(SCRIPTS, "plot.py")
 PEER = os.path.join(ROOT, "scripts", "peers", "torch_attention.py")
 FIXTURE = os.path.join(ROOT, "tests", "data", "results_fixture")
 FIGURES = ["time_vs_seq", "memory_vs_seq", "accuracy_vs_seq", "pareto", "throughput"]
 
 failures = []
+_case = threading.local()  # the output lines of the case this thread runs
 
 
 def check(cond, what):
-    print(("ok    " if cond else "FAIL  ") + what)
+    say(("ok    " if cond else "FAIL  ") + what)
     if not cond:
         failures.append(what)
     return cond
 
 
+def say(line):
+    lines = getattr(_case, "lines", None)
+    if lines is None:
+        print(line)
+    else:
+        lines.append(line)
+
+
 def run_plot(*args):
-    return subprocess.run([sys.executable, PLOT, *args], capture_output=True, text=True, timeout=300)
+    # From a cwd that is not scripts/: plot.py finds its plotlib/ package next to itself.
+    return subprocess.run([sys.executable, PLOT, *args], capture_output=True, text=True, timeout=300,
+                          cwd=tempfile.gettempdir())
+
+
+# Runs the stages by hand in a fresh interpreter: argv = scripts folder, results folder, "figures" or "no-figures"
+# (skip drawing). Prints one JSON object.
+STAGES = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from plotlib.results import Results
+from plotlib.analysis import analyse
+from plotlib.report import render_report
+out = {}
+res = Results(sys.argv[2])
+an = analyse(res)
+out["analysis"] = an
+out["matplotlib_after_analysis"] = "matplotlib" in sys.modules
+out["report_no_figures"] = render_report(res, an, [])
+out["report_pareto_only"] = render_report(res, an, ["plots/pareto.png", "plots/pareto.svg"])
+out["matplotlib_after_report"] = "matplotlib" in sys.modules
+if sys.argv[3] == "no-figures":
+    print(json.dumps(out))
+    sys.exit(0)
+before = json.dumps(an, sort_keys=True)
+from plotlib import figures
+import matplotlib.pyplot as plt
+for stem in reversed(figures.FIGURES):  # the other way round from plot.py's order, drawn but not saved
+    plt.close(figures.FIGURE_FUNCTIONS[stem](res, an))
+out["analysis_unchanged_by_figures"] = json.dumps(an, sort_keys=True) == before
+out["report_unchanged_by_figures"] = render_report(res, an, []) == out["report_no_figures"]
+print(json.dumps(out))
+"""
+
+
+def run_stages(results_dir, figures=True):
+    """The stages run one by one on results_dir (see STAGES): a dict, or None after a failed check."""
+    r = subprocess.run([sys.executable, "-c", STAGES, SCRIPTS, results_dir, "figures" if figures else "no-figures"],
+                       capture_output=True, text=True, timeout=300, cwd=tempfile.gettempdir())
+    if not check(r.returncode == 0, "the stages run by hand exit 0"
+                 + (f" (rc {r.returncode}: {r.stderr.strip()[-500:]})" if r.returncode else "")):
+        return None
+    return json.loads(r.stdout)
+
+
+def without_figure_sections(md):
+    """REPORT.md without the sections that embed a figure (## ... ![...](plots/...))."""
+    parts = md.split("\n## ")
+    return "\n## ".join(p for p in parts if "](plots/" not in p)
+
+
+def check_stages(what, results_dir, summary, md):
+    """The analysis alone (no figure drawn, matplotlib not even imported) is what the full run wrote as
+    summary.json (less "files", the files written); the report with figures skipped is the full run's report
+    without its figure sections; drawing the figures in reverse order leaves the analysis and the report as
+    they were."""
+    st = run_stages(results_dir)
+    if st is None:
+        return None
+    check(not st["matplotlib_after_analysis"] and not st["matplotlib_after_report"],
+          f"[{what}] results, analysis and report run without importing matplotlib")
+    expected = {k: v for k, v in summary.items() if k != "files"}
+    check(st["analysis"] == expected, f"[{what}] the analysis alone equals summary.json of the full run (less 'files')")
+    nofig = st["report_no_figures"]
+    check("## Key figures" in nofig and "exponent (fit)" in nofig and "## Crossover" in nofig
+          and "## Points left out of the curves" in nofig, f"[{what}] the report without figures has the tables")
+    check("](plots/" not in nofig, f"[{what}] the report without figures embeds none")
+    check(nofig == without_figure_sections(md), f"[{what}] ... and is the full report less its figure sections")
+    pareto = st["report_pareto_only"]
+    check("](plots/pareto.png)" in pareto and "(plots/pareto.svg)" in pareto and "](plots/time_vs_seq.png)" not in pareto,
+          f"[{what}] the report embeds exactly the figures written (pareto only)")
+    check(st["analysis_unchanged_by_figures"] and st["report_unchanged_by_figures"],
+          f"[{what}] drawing the figures (in reverse order) changes neither the analysis nor the report")
+    return st
 
 
 def test_fixture(tmp):
@@ -80,6 +169,9 @@ def test_fixture(tmp):
           f"every series with 2+ sizes has a finite fitted exponent ({len(fits)} series)")
     leftovers = [n for n in os.listdir(os.path.join(out, "plots")) if n.endswith(".tmp")]
     check(not leftovers, f"no temporary files left behind ({leftovers})")
+    check(summary["files"] == [f"plots/{stem}.{ext}" for stem in FIGURES for ext in ("png", "svg")] + ["REPORT.md"],
+          f"summary.json lists the files written ({summary['files']})")
+    check_stages("fixture", out, summary, md)
 
 
 def row(variant, n, time_ms, exact, err, status="ok", reason="", peak=None, mask="none"):
@@ -146,6 +238,14 @@ def test_synthetic(tmp):
     check(summary.get("nonfinite_accuracy_points") == 2, "the 'inf' and 'nan' accuracy strings are counted as non-finite")
     check(summary["rows_excluded"] == 2 and "out of memory" in md and "memory_budget" in md,
           "the skipped and failed rows are left out and their reasons summarised")
+    st = check_stages("synthetic", d, summary, md)
+    if st is not None:
+        nofig = st["report_no_figures"]
+        check("1.50 (n=100–3200)" in nofig and "n ≈ 256 (between 200 and 400)" in nofig,
+              "the report without figures has the fitted exponent and the crossover")
+        an = st["analysis"]
+        check(an["nonfinite_accuracy_points"] == 2 and an["excluded"] == {"skipped": 1, "failed": 1},
+              "the analysis alone counts the non-finite errors and the left-out rows")
 
 
 def test_never_and_always(tmp):
@@ -206,6 +306,65 @@ def test_isa(tmp):
     check("best avx3" in md, "REPORT.md names the SIMD targets")
 
 
+def write_rows(d, rows):
+    os.makedirs(d)
+    with open(os.path.join(d, "results.jsonl"), "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_many_facets(tmp):
+    """More settings than the figures have room for (13 x 2 masks > 24 facets: the figures draw 12 settings):
+    the analysis still fits every series and counts every non-finite error, the undrawn ones included (they
+    used to be computed while drawing, so the report had no exponent for a facet left out of the figures)."""
+    d = os.path.join(tmp, "facets")
+    rows = []
+    for h in range(1, 14):
+        for mask in ("none", "causal"):
+            for n in (64, 128):
+                for variant, exact, c, k in (("exact_sq", True, 1e-5, 2), ("approx", False, 1e-4, 1)):
+                    err = 1e-7 if exact else ("inf" if h == 9 else 0.1)  # heads=9 sorts after 1, 10..13, 2..8
+                    r = row(variant, n, c * h * n ** k, exact, err, peak=100 * n, mask=mask)
+                    r["heads"], r["id"] = h, r["id"] + f",h={h}"
+                    rows.append(r)
+    write_rows(d, rows)
+    st = run_stages(d, figures=False)  # the analysis and report alone (24 facets x 5 figures take seconds)
+    if st is None:
+        return
+    check(not st["matplotlib_after_analysis"] and not st["matplotlib_after_report"],
+          "[facets] results, analysis and report run without importing matplotlib")
+    an = st["analysis"]
+    fits = {(f["series"], f["mask"], f["context"]): f for f in an["fits"]}
+    check(len(an["fits"]) == 52 and all((v, m, f"heads={h}") in fits for v in ("approx", "exact_sq")
+                                        for m in ("none", "causal") for h in range(1, 14)),
+          f"one fit per series, facets beyond the figures' 24 included ({len(an['fits'])} fits)")
+    k = fits.get(("approx", "none", "heads=9"), {}).get("exponent")
+    check(k is not None and abs(k - 1.0) < 1e-9, f"the undrawn facet heads=9 has its exponent 1.00 (got {k})")
+    check(an["nonfinite_accuracy_points"] == 4, f"non-finite errors of the undrawn facet are counted "
+                                                f"(got {an['nonfinite_accuracy_points']}, expected 4)")
+    check("| `approx` | — | none; heads=9 | no | 1.00 (n=64–128) |" in st["report_no_figures"],
+          "the key figures give the undrawn facet's exponent")
+
+
+def test_cross_attention(tmp):
+    """Cross-attention where seq_q takes a value seq_kv also takes: the rows with seq_q = seq_kv share the facet
+    without a seq_q, the others have one per seq_q; sorting those facets (None next to numbers) used to raise
+    TypeError."""
+    d = os.path.join(tmp, "cross")
+    rows = []
+    for q in (64, 128):
+        for kv in (64, 128):
+            for variant, exact, c in (("exact_sq", True, 1e-5), ("approx", False, 1e-6)):
+                r = row(variant, kv, c * q * kv, exact, 1e-7 if exact else 0.1, peak=100 * kv)
+                r["seq_q"], r["id"] = q, r["id"] + f",q={q}"
+                rows.append(r)
+    write_rows(d, rows)
+    st = run_stages(d)  # also draws every figure (not saved)
+    if st is None:
+        return
+    contexts = sorted({f["context"] for f in st["analysis"]["fits"]})
+    check(contexts == ["", "seq_q=128", "seq_q=64"], f"facets: self-attention sizes, then one per seq_q ({contexts})")
+
+
 def test_errors(tmp):
     missing = os.path.join(tmp, "does-not-exist")
     r = run_plot(missing)
@@ -250,7 +409,7 @@ def test_peer(tmp):
     try:
         import torch  # noqa: F401
     except ImportError:
-        print("skip  peer runner with torch (python3-torch not installed)")
+        say("skip  peer runner with torch (python3-torch not installed)")
         return
     r = subprocess.run([sys.executable, PEER, cfg, "--out", out], capture_output=True, text=True, timeout=600)
     if not check(r.returncode == 0, f"peer runner exits 0 (rc {r.returncode}: {r.stderr.strip()[-500:]})"):
@@ -278,6 +437,16 @@ def test_peer(tmp):
         check(r.returncode == 0 and "`torch_naive` (PyTorch)" in f.read(), "plot.py puts the peer rows in the report")
 
 
+def run_case(case, tmp):
+    """case(tmp) with its output lines collected; an exception is a failure, not a crash of the others."""
+    _case.lines = []
+    try:
+        case(tmp)
+    except Exception as e:  # noqa: BLE001 (report it with the case's lines)
+        check(False, f"{case.__name__} raised {type(e).__name__}: {e}")
+    return _case.lines
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--attnbench", help="path of the attnbench binary (unused: plot.py reads files only)")
@@ -288,13 +457,17 @@ def main():
     except ImportError as e:
         print(f"skipped: {e} (install python3-numpy python3-matplotlib)")
         return 77
+    cases = [test_fixture, test_synthetic, test_never_and_always, test_isa, test_many_facets, test_cross_attention,
+             test_errors, test_peer]
     with tempfile.TemporaryDirectory(prefix="attnbench-test-plot-") as tmp:
-        test_fixture(tmp)
-        test_synthetic(tmp)
-        test_never_and_always(tmp)
-        test_isa(tmp)
-        test_errors(tmp)
-        test_peer(tmp)
+        # Longest first: the fixture's and the peer's plot.py runs take most of the time.
+        order = [test_fixture, test_peer] + [c for c in cases if c not in (test_fixture, test_peer)]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+            done = {case: pool.submit(run_case, case, tmp) for case in order}
+        for case in cases:
+            print(f"--    {case.__name__}")
+            for line in done[case].result():
+                print(line)
     print(f"{len(failures)} failure(s)" if failures else "all passed")
     return 1 if failures else 0
 

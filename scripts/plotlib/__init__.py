@@ -1,0 +1,14 @@
+"""plotlib: what scripts/plot.py runs, one stage per module, each feeding the next.
+
+    results   results.jsonl / results.peers.jsonl / meta.json (and a patterns/ folder) -> Results (Row objects)
+    analysis  Results -> a plain dict of every number the figures and the report show: fits, crossovers, best
+              exact per point, Pareto points, key figures, left-out rows. Pure (numpy, no matplotlib); the dict
+              is summary.json.
+    figures   Results + analysis -> plots/*.png, *.svg (matplotlib). Only draws: the analysis is read, never
+              written.
+    report    Results + analysis + the figure files written -> REPORT.md (no matplotlib): it does not depend
+              on whether, or in which order, figures were drawn.
+    common    what they share: the error type, number formatting, atomic writes.
+
+Importing the package, results, analysis or report does not import matplotlib; only figures does.
+"""

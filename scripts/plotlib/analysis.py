@@ -1,0 +1,214 @@
+"""The numbers behind the figures and the report, computed from the results before anything is drawn.
+
+analyse(results) is pure (numpy only, no matplotlib, nothing written, the results left as they are) and returns
+a plain dict of JSON values, which plot.py writes as summary.json (adding "files", the files it wrote):
+
+    results_dir, rows_ok, rows_excluded    the folder and how many rows are in the curves / left out
+    fits                        per series (label, mask, facet): the fitted time exponent over its sizes and
+                                between its two largest sizes
+    nonfinite_accuracy_points   measured rows whose rel_l2_err is inf/nan
+    crossover                   per approximate attnbench series: where it becomes faster / smaller than the
+                                best exact attnbench variant at the same point, and by how much at its max n
+    excluded                    {status: rows} of the rows left out of the curves
+    excluded_reasons            those rows grouped by status, variant and the shape of their reason
+    key_figures                 per series: its figures at its largest n and its worst error
+    best_exact                  per point: the fastest exact attnbench row and the exact one with least memory
+    pareto                      per facet: every row's speed-up over the fastest exact row at its point against
+                                its error, and which of them form the Pareto front
+
+Series, facets and rows come in the order the figures and tables show them. Non-finite values in the lists
+added for the figures and tables (key_figures, best_exact, pareto) are written as the rows write them,
+"inf"/"nan" (JSON has none).
+"""
+import math
+import os
+import re
+
+import numpy as np
+
+from .common import json_num
+from .results import facet_order, mask_order
+
+ERR_FLOOR = 1e-12  # errors below this are drawn (log axes) and ranked for the Pareto front as this
+
+
+def fit_exponent(ns, ts):
+    """Least squares of log(t) on log(n): the exponent k of t ~ c * n^k, None with fewer than 2 sizes."""
+    ns, ts = np.asarray(ns, float), np.asarray(ts, float)
+    keep = (ns > 0) & (ts > 0) & np.isfinite(ts)
+    if len(np.unique(ns[keep])) < 2:
+        return None
+    slope, _ = np.polyfit(np.log(ns[keep]), np.log(ts[keep]), 1)
+    return float(slope)
+
+
+def crossover(ns, ratios):
+    """The n beyond which ratio < 1 at every measured n (interpolated in log-log between the bracketing
+    sizes), or a phrase when it does not cross within the measured range."""
+    pts = [(n, r) for n, r in zip(ns, ratios) if r is not None and r > 0 and math.isfinite(r)]
+    if not pts:
+        return None, "no common sizes"
+    last_not_below = max((i for i, (_, r) in enumerate(pts) if r >= 1), default=None)
+    if last_not_below is None:
+        return None, "at every measured n"
+    if last_not_below == len(pts) - 1:
+        return None, "never within measured range"
+    (n1, r1), (n2, r2) = pts[last_not_below], pts[last_not_below + 1]
+    if r1 == 1:
+        return float(n1), f"n ≈ {n1:.0f}"
+    t = (0 - math.log(r1)) / (math.log(r2) - math.log(r1))
+    n = math.exp(math.log(n1) + t * (math.log(n2) - math.log(n1)))
+    return n, f"n ≈ {n:.0f} (between {n1} and {n2})"
+
+
+POINT_FIELDS = ["mask", "regime", "batch", "heads", "head_dim", "threads", "seq_q", "seq_kv", "isa"]
+
+
+def point_key(r):
+    """One measured point; variants are compared within it (on the same SIMD target when the sweep has several)."""
+    return tuple(getattr(r, f) for f in POINT_FIELDS)
+
+
+def best_exact(res):
+    """Per point: the fastest exact attnbench row and (bytes, row) of the exact attnbench row with least memory.
+    The PyTorch peer is left out, so the crossovers do not change with whether it was run."""
+    fastest, least_mem = {}, {}
+    for r in res.ok:
+        if not r.exact or r.source != "attnbench":
+            continue
+        k = point_key(r)
+        if k not in fastest or r.time_median < fastest[k].time_median:
+            fastest[k] = r
+        m, _ = r.memory()
+        if m is not None and (k not in least_mem or m < least_mem[k][0]):
+            least_mem[k] = (m, r)
+    return fastest, least_mem
+
+
+def _fits(res, series):
+    fits = []
+    for (label, mask, rk), rows in series:
+        ns = [r.seq_kv for r in rows]
+        ts = [r.time_median for r in rows]
+        fits.append({"series": label, "mask": mask, "context": res.rest_title(rk), "exponent": fit_exponent(ns, ts),
+                     "n_min": min(ns), "n_max": max(ns), "points": len(ns),
+                     "tail_exponent": fit_exponent(ns[-2:], ts[-2:]) if len(ns) >= 2 else None,
+                     "exact": rows[0].exact, "source": rows[0].source, "params": rows[0].params_text})
+    return fits
+
+
+def _nonfinite_accuracy(series):
+    return sum(1 for _, rows in series for r in rows if r.rel_l2_err is not None and not math.isfinite(r.rel_l2_err))
+
+
+def _crossovers(res, table_series, fastest, least_mem):
+    out = []
+    for (label, mask, rk), rows in table_series:
+        if rows[0].exact or rows[0].source != "attnbench":
+            continue
+        ns, t_ratio, m_ratio, est_used = [], [], [], False
+        for r in rows:
+            k = point_key(r)
+            if k not in fastest:
+                continue
+            ns.append(r.seq_kv)
+            t_ratio.append(r.time_median / fastest[k].time_median)
+            mem, est = r.memory()
+            base = least_mem.get(k)
+            est_used |= est or (base is not None and base[1].memory()[1])
+            m_ratio.append(mem / base[0] if mem is not None and base is not None else None)
+        n_t, t_text = crossover(ns, t_ratio)
+        n_m, m_text = crossover(ns, m_ratio)
+        t_text = "faster " + t_text if t_text == "at every measured n" else t_text
+        m_text = "less memory " + m_text if m_text == "at every measured n" else m_text
+        out.append({"series": label, "mask": mask, "context": res.rest_title(rk), "faster_from_n": n_t,
+                    "faster": t_text, "less_memory_from_n": n_m, "less_memory": m_text,
+                    "speedup_at_max_n": 1 / t_ratio[-1] if t_ratio else None,
+                    "memory_ratio_at_max_n": m_ratio[-1] if m_ratio else None,
+                    "n_range": [min(ns), max(ns)] if ns else None,
+                    "memory_estimated": est_used})  # some memory figure was an estimate (no peak measured)
+    return out
+
+
+def _excluded(res):
+    counts, reasons = {}, {}
+    for r in res.excluded:
+        st = r.status or "?"
+        counts[st] = counts.get(st, 0) + 1
+        # Numbers (byte counts, sizes) differ per row; the reason's shape groups them.
+        reason = re.sub(r"\d+(\.\d+)?", "#", r.reason or "(no reason given)")
+        reason = reason if len(reason) <= 140 else reason[:137] + "..."
+        reasons.setdefault((st, r.variant, reason), []).append(r)
+    groups = [{"status": st, "variant": variant, "reason": reason, "rows": len(rs),
+               "n": sorted({r.seq_kv for r in rs}), "example": (rs[0].reason or "")[:200]}
+              for (st, variant, reason), rs in sorted(reasons.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+    return counts, groups
+
+
+def _key_figures(res, table_series):
+    out = []
+    for (label, mask, rk), rows in table_series:
+        last = rows[-1]
+        errs = [r.rel_l2_err for r in rows if r.rel_l2_err is not None]
+        worst = max(errs, key=lambda e: (not math.isfinite(e), e)) if errs else None
+        mem, estimated = last.memory()
+        out.append({"series": label, "mask": mask, "context": res.rest_title(rk), "source": last.source,
+                    "params": last.params_text, "exact": last.exact, "max_n": last.seq_kv,  # the rest: at max_n
+                    "time_ms": json_num(last.time_median), "gflops": json_num(last.gflops),
+                    "frac_sgemm": json_num(last.frac_sgemm), "frac_peak": json_num(last.frac_peak),
+                    "memory_bytes": mem, "memory_estimated": estimated, "worst_rel_l2_err": json_num(worst)})
+    return out
+
+
+def _best_exact_list(fastest, least_mem):
+    out = []
+    for k, r in fastest.items():
+        m = least_mem.get(k)
+        out.append(dict(zip(POINT_FIELDS, k), fastest=r.id, time_ms=json_num(r.time_median),
+                        least_memory=m[1].id if m else None, memory_bytes=m[0] if m else None))
+    return out
+
+
+def _pareto(res, fastest):
+    cells = {}
+    for r in res.ok:
+        base = fastest.get(point_key(r))
+        if base is None or r.rel_l2_err is None or not math.isfinite(r.rel_l2_err):
+            continue
+        cells.setdefault((r.mask, res.rest_key(r)), []).append(
+            {"series": r.label, "seq_kv": r.seq_kv, "exact": r.exact, "rel_l2_err": r.rel_l2_err,
+             "speedup": base.time_median / r.time_median})
+    out = []
+    for (mask, rk), pts in cells.items():
+        # The front: points no other point beats on both error (lower) and speed-up (higher).
+        front, best = [], -math.inf
+        for i in sorted(range(len(pts)), key=lambda i: (max(pts[i]["rel_l2_err"], ERR_FLOOR), -pts[i]["speedup"])):
+            if pts[i]["speedup"] > best:
+                front.append(i)
+                best = pts[i]["speedup"]
+        for p in pts:
+            p["speedup"] = json_num(p["speedup"])
+        out.append({"mask": mask, "context": res.rest_title(rk), "points": pts, "front": front})
+    return out
+
+
+def analyse(res):
+    """Everything the figures and the report show, from the results alone (see the module docstring)."""
+    series = res.sorted_series()  # the figures' order: by label, mask, facet
+    # The tables' order: masks none, causal, then the rest; then by label and facet.
+    table_series = sorted(series, key=lambda kv: (mask_order(kv[0][1]), facet_order(kv[0])))
+    fastest, least_mem = best_exact(res)
+    counts, groups = _excluded(res)
+    return {
+        "results_dir": os.path.abspath(res.dir),
+        "rows_ok": len(res.ok),
+        "rows_excluded": len(res.excluded),
+        "fits": _fits(res, series),
+        "nonfinite_accuracy_points": _nonfinite_accuracy(series),
+        "crossover": _crossovers(res, table_series, fastest, least_mem),
+        "excluded": counts,
+        "excluded_reasons": groups,
+        "key_figures": _key_figures(res, table_series),
+        "best_exact": _best_exact_list(fastest, least_mem),
+        "pareto": _pareto(res, fastest),
+    }

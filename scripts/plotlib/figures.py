@@ -1,0 +1,293 @@
+"""The figures (matplotlib, headless): each fig_* takes the Results and the analysis (analysis.analyse) and only
+draws: the rows' own values, and from the analysis what is computed across rows (fitted exponents, speed-ups
+over the best exact variant, the Pareto front). None of them writes into the analysis, so they can be drawn in
+any order, or not at all. draw_results saves them as plots/<stem>.png and .svg, draw_patterns the heatmaps of
+an `attnbench patterns` folder. SVGs are byte-stable (fixed hash salt, no date), so committed reports diff
+cleanly.
+"""
+import math
+import os
+import sys
+import tempfile
+
+import numpy as np
+import matplotlib
+
+matplotlib.use("Agg")  # headless: no display on CI or over ssh
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import colors as mcolors, ticker  # noqa: E402
+
+from .analysis import ERR_FLOOR  # noqa: E402
+from .common import FIGURES, PATTERNS, PROG, fmt_bytes, num  # noqa: E402
+from .results import load_patterns, params_text  # noqa: E402
+
+matplotlib.rcParams["svg.hashsalt"] = "attnbench"
+matplotlib.rcParams["font.size"] = 9
+
+MAX_FACETS = 24  # subplots per figure; beyond this a figure is unreadable anyway
+MAX_TOKEN_LABELS = 48  # pattern heatmaps label their axes with the tokens up to this many
+
+
+def color_map(labels):
+    palette = list(plt.get_cmap("tab10").colors) + list(plt.get_cmap("Dark2").colors)
+    return {label: palette[i % len(palette)] for i, label in enumerate(labels)}
+
+
+def series_colors(res):
+    return color_map(sorted({r.label for r in res.ok}))
+
+
+def line_style(rows):
+    if rows[0].source == "peer":
+        return ":"
+    return "-" if rows[0].exact else "--"
+
+
+def facet_grid(res, title):
+    """One column per mask, one row per setting of the other context dimensions that vary."""
+    rows_keys = res.rest[:max(1, MAX_FACETS // max(1, len(res.masks)))]
+    if len(rows_keys) < len(res.rest):
+        title += f" (first {len(rows_keys)} of {len(res.rest)} settings)"
+        print(f"{PROG}: warning: {len(res.rest)} settings x {len(res.masks)} masks: drawing the first "
+              f"{len(rows_keys)} settings only", file=sys.stderr)
+    nr, nc = len(rows_keys), len(res.masks)
+    fig, axes = plt.subplots(nr, nc, figsize=(4.8 * nc + 0.6, 3.9 * nr + 0.7), squeeze=False)
+    fig.suptitle(title, fontsize=11)
+    cells = {}
+    for i, rk in enumerate(rows_keys):
+        for j, m in enumerate(res.masks):
+            ax = axes[i][j]
+            sub = f"mask={m}" + (f"\n{res.rest_title(rk)}" if res.rest_title(rk) else "")
+            ax.set_title(sub, fontsize=9)
+            ax.grid(True, which="both", alpha=0.25)
+            cells[(m, rk)] = ax
+    return fig, cells
+
+
+def finish_axes(cells, xlabel, ylabel, legend=True):
+    for ax in cells.values():
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        if not ax.has_data():
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
+        elif legend:
+            ax.legend(fontsize=7, loc="best", framealpha=0.85)
+
+
+def log2_axis(ax):
+    """Sequence lengths on a base-2 log axis, labelled as plain numbers (256, not 2^8)."""
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+
+
+def slope_guides(ax, ns, ts):
+    """Dotted n^1 and n^2 guides through the facet's smallest point, to read slopes by eye."""
+    if len(ns) < 2:
+        return
+    n0, n1 = min(ns), max(ns)
+    t0 = min(t for n, t in zip(ns, ts) if n == n0)
+    xs = np.array([n0, n1], float)
+    for k in (1, 2):
+        ax.plot(xs, t0 * (xs / n0) ** k, color="gray", lw=0.8, ls=(0, (1, 3)), zorder=0)
+        ax.annotate(f"$n^{k}$", (xs[1], t0 * (xs[1] / n0) ** k), fontsize=7, color="gray",
+                    textcoords="offset points", xytext=(2, 0), va="center", annotation_clip=False)
+
+
+def fig_time(res, an):
+    fig, cells = facet_grid(res, "Time per forward call vs sequence length (slope = fitted exponent)")
+    colors = series_colors(res)
+    fits = {(f["series"], f["mask"], f["context"]): f for f in an["fits"]}
+    for (label, mask, rk), rows in res.sorted_series():
+        ax = cells.get((mask, rk))
+        if ax is None:
+            continue
+        ns = [r.seq_kv for r in rows]
+        ts = [r.time_median for r in rows]
+        lo = [r.time_p10 or t for r, t in zip(rows, ts)]
+        hi = [r.time_p90 or t for r, t in zip(rows, ts)]
+        f = fits[(label, mask, res.rest_title(rk))]
+        k = f["exponent"]
+        rng = f"n={f['n_min']}–{f['n_max']}"
+        name = f"{label}  $n^{{{k:.2f}}}$ ({rng})" if k is not None else f"{label}  (one size)"
+        ax.errorbar(ns, ts, yerr=[np.subtract(ts, lo), np.subtract(hi, ts)], marker="o", ms=3.5,
+                    lw=1.4, capsize=2, ls=line_style(rows), color=colors[label], label=name)
+    for (m, rk), ax in cells.items():
+        pts = [(r.seq_kv, r.time_median) for r in res.ok if r.mask == m and res.rest_key(r) == rk]
+        if pts:
+            slope_guides(ax, [p[0] for p in pts], [p[1] for p in pts])
+        log2_axis(ax)
+        ax.set_yscale("log")
+    finish_axes(cells, "sequence length n", "time (ms, median; bars p10–p90)")
+    return fig
+
+
+def fig_memory(res, an):
+    fig, cells = facet_grid(res, "Peak memory vs sequence length: measured (solid) and estimated (dashed)")
+    colors = series_colors(res)
+    for (label, mask, rk), rows in res.sorted_series():
+        ax = cells.get((mask, rk))
+        if ax is None:
+            continue
+        color = colors[label]
+        meas = [(r.seq_kv, r.peak_bytes) for r in rows if r.peak_bytes is not None and r.peak_bytes > 0]
+        est = [(r.seq_kv, r.estimated_bytes) for r in rows if r.estimated_bytes is not None and r.estimated_bytes > 0]
+        if meas:
+            ax.plot(*zip(*meas), marker="o", ms=3.5, lw=1.4, color=color, label=f"{label} measured")
+        if est:
+            ax.plot(*zip(*est), marker="x", ms=3.5, lw=1.0, ls="--", color=color,
+                    label=f"{label} estimated" if meas else f"{label} estimated (not measured)")
+    for ax in cells.values():
+        log2_axis(ax)
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda b, _: fmt_bytes(b)))
+    finish_axes(cells, "sequence length n", "bytes (output + workspace)")
+    return fig
+
+
+def fig_accuracy(res, an):
+    fig, cells = facet_grid(res, "Error vs exact fp64 softmax attention (rel. L2), approximate variants")
+    colors = series_colors(res)
+    for (label, mask, rk), rows in res.sorted_series():
+        ax = cells.get((mask, rk))
+        if ax is None:
+            continue
+        pts = [(r.seq_kv, r.rel_l2_err) for r in rows]
+        bad = [n for n, e in pts if e is not None and not math.isfinite(e)]
+        good = [(n, max(e, ERR_FLOOR)) for n, e in pts if e is not None and math.isfinite(e)]
+        exact = rows[0].exact
+        note = f" ({len(bad)} non-finite, ▲)" if bad else ""
+        if good:
+            ax.plot(*zip(*good), marker="o", ms=3.5, lw=1.4 if not exact else 0.8, ls=line_style(rows),
+                    color=colors[label], alpha=1.0 if not exact else 0.6,
+                    label=label + (" (exact: fp32 floor)" if exact else "") + note)
+        if bad:  # non-finite errors are drawn at the top edge, never silently dropped
+            ax.plot(bad, [1.0] * len(bad), ls="none", marker="^", ms=7, color=colors[label],
+                    transform=ax.get_xaxis_transform(), clip_on=False, label=None if good else label + note)
+    for ax in cells.values():
+        log2_axis(ax)
+        ax.set_yscale("log")
+    finish_axes(cells, "sequence length n", "rel_l2_err = ‖O − O_ref‖₂ / ‖O_ref‖₂")
+    return fig
+
+
+def fig_pareto(res, an):
+    fig, cells = facet_grid(res, "Speed vs accuracy: speed-up over the fastest exact variant at the same point")
+    colors = series_colors(res)
+    by_title = {(m, res.rest_title(rk)): ax for (m, rk), ax in cells.items()}
+    ns_all = sorted({r.seq_kv for r in res.ok})
+    size_of = {n: 14 + 60 * i / max(1, len(ns_all) - 1) for i, n in enumerate(ns_all)}
+    for cell in an["pareto"]:
+        ax = by_title.get((cell["mask"], cell["context"]))
+        if ax is None:
+            continue
+        pts = [(max(p["rel_l2_err"], ERR_FLOOR), num(p["speedup"]), p) for p in cell["points"]]
+        for label in sorted({p["series"] for p in cell["points"]}):
+            mine = [q for q in pts if q[2]["series"] == label]
+            ax.scatter([q[0] for q in mine], [q[1] for q in mine], s=[size_of[q[2]["seq_kv"]] for q in mine],
+                       color=colors[label], alpha=0.85, edgecolors="black", linewidths=0.4, label=label,
+                       marker="o" if mine[0][2]["exact"] else "D")
+            for e, s, p in mine:
+                if not p["exact"]:
+                    ax.annotate(str(p["seq_kv"]), (e, s), fontsize=6, textcoords="offset points", xytext=(4, 2))
+        front = [pts[i][:2] for i in cell["front"]]
+        if len(front) > 1:
+            ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="black", lw=0.8,
+                    alpha=0.5, label="Pareto front")
+        ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    for ax in cells.values():
+        ax.set_xscale("log")
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}×"))
+    finish_axes(cells, "rel_l2_err (log; marker size grows with n, labels = n)", "speed-up over fastest exact (×)")
+    return fig
+
+
+def fig_throughput(res, an):
+    cal = ", ".join(f"{t} thread{'s' if t > 1 else ''}: {g:.1f} GFLOP/s" for t, g in sorted(res.calibration.items()))
+    fig, cells = facet_grid(res, "Throughput as a fraction of the in-run sgemm calibration"
+                            + (f" ({cal})" if cal else ""))
+    colors = series_colors(res)
+    for (label, mask, rk), rows in res.sorted_series():
+        ax = cells.get((mask, rk))
+        pts = [(r.seq_kv, r.frac_sgemm) for r in rows if r.frac_sgemm is not None and math.isfinite(r.frac_sgemm)]
+        if ax is None or not pts:
+            continue
+        ax.plot(*zip(*pts), marker="o", ms=3.5, lw=1.4, ls=line_style(rows), color=colors[label], label=label)
+    for ax in cells.values():
+        log2_axis(ax)
+        ax.set_ylim(bottom=0)
+    finish_axes(cells, "sequence length n", "GFLOP/s ÷ sgemm GFLOP/s (each variant's own FLOP count)")
+    return fig
+
+
+FIGURE_FUNCTIONS = dict(zip(FIGURES, (fig_time, fig_memory, fig_accuracy, fig_pareto, fig_throughput)))
+
+
+def fig_patterns(meta, tokens, panels):
+    heads = min(4, panels[0][1].shape[0])
+    n = panels[0][1].shape[1]
+    nc = len(panels)
+    side = 3.2 if n <= MAX_TOKEN_LABELS or tokens is None else 2.8
+    # Constrained layout keeps each column's colour bar right under it, with no gap to the title.
+    fig, axes = plt.subplots(heads, nc, figsize=(side * nc + 0.8, side * heads + 1.0), squeeze=False,
+                             layout="constrained")
+    src = (f"text '{os.path.basename(meta.get('text', ''))}'" if meta.get("source") == "text"
+           else f"gaussian Q, K (std={meta.get('std')})")
+    fig.suptitle(f"Attention weights per head, n={n}, {src}{', causal' if meta.get('causal') else ''} "
+                 "(row = query, column = key; colour ∝ √weight)", fontsize=10)
+    label_tokens = tokens is not None and len(tokens) <= MAX_TOKEN_LABELS
+    for j, (v, w) in enumerate(panels):
+        # One colour scale per variant (a column), square-root so diffuse patterns stay visible next to
+        # peaked ones; exact zeros (masked, outside the band) stay the darkest colour.
+        vmax = float(np.nanmax(w[:heads])) or 1.0
+        norm = mcolors.PowerNorm(gamma=0.5, vmin=0.0, vmax=vmax)
+        for h in range(heads):
+            ax = axes[h][j]
+            im = ax.imshow(w[h], cmap="magma", norm=norm, interpolation="nearest")
+            if h == 0:
+                extra = params_text(v.get("params", {})).replace(",", ", ")
+                ax.set_title(v["name"] + ("\n" + extra if extra else "\n"), fontsize=8)
+            if j == 0:
+                ax.set_ylabel(f"head {h}\nquery")
+            if label_tokens:
+                ax.set_xticks(range(n))
+                ax.set_yticks(range(n))
+                ax.set_xticklabels(tokens, rotation=90, fontsize=5)
+                ax.set_yticklabels(tokens, fontsize=5)
+            if h == heads - 1:
+                ax.set_xlabel("key")
+        fig.colorbar(im, ax=[axes[h][j] for h in range(heads)], orientation="horizontal", fraction=0.03,
+                     shrink=0.85, label="weight")
+    return fig
+
+
+def save_figure(fig, out_dir, stem):
+    """fig as OUT_DIR/<stem>.png and .svg, each written to a temporary name and renamed; closes fig."""
+    paths = []
+    for ext in ("png", "svg"):
+        path = os.path.join(out_dir, f"{stem}.{ext}")
+        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{stem}.", suffix=f".{ext}.tmp")
+        os.close(fd)
+        try:
+            fig.savefig(tmp, format=ext, dpi=130, bbox_inches="tight", metadata={"Date": None} if ext == "svg" else None)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def draw_results(res, an, plots_dir):
+    """Every figure of FIGURES into plots_dir; returns the paths written."""
+    written = []
+    for stem in FIGURES:
+        written += save_figure(FIGURE_FUNCTIONS[stem](res, an), plots_dir, stem)
+    return written
+
+
+def draw_patterns(pdir, out_dir):
+    """The heatmaps of an `attnbench patterns` folder as out_dir/patterns.png and .svg; returns the paths."""
+    return save_figure(fig_patterns(*load_patterns(pdir)), out_dir, PATTERNS)

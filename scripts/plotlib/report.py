@@ -1,0 +1,172 @@
+"""REPORT.md: the key figures, crossover and left-out tables, the machine and the config, from the Results and the
+analysis (analysis.analyse) alone, plus a section embedding each figure file that was written. Nothing here
+draws or imports matplotlib, and nothing depends on whether (or in which order) the figures were drawn: with
+no figure files the report has every table and no figure sections.
+"""
+import json
+import os
+
+from .common import FIGURES, PATTERNS, atomic_write_text, fmt_bytes, fmt_num, num
+
+TITLES = {"time_vs_seq": "Time vs sequence length", "memory_vs_seq": "Peak memory vs sequence length",
+          "accuracy_vs_seq": "Accuracy vs sequence length", "pareto": "Speed–accuracy trade-off",
+          "throughput": "Throughput vs sgemm"}
+BLURBS = {
+    "time_vs_seq": "Median time of one forward call; bars span p10–p90. The legend gives the exponent k of a "
+                   "least-squares fit of log(time) on log(n) over the series' measured sizes (range in "
+                   "brackets): exact attention's quadratic cost shows as k ≈ 2 once n is large enough for "
+                   "the n² terms to dominate. Dotted grey guides have slopes 1 and 2. Solid: exact; "
+                   "dashed: approximate; dotted: PyTorch peer.",
+    "memory_vs_seq": "Solid: the peak resident-memory increase measured while timing (VmHWM, output and "
+                     "workspace; the inputs are allocated before the probe is reset). Dashed: the "
+                     "variant's own estimate (output + workspace_bytes).",
+    "accuracy_vs_seq": "Relative L2 error of the output against fp64 exact softmax attention on the same "
+                       "inputs (sampled rows for long sequences). Exact variants are drawn thin as the "
+                       "fp32 floor. Non-finite errors (written \"inf\"/\"nan\" in the rows) are triangles "
+                       "on the top edge.",
+    "pareto": "Each point is one measured configuration: its speed-up over the fastest exact attnbench "
+              "variant at the same point (same n, mask, shapes, threads) against its error. Up and to the "
+              "left is better; the black step line is the Pareto front; labels give n.",
+    "throughput": "GFLOP/s (each variant counts its own FLOPs) divided by the sgemm GFLOP/s measured at the "
+                  "start of the same run with the same thread count: how close to the machine's dense "
+                  "matrix-multiply speed each variant runs.",
+}
+
+
+def md_table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |")
+    return "\n".join(out)
+
+
+def _where(entry):
+    return entry["mask"] + (f"; {entry['context']}" if entry["context"] else "")
+
+
+def key_figures(an):
+    fits = {(f["series"], f["mask"], f["context"]): f for f in an["fits"]}
+    table = []
+    for e in an["key_figures"]:
+        f = fits.get((e["series"], e["mask"], e["context"]), {})
+        k = f.get("exponent")
+        table.append([
+            f"`{e['series']}`" + (" (PyTorch)" if e["source"] == "peer" else ""),
+            e["params"].replace(",", ", ") or "—",
+            _where(e),
+            "yes" if e["exact"] else "no",
+            f"{k:.2f} (n={f['n_min']}–{f['n_max']})" if k is not None else "—",
+            f"{fmt_num(f.get('tail_exponent'), '.2f')}",
+            e["max_n"],
+            fmt_num(num(e["time_ms"]), ".4g"),
+            fmt_num(num(e["gflops"]), ".3g"),
+            fmt_num(num(e["frac_sgemm"]), ".2f"),
+            fmt_num(num(e["frac_peak"]), ".2f"),
+            fmt_bytes(e["memory_bytes"]) + (" (est.)" if e["memory_estimated"] else ""),
+            fmt_num(num(e["worst_rel_l2_err"]), ".2e"),
+        ])
+    return md_table(["series", "parameters", "mask", "exact", "exponent (fit)", "slope, last 2 n", "max n", "time at max n (ms)",
+                     "GFLOP/s", "× sgemm", "× FMA peak", "memory at max n", "worst rel_l2_err"], table)
+
+
+def crossover_table(an):
+    rows_md = []
+    for c in an["crossover"]:
+        n_range = c["n_range"]
+        speed, mem = c["speedup_at_max_n"], c["memory_ratio_at_max_n"]
+        rows_md.append([f"`{c['series']}`", _where(c),
+                        f"{n_range[0]}–{n_range[1]}" if n_range else "—", c["faster"],
+                        f"{fmt_num(speed, '.2f')}× at n={n_range[1]}" if n_range else "—",
+                        c["less_memory"] + (" (some estimated)" if c["memory_estimated"] else ""),
+                        f"{fmt_num(mem, '.3f')}× at n={n_range[1]}" if n_range and mem is not None else "—"])
+    if not rows_md:
+        return "No approximate variant among the results: nothing to cross over."
+    return md_table(["approximate variant", "mask", "measured n", "faster than best exact from",
+                     "speed-up at max n", "less memory than best exact from", "memory ratio at max n"], rows_md)
+
+
+def excluded_section(an):
+    counts = an["excluded"]
+    if not counts:
+        return "Every row was measured (status ok)."
+    parts = [f"{an['rows_excluded']} of {an['rows_ok'] + an['rows_excluded']} rows are left out of the curves: "
+             + ", ".join(f"{c} {s}" for s, c in sorted(counts.items())) + ". By reason (# stands for numbers):", ""]
+    table = [[g["status"], f"`{g['variant']}`", g["rows"], ", ".join(map(str, g["n"])), g["reason"], g["example"]]
+             for g in an["excluded_reasons"]]
+    parts.append(md_table(["status", "variant", "rows", "n", "reason", "example"], table))
+    return "\n".join(parts)
+
+
+def machine_section(meta):
+    s = meta.get("system", {})
+    if not s:
+        return "meta.json is missing: machine unknown."
+    lib = s.get("libraries", {})
+    rows = [["CPU", s.get("cpu_model", "?")], ["cores available", s.get("cores_available", "?")],
+            ["memory", fmt_bytes(num(s.get("memory_total_bytes")))], ["SIMD", s.get("cpu_simd_flags", "?")],
+            ["compiler", s.get("compiler", "?")], ["build", f"{s.get('build_type', '?')} {s.get('cxx_flags', '').strip()}"],
+            ["git commit", s.get("git_commit", "?")], ["host", s.get("hostname", "?")]]
+    rows += [[k, v] for k, v in sorted(lib.items())]
+    isa = s.get("isa") or {}
+    if isa:
+        rows.append(["SIMD targets", f"best {isa.get('best', '?')}; supported: {', '.join(isa.get('supported', []))}"])
+    for c in meta.get("sgemm_calibration", []):
+        rows.append([f"sgemm calibration, {c.get('threads')} thread(s)",
+                     f"{num(c.get('gflops')):.1f} GFLOP/s ({c.get('size')}³, cv {num(c.get('cv')) or 0:.2f})"])
+    # One FMA peak per (threads, SIMD target); older results have one per thread count.
+    for c in meta.get("fma_peak", []):
+        if num(c.get("gflops")):
+            lanes = f", {c['lanes']} lanes" if c.get("lanes") else ""
+            rows.append([f"fp32 FMA peak, {c.get('threads')} thread(s), {c.get('isa') or '?'}",
+                         f"{num(c.get('gflops')):.1f} GFLOP/s{lanes}"])
+    rows += [["memory probe", meta.get("memory_probe", "?")],
+             ["run", f"{meta.get('start_time', '?')} → {meta.get('end_time', '?')}"
+                     + (" (interrupted)" if meta.get("interrupted") else "")]]
+    return md_table(["", ""], rows)
+
+
+def render_report(res, an, figure_files):
+    """REPORT.md's text. figure_files: the files written under the report's folder ("plots/<stem>.png", ...);
+    a figure gets its section when its PNG is among them."""
+    drawn = {os.path.splitext(os.path.basename(p))[0] for p in figure_files if p.endswith(".png")}
+    meta = res.meta
+    name = meta.get("config_name") or os.path.basename(os.path.abspath(res.dir))
+    desc = (meta.get("config") or {}).get("description", "")
+    counts = f"{len(res.ok)} measured rows in the curves"
+    if res.peer_rows:
+        counts += f" (including {sum(1 for r in res.ok if r.source == 'peer')} PyTorch peer rows from results.peers.jsonl)"
+    md = [f"# attnbench results: {name}", ""]
+    if desc:
+        md += [f"> {desc}", ""]
+    md += [f"{counts}; {len(res.excluded)} left out (see [below](#points-left-out-of-the-curves)). "
+           f"Results folder: `{os.path.abspath(res.dir)}`. Generated by `scripts/plot.py`.", ""]
+    md += ["## Key figures", "", key_figures(an), "",
+           "*exponent (fit)*: least squares of log(time) on log(n) over the measured sizes; *slope, last 2 n*: "
+           "the same between the two largest sizes (the asymptotic regime). *× sgemm*: fraction of the in-run "
+           "sgemm throughput.", ""]
+    md += ["## Crossover", "", crossover_table(an), "",
+           "Against the fastest (and the least memory-hungry) exact attnbench variant at each point; the size "
+           "where an approximate variant becomes faster (or smaller) for good is interpolated in log–log between "
+           "the bracketing measured sizes. Memory is the measured peak, or the estimate where no peak was "
+           "measured.", ""]
+    for stem in FIGURES:
+        if stem in drawn:
+            md += [f"## {TITLES[stem]}", "", f"![{TITLES[stem]}](plots/{stem}.png)", "",
+                   BLURBS[stem] + f" ([SVG](plots/{stem}.svg))", ""]
+    if PATTERNS in drawn:
+        md += ["## Attention patterns", "", "![Attention patterns](plots/patterns.png)", "",
+               "The weights each variant applies on a small input (`attnbench patterns`), measured through its "
+               "forward pass with V set to unit vectors. ([SVG](plots/patterns.svg))", ""]
+    md += ["## Points left out of the curves", "", excluded_section(an), ""]
+    md += ["## Machine", "", machine_section(meta), ""]
+    if meta.get("config") is not None:
+        md += ["## Config", "", f"From `{meta.get('config_path', '?')}` (hash {meta.get('config_hash', '?')}):", "",
+               "```json", json.dumps(meta["config"], indent=2), "```", ""]
+    return "\n".join(md)
+
+
+def write_report(res, an, out_dir, figure_files):
+    """OUT_DIR/REPORT.md (written atomically); returns its path."""
+    path = os.path.join(out_dir, "REPORT.md")
+    atomic_write_text(path, render_report(res, an, figure_files))
+    return path

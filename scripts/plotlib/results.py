@@ -1,0 +1,249 @@
+"""Reading a results folder: results.jsonl (attnbench's rows), results.peers.jsonl (the PyTorch peer's rows,
+optional) and meta.json into Row objects, grouped into the series and facets every figure and table shares;
+and reading a patterns/ folder (`attnbench patterns`). The row fields are configs/README.md's "Result rows".
+
+Bad input raises InputError naming the file (and line): plot.py reports it and exits 2. Needs numpy only for
+the patterns' .npy files; no matplotlib.
+"""
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+
+from .common import PROG, InputError, num
+
+CONTEXT_DIMS = ["regime", "batch", "heads", "head_dim", "threads", "seq_q"]  # besides mask and n
+
+
+def read_jsonl(path):
+    """Rows of a results .jsonl as dicts, last row per id wins (as the C++ reader). A torn last line (a crash
+    mid-write) is dropped with a warning; a bad line anywhere else is an error naming file:line."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    lines = text.split("\n")
+    rows, by_id = [], {}
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        is_tail = all(not rest.strip() for rest in lines[no:])
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or "id" not in row or "status" not in row:
+                raise ValueError("not a result row (needs 'id' and 'status')")
+        except ValueError as e:
+            if is_tail:
+                print(f"{PROG}: warning: {path}:{no}: torn last line dropped ({e})", file=sys.stderr)
+                break
+            raise InputError(f"{path}:{no}: not a result row: {e}")
+        by_id[row["id"]] = len(rows)
+        rows.append(row)
+    return [r for i, r in enumerate(rows) if by_id[r["id"]] == i]
+
+
+def _sub(d, key, part):
+    v = d.get(key)
+    return v.get(part) if isinstance(v, dict) else None
+
+
+@dataclass(eq=False)
+class Row:
+    """One result row. Shape fields keep their JSON values (None when absent); metrics are floats (None when
+    not measured, inf/nan from the rows' "inf"/"nan" strings)."""
+    id: str
+    status: str
+    variant: str
+    seq_kv: int
+    mask: str
+    source: str  # "attnbench" (results.jsonl) or "peer" (results.peers.jsonl)
+    params: dict = field(default_factory=dict)
+    batch: object = None
+    heads: object = None
+    seq_q: object = None
+    head_dim: object = None
+    regime: object = None
+    threads: object = None
+    isa: object = None  # the SIMD target that ran; peer rows have none
+    exact: bool = False
+    reason: str = ""
+    time_median: float = None  # time_ms.median
+    time_p10: float = None
+    time_p90: float = None
+    gflops: float = None
+    frac_sgemm: float = None
+    frac_peak: float = None
+    rel_l2_err: float = None  # accuracy.rel_l2_err
+    peak_bytes: float = None  # memory.peak_bytes
+    estimated_bytes: float = None  # memory.estimated_bytes
+    label: str = ""  # the series it belongs to: the variant, the parameters that vary, [isa] over several targets
+    params_text: str = ""  # every parameter, "k=v,k=v"
+
+    @classmethod
+    def from_json(cls, d, source):
+        return cls(id=d["id"], status=d.get("status"), variant=d["variant"], seq_kv=d["seq_kv"], mask=d["mask"],
+                   source=source, params=d.get("params") or {}, batch=d.get("batch"), heads=d.get("heads"),
+                   seq_q=d.get("seq_q"), head_dim=d.get("head_dim"), regime=d.get("regime"),
+                   threads=d.get("threads"), isa=d.get("isa"), exact=bool(d.get("exact")), reason=d.get("reason"),
+                   time_median=num(_sub(d, "time_ms", "median")), time_p10=num(_sub(d, "time_ms", "p10")),
+                   time_p90=num(_sub(d, "time_ms", "p90")), gflops=num(d.get("gflops")),
+                   frac_sgemm=num(d.get("frac_sgemm")), frac_peak=num(d.get("frac_peak")),
+                   rel_l2_err=num(_sub(d, "accuracy", "rel_l2_err")), peak_bytes=num(_sub(d, "memory", "peak_bytes")),
+                   estimated_bytes=num(_sub(d, "memory", "estimated_bytes")))
+
+    def memory(self):
+        """Peak bytes measured, else the estimate; and whether it was estimated."""
+        if self.peak_bytes is not None and self.peak_bytes > 0:
+            return self.peak_bytes, False
+        est = self.estimated_bytes
+        return (est, True) if est is not None and est > 0 else (None, False)
+
+
+def params_text(params, keys=None):
+    if not params:
+        return ""
+    keys = sorted(params) if keys is None else keys
+    return ",".join(f"{k}={value_text(params[k])}" for k in keys if k in params)
+
+
+def value_text(v):
+    return v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+
+
+def context_value(r, dim):
+    if dim == "seq_q":  # cross-attention: n on the x axis is seq_kv, each seq_q is its own facet
+        return r.seq_q if r.seq_q != r.seq_kv else None
+    return getattr(r, dim)
+
+
+def mask_order(m):
+    return (0 if m == "none" else 1 if m == "causal" else 2, m)
+
+
+def facet_order(key):
+    """Sort key of a facet (rest_key) or series key tuple: None first, so a dimension that is None in some rows
+    (seq_q equal to seq_kv in a cross-attention sweep) sorts instead of failing; values of one type compare as
+    they are."""
+    return tuple((0,) if v is None else (1, facet_order(v) if isinstance(v, tuple) else v) for v in key)
+
+
+class Results:
+    """All rows of a results folder (attnbench's and the peer's), with the series and facet structure the
+    figures and tables share: `ok` (measured, drawn) and `excluded` (everything else), both in file order."""
+
+    def __init__(self, results_dir):
+        if not os.path.isdir(results_dir):
+            raise InputError(f"RESULTS_DIR '{results_dir}' does not exist or is not a directory "
+                             "(give the --out folder of `attnbench run`)")
+        self.dir = results_dir
+        main = os.path.join(results_dir, "results.jsonl")
+        if not os.path.isfile(main):
+            raise InputError(f"RESULTS_DIR '{results_dir}' holds no results.jsonl "
+                             "(run `attnbench run CONFIG --out DIR` first, then plot DIR)")
+        raw = [(d, "attnbench") for d in read_jsonl(main)]
+        peers = os.path.join(results_dir, "results.peers.jsonl")
+        raw += [(d, "peer") for d in (read_jsonl(peers) if os.path.isfile(peers) else [])]
+        self.meta = {}
+        meta_path = os.path.join(results_dir, "meta.json")
+        if os.path.isfile(meta_path):
+            try:
+                with open(meta_path, encoding="utf-8") as f:
+                    self.meta = json.load(f)
+            except ValueError as e:
+                raise InputError(f"{meta_path}: not valid JSON ({e})")
+            if not isinstance(self.meta, dict):
+                raise InputError(f"{meta_path}: must hold a JSON object")
+        else:
+            print(f"{PROG}: warning: {meta_path} missing: the report will not name the machine or config",
+                  file=sys.stderr)
+        if not raw:
+            raise InputError(f"{main}: holds no result rows")
+        for d, source in raw:
+            for key in ("variant", "seq_kv", "mask"):
+                if key not in d:
+                    raise InputError(f"{main if source == 'attnbench' else peers}: row '{d['id']}' has no '{key}'")
+        all_rows = [Row.from_json(d, source) for d, source in raw]
+        self.rows = [r for r in all_rows if r.source == "attnbench"]
+        self.peer_rows = [r for r in all_rows if r.source == "peer"]
+        self.ok = [r for r in all_rows if r.status == "ok" and r.time_median]
+        ok_ids = {id(r) for r in self.ok}
+        self.excluded = [r for r in all_rows if id(r) not in ok_ids]
+        self.calibration = {int(c["threads"]): float(c["gflops"])
+                            for c in self.meta.get("sgemm_calibration", []) if "threads" in c and "gflops" in c}
+        for r in self.ok:  # peer rows carry gflops; their fraction of sgemm comes from this run's calibration
+            if r.frac_sgemm is None and r.gflops and r.threads in self.calibration:
+                r.frac_sgemm = r.gflops / self.calibration[r.threads]
+        self._label_rows(all_rows)
+        # With no measured row the figures still come out (saying "no data") next to the report's reasons.
+        self.masks = sorted({r.mask for r in self.ok}, key=mask_order) or ["none"]
+        self.varying = [d for d in CONTEXT_DIMS if len({context_value(r, d) for r in self.ok}) > 1]
+        self.rest = sorted({self.rest_key(r) for r in self.ok}, key=str) or [()]
+
+    def _label_rows(self, rows):
+        # A series label names the variant and only the parameters that vary for it in these results (the
+        # full parameter sets are in the key-figures table), so legends stay short.
+        values = {}
+        for r in rows:
+            for k, v in r.params.items():
+                values.setdefault((r.variant, k), set()).add(json.dumps(v, sort_keys=True))
+        # A sweep over SIMD targets (sweep.isa) gives each target its own curve: "tiled [avx2]". The isa is the
+        # target that ran; peer rows have none (PyTorch picks its own kernels).
+        several_isas = len({r.isa for r in rows if r.isa}) > 1
+        for r in rows:
+            keys = [k for k in sorted(r.params) if len(values[(r.variant, k)]) > 1]
+            r.label = r.variant + (f"({params_text(r.params, keys)})" if keys else "")
+            if several_isas and r.isa:
+                r.label += f" [{r.isa}]"
+            r.params_text = params_text(r.params)
+
+    def rest_key(self, r):
+        """The facet row: the context dimensions (regime, shapes, threads) that vary in these results."""
+        return tuple(context_value(r, d) for d in self.varying)
+
+    def rest_title(self, key):
+        return ", ".join(f"{d}={v}" for d, v in zip(self.varying, key) if v is not None)
+
+    def series(self, rows):
+        """{(label, mask, rest_key): rows sorted by n}."""
+        out = {}
+        for r in rows:
+            out.setdefault((r.label, r.mask, self.rest_key(r)), []).append(r)
+        for v in out.values():
+            v.sort(key=lambda r: r.seq_kv)
+        return out
+
+    def sorted_series(self, rows=None):
+        """series(rows or ok) as (key, rows) pairs sorted by (label, mask, facet): the order of the legends."""
+        return sorted(self.series(self.ok if rows is None else rows).items(), key=lambda kv: facet_order(kv[0]))
+
+
+def load_patterns(pdir):
+    """A folder written by `attnbench patterns`: (patterns.json, the tokens or None, [(variant entry,
+    weights [heads, n, n])] of the variants with status ok)."""
+    import numpy as np
+
+    meta_path = os.path.join(pdir, "patterns.json")
+    if not os.path.isfile(meta_path):
+        raise InputError(f"--patterns '{pdir}': no patterns.json (write one with `attnbench patterns ... --out DIR`)")
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except ValueError as e:
+        raise InputError(f"{meta_path}: not valid JSON ({e})")
+    tokens = None
+    if meta.get("tokens"):
+        with open(os.path.join(pdir, meta["tokens"]), encoding="utf-8") as f:
+            tokens = json.load(f)
+    panels = []
+    for v in meta.get("variants", []):
+        if v.get("status") != "ok":
+            continue
+        path = os.path.join(pdir, v["file"])
+        try:
+            w = np.load(path)
+        except (OSError, ValueError) as e:
+            raise InputError(f"{path}: cannot read ({e})")
+        if w.ndim != 3 or w.shape[1] != w.shape[2]:
+            raise InputError(f"{path}: shape {w.shape}; expected [heads, n, n]")
+        panels.append((v, w))
+    if not panels:
+        raise InputError(f"{meta_path}: lists no variant with status ok")
+    return meta, tokens, panels
