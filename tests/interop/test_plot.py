@@ -5,7 +5,7 @@ exponent and crossover on synthetic results with known answers, and clear errors
 is summary.json; the report without figures has every table; drawing the figures (in any order) changes
 neither.
 
-Run by ctest as `/usr/bin/python3 test_plot.py --attnbench PATH` (the binary is not needed here). The cases
+Run by ctest as `/usr/bin/python3 test_plot.py --attnbench PATH` (only the PyTorch peer case runs it). The cases
 run in parallel threads (each one mostly waits on a plot.py subprocess); their lines print case by case.
 Exit 0 pass, 1 fail, 77 skip (numpy or matplotlib missing)."""
 import argparse
@@ -449,8 +449,11 @@ def run_case(case, tmp):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--attnbench", help="path of the attnbench binary (unused: plot.py reads files only)")
-    ap.parse_args()
+    ap.add_argument("--attnbench", help="path of the attnbench binary (plot.py reads files only; the PyTorch "
+                                        "peer takes its plan and inputs from it)")
+    a = ap.parse_args()
+    if a.attnbench:  # the peer runs on the binary under test (e.g. the ASan build), not build/release's
+        os.environ["ATTNBENCH"] = os.path.abspath(a.attnbench)
     try:
         import numpy  # noqa: F401
         import matplotlib  # noqa: F401
