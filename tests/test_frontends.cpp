@@ -1,11 +1,8 @@
 // The shared front ends: token embeddings and tokenisation, positional encodings, and the multi-head layer
 // (checked against a straightforward fp64 implementation written here, independent of common/multihead.cpp).
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 
 #include "common/attention.hpp"
@@ -16,34 +13,16 @@
 #include "common/positional.hpp"
 #include "common/random.hpp"
 #include "common/runtime.hpp"
+#include "tests/support/scratch_dir.hpp"
 
 using namespace attn;
+using attn::test::ScratchDir;
 using Catch::Contains;
 namespace fs = std::filesystem;
 
 namespace {
 
 constexpr double kU = 0x1.0p-24;  // fp32 unit roundoff
-
-// A fresh directory under the system temp dir, removed with everything in it at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string templ = (fs::temp_directory_path() / "attn_frontends_XXXXXX").string();
-    REQUIRE(mkdtemp(templ.data()) != nullptr);
-    path = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-  std::string write(const std::string& name, const std::string& content) const {
-    std::ofstream out(file(name), std::ios::binary);
-    out << content;
-    return file(name);
-  }
-};
 
 // ---------------------------------------------------------------------------------------------------------
 // Independent fp64 multi-head attention, straight from the definitions (torch.nn.MultiheadAttention
@@ -270,7 +249,7 @@ TEST_CASE("sinusoidal encoding: PE(t+k) = M_k PE(t) with M_k the block rotation"
 }
 
 TEST_CASE("positional: learned tables, combine add/concat and their errors", "[frontends]") {
-  TempDir dir;
+  ScratchDir dir("frontends");
   const FloatArray emb = random_tensor({4, 6}, 3);
 
   const FloatArray added = apply_positional(emb, {.kind = PositionalKind::sinusoidal});
@@ -329,7 +308,7 @@ TEST_CASE("positional: learned tables, combine add/concat and their errors", "[f
 // Embeddings and tokenisation
 
 TEST_CASE("embedding loader: header, CRLF, trailing spaces and blank lines are accepted", "[frontends]") {
-  TempDir dir;
+  ScratchDir dir("frontends");
   const TokenEmbedding e = TokenEmbedding::load_text(
       dir.write("vec.txt", "3 4\r\nthe 0.1 0.2 0.3 0.4  \r\n, 1 2 3 4\r\ncat -1e-3 +5 6.5 7\t\r\n\r\n"));
   CHECK(e.vocab_size() == 3);
@@ -351,7 +330,7 @@ TEST_CASE("embedding loader: header, CRLF, trailing spaces and blank lines are a
 }
 
 TEST_CASE("embedding loader: bad files are rejected with file:line", "[frontends]") {
-  TempDir dir;
+  ScratchDir dir("frontends");
   auto load = [&](const std::string& content) {
     return TokenEmbedding::load_text(dir.write("bad.txt", content));
   };
@@ -377,7 +356,7 @@ TEST_CASE("embedding loader: bad files are rejected with file:line", "[frontends
 
 TEST_CASE("tokenising: whitespace split, exact lookup, unknown tokens counted and mapped to the zero row",
           "[frontends]") {
-  TempDir dir;
+  ScratchDir dir("frontends");
   const std::string text = dir.write("text.txt", "the cat\tsat on\r\nthe  mat .\n");
   const std::vector<std::string> tokens = read_tokens(text);
   CHECK(tokens == std::vector<std::string>{"the", "cat", "sat", "on", "the", "mat", "."});
@@ -386,7 +365,7 @@ TEST_CASE("tokenising: whitespace split, exact lookup, unknown tokens counted an
   CHECK_THROWS_WITH(read_tokens(dir.write("empty.txt", "")), Contains("empty.txt") && Contains("no tokens"));
   CHECK_THROWS_WITH(read_tokens(dir.write("blank.txt", " \n\t\r\n")), Contains("no tokens"));
   CHECK_THROWS_WITH(read_tokens(dir.file("none.txt")), Contains("none.txt") && Contains("cannot open"));
-  CHECK_THROWS_WITH(read_tokens(dir.path.string()), Contains("is a directory"));
+  CHECK_THROWS_WITH(read_tokens(dir.path().string()), Contains("is a directory"));
 
   const TokenEmbedding e = TokenEmbedding::load_text(dir.write("vec.txt", "the 1 2\n, 3 4\ncat 5 6\n"));
   const TokenizedText tok = e.tokenize(tokens);
@@ -573,7 +552,7 @@ TEST_CASE("multi-head weights: seeded init, save/load round trip, directory erro
   REQUIRE(w.b_o.shape == std::vector<int64_t>{E});
   CHECK(random_multihead_weights(E, 72, true).w_q.data != w.w_q.data);
 
-  TempDir dir;
+  ScratchDir dir("frontends");
   const std::string d = dir.file("weights");
   save_multihead_weights(d, w);
   const MultiHeadWeights back = load_multihead_weights(d);

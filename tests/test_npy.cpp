@@ -1,7 +1,5 @@
 // .npy reading and writing: round trips of every rank, float64 conversion, masks of several dtypes, and the
 // rejection (with a message naming the problem) of every malformed or foreign file we can build by hand.
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -11,8 +9,10 @@
 
 #include "common/error.hpp"
 #include "common/npy.hpp"
+#include "tests/support/scratch_dir.hpp"
 
 using namespace attn;
+using attn::test::ScratchDir;
 namespace fs = std::filesystem;
 
 namespace {
@@ -56,21 +56,6 @@ void expect_float_rejected(const std::string& bytes, const std::vector<std::stri
   }
 }
 
-// A fresh directory removed (with its contents) when the test ends.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("attn_npy_test_" + std::to_string(::getpid()));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
 FloatArray counting_array(std::vector<int64_t> shape) {
   FloatArray a(std::move(shape));
   // Distinct, non-integer values so a transposed or shifted read shows up.
@@ -81,7 +66,7 @@ FloatArray counting_array(std::vector<int64_t> shape) {
 }  // namespace
 
 TEST_CASE("float32 arrays of rank 0 to 4 round-trip through .npy", "[npy]") {
-  TempDir dir;
+  ScratchDir dir("npy");
   const std::vector<std::vector<int64_t>> shapes = {{}, {5}, {2, 3}, {2, 0, 3}, {2, 3, 4, 5}, {1, 1, 1, 7}};
   for (const auto& shape : shapes) {
     const FloatArray a = counting_array(shape);
@@ -112,7 +97,7 @@ TEST_CASE("float64 .npy is converted to float32, and read_npy_double keeps full 
   REQUIRE(a.shape == std::vector<int64_t>{5});
   for (std::size_t i = 0; i < values.size(); ++i) CHECK(a.data[i] == static_cast<float>(values[i]));
 
-  TempDir dir;
+  ScratchDir dir("npy");
   const std::string path = dir.file("d.npy");
   write_file_atomic(path, image);
   const DoubleArray d = read_npy_double(path);
@@ -252,7 +237,7 @@ TEST_CASE("masks are read from bool, uint8 and int64 .npy files, nonzero becomin
 }
 
 TEST_CASE("writing .npy is atomic: no temporary remains and an existing file is replaced whole", "[npy]") {
-  TempDir dir;
+  ScratchDir dir("npy");
   const std::string path = dir.file("o.npy");
   {
     std::ofstream big(path, std::ios::binary);

@@ -1,11 +1,8 @@
 // Sweep config schema: every validation rule (error text names the JSON path, what is allowed and the value),
 // plan expansion counts and ordering, byte sizes, and file-level errors of load_sweep_config.
-#include <unistd.h>
-
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -16,8 +13,10 @@
 #include "common/runtime.hpp"
 #include "common/simd.hpp"
 #include "common/util.hpp"
+#include "tests/support/scratch_dir.hpp"
 
 using namespace attn;
+using attn::test::ScratchDir;
 using Catch::Matchers::Contains;
 
 namespace {
@@ -46,27 +45,6 @@ std::string config_error(const Json& j, const std::string& source = "/nonexisten
   FAIL("expected a UsageError for config " << j.dump());
   return "";
 }
-
-// A scratch folder removed at the end of the test.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    static int counter = 0;
-    path = std::filesystem::temp_directory_path() /
-           ("attnbench-sweepcfg-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    const auto p = path / name;
-    std::ofstream(p) << text;
-    return p.string();
-  }
-};
 
 }  // namespace
 
@@ -340,11 +318,11 @@ TEST_CASE("inputs: regimes and the tokens file", "[sweep][config]") {
     CHECK_THAT(e, Contains("inputs.text: file '/nonexistent/dir/no_such_text.txt' does not exist"));
   }
   SECTION("tokens with an existing file") {
-    TempDir dir;
+    ScratchDir dir("sweepcfg");
     dir.write("sample.txt", "the quick brown fox\n");
     Json j = base_config();
     j["inputs"] = {{"regime", "tokens"}, {"text", "sample.txt"}};
-    const SweepConfig c = parse_sweep_config(j, (dir.path / "cfg.json").string());
+    const SweepConfig c = parse_sweep_config(j, dir.file("cfg.json"));
     REQUIRE(c.regimes.size() == 1);
     CHECK(c.regimes[0].kind == "tokens");
     CHECK(c.regimes[0].label() == "tokens(sample.txt)");
@@ -638,7 +616,7 @@ TEST_CASE("parse_bytes and format_bytes", "[sweep][config]") {
 }
 
 TEST_CASE("load_sweep_config: file errors name the file, JSON errors the line", "[sweep][config]") {
-  TempDir dir;
+  ScratchDir dir("sweepcfg");
   SECTION("syntax error on line 4") {
     const std::string path = dir.write(
         "broken.json",
@@ -662,7 +640,7 @@ TEST_CASE("load_sweep_config: file errors name the file, JSON errors the line", 
     }
   }
   SECTION("missing file") {
-    const std::string path = (dir.path / "absent.json").string();
+    const std::string path = dir.file("absent.json");
     try {
       (void)load_sweep_config(path);
       FAIL("no error for a missing file");

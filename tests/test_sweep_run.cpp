@@ -30,10 +30,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A scratch folder (the working directory of every run, so a default results/ folder would land here).
-struct TempDir : ScratchDir {
-  TempDir() : ScratchDir("sweeprun") {}
-};
+// Every run's working directory is a ScratchDir, so a default results/ folder would land there.
 using RunResult = ProcResult;
 
 pid_t spawn_attnbench(const std::vector<std::string>& args, const fs::path& cwd, const std::string& log) {
@@ -205,7 +202,7 @@ Json slow_config() {
           {"memory_budget", "1GiB"}};
 }
 
-std::string write_config(const TempDir& dir, const std::string& name, const Json& config) {
+std::string write_config(const ScratchDir& dir, const std::string& name, const Json& config) {
   const std::string path = dir.file(name);
   write_text(path, config.dump(2) + "\n");
   return path;
@@ -221,7 +218,7 @@ std::set<std::string> planned_ids(const std::string& config_path) {
 // A sweep with ok, skipped (memory budget, cross-attention) and failed (unusable tokens file) points, run
 // once and shared by the tests that inspect its output.
 struct MixedRun {
-  TempDir dir;
+  ScratchDir dir{"sweeprun"};
   std::string config_path;
   Json config;
   RunResult result;
@@ -266,7 +263,7 @@ const MixedRun& mixed_run() {
 // small_config() run once with --force over stale results; tests copy its output folder before changing
 // anything.
 struct SmallRun {
-  TempDir dir;
+  ScratchDir dir{"sweeprun"};
   RunResult result;
   fs::path out;
   std::vector<Json> rows;
@@ -307,7 +304,7 @@ bool is_count(const Json& v) {
 }  // namespace
 
 TEST_CASE("an invalid config exits 2 and creates no output folder", "[sweep][run]") {
-  TempDir dir;
+  ScratchDir dir{"sweeprun"};
   Json bad = small_config();
   bad["sweep"]["seq_len"] = {64, 128, -5};
   const std::string cfg = write_config(dir, "bad.json", bad);
@@ -529,7 +526,7 @@ TEST_CASE("rerun, --force, --resume and torn lines on one output folder", "[swee
   }
   const std::vector<Json>& first = pristine.rows;
 
-  TempDir dir;
+  ScratchDir dir{"sweeprun"};
   const std::string cfg = write_config(dir, "small.json", small_config());
   const fs::path out = dir.path() / "out";
   fs::copy(pristine.out, out, fs::copy_options::recursive);
@@ -625,7 +622,7 @@ TEST_CASE("rerun, --force, --resume and torn lines on one output folder", "[swee
 }
 
 TEST_CASE("run with a filter that matches nothing exits 2 and writes nothing", "[sweep][run]") {
-  TempDir dir;
+  ScratchDir dir{"sweeprun"};
   const std::string cfg = write_config(dir, "small.json", small_config());
   const RunResult r =
       run_attnbench({"run", cfg, "--out", dir.file("out"), "--filter", "no-such-point"}, dir.path());
@@ -635,7 +632,7 @@ TEST_CASE("run with a filter that matches nothing exits 2 and writes nothing", "
 }
 
 TEST_CASE("a dry run lists every point with skip reasons and writes nothing", "[sweep][run]") {
-  TempDir dir;
+  ScratchDir dir{"sweeprun"};
   Json c = small_config();
   c["variants"] = {"naive", "linear"};
   c["sweep"]["dropout"] = 0.1;  // linear forms no weights to drop: every linear point is skipped
@@ -686,7 +683,7 @@ TEST_CASE("a dry run lists every point with skip reasons and writes nothing", "[
 TEST_CASE("kill -9 mid-run, --resume, SIGINT mid-resume (exit 130), --resume: every point exactly once",
           "[sweep][run]") {
   // One sequence so the sgemm calibration runs once: resumed runs reuse the one in meta.json.
-  TempDir dir;
+  ScratchDir dir{"sweeprun"};
   const std::string cfg = write_config(dir, "slow.json", slow_config());
   const fs::path out = dir.path() / "out", jsonl = out / "results.jsonl";
   const std::vector<std::string> resume{"run", cfg, "--out", out.string(), "--resume"};
@@ -746,7 +743,7 @@ TEST_CASE("kill -9 during the sgemm calibration (before any row), then --resume 
           "[sweep][run]") {
   // The calibration takes a second or more, so a crash or kill there is likely; it must not leave a folder
   // that both a plain rerun ("already holds results") and --resume ("no meta.json") refuse.
-  TempDir dir;
+  ScratchDir dir{"sweeprun"};
   const std::string cfg = write_config(dir, "small.json", small_config());
   const fs::path out = dir.path() / "out";
   const pid_t pid = spawn_attnbench({"run", cfg, "--out", out.string()}, dir.path(), "early");
@@ -766,7 +763,7 @@ TEST_CASE("kill -9 during the sgemm calibration (before any row), then --resume 
 
 TEST_CASE("SIGINT during the sgemm calibration stops cleanly: exit 130, meta.json and results.csv written",
           "[sweep][run]") {
-  TempDir dir;
+  ScratchDir dir{"sweeprun"};
   const std::string cfg = write_config(dir, "small.json", small_config());
   const fs::path out = dir.path() / "out";
   const pid_t pid = spawn_attnbench({"run", cfg, "--out", out.string()}, dir.path(), "early");
@@ -804,7 +801,7 @@ std::string supported_isas() {
 
 TEST_CASE("sweep.isa [best, scalar]: rows name the target that ran, fma_peak and frac_peak are per target",
           "[sweep][run][isa]") {
-  TempDir dir;
+  ScratchDir dir{"sweeprun"};
   Json config = isa_config();
   config["sweep"]["isa"] = {"best", "scalar"};
   const std::string cfg = write_config(dir, "isa.json", config);
@@ -858,7 +855,7 @@ TEST_CASE("sweep.isa [best, scalar]: rows name the target that ran, fma_peak and
 
 TEST_CASE("a bad sweep.isa is refused (exit 2, path, value, supported targets) before anything is written",
           "[sweep][run][isa]") {
-  TempDir dir;
+  ScratchDir dir{"sweeprun"};
   const fs::path out = dir.path() / "out";
   // An earlier sweep's folder, which --force would replace: it stays exactly as it was.
   fs::create_directories(out);
@@ -896,7 +893,7 @@ TEST_CASE("a bad sweep.isa is refused (exit 2, path, value, supported targets) b
 
 TEST_CASE("run --isa: the target of a config without sweep.isa, refused next to one, kept for --resume",
           "[sweep][run][isa]") {
-  TempDir dir;
+  ScratchDir dir{"sweeprun"};
   const std::string cfg = write_config(dir, "isa.json", isa_config());
   const fs::path out = dir.path() / "out";
   const RunResult r = run_attnbench({"run", cfg, "--out", out.string(), "--isa", "scalar"}, dir.path());

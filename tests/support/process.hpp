@@ -1,7 +1,7 @@
-// Test support: scratch folders and the built `attnbench` run as a child process (argv, no shell), with its
-// exit status, stdout and stderr captured and an optional address-space limit (RLIMIT_AS) to prove that a
-// command refuses a huge problem instead of allocating for it. Header-only; used by tests/test_hostile.cpp,
-// tests/test_determinism.cpp and tests/test_sweep_run.cpp.
+// Test support: the built `attnbench` (or another built executable) run as a child process (argv, no shell),
+// with its exit status, stdout and stderr captured and an optional address-space limit (RLIMIT_AS) to prove
+// that a command refuses a huge problem instead of allocating for it. Header-only; every test that runs a
+// built executable uses it (scratch folders are in tests/support/scratch_dir.hpp).
 #pragma once
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -11,61 +11,15 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
-#include <map>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
+
+#include "tests/support/scratch_dir.hpp"
 
 namespace attn::test {
 
 namespace fs = std::filesystem;
-
-// A fresh folder per instance, removed with its contents at the end.
-class ScratchDir {
- public:
-  explicit ScratchDir(const std::string& tag) {
-    static int counter = 0;
-    path_ = fs::temp_directory_path() /
-            ("attnbench-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  const fs::path& path() const { return path_; }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
-
-inline std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-inline void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
-}
-
-// Names and contents of every regular file under `dir` (empty if it does not exist): equal snapshots before
-// and after a refused command show it touched nothing.
-inline std::map<std::string, std::string> snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> files;
-  if (!fs::exists(dir)) return files;
-  for (const auto& e : fs::recursive_directory_iterator(dir))
-    files[fs::relative(e.path(), dir).string() + (e.is_directory() ? "/" : "")] =
-        e.is_regular_file() ? slurp(e.path()) : "";
-  return files;
-}
 
 struct ProcResult {
   int code = -1;  // exit code, or 128 + signal
@@ -93,11 +47,11 @@ constexpr bool kSanitizerBuild =
     false;
 #endif
 
-// Starts `attnbench args...` in opt.cwd with stdout/stderr in cwd/<log>.out|.err; returns the child's pid
-// (for tests that signal it mid-run). wait_attnbench collects it.
-inline pid_t spawn_attnbench(const std::vector<std::string>& args, const ProcOptions& opt,
-                             const std::string& log) {
-  std::vector<std::string> argv_s{ATTNBENCH_EXE};
+// Starts `exe args...` in opt.cwd with stdout/stderr in cwd/<log>.out|.err; returns the child's pid (for
+// tests that signal it mid-run). wait_process collects it.
+inline pid_t spawn_process(const fs::path& exe, const std::vector<std::string>& args, const ProcOptions& opt,
+                           const std::string& log) {
+  std::vector<std::string> argv_s{exe.string()};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());
@@ -123,7 +77,7 @@ inline pid_t spawn_attnbench(const std::vector<std::string>& args, const ProcOpt
   return pid;
 }
 
-inline ProcResult wait_attnbench(pid_t pid, const fs::path& cwd, const std::string& log) {
+inline ProcResult wait_process(pid_t pid, const fs::path& cwd, const std::string& log) {
   int status = 0;
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   ProcResult r;
@@ -136,13 +90,30 @@ inline ProcResult wait_attnbench(pid_t pid, const fs::path& cwd, const std::stri
   return r;
 }
 
-// Runs `attnbench args...` and waits for it; its exit code and output go with the next assertion's report.
-inline ProcResult run_attnbench(const std::vector<std::string>& args, const ProcOptions& opt) {
+// Runs `exe args...` and waits for it; its exit code and output go with the next assertion's report.
+inline ProcResult run_process(const fs::path& exe, const std::vector<std::string>& args,
+                              const ProcOptions& opt) {
   static int counter = 0;
   const std::string tag = "proc-" + std::to_string(counter++);
-  ProcResult r = wait_attnbench(spawn_attnbench(args, opt, tag), opt.cwd, tag);
-  UNSCOPED_INFO("attnbench exit " << r.code << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
+  ProcResult r = wait_process(spawn_process(exe, args, opt, tag), opt.cwd, tag);
+  UNSCOPED_INFO(exe.filename().string() << " exit " << r.code << "\nstdout:\n"
+                                        << r.out << "\nstderr:\n"
+                                        << r.err);
   return r;
+}
+
+// The same for the built `attnbench` (ATTNBENCH_EXE).
+inline pid_t spawn_attnbench(const std::vector<std::string>& args, const ProcOptions& opt,
+                             const std::string& log) {
+  return spawn_process(ATTNBENCH_EXE, args, opt, log);
+}
+
+inline ProcResult wait_attnbench(pid_t pid, const fs::path& cwd, const std::string& log) {
+  return wait_process(pid, cwd, log);
+}
+
+inline ProcResult run_attnbench(const std::vector<std::string>& args, const ProcOptions& opt) {
+  return run_process(ATTNBENCH_EXE, args, opt);
 }
 
 inline ProcResult run_attnbench(const std::vector<std::string>& args, const fs::path& cwd) {
