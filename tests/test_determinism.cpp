@@ -17,8 +17,8 @@
 #include "bench/lib/plan.hpp"
 #include "common/attention.hpp"
 #include "common/npy.hpp"
-#include "common/random.hpp"
 #include "common/runtime.hpp"
+#include "tests/support/attention_case.hpp"
 #include "tests/support/process.hpp"
 
 using namespace attn;
@@ -179,21 +179,11 @@ TEST_CASE("eval: every variant's output is bitwise identical across runs and at 
           "[determinism]") {
   ScratchDir dir("determinism-eval");
   const int64_t B = 2, H = 3, L = 75, D = 20;
-  FloatArray q({B, H, L, D}), k({B, H, L, D}), v({B, H, L, D});
-  fill_normal(q.ptr(), static_cast<int64_t>(q.numel()), 31, 1.5);
-  fill_normal(k.ptr(), static_cast<int64_t>(k.numel()), 32, 1.5);
-  fill_normal(v.ptr(), static_cast<int64_t>(v.numel()), 33);
-  FloatArray pad({B, L}), mask({L, L});
-  for (int64_t j = L - 9; j < L; ++j) pad.data[static_cast<std::size_t>(L + j)] = 1;  // batch 1 pads 9 keys
-  Rng rng(34);
-  for (auto& m : mask.data) m = rng.uniform() < 0.8 ? 1.0f : 0.0f;
-  const std::string qp = dir.file("q.npy"), kp = dir.file("k.npy"), vp = dir.file("v.npy"),
-                    padp = dir.file("pad.npy"), maskp = dir.file("mask.npy");
-  write_npy(qp, q);
-  write_npy(kp, k);
-  write_npy(vp, v);
-  write_npy(padp, pad);
-  write_npy(maskp, mask);
+  AttentionCase inputs(make_test_problem("naive", B, H, L, L, D), 31, 1.5);
+  inputs.pad_keys([&](int64_t b, int64_t j) { return b == 1 && j >= L - 9; });  // batch 1 pads 9 keys
+  inputs.random_mask(34, 0.8);
+  const CaseFiles files = inputs.write_files(dir);
+  const std::string qp = files.q, kp = files.k, vp = files.v, padp = files.pad, maskp = files.mask;
 
   int runs = 0;
   for (const Attention* variant : Registry::instance().all()) {

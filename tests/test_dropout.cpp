@@ -12,70 +12,43 @@
 #include "common/random.hpp"
 #include "common/reference.hpp"
 #include "common/tensor.hpp"
+#include "tests/support/attention_case.hpp"
 
 using namespace attn;
+using namespace attn::test;
 
 namespace {
 
-const Attention& naive() {
-  return Registry::instance().get("naive");
+// Seeded inputs for a naive self-attention problem; out starts as NaN so an unwritten element shows up.
+AttentionCase naive_case(int64_t batch, int64_t heads, int64_t seq, int64_t head_dim, uint64_t seed) {
+  return AttentionCase(make_test_problem("naive", batch, heads, seq, seq, head_dim), seed);
 }
 
-// Seeded inputs for one problem; out starts as NaN so an unwritten element shows up.
-struct Case {
-  Problem p;
-  FloatArray q, k, v, out;
-  ByteArray mask;
-
-  Case(int64_t batch, int64_t heads, int64_t seq, int64_t head_dim, uint64_t seed)
-      : p(make_problem("naive")) {
-    p.batch = batch, p.heads = heads, p.seq_q = p.seq_kv = seq, p.head_dim = head_dim;
-    q = FloatArray({batch, heads, seq, head_dim});
-    k = FloatArray({batch, heads, seq, head_dim});
-    v = FloatArray({batch, heads, seq, head_dim});
-    fill_normal(q.ptr(), q.numel(), seed);
-    fill_normal(k.ptr(), k.numel(), seed + 1);
-    fill_normal(v.ptr(), v.numel(), seed + 2);
-    out = FloatArray(q.shape, std::nanf(""));
-  }
-  AttentionInputs inputs() {
-    return {q.ptr(), k.ptr(), v.ptr(), mask.numel() ? mask.ptr() : nullptr, nullptr, out.ptr()};
-  }
-  FloatArray run_naive() {
-    out = FloatArray(q.shape, std::nanf(""));
-    naive().run(p, inputs());
-    return out;
-  }
-  DoubleArray reference() {
-    DoubleArray want(q.shape);
-    reference_attention(p, inputs(), want.ptr());
-    return want;
-  }
-  // Softmax weights w[bh][i][j] in double, from the fp32 inputs (no dropout, causal if the problem says so).
-  std::vector<double> weights() const {
-    const int64_t L = p.seq_q, D = p.head_dim, BH = p.batch * p.heads;
-    std::vector<double> w(static_cast<std::size_t>(BH * L * L));
-    for (int64_t bh = 0; bh < BH; ++bh)
-      for (int64_t i = 0; i < L; ++i) {
-        double* row = &w[(bh * L + i) * L];
-        const int64_t allowed = p.mask.causal ? i + 1 : L;
-        double mx = -INFINITY, sum = 0;
-        for (int64_t j = 0; j < allowed; ++j) {
-          double s = 0;
-          for (int64_t d = 0; d < D; ++d)
-            s += double{q.data[(bh * L + i) * D + d]} * k.data[(bh * L + j) * D + d];
-          row[j] = s * p.effective_scale();
-          mx = std::max(mx, row[j]);
-        }
-        for (int64_t j = 0; j < allowed; ++j) {
-          row[j] = std::exp(row[j] - mx);
-          sum += row[j];
-        }
-        for (int64_t j = 0; j < L; ++j) row[j] = j < allowed ? row[j] / sum : 0.0;
+// Softmax weights w[bh][i][j] in double, from the fp32 inputs (no dropout, causal if the problem says so).
+std::vector<double> weights(const AttentionCase& c) {
+  const Problem& p = c.p;
+  const int64_t L = p.seq_q, D = p.head_dim, BH = p.batch * p.heads;
+  std::vector<double> w(static_cast<std::size_t>(BH * L * L));
+  for (int64_t bh = 0; bh < BH; ++bh)
+    for (int64_t i = 0; i < L; ++i) {
+      double* row = &w[(bh * L + i) * L];
+      const int64_t allowed = p.mask.causal ? i + 1 : L;
+      double mx = -INFINITY, sum = 0;
+      for (int64_t j = 0; j < allowed; ++j) {
+        double s = 0;
+        for (int64_t d = 0; d < D; ++d)
+          s += double{c.q.data[(bh * L + i) * D + d]} * c.k.data[(bh * L + j) * D + d];
+        row[j] = s * p.effective_scale();
+        mx = std::max(mx, row[j]);
       }
-    return w;
-  }
-};
+      for (int64_t j = 0; j < allowed; ++j) {
+        row[j] = std::exp(row[j] - mx);
+        sum += row[j];
+      }
+      for (int64_t j = 0; j < L; ++j) row[j] = j < allowed ? row[j] / sum : 0.0;
+    }
+  return w;
+}
 
 std::vector<bool> keep_pattern(const DropoutRow& row, int64_t n) {
   std::vector<bool> out(static_cast<std::size_t>(n));
@@ -143,14 +116,14 @@ TEST_CASE("p = 0 is no dropout", "[dropout]") {
     for (int64_t j = 0; j < 100000; ++j) dropped += !row.keep(j);
     CHECK(dropped == 0);
   }
-  Case c(2, 2, 17, 24, 100);
+  AttentionCase c = naive_case(2, 2, 17, 24, 100);
   c.p.mask.causal = true;
-  const FloatArray plain = c.run_naive();
+  const FloatArray plain = c.run();
   c.p.dropout = 0.0, c.p.seed = 987;  // a seed without dropout changes nothing
-  CHECK(std::memcmp(c.run_naive().ptr(), plain.ptr(), plain.numel() * sizeof(float)) == 0);
+  CHECK(std::memcmp(c.run().ptr(), plain.ptr(), plain.numel() * sizeof(float)) == 0);
   // A p so small it rounds to threshold 0: the dropout code path runs but drops nothing and scales by 1.
   c.p.dropout = 1e-12;
-  const FloatArray tiny = c.run_naive();
+  const FloatArray tiny = c.run();
   c.p.dropout = 0.0;
   const DoubleArray want = c.reference();
   CHECK(compare_outputs(tiny.ptr(), want.ptr(), 2 * 2 * 17, 24).max_abs_err <=
@@ -158,13 +131,13 @@ TEST_CASE("p = 0 is no dropout", "[dropout]") {
 }
 
 TEST_CASE("same seed gives the same output bitwise, a different seed a different one", "[dropout]") {
-  Case c(2, 2, 16, 8, 200);
+  AttentionCase c = naive_case(2, 2, 16, 8, 200);
   c.p.dropout = 0.5, c.p.seed = 42;
-  const FloatArray first = c.run_naive();
-  const FloatArray again = c.run_naive();
+  const FloatArray first = c.run();
+  const FloatArray again = c.run();
   CHECK(std::memcmp(first.ptr(), again.ptr(), first.numel() * sizeof(float)) == 0);
   c.p.seed = 43;
-  const FloatArray other = c.run_naive();
+  const FloatArray other = c.run();
   // With p = 0.5 and 16 keys a row keeps the same set under two seeds with probability 2^-16: nearly every
   // one of the 64 rows must differ.
   int64_t rows_differ = 0;
@@ -179,14 +152,14 @@ TEST_CASE("kept weights are scaled by 1/(1-p), dropped ones are exactly zero, as
   const int64_t B = 2, H = 2, L = 8;
   for (double p : {0.5, 0.9}) {
     for (bool causal : {false, true}) {
-      Case c(B, H, L, L, 300);
+      AttentionCase c = naive_case(B, H, L, L, 300);
       std::fill(c.v.data.begin(), c.v.data.end(), 0.0f);
       for (int64_t bh = 0; bh < B * H; ++bh)
         for (int64_t j = 0; j < L; ++j) c.v.data[(bh * L + j) * L + j] = 1.0f;
       c.p.mask.causal = causal;
-      const std::vector<double> w = c.weights();
+      const std::vector<double> w = weights(c);
       c.p.dropout = p, c.p.seed = 9;
-      const FloatArray got = c.run_naive();
+      const FloatArray got = c.run();
       const DoubleArray ref = c.reference();
       const double tol = exact_abs_tolerance(c.p, c.inputs());
       int64_t kept = 0, dropped = 0;
@@ -216,12 +189,12 @@ TEST_CASE("kept weights are scaled by 1/(1-p), dropped ones are exactly zero, as
 }
 
 TEST_CASE("dropout keeps fully masked rows at zero", "[dropout]") {
-  Case c(1, 2, 6, 4, 400);
+  AttentionCase c = naive_case(1, 2, 6, 4, 400);
   c.p.mask.boolean = true;
   c.mask = ByteArray({6, 6}, 1);
   std::fill_n(c.mask.ptr() + 2 * 6, 6, uint8_t{0});
   c.p.dropout = 0.3, c.p.seed = 1;
-  const FloatArray got = c.run_naive();
+  const FloatArray got = c.run();
   for (int64_t h = 0; h < 2; ++h)
     for (int64_t d = 0; d < 4; ++d) CHECK(got.data[(h * 6 + 2) * 4 + d] == 0.0f);
   const DoubleArray want = c.reference();
@@ -235,8 +208,8 @@ TEST_CASE("the mean over many seeds approaches the no-dropout output", "[dropout
   // exceeds it with probability ~4e-7) plus the fp32 bound of each single output.
   const double p = 0.3;
   const int seeds = 4000;
-  Case c(1, 2, 12, 8, 500);
-  const std::vector<double> w = c.weights();
+  AttentionCase c = naive_case(1, 2, 12, 8, 500);
+  const std::vector<double> w = weights(c);
   const DoubleArray base = c.reference();
   c.p.dropout = p;
   const double fp_tol = exact_abs_tolerance(c.p, c.inputs());
@@ -244,7 +217,7 @@ TEST_CASE("the mean over many seeds approaches the no-dropout output", "[dropout
   FloatArray single;
   for (int s = 1; s <= seeds; ++s) {
     c.p.seed = static_cast<uint64_t>(s);
-    const FloatArray got = c.run_naive();
+    const FloatArray got = c.run();
     if (s == 1) single = got;
     for (std::size_t e = 0; e < mean.size(); ++e) mean[e] += got.data[e] / static_cast<double>(seeds);
   }

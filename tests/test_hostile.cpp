@@ -18,7 +18,8 @@
 #include "common/attention.hpp"
 #include "common/error.hpp"
 #include "common/npy.hpp"
-#include "common/random.hpp"
+#include "common/runtime.hpp"
+#include "tests/support/attention_case.hpp"
 #include "tests/support/process.hpp"
 
 using namespace attn;
@@ -45,12 +46,6 @@ std::string npy_image(const std::string& dict, const std::string& data) {
   const uint16_t len = static_cast<uint16_t>(padded.size());
   out.append(reinterpret_cast<const char*>(&len), 2);
   return out + padded + data;
-}
-
-FloatArray normal_array(std::vector<int64_t> shape, uint64_t seed) {
-  FloatArray a(std::move(shape));
-  fill_normal(a.ptr(), static_cast<int64_t>(a.numel()), seed);
-  return a;
 }
 
 // A refusal: exit 2 (not a signal), every part in stderr, nothing on stdout.
@@ -310,7 +305,7 @@ TEST_CASE("run: seq_len 10^12 is skipped with the bytes it needs, before allocat
 TEST_CASE("eval: .npy headers claiming absurd sizes are refused with the bytes they need, before allocating",
           "[hostile]") {
   ScratchDir dir("hostile-huge-eval");
-  const FloatArray small = normal_array({1, 1, 4, 1}, 1);
+  const FloatArray small = normal_tensor({1, 1, 4, 1}, 1);
   const std::string k = dir.file("k.npy"), v = dir.file("v.npy"), o = dir.file("o.npy");
   write_npy(k, small);
   write_npy(v, small);
@@ -351,7 +346,7 @@ TEST_CASE("eval: a quadratic workspace beyond physical memory is refused with it
   // Q, K, V of 2^20 positions with head_dim 1 are 4 MiB files; naive's score buffer for them is 4 TiB.
   ScratchDir dir("hostile-quadratic");
   const int64_t n = int64_t{1} << 20;
-  const FloatArray x = normal_array({1, 1, n, 1}, 2);
+  const FloatArray x = normal_tensor({1, 1, n, 1}, 2);
   const std::string qkv = dir.file("x.npy"), o = dir.file("o.npy");
   write_npy(qkv, x);
   Problem p = make_problem("naive");
@@ -375,19 +370,16 @@ TEST_CASE("eval: a quadratic workspace beyond physical memory is refused with it
 TEST_CASE("eval: truncated, foreign, empty and mismatched .npy inputs exit 2 naming the option or file",
           "[hostile]") {
   ScratchDir dir("hostile-npy");
-  const FloatArray q = normal_array({2, 2, 6, 8}, 3), k = normal_array({2, 2, 6, 8}, 4),
-                   v = normal_array({2, 2, 6, 8}, 5);
-  const std::string qp = dir.file("q.npy"), kp = dir.file("k.npy"), vp = dir.file("v.npy");
-  write_npy(qp, q);
-  write_npy(kp, k);
-  write_npy(vp, v);
-  const std::string whole = npy_bytes(k);
+  const AttentionCase base(make_test_problem("tiled", 2, 2, 6, 6, 8), 3);
+  const CaseFiles files = base.write_files(dir);
+  const std::string qp = files.q, kp = files.k, vp = files.v;
+  const std::string whole = npy_bytes(base.k);
   auto file = [&](const std::string& name, const std::string& bytes) {
     write_text(dir.path() / name, bytes);
     return dir.file(name);
   };
   auto array_file = [&](const std::string& name, std::vector<int64_t> shape) {
-    write_npy(dir.file(name), normal_array(std::move(shape), 6));
+    write_npy(dir.file(name), normal_tensor(std::move(shape), 6));
     return dir.file(name);
   };
   std::vector<double> big(96, 0.5);
@@ -476,13 +468,10 @@ TEST_CASE("eval: truncated, foreign, empty and mismatched .npy inputs exit 2 nam
 TEST_CASE("eval: variant parameters out of range, window 0, dilation 0 and duplicate global tokens",
           "[hostile]") {
   ScratchDir dir("hostile-params");
-  const FloatArray q = normal_array({1, 2, 6, 8}, 7), k = normal_array({1, 2, 6, 8}, 8),
-                   v = normal_array({1, 2, 6, 8}, 9);
-  const std::string qp = dir.file("q.npy"), kp = dir.file("k.npy"), vp = dir.file("v.npy"),
-                    out = dir.file("o.npy");
-  write_npy(qp, q);
-  write_npy(kp, k);
-  write_npy(vp, v);
+  const AttentionCase base(make_test_problem("naive", 1, 2, 6, 6, 8), 7);
+  const CaseFiles files = base.write_files(dir);
+  const FloatArray& v = base.v;
+  const std::string qp = files.q, kp = files.k, vp = files.v, out = dir.file("o.npy");
   auto eval = [&](const std::string& variant, const std::vector<std::string>& params) {
     std::vector<std::string> args{"eval", "--variant", variant, "--q",   qp, "--k",
                                   kp,     "--v",       vp,      "--out", out};
@@ -560,8 +549,8 @@ TEST_CASE("layer and embed: heads not dividing d_model, absurd sizes and non-fin
   const std::string weights = dir.file("w");
   fs::create_directories(weights);
   for (const char* name : {"w_q", "w_k", "w_v", "w_o"})
-    write_npy(dir.file(std::string("w/") + name + ".npy"), normal_array({8, 8}, 10));
-  FloatArray x = normal_array({1, 5, 8}, 11);
+    write_npy(dir.file(std::string("w/") + name + ".npy"), normal_tensor({8, 8}, 10));
+  FloatArray x = normal_tensor({1, 5, 8}, 11);
   const std::string xp = dir.file("x.npy"), out = dir.file("y.npy"), text = dir.file("t.txt");
   write_npy(xp, x);
   x.data[13] = std::numeric_limits<float>::quiet_NaN();
@@ -647,20 +636,15 @@ TEST_CASE("eval --compare with NaN/Inf inputs: counts reported, no crash, the po
   // (batch, head) only. Every registered variant, unmasked, causal and with key padding where supported.
   ScratchDir dir("hostile-nan");
   const int64_t B = 2, H = 2, L = 40, D = 16, kPadded = 35;  // batch 0 pads keys 35..39
-  const FloatArray q = normal_array({B, H, L, D}, 21), k = normal_array({B, H, L, D}, 22),
-                   v = normal_array({B, H, L, D}, 23);
-  FloatArray pad({B, L});
-  for (int64_t j = kPadded; j < L; ++j) pad.data[static_cast<std::size_t>(j)] = 1;
+  AttentionCase base(make_test_problem("naive", B, H, L, L, D), 21);
+  base.pad_keys([&](int64_t b, int64_t j) { return b == 0 && j >= kPadded; });
+  const CaseFiles files = base.write_files(dir);
+  const FloatArray &q = base.q, &k = base.k, &v = base.v;
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   auto at = [&](int64_t b, int64_t h, int64_t i, int64_t d) {
     return static_cast<std::size_t>(((b * H + h) * L + i) * D + d);
   };
-  const std::string qp = dir.file("q.npy"), kp = dir.file("k.npy"), vp = dir.file("v.npy"),
-                    padp = dir.file("pad.npy");
-  write_npy(qp, q);
-  write_npy(kp, k);
-  write_npy(vp, v);
-  write_npy(padp, pad);
+  const std::string qp = files.q, kp = files.k, vp = files.v, padp = files.pad;
   struct Poison {
     std::string what;
     char tensor;  // 'q', 'k' or 'v'

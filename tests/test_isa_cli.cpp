@@ -2,21 +2,19 @@
 // attnbench_gbench (an unsupported name exits 2 naming --isa, the value and the supported targets, and writes
 // nothing), `eval --isa scalar` against the fp64 reference and against `--isa best`, and `attnbench info`.
 // Sweeps over sweep.isa are tested in tests/test_sweep_run.cpp, its parsing in tests/test_sweep_config.cpp.
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "common/attention.hpp"
 #include "common/npy.hpp"
-#include "common/random.hpp"
 #include "common/reference.hpp"
 #include "common/simd.hpp"
+#include "common/util.hpp"
+#include "tests/support/attention_case.hpp"
 #include "tests/support/process.hpp"
 
 using namespace attn;
@@ -40,22 +38,12 @@ void check_isa_refused(const ProcResult& r, const std::string& what = "--isa") {
   CHECK_THAT(r.err, Contains("supported: " + supported_list()));
 }
 
+// Seeded Q, K, V for `variant` (batch 2, 3 heads) written to q.npy, k.npy and v.npy in `dir`.
 struct QkvFiles {
-  Problem p;
-  FloatArray q, k, v;
-  std::string args;
+  AttentionCase c;
   QkvFiles(const ScratchDir& dir, const std::string& variant, int64_t seq, int64_t head_dim)
-      : p(make_problem(variant)) {
-    p.batch = 2, p.heads = 3, p.seq_q = p.seq_kv = seq, p.head_dim = head_dim;
-    q = FloatArray({p.batch, p.heads, seq, head_dim});
-    k = FloatArray({p.batch, p.heads, seq, head_dim});
-    v = FloatArray({p.batch, p.heads, seq, head_dim});
-    fill_normal(q.ptr(), q.numel(), 21);
-    fill_normal(k.ptr(), k.numel(), 22);
-    fill_normal(v.ptr(), v.numel(), 23);
-    write_npy(dir.file("q.npy"), q);
-    write_npy(dir.file("k.npy"), k);
-    write_npy(dir.file("v.npy"), v);
+      : c(make_test_problem(variant, 2, 3, seq, seq, head_dim), 21) {
+    c.write_files(dir);
   }
   std::vector<std::string> eval_args(const std::string& variant, const std::string& out) const {
     return {"eval",  "--variant", variant, "--q",   "q.npy", "--k",
@@ -119,16 +107,10 @@ TEST_CASE("attnbench_gbench --isa: an unsupported name exits 2 before any benchm
   ScratchDir dir("isa-gbench");
   for (const std::vector<std::string>& isa :
        {std::vector<std::string>{"--isa=nosuch"}, {"--isa", "nosuch"}}) {
-    // process.hpp spawns ATTNBENCH_EXE; run the driver through /bin/sh instead, with its output in files.
-    std::string cmd = "'" + gbench.string() + "' --benchmark_list_tests=true";
-    for (const auto& a : isa) cmd += " " + a;
-    cmd += " >'" + dir.file("out.txt") + "' 2>'" + dir.file("err.txt") + "'";
-    const int status = std::system(cmd.c_str());
-    ProcResult r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(dir.path() / "out.txt");
-    r.err = slurp(dir.path() / "err.txt");
-    INFO(cmd << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
+    std::vector<std::string> args{"--benchmark_list_tests=true"};
+    args.insert(args.end(), isa.begin(), isa.end());
+    const ProcResult r = run_process(gbench, args, ProcOptions{dir.path(), std::nullopt});
+    INFO(gbench.string() << " " << join(args, " ") << "\nstdout:\n" << r.out << "\nstderr:\n" << r.err);
     check_isa_refused(r);
     CHECK(r.out.empty());  // nothing listed
   }
@@ -143,7 +125,7 @@ TEST_CASE("eval --isa scalar matches the fp64 reference and --isa best, for ever
       const std::string name = variant->name();
       // Odd sizes: every kernel's vector tails and remainders run.
       const QkvFiles f(dir, name, 37, 24);
-      Problem p = f.p;
+      Problem p = f.c.p;
       p.mask.causal = causal;
       if (!variant->not_supported_reasons(p).empty()) continue;
       INFO(name << (causal ? " causal" : ""));
@@ -163,8 +145,7 @@ TEST_CASE("eval --isa scalar matches the fp64 reference and --isa best, for ever
       // The target that ran, not the name asked for: "best" resolves to this CPU's best target.
       CHECK(report[0].at("isa") == "scalar");
       CHECK(report[1].at("isa") == best);
-      FloatArray scratch(out[0].shape);
-      const AttentionInputs in{f.q.ptr(), f.k.ptr(), f.v.ptr(), nullptr, nullptr, scratch.ptr()};
+      const AttentionInputs in = f.c.inputs(nullptr, &p);
       if (variant->capabilities().exact) {
         // Both targets within the derived fp32 bound of exact attention in fp64.
         const double tol = exact_abs_tolerance(p, in);

@@ -9,53 +9,24 @@
 #include "common/error.hpp"
 #include "common/random.hpp"
 #include "common/tensor.hpp"
+#include "tests/support/attention_case.hpp"
 
 using namespace attn;
+using namespace attn::test;
 
 namespace {
 
-struct LinearCase {
-  Problem p;
-  FloatArray q, k, v;
-  ByteArray pad;
-
-  LinearCase(const Json& params, int64_t batch, int64_t heads, int64_t seq_q, int64_t seq_kv, int64_t dim,
-             bool causal, bool padded, uint64_t seed)
-      : p(make_problem("linear", params)) {
-    p.batch = batch, p.heads = heads, p.seq_q = seq_q, p.seq_kv = seq_kv, p.head_dim = dim;
-    p.mask.causal = causal;
-    p.mask.key_padding = padded;
-    q = FloatArray({batch, heads, seq_q, dim});
-    k = FloatArray({batch, heads, seq_kv, dim});
-    v = FloatArray({batch, heads, seq_kv, dim});
-    fill_normal(q.ptr(), q.numel(), seed * 3 + 1);
-    fill_normal(k.ptr(), k.numel(), seed * 3 + 2);
-    fill_normal(v.ptr(), v.numel(), seed * 3 + 3);
-    if (padded) {
-      // Batch b pads keys j with (j + b) % 4 == 0; batch 1 (if present) pads every key.
-      pad = ByteArray({batch, seq_kv});
-      for (int64_t b = 0; b < batch; ++b)
-        for (int64_t j = 0; j < seq_kv; ++j) pad.data[b * seq_kv + j] = (b == 1 || (j + b) % 4 == 0) ? 1 : 0;
-    }
-  }
-
-  AttentionInputs inputs(float* out) const {
-    AttentionInputs in;
-    in.q = q.ptr(), in.k = k.ptr(), in.v = v.ptr(), in.out = out;
-    in.key_padding = pad.numel() ? pad.ptr() : nullptr;
-    return in;
-  }
-
-  FloatArray run() const {
-    FloatArray out({p.batch, p.heads, p.seq_q, p.head_dim}, std::nanf(""));
-    Registry::instance().get("linear").run(p, inputs(out.ptr()));
-    return out;
-  }
-
-  double tolerance() const {
-    return Registry::instance().get("linear").abs_tolerance(p, inputs(nullptr));  // reads only v
-  }
-};
+// A linear-attention case: seeded Q, K, V; with `padded`, batch b pads keys j with (j + b) % 4 == 0, and
+// batch 1 (if present) pads every key.
+AttentionCase linear_case(const Json& params, int64_t batch, int64_t heads, int64_t seq_q, int64_t seq_kv,
+                          int64_t dim, bool causal, bool padded, uint64_t seed) {
+  AttentionCase c(make_test_problem("linear", batch, heads, seq_q, seq_kv, dim, "none", params),
+                  seed * 3 + 1);
+  c.p.mask.causal = causal;
+  c.p.mask.key_padding = padded;
+  if (padded) c.pad_keys([](int64_t b, int64_t j) { return b == 1 || (j + b) % 4 == 0; });
+  return c;
+}
 
 double phi(const std::string& map, double x) {
   if (map == "relu") return std::max(x, 0.0);
@@ -65,7 +36,7 @@ double phi(const std::string& map, double x) {
 // The recurrence linear attention is defined by, one position at a time in fp64 (Katharopoulos et al. eq.
 // 18-20): S_i = S_{i-1} + φ(k_i) v_iᵀ, z_i = z_{i-1} + φ(k_i), out_i = φ(q_i)ᵀ S_i / (φ(q_i)ᵀ z_i + eps).
 // Causal rows use the state after key i (keys beyond seq_kv do not exist); non-causal rows the final state.
-std::vector<double> recurrence(const LinearCase& c) {
+std::vector<double> recurrence(const AttentionCase& c) {
   const Problem& p = c.p;
   const std::string map = p.param_string("feature_map");
   const double eps = p.param_number("eps");
@@ -118,7 +89,8 @@ TEST_CASE("linear chunked causal form equals the step-by-step recurrence", "[lin
     for (int64_t chunk : {1, 3, 7, 16, 64, 500})  // 3 and 7 divide none of the lengths below
       for (int64_t n : {1, 50, 129})
         for (bool padded : {false, true}) {
-          const LinearCase c({{"feature_map", map}, {"chunk", chunk}}, 2, 2, n, n, 20, true, padded, ++seed);
+          AttentionCase c =
+              linear_case({{"feature_map", map}, {"chunk", chunk}}, 2, 2, n, n, 20, true, padded, ++seed);
           const FloatArray got = c.run();
           INFO(c.p.repro());
           REQUIRE(max_abs_diff(got, recurrence(c)) <= c.tolerance());
@@ -130,7 +102,8 @@ TEST_CASE("linear non-causal and causal cross-attention equal the recurrence", "
   for (const char* map : {"elu", "relu"})
     for (auto [lq, lkv] : {std::pair<int64_t, int64_t>{40, 40}, {70, 23}, {23, 70}, {300, 300}})
       for (bool causal : {false, true}) {
-        const LinearCase c({{"feature_map", map}, {"chunk", 8}}, 2, 3, lq, lkv, 33, causal, true, ++seed);
+        AttentionCase c =
+            linear_case({{"feature_map", map}, {"chunk", 8}}, 2, 3, lq, lkv, 33, causal, true, ++seed);
         const FloatArray got = c.run();
         INFO(c.p.repro());
         REQUIRE(max_abs_diff(got, recurrence(c)) <= c.tolerance());
@@ -139,7 +112,7 @@ TEST_CASE("linear non-causal and causal cross-attention equal the recurrence", "
 
 TEST_CASE("linear at production sizes (default chunk, d=64) equals the recurrence", "[linear]") {
   for (bool causal : {false, true}) {
-    const LinearCase c(Json::object(), 1, 2, 3001, 3001, 64, causal, true, 31);
+    AttentionCase c = linear_case(Json::object(), 1, 2, 3001, 3001, 64, causal, true, 31);
     const FloatArray got = c.run();
     INFO(c.p.repro());
     REQUIRE(max_abs_diff(got, recurrence(c)) <= c.tolerance());
@@ -148,7 +121,7 @@ TEST_CASE("linear at production sizes (default chunk, d=64) equals the recurrenc
 
 TEST_CASE("linear chunk sizes that do not divide n agree with each other", "[linear]") {
   const int64_t n = 37;
-  LinearCase c({{"chunk", 1}}, 1, 2, n, n, 16, true, false, 9);
+  AttentionCase c = linear_case({{"chunk", 1}}, 1, 2, n, n, 16, true, false, 9);
   const FloatArray one = c.run();
   for (int64_t chunk : {2, 5, 10, 36, 37, 38}) {
     c.p.params["chunk"] = chunk;
@@ -165,7 +138,7 @@ TEST_CASE("linear causal: changing the future leaves earlier rows bitwise unchan
   const int64_t n = 90, D = 24;
   for (int64_t chunk : {1, 8, 13, 64, 90}) {
     for (int64_t t : {0, 12, 45, 88}) {
-      LinearCase c({{"chunk", chunk}}, 1, 2, n, n, D, true, false, 5);
+      AttentionCase c = linear_case({{"chunk", chunk}}, 1, 2, n, n, D, true, false, 5);
       const FloatArray before = c.run();
       Rng rng(77);
       for (int64_t h = 0; h < 2; ++h)
@@ -193,7 +166,7 @@ TEST_CASE("linear gives zero rows, never NaN, when every weight is zero", "[line
   for (bool causal : {false, true}) {
     // relu with a query whose features are all negative: φ(q) = 0, numerator and denominator 0, eps keeps
     // 0/eps.
-    LinearCase c({{"feature_map", "relu"}, {"chunk", 4}}, 2, 1, 10, 10, 8, causal, true, 11);
+    AttentionCase c = linear_case({{"feature_map", "relu"}, {"chunk", 4}}, 2, 1, 10, 10, 8, causal, true, 11);
     for (int64_t d = 0; d < 8; ++d) c.q.data[3 * 8 + d] = -1.0f - (float)d;  // batch 0, row 3
     const FloatArray out = c.run();
     for (std::size_t e = 0; e < out.numel(); ++e) REQUIRE(!std::isnan(out.data[e]));

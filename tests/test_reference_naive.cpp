@@ -11,11 +11,12 @@
 
 #include "common/attention.hpp"
 #include "common/mask.hpp"
-#include "common/random.hpp"
 #include "common/reference.hpp"
 #include "common/tensor.hpp"
+#include "tests/support/attention_case.hpp"
 
 using namespace attn;
+using namespace attn::test;
 
 namespace {
 
@@ -25,57 +26,16 @@ const Attention& naive() {
   return Registry::instance().get("naive");
 }
 
-// A problem with its tensors; out starts as NaN so a row the variant forgets to write shows up.
-struct Case {
-  Problem p;
-  FloatArray q, k, v, out;
-  ByteArray mask, pad;
-
-  explicit Case(Problem problem) : p(std::move(problem)) {
-    q = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
-    k = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
-    v = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
-    out = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim}, std::nanf(""));
-    if (p.mask.boolean) mask = ByteArray({p.seq_q, p.seq_kv}, 1);
-    if (p.mask.key_padding) pad = ByteArray({p.batch, p.seq_kv}, 0);
-  }
-  void fill_random(uint64_t seed, double logit_stddev = 1.0) {
-    fill_normal(q.ptr(), q.numel(), seed, logit_stddev);
-    fill_normal(k.ptr(), k.numel(), seed + 1, logit_stddev);
-    fill_normal(v.ptr(), v.numel(), seed + 2);
-  }
-  AttentionInputs inputs() {
-    return {
-        q.ptr(),  k.ptr(), v.ptr(), mask.numel() ? mask.ptr() : nullptr, pad.numel() ? pad.ptr() : nullptr,
-        out.ptr()};
-  }
-  void run_naive() { naive().run(p, inputs()); }
-  DoubleArray reference() {
-    DoubleArray want(out.shape);
-    reference_attention(p, inputs(), want.ptr());
-    return want;
-  }
-  double tolerance() { return exact_abs_tolerance(p, inputs()); }
-  int64_t rows() const { return p.batch * p.heads * p.seq_q; }
-  float& q_at(int64_t bh, int64_t i, int64_t d) { return q.data[(bh * p.seq_q + i) * p.head_dim + d]; }
-  float& k_at(int64_t bh, int64_t j, int64_t d) { return k.data[(bh * p.seq_kv + j) * p.head_dim + d]; }
-  float& v_at(int64_t bh, int64_t j, int64_t d) { return v.data[(bh * p.seq_kv + j) * p.head_dim + d]; }
-  float out_at(int64_t bh, int64_t i, int64_t d) const {
-    return out.data[(bh * p.seq_q + i) * p.head_dim + d];
-  }
-};
-
+// A naive problem; its case (AttentionCase) starts with zero Q, K, V, masks allowing every key and a NaN
+// output, so a row the variant forgets to write shows up.
 Problem problem(int64_t batch, int64_t heads, int64_t seq_q, int64_t seq_kv, int64_t head_dim,
                 const char* mask = "none") {
-  Problem p = make_problem("naive");
-  p.batch = batch, p.heads = heads, p.seq_q = seq_q, p.seq_kv = seq_kv, p.head_dim = head_dim;
-  p.mask = parse_mask(mask, "test");
-  return p;
+  return make_test_problem("naive", batch, heads, seq_q, seq_kv, head_dim, mask);
 }
 
 // naive against the fp64 reference with the derived bound, and no NaN/Inf anywhere.
-void expect_matches_reference(Case& c) {
-  c.run_naive();
+void expect_matches_reference(AttentionCase& c) {
+  c.run();
   const DoubleArray want = c.reference();
   const ErrorMetrics m = compare_outputs(c.out.ptr(), want.ptr(), c.rows(), c.p.head_dim);
   INFO(c.p.repro() << ": max_abs_err " << m.max_abs_err << " bound " << c.tolerance());
@@ -85,7 +45,7 @@ void expect_matches_reference(Case& c) {
 }
 
 // True iff every element of output row (bh, i) is exactly zero.
-bool row_is_zero(const Case& c, int64_t bh, int64_t i) {
+bool row_is_zero(const AttentionCase& c, int64_t bh, int64_t i) {
   for (int64_t d = 0; d < c.p.head_dim; ++d)
     if (c.out_at(bh, i, d) != 0.0f) return false;
   return true;
@@ -100,13 +60,13 @@ TEST_CASE("textbook example: softmax(0.9, 0.2, 0.1, 0.0, 0.3) = (0.34, 0.17, 0.1
   const std::vector<long> percent = {34, 17, 15, 14, 19};
   Problem p = problem(1, 1, 1, 5, 5);
   p.scale = 1.0;
-  Case c(p);
+  AttentionCase c(p);
   c.q_at(0, 0, 0) = 1.0f;
   for (int64_t j = 0; j < 5; ++j) {
     c.k_at(0, j, 0) = scores[j];
     c.v_at(0, j, j) = 1.0f;
   }
-  c.run_naive();
+  c.run();
   const DoubleArray ref = c.reference();
 
   // The same weights by hand, in double, from the fp32 scores the kernels see.
@@ -134,7 +94,7 @@ TEST_CASE("the fp64 reference on a hand-computed case: two keys with weights 3/4
   for (const char* mask : {"none", "causal"}) {
     Problem p = problem(1, 1, 2, 2, 2, mask);
     p.scale = 0.5;
-    Case c(p);
+    AttentionCase c(p);
     const float ln3 = static_cast<float>(std::log(3.0));
     c.q_at(0, 0, 0) = 2.0f, c.q_at(0, 1, 1) = 2.0f;
     c.k_at(0, 0, 0) = ln3, c.k_at(0, 1, 1) = ln3;  // row 0 favours key 0, row 1 favours key 1
@@ -154,7 +114,7 @@ TEST_CASE("the fp64 reference on a hand-computed case: two keys with weights 3/4
     }
     CHECK(std::fabs(ref.data[2] - 1.0) <= tol);  // 1/4 * 4 + 3/4 * 0
     CHECK(std::fabs(ref.data[3] + 1.0) <= tol);  // 1/4 * 8 + 3/4 * -4
-    c.run_naive();
+    c.run();
     for (int e = 0; e < 4; ++e) CHECK(std::fabs(c.out.data[e] - ref.data[e]) <= c.tolerance());
 
     // Only row 1, through the `rows` argument: the same numbers.
@@ -168,17 +128,15 @@ TEST_CASE("the fp64 reference on a hand-computed case: two keys with weights 3/4
 
 TEST_CASE("fully masked rows give exact zeros, never NaN", "[naive]") {
   SECTION("boolean mask with a row of zeros") {
-    Case c(problem(2, 2, 9, 9, 17, "bool"));
-    c.fill_random(11);
-    Rng rng(5);
-    for (auto& m : c.mask.data) m = rng.uniform() < 0.6 ? 1 : 0;
-    for (int64_t j = 0; j < 9; ++j) c.mask.data[3 * 9 + j] = 0;  // query row 3 may attend nothing
+    AttentionCase c(problem(2, 2, 9, 9, 17, "bool"));
+    c.fill_normal(11);
+    c.random_mask(5, 0.6, {3});  // query row 3 may attend nothing
     expect_matches_reference(c);
     for (int64_t bh = 0; bh < 4; ++bh) CHECK(row_is_zero(c, bh, 3));
   }
   SECTION("every key padded in one batch") {
-    Case c(problem(2, 3, 7, 7, 20, "pad"));
-    c.fill_random(12);
+    AttentionCase c(problem(2, 3, 7, 7, 20, "pad"));
+    c.fill_normal(12);
     for (int64_t j = 0; j < 7; ++j) c.pad.data[7 + j] = 1;  // batch 1: all keys padded
     c.pad.data[2] = 1;                                      // batch 0: one padded key
     expect_matches_reference(c);
@@ -190,8 +148,8 @@ TEST_CASE("fully masked rows give exact zeros, never NaN", "[naive]") {
   }
   SECTION("causal + padding leaving query row 0 with no key") {
     for (auto [lq, lkv] : {std::pair<int64_t, int64_t>{6, 6}, {9, 4}, {3, 8}}) {
-      Case c(problem(2, 2, lq, lkv, 5, "causal+pad"));
-      c.fill_random(13);
+      AttentionCase c(problem(2, 2, lq, lkv, 5, "causal+pad"));
+      c.fill_normal(13);
       c.pad.data[0] = 1;  // batch 0 pads key 0, the only key causal row 0 may see
       INFO("Lq " << lq << " Lkv " << lkv);
       expect_matches_reference(c);
@@ -220,7 +178,7 @@ TEST_CASE("logits near and far beyond the fp32 exp overflow point (88.7) stay fi
   const int64_t heads = static_cast<int64_t>(logits.size()), lq = 3, lkv = 6;
   Problem p = problem(1, heads, lq, lkv, lkv);
   p.scale = 1.0;
-  Case c(p);
+  AttentionCase c(p);
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t i = 0; i < lq; ++i) c.q_at(h, i, 0) = query_scale[i];
     for (int64_t j = 0; j < lkv; ++j) {
@@ -228,7 +186,7 @@ TEST_CASE("logits near and far beyond the fp32 exp overflow point (88.7) stay fi
       c.v_at(h, j, j) = 1.0f;
     }
   }
-  c.run_naive();
+  c.run();
   const DoubleArray ref = c.reference();
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t i = 0; i < lq; ++i) {
@@ -246,10 +204,10 @@ TEST_CASE("logits near and far beyond the fp32 exp overflow point (88.7) stay fi
 
   // Gaussian inputs scaled so logits reach about +-200 with the default scale, D = 17, causal or not.
   for (const char* mask : {"none", "causal"}) {
-    Case g(problem(1, 2, 33, 33, 17, mask));
+    AttentionCase g(problem(1, 2, 33, 33, 17, mask));
     // q.k has standard deviation 49 * sqrt(17); times scale 1/sqrt(17): 49. The largest of ~2000 logits is
     // about 3.5 sigma, ~170, and the smallest about -170.
-    g.fill_random(21, 7.0);
+    g.fill_normal(21, 7.0);
     expect_matches_reference(g);
   }
 }
@@ -258,10 +216,9 @@ TEST_CASE("naive matches the reference for cross-attention with a boolean mask",
   // common/check.cpp sweeps self-attention with every mask; cross-attention there uses none/pad/causal only.
   for (auto [lq, lkv, d] : {std::tuple<int64_t, int64_t, int64_t>{7, 19, 17}, {17, 5, 33}, {1, 130, 3}}) {
     for (const char* mask : {"bool", "causal+bool", "causal+bool+pad"}) {
-      Case c(problem(2, 2, lq, lkv, d, mask));
-      c.fill_random(31);
-      Rng rng(7);
-      for (auto& m : c.mask.data) m = rng.uniform() < 0.5 ? 1 : 0;
+      AttentionCase c(problem(2, 2, lq, lkv, d, mask));
+      c.fill_normal(31);
+      c.random_mask(7, 0.5);
       if (c.p.mask.key_padding) c.pad.data[lkv + lkv - 1] = 1;
       expect_matches_reference(c);
     }
@@ -269,9 +226,9 @@ TEST_CASE("naive matches the reference for cross-attention with a boolean mask",
 }
 
 TEST_CASE("exact_abs_tolerance is tight enough to catch a wrong output", "[naive]") {
-  Case c(problem(2, 2, 33, 33, 20));
-  c.fill_random(41);
-  c.run_naive();
+  AttentionCase c(problem(2, 2, 33, 33, 20));
+  c.fill_normal(41);
+  c.run();
   const DoubleArray want = c.reference();
   const double tol = c.tolerance();
   double vmax = 0;
@@ -289,13 +246,13 @@ TEST_CASE("exact_abs_tolerance is tight enough to catch a wrong output", "[naive
   }
   SECTION("a scale 1% off") {
     c.p.scale = 1.01 * c.p.effective_scale();
-    c.run_naive();
+    c.run();
     c.p.scale.reset();
     CHECK(compare_outputs(c.out.ptr(), want.ptr(), c.rows(), 20).max_abs_err > tol);
   }
   SECTION("a causal mask the reference does not have") {
     c.p.mask.causal = true;
-    c.run_naive();
+    c.run();
     c.p.mask.causal = false;
     CHECK(compare_outputs(c.out.ptr(), want.ptr(), c.rows(), 20).max_abs_err > tol);
   }
@@ -359,8 +316,8 @@ TEST_CASE("sample_rows spans the sequence including the first and last row", "[n
   CHECK(sample_rows(1, 1) == std::vector<int64_t>{0});
 
   // The reference restricted to sampled rows equals those rows of the full reference, bitwise.
-  Case c(problem(2, 2, 40, 40, 9, "causal"));
-  c.fill_random(51);
+  AttentionCase c(problem(2, 2, 40, 40, 9, "causal"));
+  c.fill_normal(51);
   const DoubleArray full = c.reference();
   const auto rows = sample_rows(40, 6);
   std::vector<double> part(4 * rows.size() * 9);

@@ -12,49 +12,24 @@
 #include "common/reference.hpp"
 #include "common/runtime.hpp"
 #include "common/tensor.hpp"
+#include "tests/support/attention_case.hpp"
 
 using namespace attn;
+using namespace attn::test;
 
 namespace {
 
-struct Case {
-  Problem p;
-  FloatArray q, k, v;
-  ByteArray pad;
-
-  Case(const Json& params, int64_t batch, int64_t heads, int64_t seq, int64_t dim, bool causal, bool padded,
-       uint64_t seed)
-      : p(make_problem("sliding_window", params)) {
-    p.batch = batch, p.heads = heads, p.seq_q = p.seq_kv = seq, p.head_dim = dim;
-    p.mask.causal = causal;
-    p.mask.key_padding = padded;
-    q = FloatArray({batch, heads, seq, dim});
-    k = FloatArray({batch, heads, seq, dim});
-    v = FloatArray({batch, heads, seq, dim});
-    fill_normal(q.ptr(), q.numel(), seed * 3 + 1);
-    fill_normal(k.ptr(), k.numel(), seed * 3 + 2);
-    fill_normal(v.ptr(), v.numel(), seed * 3 + 3);
-    if (padded) {
-      // Batch b pads every third key from offset b, and batch 2 (if present) pads every key.
-      pad = ByteArray({batch, seq});
-      for (int64_t b = 0; b < batch; ++b)
-        for (int64_t j = 0; j < seq; ++j) pad.data[b * seq + j] = (b == 2 || (j + b) % 3 == 0) ? 1 : 0;
-    }
-  }
-
-  AttentionInputs inputs(float* out, const uint8_t* mask = nullptr) const {
-    AttentionInputs in;
-    in.q = q.ptr(), in.k = k.ptr(), in.v = v.ptr(), in.out = out, in.mask = mask;
-    in.key_padding = pad.numel() ? pad.ptr() : nullptr;
-    return in;
-  }
-
-  FloatArray run(const std::string& variant, const Problem& problem, const uint8_t* mask = nullptr) const {
-    FloatArray out({p.batch, p.heads, p.seq_q, p.head_dim}, std::nanf(""));
-    Registry::instance().get(variant).run(problem, inputs(out.ptr(), mask));
-    return out;
-  }
-};
+// A sliding_window self-attention case: seeded Q, K, V; with `padded`, batch b pads every third key from
+// offset b, and batch 2 (if present) pads every key.
+AttentionCase window_case(const Json& params, int64_t batch, int64_t heads, int64_t seq, int64_t dim,
+                          bool causal, bool padded, uint64_t seed) {
+  AttentionCase c(make_test_problem("sliding_window", batch, heads, seq, seq, dim, "none", params),
+                  seed * 3 + 1);
+  c.p.mask.causal = causal;
+  c.p.mask.key_padding = padded;
+  if (padded) c.pad_keys([](int64_t b, int64_t j) { return b == 2 || (j + b) % 3 == 0; });
+  return c;
+}
 
 // The Longformer pattern written straight from the issue's definition: key j is allowed for query i iff
 // j = i + k*dilation with |k| <= w (k <= 0 when causal), or either position is global.
@@ -84,11 +59,10 @@ double max_abs_diff(const FloatArray& a, const FloatArray& b) {
 }
 
 // Asserts `got` is within the derived fp32 bound of the fp64 softmax reference of `p` (mask as given).
-void require_matches_reference(const Case& c, const Problem& p, const FloatArray& got,
+void require_matches_reference(const AttentionCase& c, const Problem& p, const FloatArray& got,
                                const uint8_t* mask = nullptr) {
   DoubleArray want({p.batch, p.heads, p.seq_q, p.head_dim});
-  FloatArray unused(got.shape);  // the reference requires an output pointer but writes only `want`
-  const AttentionInputs in = c.inputs(unused.ptr(), mask);
+  const AttentionInputs in = c.inputs(nullptr, &p, mask);  // the reference writes only `want`
   reference_attention(p, in, want.ptr());
   const ErrorMetrics m = compare_outputs(got.ptr(), want.ptr(), p.batch * p.heads * p.seq_q, p.head_dim);
   const double tol = exact_abs_tolerance(p, in);
@@ -118,20 +92,20 @@ TEST_CASE("sliding_window equals naive under the equivalent boolean mask", "[sli
       for (bool causal : {false, true})
         for (bool padded : {false, true}) {
           const Json params = {{"window", s.window}, {"dilation", s.dilation}, {"global_tokens", s.globals}};
-          const Case c(params, 3, 2, n, 24, causal, padded, ++seed);
-          const FloatArray got = c.run("sliding_window", c.p);
+          AttentionCase c = window_case(params, 3, 2, n, 24, causal, padded, ++seed);
+          const FloatArray got = c.run();
           const std::vector<uint8_t> mask = definition_mask(n, s.window, s.dilation, s.global_list, causal);
           Problem masked = make_problem("naive");
           masked.batch = c.p.batch, masked.heads = c.p.heads, masked.seq_q = masked.seq_kv = n;
           masked.head_dim = c.p.head_dim, masked.mask = c.p.mask;
           masked.mask.boolean = true;
-          const FloatArray naive = c.run("naive", masked, mask.data());
+          const FloatArray naive = c.run(masked, mask.data());
           INFO(c.p.repro());
           // Both are fp32 results within the derived bound of the same fp64 oracle, hence within twice it.
           require_matches_reference(c, masked, got, mask.data());
           require_matches_reference(c, masked, naive, mask.data());
           REQUIRE(max_abs_diff(got, naive) <=
-                  2 * exact_abs_tolerance(masked, c.inputs(nullptr, mask.data())));
+                  2 * exact_abs_tolerance(masked, c.inputs(nullptr, &masked, mask.data())));
         }
 }
 
@@ -142,8 +116,8 @@ TEST_CASE("sliding_window at a production window (w=256, 64-row tiles) equals th
   for (int64_t dilation : {1, 2})
     for (bool causal : {false, true}) {
       const Json params = {{"window", 256}, {"dilation", dilation}, {"global_tokens", Json::array({0, 700})}};
-      const Case c(params, 1, 2, n, 32, causal, true, 40 + dilation);
-      const FloatArray got = c.run("sliding_window", c.p);
+      AttentionCase c = window_case(params, 1, 2, n, 32, causal, true, 40 + dilation);
+      const FloatArray got = c.run();
       const std::vector<uint8_t> mask = definition_mask(n, 256, dilation, {0, 700}, causal);
       Problem masked = c.p;
       masked.mask.boolean = true;
@@ -157,15 +131,15 @@ TEST_CASE("sliding_window with a window covering the sequence equals full attent
     for (bool causal : {false, true}) {
       // window = seq - 1 reaches every key from every query; larger windows must change nothing.
       for (int64_t w : {n - 1, n, 4 * n + 3}) {
-        const Case c({{"window", w}}, 2, 2, n, 16, causal, true, 100 + n + w);
-        const FloatArray got = c.run("sliding_window", c.p);
+        AttentionCase c = window_case({{"window", w}}, 2, 2, n, 16, causal, true, 100 + n + w);
+        const FloatArray got = c.run();
         Problem full = make_problem("naive");
         full.batch = 2, full.heads = 2, full.seq_q = full.seq_kv = n, full.head_dim = 16,
         full.mask = c.p.mask;
-        const FloatArray naive = c.run("naive", full);
+        const FloatArray naive = c.run(full);
         INFO(c.p.repro());
         require_matches_reference(c, full, got);
-        REQUIRE(max_abs_diff(got, naive) <= 2 * exact_abs_tolerance(full, c.inputs(nullptr)));
+        REQUIRE(max_abs_diff(got, naive) <= 2 * exact_abs_tolerance(full, c.inputs(nullptr, &full)));
       }
     }
   }
@@ -177,8 +151,9 @@ TEST_CASE("sliding_window with every position global equals full attention", "[s
   for (int64_t i = 0; i < n; ++i) every[i] = n - 1 - i;  // unsorted on purpose
   for (const Json& globals : {Json(n), Json(n + 100), Json(every)}) {
     for (bool causal : {false, true}) {
-      const Case c({{"window", 1}, {"dilation", 3}, {"global_tokens", globals}}, 3, 1, n, 8, causal, true, 7);
-      const FloatArray got = c.run("sliding_window", c.p);
+      AttentionCase c = window_case({{"window", 1}, {"dilation", 3}, {"global_tokens", globals}}, 3, 1, n, 8,
+                                    causal, true, 7);
+      const FloatArray got = c.run();
       Problem full = make_problem("naive");
       full.batch = 3, full.heads = 1, full.seq_q = full.seq_kv = n, full.head_dim = 8, full.mask = c.p.mask;
       INFO(c.p.repro());
@@ -191,21 +166,21 @@ TEST_CASE(
     "sliding_window dilation 1 equals the undilated default, and a dilated window is a window on each "
     "residue class",
     "[sliding_window]") {
-  const Case c({{"window", 5}}, 1, 2, 70, 16, false, false, 3);
+  AttentionCase c = window_case({{"window", 5}}, 1, 2, 70, 16, false, false, 3);
   Problem dilated_one = make_problem("sliding_window", {{"window", 5}, {"dilation", 1}});
   dilated_one.batch = 1, dilated_one.heads = 2, dilated_one.seq_q = dilated_one.seq_kv = 70,
   dilated_one.head_dim = 16;
-  const FloatArray a = c.run("sliding_window", c.p), b = c.run("sliding_window", dilated_one);
+  const FloatArray a = c.run(), b = c.run(dilated_one);
   REQUIRE(std::memcmp(a.ptr(), b.ptr(), a.numel() * sizeof(float)) == 0);
 
   // With dilation 3, positions r, r+3, r+6, ... see only each other, through an ordinary window of 5.
   const int64_t n = 70, dil = 3, D = 16, H = 2;
   for (bool causal : {false, true}) {
-    Case whole({{"window", 5}, {"dilation", dil}}, 1, H, n, D, causal, false, 4);
-    const FloatArray out = whole.run("sliding_window", whole.p);
+    AttentionCase whole = window_case({{"window", 5}, {"dilation", dil}}, 1, H, n, D, causal, false, 4);
+    const FloatArray out = whole.run();
     for (int64_t r = 0; r < dil; ++r) {
       const int64_t m = (n - r + dil - 1) / dil;
-      Case sub({{"window", 5}}, 1, H, m, D, causal, false, 0);
+      AttentionCase sub = window_case({{"window", 5}}, 1, H, m, D, causal, false, 0);
       for (int64_t h = 0; h < H; ++h)
         for (int64_t t = 0; t < m; ++t)
           for (int64_t d = 0; d < D; ++d) {
@@ -213,7 +188,7 @@ TEST_CASE(
             sub.q.data[to] = whole.q.data[from], sub.k.data[to] = whole.k.data[from];
             sub.v.data[to] = whole.v.data[from];
           }
-      const FloatArray sub_out = sub.run("sliding_window", sub.p);
+      const FloatArray sub_out = sub.run();
       double worst = 0;
       for (int64_t h = 0; h < H; ++h)
         for (int64_t t = 0; t < m; ++t)
@@ -229,8 +204,8 @@ TEST_CASE(
 TEST_CASE("sliding_window edges: the first and last w rows softmax over exactly their clipped band",
           "[sliding_window]") {
   const int64_t n = 50, w = 7, D = 12;
-  const Case c({{"window", w}}, 1, 1, n, D, false, false, 21);
-  const FloatArray got = c.run("sliding_window", c.p);
+  AttentionCase c = window_case({{"window", w}}, 1, 1, n, D, false, false, 21);
+  const FloatArray got = c.run();
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   double worst = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -254,20 +229,20 @@ TEST_CASE("sliding_window edges: the first and last w rows softmax over exactly 
   REQUIRE(worst <= exact_abs_tolerance(c.p, c.inputs(nullptr)));
 
   // Row 0 must not see key w+1 and must see key w: change each and watch row 0.
-  Case moved = c;
+  AttentionCase moved = c;
   for (int64_t d = 0; d < D; ++d) moved.v.data[(w + 1) * D + d] += 100.0f;
-  FloatArray out = moved.run("sliding_window", moved.p);
+  FloatArray out = moved.run();
   REQUIRE(std::memcmp(out.ptr(), got.ptr(), D * sizeof(float)) == 0);
   for (int64_t d = 0; d < D; ++d) moved.v.data[w * D + d] += 100.0f;
-  out = moved.run("sliding_window", moved.p);
+  out = moved.run();
   REQUIRE(std::fabs(out.data[0] - got.data[0]) > 0.01);
 }
 
 TEST_CASE("sliding_window window 0 returns each position's own value; fully masked rows are zeros",
           "[sliding_window]") {
   const int64_t n = 33, D = 9;
-  const Case c({{"window", 0}}, 3, 2, n, D, false, true, 5);
-  const FloatArray out = c.run("sliding_window", c.p);
+  AttentionCase c = window_case({{"window", 0}}, 3, 2, n, D, false, true, 5);
+  const FloatArray out = c.run();
   for (int64_t b = 0; b < 3; ++b)
     for (int64_t h = 0; h < 2; ++h)
       for (int64_t i = 0; i < n; ++i) {

@@ -14,87 +14,32 @@
 #include "common/simd.hpp"
 #include "common/tensor.hpp"
 #include "common/vmath.hpp"
+#include "tests/support/attention_case.hpp"
 
 using namespace attn;
+using namespace attn::test;
 
 namespace {
 
 const Attention& tiled_variant() {
   return Registry::instance().get("tiled");
 }
-const Attention& naive_variant() {
-  return Registry::instance().get("naive");
-}
 
 // Seeded inputs for one problem. The boolean mask allows 70% of keys and hides every key from query rows 0
 // and seq_q / 2 (when seq_q >= 3); batch b pads its last b * seq_kv / 3 keys, and batch 3 pads all of them.
-struct Inputs {
-  Problem p;
-  FloatArray q, k, v;
-  ByteArray mask, pad;
-
-  Inputs(Problem problem, uint64_t seed, double logit_std = 1.0) : p(std::move(problem)) {
-    q = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
-    k = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
-    v = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
-    fill_normal(q.ptr(), q.numel(), seed * 3 + 1, logit_std);
-    fill_normal(k.ptr(), k.numel(), seed * 3 + 2, logit_std);
-    fill_normal(v.ptr(), v.numel(), seed * 3 + 3);
-    if (p.mask.boolean) {
-      mask = ByteArray({p.seq_q, p.seq_kv});
-      Rng rng(seed * 7 + 5);
-      for (auto& m : mask.data) m = rng.uniform() < 0.7 ? 1 : 0;
-      if (p.seq_q >= 3) {
-        std::fill_n(mask.ptr(), p.seq_kv, uint8_t{0});
-        std::fill_n(mask.ptr() + p.seq_q / 2 * p.seq_kv, p.seq_kv, uint8_t{0});
-      }
-    }
-    if (p.mask.key_padding) {
-      pad = ByteArray({p.batch, p.seq_kv});
-      for (int64_t b = 0; b < p.batch; ++b) {
-        const int64_t padded = b >= 3 ? p.seq_kv : b * p.seq_kv / 3;
-        for (int64_t j = p.seq_kv - padded; j < p.seq_kv; ++j) pad.data[b * p.seq_kv + j] = 1;
-      }
-    }
-  }
-
-  AttentionInputs inputs(float* out) {
-    return {q.ptr(), k.ptr(), v.ptr(), mask.numel() ? mask.ptr() : nullptr, pad.numel() ? pad.ptr() : nullptr,
-            out};
-  }
-
-  // Runs `variant` with this problem's masks/shape but the variant's own parameters; NaN-filled output first,
-  // so a row the variant forgets to write shows up.
-  FloatArray run(const Attention& variant, const Json& params = Json::object()) {
-    Problem vp = make_problem(variant.name(), params);
-    vp.batch = p.batch, vp.heads = p.heads, vp.seq_q = p.seq_q, vp.seq_kv = p.seq_kv,
-    vp.head_dim = p.head_dim;
-    vp.mask = p.mask, vp.scale = p.scale, vp.dropout = p.dropout, vp.seed = p.seed;
-    FloatArray out({p.batch, p.heads, p.seq_q, p.head_dim}, std::nanf(""));
-    variant.run(vp, inputs(out.ptr()));
-    return out;
-  }
-
-  DoubleArray reference() {
-    DoubleArray want({p.batch, p.heads, p.seq_q, p.head_dim});
-    FloatArray unused(q.shape);
-    reference_attention(p, inputs(unused.ptr()), want.ptr());
-    return want;
-  }
-
-  double tolerance() {
-    FloatArray unused(q.shape);
-    return exact_abs_tolerance(p, inputs(unused.ptr()));
-  }
-
-  int64_t rows() const { return p.batch * p.heads * p.seq_q; }
-};
+AttentionCase tiled_case(Problem problem, uint64_t seed, double logit_std = 1.0) {
+  AttentionCase c(std::move(problem), seed * 3 + 1, logit_std);
+  const Problem& p = c.p;
+  if (p.mask.boolean)
+    c.random_mask(seed * 7 + 5, 0.7,
+                  p.seq_q >= 3 ? std::vector<int64_t>{0, p.seq_q / 2} : std::vector<int64_t>{});
+  if (p.mask.key_padding)
+    c.pad_keys([&](int64_t b, int64_t j) { return j >= p.seq_kv - (b >= 3 ? p.seq_kv : b * p.seq_kv / 3); });
+  return c;
+}
 
 Problem shape(int64_t batch, int64_t heads, int64_t seq_q, int64_t seq_kv, int64_t dim, const char* mask) {
-  Problem p = make_problem("tiled");
-  p.batch = batch, p.heads = heads, p.seq_q = seq_q, p.seq_kv = seq_kv, p.head_dim = dim;
-  p.mask = parse_mask(mask, "test");
-  return p;
+  return make_test_problem("tiled", batch, heads, seq_q, seq_kv, dim, mask);
 }
 
 DoubleArray to_double(const FloatArray& x) {
@@ -118,12 +63,12 @@ TEST_CASE("tiled matches the fp64 reference and naive for every mask kind with t
     for (int64_t dim : {1, 17, 64}) {
       for (const char* mask : masks) {
         // Batch 4 so key padding reaches a fully padded batch; 2 heads so head offsets are exercised.
-        Inputs data(shape(4, 2, seq, seq, dim, mask), ++seed);
+        AttentionCase data = tiled_case(shape(4, 2, seq, seq, dim, mask), ++seed);
         const DoubleArray want = data.reference();
-        const DoubleArray base = to_double(data.run(naive_variant()));
+        const DoubleArray base = to_double(data.run_as("naive"));
         const double tol = data.tolerance();
         for (const Json& tiles : kTinyTiles) {
-          const FloatArray got = data.run(tiled_variant(), tiles);
+          const FloatArray got = data.run_as("tiled", tiles);
           const ErrorMetrics ref = compare_outputs(got.ptr(), want.ptr(), data.rows(), dim);
           // naive and tiled are each within tol of the reference, so within 2 tol of each other.
           const ErrorMetrics vs_naive = compare_outputs(got.ptr(), base.ptr(), data.rows(), dim);
@@ -144,11 +89,11 @@ TEST_CASE("tiled cross-attention (seq_q != seq_kv) matches the reference", "[til
   uint64_t seed = 200;
   for (auto [lq, lkv] : {std::pair<int64_t, int64_t>{7, 130}, {130, 7}, {1, 17}, {17, 1}, {33, 64}}) {
     for (const char* mask : {"none", "causal", "pad", "causal+bool+pad"}) {
-      Inputs data(shape(4, 1, lq, lkv, 17, mask), ++seed);
+      AttentionCase data = tiled_case(shape(4, 1, lq, lkv, 17, mask), ++seed);
       const DoubleArray want = data.reference();
       const double tol = data.tolerance();
       for (const Json& tiles : kTinyTiles) {
-        const FloatArray got = data.run(tiled_variant(), tiles);
+        const FloatArray got = data.run_as("tiled", tiles);
         const ErrorMetrics m = compare_outputs(got.ptr(), want.ptr(), data.rows(), data.p.head_dim);
         INFO("Lq " << lq << " Lkv " << lkv << " mask " << mask << " tiles " << tiles.dump() << ": "
                    << m.max_abs_err << " (bound " << tol << ")");
@@ -162,27 +107,27 @@ TEST_CASE("tiled cross-attention (seq_q != seq_kv) matches the reference", "[til
 TEST_CASE("tiled causal skips only key tiles above the diagonal, for tile_q != tile_kv", "[tiled]") {
   // Rectangular tiles put the diagonal at every offset inside a tile; a skipped tile that held an allowed key
   // (or a kept key beyond the diagonal) moves the output by order max|v|, far above the bound.
-  Inputs data(shape(1, 2, 130, 130, 16, "causal"), 300);
+  AttentionCase data = tiled_case(shape(1, 2, 130, 130, 16, "causal"), 300);
   const DoubleArray want = data.reference();
   const double tol = data.tolerance();
   for (auto [tq, tkv] :
        {std::pair<int, int>{16, 5}, {5, 16}, {7, 64}, {64, 7}, {129, 1}, {1, 129}, {48, 128}}) {
-    const FloatArray got = data.run(tiled_variant(), {{"tile_q", tq}, {"tile_kv", tkv}});
+    const FloatArray got = data.run_as("tiled", {{"tile_q", tq}, {"tile_kv", tkv}});
     const ErrorMetrics m = compare_outputs(got.ptr(), want.ptr(), data.rows(), 16);
     INFO("tile_q " << tq << " tile_kv " << tkv << ": " << m.max_abs_err << " (bound " << tol << ")");
     CHECK(m.nan_count == 0);
     CHECK(m.max_abs_err <= tol);
   }
   // Row 0 sees only key 0: its output is v_0 to within the bound.
-  const FloatArray got = data.run(tiled_variant(), {{"tile_q", 3}, {"tile_kv", 4}});
+  const FloatArray got = data.run_as("tiled", {{"tile_q", 3}, {"tile_kv", 4}});
   for (int64_t d = 0; d < 16; ++d) CHECK(std::fabs(got.data[d] - data.v.data[d]) <= tol);
 }
 
 TEST_CASE("tiled gives exact zeros for fully masked rows, never NaN", "[tiled]") {
   for (const Json& tiles : kTinyTiles) {
     // Rows 0 and seq/2 have no allowed key (boolean mask); batch 3 pads every key.
-    Inputs data(shape(4, 2, 37, 37, 17, "bool+pad"), 400);
-    const FloatArray got = data.run(tiled_variant(), tiles);
+    AttentionCase data = tiled_case(shape(4, 2, 37, 37, 17, "bool+pad"), 400);
+    const FloatArray got = data.run_as("tiled", tiles);
     int64_t zero_rows = 0;
     for (int64_t b = 0; b < 4; ++b)
       for (int64_t h = 0; h < 2; ++h)
@@ -205,11 +150,11 @@ TEST_CASE("tiled handles a row whose only allowed key lies in its last key tile"
   // The running max stays -inf through every earlier tile, then becomes finite: the -inf bookkeeping must
   // neither leak NaN nor lose the late key. Row i may attend key seq - 1 - (i % 3) only.
   Problem p = shape(1, 1, 20, 20, 8, "bool");
-  Inputs data(p, 500);
+  AttentionCase data = tiled_case(p, 500);
   std::fill(data.mask.data.begin(), data.mask.data.end(), uint8_t{0});
   for (int64_t i = 0; i < 20; ++i) data.mask.data[i * 20 + 19 - i % 3] = 1;
   for (const Json& tiles : kTinyTiles) {
-    const FloatArray got = data.run(tiled_variant(), tiles);
+    const FloatArray got = data.run_as("tiled", tiles);
     for (int64_t i = 0; i < 20; ++i)
       for (int64_t d = 0; d < 8; ++d) {
         INFO("tiles " << tiles.dump() << " row " << i);
@@ -223,10 +168,10 @@ TEST_CASE("tiled stays exact with logits near and beyond +-88 and a max that mov
   SECTION("gaussian logits reaching ~+-90") {
     // q, k ~ N(0, 4.6^2) at head_dim 16: scale * q.k reaches about +-90, where exp overflows in fp32.
     for (const char* mask : {"none", "causal", "pad"}) {
-      Inputs data(shape(4, 2, 65, 65, 16, mask), 600, 4.6);
+      AttentionCase data = tiled_case(shape(4, 2, 65, 65, 16, mask), 600, 4.6);
       const DoubleArray want = data.reference();
       for (const Json& tiles : kTinyTiles) {
-        const FloatArray got = data.run(tiled_variant(), tiles);
+        const FloatArray got = data.run_as("tiled", tiles);
         const ErrorMetrics m = compare_outputs(got.ptr(), want.ptr(), data.rows(), 16);
         INFO(mask << " tiles " << tiles.dump() << ": " << m.max_abs_err << " (bound " << data.tolerance()
                   << ")");
@@ -238,14 +183,14 @@ TEST_CASE("tiled stays exact with logits near and beyond +-88 and a max that mov
   SECTION("increasing logits: the running max moves at every key tile") {
     // head_dim 1, scale 1: logit_ij = q_i k_j with k_j rising from -88 to +300, so every tile raises the max
     // and the running output must be rescaled each time; without the rescale the error is of order max|v|.
-    Inputs data(shape(1, 1, 9, 97, 1, "none"), 700);
+    AttentionCase data = tiled_case(shape(1, 1, 9, 97, 1, "none"), 700);
     data.p.scale = 1.0;
     for (int64_t j = 0; j < 97; ++j) data.k.data[j] = -88.0f + 388.0f * static_cast<float>(j) / 96.0f;
     for (int64_t i = 0; i < 9; ++i)
       data.q.data[i] = 0.125f * static_cast<float>(i);  // row 0: uniform weights
     const DoubleArray want = data.reference();
     for (const Json& tiles : kTinyTiles) {
-      const FloatArray got = data.run(tiled_variant(), tiles);
+      const FloatArray got = data.run_as("tiled", tiles);
       const ErrorMetrics m = compare_outputs(got.ptr(), want.ptr(), 9, 1);
       INFO("tiles " << tiles.dump() << ": " << m.max_abs_err << " (bound " << data.tolerance() << ")");
       CHECK(m.nan_count + m.inf_count == 0);
@@ -258,12 +203,12 @@ TEST_CASE("tiled dropout makes naive's keep decisions: same seed, same output", 
   for (const char* mask : {"none", "causal", "causal+bool+pad"}) {
     Problem p = shape(4, 2, 70, 70, 24, mask);
     p.dropout = 0.3, p.seed = 1234;
-    Inputs data(p, 800);
+    AttentionCase data = tiled_case(p, 800);
     const double tol = data.tolerance();  // includes the 1 / (1 - p) growth
     const DoubleArray want = data.reference();
-    const DoubleArray base = to_double(data.run(naive_variant()));
+    const DoubleArray base = to_double(data.run_as("naive"));
     for (const Json& tiles : kTinyTiles) {
-      const FloatArray got = data.run(tiled_variant(), tiles);
+      const FloatArray got = data.run_as("tiled", tiles);
       const ErrorMetrics vs_naive = compare_outputs(got.ptr(), base.ptr(), data.rows(), 24);
       const ErrorMetrics vs_ref = compare_outputs(got.ptr(), want.ptr(), data.rows(), 24);
       INFO(mask << " tiles " << tiles.dump() << ": vs naive " << vs_naive.max_abs_err << ", vs reference "
@@ -273,12 +218,12 @@ TEST_CASE("tiled dropout makes naive's keep decisions: same seed, same output", 
       CHECK(vs_ref.max_abs_err <= tol);
     }
     // Dropout is really applied: another seed, or none, moves the output by far more than the bound.
-    Inputs other = data;
+    AttentionCase other = data;
     other.p.seed = 99;
-    const FloatArray reseeded = other.run(tiled_variant());
+    const FloatArray reseeded = other.run_as("tiled");
     CHECK(compare_outputs(reseeded.ptr(), want.ptr(), data.rows(), 24).max_abs_err > 100 * tol);
     other.p.dropout = 0;
-    const FloatArray undropped = other.run(tiled_variant());
+    const FloatArray undropped = other.run_as("tiled");
     CHECK(compare_outputs(undropped.ptr(), want.ptr(), data.rows(), 24).max_abs_err > 100 * tol);
   }
 }
@@ -286,15 +231,15 @@ TEST_CASE("tiled dropout makes naive's keep decisions: same seed, same output", 
 TEST_CASE("tiled is bitwise identical at 1 and 2 threads with the default tiles", "[tiled]") {
   // Several query tiles per head and a key tail, so the two threads really split the work.
   for (const char* mask : {"none", "causal+pad"}) {
-    Inputs data(shape(2, 3, 700, 700, 64, mask), 900);
+    AttentionCase data = tiled_case(shape(2, 3, 700, 700, 64, mask), 900);
     FloatArray one, two;
     {
       ThreadScope scope(1);
-      one = data.run(tiled_variant());
+      one = data.run_as("tiled");
     }
     {
       ThreadScope scope(2);
-      two = data.run(tiled_variant());
+      two = data.run_as("tiled");
     }
     CHECK(std::memcmp(one.ptr(), two.ptr(), one.numel() * sizeof(float)) == 0);
     CHECK(compare_outputs(one.ptr(), data.reference().ptr(), data.rows(), 64).max_abs_err <=
@@ -367,10 +312,10 @@ TEST_CASE("the exp2 polynomial is within its documented error bound on every sup
 }
 
 TEST_CASE("tiled lets a NaN input show in the output instead of hiding it", "[tiled]") {
-  Inputs data(shape(1, 1, 20, 20, 8, "none"), 1000);
+  AttentionCase data = tiled_case(shape(1, 1, 20, 20, 8, "none"), 1000);
   data.k.data[5 * 8 + 3] = std::nanf("");  // key 5 is NaN: every row's weights are undefined
   for (const Json& tiles : kTinyTiles) {
-    const FloatArray got = data.run(tiled_variant(), tiles);
+    const FloatArray got = data.run_as("tiled", tiles);
     int64_t nan_rows = 0;
     for (int64_t i = 0; i < 20; ++i) nan_rows += std::isnan(got.data[i * 8]) ? 1 : 0;
     INFO("tiles " << tiles.dump());
