@@ -1,5 +1,6 @@
 // Determinism: the same config and seed give the same results across runs and across thread counts.
-//  * Sweeps (every registered variant, both input regimes, masks, dropout), run twice with threads [1, 2]:
+//  * Sweeps (every registered variant, with its defaults and with each of its test parameter sets; both input
+//    regimes, masks, dropout, cross-attention), run twice with threads [1, 2]:
 //    every row field is identical except the ones listed in kRunVolatile (timing, the sgemm-relative speed,
 //    the resident-memory peak, the timestamp); a point at 1 and at 2 threads differs only in those, its id
 //    and threads, and the per-thread workspace estimate (kThreadDependent). meta.json differs only in its
@@ -128,6 +129,21 @@ Json thread_axis() {
   return available_threads() >= 2 ? Json::array({1, 2}) : Json::array({1});
 }
 
+// The sweep's variants: every registered variant once per parameter set of its test_param_sets() (the small
+// values that force its tiles, chunks, bands and globals), each value as an axis of one value (a bare list
+// would be an axis of counts for a list-typed parameter such as global_tokens). Different sets give different
+// point ids, so a variant may appear several times.
+Json test_param_variants() {
+  Json variants = Json::array();
+  for (const Attention* v : Registry::instance().all())
+    for (const Json& set : v->test_param_sets()) {
+      Json params = Json::object();
+      for (auto it = set.begin(); it != set.end(); ++it) params[it.key()] = Json::array({it.value()});
+      variants.push_back({{"name", v->name()}, {"params", params}});
+    }
+  return variants;
+}
+
 }  // namespace
 
 TEST_CASE("sweep: identical rows across runs and thread counts; only timing fields differ", "[determinism]") {
@@ -154,10 +170,9 @@ TEST_CASE("sweep: identical rows across runs and thread counts; only timing fiel
         {"seed", 11}};
     check_sweep_determinism(config, dir);
   }
-  SECTION("dropout, cross-attention and variant parameter axes") {
+  SECTION("dropout, cross-attention and every variant's test parameter sets") {
     const Json config = {{"name", "det_dropout"},
-                         {"variants", Json::parse(R"(["naive", "tiled", "linear",
-                      {"name": "sliding_window", "params": {"window": [0, 5], "global_tokens": [[0, 17]]}}])")},
+                         {"variants", test_param_variants()},
                          {"sweep",
                           {{"batch", 1},
                            {"heads", 3},
