@@ -51,7 +51,7 @@ struct EvalFiles {
 
 }  // namespace
 
-TEST_CASE("attnbench list names every registered variant; --json is valid and complete", "[cli]") {
+TEST_CASE("attnbench list names every registered variant, and --json is valid and complete", "[cli]") {
   ScratchDir dir("cli");
   const ProcResult text = attnbench(dir, {"list"});
   REQUIRE(text.code == 0);

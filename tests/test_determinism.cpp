@@ -146,7 +146,7 @@ Json test_param_variants() {
 
 }  // namespace
 
-TEST_CASE("sweep: identical rows across runs and thread counts; only timing fields differ", "[determinism]") {
+TEST_CASE("sweep: identical rows across runs and thread counts, only timing fields differ", "[determinism]") {
   ScratchDir dir("determinism-sweep");
   write_text(dir.path() / "text.txt",
              "the quick brown fox jumps over the lazy dog while the cat sleeps on the warm mat and the bird "

@@ -13,7 +13,7 @@
 
 using namespace attn;
 
-TEST_CASE("the FMA peak runs on each supported target and names it; wider targets have more lanes",
+TEST_CASE("the FMA peak runs on each supported target and names it, and wider targets have more lanes",
           "[peak][isa]") {
   int previous_lanes = 1 << 30;
   for (const std::string& name : simd::isa_info().supported) {

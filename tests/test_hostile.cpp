@@ -75,7 +75,8 @@ std::string sweep_config_text() {
 
 }  // namespace
 
-TEST_CASE("run: malformed JSON exits 2 naming the file, line and column; nothing is created", "[hostile]") {
+TEST_CASE("run: malformed JSON exits 2 naming the file, line and column, and nothing is created",
+          "[hostile]") {
   ScratchDir dir("hostile-json");
   const std::string good = sweep_config_text();
   const std::string deep = std::string(100000, '[') + std::string(100000, ']');
@@ -117,7 +118,7 @@ TEST_CASE("run: malformed JSON exits 2 naming the file, line and column; nothing
 }
 
 TEST_CASE(
-    "run: wrong types and out-of-range values name the JSON path, the value and what is allowed; "
+    "run: wrong types and out-of-range values name the JSON path, the value and what is allowed, "
     "nothing is created and earlier results survive --force",
     "[hostile]") {
   ScratchDir dir("hostile-config");

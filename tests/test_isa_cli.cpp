@@ -173,7 +173,7 @@ TEST_CASE("check --isa scalar runs the registry checks on the scalar target and 
   CHECK_THAT(r.out, Contains(" passed, 0 failed"));
 }
 
-TEST_CASE("attnbench info: CPU, SIMD targets, BLAS and core, TBB, threads; --json parses with every key",
+TEST_CASE("attnbench info: CPU, SIMD targets, BLAS and core, TBB, threads, and --json parses with every key",
           "[cli][isa]") {
   ScratchDir dir("isa-info");
   const simd::IsaInfo& isa = simd::isa_info();

@@ -238,7 +238,7 @@ TEST_CASE("sliding_window edges: the first and last w rows softmax over exactly 
   REQUIRE(std::fabs(out.data[0] - got.data[0]) > 0.01);
 }
 
-TEST_CASE("sliding_window window 0 returns each position's own value; fully masked rows are zeros",
+TEST_CASE("sliding_window window 0 returns each position's own value, and fully masked rows are zeros",
           "[sliding_window]") {
   const int64_t n = 33, D = 9;
   AttentionCase c = window_case({{"window", 0}}, 3, 2, n, D, false, true, 5);

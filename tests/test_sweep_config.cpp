@@ -511,7 +511,7 @@ TEST_CASE("plan expansion: more than 10000 points or parameter combinations are 
   CHECK_THAT(config_error(j), Contains("variants[0].params") && Contains("more than 10000 combinations"));
 }
 
-TEST_CASE("sweep.isa: an axis of SIMD targets, validated against this CPU; \"best\" keeps the ids",
+TEST_CASE("sweep.isa: an axis of SIMD targets, validated against this CPU, and 'best' keeps the ids",
           "[sweep][config][isa]") {
   const std::string best = simd::isa_info().best;
   std::string supported = "best";

@@ -411,7 +411,7 @@ TEST_CASE("ok rows hold every documented field with its type", "[sweep][run]") {
   CHECK(ok == 5);  // gaussian: naive and linear at seq_kv 16 and 24, sliding_window at 16
 }
 
-TEST_CASE("points over the memory budget or unsupported are skipped with the reason; the sweep goes on",
+TEST_CASE("points over the memory budget or unsupported are skipped with the reason, and the sweep goes on",
           "[sweep][run]") {
   const MixedRun& m = mixed_run();
   SECTION("over the memory budget: the reason gives the bytes") {
