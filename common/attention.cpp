@@ -14,6 +14,8 @@ namespace attn {
 Json capabilities_json(const Capabilities& c) {
   return {{"exact", c.exact},
           {"causal", c.causal},
+          {"causal_lower_right", c.causal_lower_right},
+          {"gqa", c.gqa},
           {"boolean_mask", c.boolean_mask},
           {"key_padding", c.key_padding},
           {"cross", c.cross},
@@ -29,13 +31,21 @@ std::size_t MemoryEstimate::total() const {
   return sat_add(inputs, beyond_inputs());
 }
 
-MemoryEstimate Attention::estimate_memory(const Problem& p, int threads) const {
-  // Problem::validate bounds every tensor at 2^58 elements, so these products fit in 64 bits.
+namespace {
+// The inputs and output of `p` (no workspace). Problem::validate bounds every tensor at 2^58 elements, so
+// these products fit in 64 bits.
+MemoryEstimate io_bytes(const Problem& p) {
   MemoryEstimate m;
   m.inputs = static_cast<std::size_t>(p.q_elements() + 2 * p.kv_elements()) * sizeof(float) +
              (p.mask.boolean ? static_cast<std::size_t>(p.seq_q * p.seq_kv) : 0) +
              (p.mask.key_padding ? static_cast<std::size_t>(p.batch * p.seq_kv) : 0);
   m.output = static_cast<std::size_t>(p.q_elements()) * sizeof(float);
+  return m;
+}
+}  // namespace
+
+MemoryEstimate Attention::estimate_memory(const Problem& p, int threads) const {
+  MemoryEstimate m = io_bytes(p);
   m.workspace = workspace_bytes(p, threads);
   return m;
 }
@@ -44,6 +54,11 @@ std::vector<std::string> Attention::not_supported_reasons(const Problem& p) cons
   const Capabilities c = capabilities();
   std::vector<std::string> r;
   if (p.mask.causal && !c.causal) r.push_back(name() + " does not support the causal mask");
+  if (p.mask.causal_lower_right && !c.causal_lower_right)
+    r.push_back(name() + " does not support the causal_lower_right mask");
+  if (p.is_gqa() && !c.gqa)
+    r.push_back(name() + " does not support grouped-query attention (kv_heads " +
+                std::to_string(p.num_kv_heads()) + " != heads " + std::to_string(p.heads) + ")");
   if (p.mask.boolean && !c.boolean_mask) r.push_back(name() + " does not support boolean masks");
   if (p.mask.key_padding && !c.key_padding) r.push_back(name() + " does not support key padding");
   if (p.seq_q != p.seq_kv && !c.cross)
@@ -66,6 +81,15 @@ void Attention::run(const Problem& p, const AttentionInputs& in) const {
     throw NotSupported(p.repro() + ": " + why);
   check_inputs(p, in);
   forward(p, in);
+}
+
+double compulsory_bytes(const Problem& p) {
+  const MemoryEstimate m = io_bytes(p);
+  return static_cast<double>(m.inputs) + static_cast<double>(m.output);
+}
+
+double Attention::bytes_moved(const Problem& p) const {
+  return compulsory_bytes(p);
 }
 
 void Attention::reference_forward(const Problem& p, const AttentionInputs& in, double* out) const {

@@ -16,6 +16,12 @@ namespace attn {
 struct Capabilities {
   bool exact = false;         // computes softmax attention exactly (up to fp32 rounding)
   bool causal = false;        // supports the causal mask
+  // supports causal_lower_right (j <= i + seq_kv - seq_q) and both causal kinds together (causal_offset in
+  // mask.hpp): a variant applying causal as "j > i" only must leave it false.
+  bool causal_lower_right = false;
+  // supports grouped-query attention (kv_heads < heads): K and V hold kv_heads heads, and query head h reads
+  // K/V head p.kv_head_of(h). A variant indexing K/V by the query head must leave it false.
+  bool gqa = false;
   bool boolean_mask = false;  // supports an explicit [seq_q, seq_kv] mask
   bool key_padding = false;   // supports a [batch, seq_kv] key-padding mask
   bool cross = false;         // supports seq_q != seq_kv (cross-attention)
@@ -30,8 +36,8 @@ struct Capabilities {
 
 Json capabilities_json(const Capabilities& caps);
 
-// Pointers to contiguous fp32 tensors. q, out: [batch, heads, seq_q, head_dim]; k, v: [batch, heads, seq_kv,
-// head_dim]. mask: [seq_q, seq_kv] (nonzero = may attend), required iff problem.mask.boolean.
+// Pointers to contiguous fp32 tensors. q, out: [batch, heads, seq_q, head_dim]; k, v: [batch, kv_heads,
+// seq_kv, head_dim] (kv_heads = heads unless grouped-query, Problem::num_kv_heads). mask: [seq_q, seq_kv] (nonzero = may attend), required iff problem.mask.boolean.
 // key_padding: [batch, seq_kv] (nonzero = padded), required iff problem.mask.key_padding.
 struct AttentionInputs {
   const float* q = nullptr;
@@ -69,6 +75,12 @@ class Attention {
   virtual double flops(const Problem& p) const = 0;
   // Bytes this variant allocates beyond Q, K, V, O and the masks (at `threads` threads).
   virtual std::size_t workspace_bytes(const Problem& p, int threads) const = 0;
+  // Bytes one forward call must move to and from memory, as this variant counts its own traffic: the
+  // numerator of its achieved bandwidth (the row's `bytes`, frac_bandwidth) and the denominator of its
+  // arithmetic intensity on the roofline. Default: compulsory_bytes(p) (Q, K, V, O and the masks once
+  // each); override when the algorithm streams something more (a materialised score matrix, K/V read once
+  // per query head), with a comment saying what is counted.
+  virtual double bytes_moved(const Problem& p) const;
 
   // What one run(p, ...) at `threads` threads needs in memory, from the sizes alone (nothing is allocated):
   // the one estimate the sweep, eval, check and the Google Benchmark driver all use.
@@ -120,6 +132,9 @@ class Registry {
 Problem make_problem(const std::string& variant, const Json& given = Json::object());
 // Reads a repro string (Problem::repro) back; parameters are resolved against the registered variant's specs.
 Problem parse_problem(const std::string& repro);
+
+// Q, K, V (kv_heads heads), O and the masks the problem uses, each moved once: the least any variant moves.
+double compulsory_bytes(const Problem& p);
 
 // Checks that `in` has every pointer `p` needs (`out` only if needs_out); throws UsageError otherwise
 // (Attention::run and reference_attention call it).

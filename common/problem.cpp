@@ -21,6 +21,7 @@ std::string MaskSpec::str() const {
   std::string s;
   auto add = [&](const char* part) { s += (s.empty() ? "" : "+") + std::string(part); };
   if (causal) add("causal");
+  if (causal_lower_right) add("causal_lower_right");
   if (boolean) add("bool");
   if (key_padding) add("pad");
   return s;
@@ -29,13 +30,16 @@ std::string MaskSpec::str() const {
 MaskSpec parse_mask(const std::string& text, const std::string& where, double* pad_fraction) {
   MaskSpec m;
   if (text == "none" || text.empty()) return m;
-  const std::string allowed = pad_fraction ? "none, causal, pad, pad=F with F in [0, 1], joined by '+'"
-                                           : "none, or causal, bool, pad joined by '+'";
+  const std::string allowed = pad_fraction
+                                  ? "none, or causal, causal_lower_right, pad, pad=F with F in [0, 1], joined by '+'"
+                                  : "none, or causal, causal_lower_right, bool, pad joined by '+'";
   std::stringstream ss(text);
   std::string part;
   while (std::getline(ss, part, '+')) {
     if (part == "causal") {
       m.causal = true;
+    } else if (part == "causal_lower_right") {
+      m.causal_lower_right = true;
     } else if (part == "bool" && !pad_fraction) {
       m.boolean = true;
     } else if (part == "pad") {
@@ -99,7 +103,9 @@ std::string Problem::repro() const {
     }
     s << "}";
   }
-  s << ":B=" << batch << ",H=" << heads << ",Lq=" << seq_q << ",Lkv=" << seq_kv << ",D=" << head_dim;
+  s << ":B=" << batch << ",H=" << heads;
+  if (num_kv_heads() != heads) s << ",Hkv=" << num_kv_heads();
+  s << ",Lq=" << seq_q << ",Lkv=" << seq_kv << ",D=" << head_dim;
   if (mask.any()) s << "," << mask.str();
   if (scale) s << ",scale=" << shortest_double_text(*scale);
   if (dropout > 0) s << ",dropout=" << shortest_double_text(dropout) << ",seed=" << seed;
@@ -116,6 +122,10 @@ void Problem::validate() const {
   check_size("seq_q", seq_q);
   check_size("seq_kv", seq_kv);
   check_size("head_dim", head_dim);
+  if (kv_heads < 0 || kv_heads > heads || (kv_heads > 0 && heads % kv_heads != 0))
+    throw UsageError("kv_heads: must divide heads (query heads " + std::to_string(heads) +
+                     " into groups of equal size), got kv_heads " + std::to_string(kv_heads) + " with heads " +
+                     std::to_string(heads));
   // Each size is at most 2^40, but their product can still overflow 64 bits: check it without wrapping.
   auto check_elements = [&](const char* seq_name, int64_t seq, const char* tensors) {
     int64_t n = batch;
@@ -133,7 +143,7 @@ void Problem::validate() const {
     }
   };
   check_elements("seq_q", seq_q, "Q and the output");
-  check_elements("seq_kv", seq_kv, "K and V");
+  check_elements("seq_kv", seq_kv, "K and V");  // K/V have kv_heads <= heads heads: bounded by this
   if (scale && (!std::isfinite(*scale) || *scale <= 0))
     throw UsageError("scale: must be a finite number > 0, got " + std::to_string(*scale));
   if (!(dropout >= 0.0 && dropout < 1.0))
@@ -175,6 +185,8 @@ void parse_problem_shape(const std::string& tail, const std::string& where, Prob
       whole_int(p.batch);
     else if (k == "H")
       whole_int(p.heads);
+    else if (k == "Hkv")
+      whole_int(p.kv_heads);
     else if (k == "Lq")
       whole_int(p.seq_q);
     else if (k == "Lkv")
@@ -188,7 +200,7 @@ void parse_problem_shape(const std::string& tail, const std::string& where, Prob
     else if (k == "seed")
       whole_int(p.seed);
     else
-      throw UsageError(where + ": unknown field '" + k + "' (B, H, Lq, Lkv, D, scale, dropout, seed)");
+      throw UsageError(where + ": unknown field '" + k + "' (B, H, Hkv, Lq, Lkv, D, scale, dropout, seed)");
   }
   p.validate();
 }

@@ -11,21 +11,30 @@
 namespace attn {
 
 // Which masks apply. They combine: a key may be attended iff every active mask allows it.
-//   causal       query i may attend key j iff j <= i (top-left aligned, as torch's tril mask).
-//   boolean      an explicit [seq_q, seq_kv] mask, nonzero = may attend, shared by batch and heads.
-//   key_padding  a [batch, seq_kv] mask, nonzero = padded key (never attended).
+//   causal              query i may attend key j iff j <= i (upper-left aligned, as torch's tril mask).
+//   causal_lower_right  query i may attend key j iff j <= i + (seq_kv - seq_q): the last query sees every
+//                       key (PyTorch's causal_lower_right, FlashAttention >= 2.1; the KV-cache decode rule).
+//                       Equal to causal when seq_q == seq_kv; with seq_q > seq_kv the first seq_q - seq_kv
+//                       queries see no key.
+//   boolean             an explicit [seq_q, seq_kv] mask, nonzero = may attend, shared by batch and heads.
+//   key_padding         a [batch, seq_kv] mask, nonzero = padded key (never attended).
+// Both causal kinds are "j <= i + c" rules, so together they are the one with the smaller c
+// (causal_offset in mask.hpp); every variant applies that single offset.
 // A query row with no allowed key produces a zero output row (never NaN).
 struct MaskSpec {
   bool causal = false;
   bool boolean = false;
   bool key_padding = false;
+  bool causal_lower_right = false;
 
-  bool any() const { return causal || boolean || key_padding; }
-  std::string str() const;  // "none", "causal", "causal+bool+pad", ...
+  bool any() const { return causal || boolean || key_padding || causal_lower_right; }
+  bool any_causal() const { return causal || causal_lower_right; }
+  std::string str() const;  // "none", "causal", "causal+bool+pad", "causal_lower_right+pad", ...
   bool operator==(const MaskSpec&) const = default;
 };
 
-// Parses "none", "causal", "bool", "pad" joined by '+'; throws UsageError naming `where`. With
+// Parses "none", "causal", "causal_lower_right", "bool", "pad" joined by '+'; throws UsageError naming
+// `where`. With
 // `pad_fraction` (the sweep's generated masks), "pad=F" (F in [0, 1]) is also allowed and stores F there
 // ("pad" leaves it as it was), and "bool" is not (the sweep generates no boolean masks).
 MaskSpec parse_mask(const std::string& text, const std::string& where, double* pad_fraction = nullptr);
@@ -42,7 +51,11 @@ struct Problem {
   // `params`), so ids do not depend on JSON key order and this file needs no registry.
   std::vector<std::string> param_order;
   int64_t batch = 1;
-  int64_t heads = 1;
+  int64_t heads = 1;  // query heads
+  // K/V heads (grouped-query attention): 0 means `heads` (multi-head attention); otherwise heads % kv_heads
+  // must be 0, and query head h reads K/V head h / (heads / kv_heads), as PyTorch's enable_gqa and llama.cpp.
+  // Use num_kv_heads() and kv_head_of(), never this field directly.
+  int64_t kv_heads = 0;
   int64_t seq_q = 1;
   int64_t seq_kv = 1;
   int64_t head_dim = 64;
@@ -52,8 +65,15 @@ struct Problem {
   uint64_t seed = 0;            // dropout keep decisions (and nothing else) depend on it
 
   double effective_scale() const;
+  int64_t num_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t group_size() const { return heads / num_kv_heads(); }  // query heads per K/V head
+  int64_t kv_head_of(int64_t h) const { return h / group_size(); }
+  // Index of the [seq_kv, head_dim] K/V block query head h of batch entry b reads (K and V are
+  // [batch, kv_heads, seq_kv, head_dim]).
+  int64_t kv_block(int64_t b, int64_t h) const { return b * num_kv_heads() + kv_head_of(h); }
+  bool is_gqa() const { return num_kv_heads() != heads; }
   int64_t q_elements() const { return batch * heads * seq_q * head_dim; }
-  int64_t kv_elements() const { return batch * heads * seq_kv * head_dim; }
+  int64_t kv_elements() const { return batch * num_kv_heads() * seq_kv * head_dim; }  // of K (and of V)
   bool is_self_shaped() const { return seq_q == seq_kv; }
 
   // Typed access to resolved parameters (throws std::logic_error if absent: a variant bug).
@@ -63,12 +83,13 @@ struct Problem {
   const Json& param(const std::string& name) const;
 
   std::string repro() const;
-  // Checks sizes (each in [1, 2^40], every tensor at most kMaxTensorElements elements, products computed
+  // Checks sizes (each in [1, 2^40], kv_heads dividing heads, every tensor at most kMaxTensorElements elements, products computed
   // without overflow), scale and dropout; throws UsageError naming the field and the value.
   void validate() const;
 };
 
-// Reads the shape part of a repro string ("B=1,H=8,Lq=16,Lkv=16,D=8,causal,scale=0.5") into `p` (sizes, mask,
+// Reads the shape part of a repro string ("B=1,H=8,Hkv=2,Lq=16,Lkv=16,D=8,causal,scale=0.5"; Hkv only when
+// it differs from H) into `p` (sizes, mask,
 // scale, dropout, seed), then validates `p`; UsageError naming `where`. parse_problem (attention.hpp) reads a
 // whole repro string, parameters included.
 void parse_problem_shape(const std::string& shape, const std::string& where, Problem& p);
