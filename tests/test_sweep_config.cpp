@@ -161,7 +161,7 @@ TEST_CASE("masks: unknown names and padding fractions", "[sweep][config]") {
     j["sweep"]["mask"] = {"none", "casual"};
     const std::string e = config_error(j);
     CHECK_THAT(e, Contains("sweep.mask[1]: unknown mask 'casual'"));
-    CHECK_THAT(e, Contains("allowed: none, causal, pad"));
+    CHECK_THAT(e, Contains("allowed: none, or causal, causal_lower_right, pad"));
   }
   SECTION("pad fraction above 1") {
     Json j = base_config();
