@@ -1,5 +1,5 @@
 // The built `attnbench` executable, run as a user would: list, eval (bitwise equal to calling naive
-// directly), eval --compare, check, and every error path (exit code 2, a message naming the option or file
+// directly; K/V with fewer heads than Q, lower-right causal), eval --compare, check, and every error path (exit code 2, a message naming the option or file
 // and value, and no output file written or clobbered).
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -133,6 +133,99 @@ TEST_CASE("attnbench eval --compare prints accuracy against the fp64 reference a
   CHECK(j.at("mean_cosine").get<double>() > 1 - 1e-6);
 }
 
+namespace {
+
+// K or V [B, H, Lkv, D] of multi-head attention equal to the grouped [B, Hkv, Lkv, D] `kv`: query head h gets
+// K/V head h / (H / Hkv) (Problem::kv_head_of), written out independently of it.
+FloatArray repeat_kv_heads(const FloatArray& kv, int64_t heads) {
+  const int64_t B = kv.shape[0], Hkv = kv.shape[1], L = kv.shape[2], D = kv.shape[3], group = heads / Hkv;
+  FloatArray out({B, heads, L, D});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      std::copy_n(kv.ptr() + (b * Hkv + h / group) * L * D, L * D, out.ptr() + (b * heads + h) * L * D);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("attnbench eval with K and V of fewer heads than Q (grouped-query attention) and lower-right causal",
+          "[cli]") {
+  ScratchDir dir("cli");
+  const Attention& naive = Registry::instance().get("naive");
+  const Capabilities caps = naive.capabilities();
+  struct Shape {
+    int64_t heads, kv_heads, seq_q, seq_kv;
+  };
+  // GQA groups of 4, 2 and all heads in one; decode (seq_q 1), seq_q < seq_kv and seq_q > seq_kv.
+  const std::vector<Shape> shapes = {{8, 2, 5, 9}, {6, 3, 9, 5}, {4, 1, 1, 12}, {2, 2, 4, 11}};
+  const std::vector<Args> masks = {{}, {"--causal-lower-right"}, {"--causal", "--causal-lower-right"}};
+  uint64_t seed = 40;
+  for (const Shape& s : shapes) {
+    const int64_t B = 2, D = 7;
+    const FloatArray q = normal_tensor({B, s.heads, s.seq_q, D}, ++seed),
+                     k = normal_tensor({B, s.kv_heads, s.seq_kv, D}, ++seed),
+                     v = normal_tensor({B, s.kv_heads, s.seq_kv, D}, ++seed);
+    const std::string tag = std::to_string(s.heads) + "_" + std::to_string(s.kv_heads);
+    const std::string fq = dir.file("gq" + tag + ".npy"), fk = dir.file("gk" + tag + ".npy"),
+                      fv = dir.file("gv" + tag + ".npy");
+    write_npy(fq, q);
+    write_npy(fk, k);
+    write_npy(fv, v);
+    for (const Args& mask : masks) {
+      Problem p = make_test_problem("naive", B, s.heads, s.seq_q, s.seq_kv, D);
+      p.kv_heads = s.kv_heads;
+      p.mask.causal = std::find(mask.begin(), mask.end(), "--causal") != mask.end();
+      p.mask.causal_lower_right = !mask.empty();
+      const std::string id = p.repro();
+      INFO("eval " << id);
+      CHECK(contains(id, "H=" + std::to_string(s.heads) + (p.is_gqa() ? ",Hkv=" + std::to_string(s.kv_heads) : "") +
+                             ",Lq="));
+      CHECK(contains(id, "causal_lower_right") == p.mask.causal_lower_right);
+      const std::string out = dir.file("gO.npy");
+      fs::remove(out);
+      const ProcResult r = attnbench(dir, Args{"eval", "--variant", "naive", "--q", fq, "--k", fk, "--v", fv} +
+                                              mask + Args{"--compare", "--out", out});
+      INFO("stderr: " << r.err);
+      if ((p.is_gqa() && !caps.gqa) || (p.mask.causal_lower_right && !caps.causal_lower_right)) {
+        // A variant without the capability refuses, naming the problem (its repro id) and what it lacks.
+        CHECK(r.code == 2);
+        CHECK(contains(r.err, "not supported: " + id + ": "));
+        if (p.is_gqa() && !caps.gqa) CHECK(contains(r.err, "grouped-query attention"));
+        if (p.mask.causal_lower_right && !caps.causal_lower_right) CHECK(contains(r.err, "causal_lower_right"));
+        CHECK_FALSE(fs::exists(out));
+        continue;
+      }
+      REQUIRE(r.code == 0);
+      Json j;
+      REQUIRE_NOTHROW(j = Json::parse(r.out));
+      CHECK(j.at("id") == id);
+      CHECK(j.at("nan_count") == 0);
+      const FloatArray got = read_npy_float(out);
+      REQUIRE(got.shape == std::vector<int64_t>{B, s.heads, s.seq_q, D});
+      // Exactly what naive computes in process on the same grouped inputs...
+      FloatArray want(got.shape, std::nanf(""));
+      naive.run(p, {q.ptr(), k.ptr(), v.ptr(), nullptr, nullptr, want.ptr()});
+      CHECK(std::memcmp(got.ptr(), want.ptr(), want.numel() * sizeof(float)) == 0);
+      // ... and, within the fp32 bound, the fp64 reference of multi-head attention on K/V with every head
+      // repeated for its group.
+      Problem mha = p;
+      mha.kv_heads = 0;
+      const FloatArray k_rep = repeat_kv_heads(k, s.heads), v_rep = repeat_kv_heads(v, s.heads);
+      const AttentionInputs in_rep{q.ptr(), k_rep.ptr(), v_rep.ptr(), nullptr, nullptr, nullptr};
+      DoubleArray ref(got.shape);
+      reference_attention(mha, in_rep, ref.ptr());
+      const ErrorMetrics m = compare_outputs(got.ptr(), ref.ptr(), B * s.heads * s.seq_q, D);
+      CHECK(m.max_abs_err <= exact_abs_tolerance(mha, in_rep));
+      CHECK(j.at("max_abs_err").get<double>() == Approx(m.max_abs_err).margin(1e-12));
+      // seq_q > seq_kv under lower-right causal: the first seq_q - seq_kv query rows see no key and are zero.
+      if (p.mask.causal_lower_right && s.seq_q > s.seq_kv)
+        for (int64_t bh = 0; bh < B * s.heads; ++bh)
+          for (int64_t i = 0; i < s.seq_q - s.seq_kv; ++i)
+            for (int64_t d = 0; d < D; ++d) CHECK(got.data[(bh * s.seq_q + i) * D + d] == 0.0f);
+    }
+  }
+}
+
 TEST_CASE("attnbench check --variant naive --quiet passes and prints the summary", "[cli]") {
   ScratchDir dir("cli");
   const ProcResult r = attnbench(dir, {"check", "--variant", "naive", "--quiet"});
@@ -154,14 +247,22 @@ TEST_CASE("attnbench eval errors exit 2, name the option or file and the value, 
   ScratchDir dir("cli");
   EvalFiles f(dir, 2, 2, 6, 6, 8);
   FloatArray rank3({2, 6, 8}), k_other_dim({2, 2, 6, 9}), v_other_seq({2, 2, 5, 8}), mask_wrong({6, 5}),
-      pad_wrong({6, 2});
+      pad_wrong({6, 2}), k_heads3({2, 3, 6, 8}), k_heads4({2, 4, 6, 8}), k_batch1({1, 2, 6, 8}),
+      kv_heads1({2, 1, 6, 8});
   const std::string q3 = dir.file("q_rank3.npy"), k9 = dir.file("k_d9.npy"), v5 = dir.file("v_seq5.npy"),
-                    m65 = dir.file("mask_6x5.npy"), p62 = dir.file("pad_6x2.npy");
+                    m65 = dir.file("mask_6x5.npy"), p62 = dir.file("pad_6x2.npy"), kh3 = dir.file("k_h3.npy"),
+                    kh4 = dir.file("k_h4.npy"), kb1 = dir.file("k_b1.npy"), kh1 = dir.file("k_h1.npy"),
+                    vh1 = dir.file("v_h1.npy");
   write_npy(q3, rank3);
   write_npy(k9, k_other_dim);
   write_npy(v5, v_other_seq);
   write_npy(m65, mask_wrong);
   write_npy(p62, pad_wrong);
+  write_npy(kh3, k_heads3);
+  write_npy(kh4, k_heads4);
+  write_npy(kb1, k_batch1);
+  write_npy(kh1, kv_heads1);
+  write_npy(vh1, kv_heads1);
   const Args qkv = f.qkv_args();
   const std::string missing = dir.file("missing_q.npy");
   const CaseFiles& files = f.files;
@@ -176,9 +277,22 @@ TEST_CASE("attnbench eval errors exit 2, name the option or file and the value, 
       {{"--variant", "naive", "--q", q3, "--k", files.k, "--v", files.v},
        {"--q", "q_rank3.npy", "rank 3", "[2, 6, 8]"}},
       {{"--variant", "naive", "--q", files.q, "--k", k9, "--v", files.v},
-       {"--k", "k_d9.npy", "[2, 2, 6, 9]"}},
+       {"--k", "k_d9.npy", "[2, 2, 6, 9]", "head_dim 9 != Q's head_dim 8"}},
       {{"--variant", "naive", "--q", files.q, "--k", files.k, "--v", v5},
-       {"--v", "v_seq5.npy", "[2, 2, 5, 8]"}},
+       {"--v", "v_seq5.npy", "[2, 2, 5, 8]", "--k '" + files.k + "' shape [2, 2, 6, 8]", "V must have K's shape"}},
+      // K/V heads (grouped-query attention): they must divide Q's heads; batch and head_dim must be Q's.
+      {{"--variant", "naive", "--q", files.q, "--k", kh3, "--v", kh3},
+       {"--k '" + kh3 + "'", "[2, 3, 6, 8]", "--q '" + files.q + "' shape [2, 2, 6, 8]",
+        "kv_heads 3 does not divide Q's heads 2", "kv_heads dividing Q's heads 2 (1 or 2)"}},
+      {{"--variant", "naive", "--q", files.q, "--k", kh4, "--v", kh4},
+       {"--k '" + kh4 + "'", "[2, 4, 6, 8]", "kv_heads 4 does not divide Q's heads 2"}},
+      {{"--variant", "naive", "--q", files.q, "--k", kb1, "--v", kb1},
+       {"--k '" + kb1 + "'", "[1, 2, 6, 8]", "[2, 2, 6, 8]", "batch 1 != Q's batch 2", "with Q's batch 2"}},
+      {{"--variant", "naive", "--q", files.q, "--k", kh1, "--v", files.v},
+       {"--v '" + files.v + "'", "[2, 2, 6, 8]", "--k '" + kh1 + "' shape [2, 1, 6, 8]", "V must have K's shape"}},
+      {{"--variant", "naive", "--q", files.q, "--k", files.k, "--v", vh1},
+       {"--v '" + vh1 + "'", "[2, 1, 6, 8]", "--k '" + files.k + "' shape [2, 2, 6, 8]"}},
+      {{"--variant", "naive", "--q", files.q, "--k", files.k, "--v", q3}, {"--v", "q_rank3.npy", "rank 3"}},
       {Args{"--variant", "naive"} + qkv + Args{"--mask", m65},
        {"--mask", "mask_6x5.npy", "[6, 5]", "[6, 6]"}},
       {Args{"--variant", "naive"} + qkv + Args{"--key-padding", p62},
@@ -202,7 +316,7 @@ TEST_CASE("attnbench eval errors exit 2, name the option or file and the value, 
   }
 
   // An existing output file is left exactly as it was, whether the error is in a file, a shape or a value.
-  for (std::size_t i : {std::size_t{0}, std::size_t{4}, std::size_t{9}}) {
+  for (std::size_t i : {std::size_t{0}, std::size_t{4}, std::size_t{10}, std::size_t{15}}) {
     INFO("eval " << join(cases[i].args, " "));
     const std::string keep = dir.file("O_keep.npy");
     write_file_atomic(keep, "not overwritten");

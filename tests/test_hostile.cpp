@@ -427,7 +427,7 @@ TEST_CASE("eval: truncated, foreign, empty and mismatched .npy inputs exit 2 nam
       {"K of rank 2",
        {"--k", array_file("k2.npy", {12, 8})},
        {"--k '" + dir.file("k2.npy") +
-        "': rank 2 [12, 8]; expected rank 4 [batch, heads, seq_kv, head_dim]"}},
+        "': rank 2 [12, 8]; expected rank 4 [batch, kv_heads, seq_kv, head_dim]"}},
       {"Q with no rows",
        {"--q", array_file("q_seq0.npy", {2, 2, 0, 8})},
        {"--q '" + dir.file("q_seq0.npy") +
@@ -437,18 +437,20 @@ TEST_CASE("eval: truncated, foreign, empty and mismatched .npy inputs exit 2 nam
        {"--k '" + dir.file("k_d0.npy") + "': shape [2, 2, 6, 0] is empty"}},
       {"K of another batch",
        {"--k", array_file("k_b1.npy", {1, 2, 6, 8})},
-       {"--k '" + dir.file("k_b1.npy") +
-        "': shape [1, 2, 6, 8] does not match [2, 2, 6, 8] (batch, heads and head_dim must equal Q's)"}},
-      {"K with other heads",
+       {"--k '" + dir.file("k_b1.npy") + "': shape [1, 2, 6, 8] does not fit --q '" + qp +
+        "' shape [2, 2, 6, 8]: batch 1 != Q's batch 2; K and V must be [batch, kv_heads, seq_kv, head_dim] "
+        "with Q's batch 2 and head_dim 8, and kv_heads dividing Q's heads 2 (1 or 2)"}},
+      {"K with heads not dividing Q's",
        {"--k", array_file("k_h3.npy", {2, 3, 6, 8})},
-       {"--k '" + dir.file("k_h3.npy") + "': shape [2, 3, 6, 8] does not match [2, 2, 6, 8]"}},
+       {"--k '" + dir.file("k_h3.npy") + "': shape [2, 3, 6, 8] does not fit --q '" + qp +
+        "' shape [2, 2, 6, 8]: kv_heads 3 does not divide Q's heads 2"}},
       {"V of another batch",
        {"--v", array_file("v_b3.npy", {3, 2, 6, 8})},
-       {"--v '" + dir.file("v_b3.npy") +
-        "': shape [3, 2, 6, 8] does not match [2, 2, 6, 8] (V must have K's shape)"}},
+       {"--v '" + dir.file("v_b3.npy") + "': shape [3, 2, 6, 8] differs from --k '" + kp +
+        "' shape [2, 2, 6, 8] (V must have K's shape [batch, kv_heads, seq_kv, head_dim])"}},
       {"V of another head_dim",
        {"--v", array_file("v_d4.npy", {2, 2, 6, 4})},
-       {"--v '" + dir.file("v_d4.npy") + "': shape [2, 2, 6, 4] does not match [2, 2, 6, 8]"}},
+       {"--v '" + dir.file("v_d4.npy") + "': shape [2, 2, 6, 4] differs from --k '" + kp + "' shape [2, 2, 6, 8]"}},
       {"K and V longer than Q for a self-attention-only variant",
        {"--variant", "sliding_window", "--k", array_file("k_7.npy", {2, 2, 7, 8}), "--v",
         array_file("v_7.npy", {2, 2, 7, 8})},

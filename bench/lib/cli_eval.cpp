@@ -1,4 +1,5 @@
 // `attnbench eval`: run one variant on Q, K, V from .npy files and write O.npy (float32, [B,H,Lq,D]).
+// K and V may have fewer heads than Q (grouped-query attention): K's dimension 1 is Problem::kv_heads.
 #include <tbb/global_control.h>
 #include <unistd.h>
 
@@ -18,7 +19,7 @@ namespace {
 struct EvalOptions {
   std::string variant, q, k, v, mask, key_padding, out, isa = "best";
   std::vector<std::string> params;
-  bool causal = false, compare = false;
+  bool causal = false, causal_lower_right = false, compare = false;
   std::optional<double> scale;
   double dropout = 0;
   uint64_t seed = 0;
@@ -41,6 +42,48 @@ void require_rank4(const std::string& option, const std::string& file, const Flo
     if (extent < 1)
       throw UsageError(option + " '" + file + "': shape " + t.shape_str() + " is empty; every extent of " +
                        layout + " must be >= 1");
+}
+
+// "1, 2, 4 or 8": the K/V head counts allowed with `heads` query heads (the divisors of heads), the first
+// 16 of them when there are more.
+std::string kv_heads_allowed(int64_t heads) {
+  std::vector<int64_t> small, large;
+  for (int64_t d = 1; d <= heads / d; ++d)
+    if (heads % d == 0) {
+      small.push_back(d);
+      if (d != heads / d) large.insert(large.begin(), heads / d);
+    }
+  small.insert(small.end(), large.begin(), large.end());
+  std::string s;
+  constexpr std::size_t kShown = 16;
+  for (std::size_t i = 0; i < small.size() && i < kShown; ++i)
+    s += (i == 0 ? "" : i + 1 == small.size() ? " or " : ", ") + std::to_string(small[i]);
+  if (small.size() > kShown) s += ", ... (" + std::to_string(small.size()) + " divisors of " +
+                                  std::to_string(heads) + ")";
+  return s;
+}
+
+// K must be [Q's batch, kv_heads, seq_kv, Q's head_dim] with kv_heads dividing Q's heads, and V must have
+// K's shape; otherwise a UsageError naming the files, both shapes and what is allowed.
+void check_kv_shapes(const EvalOptions& o, const FloatArray& q, const FloatArray& k, const FloatArray& v) {
+  const int64_t batch = q.shape[0], heads = q.shape[1], head_dim = q.shape[3];
+  const std::string allowed = "K and V must be [batch, kv_heads, seq_kv, head_dim] with Q's batch " +
+                              std::to_string(batch) + " and head_dim " + std::to_string(head_dim) +
+                              ", and kv_heads dividing Q's heads " + std::to_string(heads) + " (" +
+                              kv_heads_allowed(heads) + ")";
+  auto fail = [&](const std::string& what) {
+    throw UsageError("--k '" + o.k + "': shape " + k.shape_str() + " does not fit --q '" + o.q + "' shape " +
+                     q.shape_str() + ": " + what + "; " + allowed);
+  };
+  if (k.shape[0] != batch)
+    fail("batch " + std::to_string(k.shape[0]) + " != Q's batch " + std::to_string(batch));
+  if (k.shape[3] != head_dim)
+    fail("head_dim " + std::to_string(k.shape[3]) + " != Q's head_dim " + std::to_string(head_dim));
+  if (heads % k.shape[1] != 0)
+    fail("kv_heads " + std::to_string(k.shape[1]) + " does not divide Q's heads " + std::to_string(heads));
+  if (v.shape != k.shape)
+    throw UsageError("--v '" + o.v + "': shape " + v.shape_str() + " differs from --k '" + o.k + "' shape " +
+                     k.shape_str() + " (V must have K's shape [batch, kv_heads, seq_kv, head_dim])");
 }
 
 // Refuses, before anything is allocated, a call whose output, workspace and (with --compare) fp64 reference
@@ -72,13 +115,13 @@ int run_eval(const EvalOptions& o) {
   Problem p = make_problem(o.variant, parse_cli_params(variant, o.params));
   FloatArray q = read_npy_float(o.q), k = read_npy_float(o.k), v = read_npy_float(o.v);
   require_rank4("--q", o.q, q, "[batch, heads, seq_q, head_dim]");
-  require_rank4("--k", o.k, k, "[batch, heads, seq_kv, head_dim]");
+  require_rank4("--k", o.k, k, "[batch, kv_heads, seq_kv, head_dim]");
+  require_rank4("--v", o.v, v, "[batch, kv_heads, seq_kv, head_dim]");
+  check_kv_shapes(o, q, k, v);
   p.batch = q.shape[0], p.heads = q.shape[1], p.seq_q = q.shape[2], p.head_dim = q.shape[3];
-  p.seq_kv = k.shape[2];
-  require_shape("--k", o.k, k.shape, {p.batch, p.heads, p.seq_kv, p.head_dim},
-                "(batch, heads and head_dim must equal Q's)");
-  require_shape("--v", o.v, v.shape, k.shape, "(V must have K's shape)");
+  p.kv_heads = k.shape[1], p.seq_kv = k.shape[2];  // kv_heads == heads: multi-head attention (no Hkv in the id)
   p.mask.causal = o.causal;
+  p.mask.causal_lower_right = o.causal_lower_right;
   p.scale = o.scale;
   p.dropout = o.dropout;
   p.seed = o.seed;
@@ -133,15 +176,23 @@ int run_eval(const EvalOptions& o) {
 }  // namespace attn::cli
 
 ATTN_REGISTER_COMMAND(
-    "eval", "run one variant on Q, K, V .npy files ([batch, heads, seq, head_dim]) and write O.npy",
+    "eval",
+    "run one variant on Q, K, V .npy files ([batch, heads, seq, head_dim]; K and V may have fewer heads) and "
+    "write O.npy",
     [](CLI::App& sub) {
       auto o = std::make_shared<attn::cli::EvalOptions>();
       sub.add_option("--variant", o->variant, "registered variant name (see `attnbench list`)")->required();
       sub.add_option("--param", o->params, "variant parameter NAME=VALUE (repeatable)");
       sub.add_option("--q", o->q, "queries .npy, float32/64 [batch, heads, seq_q, head_dim]")->required();
-      sub.add_option("--k", o->k, "keys .npy, [batch, heads, seq_kv, head_dim]")->required();
+      sub.add_option("--k", o->k,
+                     "keys .npy, [batch, kv_heads, seq_kv, head_dim]; kv_heads dividing heads (grouped-query "
+                     "attention: query head h reads K/V head h / (heads / kv_heads)), else equal to it")
+          ->required();
       sub.add_option("--v", o->v, "values .npy, same shape as keys")->required();
-      sub.add_flag("--causal", o->causal, "causal mask (query i attends keys j <= i)");
+      sub.add_flag("--causal", o->causal, "causal mask, upper-left aligned (query i attends keys j <= i)");
+      sub.add_flag("--causal-lower-right", o->causal_lower_right,
+                   "causal mask, lower-right aligned (query i attends keys j <= i + seq_kv - seq_q: the last "
+                   "query sees every key, as KV-cache decoding); with --causal the stricter of the two");
       sub.add_option("--mask", o->mask, "boolean mask .npy [seq_q, seq_kv], nonzero = may attend");
       sub.add_option("--key-padding", o->key_padding, "key padding .npy [batch, seq_kv], nonzero = padded");
       sub.add_option("--scale", o->scale, "logit scale (default 1/sqrt(head_dim))");

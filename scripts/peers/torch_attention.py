@@ -17,8 +17,15 @@ The sweep is defined once, in C++; attnbench (--attnbench PATH, else $ATTNBENCH,
 It times softmax(q @ k.transpose(-2, -1) * scale + mask, dim=-1) @ v with torch.set_num_threads(threads) and
 the config's measure settings, compares the last output with the reference rows (attnbench's metrics) and
 records the peak RSS increase during timing (VmHWM reset through /proc/self/clear_refs, as attnbench).
-Skipped: what the plan skips, dropout (PyTorch cannot draw attnbench's keep decisions), and points whose
-PyTorch memory exceeds memory_budget. Rows are appended to DIR/results.peers.jsonl (DIR: results/<config name>,
+Masks as attnbench's: causal is upper-left (key j <= query i, torch.tril), causal_lower_right allows
+j <= i + Lkv - Lq (both: the stricter), key padding drops the padded keys; a query row with no allowed key
+is zeros (PyTorch's softmax would give NaN), set in the timed call. Grouped-query attention (K and V with
+kv_heads < heads heads; kv_heads from the plan's problem, else the id's "Hkv=", else heads): torch 1.13 has no
+enable_gqa, so each call repeats the K/V heads, k.repeat_interleave(heads // kv_heads, dim=1), query head h
+reading K/V head h // (heads // kv_heads) as attnbench's kv_head_of; the copies count in the workspace.
+Skipped: dropout (PyTorch cannot draw attnbench's keep decisions), points the plan skips for memory (need_bytes
+over memory_budget) and points whose PyTorch memory exceeds memory_budget. A point the plan skips because its
+variant lacks a capability (a mask kind, GQA, cross-attention) is still run: PyTorch computes it. Rows are appended to DIR/results.peers.jsonl (DIR: results/<config name>,
 as `attnbench run`); frac_sgemm and frac_peak use DIR/meta.json's calibrations when a C++ run wrote it.
 Without torch (Debian's python3-torch) it prints "torch not available: ..." and exits 0.
 Exit codes: 0 done (or torch missing), 1 some point failed, 2 bad config or option.
@@ -78,6 +85,54 @@ def peer_points(plan):
     return list(chosen.items())
 
 
+def id_shape_tokens(pid):
+    """The id's tokens after ":B=" (sizes, mask parts, regime, threads), split at ',' and '+'."""
+    i = pid.find(":B=")
+    return [t for part in (pid[i + 1:] if i >= 0 else "").split(",") for t in part.split("+")]
+
+
+def point_problem(pt):
+    """The plan point's problem with kv_heads and causal_lower_right filled in, read defensively: the problem's
+    fields when the plan has them, else the id ("Hkv=N" only when it differs from H; "causal_lower_right" among
+    the mask parts), else kv_heads = heads and no lower-right mask."""
+    p = dict(pt["problem"])
+    tokens = id_shape_tokens(pt["id"])
+    kv = p.get("kv_heads")
+    if not isinstance(kv, int) or isinstance(kv, bool) or kv <= 0:  # absent, or 0 meaning "same as heads"
+        kv = next((int(t[4:]) for t in tokens if t.startswith("Hkv=") and t[4:].isdigit()), p["heads"])
+    p["kv_heads"] = kv
+    if not isinstance(p.get("causal_lower_right"), bool):
+        p["causal_lower_right"] = "causal_lower_right" in tokens
+    if not isinstance(p.get("causal"), bool):
+        p["causal"] = "causal" in tokens
+    return p
+
+
+def allowed_keys(p, key_padding=None):
+    """[B or 1, 1, Lq, Lkv] booleans, True where query i may attend key j under the point's masks (attnbench's
+    key_allowed), or None when every key is allowed."""
+    B, Lq, Lkv = p["batch"], p["seq_q"], p["seq_kv"]
+    if not (p["causal"] or p["causal_lower_right"] or p["key_padding"]):
+        return None
+    allowed = np.ones((B if p["key_padding"] else 1, 1, Lq, Lkv), bool)
+    i, j = np.arange(Lq)[:, None], np.arange(Lkv)[None, :]
+    if p["causal"]:  # upper-left aligned: query i attends keys j <= i
+        allowed &= j <= i
+    if p["causal_lower_right"]:  # lower-right aligned: the last query attends every key
+        allowed &= j <= i + (Lkv - Lq)
+    if p["key_padding"]:  # nonzero: a padded key
+        allowed &= (key_padding == 0)[:, None, None, :]
+    return allowed
+
+
+def inputs_key(pt):
+    """What the fetched files depend on: the plan's input key (Q, K, V, padding) and what the reference rows
+    depend on beyond it (masks, scale, kv_heads), so that two points sharing Q, K, V but not their reference
+    never share a fetch, whatever the input key spells out."""
+    p = point_problem(pt)
+    return (pt["inputs"]["key"], p["causal"], p["causal_lower_right"], p["key_padding"], p["kv_heads"], p["scale"])
+
+
 def fetch_inputs(exe, config, pt, tmp):
     """The point's files from `attnbench inputs` as arrays: q, k, v, [key_padding], [reference, rows]."""
     d = tempfile.mkdtemp(dir=tmp)
@@ -92,16 +147,23 @@ def fetch_inputs(exe, config, pt, tmp):
 
 def start_row(pid, pt):
     """The point's base row as the peer's, with PyTorch's memory estimate, and why it is skipped ("": it is not)."""
-    p, row = pt["problem"], copy.deepcopy(pt["row"])
+    p, row = point_problem(pt), copy.deepcopy(pt["row"])
     row.update(id=pid, variant=VARIANT, params={}, exact=True, isa="")
     # q @ k^T materialises the scores, and each of * scale, + mask, softmax makes one more [B, H, Lq, Lkv]
-    # tensor while the previous is alive: two score-sized tensors at a time, plus the additive mask.
-    cells = p["batch"] * p["seq_q"] * p["seq_kv"]
-    workspace = 2 * 4 * cells * p["heads"] + (4 * cells if p["causal"] or p["key_padding"] else 0)
+    # tensor while the previous is alive: two score-sized tensors at a time, plus the additive mask
+    # ([B, 1, Lq, Lkv] with key padding, else [1, 1, Lq, Lkv]); with GQA, K and V repeated to every head.
+    cells = p["seq_q"] * p["seq_kv"]
+    workspace = 2 * 4 * cells * p["batch"] * p["heads"]
+    if p["causal"] or p["causal_lower_right"] or p["key_padding"]:
+        workspace += 4 * cells * (p["batch"] if p["key_padding"] else 1)
+    if p["kv_heads"] != p["heads"]:
+        workspace += 2 * 4 * p["batch"] * p["heads"] * p["seq_kv"] * p["head_dim"]
     mem = row["memory"]
     mem.update(workspace_bytes=workspace, estimated_bytes=pt["memory"]["output_bytes"] + workspace)
     need, budget = mem["inputs_bytes"] + mem["estimated_bytes"] + mem["reference_bytes"], pt["memory"]["budget_bytes"]
-    if pt["row"]["exact"] and pt["skip"]:
+    # The plan's memory refusals stand (attnbench would not make these inputs either); its capability skips
+    # (the variant lacks a mask kind, GQA, ...) do not: PyTorch computes every exact point.
+    if pt["row"]["exact"] and pt["skip"] and pt["memory"]["need_bytes"] > budget:
         return row, pt["skip"]
     if p["dropout"] > 0:
         return row, "dropout: the PyTorch peer times attention without dropout"
@@ -184,25 +246,30 @@ def compare_outputs(got, want):
 
 def measure(torch, pt, row, data, settings, probe, calibration):
     """Times the PyTorch expression on the point's inputs and fills `row` in."""
-    p, T = pt["problem"], pt["threads"]
-    B, Lq, Lkv, D = p["batch"], p["seq_q"], p["seq_kv"], p["head_dim"]
-    allowed = None
-    if p["causal"] or p["key_padding"]:
-        allowed = np.ones((B, 1, Lq, Lkv), bool)
-        if p["causal"]:  # top-left aligned, as attnbench: query i attends keys j <= i
-            allowed &= np.tril(np.ones((Lq, Lkv), bool))
-        if p["key_padding"]:  # nonzero: a padded key
-            allowed &= (data["key_padding"] == 0)[:, None, None, :]
+    p, T = point_problem(pt), pt["threads"]
+    B, H, Lq, Lkv, D = p["batch"], p["heads"], p["seq_q"], p["seq_kv"], p["head_dim"]
+    if H % p["kv_heads"]:
+        raise RuntimeError(f"kv_heads {p['kv_heads']} does not divide heads {H}")
+    for x in ("k", "v"):
+        if data[x].shape != (B, p["kv_heads"], Lkv, D):
+            raise RuntimeError(f"attnbench inputs gave {x} of shape {list(data[x].shape)}, the point has "
+                               f"[batch, kv_heads, seq_kv, head_dim] = {[B, p['kv_heads'], Lkv, D]}")
+    group = H // p["kv_heads"]
+    allowed = allowed_keys(p, data.get("key_padding"))
     torch.set_num_threads(T)
     tq, tk, tv = (torch.from_numpy(data[x]) for x in ("q", "k", "v"))
     tmask = None if allowed is None else torch.zeros(allowed.shape).masked_fill_(torch.from_numpy(~allowed), -math.inf)
+    # Rows with no allowed key: softmax over all -inf is NaN in PyTorch, zeros in attnbench.
+    empty = None if allowed is None or allowed.any(-1).all() else torch.from_numpy(~allowed.any(-1, keepdims=True))
     scale = p["scale"]
 
     def forward():
-        s = tq @ tk.transpose(-2, -1) * scale
+        k, v = (tk, tv) if group == 1 else (tk.repeat_interleave(group, dim=1), tv.repeat_interleave(group, dim=1))
+        s = tq @ k.transpose(-2, -1) * scale
         if tmask is not None:
             s = s + tmask
-        return torch.softmax(s, dim=-1) @ tv
+        o = torch.softmax(s, dim=-1) @ v
+        return o if empty is None else o.masked_fill_(empty, 0.0)
 
     with torch.no_grad():
         probe.reset()
@@ -220,10 +287,9 @@ def measure(torch, pt, row, data, settings, probe, calibration):
         rows = data["rows"]
         row["accuracy"].update(rows=len(rows), **compare_outputs(out[:, :, rows, :].reshape(-1, D),
                                                                  data["reference"].reshape(-1, D)))
-        # A fully masked row is NaN in PyTorch (softmax of all -inf) where attnbench writes zeros: reported,
-        # not failed, since it is the library's documented behaviour.
+        # Fully masked rows are zeros (forward); NaN/Inf left come from non-finite inputs: reported, not failed.
         if bad := row["accuracy"]["nan_count"] + row["accuracy"]["inf_count"]:
-            row["reason"] = f"{bad} NaN/Inf values in the output (rows with no allowed key)"
+            row["reason"] = f"{bad} NaN/Inf values in the output ({row['nonfinite_inputs']} non-finite inputs)"
 
 
 def read_calibration(out_dir):
@@ -292,10 +358,10 @@ def main(argv):
                 row.update(status="skipped", reason=skip)
             else:
                 try:
-                    if key != pt["inputs"]["key"]:  # points sharing inputs are adjacent in the plan
+                    if key != inputs_key(pt):  # points sharing inputs are adjacent in the plan
                         key, data = None, None  # the old inputs go before the new ones are loaded
                         data = fetch_inputs(exe, a.config, pt, tmp)
-                        key = pt["inputs"]["key"]
+                        key = inputs_key(pt)
                     measure(torch, pt, row, data, settings, probe, calibration)
                 except AttnbenchError as e:
                     row.update(status="failed", reason=f"attnbench inputs: {e}")

@@ -1,7 +1,11 @@
 #!/usr/bin/python3
 """`attnbench eval --variant naive` against PyTorch's softmax(q @ k^T * scale + mask) @ v in float64, for several
-shapes and every mask kind. Exit 0 pass, 1 fail, 77 skip (numpy or torch missing)."""
+shapes and every mask kind; then every exact variant (`attnbench list`: naive, tiled, tiled with small tiles, ...)
+on grouped-query attention (K/V with fewer heads, repeated per group with repeat_interleave on the torch side)
+and the lower-right causal mask (torch.tril(diagonal=Lkv - Lq)), alone and together, with seq_q <, = 1 and >
+seq_kv. Exit 0 pass, 1 fail, 77 skip (numpy or torch missing)."""
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -33,6 +37,123 @@ def tolerance(q, k, v, scale):
     kn = np.sqrt((k.astype(np.float64) ** 2).sum(-1)).max()
     d, lkv = q.shape[-1], k.shape[-2]
     return 4 * u * np.abs(v).max() * (2 * d * scale * qn * kn + 2 * lkv + 16)
+
+
+def torch_reference(q, k, v, scale, allowed):
+    """float64 softmax(q @ k^T * scale + mask) @ v, K and V repeated per group of query heads when they have
+    fewer heads (head h reads K/V head h // (H // Hkv), as torch's enable_gqa), -inf where `allowed` is False."""
+    B, H, LQ, _ = q.shape
+    LKV, group = k.shape[2], H // k.shape[1]
+    tq, tk, tv = (torch.from_numpy(x).double() for x in (q, k, v))
+    if group > 1:
+        tk, tv = tk.repeat_interleave(group, dim=1), tv.repeat_interleave(group, dim=1)
+    additive = torch.zeros((B, 1, LQ, LKV), dtype=torch.float64)
+    additive[torch.from_numpy(~np.broadcast_to(allowed, (B, 1, LQ, LKV)).copy())] = float("-inf")
+    return (torch.softmax(tq @ tk.transpose(-2, -1) * scale + additive, dim=-1) @ tv).numpy()
+
+
+def compare(label, got, want, allowed, q, k, v, scale):
+    """attnbench's output against torch's: rows with no allowed key are NaN in torch and exactly zero here;
+    the others within the fp32 bound."""
+    B, H, LQ, D = want.shape
+    empty = ~np.broadcast_to(allowed, (B, 1, LQ, allowed.shape[-1])).any(-1)  # [B, 1, LQ]
+    empty = np.broadcast_to(empty[..., None], (B, H, LQ, D))
+    check(np.all(np.isnan(want[empty])), label + ": torch gives NaN on the fully masked rows")
+    check(np.all(got[empty] == 0), label + ": fully masked rows (%d values) are exactly zero" % empty.sum())
+    live = ~empty
+    tol = tolerance(q, k, v, scale)
+    err = np.abs(got[live] - want[live]).max() if live.any() else 0.0
+    check(np.all(np.isfinite(got)) and err <= tol, label + ": max |attnbench - torch| %.3g <= %.3g" % (err, tol))
+    return tol
+
+
+def gqa_lower_right(exe, tmp):
+    """Every exact variant on GQA and lower-right causal problems. naive and tiled must claim both
+    capabilities; another exact variant is compared where it claims what a case needs and must refuse
+    (exit 2, 'not supported') where it does not."""
+    path = lambda name: os.path.join(tmp, name)
+    r = subprocess.run([exe, "list", "--json"], capture_output=True, text=True)
+    variants = {x["name"]: x["capabilities"] for x in json.loads(r.stdout)}
+    for name in ("naive", "tiled"):
+        caps = variants.get(name, {})
+        check(caps.get("gqa") is True and caps.get("causal_lower_right") is True,
+              "%s claims gqa and causal_lower_right (%s)" % (name, caps))
+    runs = [(name, []) for name, caps in variants.items() if caps["exact"]]
+    if "tiled" in variants:  # tiles smaller than the lengths: tiles wholly masked, tails, several kv tiles
+        runs.append(("tiled", ["--param", "tile_q=4", "--param", "tile_kv=8"]))
+    # (batch, heads, kv_heads, seq_q, seq_kv, head_dim, mask parts)
+    cases = [
+        # GQA: groups of 4, all heads on one K/V head, groups of 2 with an odd head count; every mask kind.
+        (2, 8, 2, 7, 7, 16, "none"), (2, 8, 1, 7, 7, 16, "causal"), (1, 6, 3, 9, 13, 33, "pad"),
+        (2, 8, 2, 7, 7, 16, "causal+bool+pad"), (1, 6, 3, 13, 9, 8, "none"),
+        # Lower-right causal: seq_q < seq_kv, decode (seq_q 1), seq_q > seq_kv (the first rows see no key),
+        # square (equal to causal), and with causal (the stricter: upper-left when seq_q < seq_kv).
+        (1, 2, 2, 5, 37, 17, "lr"), (2, 2, 2, 1, 300, 64, "lr"), (1, 3, 3, 37, 5, 8, "lr"),
+        (1, 2, 2, 17, 17, 8, "lr"), (1, 2, 2, 5, 37, 8, "causal+lr"), (2, 2, 2, 37, 5, 8, "causal+lr+pad"),
+        (1, 2, 2, 9, 20, 8, "lr+bool"),
+        # GQA and lower-right together.
+        (2, 8, 2, 1, 300, 64, "lr"), (1, 8, 1, 5, 37, 16, "lr+pad"), (1, 6, 3, 37, 5, 8, "lr+bool"),
+        (2, 8, 2, 37, 5, 8, "causal+lr+pad"), (1, 8, 2, 20, 300, 32, "lr"),
+    ]
+    rng = np.random.RandomState(13)
+    for (B, H, HKV, LQ, LKV, D, mask) in cases:
+        parts = mask.split("+")
+        q = rng.standard_normal((B, H, LQ, D)).astype(np.float32)
+        k = rng.standard_normal((B, HKV, LKV, D)).astype(np.float32)
+        v = rng.standard_normal((B, HKV, LKV, D)).astype(np.float32)
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            np.save(path(name + ".npy"), x)
+        scale = 0.4 if mask == "lr" and LQ == 5 else 1 / np.sqrt(D)
+        args, allowed = [], np.ones((B, 1, LQ, LKV), bool)
+        if "causal" in parts:
+            args.append("--causal")
+            allowed &= np.tril(np.ones((LQ, LKV), bool))  # j <= i
+        if "lr" in parts:
+            args.append("--causal-lower-right")
+            allowed &= torch.ones((LQ, LKV), dtype=torch.bool).tril(diagonal=LKV - LQ).numpy()  # j <= i + Lkv - Lq
+        if "bool" in parts:
+            m = rng.uniform(size=(LQ, LKV)) < 0.7
+            np.save(path("mask.npy"), m)
+            args += ["--mask", path("mask.npy")]
+            allowed &= m
+        if "pad" in parts:
+            padded = rng.uniform(size=(B, LKV)) < 0.3
+            padded[0, -1] = True
+            np.save(path("pad.npy"), padded)
+            args += ["--key-padding", path("pad.npy")]
+            allowed &= ~padded[:, None, None, :]
+        if scale != 1 / np.sqrt(D):
+            args += ["--scale", repr(scale)]
+        want = torch_reference(q, k, v, scale, allowed)
+        needs = {"gqa": HKV != H, "causal_lower_right": "lr" in parts, "causal": "causal" in parts,
+                 "boolean_mask": "bool" in parts, "key_padding": "pad" in parts, "cross": LQ != LKV}
+        for variant, params in runs:
+            caps = variants[variant]
+            label = "%s%s B=%d H=%d Hkv=%d Lq=%d Lkv=%d D=%d %s" % (
+                variant, "{%s}" % ",".join(params[1::2]) if params else "", B, H, HKV, LQ, LKV, D, mask)
+            if os.path.exists(path("O.npy")):
+                os.remove(path("O.npy"))
+            r = subprocess.run([exe, "eval", "--variant", variant, *params, "--q", path("q.npy"), "--k",
+                                path("k.npy"), "--v", path("v.npy"), *args, "--compare", "--out", path("O.npy")],
+                               capture_output=True, text=True)
+            lacking = [c for c, needed in needs.items() if needed and not caps[c]]
+            if lacking and variant not in ("naive", "tiled"):
+                check(r.returncode == 2 and "not supported" in r.stderr and not os.path.exists(path("O.npy")),
+                      label + ": refused, %s lacking (%s)" % (", ".join(lacking), r.stderr.strip()))
+                continue
+            if r.returncode != 0:
+                check(False, label + ": eval exited %d: %s" % (r.returncode, r.stderr.strip()))
+                continue
+            got = np.load(path("O.npy"))
+            check(got.shape == (B, H, LQ, D), label + ": output [B, H, Lq, D] (%s)" % (got.shape,))
+            tol = compare(label, got, want, allowed, q, k, v, scale)
+            # --compare: the id names Hkv (only when it differs from H) and the lower-right mask, and
+            # attnbench's own fp64 reference agrees with torch to the same bound.
+            j = json.loads(r.stdout)
+            ident = j["id"]
+            check((",Hkv=%d," % HKV in ident) == (HKV != H) and ("causal_lower_right" in ident) == ("lr" in parts)
+                  and float(j["max_abs_err"]) <= tol and j["nan_count"] == 0,
+                  label + ": --compare id %s, max_abs_err %s <= %.3g" % (ident, j["max_abs_err"], tol))
 
 
 def main():
@@ -89,22 +210,9 @@ def main():
                     continue
                 got = np.load(path("O.npy"))
 
-                tq, tk, tv = (torch.from_numpy(x).double() for x in (q, k, v))
-                additive = torch.zeros((B, 1, LQ, LKV), dtype=torch.float64)
-                additive[torch.from_numpy(~np.broadcast_to(ok_mask, (B, 1, LQ, LKV)).copy())] = float("-inf")
-                want = (torch.softmax(tq @ tk.transpose(-2, -1) * scale + additive, dim=-1) @ tv).numpy()
-
-                # torch gives NaN for a row with no allowed key; we give zeros. Check those rows apart.
-                empty = ~np.broadcast_to(ok_mask, (B, 1, LQ, LKV)).any(-1)  # [B, 1, LQ]
-                empty = np.broadcast_to(empty[..., None], (B, H, LQ, D))
-                check(np.all(np.isnan(want[empty])), label + ": torch gives NaN on the fully masked rows")
-                check(np.all(got[empty] == 0), label + ": fully masked rows (%d values) are exactly zero"
-                      % empty.sum())
-                live = ~empty
-                tol = tolerance(q, k, v, scale)
-                err = np.abs(got[live] - want[live]).max() if live.any() else 0.0
-                check(np.all(np.isfinite(got)) and err <= tol,
-                      label + ": max |attnbench - torch| %.3g <= %.3g" % (err, tol))
+                # torch gives NaN for a row with no allowed key; we give zeros: compare checks those rows apart.
+                compare(label, got, torch_reference(q, k, v, scale, ok_mask), ok_mask, q, k, v, scale)
+        gqa_lower_right(exe, tmp)
     if FAILURES:
         print("%d check(s) failed" % len(FAILURES))
         return 1
