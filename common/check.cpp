@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/error.hpp"
+#include "common/mask.hpp"
 #include "common/random.hpp"
 #include "common/reference.hpp"
 #include "common/runtime.hpp"
@@ -35,8 +36,8 @@ struct CaseData {
 
   CaseData(const Problem& p, uint64_t seed, double logit_scale = 1.0) {
     q = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
-    k = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
-    v = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
+    k = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim});
+    v = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim});
     out = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim}, std::nanf(""));  // unwritten rows show up
     fill_normal(q.ptr(), q.numel(), seed * 3 + 1, logit_scale);
     fill_normal(k.ptr(), k.numel(), seed * 3 + 2, logit_scale);
@@ -162,9 +163,10 @@ class Checker {
     };
     const auto pq = shuffled(p.seq_q), pk = shuffled(p.seq_kv);
     const int64_t D = p.head_dim;
-    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
+    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
       for (int64_t i = 0; i < p.seq_q; ++i)
         std::memcpy(&perm.q.data[(bh * p.seq_q + i) * D], &base.q.data[(bh * p.seq_q + pq[i]) * D], D * 4);
+    for (int64_t bh = 0; bh < p.batch * p.num_kv_heads(); ++bh) {
       for (int64_t j = 0; j < p.seq_kv; ++j) {
         std::memcpy(&perm.k.data[(bh * p.seq_kv + j) * D], &base.k.data[(bh * p.seq_kv + pk[j]) * D], D * 4);
         std::memcpy(&perm.v.data[(bh * p.seq_kv + j) * D], &base.v.data[(bh * p.seq_kv + pk[j]) * D], D * 4);
@@ -192,11 +194,15 @@ class Checker {
     if (!run(p, base, check)) return;
     const int64_t t = p.seq_q / 2, D = p.head_dim;
     Rng rng(seed + 99);
-    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
+    // Keys after t + causal_offset are hidden from rows 0..t (the offset is 0 for causal, positive for
+    // lower-right with more keys than queries).
+    const int64_t kfirst = std::clamp<int64_t>(t + 1 + causal_offset(p), 0, p.seq_kv);
+    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
       for (int64_t i = t + 1; i < p.seq_q; ++i)
         for (int64_t d = 0; d < D; ++d)
           changed.q.data[(bh * p.seq_q + i) * D + d] = 10.0f * (float)rng.normal();
-      for (int64_t j = t + 1; j < p.seq_kv; ++j)
+    for (int64_t bh = 0; bh < p.batch * p.num_kv_heads(); ++bh) {
+      for (int64_t j = kfirst; j < p.seq_kv; ++j)
         for (int64_t d = 0; d < D; ++d) {
           changed.k.data[(bh * p.seq_kv + j) * D + d] = 10.0f * (float)rng.normal();
           changed.v.data[(bh * p.seq_kv + j) * D + d] = 1e3f * (float)rng.normal();
@@ -296,13 +302,58 @@ std::vector<CheckResult> run_checks(const Attention& variant,
         c.against_reference(p, ++seed, 4.6, "large-logits");
       }
     }
+    // Grouped-query attention: kv_heads = heads, heads / 2 and 1, and an odd group (6 query heads on 3 K/V
+    // heads), with every mask kind; query head h must read K/V head h / (heads / kv_heads).
+    {
+      const char* gqa_masks[] = {"none", "causal", "causal_lower_right", "bool", "pad", "causal+bool+pad",
+                                 "causal_lower_right+pad"};
+      for (auto [heads, kv_heads] : {std::pair<int64_t, int64_t>{4, 4}, {4, 2}, {4, 1}, {6, 3}}) {
+        for (const char* mask : gqa_masks) {
+          Problem p = base;
+          p.batch = 2, p.heads = heads, p.kv_heads = kv_heads, p.seq_q = p.seq_kv = 19, p.head_dim = 12;
+          p.mask = parse_mask(mask, "check");
+          c.against_reference(p, ++seed, 1.0, "gqa");
+        }
+      }
+    }
+    // Lower-right causal (j <= i + seq_kv - seq_q) with fewer queries than keys (the decode shape, down to
+    // one query) and more (the first seq_q - seq_kv rows see no key and must be zeros), alone and with
+    // padding, a boolean mask, upper-left causal and grouped-query heads.
+    for (const char* mask : {"causal_lower_right", "causal_lower_right+pad", "causal_lower_right+bool",
+                             "causal+causal_lower_right"}) {
+      for (auto [lq, lkv] : {std::pair<int64_t, int64_t>{5, 37}, {1, 300}, {37, 5}, {4, 4}}) {
+        Problem p = base;
+        p.batch = 2, p.heads = 4, p.kv_heads = 2, p.seq_q = lq, p.seq_kv = lkv, p.head_dim = 16;
+        p.mask = parse_mask(mask, "check");
+        c.against_reference(p, ++seed, 1.0, "lower-right");
+      }
+    }
+    {
+      // Decode: one query per head against a long KV cache, multi-query (the split-KV path of tiled) and
+      // one K/V head per query head.
+      for (int64_t kv_heads : {1, 4}) {
+        Problem p = base;
+        p.batch = 1, p.heads = 4, p.kv_heads = kv_heads, p.seq_q = 1, p.seq_kv = 2500, p.head_dim = 32;
+        p.mask = parse_mask("causal_lower_right", "check");
+        c.against_reference(p, ++seed, 1.0, "decode");
+        c.determinism(p, ++seed);
+      }
+    }
     {
       Problem p = base;
       p.batch = 2, p.heads = 2, p.seq_q = p.seq_kv = 37, p.head_dim = 20;
       c.permutation(p, ++seed);
+      p.heads = 4, p.kv_heads = 2;
+      c.permutation(p, ++seed);
+      p.heads = 2, p.kv_heads = 0;
       p.mask.causal = true;
       c.causal_future(p, ++seed);
       p.mask.causal = false;
+      p.mask.causal_lower_right = true;
+      p.seq_q = 20, p.heads = 4, p.kv_heads = 1;
+      c.causal_future(p, ++seed);
+      p.mask.causal_lower_right = false;
+      p.heads = 2, p.kv_heads = 0, p.seq_q = 37;
       p.batch = 1, p.heads = 3, p.seq_q = p.seq_kv = 300;
       c.determinism(p, ++seed);
     }

@@ -23,8 +23,8 @@ void reference_attention(const Problem& p, const AttentionInputs& in, double* ou
     const int64_t b = bh / p.heads, h = bh % p.heads;
     std::vector<double> s(static_cast<std::size_t>(Lkv));
     const float* q = in.q + bh * Lq * D;
-    const float* k = in.k + bh * Lkv * D;
-    const float* v = in.v + bh * Lkv * D;
+    const float* k = in.k + p.kv_block(b, h) * Lkv * D;  // grouped-query: the group's shared K/V head
+    const float* v = in.v + p.kv_block(b, h) * Lkv * D;
     for (int64_t r = 0; r < nrows; ++r) {
       const int64_t i = rows ? (*rows)[static_cast<std::size_t>(r)] : r;
       double* o = out + (bh * nrows + r) * D;
@@ -144,11 +144,11 @@ double exact_abs_tolerance(const Problem& p, const AttentionInputs& in) {
     }
     return std::sqrt(best);
   };
-  const int64_t bh = p.batch * p.heads;
+  const int64_t bh = p.batch * p.heads, bkv = p.batch * p.num_kv_heads();
   const double qn = max_row_norm(in.q, bh * p.seq_q, p.head_dim);
-  const double kn = max_row_norm(in.k, bh * p.seq_kv, p.head_dim);
+  const double kn = max_row_norm(in.k, bkv * p.seq_kv, p.head_dim);
   double vmax = 0;
-  for (int64_t e = 0; e < bh * p.seq_kv * p.head_dim; ++e) vmax = std::max(vmax, std::fabs((double)in.v[e]));
+  for (int64_t e = 0; e < p.kv_elements(); ++e) vmax = std::max(vmax, std::fabs((double)in.v[e]));
   const double u = std::ldexp(1.0, -24);
   const double S = p.effective_scale() * qn * kn;
   const double bound = u * vmax * (2.0 * p.head_dim * S + 2.0 * p.seq_kv + 16.0) / (1.0 - p.dropout);

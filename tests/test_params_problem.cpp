@@ -205,6 +205,10 @@ TEST_CASE("parse_mask reads every combination and MaskSpec::str writes it back",
     CHECK(m.any() == (bits != 0));
   }
   CHECK(MaskSpec{.causal = true, .boolean = true, .key_padding = true}.str() == "causal+bool+pad");
+  CHECK(parse_mask("causal_lower_right+pad", "w") == MaskSpec{.key_padding = true, .causal_lower_right = true});
+  CHECK(MaskSpec{.key_padding = true, .causal_lower_right = true}.str() == "causal_lower_right+pad");
+  CHECK(MaskSpec{.causal_lower_right = true}.any_causal());
+  CHECK_FALSE(MaskSpec{.boolean = true}.any_causal());
   expect_usage_error([] { parse_mask("causal+sideways", "--mask"); },
                      {"--mask", "'sideways'", "causal+sideways"});
 }
@@ -230,6 +234,15 @@ TEST_CASE("Problem::validate names the bad field and its value", "[params]") {
   expect_usage_error([&] { with([](Problem& p) { p.dropout = -0.1; }).validate(); }, {"dropout", "-0.1"});
   expect_usage_error([&] { with([](Problem& p) { p.dropout = std::nan(""); }).validate(); },
                      {"dropout", "nan"});
+  // Grouped-query heads: kv_heads must divide heads; the message names both.
+  CHECK_NOTHROW(with([](Problem& p) { p.heads = 32, p.kv_heads = 8; }).validate());
+  CHECK_NOTHROW(with([](Problem& p) { p.heads = 6, p.kv_heads = 3; }).validate());
+  expect_usage_error([&] { with([](Problem& p) { p.heads = 32, p.kv_heads = 5; }).validate(); },
+                     {"kv_heads", "kv_heads 5", "heads 32"});
+  expect_usage_error([&] { with([](Problem& p) { p.heads = 4, p.kv_heads = 8; }).validate(); },
+                     {"kv_heads", "kv_heads 8", "heads 4"});
+  expect_usage_error([&] { with([](Problem& p) { p.heads = 4, p.kv_heads = -1; }).validate(); },
+                     {"kv_heads", "-1"});
 }
 
 TEST_CASE("Problem accessors: default scale, element counts, typed parameters", "[params]") {
@@ -241,6 +254,15 @@ TEST_CASE("Problem accessors: default scale, element counts, typed parameters", 
   CHECK(p.q_elements() == 2 * 3 * 5 * 16);
   CHECK(p.kv_elements() == 2 * 3 * 7 * 16);
   CHECK_FALSE(p.is_self_shaped());
+  CHECK(p.num_kv_heads() == 3);  // kv_heads 0: one K/V head per query head
+  CHECK_FALSE(p.is_gqa());
+  p.heads = 8, p.kv_heads = 2;
+  CHECK(p.group_size() == 4);
+  CHECK(p.kv_elements() == 2 * 2 * 7 * 16);
+  CHECK((p.kv_head_of(0) == 0 && p.kv_head_of(3) == 0 && p.kv_head_of(4) == 1 && p.kv_head_of(7) == 1));
+  CHECK(p.kv_block(1, 5) == 1 * 2 + 1);
+  CHECK(p.is_gqa());
+  p.heads = 3, p.kv_heads = 0;
   // Asking for a parameter the variant does not declare is a variant bug, not a usage error.
   CHECK_THROWS_AS(p.param_int("block"), std::logic_error);
   p.params = {{"block", 32}, {"ratio", 0.5}, {"kernel", "relu"}};
@@ -267,6 +289,8 @@ TEST_CASE("repro strings round-trip through parse_problem", "[params]") {
   // Values that need more than six significant digits: a repro must rerun exactly this case.
   add([](Problem& p) { p.head_dim = 3, p.scale = 1.0 / std::sqrt(3.0); });
   add([](Problem& p) { p.dropout = 0.1234567, p.seed = 5; });
+  add([](Problem& p) { p.heads = 32, p.kv_heads = 8, p.seq_q = 1, p.seq_kv = 4096, p.mask.causal_lower_right = true; });
+  add([](Problem& p) { p.heads = 4, p.kv_heads = 4; });  // kv_heads == heads: written as plain MHA
   for (const Problem& p : problems) {
     const std::string repro = p.repro();
     INFO(repro);
@@ -275,6 +299,7 @@ TEST_CASE("repro strings round-trip through parse_problem", "[params]") {
     CHECK(q.params == p.params);
     CHECK(q.batch == p.batch);
     CHECK(q.heads == p.heads);
+    CHECK(q.num_kv_heads() == p.num_kv_heads());
     CHECK(q.seq_q == p.seq_q);
     CHECK(q.seq_kv == p.seq_kv);
     CHECK(q.head_dim == p.head_dim);
@@ -287,6 +312,9 @@ TEST_CASE("repro strings round-trip through parse_problem", "[params]") {
   }
   CHECK(problems[2].repro() == "naive:B=1,H=1,Lq=7,Lkv=19,D=17,causal+bool+pad");
   CHECK(problems[4].repro() == "naive:B=1,H=1,Lq=33,Lkv=33,D=64,causal,dropout=0.25,seed=1234");
+  CHECK(problems[8].repro() == "naive:B=1,H=32,Hkv=8,Lq=1,Lkv=4096,D=64,causal_lower_right");
+  CHECK(problems[9].repro() == "naive:B=1,H=4,Lq=1,Lkv=1,D=64");
+  expect_usage_error([] { parse_problem("naive:B=1,H=6,Hkv=4,Lq=2,Lkv=2,D=8"); }, {"kv_heads 4", "heads 6"});
 }
 
 TEST_CASE("malformed repro strings are rejected with a message saying what is wrong", "[params]") {

@@ -364,3 +364,85 @@ TEST_CASE("exact variants count causal FLOPs over the pairs below the diagonal o
     }
   }
 }
+
+namespace {
+// K or V of a grouped-query case with every K/V head repeated for the query heads of its group (torch's
+// repeat_interleave along dim 1): the multi-head problem grouped-query attention must equal.
+FloatArray repeat_kv_heads(const FloatArray& x, const Problem& p) {
+  const int64_t rows = p.seq_kv * p.head_dim;
+  FloatArray out({p.batch, p.heads, p.seq_kv, p.head_dim});
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads; ++h)
+      std::copy_n(x.ptr() + p.kv_block(b, h) * rows, rows, out.ptr() + (b * p.heads + h) * rows);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("grouped-query attention equals multi-head attention on K/V repeated per group", "[naive][gqa]") {
+  // Query head h reads K/V head h / (heads / kv_heads) (PyTorch enable_gqa, llama.cpp): the same as
+  // repeat_interleave of K and V, in the fp64 reference bitwise (the same operations in the same order) and
+  // in every exact variant within its bound.
+  for (auto [heads, kv_heads] : {std::pair<int64_t, int64_t>{8, 2}, {6, 3}, {4, 1}, {4, 4}}) {
+    for (const char* mask : {"none", "causal_lower_right+pad"}) {
+      Problem p = problem(2, heads, 5, 23, 8, mask);
+      p.kv_heads = kv_heads;
+      CAPTURE(heads, kv_heads, mask);
+      AttentionCase gqa(p, 31);
+      if (p.mask.key_padding) gqa.pad_keys([](int64_t b, int64_t j) { return b == 1 && j > 15; });
+      Problem mha_p = p;
+      mha_p.kv_heads = 0;
+      AttentionCase mha(mha_p);
+      mha.q = gqa.q;
+      mha.k = repeat_kv_heads(gqa.k, p);
+      mha.v = repeat_kv_heads(gqa.v, p);
+      mha.pad = gqa.pad;
+      const DoubleArray want = mha.reference(), got = gqa.reference();
+      CHECK(std::memcmp(want.ptr(), got.ptr(), want.numel() * sizeof(double)) == 0);
+      for (const auto& name : Registry::instance().names()) {
+        const Attention& v = Registry::instance().get(name);
+        if (!v.capabilities().exact || !v.unsupported_reasons_text(gqa.for_variant(name)).empty()) continue;
+        CAPTURE(name);
+        const FloatArray out = gqa.run_as(name);
+        CHECK(compare_outputs(out.ptr(), want.ptr(), gqa.rows(), 8).max_abs_err <= gqa.tolerance());
+      }
+    }
+  }
+}
+
+TEST_CASE("causal_lower_right is the mask j <= i + seq_kv - seq_q; rows with no key are zeros", "[naive]") {
+  for (auto [lq, lkv] : {std::pair<int64_t, int64_t>{5, 9}, {9, 5}, {1, 6}, {6, 6}}) {
+    CAPTURE(lq, lkv);
+    AttentionCase lr(problem(1, 2, lq, lkv, 4, "causal_lower_right"), 7);
+    AttentionCase explicit_mask(problem(1, 2, lq, lkv, 4, "bool"));
+    explicit_mask.q = lr.q, explicit_mask.k = lr.k, explicit_mask.v = lr.v;
+    explicit_mask.mask = ByteArray({lq, lkv});
+    double pairs = 0;
+    for (int64_t i = 0; i < lq; ++i)
+      for (int64_t j = 0; j < lkv; ++j) {
+        explicit_mask.mask.data[i * lkv + j] = j <= i + lkv - lq;
+        pairs += j <= i + lkv - lq;
+      }
+    const DoubleArray want = explicit_mask.reference(), got = lr.reference();
+    CHECK(std::memcmp(want.ptr(), got.ptr(), want.numel() * sizeof(double)) == 0);
+    CHECK(causal_pairs(lr.p) == pairs);
+    const FloatArray out = lr.run();
+    CHECK(compare_outputs(out.ptr(), want.ptr(), lr.rows(), 4).max_abs_err <= lr.tolerance());
+    // seq_q > seq_kv: the first seq_q - seq_kv rows of every head see no key.
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t i = 0; i < std::max<int64_t>(0, lq - lkv); ++i)
+        for (int64_t d = 0; d < 4; ++d) CHECK(out.data[(h * lq + i) * 4 + d] == 0.0f);
+    // Equal to upper-left causal when seq_q == seq_kv; both together are the stricter.
+    if (lq == lkv) CHECK(causal_offset(lr.p) == 0);
+    Problem both = lr.p;
+    both.mask.causal = true;
+    CHECK(causal_offset(both) == std::min<int64_t>(0, lkv - lq));
+  }
+}
+
+TEST_CASE("naive counts the bytes its schedule moves: K/V once per query head, the score matrix twice",
+          "[naive][gqa]") {
+  Problem p = problem(1, 32, 1, 32768, 128, "causal_lower_right");
+  p.kv_heads = 8;
+  const double kv_head = 2.0 * 32768 * 128 * 4;
+  CHECK(naive().bytes_moved(p) == compulsory_bytes(p) + 24 * kv_head + 2.0 * 32 * 32768 * 4);
+}

@@ -20,7 +20,7 @@
 namespace attn::test {
 
 // A resolved problem for `variant` (parameters `params` validated, defaults filled) with these sizes and
-// masks ("none", "causal", "bool", "pad", joined by '+').
+// masks ("none", "causal", "causal_lower_right", "bool", "pad", joined by '+').
 inline Problem make_test_problem(const std::string& variant, int64_t batch, int64_t heads, int64_t seq_q,
                                  int64_t seq_kv, int64_t head_dim, const std::string& mask = "none",
                                  const Json& params = Json::object()) {
@@ -42,7 +42,8 @@ struct CaseFiles {
   std::string q, k, v, mask, pad;
 };
 
-// One problem with its tensors. Q, K, V are [batch, heads, seq, head_dim]; out starts as NaN (and every run
+// One problem with its tensors. Q is [batch, heads, seq_q, head_dim], K and V [batch, kv_heads, seq_kv,
+// head_dim]; out starts as NaN (and every run
 // starts from NaN) so a row a variant forgets to write shows up; the boolean mask is [seq_q, seq_kv]
 // (nonzero = may attend), the key padding [batch, seq_kv] (nonzero = padded).
 struct AttentionCase {
@@ -53,8 +54,8 @@ struct AttentionCase {
   // Zero Q, K, V sized for `problem`, and the masks it names allowing every key (mask all 1, padding all 0).
   explicit AttentionCase(Problem problem) : p(std::move(problem)) {
     q = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
-    k = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
-    v = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
+    k = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim});
+    v = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim});
     out = FloatArray(q.shape, std::nanf(""));
     if (p.mask.boolean) mask = ByteArray({p.seq_q, p.seq_kv}, 1);
     if (p.mask.key_padding) pad = ByteArray({p.batch, p.seq_kv}, 0);
@@ -103,7 +104,7 @@ struct AttentionCase {
   // This case's sizes, masks, scale, dropout and seed as a problem of `variant` with `params`.
   Problem for_variant(const std::string& variant, const Json& params = Json::object()) const {
     Problem vp = make_problem(variant, params);
-    vp.batch = p.batch, vp.heads = p.heads, vp.seq_q = p.seq_q, vp.seq_kv = p.seq_kv,
+    vp.batch = p.batch, vp.heads = p.heads, vp.kv_heads = p.kv_heads, vp.seq_q = p.seq_q, vp.seq_kv = p.seq_kv,
     vp.head_dim = p.head_dim;
     vp.mask = p.mask, vp.scale = p.scale, vp.dropout = p.dropout, vp.seed = p.seed;
     return vp;
@@ -133,7 +134,7 @@ struct AttentionCase {
   double tolerance() const { return Registry::instance().get(p.variant).abs_tolerance(p, inputs(nullptr)); }
 
   int64_t rows() const { return p.batch * p.heads * p.seq_q; }
-  // Element (bh, row, d) of a tensor, bh = b * heads + h.
+  // Element (bh, row, d) of a tensor, bh = b * heads + h for Q and b * kv_heads + h for K and V.
   float& q_at(int64_t bh, int64_t i, int64_t d) { return q.data[(bh * p.seq_q + i) * p.head_dim + d]; }
   float& k_at(int64_t bh, int64_t j, int64_t d) { return k.data[(bh * p.seq_kv + j) * p.head_dim + d]; }
   float& v_at(int64_t bh, int64_t j, int64_t d) { return v.data[(bh * p.seq_kv + j) * p.head_dim + d]; }

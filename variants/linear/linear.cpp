@@ -76,6 +76,8 @@ class Linear final : public Attention {
     // causal and key padding do), so they are not supported; nor is dropout on weights it never forms.
     return {.exact = false,
             .causal = true,
+            .causal_lower_right = true,
+            .gqa = true,
             .boolean_mask = false,
             .key_padding = true,
             .cross = true,
@@ -115,9 +117,10 @@ class Linear final : public Attention {
     // (2·Lq·d·(d+1)), and, causal, the lower triangle of each chunk's φ(Q)φ(K)ᵀ and its product with V (≈
     // 2·Lq·(C+1)·d). The feature map, the masked upper triangles and the final division are not counted.
     const double D = static_cast<double>(p.head_dim), Lq = static_cast<double>(p.seq_q);
-    const double Lkv = static_cast<double>(p.mask.causal ? std::min(p.seq_q, p.seq_kv) : p.seq_kv);
+    // Causal folds only the keys the last query sees into the state.
+    const double Lkv = static_cast<double>(causal_key_end(p, p.seq_q - 1));
     double per_head = 2.0 * Lkv * D * D + 2.0 * Lq * D * (D + 1);
-    if (p.mask.causal)
+    if (p.mask.any_causal())
       per_head += 2.0 * Lq * static_cast<double>(std::min(p.param_int("chunk"), p.seq_q) + 1) * D;
     return per_head * static_cast<double>(p.batch * p.heads);
   }
@@ -125,10 +128,10 @@ class Linear final : public Attention {
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
     const int64_t D = p.head_dim, state = D * (D + 1);
     int64_t floats = 0;
-    if (p.mask.causal) {
+    if (p.mask.any_causal()) {
       floats = std::max(threads, 1) * causal_scratch_floats(p);
     } else {
-      floats = p.batch * p.heads * state +
+      floats = p.batch * p.num_kv_heads() * state +  // one state per K/V head, shared by its query heads
                std::max(threads, 1) * std::max(kKeyRows * D, kQueryRows * (D + 1) + kQueryRows * D);
     }
     return static_cast<std::size_t>(floats) * sizeof(float);
@@ -137,7 +140,7 @@ class Linear final : public Attention {
   void forward(const Problem& p, const AttentionInputs& in) const override {
     if (auto reasons = not_supported_reasons(p); !reasons.empty())
       throw NotSupported("linear: " + reasons.front());
-    if (p.mask.causal)
+    if (p.mask.any_causal())
       forward_causal(p, in);
     else
       forward_full(p, in);
@@ -152,8 +155,8 @@ class Linear final : public Attention {
     std::vector<double> fq(static_cast<std::size_t>(D)), fk(static_cast<std::size_t>(Lkv * D));
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t h = 0; h < p.heads; ++h) {
-        const int64_t bh = b * p.heads + h;
-        for (int64_t e = 0; e < Lkv * D; ++e) fk[e] = feature_map_fp64(fm, in.k[bh * Lkv * D + e]);
+        const int64_t bh = b * p.heads + h, kv = p.kv_block(b, h);
+        for (int64_t e = 0; e < Lkv * D; ++e) fk[e] = feature_map_fp64(fm, in.k[kv * Lkv * D + e]);
         for (int64_t i = 0; i < Lq; ++i) {
           for (int64_t d = 0; d < D; ++d) fq[d] = feature_map_fp64(fm, in.q[(bh * Lq + i) * D + d]);
           double* o = out + (bh * Lq + i) * D;
@@ -164,7 +167,7 @@ class Linear final : public Attention {
             double w = 0;
             for (int64_t d = 0; d < D; ++d) w += fq[d] * fk[j * D + d];
             den += w;
-            for (int64_t d = 0; d < D; ++d) o[d] += w * in.v[(bh * Lkv + j) * D + d];
+            for (int64_t d = 0; d < D; ++d) o[d] += w * in.v[(kv * Lkv + j) * D + d];
           }
           for (int64_t d = 0; d < D; ++d) o[d] /= den + eps;
         }
@@ -204,31 +207,41 @@ class Linear final : public Attention {
  private:
   static int64_t causal_scratch_floats(const Problem& p) {
     const int64_t D = p.head_dim, C = std::min(p.param_int("chunk"), p.seq_q);
-    // φ(Q) and φ(K) chunks, the C×C scores, the C×(d+1) numerator|denominator, the state and a column sum.
-    return 2 * C * D + C * C + C * (D + 1) + D * (D + 1) + D;
+    // φ(Q) and φ(K) chunks, the C×C scores, the C×(d+1) numerator|denominator, the state, a column sum, and
+    // (lower-right, seq_kv > seq_q) a block of φ for folding the keys every query sees.
+    const int64_t prefix = p.mask.any_causal() && causal_offset(p) > 0 ? kKeyRows * D : 0;
+    return 2 * C * D + C * C + C * (D + 1) + D * (D + 1) + D + prefix;
   }
 
-  // Non-causal: per head, state = [φ(K)ᵀV | φ(K)ᵀ1] (d × (d+1)), then every query block is one GEMM with it.
+  // Adds keys [j0, j1) of K/V block `kv` (batch entry b) into state = [φ(K)ᵀV | φ(K)ᵀ1] (d × (d+1)), in
+  // blocks of kKeyRows; `buf` holds kKeyRows × d floats, col_sum d.
+  static void fold_keys(const Problem& p, const AttentionInputs& in, FeatureMap fm, int64_t b, int64_t kv,
+                        int64_t j0, int64_t j1, float* state, float* col_sum, float* buf) {
+    const int64_t D = p.head_dim, Lkv = p.seq_kv, ld_state = D + 1;
+    for (int64_t j = j0; j < j1; j += kKeyRows) {
+      const int64_t rows = std::min(kKeyRows, j1 - j);
+      std::fill(col_sum, col_sum + D, 0.0f);
+      key_features(p, in, fm, b, j, rows, in.k + (kv * Lkv + j) * D, buf, col_sum);
+      sgemm(true, false, D, D, rows, 1.0f, buf, D, in.v + (kv * Lkv + j) * D, D, 1.0f, state, ld_state);
+      for (int64_t d = 0; d < D; ++d) state[d * ld_state + D] += col_sum[d];
+    }
+  }
+
+  // Non-causal: per K/V head, state = [φ(K)ᵀV | φ(K)ᵀ1] (d × (d+1)), shared by the query heads of its group
+  // (grouped-query attention builds it once per K/V head); then every query block is one GEMM with it.
   static void forward_full(const Problem& p, const AttentionInputs& in) {
     const FeatureMap fm = feature_map_of(p);
     const float eps = static_cast<float>(p.param_number("eps"));
     const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv, BH = p.batch * p.heads, ld_state = D + 1;
-    AlignedVector<float> states(static_cast<std::size_t>(BH * D * ld_state));
+    const int64_t BKV = p.batch * p.num_kv_heads();
+    AlignedVector<float> states(static_cast<std::size_t>(BKV * D * ld_state), 0.0f);
     tbb::enumerable_thread_specific<AlignedVector<float>> scratch;
 
-    tbb::parallel_for(int64_t{0}, BH, [&](int64_t bh) {
+    tbb::parallel_for(int64_t{0}, BKV, [&](int64_t kv) {
       AlignedVector<float>& buf = scratch.local();
-      if (static_cast<int64_t>(buf.size()) < kKeyRows * D) buf.resize(kKeyRows * D);
-      float* state = states.data() + bh * D * ld_state;
-      std::vector<float> col_sum(static_cast<std::size_t>(D), 0.0f);
-      for (int64_t j0 = 0; j0 < Lkv; j0 += kKeyRows) {
-        const int64_t rows = std::min(kKeyRows, Lkv - j0);
-        key_features(p, in, fm, bh / p.heads, j0, rows, in.k + (bh * Lkv + j0) * D, buf.data(),
-                     col_sum.data());
-        sgemm(true, false, D, D, rows, 1.0f, buf.data(), D, in.v + (bh * Lkv + j0) * D, D,
-              j0 == 0 ? 0.0f : 1.0f, state, ld_state);
-      }
-      for (int64_t d = 0; d < D; ++d) state[d * ld_state + D] = col_sum[d];
+      if (static_cast<int64_t>(buf.size()) < kKeyRows * D + D) buf.resize(kKeyRows * D + D);
+      fold_keys(p, in, fm, kv / p.num_kv_heads(), kv, 0, Lkv, states.data() + kv * D * ld_state,
+                buf.data() + kKeyRows * D, buf.data());
     });
 
     const int64_t blocks = (Lq + kQueryRows - 1) / kQueryRows;
@@ -240,7 +253,8 @@ class Linear final : public Attention {
       float* fq = buf.data();
       float* nd = fq + kQueryRows * D;
       apply_feature_map(fm, in.q + (bh * Lq + i0) * D, fq, rows * D);
-      sgemm(false, false, rows, ld_state, D, 1.0f, fq, D, states.data() + bh * D * ld_state, ld_state, 0.0f,
+      const int64_t kv = p.kv_block(bh / p.heads, bh % p.heads);
+      sgemm(false, false, rows, ld_state, D, 1.0f, fq, D, states.data() + kv * D * ld_state, ld_state, 0.0f,
             nd, ld_state);
       normalise_rows(nd, ld_state, nd + D, ld_state, eps, rows, D, in.out + (bh * Lq + i0) * D);
     });
@@ -248,13 +262,15 @@ class Linear final : public Attention {
 
   // Causal, one head per task, chunk by chunk: inside a chunk the masked quadratic form (φ(Q_c)φ(K_c)ᵀ ⊙
   // tril) [V_c | 1]; across chunks the running state S = Σ_{j before the chunk} φ(k_j) [v_j | 1]ᵀ. Query i
-  // and key j share chunk index ⌊i/C⌋ by position, which also gives the top-left-aligned j <= i rule for
-  // seq_q != seq_kv.
+  // attends keys j <= i + c (mask.hpp causal_offset: c = 0 upper-left, seq_kv - seq_q lower-right), so the
+  // chunk of queries [c0, c0 + C) meets the diagonal keys [c0 + c, c0 + c + C): keys before c0 + c are in
+  // the state (with c > 0, keys [0, c) are folded in before the first chunk: every query sees them), and
+  // with c < 0 the first -c queries see no key and get 0.
   static void forward_causal(const Problem& p, const AttentionInputs& in) {
     const FeatureMap fm = feature_map_of(p);
     const float eps = static_cast<float>(p.param_number("eps"));
     const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv, ld_state = D + 1;
-    const int64_t C = std::min(p.param_int("chunk"), Lq);
+    const int64_t C = std::min(p.param_int("chunk"), Lq), off = causal_offset(p);
     tbb::enumerable_thread_specific<AlignedVector<float>> scratch;
 
     tbb::parallel_for(int64_t{0}, p.batch * p.heads, [&](int64_t bh) {
@@ -266,25 +282,31 @@ class Linear final : public Attention {
       float* nd = a + C * C;
       float* state = nd + C * ld_state;
       float* col_sum = state + D * ld_state;
+      float* prefix = col_sum + D;  // kKeyRows x d: φ of the keys every query sees (off > 0)
       std::fill(state, state + D * ld_state + D, 0.0f);  // state and col_sum
-      const int64_t b = bh / p.heads;
+      const int64_t b = bh / p.heads, kv = p.kv_block(b, bh % p.heads);  // grouped-query: the shared K/V
+      if (off > 0) fold_keys(p, in, fm, b, kv, 0, std::min(off, Lkv), state, col_sum, prefix);
 
       for (int64_t c0 = 0; c0 < Lq; c0 += C) {
-        const int64_t nq = std::min(C, Lq - c0), nk = std::clamp<int64_t>(Lkv - c0, 0, nq);
+        const int64_t nq = std::min(C, Lq - c0);
+        // This chunk's diagonal keys [ka, kb): row r may see keys j <= c0 + r + off.
+        const int64_t kd = c0 + off, ka = std::clamp<int64_t>(kd, 0, Lkv),
+                      kb = std::clamp<int64_t>(kd + nq, 0, Lkv), nk = kb - ka;
         apply_feature_map(fm, in.q + (bh * Lq + c0) * D, fq, nq * D);
         // Inter-chunk part first: nd = φ(Q_c) S (both numerator and denominator columns).
         sgemm(false, false, nq, ld_state, D, 1.0f, fq, D, state, ld_state, 0.0f, nd, ld_state);
         if (nk > 0) {
-          const float* v = in.v + (bh * Lkv + c0) * D;
+          const float* v = in.v + (kv * Lkv + ka) * D;
           std::fill(col_sum, col_sum + D, 0.0f);
-          key_features(p, in, fm, b, c0, nk, in.k + (bh * Lkv + c0) * D, fk, col_sum);
+          key_features(p, in, fm, b, ka, nk, in.k + (kv * Lkv + ka) * D, fk, col_sum);
           // Intra-chunk: A = φ(Q_c) φ(K_c)ᵀ with the future zeroed, its row sums into the denominator column.
           sgemm(false, true, nq, nk, D, 1.0f, fq, D, fk, D, 0.0f, a, nk);
           for (int64_t r = 0; r < nq; ++r) {
             float* ar = a + r * nk;
-            if (r + 1 < nk) std::fill(ar + r + 1, ar + nk, 0.0f);
+            const int64_t seen = std::clamp<int64_t>(kd + r + 1 - ka, 0, nk);  // keys ka .. ka+seen-1
+            std::fill(ar + seen, ar + nk, 0.0f);
             float row_sum = 0;
-            for (int64_t j = 0; j < std::min(r + 1, nk); ++j) row_sum += ar[j];
+            for (int64_t j = 0; j < seen; ++j) row_sum += ar[j];
             nd[r * ld_state + D] += row_sum;
           }
           sgemm(false, false, nq, D, nk, 1.0f, a, nk, v, D, 1.0f, nd, ld_state);

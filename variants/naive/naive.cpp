@@ -90,6 +90,8 @@ class Naive final : public Attention {
   Capabilities capabilities() const override {
     return {.exact = true,
             .causal = true,
+            .causal_lower_right = true,
+            .gqa = true,
             .boolean_mask = true,
             .key_padding = true,
             .cross = true,
@@ -101,6 +103,17 @@ class Naive final : public Attention {
     // The shared exact-attention count (common/mask.hpp). Causal GEMMs stop at each row block's last row
     // (the lower trapezoid); the masked pairs inside the diagonal blocks are computed but not counted.
     return exact_attention_flops(p);
+  }
+  double bytes_moved(const Problem& p) const override {
+    // Q, K, V, O and the masks once (compulsory_bytes), plus what this schedule streams beyond them: each
+    // query head reads its group's K/V again (one GEMM pair per query head, as a user writing the baseline
+    // loops over heads), and the score matrix is materialised: written by the first GEMM and read by the
+    // second (the softmax pass in between is counted as cached). Only the pairs the causal trapezoid
+    // computes are counted.
+    const double kv_head = 2.0 * static_cast<double>(p.seq_kv * p.head_dim) * sizeof(float);
+    const double rereads = static_cast<double>(p.batch * (p.heads - p.num_kv_heads())) * kv_head;
+    const double scores = 2.0 * static_cast<double>(p.batch * p.heads) * causal_pairs(p) * sizeof(float);
+    return compulsory_bytes(p) + rereads + scores;
   }
   std::size_t workspace_bytes(const Problem& p, int) const override {
     // Saturates instead of wrapping: at seq 10^12 the product is ~10^24 floats, and a wrapped estimate
@@ -126,12 +139,16 @@ class Naive final : public Attention {
         const int64_t b = bh / p.heads, h = bh % p.heads;
         float* s = scores.data() + ((bh - g0) * Lq + r0) * Lkv;
         const float* q = in.q + (bh * Lq + r0) * D;
-        const float* k = in.k + bh * Lkv * D;
-        const float* v = in.v + bh * Lkv * D;
+        const float* k = in.k + p.kv_block(b, h) * Lkv * D;  // grouped-query: the group's K/V, not a copy
+        const float* v = in.v + p.kv_block(b, h) * Lkv * D;
         float* o = in.out + (bh * Lq + r0) * D;
-        // Causal (query i attends keys j <= i): keys past the block's last row are hidden from every row of
-        // the block, so both GEMMs stop there.
-        const int64_t keys = p.mask.causal ? std::min(Lkv, r1) : Lkv;
+        // Causal (query i attends keys j <= i + c, mask.hpp): keys past the block's last row's limit are
+        // hidden from every row of the block, so both GEMMs stop there.
+        const int64_t keys = causal_key_end(p, r1 - 1);
+        if (keys == 0) {  // lower-right with seq_q > seq_kv: no row of this block sees a key
+          std::fill(o, o + nr * D, 0.0f);
+          return;
+        }
         sgemm(false, true, nr, keys, D, scale, q, D, k, D, 0.0f, s, Lkv);
         for (int64_t r = 0; r < nr; ++r) softmax_row(p, in, b, h, r0 + r, s + r * Lkv, keys);
         sgemm(false, false, nr, D, keys, 1.0f, s, Lkv, v, D, 0.0f, o, D);
@@ -145,7 +162,7 @@ class Naive final : public Attention {
   static void softmax_row(const Problem& p, const AttentionInputs& in, int64_t b, int64_t h, int64_t i,
                           float* s, int64_t Lkv) {
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-    if (p.mask.causal && i + 1 < Lkv) std::fill(s + i + 1, s + Lkv, kNegInf);
+    if (p.mask.any_causal()) std::fill(s + std::min(causal_key_end(p, i), Lkv), s + Lkv, kNegInf);
     if (p.mask.boolean) {
       const uint8_t* m = in.mask + i * p.seq_kv;
       for (int64_t j = 0; j < Lkv; ++j)

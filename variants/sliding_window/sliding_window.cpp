@@ -103,9 +103,11 @@ class SlidingWindow final : public Attention {
   Capabilities capabilities() const override {
     // Not exact: it is exact softmax on a sparse pattern, not full attention (the sweep measures the gap).
     // Positions matter, so it is not permutation equivariant; the band is defined on one sequence, so no
-    // cross-attention.
+    // cross-attention, and so causal_lower_right (offset seq_kv - seq_q = 0) is causal: any_causal() below.
     return {.exact = false,
             .causal = true,
+            .causal_lower_right = true,
+            .gqa = true,
             .boolean_mask = true,
             .key_padding = true,
             .cross = false,
@@ -150,7 +152,7 @@ class SlidingWindow final : public Attention {
     // Edge truncation of the band and the corners this kernel computes and discards are not counted.
     const Plan plan(p, /*with_positions=*/false);
     const double g = static_cast<double>(plan.globals_count()), n = static_cast<double>(p.seq_q);
-    const int64_t band_keys = p.mask.causal ? plan.window + 1 : 2 * plan.window + 1;
+    const int64_t band_keys = p.mask.any_causal() ? plan.window + 1 : 2 * plan.window + 1;
     const double keys = static_cast<double>(std::min(band_keys, plan.class_length(0)));
     return 4.0 * p.batch * p.heads * p.head_dim * ((n - g) * (keys + g) + g * n);
   }
@@ -179,7 +181,7 @@ class SlidingWindow final : public Attention {
     // Exact softmax under the equivalent boolean mask: pattern ∧ (the user's mask, if any); the shared
     // reference applies causal, padding and dropout itself. Quadratic memory, like the reference's time.
     const auto globals = sliding_window::global_positions(p.param("global_tokens"), p.seq_q);
-    const sliding_window::Pattern pattern(p.param_int("window"), p.param_int("dilation"), p.mask.causal,
+    const sliding_window::Pattern pattern(p.param_int("window"), p.param_int("dilation"), p.mask.any_causal(),
                                           globals, p.seq_q);
     std::vector<uint8_t> mask = pattern.dense_mask();
     if (p.mask.boolean)
@@ -234,9 +236,10 @@ class SlidingWindow final : public Attention {
       const int64_t t0 = task % plan.tiles_per_class * T, m = plan.class_length(r);
       if (t0 >= m) return;  // this class is one tile shorter than class 0
       const int64_t t1 = std::min(m, t0 + T), nr = t1 - t0;
-      const int64_t s0 = std::max<int64_t>(0, t0 - w), s1 = p.mask.causal ? t1 : std::min(m, t1 + w);
+      const int64_t s0 = std::max<int64_t>(0, t0 - w), s1 = p.mask.any_causal() ? t1 : std::min(m, t1 + w);
       const int64_t span = s1 - s0, lds = span + G;
       const int64_t b = bh / p.heads, h = bh % p.heads;
+      const int64_t kv_head = p.kv_block(b, h) * n * D;  // grouped-query: the group's K/V, not a copy
 
       AlignedVector<float>& buf = scratch.local();
       if (static_cast<int64_t>(buf.size()) < plan.band_floats()) buf.resize(plan.band_floats());
@@ -248,11 +251,11 @@ class SlidingWindow final : public Attention {
       float* o = in.out + head + (r + t0 * dil) * D;
 
       // Scores: [band keys of this class | global keys], one row per query of the tile.
-      sgemm(false, true, nr, span, D, scale, q, ld, in.k + head + (r + s0 * dil) * D, ld, 0.0f, s, lds);
+      sgemm(false, true, nr, span, D, scale, q, ld, in.k + kv_head + (r + s0 * dil) * D, ld, 0.0f, s, lds);
       if (G > 0) {
         for (int64_t c = 0; c < G; ++c) {
-          std::copy_n(in.k + head + plan.globals[c] * D, D, kg + c * D);
-          std::copy_n(in.v + head + plan.globals[c] * D, D, vg + c * D);
+          std::copy_n(in.k + kv_head + plan.globals[c] * D, D, kg + c * D);
+          std::copy_n(in.v + kv_head + plan.globals[c] * D, D, vg + c * D);
         }
         sgemm(false, true, nr, G, D, scale, q, ld, kg, D, 0.0f, s + span, lds);
       }
@@ -262,7 +265,7 @@ class SlidingWindow final : public Attention {
         const int64_t t = t0 + row, i = r + t * dil;
         float* band = s + row * lds;
         float* glob = band + span;
-        const int64_t lo = std::max(s0, t - w) - s0, hi = (p.mask.causal ? t : std::min(s1 - 1, t + w)) - s0;
+        const int64_t lo = std::max(s0, t - w) - s0, hi = (p.mask.any_causal() ? t : std::min(s1 - 1, t + w)) - s0;
         if (ex || p.mask.boolean) {
           const uint8_t* allowed = p.mask.boolean ? in.mask + i * n : nullptr;
           for (int64_t c = lo; c <= hi; ++c) {
@@ -272,7 +275,7 @@ class SlidingWindow final : public Attention {
         }
         for (int64_t c = 0; c < G; ++c) {
           const int64_t j = plan.globals[c];
-          if ((p.mask.causal && j > i) || (p.mask.key_padding && in.key_padding[b * n + j]) ||
+          if ((p.mask.any_causal() && j > i) || (p.mask.key_padding && in.key_padding[b * n + j]) ||
               (p.mask.boolean && !in.mask[i * n + j]))
             glob[c] = kNegInf;
         }
@@ -281,7 +284,7 @@ class SlidingWindow final : public Attention {
                          plan.globals.data());
       }
 
-      sgemm(false, false, nr, D, span, 1.0f, s, lds, in.v + head + (r + s0 * dil) * D, ld, 0.0f, o, ld);
+      sgemm(false, false, nr, D, span, 1.0f, s, lds, in.v + kv_head + (r + s0 * dil) * D, ld, 0.0f, o, ld);
       if (G > 0) sgemm(false, false, nr, D, G, 1.0f, s + span, lds, vg, D, 1.0f, o, ld);
     });
   }
@@ -298,6 +301,7 @@ class SlidingWindow final : public Attention {
       const int64_t bh = task / tasks_per_head, g0 = task % tasks_per_head * kGlobalRowsPerTask;
       const int64_t nr = std::min(G, g0 + kGlobalRowsPerTask) - g0;
       const int64_t b = bh / p.heads, h = bh % p.heads, head = bh * n * D;
+      const int64_t kv_head = p.kv_block(b, h) * n * D;
       AlignedVector<float>& buf = scratch.local();
       if (static_cast<int64_t>(buf.size()) < plan.global_floats()) buf.resize(plan.global_floats());
       float* s = buf.data();
@@ -306,11 +310,11 @@ class SlidingWindow final : public Attention {
       float* og = qg + kGlobalRowsPerTask * D;
       for (int64_t row = 0; row < nr; ++row)
         std::copy_n(in.q + head + plan.globals[g0 + row] * D, D, qg + row * D);
-      sgemm(false, true, nr, n, D, scale, qg, D, in.k + head, D, 0.0f, s, lds);
+      sgemm(false, true, nr, n, D, scale, qg, D, in.k + kv_head, D, 0.0f, s, lds);
       for (int64_t row = 0; row < nr; ++row) {
         const int64_t i = plan.globals[g0 + row];
         float* sr = s + row * lds;
-        const int64_t keys = p.mask.causal ? i + 1 : n;  // causal: keys after i are never attended
+        const int64_t keys = p.mask.any_causal() ? i + 1 : n;  // causal: keys after i are never attended
         if (p.mask.key_padding || p.mask.boolean)
           for (int64_t j = 0; j < keys; ++j)
             if ((p.mask.key_padding && in.key_padding[b * n + j]) || (p.mask.boolean && !in.mask[i * n + j]))
@@ -318,7 +322,7 @@ class SlidingWindow final : public Attention {
         const DropoutRow drop = p.dropout > 0 ? DropoutRow(p.dropout, p.seed, b, h, i) : DropoutRow();
         softmax_two_part(sr, n, 0, keys - 1, nullptr, 0, p.dropout > 0 ? &drop : nullptr, 0, 1, nullptr);
       }
-      sgemm(false, false, nr, D, n, 1.0f, s, lds, in.v + head, D, 0.0f, og, D);
+      sgemm(false, false, nr, D, n, 1.0f, s, lds, in.v + kv_head, D, 0.0f, og, D);
       for (int64_t row = 0; row < nr; ++row)
         std::copy_n(og + row * D, D, in.out + head + plan.globals[g0 + row] * D);
     });

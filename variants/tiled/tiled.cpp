@@ -1,6 +1,7 @@
 // tiled: exact softmax attention, FlashAttention-style: query x key tiles, a running max and sum per query,
-// the output rescaled when the max moves and divided once at the end. O(n) memory, no score matrix. This
-// file chooses the tiles and splits the work; tiled_kernels.cpp does one query tile on the SIMD target that
+// the output rescaled when the max moves and divided once at the end. O(n) memory, no score matrix.
+// Grouped-query heads share their K/V tiles inside one query tile; decode-shaped problems split the key
+// range across tasks (flash-decoding, tiled.hpp). This file chooses the tiles and splits the work; tiled_kernels.cpp does one query tile on the SIMD target that
 // common/simd.hpp selected (Highway dispatch).
 #include "variants/tiled/tiled.hpp"
 
@@ -32,13 +33,26 @@ int64_t l2_bytes() {
 // L2 / 4 bytes / 4 / (dk + dv), query tile = min(key tile, dk + dv) capped at 128. For d = 64 and a 1 MiB L2
 // that is 128 x 512: the score tile (256 KiB), the K and V tiles (128 KiB each) and Q^T, O^T (32 KiB each)
 // stay in L2, and the 8 KiB Q^T panel one micro-kernel sweep reads stays in L1. Both are clipped to the
-// sequence so short problems do not pad.
+// sequence so short problems do not pad. The query tile counts rows: with grouped-query attention a tile
+// holds tile_q / group positions (at least one) of each of the group's query heads.
 Tiles choose_tiles(const Problem& p) {
   const int64_t dkv = 2 * p.head_dim;
   int64_t kv = p.param_int("tile_kv"), q = p.param_int("tile_q");
   if (kv == 0) kv = std::clamp<int64_t>(l2_bytes() / 16 / dkv / kLanes * kLanes, 32, 2048);
   if (q == 0) q = std::clamp<int64_t>(round_up(std::min(kv, dkv), kLanes), kLanes, 128);
-  return {std::min(q, p.seq_q), std::min(kv, p.seq_kv)};
+  return {std::clamp<int64_t>(q / p.group_size(), 1, p.seq_q), std::min(kv, p.seq_kv)};
+}
+
+Schedule make_schedule(const Problem& p) {
+  Schedule s;
+  s.tiles = choose_tiles(p);
+  s.group = p.group_size();
+  s.rows = s.tiles.q * s.group;
+  s.q_tiles = (p.seq_q + s.tiles.q - 1) / s.tiles.q;
+  s.units = p.batch * p.num_kv_heads() * s.q_tiles;
+  if (s.units < kSplitTarget)
+    s.splits = std::max<int64_t>(1, std::min((kSplitTarget + s.units - 1) / s.units, p.seq_kv / kMinSplitKeys));
+  return s;
 }
 
 class Tiled final : public Attention {
@@ -50,6 +64,8 @@ class Tiled final : public Attention {
   Capabilities capabilities() const override {
     return {.exact = true,
             .causal = true,
+            .causal_lower_right = true,
+            .gqa = true,
             .boolean_mask = true,
             .key_padding = true,
             .cross = true,
@@ -60,7 +76,8 @@ class Tiled final : public Attention {
     return {{.name = "tile_q",
              .type = ParamType::integer,
              .default_value = 0,
-             .help = "queries per tile (0: from the L2 size, 128 for head_dim 64)",
+             .help = "query rows per tile (0: from the L2 size, 128 for head_dim 64); grouped-query tiles "
+                     "hold tile_q / group positions of each query head of a K/V head",
              .min = 0,
              .max = 1 << 16,
              .choices = {}},
@@ -73,11 +90,13 @@ class Tiled final : public Attention {
              .choices = {}}};
   }
   std::vector<Json> test_param_sets() const override {
-    // Tiny tiles (and tile_q != tile_kv) so the multi-tile, tail and diagonal paths run on small inputs.
+    // Tiny tiles (and tile_q != tile_kv) so the multi-tile, tail and diagonal paths run on small inputs;
+    // tile_q 1..8 puts every shape on the dot-product (decode) kernels, tile_q 33 on the GEMM kernels.
     return {Json::object(),
             {{"tile_q", 4}, {"tile_kv", 8}},
             {{"tile_q", 3}, {"tile_kv", 5}},
-            {{"tile_q", 33}, {"tile_kv", 16}}};
+            {{"tile_q", 33}, {"tile_kv", 16}},
+            {{"tile_q", 1}, {"tile_kv", 7}}};
   }
   double flops(const Problem& p) const override {
     // The shared exact-attention count (common/mask.hpp): causal counts the pairs below the diagonal only.
@@ -85,23 +104,29 @@ class Tiled final : public Attention {
     return exact_attention_flops(p);
   }
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
-    const Tiles t = choose_tiles(p);
+    const Schedule s = make_schedule(p);
     return static_cast<std::size_t>(std::max(threads, 1)) *
-           Scratch::bytes(round_up(t.q, kLanes), t.kv, p.head_dim, p.dropout > 0);
+               Scratch::bytes(round_up(s.rows, kLanes), s.tiles.kv, p.head_dim, p.dropout > 0) +
+           s.partial_floats(p) * sizeof(float);
   }
 
   void forward(const Problem& p, const AttentionInputs& in) const override {
-    const Context c{p, in, choose_tiles(p), static_cast<float>(p.effective_scale() * std::numbers::log2e)};
-    const int64_t q_tiles = (p.seq_q + c.tiles.q - 1) / c.tiles.q;
+    const Schedule sched = make_schedule(p);
+    AlignedVector<float> partials(sched.partial_floats(p));
+    const Context c{p, in, sched, static_cast<float>(p.effective_scale() * std::numbers::log2e),
+                    partials.empty() ? nullptr : partials.data()};
     tbb::enumerable_thread_specific<Scratch> scratch;
-    // Work units (head, query tile) are fixed by the problem; each writes only its own output rows, by the
-    // same sequence of operations on any thread, so results are bitwise independent of the thread count.
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, p.batch * p.heads * q_tiles),
+    // Tasks (unit, split) are fixed by the problem; each writes only its own output (or partial) rows, by
+    // the same sequence of operations on any thread, and the merge visits splits in order, so results are
+    // bitwise independent of the thread count.
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, sched.units * sched.splits),
                       [&](const tbb::blocked_range<int64_t>& r) {
                         Scratch& w = scratch.local();
                         for (int64_t t = r.begin(); t < r.end(); ++t)
-                          run_query_tile(c, t / q_tiles, t % q_tiles, w);
+                          run_query_tile(c, t / sched.splits, t % sched.splits, w);
                       });
+    if (sched.splits > 1)
+      tbb::parallel_for(int64_t{0}, sched.units, [&](int64_t unit) { merge_splits(c, unit); });
   }
 };
 

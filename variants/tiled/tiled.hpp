@@ -19,10 +19,27 @@ inline int64_t round_up(int64_t x, int64_t m) {
 }
 
 struct Tiles {
-  int64_t q, kv;
+  int64_t q, kv;  // query positions per tile, keys per tile
 };
 
-// Per-thread scratch for one query tile (ld = the tile's query count rounded up to kLanes).
+// The rows of one K/V head's query tile: grouped-query attention puts the `group` query heads that share a
+// K/V head into one tile, position-major (row r = position (r / group) of the tile, query head
+// kv_head * group + r % group), so each K/V tile is loaded once for all of them and never copied per head.
+// Tiles with at most kDotRows rows (decode: one or a few new queries per K/V head) run the dot-product
+// kernels (head_dim in the lanes); larger tiles run the GEMM micro-kernels (rows in the lanes).
+inline constexpr int64_t kDotRows = 8;
+
+// Split-KV (flash-decoding): when the (batch, K/V head, query tile) units are fewer than kSplitTarget, each
+// unit's key range is cut into splits computed as separate tasks, whose partial (max, sum, unnormalised
+// output) rows are merged with the online-softmax rule. The split count depends on the problem only (never
+// the thread count), so results are bitwise the same on any number of threads. Splits hold at least
+// kMinSplitKeys keys.
+inline constexpr int64_t kSplitTarget = 32;
+inline constexpr int64_t kMinSplitKeys = 512;
+
+// Per-thread scratch for one query tile (ld = the tile's row count rounded up to kLanes). The dot-product
+// path uses the same buffers row-major: qt as [rows][D], s as [rows][tile_kv rounded to kLanes], ot as
+// [rows][D].
 struct Scratch {
   AlignedVector<float> qt;     // [D][ld]   Q^T of the tile, times scale * log2(e)
   AlignedVector<float> s;      // [tile_kv][ld]  scores, then unnormalised probabilities
@@ -30,19 +47,35 @@ struct Scratch {
   AlignedVector<float> stats;  // [4][ld]   running max, running sum, tile max, rescale factor
   std::vector<DropoutRow> drop;
 
+  static int64_t s_floats(int64_t ld, int64_t tile_kv) { return (tile_kv + kLanes) * ld; }
   void ensure(int64_t ld, int64_t tile_kv, int64_t dim, bool dropout) {
     auto grow = [](AlignedVector<float>& v, int64_t n) {
       if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
     };
     grow(qt, dim * ld);
-    grow(s, tile_kv * ld);
+    grow(s, s_floats(ld, tile_kv));
     grow(ot, dim * ld);
     grow(stats, 4 * ld);
     if (dropout) drop.resize(static_cast<std::size_t>(ld));
   }
   static std::size_t bytes(int64_t ld, int64_t tile_kv, int64_t dim, bool dropout) {
-    return static_cast<std::size_t>((2 * dim + tile_kv + 4) * ld) * sizeof(float) +
+    return static_cast<std::size_t>((2 * dim + 4) * ld + s_floats(ld, tile_kv)) * sizeof(float) +
            (dropout ? static_cast<std::size_t>(ld) * sizeof(DropoutRow) : 0) + sizeof(Scratch);
+  }
+};
+
+// How one forward call is cut into tasks: fixed by the problem alone.
+struct Schedule {
+  Tiles tiles;
+  int64_t group = 1;    // query heads per K/V head
+  int64_t rows = 1;     // rows of a full query tile: tiles.q * group
+  int64_t q_tiles = 1;  // query tiles per K/V head
+  int64_t units = 1;    // batch * kv_heads * q_tiles
+  int64_t splits = 1;   // key-range splits per unit (1: no split-KV)
+  // Floats of one partial row (split-KV): max, sum, then head_dim unnormalised outputs.
+  int64_t partial_stride(const Problem& p) const { return p.head_dim + 2; }
+  std::size_t partial_floats(const Problem& p) const {
+    return splits > 1 ? static_cast<std::size_t>(units * splits * rows * partial_stride(p)) : 0;
   }
 };
 
@@ -50,11 +83,15 @@ struct Scratch {
 struct Context {
   const Problem& p;
   const AttentionInputs& in;
-  Tiles tiles;
-  float q_scale;  // scale * log2(e): the kernels exponentiate with 2^x
+  Schedule sched;
+  float q_scale;    // scale * log2(e): the kernels exponentiate with 2^x
+  float* partials;  // split-KV: [units][splits][rows][partial_stride] (null without splits)
 };
 
-// One work unit: query tile `qi` of head `bh` against every key tile it may see, on the selected SIMD target.
-void run_query_tile(const Context& c, int64_t bh, int64_t qi, Scratch& w);
+// One task: split `split` of unit `unit` (batch, K/V head, query tile) on the selected SIMD target. Without
+// splits it writes the unit's output rows; with splits, its partial rows.
+void run_query_tile(const Context& c, int64_t unit, int64_t split, Scratch& w);
+// Split-KV: merges the partial rows of `unit` into its output rows.
+void merge_splits(const Context& c, int64_t unit);
 
 }  // namespace attn::tiled

@@ -11,9 +11,11 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <limits>
 #include <utility>
 
+#include "common/mask.hpp"
 #include "common/simd-inl.hpp"
 #include "variants/tiled/tiled.hpp"
 
@@ -203,32 +205,39 @@ void PvTile(const float* v, int64_t dim, const float* s, int64_t ld, int64_t nk,
   }
 }
 
-// Sets masked scores of one tile to -inf: keys [j0, j0 + nk) against queries [i0, i0 + nq).
-void MaskTile(const Context& c, int64_t b, int64_t i0, int64_t nq, int64_t j0, int64_t nk, float* s,
-              int64_t ld) {
+// The rows of one task: query positions [i0, i0 + np) of the `group` query heads of K/V head `kvh`,
+// position-major (row r: position i0 + r / group, head kvh * group + r % group), and its keys [ja, jb).
+struct TileRows {
+  int64_t b, kvh, i0, np, nr, ja, jb;
+  int64_t group;
+  int64_t pos(int64_t r) const { return i0 + r / group; }
+  int64_t head(int64_t r) const { return kvh * group + r % group; }
+  // Rows [0, hidden_rows(j)) may not see key j under the causal rule j <= i + off (capped at `cap`).
+  int64_t hidden_rows(int64_t j, int64_t off, int64_t cap) const {
+    const int64_t x = j - off - i0;  // positions i0 .. i0 + x - 1 are hidden
+    if (x <= 0) return 0;
+    if (x >= cap) return cap;
+    return std::min(x * group, cap);
+  }
+};
+
+// Sets masked scores of one GEMM-path tile to -inf: keys [j0, j0 + nk) against the tile's rows (lanes).
+void MaskTile(const Context& c, const TileRows& t, int64_t j0, int64_t nk, float* s, int64_t ld) {
   const Problem& p = c.p;
-  const DF d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  if (p.mask.causal && j0 + nk - 1 > i0) {
-    // Key j is hidden from queries i < j: lanes [0, j - i0) of row j.
-    for (int64_t j = 0; j < nk; ++j) {
-      const int64_t hidden = j0 + j - i0;
-      for (int64_t c0 = 0; c0 < ld && c0 < hidden; c0 += N) {
-        const auto low = hn::FirstN(d, static_cast<size_t>(std::min(hidden - c0, N)));
-        hn::Store(hn::IfThenElse(low, hn::Set(d, kNegInf), hn::Load(d, s + j * ld + c0)), d, s + j * ld + c0);
-      }
-    }
+  if (p.mask.any_causal()) {
+    const int64_t off = causal_offset(p);
+    for (int64_t j = 0; j < nk; ++j) std::fill(s + j * ld, s + j * ld + t.hidden_rows(j0 + j, off, ld), kNegInf);
   }
   if (p.mask.key_padding) {
-    const uint8_t* pad = c.in.key_padding + b * p.seq_kv + j0;
+    const uint8_t* pad = c.in.key_padding + t.b * p.seq_kv + j0;
     for (int64_t j = 0; j < nk; ++j)
       if (pad[j]) std::fill(s + j * ld, s + (j + 1) * ld, kNegInf);
   }
   if (p.mask.boolean) {
-    for (int64_t i = 0; i < nq; ++i) {
-      const uint8_t* allowed = c.in.mask + (i0 + i) * p.seq_kv + j0;
+    for (int64_t r = 0; r < t.nr; ++r) {
+      const uint8_t* allowed = c.in.mask + t.pos(r) * p.seq_kv + j0;
       for (int64_t j = 0; j < nk; ++j)
-        if (!allowed[j]) s[j * ld + i] = kNegInf;
+        if (!allowed[j]) s[j * ld + r] = kNegInf;
     }
   }
 }
@@ -277,62 +286,338 @@ void TileMaxPass(const float* s, int64_t ld, int64_t nk, float* tile_max) {
   }
 }
 
-void RunQueryTile(const Context& c, int64_t bh, int64_t qi, Scratch& w) {
+// ---- Dot-product kernels: tiles of at most kDotRows rows (decode), head_dim in the vector lanes. ----
+// With one or a few query rows per K/V head, the GEMM kernels above would fill 1 to 8 of their 16 query
+// lanes; these instead stream K and V rows once per tile with full vectors along head_dim and reuse each
+// loaded K/V vector for every row of the tile (every query head of the group).
+
+#define ATTN_ACC8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define ATTN_DOT_DECLARE(i) VF a##i = hn::Zero(d);
+
+// Scores of KB keys x NR rows (KB * NR <= 8 accumulators, enough independent FMA chains to hide latency):
+// s[r * lds + kk] = qs[r] . k[kk] over head_dim D, vector part in lanes then a scalar tail, summed in a
+// fixed order (so results depend on the SIMD target only).
+template <int NR, int KB>
+HWY_NOINLINE void DotScores(const float* HWY_RESTRICT k, int64_t D, const float* HWY_RESTRICT qs,
+                            float* HWY_RESTRICT s, int64_t lds) {
+  static_assert(NR * KB <= 8);
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d)), Dv = D / N * N;
+  ATTN_ACC8(ATTN_DOT_DECLARE)
+  for (int64_t e = 0; e < Dv; e += N) {
+#define ATTN_DOT_FMA(i)                                                                                   \
+  if constexpr (i < NR * KB)                                                                              \
+    a##i = hn::MulAdd(hn::LoadU(d, k + (i / NR) * D + e), hn::LoadU(d, qs + (i % NR) * D + e), a##i);
+    ATTN_ACC8(ATTN_DOT_FMA)
+#undef ATTN_DOT_FMA
+  }
+#define ATTN_DOT_STORE(i)                                                                  \
+  if constexpr (i < NR * KB) {                                                             \
+    float tail = 0.0f;                                                                     \
+    for (int64_t e = Dv; e < D; ++e) tail += k[(i / NR) * D + e] * qs[(i % NR) * D + e];   \
+    s[(i % NR) * lds + i / NR] = hn::GetLane(hn::SumOfLanes(d, a##i)) + tail;              \
+  }
+  ATTN_ACC8(ATTN_DOT_STORE)
+#undef ATTN_DOT_STORE
+}
+
+// O rows += P V for CV vectors of head_dim starting at e0 (CV * NR <= 8): o[r] = alpha[r] * o[r] +
+// sum_j p[r * lds + j] v[j], keys j = 0..nk-1 in order.
+template <int NR, int CV>
+HWY_NOINLINE void DotPv(const float* HWY_RESTRICT v, int64_t D, int64_t nk, const float* HWY_RESTRICT p,
+                        int64_t lds, float* HWY_RESTRICT o, const float* HWY_RESTRICT alpha, int64_t e0) {
+  static_assert(NR * CV <= 8);
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  ATTN_ACC8(ATTN_DOT_DECLARE)
+#define ATTN_PV_LOAD(i) \
+  if constexpr (i < NR * CV) a##i = hn::Mul(hn::LoadU(d, o + (i / CV) * D + e0 + (i % CV) * N), hn::Set(d, alpha[i / CV]));
+  ATTN_ACC8(ATTN_PV_LOAD)
+#undef ATTN_PV_LOAD
+  for (int64_t j = 0; j < nk; ++j) {
+    const float* vj = v + j * D + e0;
+#define ATTN_PV_FMA(i) \
+  if constexpr (i < NR * CV) a##i = hn::MulAdd(hn::Set(d, p[(i / CV) * lds + j]), hn::LoadU(d, vj + (i % CV) * N), a##i);
+    ATTN_ACC8(ATTN_PV_FMA)
+#undef ATTN_PV_FMA
+  }
+#define ATTN_PV_SAVE(i) \
+  if constexpr (i < NR * CV) hn::StoreU(a##i, d, o + (i / CV) * D + e0 + (i % CV) * N);
+  ATTN_ACC8(ATTN_PV_SAVE)
+#undef ATTN_PV_SAVE
+}
+#undef ATTN_DOT_DECLARE
+#undef ATTN_ACC8
+
+using DotScoreFn = void (*)(const float*, int64_t, const float*, float*, int64_t);
+using DotPvFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, const float*, int64_t);
+template <int... R>
+constexpr std::array<DotScoreFn, sizeof...(R)> DotScoreBlocks(std::integer_sequence<int, R...>) {
+  return {&DotScores<R + 1, 8 / (R + 1)>...};
+}
+template <int... R>
+constexpr std::array<DotScoreFn, sizeof...(R)> DotScoreSingles(std::integer_sequence<int, R...>) {
+  return {&DotScores<R + 1, 1>...};
+}
+template <int... R>
+constexpr std::array<DotPvFn, sizeof...(R)> DotPvBlocks(std::integer_sequence<int, R...>) {
+  return {&DotPv<R + 1, 8 / (R + 1)>...};
+}
+template <int... R>
+constexpr std::array<DotPvFn, sizeof...(R)> DotPvSingles(std::integer_sequence<int, R...>) {
+  return {&DotPv<R + 1, 1>...};
+}
+static_assert(kDotRows == 8, "the dot-product kernel tables cover 1..8 rows");
+
+// The tile's unnormalised probabilities of one key tile: masks, the online-softmax update of row r's
+// running max m[r] and sum l[r] (alpha[r] = the rescale factor of its output), dropout. Rows are s[r * lds],
+// keys 0..nk-1, padded with -inf to whole vectors (2^-inf = 0 adds nothing).
+void DotSoftmax(const Context& c, const TileRows& t, int64_t j0, int64_t nk, float* s, int64_t lds, float* m,
+                float* l, float* alpha, const std::vector<DropoutRow>& drop) {
   const Problem& p = c.p;
-  const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv;
-  const int64_t b = bh / p.heads, h = bh % p.heads;
-  const int64_t i0 = qi * c.tiles.q, nq = std::min(c.tiles.q, Lq - i0), ld = round_up(nq, kLanes);
-  const bool dropout = p.dropout > 0;
-  w.ensure(ld, c.tiles.kv, D, dropout);
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d)), nkv = round_up(nk, N);
+  const int64_t off = p.mask.any_causal() ? causal_offset(p) : 0;
+  const uint8_t* pad = p.mask.key_padding ? c.in.key_padding + t.b * p.seq_kv + j0 : nullptr;
+  for (int64_t r = 0; r < t.nr; ++r) {
+    float* sr = s + r * lds;
+    std::fill(sr + nk, sr + nkv, kNegInf);
+    if (p.mask.any_causal()) {  // keys j > pos + off are hidden from this row
+      const int64_t seen = std::clamp<int64_t>(t.pos(r) + off + 1 - j0, 0, nk);
+      std::fill(sr + seen, sr + nk, kNegInf);
+    }
+    if (pad)
+      for (int64_t j = 0; j < nk; ++j)
+        if (pad[j]) sr[j] = kNegInf;
+    if (p.mask.boolean) {
+      const uint8_t* allowed = c.in.mask + t.pos(r) * p.seq_kv + j0;
+      for (int64_t j = 0; j < nk; ++j)
+        if (!allowed[j]) sr[j] = kNegInf;
+    }
+    VF mx = hn::Set(d, kNegInf);
+    for (int64_t j = 0; j < nkv; j += N) mx = hn::Max(mx, hn::Load(d, sr + j));
+    const float m_new = std::max(m[r], hn::GetLane(hn::MaxOfLanes(d, mx)));
+    const float m_use = m_new == kNegInf ? 0.0f : m_new;  // no allowed key yet: 2^(-inf - 0) = 0
+    const VF vm = hn::Set(d, m_use);
+    VF sum0 = hn::Zero(d), sum1 = hn::Zero(d);
+    int64_t j = 0;
+    for (; j + 2 * N <= nkv; j += 2 * N) {
+      const VF e0 = Exp2(d, hn::Sub(hn::Load(d, sr + j), vm));
+      const VF e1 = Exp2(d, hn::Sub(hn::Load(d, sr + j + N), vm));
+      hn::Store(e0, d, sr + j);
+      hn::Store(e1, d, sr + j + N);
+      sum0 = hn::Add(sum0, e0);
+      sum1 = hn::Add(sum1, e1);
+    }
+    if (j < nkv) {
+      const VF e0 = Exp2(d, hn::Sub(hn::Load(d, sr + j), vm));
+      hn::Store(e0, d, sr + j);
+      sum0 = hn::Add(sum0, e0);
+    }
+    const float a = hn::GetLane(Exp2(d, hn::Set(d, m[r] - m_use)));
+    l[r] = l[r] * a + hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0, sum1)));
+    m[r] = m_new;
+    alpha[r] = a;
+    if (p.dropout > 0)  // the sum above keeps every weight (dropout acts after normalisation)
+      for (int64_t jj = 0; jj < nk; ++jj)
+        if (!drop[r].keep(j0 + jj)) sr[jj] = 0.0f;
+  }
+}
+
+// Rows of a dot-path tile against keys [t.ja, t.jb): leaves m, l in w.stats and the unnormalised output
+// rows in w.ot ([nr][D]).
+void DotRows(const Context& c, const TileRows& t, Scratch& w, const float* k, const float* v) {
+  static constexpr auto score_blocks = DotScoreBlocks(std::make_integer_sequence<int, kDotRows>());
+  static constexpr auto score_singles = DotScoreSingles(std::make_integer_sequence<int, kDotRows>());
+  static constexpr auto pv_blocks = DotPvBlocks(std::make_integer_sequence<int, kDotRows>());
+  static constexpr auto pv_singles = DotPvSingles(std::make_integer_sequence<int, kDotRows>());
+  const Problem& p = c.p;
+  const int64_t D = p.head_dim, nr = t.nr, ld = round_up(nr, kLanes);
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF())), Dv = D / N * N;
+  const int64_t lds = round_up(c.sched.tiles.kv, kLanes);
+  float *qs = w.qt.data(), *s = w.s.data(), *o = w.ot.data();
+  float *m = w.stats.data(), *l = m + ld, *alpha = l + 2 * ld;
+  const int64_t kb = 8 / nr, cv = 8 / nr;
+  for (int64_t j0 = t.ja; j0 < t.jb; j0 += c.sched.tiles.kv) {
+    const int64_t nk = std::min(c.sched.tiles.kv, t.jb - j0);
+    const float* kt = k + j0 * D;
+    int64_t j = 0;
+    for (; j + kb <= nk; j += kb) score_blocks[nr - 1](kt + j * D, D, qs, s + j, lds);
+    for (; j < nk; ++j) score_singles[nr - 1](kt + j * D, D, qs, s + j, lds);
+    DotSoftmax(c, t, j0, nk, s, lds, m, l, alpha, w.drop);
+    const float* vt = v + j0 * D;
+    int64_t e = 0;
+    for (; e + cv * N <= Dv; e += cv * N) pv_blocks[nr - 1](vt, D, nk, s, lds, o, alpha, e);
+    for (; e < Dv; e += N) pv_singles[nr - 1](vt, D, nk, s, lds, o, alpha, e);
+    for (int64_t r = 0; r < nr; ++r)  // head_dim tail (D not a multiple of the vector width)
+      for (int64_t et = Dv; et < D; ++et) {
+        float acc = o[r * D + et] * alpha[r];
+        for (int64_t jj = 0; jj < nk; ++jj) acc += s[r * lds + jj] * vt[jj * D + et];
+        o[r * D + et] = acc;
+      }
+  }
+}
+
+// Rows of a GEMM-path tile against keys [t.ja, t.jb): leaves m, l in w.stats and the unnormalised output
+// transposed in w.ot ([D][ld]).
+void GemmRows(const Context& c, const TileRows& t, Scratch& w, const float* k, const float* v) {
+  const Problem& p = c.p;
+  const int64_t D = p.head_dim, ld = round_up(t.nr, kLanes);
   float *qt = w.qt.data(), *s = w.s.data(), *ot = w.ot.data();
   float *m = w.stats.data(), *l = m + ld, *tile_max = l + ld, *alpha = tile_max + ld;
-
-  const float* q = c.in.q + (bh * Lq + i0) * D;
-  for (int64_t e = 0; e < D; ++e) {
-    for (int64_t i = 0; i < nq; ++i) qt[e * ld + i] = q[i * D + e] * c.q_scale;
-    std::fill(qt + e * ld + nq, qt + (e + 1) * ld, 0.0f);  // padding lanes: finite, ignored
+  const int64_t off = p.mask.any_causal() ? causal_offset(p) : 0;
+  for (int64_t j0 = t.ja; j0 < t.jb; j0 += c.sched.tiles.kv) {
+    const int64_t nk = std::min(c.sched.tiles.kv, t.jb - j0);
+    const bool masked = (p.mask.any_causal() && j0 + nk - 1 > t.i0 + off) || p.mask.boolean || p.mask.key_padding;
+    if (!masked) std::fill(tile_max, tile_max + ld, kNegInf);
+    ScoreTile(k + j0 * D, D, qt, ld, nk, s, masked ? nullptr : tile_max);
+    if (masked) {
+      MaskTile(c, t, j0, nk, s, ld);
+      TileMaxPass(s, ld, nk, tile_max);
+    }
+    SoftmaxUpdate(s, ld, nk, m, l, tile_max, alpha);
+    if (p.dropout > 0) {
+      // The sums above keep every weight (dropout acts after normalisation); dropped weights leave P here.
+      for (int64_t r = 0; r < t.nr; ++r)
+        for (int64_t j = 0; j < nk; ++j)
+          if (!w.drop[r].keep(j0 + j)) s[j * ld + r] = 0.0f;
+    }
+    PvTile(v + j0 * D, D, s, ld, nk, ot, alpha);
   }
+}
+
+TileRows unit_rows(const Context& c, int64_t unit) {
+  const Problem& p = c.p;
+  const Schedule& sc = c.sched;
+  const int64_t per_batch = p.num_kv_heads() * sc.q_tiles;
+  TileRows t{};
+  t.b = unit / per_batch;
+  t.kvh = unit % per_batch / sc.q_tiles;
+  t.i0 = unit % sc.q_tiles * sc.tiles.q;
+  t.np = std::min(sc.tiles.q, p.seq_q - t.i0);
+  t.group = sc.group;
+  t.nr = t.np * sc.group;
+  return t;
+}
+
+float* out_row(const Context& c, const TileRows& t, int64_t r) {
+  const Problem& p = c.p;
+  return c.in.out + ((t.b * p.heads + t.head(r)) * p.seq_q + t.pos(r)) * p.head_dim;
+}
+
+void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
+  const Problem& p = c.p;
+  const Schedule& sc = c.sched;
+  const int64_t D = p.head_dim, Lkv = p.seq_kv;
+  TileRows t = unit_rows(c, unit);
+  const int64_t nr = t.nr, ld = round_up(nr, kLanes);
+  const bool dropout = p.dropout > 0, dot = nr <= kDotRows;
+  w.ensure(ld, sc.tiles.kv, D, dropout);
+  float *qt = w.qt.data(), *ot = w.ot.data();
+  float *m = w.stats.data(), *l = m + ld;
+
+  // Causal: keys beyond the last row's limit are hidden from all of the tile, so they are never visited.
+  const int64_t kv_end = causal_key_end(p, t.i0 + t.np - 1);
+  if (sc.splits > 1) {
+    // This split's part of the unit's keys: equal parts in whole key tiles (some may be empty).
+    const int64_t part = round_up((kv_end + sc.splits - 1) / sc.splits, sc.tiles.kv);
+    t.ja = std::min(kv_end, split * part);
+    t.jb = std::min(kv_end, t.ja + part);
+  } else {
+    t.ja = 0;
+    t.jb = kv_end;
+  }
+
+  for (int64_t r = 0; r < nr; ++r) {
+    const float* q = c.in.q + ((t.b * p.heads + t.head(r)) * p.seq_q + t.pos(r)) * D;
+    if (dot) {
+      for (int64_t e = 0; e < D; ++e) qt[r * D + e] = q[e] * c.q_scale;
+    } else {
+      for (int64_t e = 0; e < D; ++e) qt[e * ld + r] = q[e] * c.q_scale;
+    }
+  }
+  if (!dot)
+    for (int64_t e = 0; e < D; ++e) std::fill(qt + e * ld + nr, qt + (e + 1) * ld, 0.0f);  // padding lanes
   std::fill(ot, ot + D * ld, 0.0f);
   std::fill(m, m + ld, kNegInf);
   std::fill(l, l + ld, 0.0f);
   if (dropout)
-    for (int64_t i = 0; i < nq; ++i) w.drop[i] = DropoutRow(p.dropout, p.seed, b, h, i0 + i);
+    for (int64_t r = 0; r < nr; ++r) w.drop[r] = DropoutRow(p.dropout, p.seed, t.b, t.head(r), t.pos(r));
 
-  const float* k = c.in.k + bh * Lkv * D;
-  const float* v = c.in.v + bh * Lkv * D;
-  // Causal: keys beyond the tile's last query are hidden from all of it, so those key tiles are skipped.
-  const int64_t kv_end = p.mask.causal ? std::min(Lkv, i0 + nq) : Lkv;
-  for (int64_t j0 = 0; j0 < kv_end; j0 += c.tiles.kv) {
-    const int64_t nk = std::min(c.tiles.kv, kv_end - j0);
-    const bool masked = (p.mask.causal && j0 + nk - 1 > i0) || p.mask.boolean || p.mask.key_padding;
-    if (!masked) std::fill(tile_max, tile_max + ld, kNegInf);
-    ScoreTile(k + j0 * D, D, qt, ld, nk, s, masked ? nullptr : tile_max);
-    if (masked) {
-      MaskTile(c, b, i0, nq, j0, nk, s, ld);
-      TileMaxPass(s, ld, nk, tile_max);
+  // Grouped-query attention: every row of the tile reads the one K/V head they share, in place.
+  const float* k = c.in.k + (t.b * p.num_kv_heads() + t.kvh) * Lkv * D;
+  const float* v = c.in.v + (t.b * p.num_kv_heads() + t.kvh) * Lkv * D;
+  if (dot)
+    DotRows(c, t, w, k, v);
+  else
+    GemmRows(c, t, w, k, v);
+
+  auto o_at = [&](int64_t r, int64_t e) { return dot ? ot[r * D + e] : ot[e * ld + r]; };
+  if (sc.splits > 1) {
+    // Partial rows: running max, sum and the unnormalised output, merged by MergeSplits.
+    const int64_t stride = sc.partial_stride(p);
+    float* part = c.partials + ((unit * sc.splits + split) * sc.rows) * stride;
+    for (int64_t r = 0; r < nr; ++r) {
+      float* pr = part + r * stride;
+      pr[0] = m[r];
+      pr[1] = l[r];
+      for (int64_t e = 0; e < D; ++e) pr[2 + e] = o_at(r, e);
     }
-    SoftmaxUpdate(s, ld, nk, m, l, tile_max, alpha);
-    if (dropout) {
-      // The sums above keep every weight (dropout acts after normalisation); dropped weights leave P here.
-      for (int64_t i = 0; i < nq; ++i)
-        for (int64_t j = 0; j < nk; ++j)
-          if (!w.drop[i].keep(j0 + j)) s[j * ld + i] = 0.0f;
-    }
-    PvTile(v + j0 * D, D, s, ld, nk, ot, alpha);
+    return;
   }
-
-  // The one division: O = O^T / l, transposed back. A query with no allowed key has l = 0 and gets zeros;
-  // a NaN anywhere in its inputs leaves l NaN, and so its output, visible.
+  // The one division: O = O / l. A query with no allowed key has l = 0 and gets zeros; a NaN anywhere in
+  // its inputs leaves l NaN, and so its output, visible.
   const float keep_scale = dropout ? DropoutRow(p.dropout, p.seed, 0, 0, 0).scale() : 1.0f;
-  float* o = c.in.out + (bh * Lq + i0) * D;
-  for (int64_t i = 0; i < nq; ++i) {
-    const float li = l[i];
+  for (int64_t r = 0; r < nr; ++r) {
+    float* o = out_row(c, t, r);
+    const float li = l[r];
     if (li == 0.0f) {
-      std::fill(o + i * D, o + (i + 1) * D, 0.0f);
+      std::fill(o, o + D, 0.0f);
       continue;
     }
     const float inv = keep_scale / li;
-    for (int64_t e = 0; e < D; ++e) o[i * D + e] = ot[e * ld + i] * inv;
+    for (int64_t e = 0; e < D; ++e) o[e] = o_at(r, e) * inv;
+  }
+}
+
+// Split-KV merge of one unit, splits in order: M = max_s m_s, w_s = 2^(m_s - M), out = sum_s w_s o_s /
+// sum_s w_s l_s (the online-softmax rule, with log2(e) already in the logits). Splits that saw no allowed
+// key have m = -inf and weigh 0; a row no split saw gets zeros; a NaN max or sum stays NaN.
+void MergeSplits(const Context& c, int64_t unit) {
+  const Problem& p = c.p;
+  const Schedule& sc = c.sched;
+  const DF d;
+  const int64_t D = p.head_dim, stride = sc.partial_stride(p);
+  const TileRows t = unit_rows(c, unit);
+  const float keep_scale = p.dropout > 0 ? DropoutRow(p.dropout, p.seed, 0, 0, 0).scale() : 1.0f;
+  const float* part = c.partials + unit * sc.splits * sc.rows * stride;
+  for (int64_t r = 0; r < t.nr; ++r) {
+    float mx = kNegInf;
+    bool nan = false;
+    for (int64_t s = 0; s < sc.splits; ++s) {
+      const float ms = part[(s * sc.rows + r) * stride];
+      nan = nan || std::isnan(ms);
+      mx = std::max(mx, ms);
+    }
+    float* o = out_row(c, t, r);
+    if (nan) {
+      std::fill(o, o + D, std::numeric_limits<float>::quiet_NaN());
+      continue;
+    }
+    std::fill(o, o + D, 0.0f);
+    if (mx == kNegInf) continue;  // no split saw an allowed key
+    float sum = 0.0f;
+    for (int64_t s = 0; s < sc.splits; ++s) {
+      const float* pr = part + (s * sc.rows + r) * stride;
+      const float ws = hn::GetLane(Exp2(d, hn::Set(d, pr[0] - mx)));  // 2^-inf = 0 for empty splits
+      if (ws == 0.0f) continue;
+      sum += ws * pr[1];
+      for (int64_t e = 0; e < D; ++e) o[e] += ws * pr[2 + e];
+    }
+    const float inv = sum == 0.0f ? 0.0f : keep_scale / sum;
+    for (int64_t e = 0; e < D; ++e) o[e] = sum == 0.0f ? 0.0f : o[e] * inv;
+    if (std::isnan(sum))
+      for (int64_t e = 0; e < D; ++e) o[e] = std::numeric_limits<float>::quiet_NaN();
   }
 }
 
@@ -342,9 +627,13 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace attn::tiled {
 HWY_EXPORT(RunQueryTile);
+HWY_EXPORT(MergeSplits);
 
-void run_query_tile(const Context& c, int64_t bh, int64_t qi, Scratch& w) {
-  HWY_DYNAMIC_DISPATCH(RunQueryTile)(c, bh, qi, w);
+void run_query_tile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
+  HWY_DYNAMIC_DISPATCH(RunQueryTile)(c, unit, split, w);
+}
+void merge_splits(const Context& c, int64_t unit) {
+  HWY_DYNAMIC_DISPATCH(MergeSplits)(c, unit);
 }
 }  // namespace attn::tiled
 #endif  // HWY_ONCE
