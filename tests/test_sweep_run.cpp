@@ -951,7 +951,7 @@ TEST_CASE("run --isa: the target of a config without sweep.isa, refused next to 
   CHECK_FALSE(fs::exists(dir.path() / "out2"));
 }
 
-TEST_CASE("grouped-query sweep (#13): kv_heads < heads rows carry kv_heads and bytes; inputs K/V have kv_heads",
+TEST_CASE("grouped-query sweep (#13): kv_heads < heads rows carry kv_heads and bytes, and inputs K/V have kv_heads",
           "[sweep][run][gqa]") {
   ScratchDir dir{"sweeprun"};
   write_text(dir.path() / "words.txt", "the cache holds keys and values for every past token of the text\n");
