@@ -951,8 +951,9 @@ TEST_CASE("run --isa: the target of a config without sweep.isa, refused next to 
   CHECK_FALSE(fs::exists(dir.path() / "out2"));
 }
 
-TEST_CASE("grouped-query sweep (#13): kv_heads < heads rows carry kv_heads and bytes, and inputs K/V have kv_heads",
-          "[sweep][run][gqa]") {
+TEST_CASE(
+    "grouped-query sweep (#13): kv_heads < heads rows carry kv_heads and bytes, and inputs K/V have kv_heads",
+    "[sweep][run][gqa]") {
   ScratchDir dir{"sweeprun"};
   write_text(dir.path() / "words.txt", "the cache holds keys and values for every past token of the text\n");
   const Json config = {
@@ -993,8 +994,8 @@ TEST_CASE("grouped-query sweep (#13): kv_heads < heads rows carry kv_heads and b
     const double compulsory = 4.0 * (2 * 4 * 4 * 8 + 2 * kv * 40 * 8);
     CHECK(row["bytes"].get<double>() >= compulsory);
     const Attention& v = Registry::instance().get(row["variant"].get<std::string>());
-    const bool supported = (kv == 4 || v.capabilities().gqa) &&
-                           (row["mask"] == "none" || v.capabilities().causal_lower_right);
+    const bool supported =
+        (kv == 4 || v.capabilities().gqa) && (row["mask"] == "none" || v.capabilities().causal_lower_right);
     if (!supported) {
       CHECK(row["status"] == "skipped");
       if (kv != 4 && !v.capabilities().gqa) CHECK_THAT(row["reason"].get<std::string>(), Contains("grouped"));

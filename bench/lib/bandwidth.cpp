@@ -45,9 +45,9 @@ double StreamReadSum(const float* HWY_RESTRICT p, size_t n) {
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#include <sys/mman.h>
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
