@@ -1,5 +1,6 @@
 // attnbench_gbench: Google Benchmark driver over the registry. Registers one benchmark per (variant, problem)
-// of a sweep config (default configs/gbench.json), named by the point's id, with a GFLOP/s counter, so
+// of a sweep config (default configs/gbench.json), named by the point's id (with ",Hkv=N" for grouped-query
+// points), with GFLOP/s and GB/s (the variant's bytes_moved) counters, so
 // --benchmark_filter, --benchmark_out and Google Benchmark's compare.py work as usual. --isa NAME (default
 // best) picks the SIMD target, as in `attnbench run`: every point of a config without sweep.isa runs on it;
 // each benchmark's label names the target that ran.
@@ -22,6 +23,7 @@ namespace {
 void run_point(benchmark::State& state, const attn::SweepPoint& pt) {
   const attn::Attention& variant = attn::Registry::instance().get(pt.problem.variant);
   const attn::PointInputs inputs = attn::make_inputs(pt);
+  // O has the query heads; K and V (in `inputs`) kv_heads.
   attn::FloatArray out({pt.problem.batch, pt.problem.heads, pt.problem.seq_q, pt.problem.head_dim});
   const attn::AttentionInputs in = inputs.view(out.ptr());
   const attn::simd::ScopedIsa isa(pt.isa, "sweep.isa");
@@ -34,6 +36,9 @@ void run_point(benchmark::State& state, const attn::SweepPoint& pt) {
   }
   state.counters["GFLOP/s"] =
       benchmark::Counter(variant.flops(pt.problem) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  // The variant's own traffic count (bytes_moved, the sweep rows' `bytes`) per second: the roofline's x/y.
+  if (const auto bytes = attn::point_bytes(pt))
+    state.counters["GB/s"] = benchmark::Counter(*bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = pt.threads;
 }
 

@@ -33,12 +33,14 @@ const std::vector<std::string> kRunVolatile = {
     "/gflops",             // flops / measured time
     "/frac_sgemm",         // gflops over the sgemm calibration, itself a timing
     "/frac_peak",          // gflops over the in-run peak-FLOP calibration, a timing too
+    "/gbytes_per_s",       // bytes / measured time
+    "/frac_bandwidth",     // gbytes_per_s over the in-run memory-bandwidth calibration, a timing too
     "/memory/peak_bytes",  // resident-memory high-water mark: page-level, depends on the allocator's state
     "/timestamp",          // when the row was written
 };
 // meta.json fields that may differ between two runs: when they ran, and the in-run calibrations (timings).
 const std::vector<std::string> kMetaVolatile = {"/start_time", "/end_time", "/sgemm_calibration",
-                                                "/fma_peak"};
+                                                "/fma_peak", "/memory_bandwidth"};
 // Fields that also differ between the same point at 1 and at 2 threads.
 const std::vector<std::string> kThreadDependent = {
     "/id",                      // ends in ",T=<threads>"

@@ -82,3 +82,43 @@ TEST_CASE("result row: the reader names the field of a bad row", "[row]") {
   CHECK(std::isnan(*r.accuracy.mean_cosine));
   CHECK(to_json(r)["accuracy"]["max_abs_err"] == "inf");
 }
+
+TEST_CASE("result row: kv_heads, bytes, gbytes_per_s and frac_bandwidth round-trip, and older rows read (#13)",
+          "[row][gqa]") {
+  const Json fixture = Json::parse(read_file_bytes(kFixture));
+  // The fixture's grouped-query row keeps its K/V head count and traffic.
+  bool found_gqa = false;
+  for (const Json& j : fixture) {
+    const ResultRow r = row_from_json(j, "fixture");
+    if (r.kv_heads != r.heads) {
+      found_gqa = true;
+      CHECK(r.kv_heads == 2);
+      CHECK(r.mask == "causal_lower_right");
+      REQUIRE(r.bytes);
+      REQUIRE(r.gbytes_per_s);
+      CHECK(*r.gbytes_per_s == Approx(*r.bytes / (*r.time_ms.median * 1e6)));
+      REQUIRE(r.frac_bandwidth);
+      CHECK(*r.frac_bandwidth > 0);
+    }
+  }
+  CHECK(found_gqa);
+  // A row written before the fields existed: kv_heads is heads, the bandwidth fields null.
+  Json old = fixture[0];
+  for (const char* k : {"kv_heads", "bytes", "gbytes_per_s", "frac_bandwidth"}) old.erase(k);
+  const ResultRow r = row_from_json(old, "old row");
+  CHECK(r.kv_heads == r.heads);
+  CHECK(!r.bytes);
+  CHECK(!r.gbytes_per_s);
+  CHECK(!r.frac_bandwidth);
+  const Json again = to_json(r);
+  CHECK(again["kv_heads"] == r.heads);
+  CHECK(again["bytes"].is_null());
+  CHECK(again["frac_bandwidth"].is_null());
+  // Wrong types name the field.
+  Json bad = fixture[0];
+  bad["kv_heads"] = "two";
+  CHECK_THROWS_WITH(row_from_json(bad, "x"), Contains("field 'kv_heads': must be an integer or null"));
+  bad = fixture[0];
+  bad["bytes"] = true;
+  CHECK_THROWS_WITH(row_from_json(bad, "x"), Contains("field 'bytes': must be a number, null"));
+}

@@ -702,3 +702,128 @@ TEST_CASE("plan: the machine's defaults and limits are resolved after parsing, f
                       Contains("sweep.isa[1] '" + simd::isa_info().compiled.front() +
                                "': this CPU does not support that target; supported: best, scalar"));
 }
+
+TEST_CASE("sweep.kv_heads: a grouped-query axis whose values divide every heads value (#13)",
+          "[sweep][config][gqa]") {
+  SECTION("default: every point's kv_heads is its heads, and ids carry no Hkv") {
+    Json j = base_config();
+    j["sweep"]["heads"] = {2, 4};
+    const SweepConfig c = parse_sweep_config(j, "cfg.json");
+    CHECK(c.kv_heads.empty());
+    const auto plan = make_plan(c).points;
+    REQUIRE(plan.size() == 4);
+    for (const SweepPoint& pt : plan) {
+      CHECK(pt.problem.num_kv_heads() == pt.problem.heads);
+      CHECK(!pt.problem.is_gqa());
+      CHECK(pt.id.find("Hkv") == std::string::npos);
+      CHECK(pt.input_key.find("Hkv") == std::string::npos);
+      CHECK(point_json(pt, c)["problem"]["kv_heads"] == pt.problem.heads);
+    }
+  }
+  SECTION("a valid list expands the points; ids and input keys carry Hkv when it differs from H") {
+    Json j = base_config();
+    j["sweep"]["heads"] = {4, 8};
+    j["sweep"]["kv_heads"] = {4, 2, 1};
+    const SweepConfig c = parse_sweep_config(j, "cfg.json");
+    CHECK(c.kv_heads == std::vector<int64_t>{4, 2, 1});
+    const auto plan = make_plan(c).points;
+    REQUIRE(plan.size() == 2 * 3 * 2);  // heads x kv_heads x seq_len
+    std::set<std::pair<int64_t, int64_t>> shapes;
+    std::set<std::string> keys;
+    for (const SweepPoint& pt : plan) {
+      const Problem& p = pt.problem;
+      shapes.insert({p.heads, p.num_kv_heads()});
+      keys.insert(pt.input_key);
+      const bool gqa = p.num_kv_heads() != p.heads;
+      CHECK(p.is_gqa() == gqa);
+      CHECK((pt.id.find(",Hkv=" + std::to_string(p.num_kv_heads()) + ",") != std::string::npos) == gqa);
+      CHECK((pt.input_key.find("Hkv=") != std::string::npos) == gqa);
+      // The id reads back as the same problem (repro).
+      CHECK(parse_problem(pt.id.substr(0, pt.id.find(",gaussian"))).num_kv_heads() == p.num_kv_heads());
+      const Json pj = point_json(pt, c);
+      CHECK(pj["problem"]["kv_heads"] == p.num_kv_heads());
+      CHECK(pj["row"]["kv_heads"] == p.num_kv_heads());
+      CHECK(pj["bytes"].is_number());
+      CHECK(pj["row"]["bytes"] == pj["bytes"]);
+      // The variant's own traffic count, at least Q, K, V (kv_heads heads) and O once.
+      CHECK(pj["bytes"].get<double>() == Registry::instance().get(p.variant).bytes_moved(p));
+      CHECK(pj["bytes"].get<double>() >= compulsory_bytes(p));
+    }
+    CHECK(shapes == std::set<std::pair<int64_t, int64_t>>{{4, 4}, {4, 2}, {4, 1}, {8, 4}, {8, 2}, {8, 1}});
+    CHECK(keys.size() == plan.size());  // every (H, Hkv, L) its own inputs
+  }
+  SECTION("one value") {
+    Json j = base_config();
+    j["sweep"]["heads"] = 8;
+    j["sweep"]["kv_heads"] = 2;
+    const auto plan = make_plan(parse_sweep_config(j, "cfg.json")).points;
+    REQUIRE(plan.size() == 2);
+    CHECK(plan[0].problem.num_kv_heads() == 2);
+    CHECK_THAT(plan[0].id, Contains("H=8,Hkv=2,"));
+  }
+  SECTION("a value that does not divide a heads value names its index, the value and the heads") {
+    Json j = base_config();
+    j["sweep"]["heads"] = {8, 12};
+    j["sweep"]["kv_heads"] = {4, 8};
+    CHECK(config_error(j) ==
+          "sweep.kv_heads[1]: must divide every value of sweep.heads (query heads per K/V head), got 8, which "
+          "does not divide heads 12");
+  }
+  SECTION("a single non-dividing value has no index") {
+    Json j = base_config();
+    j["sweep"]["heads"] = 8;
+    j["sweep"]["kv_heads"] = 3;
+    CHECK(config_error(j) ==
+          "sweep.kv_heads: must divide every value of sweep.heads (query heads per K/V head), got 3, which "
+          "does not divide heads 8");
+  }
+  SECTION("kv_heads above heads does not divide it") {
+    Json j = base_config();
+    j["sweep"]["heads"] = 2;
+    j["sweep"]["kv_heads"] = 4;
+    CHECK_THAT(config_error(j), Contains("sweep.kv_heads: must divide every value of sweep.heads"));
+  }
+  SECTION("kv_heads must be a positive integer") {
+    Json j = base_config();
+    j["sweep"]["kv_heads"] = {1, 0};
+    CHECK(config_error(j) == "sweep.kv_heads[1]: must be a positive integer, got 0");
+    j["sweep"]["kv_heads"] = "2";
+    CHECK_THAT(config_error(j), Contains("sweep.kv_heads: must be a positive integer, got \"2\""));
+    j["sweep"]["kv_heads"] = Json::array();
+    CHECK(config_error(j) == "sweep.kv_heads: must not be an empty list");
+  }
+  SECTION("a repeated value is two points with one id") {
+    Json j = base_config();
+    j["sweep"]["heads"] = 4;
+    j["sweep"]["kv_heads"] = {2, 2};
+    CHECK_THAT(config_error(j), Contains("two points have the same id"));
+  }
+}
+
+TEST_CASE("masks: causal_lower_right parses alone and with padding (#13)", "[sweep][config][gqa]") {
+  Json j = base_config();
+  j["sweep"]["mask"] = {"causal_lower_right", "causal_lower_right+pad=0.25", "causal+causal_lower_right"};
+  const SweepConfig c = parse_sweep_config(j, "cfg.json");
+  REQUIRE(c.masks.size() == 3);
+  CHECK(c.masks[0].spec.causal_lower_right);
+  CHECK(!c.masks[0].spec.causal);
+  CHECK(c.masks[0].label() == "causal_lower_right");
+  CHECK(c.masks[1].spec.causal_lower_right);
+  CHECK(c.masks[1].spec.key_padding);
+  CHECK(c.masks[1].pad_fraction == 0.25);
+  CHECK(c.masks[1].label() == "causal_lower_right+pad=0.25");
+  CHECK(c.masks[2].label() == "causal+causal_lower_right");
+  const auto plan = make_plan(c).points;
+  REQUIRE(plan.size() == 6);
+  std::set<std::string> ids;
+  for (const SweepPoint& pt : plan) {
+    ids.insert(pt.id);
+    CHECK(pt.problem.mask.causal_lower_right);
+    CHECK(point_json(pt, c)["problem"]["causal_lower_right"] == true);
+    CHECK(point_json(pt, c)["mask"]["label"] == pt.mask.label());
+  }
+  CHECK(ids.size() == 6);
+  // The message for a bad mask lists it.
+  j["sweep"]["mask"] = "causal_lower_rite";
+  CHECK_THAT(config_error(j), Contains("causal_lower_right"));
+}

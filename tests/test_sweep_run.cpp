@@ -20,6 +20,7 @@
 
 #include "bench/lib/plan.hpp"
 #include "common/attention.hpp"
+#include "common/npy.hpp"
 #include "common/simd.hpp"
 #include "tests/support/process.hpp"
 
@@ -354,6 +355,14 @@ TEST_CASE("a sweep writes one row per point to results.jsonl, results.csv and me
   CHECK(meta["fma_peak"][0].at("isa") == simd::isa_info().best);
   CHECK(meta["fma_peak"][0].at("gflops").get<double>() > 0);
   CHECK(meta["fma_peak"][0].at("lanes").get<int>() >= 1);
+  // The memory-bandwidth calibration, keyed by thread count (#13).
+  REQUIRE(meta.at("memory_bandwidth").is_object());
+  REQUIRE(meta["memory_bandwidth"].size() == 1);
+  const Json& bw = meta["memory_bandwidth"].at("1");
+  CHECK(bw.at("gbytes_per_s").get<double>() > 0);
+  CHECK(bw.at("median").get<double>() > 0);
+  CHECK(bw.at("median").get<double>() <= bw.at("gbytes_per_s").get<double>());
+  CHECK(bw.at("buffer_bytes").get<uint64_t>() >= (uint64_t{512} << 20));
   CHECK(meta.at("isa_option") == "best");
   CHECK(meta.at("system").at("isa").at("best") == simd::isa_info().best);
   CHECK(meta.at("start_time").is_string());
@@ -395,6 +404,15 @@ TEST_CASE("ok rows hold every documented field with its type", "[sweep][run]") {
     CHECK(r["frac_peak"].get<double>() > 0);
     CHECK(r["frac_peak"].get<double>() < 1.0);
     CHECK(r.at("isa") == simd::isa_info().best);  // no sweep.isa: the best target ran
+    // Bandwidth (#13): K/V heads = heads here; bytes at least Q, K, V and O once.
+    CHECK(r.at("kv_heads") == r["heads"]);
+    CHECK(r.at("bytes").is_number());
+    CHECK(r["bytes"].get<double>() >= 4.0 * 4 * 16 * 16 * 2 - 1);
+    CHECK(r.at("gbytes_per_s").is_number());
+    CHECK(r["gbytes_per_s"].get<double>() ==
+          Approx(r["bytes"].get<double>() / (t["median"].get<double>() * 1e6)));
+    CHECK(r.at("frac_bandwidth").is_number());
+    CHECK(r["frac_bandwidth"].get<double>() > 0);
     const Json& mem = r.at("memory");
     CHECK((mem.at("peak_bytes").is_null() || is_count(mem["peak_bytes"])));
     if (probe_supported) CHECK(is_count(mem["peak_bytes"]));
@@ -931,4 +949,82 @@ TEST_CASE("run --isa: the target of a config without sweep.isa, refused next to 
   CHECK_THAT(both.err, Contains("--isa 'scalar'"));
   CHECK_THAT(both.err, Contains("sets sweep.isa"));
   CHECK_FALSE(fs::exists(dir.path() / "out2"));
+}
+
+TEST_CASE(
+    "grouped-query sweep (#13): kv_heads < heads rows carry kv_heads and bytes, and inputs K/V have kv_heads",
+    "[sweep][run][gqa]") {
+  ScratchDir dir{"sweeprun"};
+  write_text(dir.path() / "words.txt", "the cache holds keys and values for every past token of the text\n");
+  const Json config = {
+      {"name", "gqa"},
+      {"variants", {"naive", "tiled"}},
+      {"sweep",
+       {{"batch", 1},
+        {"heads", 4},
+        {"kv_heads", {4, 2, 1}},
+        {"head_dim", 8},
+        {"seq_q", 4},
+        {"seq_kv", 40},
+        {"mask", {"none", "causal_lower_right"}},
+        {"threads", 1}}},
+      {"inputs", Json::parse(R"([{"regime": "gaussian"}, {"regime": "tokens", "text": "words.txt"}])")},
+      {"measure", measure_fast()},
+      {"accuracy", {{"reference", "full"}}},
+      {"memory_budget", "1GiB"},
+      {"seed", 5}};
+  const std::string cfg = write_config(dir, "gqa.json", config);
+  const fs::path out = dir.path() / "out";
+  const RunResult r = run_attnbench({"run", cfg, "--out", out.string(), "--plain"}, dir.path());
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  CHECK_THAT(r.out, Contains("memory bandwidth (streaming read of"));
+  CHECK(r.code == 0);
+  const std::vector<Json> rows = read_rows(out / "results.jsonl");
+  REQUIRE(rows.size() == 2 * 3 * 2 * 2);  // variants x kv_heads x masks x regimes
+  std::set<int64_t> kv_seen;
+  int gqa_ok = 0;
+  for (const Json& row : rows) {
+    INFO(row.dump(2));
+    const int64_t kv = row.at("kv_heads").get<int64_t>();
+    kv_seen.insert(kv);
+    CHECK((row["id"].get<std::string>().find(",Hkv=" + std::to_string(kv) + ",") != std::string::npos) ==
+          (kv != 4));
+    REQUIRE(row.at("bytes").is_number());
+    // Compulsory traffic: Q and O with 4 heads, K and V with kv heads (fp32).
+    const double compulsory = 4.0 * (2 * 4 * 4 * 8 + 2 * kv * 40 * 8);
+    CHECK(row["bytes"].get<double>() >= compulsory);
+    const Attention& v = Registry::instance().get(row["variant"].get<std::string>());
+    const bool supported =
+        (kv == 4 || v.capabilities().gqa) && (row["mask"] == "none" || v.capabilities().causal_lower_right);
+    if (!supported) {
+      CHECK(row["status"] == "skipped");
+      if (kv != 4 && !v.capabilities().gqa) CHECK_THAT(row["reason"].get<std::string>(), Contains("grouped"));
+      CHECK(row["frac_bandwidth"].is_null());
+      continue;
+    }
+    CHECK(row["status"] == "ok");
+    CHECK(row["frac_bandwidth"].is_number());
+    CHECK(row["frac_bandwidth"].get<double>() > 0);
+    CHECK(row["accuracy"]["max_abs_err"].get<double>() < 1e-4);  // exact variants against the fp64 reference
+    if (kv != 4) ++gqa_ok;
+  }
+  CHECK(kv_seen == std::set<int64_t>{1, 2, 4});
+  const bool any_gqa = Registry::instance().get("naive").capabilities().gqa ||
+                       Registry::instance().get("tiled").capabilities().gqa;
+  CHECK((gqa_ok > 0) == any_gqa);
+
+  // `attnbench inputs` writes K and V with kv_heads heads, in both regimes.
+  for (const std::string regime : {"gaussian(std=1)", "tokens(words.txt)"}) {
+    const std::string id = "naive:B=1,H=4,Hkv=2,Lq=4,Lkv=40,D=8," + regime + ",T=1";
+    const fs::path in_dir = dir.path() / ("inputs_" + regime.substr(0, 6));
+    const RunResult ri = run_attnbench({"inputs", cfg, "--filter", id, "--out", in_dir.string()}, dir.path());
+    INFO("inputs stdout:\n" << ri.out << "\nstderr:\n" << ri.err);
+    REQUIRE(ri.code == 0);
+    CHECK(read_npy_float((in_dir / "q.npy").string()).shape == std::vector<int64_t>{1, 4, 4, 8});
+    CHECK(read_npy_float((in_dir / "k.npy").string()).shape == std::vector<int64_t>{1, 2, 40, 8});
+    CHECK(read_npy_float((in_dir / "v.npy").string()).shape == std::vector<int64_t>{1, 2, 40, 8});
+    const Json point = read_json(in_dir / "point.json");
+    CHECK(point["problem"]["kv_heads"] == 2);
+    CHECK(point["row"]["kv_heads"] == 2);
+  }
 }

@@ -95,7 +95,8 @@ std::vector<int64_t> size_axis(const Json& v, const std::string& path) {
 
 MaskAxis parse_mask_axis(const Json& v, const std::string& path) {
   if (!v.is_string())
-    fail(path, "must be a mask string (none, causal, pad, pad=F, causal+pad=F), got " + v.dump());
+    fail(path, "must be a mask string (none, causal, causal_lower_right, pad, pad=F, causal+pad=F), got " +
+                   v.dump());
   MaskAxis m;
   m.pad_fraction = 0.25;  // "pad" without a fraction
   m.spec = parse_mask(v.get<std::string>(), path, &m.pad_fraction);
@@ -189,6 +190,7 @@ std::string Regime::label() const {
 std::string MaskAxis::label() const {
   std::string s;
   if (spec.causal) s = "causal";
+  if (spec.causal_lower_right) s += s.empty() ? "causal_lower_right" : "+causal_lower_right";
   if (spec.key_padding) s += (s.empty() ? "pad=" : "+pad=") + shortest_double_text(pad_fraction);
   return s.empty() ? "none" : s;
 }
@@ -280,11 +282,22 @@ void parse_variants(const Json& variants, SweepConfig& c) {
 // "sweep": the shape, mask, thread, SIMD-target and dropout axes. Threads and targets are checked against
 // this machine by the plan, not here.
 void parse_sweep_axes(const Json& sweep, SweepConfig& c) {
-  check_keys(
-      sweep, "sweep",
-      {"batch", "heads", "head_dim", "seq_len", "seq_q", "seq_kv", "mask", "threads", "isa", "dropout"});
+  check_keys(sweep, "sweep",
+             {"batch", "heads", "kv_heads", "head_dim", "seq_len", "seq_q", "seq_kv", "mask", "threads",
+              "isa", "dropout"});
   if (sweep.contains("batch")) c.batch = size_axis(sweep["batch"], "sweep.batch");
   if (sweep.contains("heads")) c.heads = size_axis(sweep["heads"], "sweep.heads");
+  if (sweep.contains("kv_heads")) {
+    // Grouped-query attention: every K/V head count must divide every query head count of the config (the
+    // axes are crossed), so a config error names the value and the heads it does not divide.
+    c.kv_heads = size_axis(sweep["kv_heads"], "sweep.kv_heads");
+    for (std::size_t i = 0; i < c.kv_heads.size(); ++i)
+      for (const int64_t h : c.heads)
+        if (h % c.kv_heads[i] != 0)
+          fail(sweep["kv_heads"].is_array() ? idx("sweep.kv_heads", i) : std::string("sweep.kv_heads"),
+               "must divide every value of sweep.heads (query heads per K/V head), got " +
+                   std::to_string(c.kv_heads[i]) + ", which does not divide heads " + std::to_string(h));
+  }
   if (sweep.contains("head_dim")) c.head_dim = size_axis(sweep["head_dim"], "sweep.head_dim");
   const bool has_len = sweep.contains("seq_len"), has_q = sweep.contains("seq_q"),
              has_kv = sweep.contains("seq_kv");
@@ -367,9 +380,10 @@ void check_point_count(const SweepConfig& c) {
   for (const VariantSpec& v : c.variants)
     param_sets = std::min(param_sets + v.param_sets.size(), kMaxPoints + 1);
   uint64_t points = param_sets;
-  for (const std::size_t n : {c.regimes.size(), c.batch.size(), c.heads.size(), c.head_dim.size(),
-                              c.seq_q.size(), c.self_attention ? std::size_t{1} : c.seq_kv.size(),
-                              c.masks.size(), std::max<std::size_t>(c.threads.size(), 1), c.isas.size()})
+  for (const std::size_t n :
+       {c.regimes.size(), c.batch.size(), c.heads.size(), std::max<std::size_t>(c.kv_heads.size(), 1),
+        c.head_dim.size(), c.seq_q.size(), c.self_attention ? std::size_t{1} : c.seq_kv.size(),
+        c.masks.size(), std::max<std::size_t>(c.threads.size(), 1), c.isas.size()})
     points = points_product(points, n);
   if (points > kMaxPoints)
     fail("config", "the cross product of variants, parameters, sweep.*, and inputs has more than " +

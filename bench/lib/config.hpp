@@ -23,8 +23,9 @@ struct Regime {
 
 struct MaskAxis {
   MaskSpec spec;
-  double pad_fraction = 0;    // with key padding: the fraction of trailing keys padded in every batch
-  std::string label() const;  // "none", "causal", "pad=0.25", "causal+pad=0.25"
+  double pad_fraction = 0;  // with key padding: the fraction of trailing keys padded in every batch
+  // "none", "causal", "causal_lower_right", "pad=0.25", "causal+pad=0.25", "causal_lower_right+pad=0.25"
+  std::string label() const;
 };
 
 struct VariantSpec {
@@ -44,6 +45,9 @@ struct SweepConfig {
   Json raw;                 // the config as given (recorded in meta.json, hashed for --resume)
   std::vector<VariantSpec> variants;
   std::vector<int64_t> batch{1}, heads{8}, head_dim{64}, seq_q, seq_kv;
+  // K/V heads (grouped-query attention, sweep.kv_heads): empty means every point's kv_heads is its heads;
+  // each value divides every value of `heads` (checked when parsing).
+  std::vector<int64_t> kv_heads;
   bool self_attention = true;  // seq_len given: seq_q = seq_kv
   std::vector<MaskAxis> masks;
   std::vector<Regime> regimes;

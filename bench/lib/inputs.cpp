@@ -31,8 +31,9 @@ PointInputs make_inputs(const SweepPoint& pt) {
     in = make_token_inputs(pt);
   } else {
     in.q = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
-    in.k = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
-    in.v = FloatArray({p.batch, p.heads, p.seq_kv, p.head_dim});
+    // K and V hold kv_heads heads (grouped-query attention; = heads otherwise, the same draws as before).
+    in.k = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim});
+    in.v = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim});
     fill_normal(in.q.ptr(), static_cast<int64_t>(in.q.numel()), pt.input_seed * 3 + 1, pt.regime.std);
     fill_normal(in.k.ptr(), static_cast<int64_t>(in.k.numel()), pt.input_seed * 3 + 2, pt.regime.std);
     fill_normal(in.v.ptr(), static_cast<int64_t>(in.v.numel()), pt.input_seed * 3 + 3, 1.0);

@@ -2,7 +2,9 @@
 // when shorter than needed) -> a seeded embedding of the text's own vocabulary (d_model = heads x head_dim)
 // + sinusoidal positions -> seeded multi-head projections (torch.nn.MultiheadAttention's init) -> Q, K, V.
 // Batch b reads the text from token b * seq_q on; for cross-attention, keys and values come from the seq_kv
-// tokens that follow the queries' tokens.
+// tokens that follow the queries' tokens. Grouped-query attention (kv_heads < heads): K and V are the
+// projections' heads 0, G, 2G, ... (G = heads / kv_heads), the first head of each group, i.e. W_k and W_v
+// restricted to kv_heads x head_dim output rows, as a GQA layer's own K/V projection is shaped.
 #include <algorithm>
 #include <unordered_set>
 
@@ -35,6 +37,20 @@ FloatArray embed_batch(const TokenEmbedding& table, const std::vector<std::strin
   return out;
 }
 
+// [B, H, L, D] -> [B, kv_heads, L, D]: head g * group_size() of each group g (a no-op without GQA).
+FloatArray first_head_of_each_group(FloatArray x, const Problem& p) {
+  if (!p.is_gqa()) return x;
+  const int64_t H = p.heads, KV = p.num_kv_heads(), G = p.group_size();
+  const int64_t L = x.shape.at(2), D = x.shape.at(3);
+  FloatArray out({p.batch, KV, L, D});
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t g = 0; g < KV; ++g) {
+      const auto src = x.data.begin() + ((b * H + g * G) * L) * D;
+      std::copy(src, src + L * D, out.data.begin() + ((b * KV + g) * L) * D);
+    }
+  return out;
+}
+
 }  // namespace
 
 PointInputs make_token_inputs(const SweepPoint& pt) {
@@ -56,8 +72,8 @@ PointInputs make_token_inputs(const SweepPoint& pt) {
   }
   PointInputs in;
   in.q = std::move(qkv.q);
-  in.k = std::move(qkv.k);
-  in.v = std::move(qkv.v);
+  in.k = first_head_of_each_group(std::move(qkv.k), p);
+  in.v = first_head_of_each_group(std::move(qkv.v), p);
   return in;
 }
 

@@ -124,43 +124,50 @@ std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
   for (const Regime& regime : c.regimes)
     for (int64_t B : c.batch)
       for (int64_t H : c.heads)
-        for (int64_t D : c.head_dim)
-          for (std::size_t s = 0; s < n_seq; ++s)
-            for (const MaskAxis& mask : c.masks) {
-              const int64_t Lq = c.self_attention ? c.seq_q[s] : c.seq_q[s / c.seq_kv.size()];
-              const int64_t Lkv = c.self_attention ? c.seq_kv[s] : c.seq_kv[s % c.seq_kv.size()];
-              std::ostringstream key;
-              key << "B=" << B << ",H=" << H << ",Lq=" << Lq << ",Lkv=" << Lkv << ",D=" << D << ","
-                  << mask.label() << "," << regime.label();
-              const uint64_t seed = fnv1a64(key.str(), c.seed);
-              for (const VariantSpec& v : c.variants)
-                for (const Json& params : v.param_sets)
-                  for (int T : c.threads)
-                    for (const std::string& isa : c.isas) {
-                      SweepPoint pt;
-                      Problem& p = pt.problem;
-                      p = make_problem(v.name, params);  // resolved already; this records the spec order
-                      p.batch = B, p.heads = H, p.seq_q = Lq, p.seq_kv = Lkv, p.head_dim = D;
-                      p.mask = mask.spec;
-                      p.dropout = c.dropout;
-                      p.seed = c.seed;
-                      pt.mask = mask;
-                      pt.regime = regime;
-                      pt.threads = T;
-                      pt.isa = isa;
-                      pt.input_key = key.str();
-                      pt.input_seed = seed;
-                      std::ostringstream id;
-                      id << p.repro();
-                      if (mask.spec.key_padding) id << ",padfrac=" << shortest_double_text(mask.pad_fraction);
-                      id << "," << regime.label() << ",T=" << T;
-                      // "best" adds nothing: configs without sweep.isa keep the ids (and --filter texts and
-                      // resumable folders) they had before the axis existed.
-                      if (isa != "best") id << ",isa=" << isa;
-                      pt.id = id.str();
-                      plan.push_back(std::move(pt));
-                    }
-            }
+        for (int64_t KV : c.kv_heads.empty() ? std::vector<int64_t>{H} : c.kv_heads)
+          for (int64_t D : c.head_dim)
+            for (std::size_t s = 0; s < n_seq; ++s)
+              for (const MaskAxis& mask : c.masks) {
+                const int64_t Lq = c.self_attention ? c.seq_q[s] : c.seq_q[s / c.seq_kv.size()];
+                const int64_t Lkv = c.self_attention ? c.seq_kv[s] : c.seq_kv[s % c.seq_kv.size()];
+                std::ostringstream key;
+                // Hkv only when it differs from H, as in repro(): configs without sweep.kv_heads keep their
+                // input keys, and so their input seeds and inputs.
+                key << "B=" << B << ",H=" << H;
+                if (KV != H) key << ",Hkv=" << KV;
+                key << ",Lq=" << Lq << ",Lkv=" << Lkv << ",D=" << D << "," << mask.label() << ","
+                    << regime.label();
+                const uint64_t seed = fnv1a64(key.str(), c.seed);
+                for (const VariantSpec& v : c.variants)
+                  for (const Json& params : v.param_sets)
+                    for (int T : c.threads)
+                      for (const std::string& isa : c.isas) {
+                        SweepPoint pt;
+                        Problem& p = pt.problem;
+                        p = make_problem(v.name, params);  // resolved already; this records the spec order
+                        p.batch = B, p.heads = H, p.seq_q = Lq, p.seq_kv = Lkv, p.head_dim = D;
+                        p.kv_heads = KV == H ? 0 : KV;  // 0: multi-head attention (Problem::num_kv_heads)
+                        p.mask = mask.spec;
+                        p.dropout = c.dropout;
+                        p.seed = c.seed;
+                        pt.mask = mask;
+                        pt.regime = regime;
+                        pt.threads = T;
+                        pt.isa = isa;
+                        pt.input_key = key.str();
+                        pt.input_seed = seed;
+                        std::ostringstream id;
+                        id << p.repro();
+                        if (mask.spec.key_padding)
+                          id << ",padfrac=" << shortest_double_text(mask.pad_fraction);
+                        id << "," << regime.label() << ",T=" << T;
+                        // "best" adds nothing: configs without sweep.isa keep the ids (and --filter texts and
+                        // resumable folders) they had before the axis existed.
+                        if (isa != "best") id << ",isa=" << isa;
+                        pt.id = id.str();
+                        plan.push_back(std::move(pt));
+                      }
+              }
   return plan;
 }
 
@@ -208,6 +215,14 @@ std::string skip_reason(const SweepPoint& pt, const SweepConfig& c) {
          format_bytes(static_cast<double>(budget));
 }
 
+std::optional<double> point_bytes(const SweepPoint& pt) {
+  try {
+    return Registry::instance().get(pt.problem.variant).bytes_moved(pt.problem);
+  } catch (const std::exception&) {
+    return std::nullopt;  // a variant whose count refuses a problem it does not support
+  }
+}
+
 ResultRow base_row(const SweepPoint& pt, const SweepConfig& c, const std::string& isa) {
   const Problem& p = pt.problem;
   const Attention& v = Registry::instance().get(p.variant);
@@ -215,7 +230,8 @@ ResultRow base_row(const SweepPoint& pt, const SweepConfig& c, const std::string
   r.id = pt.id;
   r.variant = p.variant;
   r.params = p.params;
-  r.batch = p.batch, r.heads = p.heads, r.seq_q = p.seq_q, r.seq_kv = p.seq_kv, r.head_dim = p.head_dim;
+  r.batch = p.batch, r.heads = p.heads, r.kv_heads = p.num_kv_heads(), r.seq_q = p.seq_q, r.seq_kv = p.seq_kv,
+  r.head_dim = p.head_dim;
   r.mask = pt.mask.label();
   r.regime = pt.regime.label();
   r.threads = pt.threads;
@@ -228,8 +244,16 @@ ResultRow base_row(const SweepPoint& pt, const SweepConfig& c, const std::string
   r.memory.inputs_bytes = m.call.inputs;
   r.memory.workspace_bytes = m.call.workspace;
   r.memory.reference_bytes = m.reference;
+  // From the sizes alone, like the memory estimates: skipped rows carry it too (`run --dry-run --json`).
+  r.bytes = point_bytes(pt);
   return r;
 }
+
+namespace {
+Json json_or_null(const std::optional<double>& x) {
+  return x ? Json(*x) : Json(nullptr);
+}
+}  // namespace
 
 Json point_json(const SweepPoint& pt, const SweepConfig& c) {
   const Problem& p = pt.problem;
@@ -245,11 +269,13 @@ Json point_json(const SweepPoint& pt, const SweepConfig& c) {
       {"problem",
        {{"batch", p.batch},
         {"heads", p.heads},
+        {"kv_heads", p.num_kv_heads()},
         {"seq_q", p.seq_q},
         {"seq_kv", p.seq_kv},
         {"head_dim", p.head_dim},
         {"scale", p.effective_scale()},
         {"causal", p.mask.causal},
+        {"causal_lower_right", p.mask.causal_lower_right},
         {"key_padding", p.mask.key_padding},
         {"dropout", p.dropout},
         {"seed", p.seed}}},
@@ -266,6 +292,7 @@ Json point_json(const SweepPoint& pt, const SweepConfig& c) {
       {"isa", simd::active_isa()},
       {"accuracy", {{"reference", accuracy_mode(p, c.accuracy)}, {"rows", accuracy_rows(p, c.accuracy)}}},
       {"flops", v.flops(p)},
+      {"bytes", json_or_null(point_bytes(pt))},
       {"memory",
        {{"inputs_bytes", m.call.inputs},
         {"output_bytes", m.call.output},

@@ -6,6 +6,7 @@
 // skip reason, and the point as JSON (`run --dry-run --json`, `attnbench inputs`, the PyTorch peer).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,12 +74,16 @@ PointMemory point_memory(const SweepPoint& pt, const SweepConfig& resolved);
 // (with the bytes it needs). run, --dry-run, --json and gbench give the same answer, before any allocation.
 std::string skip_reason(const SweepPoint& pt, const SweepConfig& resolved);
 
+// Bytes one call of the point moves, as its variant counts them (Attention::bytes_moved); nullopt when the
+// variant's count throws on this problem.
+std::optional<double> point_bytes(const SweepPoint& pt);
+
 // The row a point starts as (identity and estimates filled, measurements null). `isa` is the target that
 // runs it (simd::active_isa() under the point's simd::ScopedIsa).
 ResultRow base_row(const SweepPoint& pt, const SweepConfig& resolved, const std::string& isa);
 
 // The point as `run --dry-run --json` prints it: id, problem, inputs (regime, seed), mask, threads, isa,
-// accuracy mode and rows, FLOPs, memory, skip reason and its base row.
+// accuracy mode and rows, FLOPs, bytes moved, memory, skip reason and its base row.
 Json point_json(const SweepPoint& pt, const SweepConfig& resolved);
 
 }  // namespace attn

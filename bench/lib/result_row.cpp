@@ -100,6 +100,7 @@ Json to_json(const ResultRow& r) {
           {"params", r.params},
           {"batch", r.batch},
           {"heads", r.heads},
+          {"kv_heads", r.kv_heads},
           {"seq_q", r.seq_q},
           {"seq_kv", r.seq_kv},
           {"head_dim", r.head_dim},
@@ -122,6 +123,9 @@ Json to_json(const ResultRow& r) {
           {"gflops", opt(r.gflops)},
           {"frac_sgemm", opt(r.frac_sgemm)},
           {"frac_peak", opt(r.frac_peak)},
+          {"bytes", opt(r.bytes)},
+          {"gbytes_per_s", opt(r.gbytes_per_s)},
+          {"frac_bandwidth", opt(r.frac_bandwidth)},
           {"accuracy",
            {{"reference", r.accuracy.reference},
             {"rows", r.accuracy.rows},
@@ -154,6 +158,8 @@ ResultRow row_from_json(const Json& j, const std::string& where) {
   }
   r.batch = in.integer("batch");
   r.heads = in.integer("heads");
+  // Rows from before grouped-query attention have no kv_heads: K/V had `heads` heads.
+  r.kv_heads = in.opt_integer("kv_heads").value_or(r.heads);
   r.seq_q = in.integer("seq_q");
   r.seq_kv = in.integer("seq_kv");
   r.head_dim = in.integer("head_dim");
@@ -174,6 +180,9 @@ ResultRow row_from_json(const Json& j, const std::string& where) {
   r.gflops = in.opt_number("gflops");
   r.frac_sgemm = in.opt_number("frac_sgemm");
   r.frac_peak = in.opt_number("frac_peak");
+  r.bytes = in.opt_number("bytes");
+  r.gbytes_per_s = in.opt_number("gbytes_per_s");
+  r.frac_bandwidth = in.opt_number("frac_bandwidth");
   r.accuracy.reference = in.str("accuracy.reference");
   r.accuracy.rows = in.integer("accuracy.rows");
   r.accuracy.max_abs_err = in.opt_number("accuracy.max_abs_err");
@@ -199,11 +208,16 @@ const std::vector<RowField>& row_fields() {
       {"variant", "string", "registered variant name"},
       {"params", "object", "the variant's resolved parameters (defaults filled in)"},
       {"batch", "integer", "B"},
-      {"heads", "integer", "H"},
+      {"heads", "integer", "H (query heads)"},
+      {"kv_heads", "integer",
+       "K/V heads (grouped-query attention: query head h reads K/V head h / (heads / kv_heads)); equal to "
+       "`heads` for multi-head attention and in rows written before the field existed"},
       {"seq_q", "integer", "query length"},
       {"seq_kv", "integer", "key/value length"},
       {"head_dim", "integer", "D"},
-      {"mask", "string", "`none`, `causal`, `pad=F`, `causal+pad=F`"},
+      {"mask", "string",
+       "`none`, `causal`, `causal_lower_right`, `pad=F`, or `+`-joined (`causal+pad=F`, "
+       "`causal_lower_right+pad=F`)"},
       {"regime", "string", "how the inputs were made: `gaussian(std=S)` or `tokens(FILE)`"},
       {"threads", "integer", "TBB threads"},
       {"isa", "string", "the SIMD target that ran (e.g. `avx3`, `avx2`, `neon`, `scalar`)"},
@@ -221,6 +235,13 @@ const std::vector<RowField>& row_fields() {
       {"gflops", "number|null", "flops / median time"},
       {"frac_sgemm", "number|null", "gflops / the sgemm calibration at the same thread count"},
       {"frac_peak", "number|null", "gflops / the fp32 FMA peak of the row's own SIMD target and threads"},
+      {"bytes", "number|null",
+       "bytes one call moves to and from memory as the variant counts its traffic (`bytes_moved`; at least "
+       "Q, K, V, O and the masks once), from the sizes, so skipped rows have it too; null in older rows"},
+      {"gbytes_per_s", "number|null", "bytes / median time / 1e9 (achieved bandwidth)"},
+      {"frac_bandwidth", "number|null",
+       "gbytes_per_s / the in-run memory-bandwidth calibration at the same thread count "
+       "(`memory_bandwidth` in meta.json)"},
       {"accuracy.reference", "string", "`full`, `sampled` or `none`"},
       {"accuracy.rows", "integer", "query rows compared per (batch, head)"},
       {"accuracy.max_abs_err", "number|string|null",

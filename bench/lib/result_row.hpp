@@ -37,8 +37,9 @@ struct ResultRow {
   std::string variant;
   Json params = Json::object();
   int64_t batch = 0, heads = 0, seq_q = 0, seq_kv = 0, head_dim = 0;
-  std::string mask;    // MaskAxis::label()
-  std::string regime;  // Regime::label()
+  int64_t kv_heads = 0;  // K/V heads (= heads unless grouped-query); rows from before it read as heads
+  std::string mask;      // MaskAxis::label()
+  std::string regime;    // Regime::label()
   int threads = 0;
   std::string isa;  // the SIMD target that ran
   double dropout = 0;
@@ -47,6 +48,9 @@ struct ResultRow {
   std::string reason;         // why skipped or failed ("" when ok)
   TimingSummary time_ms;
   std::optional<double> flops, gflops, frac_sgemm, frac_peak;
+  // Bytes one call moves (Attention::bytes_moved, from the sizes: set on skipped rows too), the achieved
+  // bandwidth bytes / median time, and that over the in-run memory bandwidth at the row's thread count.
+  std::optional<double> bytes, gbytes_per_s, frac_bandwidth;
   AccuracySummary accuracy;
   MemorySummary memory;
   std::optional<int64_t> nonfinite_inputs;  // NaN/Inf values in Q, K, V (null until measured)

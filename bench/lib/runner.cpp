@@ -3,7 +3,9 @@
 
 #include <iomanip>
 #include <iostream>
+#include <memory>
 
+#include "bench/lib/bandwidth.hpp"
 #include "bench/lib/sysinfo.hpp"
 #include "common/reference.hpp"
 #include "common/runtime.hpp"
@@ -11,6 +13,42 @@
 #include "common/util.hpp"
 
 namespace attn {
+
+namespace {
+
+// The bandwidth ceiling next to the compute ones, per thread count: meta["memory_bandwidth"] is
+// {"<threads>": {"gbytes_per_s": best, "median": ..., "buffer_bytes": ..., "reps": ..., "isa": ...}}. One
+// buffer (allocated and page-touched once, freed before the first point) serves every thread count.
+void calibrate_memory_bandwidth(const SweepConfig& config, Json& meta, const std::function<bool()>& stop,
+                                Calibration& cal) {
+  Json bw = meta.value("memory_bandwidth", Json::object());
+  if (!bw.is_object()) bw = Json::object();
+  for (auto it = bw.begin(); it != bw.end(); ++it)  // resumed: keep the denominators of the rows written
+    if (it.value().is_object() && it.value().contains("gbytes_per_s") &&
+        it.value()["gbytes_per_s"].is_number())
+      cal.bandwidth_gbytes_per_s[std::stoi(it.key())] = it.value()["gbytes_per_s"].get<double>();
+  std::unique_ptr<BandwidthBuffer> buffer;
+  for (int t : config.threads) {
+    if (cal.bandwidth_gbytes_per_s.count(t) || stop()) continue;
+    const simd::ScopedIsa scope("best", "sweep.isa");  // the widest loads this CPU has
+    if (!buffer) buffer = std::make_unique<BandwidthBuffer>();
+    const BandwidthCalibration c = calibrate_bandwidth(t, *buffer);
+    cal.bandwidth_gbytes_per_s[t] = c.gbytes_per_s;
+    bw[std::to_string(t)] = {{"gbytes_per_s", c.gbytes_per_s},
+                             {"median", c.median_gbytes_per_s},
+                             {"buffer_bytes", c.buffer_bytes},
+                             {"reps", c.reps},
+                             {"isa", simd::active_isa()}};
+    std::cout << "attnbench: memory bandwidth (streaming read of "
+              << format_bytes(static_cast<double>(c.buffer_bytes)) << "), " << t
+              << " thread(s): " << std::fixed << std::setprecision(1) << c.gbytes_per_s << " GB/s (median "
+              << c.median_gbytes_per_s << ")\n"
+              << std::defaultfloat;
+  }
+  meta["memory_bandwidth"] = bw;
+}
+
+}  // namespace
 
 Calibration calibrate(const SweepConfig& config, Json& meta, const std::function<bool()>& stop) {
   Calibration cal;
@@ -73,6 +111,7 @@ Calibration calibrate(const SweepConfig& config, Json& meta, const std::function
   }
   meta["sgemm_calibration"] = sgemm;
   meta["fma_peak"] = peaks;
+  calibrate_memory_bandwidth(config, meta, stop, cal);
   return cal;
 }
 
@@ -114,7 +153,7 @@ void PointRunner::time_and_compare(const SweepPoint& pt, const Attention& varian
   FloatArray out;
   {
     probe_.reset();
-    out = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
+    out = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});  // O has the query heads
     const AttentionInputs in = inputs_.view(out.ptr());
     ThreadScope scope(pt.threads);
     t = time_repeated([&] { variant.run(p, in); }, config_.measure);
@@ -129,6 +168,12 @@ void PointRunner::time_and_compare(const SweepPoint& pt, const Attention& varian
       it != calibration_.fma_gflops.end() && it->second > 0)
     row.frac_peak = gflops / it->second;
   if (peak >= 0) row.memory.peak_bytes = peak;
+  if (row.bytes && *row.bytes > 0) {
+    row.gbytes_per_s = *row.bytes / (t.median_ms * 1e6);
+    if (const auto it = calibration_.bandwidth_gbytes_per_s.find(pt.threads);
+        it != calibration_.bandwidth_gbytes_per_s.end() && it->second > 0)
+      row.frac_bandwidth = *row.gbytes_per_s / it->second;
+  }
 
   // NaN never leaks silently: non-finite output from finite inputs fails the point.
   const int64_t bad_in = count_nonfinite(inputs_.q.ptr(), inputs_.q.numel()) +

@@ -2,7 +2,8 @@
 // and memory-budget check (skip_reason), inputs (made once per input set), timing with the resident-memory
 // probe, output sanity (NaN/Inf from finite inputs fails the point), accuracy against the fp64 exact softmax
 // reference (computed once per input set and shared by every variant measured on it). Also the calibration
-// whose results are the rows' denominators (sgemm and the fp32 FMA peak per thread count and SIMD target).
+// whose results are the rows' denominators (sgemm and the fp32 FMA peak per thread count and SIMD target,
+// and the memory bandwidth per thread count).
 #pragma once
 #include <functional>
 #include <map>
@@ -20,11 +21,12 @@ namespace attn {
 struct Calibration {
   std::map<int, double> sgemm_gflops;                        // threads -> GFLOP/s
   std::map<std::pair<int, std::string>, double> fma_gflops;  // (threads, SIMD target that ran) -> GFLOP/s
+  std::map<int, double> bandwidth_gbytes_per_s;              // threads -> GB/s (best streaming read)
 };
 
 // Measures what `meta` (a resumed sweep's meta.json) does not already hold, for every thread count and
 // target of the config, prints each figure, and records them in meta ("sgemm_calibration", "fma_peak",
-// "blas_note"). Stops measuring when `stop()` turns true (the caller's interrupt flag).
+// "memory_bandwidth", "blas_note"). It runs before the first point is timed, never during one. Stops measuring when `stop()` turns true (the caller's interrupt flag).
 Calibration calibrate(const SweepConfig& resolved, Json& meta, const std::function<bool()>& stop);
 
 class PointRunner {

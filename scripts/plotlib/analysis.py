@@ -15,6 +15,10 @@ a plain dict of JSON values, which plot.py writes as summary.json (adding "files
     best_exact                  per point: the fastest exact attnbench row and the exact one with least memory
     pareto                      per facet: every row's speed-up over the fastest exact row at its point against
                                 its error, and which of them form the Pareto front
+    roofline                    the ceilings of the run per thread count (sgemm GFLOP/s, memory bandwidth from
+                                meta.json) with every measured row's arithmetic intensity (flops / bytes) and
+                                GFLOP/s; per variant its best frac_bandwidth and frac_sgemm and where; and
+                                `missing`, what the results lack for it (older folders: no bytes, no bandwidth)
 
 Series, facets and rows come in the order the figures and tables show them. Non-finite values in the lists
 added for the figures and tables (key_figures, best_exact, pareto) are written as the rows write them,
@@ -61,7 +65,7 @@ def crossover(ns, ratios):
     return n, f"n ≈ {n:.0f} (between {n1} and {n2})"
 
 
-POINT_FIELDS = ["mask", "regime", "batch", "heads", "head_dim", "threads", "seq_q", "seq_kv", "isa"]
+POINT_FIELDS = ["mask", "regime", "batch", "heads", "kv_heads", "head_dim", "threads", "seq_q", "seq_kv", "isa"]
 
 
 def point_key(r):
@@ -192,6 +196,52 @@ def _pareto(res, fastest):
     return out
 
 
+def _roofline(res):
+    """The roofline: one panel per thread count with measured rows that have bytes, each with the run's two
+    ceilings at that thread count (None when meta.json lacks them), its points, and where each variant comes
+    closest to either ceiling."""
+    rows = [r for r in res.ok if r.bytes and r.bytes > 0 and r.flops and r.flops > 0 and r.gflops]
+    missing = []
+    if not rows:
+        missing.append("no measured row has `bytes` (results written before attnbench recorded each variant's "
+                       "bytes_moved, #13)" if res.ok else "no measured row")
+    threads = sorted({r.threads for r in rows}, key=lambda t: (t is None, t))
+    if rows and not res.bandwidth:
+        missing.append("meta.json has no `memory_bandwidth` calibration: no bandwidth ceiling or frac_bandwidth")
+    elif rows and any(t not in res.bandwidth for t in threads):
+        missing.append("meta.json has no `memory_bandwidth` for "
+                       + ", ".join(f"{t} thread(s)" for t in threads if t not in res.bandwidth))
+    if rows and any(t not in res.calibration for t in threads):
+        missing.append("meta.json has no `sgemm_calibration` for "
+                       + ", ".join(f"{t} thread(s)" for t in threads if t not in res.calibration))
+    panels = []
+    for t in threads:
+        sg, bw = res.calibration.get(t), res.bandwidth.get(t)
+        pts = [{"id": r.id, "series": r.label, "variant": r.variant, "kv_heads": r.kv_heads, "heads": r.heads,
+                "mask": r.mask, "seq_q": r.seq_q, "seq_kv": r.seq_kv, "intensity": r.flops / r.bytes,
+                "gflops": json_num(r.gflops), "gbytes_per_s": json_num(r.gbytes_per_s),
+                "frac_bandwidth": json_num(r.frac_bandwidth), "frac_sgemm": json_num(r.frac_sgemm),
+                # which ceiling is the lower at its intensity: what bounds it on this machine
+                "bound": (None if sg is None or bw is None else
+                          "memory" if bw * r.flops / r.bytes < sg else "compute")}
+               for r in rows if r.threads == t]
+        panels.append({"threads": t, "sgemm_gflops": sg, "bandwidth_gbytes_per_s": bw,
+                       "ridge_intensity": sg / bw if sg and bw else None, "points": pts})
+    best = []
+    for variant in sorted({r.variant for r in rows}):
+        mine = [r for r in rows if r.variant == variant]
+        fb = [r for r in mine if r.frac_bandwidth is not None and math.isfinite(r.frac_bandwidth)]
+        fs = [r for r in mine if r.frac_sgemm is not None and math.isfinite(r.frac_sgemm)]
+        b = max(fb, key=lambda r: r.frac_bandwidth) if fb else None
+        s = max(fs, key=lambda r: r.frac_sgemm) if fs else None
+        best.append({"variant": variant, "rows": len(mine),
+                     "best_frac_bandwidth": b.frac_bandwidth if b else None, "at_bandwidth": b.id if b else None,
+                     "gbytes_per_s": b.gbytes_per_s if b else None,
+                     "best_frac_sgemm": s.frac_sgemm if s else None, "at_sgemm": s.id if s else None,
+                     "gflops": s.gflops if s else None})
+    return {"missing": missing, "panels": panels, "best": best}
+
+
 def analyse(res):
     """Everything the figures and the report show, from the results alone (see the module docstring)."""
     series = res.sorted_series()  # the figures' order: by label, mask, facet
@@ -211,4 +261,5 @@ def analyse(res):
         "key_figures": _key_figures(res, table_series),
         "best_exact": _best_exact_list(fastest, least_mem),
         "pareto": _pareto(res, fastest),
+        "roofline": _roofline(res),
     }

@@ -7,7 +7,9 @@ import tempfile
 
 PROG = "plot.py"
 # The figures, in the order they are drawn and appear in the report (plots/<stem>.png and .svg).
-FIGURES = ["time_vs_seq", "memory_vs_seq", "accuracy_vs_seq", "pareto", "throughput"]
+FIGURES = ["time_vs_seq", "memory_vs_seq", "accuracy_vs_seq", "pareto", "throughput", "roofline"]
+# Drawn only when the results have its data (rows with `bytes`); the report's Roofline section says otherwise.
+ROOFLINE = "roofline"
 PATTERNS = "patterns"  # plots/patterns.png when the results folder holds patterns/ (attnbench patterns)
 
 

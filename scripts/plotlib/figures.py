@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import colors as mcolors, ticker  # noqa: E402
 
 from .analysis import ERR_FLOOR  # noqa: E402
-from .common import FIGURES, PATTERNS, PROG, fmt_bytes, num  # noqa: E402
+from .common import FIGURES, PATTERNS, PROG, ROOFLINE, fmt_bytes, num  # noqa: E402
 from .results import load_patterns, params_text  # noqa: E402
 
 matplotlib.rcParams["svg.hashsalt"] = "attnbench"
@@ -220,7 +220,72 @@ def fig_throughput(res, an):
     return fig
 
 
-FIGURE_FUNCTIONS = dict(zip(FIGURES, (fig_time, fig_memory, fig_accuracy, fig_pareto, fig_throughput)))
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">"]
+MAX_ROOFLINE_PANELS = 4
+
+
+def cpu_name(res):
+    """The CPU model as the report's machine table names it (meta.json system.cpu_model)."""
+    return (res.meta.get("system") or {}).get("cpu_model") or "unknown CPU"
+
+
+def fig_roofline(res, an):
+    """Arithmetic intensity (flops / bytes, each variant's own counts) against achieved GFLOP/s, with the run's
+    ceilings: the sgemm calibration (horizontal) and the memory bandwidth x intensity (diagonal), one panel
+    per thread count. Colour: variant; marker: kv_heads (the K/V heads, = heads for multi-head attention)."""
+    roof = an["roofline"]
+    panels = roof["panels"][:MAX_ROOFLINE_PANELS] or [None]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels) + 0.6, 4.6), squeeze=False)
+    fig.suptitle(f"Roofline on {cpu_name(res)}: achieved GFLOP/s vs arithmetic intensity", fontsize=11)
+    colors = color_map(sorted({p["variant"] for pan in roof["panels"] for p in pan["points"]}))
+    kvs = sorted({p["kv_heads"] for pan in roof["panels"] for p in pan["points"]}, key=lambda k: (k is None, k))
+    marker = {k: MARKERS[i % len(MARKERS)] for i, k in enumerate(kvs)}
+    for ax, pan in zip(axes[0], panels):
+        ax.grid(True, which="both", alpha=0.25)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("arithmetic intensity (FLOP / byte moved, log)")
+        ax.set_ylabel("achieved GFLOP/s (log)")
+        if pan is None or not pan["points"]:
+            ax.text(0.5, 0.5, "no data (no row has bytes)", ha="center", va="center", transform=ax.transAxes,
+                    color="gray")
+            continue
+        t = pan["threads"]
+        ax.set_title(f"{t} thread{'s' if t != 1 else ''}", fontsize=9)
+        xs = [p["intensity"] for p in pan["points"]]
+        ys = [num(p["gflops"]) for p in pan["points"]]
+        lo, hi = min(xs) / 3, max(xs) * 3
+        sg, bw = pan["sgemm_gflops"], pan["bandwidth_gbytes_per_s"]
+        if bw:
+            lo, hi = (min(lo, sg / bw / 3), max(hi, sg / bw * 3)) if sg else (lo, hi)
+            grid = np.geomspace(lo, hi, 200)
+            roofy = bw * grid if not sg else np.minimum(bw * grid, sg)
+            ax.plot(grid, bw * grid, color="black", lw=0.8, ls="--", alpha=0.6,
+                    label=f"memory bandwidth {bw:.1f} GB/s × intensity")
+            if sg:
+                ax.plot(grid, roofy, color="black", lw=1.6, alpha=0.35)
+        if sg:
+            ax.axhline(sg, color="black", lw=0.8, ls="-.", alpha=0.6, label=f"sgemm {sg:.1f} GFLOP/s")
+        if bw and sg:
+            ax.axvline(sg / bw, color="gray", lw=0.6, ls=":", alpha=0.7)
+        for variant in sorted({p["variant"] for p in pan["points"]}):
+            for k in kvs:
+                mine = [p for p in pan["points"] if p["variant"] == variant and p["kv_heads"] == k]
+                if not mine:
+                    continue
+                heads = mine[0]["heads"]
+                ax.scatter([p["intensity"] for p in mine], [num(p["gflops"]) for p in mine], s=26,
+                           marker=marker[k], color=colors[variant], edgecolors="black", linewidths=0.4, alpha=0.85,
+                           label=f"{variant}, kv_heads={k}" + (" (MHA)" if k == heads else ""))
+        ax.set_xlim(lo, hi)
+        top = max([y for y in ys if y] + [sg or 0])
+        bottom = min(y for y in ys if y)
+        ax.set_ylim(bottom / 3, top * 2)
+        ax.legend(fontsize=7, loc="lower right", framealpha=0.85)
+    return fig
+
+
+FIGURE_FUNCTIONS = dict(zip(FIGURES, (fig_time, fig_memory, fig_accuracy, fig_pareto, fig_throughput, fig_roofline)))
 
 
 def fig_patterns(meta, tokens, panels):
@@ -281,9 +346,12 @@ def save_figure(fig, out_dir, stem):
 
 
 def draw_results(res, an, plots_dir):
-    """Every figure of FIGURES into plots_dir; returns the paths written."""
+    """Every figure of FIGURES into plots_dir (the roofline only when some row has bytes); returns the paths
+    written."""
     written = []
     for stem in FIGURES:
+        if stem == ROOFLINE and not any(p["points"] for p in an["roofline"]["panels"]):
+            continue  # older results: no row has bytes; the report's Roofline section says so
         written += save_figure(FIGURE_FUNCTIONS[stem](res, an), plots_dir, stem)
     return written
 

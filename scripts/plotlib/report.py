@@ -1,16 +1,16 @@
-"""REPORT.md: the key figures, crossover and left-out tables, the machine and the config, from the Results and the
-analysis (analysis.analyse) alone, plus a section embedding each figure file that was written. Nothing here
+"""REPORT.md: the key figures, crossover, roofline and left-out tables, the machine and the config, from the
+Results and the analysis (analysis.analyse) alone, plus a section embedding each figure file that was written. Nothing here
 draws or imports matplotlib, and nothing depends on whether (or in which order) the figures were drawn: with
 no figure files the report has every table and no figure sections.
 """
 import json
 import os
 
-from .common import FIGURES, PATTERNS, atomic_write_text, fmt_bytes, fmt_num, num
+from .common import FIGURES, PATTERNS, ROOFLINE, atomic_write_text, fmt_bytes, fmt_num, num
 
 TITLES = {"time_vs_seq": "Time vs sequence length", "memory_vs_seq": "Peak memory vs sequence length",
           "accuracy_vs_seq": "Accuracy vs sequence length", "pareto": "Speed–accuracy trade-off",
-          "throughput": "Throughput vs sgemm"}
+          "throughput": "Throughput vs sgemm", "roofline": "Roofline"}
 BLURBS = {
     "time_vs_seq": "Median time of one forward call; bars span p10–p90. The legend gives the exponent k of a "
                    "least-squares fit of log(time) on log(n) over the series' measured sizes (range in "
@@ -30,6 +30,12 @@ BLURBS = {
     "throughput": "GFLOP/s (each variant counts its own FLOPs) divided by the sgemm GFLOP/s measured at the "
                   "start of the same run with the same thread count: how close to the machine's dense "
                   "matrix-multiply speed each variant runs.",
+    "roofline": "One point per measured row: its arithmetic intensity (the variant's FLOP count over the bytes "
+                "it must move, `bytes_moved`) against its GFLOP/s, on log axes. The ceilings come from the same "
+                "run: the sgemm calibration (dash-dot, horizontal) and the streaming-read memory bandwidth × "
+                "intensity (dashed diagonal); the dotted vertical line is the ridge where they meet. Left of it "
+                "a kernel is memory-bound (decode, small seq_q), right of it compute-bound. Colour: variant; "
+                "marker: kv_heads.",
 }
 
 
@@ -97,6 +103,33 @@ def excluded_section(an):
     return "\n".join(parts)
 
 
+def roofline_section(an, drawn):
+    roof = an["roofline"]
+    md = []
+    if not any(p["points"] for p in roof["panels"]):
+        md.append("The roofline data is missing: " + "; ".join(roof["missing"] or ["no measured row"]) + ".")
+        return "\n".join(md)
+    for p in roof["panels"]:
+        sg, bw = p["sgemm_gflops"], p["bandwidth_gbytes_per_s"]
+        md.append(f"- {p['threads']} thread(s): sgemm {fmt_num(sg, '.1f')} GFLOP/s, memory bandwidth "
+                  f"{fmt_num(bw, '.1f')} GB/s" + (f", ridge at {p['ridge_intensity']:.1f} FLOP/byte" if p["ridge_intensity"]
+                                                  else "") + f"; {len(p['points'])} rows")
+    if roof["missing"]:
+        md.append("- missing: " + "; ".join(roof["missing"]))
+    md.append("")
+    table = [[f"`{b['variant']}`", b["rows"], fmt_num(b["best_frac_bandwidth"], ".2f"),
+              fmt_num(b["gbytes_per_s"], ".3g"), f"`{b['at_bandwidth']}`" if b["at_bandwidth"] else "—",
+              fmt_num(b["best_frac_sgemm"], ".2f"), fmt_num(b["gflops"], ".3g"),
+              f"`{b['at_sgemm']}`" if b["at_sgemm"] else "—"] for b in roof["best"]]
+    md.append(md_table(["variant", "rows", "best × bandwidth", "GB/s", "at", "best × sgemm", "GFLOP/s", "at"], table))
+    md += ["", "*× bandwidth*: the row's `bytes` per second over the in-run memory bandwidth at its thread count "
+               "(`frac_bandwidth`); *× sgemm*: its GFLOP/s over the sgemm calibration (`frac_sgemm`)."]
+    if ROOFLINE in drawn:
+        md += ["", f"### {TITLES[ROOFLINE]} figure", "", f"![{TITLES[ROOFLINE]}](plots/{ROOFLINE}.png)", "",
+               BLURBS[ROOFLINE] + f" ([SVG](plots/{ROOFLINE}.svg))"]
+    return "\n".join(md)
+
+
 def machine_section(meta):
     s = meta.get("system", {})
     if not s:
@@ -119,6 +152,12 @@ def machine_section(meta):
             lanes = f", {c['lanes']} lanes" if c.get("lanes") else ""
             rows.append([f"fp32 FMA peak, {c.get('threads')} thread(s), {c.get('isa') or '?'}",
                          f"{num(c.get('gflops')):.1f} GFLOP/s{lanes}"])
+    mb = meta.get("memory_bandwidth")
+    for t, c in sorted((mb or {}).items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0):
+        if isinstance(c, dict) and num(c.get("gbytes_per_s")):
+            rows.append([f"memory bandwidth, {t} thread(s)",
+                         f"{num(c['gbytes_per_s']):.1f} GB/s (median {fmt_num(num(c.get('median')), '.1f')}, "
+                         f"streaming read of {fmt_bytes(num(c.get('buffer_bytes')))})"])
     rows += [["memory probe", meta.get("memory_probe", "?")],
              ["run", f"{meta.get('start_time', '?')} → {meta.get('end_time', '?')}"
                      + (" (interrupted)" if meta.get("interrupted") else "")]]
@@ -150,9 +189,10 @@ def render_report(res, an, figure_files):
            "the bracketing measured sizes. Memory is the measured peak, or the estimate where no peak was "
            "measured.", ""]
     for stem in FIGURES:
-        if stem in drawn:
+        if stem in drawn and stem != ROOFLINE:
             md += [f"## {TITLES[stem]}", "", f"![{TITLES[stem]}](plots/{stem}.png)", "",
                    BLURBS[stem] + f" ([SVG](plots/{stem}.svg))", ""]
+    md += ["## Roofline", "", roofline_section(an, drawn), ""]
     if PATTERNS in drawn:
         md += ["## Attention patterns", "", "![Attention patterns](plots/patterns.png)", "",
                "The weights each variant applies on a small input (`attnbench patterns`), measured through its "

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from .common import PROG, InputError, num
 
-CONTEXT_DIMS = ["regime", "batch", "heads", "head_dim", "threads", "seq_q"]  # besides mask and n
+CONTEXT_DIMS = ["regime", "batch", "heads", "kv_heads", "head_dim", "threads", "seq_q"]  # besides mask and n
 
 
 def read_jsonl(path):
@@ -58,6 +58,7 @@ class Row:
     params: dict = field(default_factory=dict)
     batch: object = None
     heads: object = None
+    kv_heads: object = None  # K/V heads; rows from before grouped-query attention have none: heads
     seq_q: object = None
     head_dim: object = None
     regime: object = None
@@ -71,6 +72,10 @@ class Row:
     gflops: float = None
     frac_sgemm: float = None
     frac_peak: float = None
+    flops: float = None
+    bytes: float = None  # the variant's bytes_moved for one call (null in rows from before #13)
+    gbytes_per_s: float = None
+    frac_bandwidth: float = None
     rel_l2_err: float = None  # accuracy.rel_l2_err
     peak_bytes: float = None  # memory.peak_bytes
     estimated_bytes: float = None  # memory.estimated_bytes
@@ -81,11 +86,14 @@ class Row:
     def from_json(cls, d, source):
         return cls(id=d["id"], status=d.get("status"), variant=d["variant"], seq_kv=d["seq_kv"], mask=d["mask"],
                    source=source, params=d.get("params") or {}, batch=d.get("batch"), heads=d.get("heads"),
+                   kv_heads=d.get("kv_heads") if d.get("kv_heads") is not None else d.get("heads"),
                    seq_q=d.get("seq_q"), head_dim=d.get("head_dim"), regime=d.get("regime"),
                    threads=d.get("threads"), isa=d.get("isa"), exact=bool(d.get("exact")), reason=d.get("reason"),
                    time_median=num(_sub(d, "time_ms", "median")), time_p10=num(_sub(d, "time_ms", "p10")),
                    time_p90=num(_sub(d, "time_ms", "p90")), gflops=num(d.get("gflops")),
                    frac_sgemm=num(d.get("frac_sgemm")), frac_peak=num(d.get("frac_peak")),
+                   flops=num(d.get("flops")), bytes=num(d.get("bytes")), gbytes_per_s=num(d.get("gbytes_per_s")),
+                   frac_bandwidth=num(d.get("frac_bandwidth")),
                    rel_l2_err=num(_sub(d, "accuracy", "rel_l2_err")), peak_bytes=num(_sub(d, "memory", "peak_bytes")),
                    estimated_bytes=num(_sub(d, "memory", "estimated_bytes")))
 
@@ -111,6 +119,8 @@ def value_text(v):
 def context_value(r, dim):
     if dim == "seq_q":  # cross-attention: n on the x axis is seq_kv, each seq_q is its own facet
         return r.seq_q if r.seq_q != r.seq_kv else None
+    if dim == "kv_heads":  # grouped-query attention: its own facet; multi-head rows (kv_heads = heads) have none
+        return r.kv_heads if r.kv_heads != r.heads else None
     return getattr(r, dim)
 
 
@@ -171,6 +181,19 @@ class Results:
         for r in self.ok:  # peer rows carry gflops; their fraction of sgemm comes from this run's calibration
             if r.frac_sgemm is None and r.gflops and r.threads in self.calibration:
                 r.frac_sgemm = r.gflops / self.calibration[r.threads]
+        # The in-run memory bandwidth per thread count (meta.json memory_bandwidth, written since #13):
+        # {"<threads>": {"gbytes_per_s": best, "median": ..., "buffer_bytes": ...}}.
+        self.bandwidth = {}
+        mb = self.meta.get("memory_bandwidth")
+        for t, c in (mb.items() if isinstance(mb, dict) else []):
+            g = num(c.get("gbytes_per_s")) if isinstance(c, dict) else None
+            if g and g > 0 and str(t).isdigit():
+                self.bandwidth[int(t)] = g
+        for r in self.ok:  # rows with bytes but no achieved bandwidth (the peer's) get it from their time
+            if r.gbytes_per_s is None and r.bytes and r.time_median:
+                r.gbytes_per_s = r.bytes / (r.time_median * 1e6)
+            if r.frac_bandwidth is None and r.gbytes_per_s and r.threads in self.bandwidth:
+                r.frac_bandwidth = r.gbytes_per_s / self.bandwidth[r.threads]
         self._label_rows(all_rows)
         # With no measured row the figures still come out (saying "no data") next to the report's reasons.
         self.masks = sorted({r.mask for r in self.ok}, key=mask_order) or ["none"]

@@ -48,6 +48,9 @@ def configs():
                     "accuracy": {"reference": "none", "rows": 1}, "memory_budget": 1048576, "seed": 9007199254740992},
         "bytes": {"name": "b", "sweep": {"seq_len": 4}, "memory_budget": "1.5 G"},
         "float-ints": {"name": "f", "sweep": {"seq_len": 4.0, "batch": 1e0}, "seed": 3.0},
+        "gqa": {"name": "g", "variants": ["naive", "tiled"],
+                "sweep": {"heads": [4, 8], "kv_heads": [4, 2, 1], "seq_q": [1, 4], "seq_kv": [16],
+                          "mask": ["causal_lower_right", "causal_lower_right+pad=0.25"]}},
     }
     for k, v in valid.items():
         write("config", "seed-valid-" + k + ".json", json.dumps(v))
@@ -61,6 +64,7 @@ def configs():
         "huge-size": '{"name": "a", "sweep": {"seq_len": 1099511627777}}',
         "bad-mask": '{"name": "a", "sweep": {"seq_len": 4, "mask": "pad=1.5"}}',
         "bad-mask-nan": '{"name": "a", "sweep": {"seq_len": 4, "mask": "causal+pad=nan"}}',
+        "kv-heads-not-dividing": '{"name": "a", "sweep": {"seq_len": 4, "heads": [8, 12], "kv_heads": [4, 8]}}',
         "both-seq": '{"name": "a", "sweep": {"seq_len": 4, "seq_q": 4, "seq_kv": 4}}',
         "bad-variant": '{"name": "a", "variants": ["naiv"], "sweep": {"seq_len": 4}}',
         "bad-param": '{"name": "a", "variants": [{"name": "sliding_window", "params": {"windw": 3}}],'

@@ -13,6 +13,7 @@ import concurrent.futures
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,8 @@ SCRIPTS = os.path.join(ROOT, "scripts")
 PLOT = os.path.join(SCRIPTS, "plot.py")
 PEER = os.path.join(ROOT, "scripts", "peers", "torch_attention.py")
 FIXTURE = os.path.join(ROOT, "tests", "data", "results_fixture")
-FIGURES = ["time_vs_seq", "memory_vs_seq", "accuracy_vs_seq", "pareto", "throughput"]
+FIGURES = ["time_vs_seq", "memory_vs_seq", "accuracy_vs_seq", "pareto", "throughput"]  # drawn for every results folder
+ROOFLINE = "roofline"  # drawn only when some row has bytes (results since #13)
 
 failures = []
 _case = threading.local()  # the output lines of the case this thread runs
@@ -92,9 +94,10 @@ def run_stages(results_dir, figures=True):
 
 
 def without_figure_sections(md):
-    """REPORT.md without the sections that embed a figure (## ... ![...](plots/...))."""
-    parts = md.split("\n## ")
-    return "\n## ".join(p for p in parts if "](plots/" not in p)
+    """REPORT.md without the sections (## or ###) that embed a figure (![...](plots/...)): the Roofline section
+    keeps its table, its "### Roofline figure" subsection goes."""
+    parts = re.split(r"\n(?=#{2,3} )", md)
+    return "\n".join(p for p in parts if "](plots/" not in p)
 
 
 def check_stages(what, results_dir, summary, md):
@@ -171,6 +174,12 @@ def test_fixture(tmp):
     check(not leftovers, f"no temporary files left behind ({leftovers})")
     check(summary["files"] == [f"plots/{stem}.{ext}" for stem in FIGURES for ext in ("png", "svg")] + ["REPORT.md"],
           f"summary.json lists the files written ({summary['files']})")
+    # The fixture predates bytes and the bandwidth calibration: no roofline figure, and the section says why.
+    check(not os.path.exists(os.path.join(out, "plots", "roofline.png")), "no roofline figure for rows without bytes")
+    check("## Roofline" in md and "The roofline data is missing: no measured row has `bytes`" in md,
+          "REPORT.md's Roofline section says the data is missing")
+    check(summary["roofline"]["panels"] == [] and summary["roofline"]["missing"],
+          "summary.json roofline: no panels, the reason in 'missing'")
     check_stages("fixture", out, summary, md)
 
 
@@ -365,6 +374,109 @@ def test_cross_attention(tmp):
     check(contexts == ["", "seq_q=128", "seq_q=64"], f"facets: self-attention sizes, then one per seq_q ({contexts})")
 
 
+def roofline_row(variant, kv, seq_q, seq_kv, threads, time_ms, exact=True, heads=8, d=64):
+    """An ok row with the #13 fields: flops of exact attention, bytes = Q, K, V, O once (K/V with kv heads)."""
+    flops = 4.0 * heads * d * seq_q * seq_kv
+    nbytes = 4.0 * (2 * heads * seq_q * d + 2 * kv * seq_kv * d)
+    r = row(variant, seq_kv, time_ms, exact, 1e-7)
+    hkv = f",Hkv={kv}" if kv != heads else ""
+    r.update(id=f"{variant}:B=1,H={heads}{hkv},Lq={seq_q},Lkv={seq_kv},D={d},causal_lower_right,gaussian(std=1),T={threads}",
+             heads=heads, kv_heads=kv, seq_q=seq_q, head_dim=d, mask="causal_lower_right", threads=threads,
+             flops=flops, gflops=flops / (time_ms * 1e6), bytes=nbytes, gbytes_per_s=nbytes / (time_ms * 1e6))
+    return r
+
+
+def test_roofline(tmp):
+    """A decode-like sweep with bytes, kv_heads and a bandwidth calibration at 1 and 2 threads: one roofline panel
+    per thread count with both ceilings, points at intensity flops / bytes, the best frac_bandwidth and
+    frac_sgemm per variant and where; facets by kv_heads. The same rows with a meta.json lacking
+    memory_bandwidth still plot, and the report says what is missing."""
+    bw = {1: 20.0, 2: 32.0}
+    sg = {1: 50.0, 2: 100.0}
+    rows = []
+    for t in (1, 2):
+        for kv in (8, 2, 1):
+            for n in (1024, 4096):
+                # naive streams at half the bandwidth, tiled at 80% (time = bytes / rate)
+                for variant, frac in (("naive", 0.5), ("tiled", 0.8)):
+                    r = roofline_row(variant, kv, 4, n, t, 1.0)
+                    r["time_ms"]["median"] = r["bytes"] / (frac * bw[t] * 1e6)
+                    r = roofline_row(variant, kv, 4, n, t, r["time_ms"]["median"])
+                    r["frac_bandwidth"] = r["gbytes_per_s"] / bw[t]
+                    r["frac_sgemm"] = r["gflops"] / sg[t]
+                    rows.append(r)
+    meta = {"config_name": "decode", "config": {"name": "decode"},
+            "sgemm_calibration": [{"threads": t, "gflops": g, "size": 2048, "cv": 0.01} for t, g in sg.items()],
+            "memory_bandwidth": {str(t): {"gbytes_per_s": g, "median": g * 0.95, "buffer_bytes": 1 << 31}
+                                 for t, g in bw.items()},
+            "system": {"cpu_model": "Roofline Test CPU 9000", "cores_available": 2}}
+    d = os.path.join(tmp, "roofline")
+    write_rows(d, rows)
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    r = run_plot(d)
+    if not check(r.returncode == 0, f"[roofline] plot.py exits 0 (got {r.returncode}: {r.stderr.strip()[-500:]})"):
+        return
+    with open(os.path.join(d, "summary.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    with open(os.path.join(d, "REPORT.md"), encoding="utf-8") as f:
+        md = f.read()
+    roof = summary["roofline"]
+    check([p["threads"] for p in roof["panels"]] == [1, 2], "[roofline] one panel per thread count")
+    p2 = roof["panels"][1] if len(roof["panels"]) == 2 else {}
+    check(p2.get("sgemm_gflops") == 100.0 and p2.get("bandwidth_gbytes_per_s") == 32.0
+          and abs(p2.get("ridge_intensity", 0) - 100.0 / 32.0) < 1e-12,
+          "[roofline] each panel has the run's sgemm and bandwidth ceilings and their ridge")
+    pts = p2.get("points", [])
+    check(len(pts) == 12 and all(abs(q["intensity"] - 4.0 * 8 * 64 * 4 * q["seq_kv"]
+                                     / (4.0 * (2 * 8 * 4 * 64 + 2 * q["kv_heads"] * q["seq_kv"] * 64))) < 1e-9
+                                 for q in pts), "[roofline] intensity = flops / bytes for every point")
+    ridge = 100.0 / 32.0
+    check(all(q["bound"] == ("memory" if q["intensity"] < ridge else "compute") for q in pts)
+          and all(q["bound"] == "memory" for q in pts if q["kv_heads"] == 8),
+          "[roofline] points left of the ridge are memory-bound (every MHA decode point), right of it compute-bound")
+    check(sorted({q["kv_heads"] for q in pts}) == [1, 2, 8], "[roofline] points carry kv_heads")
+    best = {b["variant"]: b for b in roof["best"]}
+    check(abs((best.get("tiled", {}).get("best_frac_bandwidth") or 0) - 0.8) < 1e-9
+          and abs((best.get("naive", {}).get("best_frac_bandwidth") or 0) - 0.5) < 1e-9,
+          "[roofline] best frac_bandwidth per variant (0.8 tiled, 0.5 naive)")
+    check(",Hkv=1," in (best.get("tiled", {}).get("at_sgemm") or ""),
+          "[roofline] best frac_sgemm at the highest intensity (MQA, kv_heads=1)")
+    check(roof["missing"] == [], "[roofline] nothing missing")
+    png = os.path.join(d, "plots", "roofline.png")
+    check(os.path.isfile(png) and os.path.getsize(png) > 10000, "[roofline] roofline.png is drawn")
+    check("plots/roofline.png" in summary["files"] and "plots/roofline.svg" in summary["files"],
+          "[roofline] summary.json lists the roofline figure")
+    with open(os.path.join(d, "plots", "roofline.svg"), encoding="utf-8") as f:
+        svg = f.read()
+    check("Roofline Test CPU 9000" in svg, "[roofline] the figure's title names the CPU")
+    check("## Roofline" in md and "| variant | rows | best × bandwidth |" in md and "| `tiled` | 12 | 0.80 |" in md,
+          "[roofline] REPORT.md has the Roofline table with the best frac_bandwidth")
+    check("2 thread(s): sgemm 100.0 GFLOP/s, memory bandwidth 32.0 GB/s, ridge at 3.1 FLOP/byte" in md,
+          "[roofline] REPORT.md gives each panel's ceilings")
+    check("](plots/roofline.png)" in md and "memory bandwidth, 2 thread(s) | 32.0 GB/s" in md,
+          "[roofline] REPORT.md embeds the figure and lists the bandwidth calibration under Machine")
+    contexts = {f["context"] for f in summary["fits"]}
+    check("kv_heads=2, threads=1" in contexts and "threads=1" in contexts,
+          f"[roofline] grouped-query rows get their own facet, MHA rows none ({sorted(contexts)})")
+    check_stages("roofline", d, summary, md)
+
+    # The same rows, meta.json without memory_bandwidth: still plotted, the report says what is missing.
+    d2 = os.path.join(tmp, "roofline-nobw")
+    write_rows(d2, [dict(r, frac_bandwidth=None) for r in rows])
+    with open(os.path.join(d2, "meta.json"), "w") as f:
+        json.dump({k: v for k, v in meta.items() if k != "memory_bandwidth"}, f)
+    r = run_plot(d2)
+    if not check(r.returncode == 0, f"[roofline, no bandwidth] plot.py exits 0 ({r.stderr.strip()[-500:]})"):
+        return
+    with open(os.path.join(d2, "REPORT.md"), encoding="utf-8") as f:
+        md2 = f.read()
+    check("meta.json has no `memory_bandwidth` calibration" in md2,
+          "[roofline, no bandwidth] the Roofline section says the bandwidth calibration is missing")
+    check(os.path.isfile(os.path.join(d2, "plots", "roofline.png")),
+          "[roofline, no bandwidth] the figure is still drawn (sgemm ceiling only)")
+
+
 def test_errors(tmp):
     missing = os.path.join(tmp, "does-not-exist")
     r = run_plot(missing)
@@ -461,7 +573,7 @@ def main():
         print(f"skipped: {e} (install python3-numpy python3-matplotlib)")
         return 77
     cases = [test_fixture, test_synthetic, test_never_and_always, test_isa, test_many_facets, test_cross_attention,
-             test_errors, test_peer]
+             test_roofline, test_errors, test_peer]
     with tempfile.TemporaryDirectory(prefix="attnbench-test-plot-") as tmp:
         # Longest first: the fixture's and the peer's plot.py runs take most of the time.
         order = [test_fixture, test_peer] + [c for c in cases if c not in (test_fixture, test_peer)]
