@@ -7,6 +7,7 @@
 // clang-format off
 #include <hwy/foreach_target.h>  // must come first: it re-includes this file once per target
 // clang-format on
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
@@ -369,6 +370,14 @@ constexpr std::array<DotPvFn, sizeof...(R)> DotPvSingles(std::integer_sequence<i
 }
 static_assert(kDotRows == 8, "the dot-product kernel tables cover 1..8 rows");
 constexpr int64_t kPvKeys = 16;  // keys per P V block of the dot-product path
+// Software prefetch of K and V rows this far ahead of their use (the decode kernels stream them once; the
+// hardware prefetcher alone left the K/V stream well below the machine's read bandwidth).
+constexpr int64_t kPrefetchRows = 16;
+void PrefetchRows(const float* rows, int64_t n, int64_t D) {
+  const char* p = reinterpret_cast<const char*>(rows);
+  const int64_t bytes = n * D * static_cast<int64_t>(sizeof(float));
+  for (int64_t o = 0; o < bytes; o += 64) hwy::Prefetch(p + o);
+}
 
 // The tile's unnormalised probabilities of one key tile: masks, the online-softmax update of row r's
 // running max m[r] and sum l[r] (alpha[r] = the rescale factor of its output), dropout. Rows are s[r * lds],
@@ -443,7 +452,10 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const float* k, co
     const int64_t nk = std::min(c.sched.tiles.kv, t.jb - j0);
     const float* kt = k + j0 * D;
     int64_t j = 0;
-    for (; j + kb <= nk; j += kb) score_blocks[nr - 1](kt + j * D, D, qs, s + j, lds);
+    for (; j + kb <= nk; j += kb) {
+      if (j + kPrefetchRows < nk) PrefetchRows(kt + (j + kPrefetchRows) * D, std::min(kb, nk - j - kPrefetchRows), D);
+      score_blocks[nr - 1](kt + j * D, D, qs, s + j, lds);
+    }
     for (; j < nk; ++j) score_singles[nr - 1](kt + j * D, D, qs, s + j, lds);
     DotSoftmax(c, t, j0, nk, s, lds, m, l, alpha, w.drop);
     // P V in blocks of kPvKeys keys, every head_dim chunk of a block before the next block: each V row is
@@ -456,6 +468,7 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const float* k, co
       const float* vt = v + (j0 + b0) * D;
       const float* sb = s + b0;
       const float* scale = b0 == 0 ? alpha : kOnes;
+      if (b0 + kPvKeys < nk) PrefetchRows(vt + kPvKeys * D, std::min(kPvKeys, nk - b0 - kPvKeys), D);
       int64_t e = 0;
       for (; e + cv * N <= Dv; e += cv * N) pv_blocks[nr - 1](vt, D, nb, sb, lds, o, scale, e);
       for (; e < Dv; e += N) pv_singles[nr - 1](vt, D, nb, sb, lds, o, scale, e);
