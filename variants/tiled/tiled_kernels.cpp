@@ -452,11 +452,16 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const float* k, co
     const int64_t nk = std::min(c.sched.tiles.kv, t.jb - j0);
     const float* kt = k + j0 * D;
     int64_t j = 0;
+    // K rows kPrefetchRows ahead, on into the next key tile of this task; before the P V pass, the first
+    // V rows it reads (the later ones are prefetched block by block there).
+    const int64_t k_left = t.jb - j0;
     for (; j + kb <= nk; j += kb) {
-      if (j + kPrefetchRows < nk) PrefetchRows(kt + (j + kPrefetchRows) * D, std::min(kb, nk - j - kPrefetchRows), D);
+      if (j + kPrefetchRows < k_left)
+        PrefetchRows(kt + (j + kPrefetchRows) * D, std::min(kb, k_left - j - kPrefetchRows), D);
       score_blocks[nr - 1](kt + j * D, D, qs, s + j, lds);
     }
     for (; j < nk; ++j) score_singles[nr - 1](kt + j * D, D, qs, s + j, lds);
+    PrefetchRows(v + j0 * D, std::min(kPvKeys, nk), D);
     DotSoftmax(c, t, j0, nk, s, lds, m, l, alpha, w.drop);
     // P V in blocks of kPvKeys keys, every head_dim chunk of a block before the next block: each V row is
     // then read whole while it is fresh (sweeping the tile once per chunk would fetch it from memory in
