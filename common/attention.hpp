@@ -14,8 +14,8 @@
 namespace attn {
 
 struct Capabilities {
-  bool exact = false;         // computes softmax attention exactly (up to fp32 rounding)
-  bool causal = false;        // supports the causal mask
+  bool exact = false;   // computes softmax attention exactly (up to fp32 rounding)
+  bool causal = false;  // supports the causal mask
   // supports causal_lower_right (j <= i + seq_kv - seq_q) and both causal kinds together (causal_offset in
   // mask.hpp): a variant applying causal as "j > i" only must leave it false.
   bool causal_lower_right = false;
@@ -37,8 +37,9 @@ struct Capabilities {
 Json capabilities_json(const Capabilities& caps);
 
 // Pointers to contiguous fp32 tensors. q, out: [batch, heads, seq_q, head_dim]; k, v: [batch, kv_heads,
-// seq_kv, head_dim] (kv_heads = heads unless grouped-query, Problem::num_kv_heads). mask: [seq_q, seq_kv] (nonzero = may attend), required iff problem.mask.boolean.
-// key_padding: [batch, seq_kv] (nonzero = padded), required iff problem.mask.key_padding.
+// seq_kv, head_dim] (kv_heads = heads unless grouped-query, Problem::num_kv_heads). mask: [seq_q, seq_kv]
+// (nonzero = may attend), required iff problem.mask.boolean. key_padding: [batch, seq_kv] (nonzero = padded),
+// required iff problem.mask.key_padding.
 struct AttentionInputs {
   const float* q = nullptr;
   const float* k = nullptr;

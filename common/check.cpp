@@ -305,8 +305,8 @@ std::vector<CheckResult> run_checks(const Attention& variant,
     // Grouped-query attention: kv_heads = heads, heads / 2 and 1, and an odd group (6 query heads on 3 K/V
     // heads), with every mask kind; query head h must read K/V head h / (heads / kv_heads).
     {
-      const char* gqa_masks[] = {"none", "causal", "causal_lower_right", "bool", "pad", "causal+bool+pad",
-                                 "causal_lower_right+pad"};
+      const char* gqa_masks[] = {"none", "causal",          "causal_lower_right",    "bool",
+                                 "pad",  "causal+bool+pad", "causal_lower_right+pad"};
       for (auto [heads, kv_heads] : {std::pair<int64_t, int64_t>{4, 4}, {4, 2}, {4, 1}, {6, 3}}) {
         for (const char* mask : gqa_masks) {
           Problem p = base;

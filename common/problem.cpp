@@ -30,9 +30,9 @@ std::string MaskSpec::str() const {
 MaskSpec parse_mask(const std::string& text, const std::string& where, double* pad_fraction) {
   MaskSpec m;
   if (text == "none" || text.empty()) return m;
-  const std::string allowed = pad_fraction
-                                  ? "none, or causal, causal_lower_right, pad, pad=F with F in [0, 1], joined by '+'"
-                                  : "none, or causal, causal_lower_right, bool, pad joined by '+'";
+  const std::string allowed =
+      pad_fraction ? "none, or causal, causal_lower_right, pad, pad=F with F in [0, 1], joined by '+'"
+                   : "none, or causal, causal_lower_right, bool, pad joined by '+'";
   std::stringstream ss(text);
   std::string part;
   while (std::getline(ss, part, '+')) {
@@ -124,8 +124,8 @@ void Problem::validate() const {
   check_size("head_dim", head_dim);
   if (kv_heads < 0 || kv_heads > heads || (kv_heads > 0 && heads % kv_heads != 0))
     throw UsageError("kv_heads: must divide heads (query heads " + std::to_string(heads) +
-                     " into groups of equal size), got kv_heads " + std::to_string(kv_heads) + " with heads " +
-                     std::to_string(heads));
+                     " into groups of equal size), got kv_heads " + std::to_string(kv_heads) +
+                     " with heads " + std::to_string(heads));
   // Each size is at most 2^40, but their product can still overflow 64 bits: check it without wrapping.
   auto check_elements = [&](const char* seq_name, int64_t seq, const char* tensors) {
     int64_t n = batch;

@@ -83,8 +83,9 @@ struct Problem {
   const Json& param(const std::string& name) const;
 
   std::string repro() const;
-  // Checks sizes (each in [1, 2^40], kv_heads dividing heads, every tensor at most kMaxTensorElements elements, products computed
-  // without overflow), scale and dropout; throws UsageError naming the field and the value.
+  // Checks sizes (each in [1, 2^40], kv_heads dividing heads, every tensor at most kMaxTensorElements
+  // elements, products computed without overflow), scale and dropout; throws UsageError naming the field and
+  // the value.
   void validate() const;
 };
 

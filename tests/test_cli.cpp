@@ -1,6 +1,6 @@
 // The built `attnbench` executable, run as a user would: list, eval (bitwise equal to calling naive
-// directly; K/V with fewer heads than Q, lower-right causal), eval --compare, check, and every error path (exit code 2, a message naming the option or file
-// and value, and no output file written or clobbered).
+// directly; K/V with fewer heads than Q, lower-right causal), eval --compare, check, and every error path
+// (exit code 2, a message naming the option or file and value, and no output file written or clobbered).
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -148,8 +148,9 @@ FloatArray repeat_kv_heads(const FloatArray& kv, int64_t heads) {
 
 }  // namespace
 
-TEST_CASE("attnbench eval with K and V of fewer heads than Q (grouped-query attention) and lower-right causal",
-          "[cli]") {
+TEST_CASE(
+    "attnbench eval with K and V of fewer heads than Q (grouped-query attention) and lower-right causal",
+    "[cli]") {
   ScratchDir dir("cli");
   const Attention& naive = Registry::instance().get("naive");
   const Capabilities caps = naive.capabilities();
@@ -178,20 +179,22 @@ TEST_CASE("attnbench eval with K and V of fewer heads than Q (grouped-query atte
       p.mask.causal_lower_right = !mask.empty();
       const std::string id = p.repro();
       INFO("eval " << id);
-      CHECK(contains(id, "H=" + std::to_string(s.heads) + (p.is_gqa() ? ",Hkv=" + std::to_string(s.kv_heads) : "") +
-                             ",Lq="));
+      CHECK(contains(id, "H=" + std::to_string(s.heads) +
+                             (p.is_gqa() ? ",Hkv=" + std::to_string(s.kv_heads) : "") + ",Lq="));
       CHECK(contains(id, "causal_lower_right") == p.mask.causal_lower_right);
       const std::string out = dir.file("gO.npy");
       fs::remove(out);
-      const ProcResult r = attnbench(dir, Args{"eval", "--variant", "naive", "--q", fq, "--k", fk, "--v", fv} +
-                                              mask + Args{"--compare", "--out", out});
+      const ProcResult r =
+          attnbench(dir, Args{"eval", "--variant", "naive", "--q", fq, "--k", fk, "--v", fv} + mask +
+                             Args{"--compare", "--out", out});
       INFO("stderr: " << r.err);
       if ((p.is_gqa() && !caps.gqa) || (p.mask.causal_lower_right && !caps.causal_lower_right)) {
         // A variant without the capability refuses, naming the problem (its repro id) and what it lacks.
         CHECK(r.code == 2);
         CHECK(contains(r.err, "not supported: " + id + ": "));
         if (p.is_gqa() && !caps.gqa) CHECK(contains(r.err, "grouped-query attention"));
-        if (p.mask.causal_lower_right && !caps.causal_lower_right) CHECK(contains(r.err, "causal_lower_right"));
+        if (p.mask.causal_lower_right && !caps.causal_lower_right)
+          CHECK(contains(r.err, "causal_lower_right"));
         CHECK_FALSE(fs::exists(out));
         continue;
       }
@@ -279,7 +282,8 @@ TEST_CASE("attnbench eval errors exit 2, name the option or file and the value, 
       {{"--variant", "naive", "--q", files.q, "--k", k9, "--v", files.v},
        {"--k", "k_d9.npy", "[2, 2, 6, 9]", "head_dim 9 != Q's head_dim 8"}},
       {{"--variant", "naive", "--q", files.q, "--k", files.k, "--v", v5},
-       {"--v", "v_seq5.npy", "[2, 2, 5, 8]", "--k '" + files.k + "' shape [2, 2, 6, 8]", "V must have K's shape"}},
+       {"--v", "v_seq5.npy", "[2, 2, 5, 8]", "--k '" + files.k + "' shape [2, 2, 6, 8]",
+        "V must have K's shape"}},
       // K/V heads (grouped-query attention): they must divide Q's heads; batch and head_dim must be Q's.
       {{"--variant", "naive", "--q", files.q, "--k", kh3, "--v", kh3},
        {"--k '" + kh3 + "'", "[2, 3, 6, 8]", "--q '" + files.q + "' shape [2, 2, 6, 8]",
@@ -289,7 +293,8 @@ TEST_CASE("attnbench eval errors exit 2, name the option or file and the value, 
       {{"--variant", "naive", "--q", files.q, "--k", kb1, "--v", kb1},
        {"--k '" + kb1 + "'", "[1, 2, 6, 8]", "[2, 2, 6, 8]", "batch 1 != Q's batch 2", "with Q's batch 2"}},
       {{"--variant", "naive", "--q", files.q, "--k", kh1, "--v", files.v},
-       {"--v '" + files.v + "'", "[2, 2, 6, 8]", "--k '" + kh1 + "' shape [2, 1, 6, 8]", "V must have K's shape"}},
+       {"--v '" + files.v + "'", "[2, 2, 6, 8]", "--k '" + kh1 + "' shape [2, 1, 6, 8]",
+        "V must have K's shape"}},
       {{"--variant", "naive", "--q", files.q, "--k", files.k, "--v", vh1},
        {"--v '" + vh1 + "'", "[2, 1, 6, 8]", "--k '" + files.k + "' shape [2, 2, 6, 8]"}},
       {{"--variant", "naive", "--q", files.q, "--k", files.k, "--v", q3}, {"--v", "q_rank3.npy", "rank 3"}},

@@ -39,8 +39,8 @@ const std::vector<std::string> kRunVolatile = {
     "/timestamp",          // when the row was written
 };
 // meta.json fields that may differ between two runs: when they ran, and the in-run calibrations (timings).
-const std::vector<std::string> kMetaVolatile = {"/start_time", "/end_time", "/sgemm_calibration",
-                                                "/fma_peak", "/memory_bandwidth"};
+const std::vector<std::string> kMetaVolatile = {"/start_time", "/end_time", "/sgemm_calibration", "/fma_peak",
+                                                "/memory_bandwidth"};
 // Fields that also differ between the same point at 1 and at 2 threads.
 const std::vector<std::string> kThreadDependent = {
     "/id",                      // ends in ",T=<threads>"

@@ -450,7 +450,8 @@ TEST_CASE("eval: truncated, foreign, empty and mismatched .npy inputs exit 2 nam
         "' shape [2, 2, 6, 8] (V must have K's shape [batch, kv_heads, seq_kv, head_dim])"}},
       {"V of another head_dim",
        {"--v", array_file("v_d4.npy", {2, 2, 6, 4})},
-       {"--v '" + dir.file("v_d4.npy") + "': shape [2, 2, 6, 4] differs from --k '" + kp + "' shape [2, 2, 6, 8]"}},
+       {"--v '" + dir.file("v_d4.npy") + "': shape [2, 2, 6, 4] differs from --k '" + kp +
+        "' shape [2, 2, 6, 8]"}},
       {"K and V longer than Q for a self-attention-only variant",
        {"--variant", "sliding_window", "--k", array_file("k_7.npy", {2, 2, 7, 8}), "--v",
         array_file("v_7.npy", {2, 2, 7, 8})},

@@ -205,7 +205,8 @@ TEST_CASE("parse_mask reads every combination and MaskSpec::str writes it back",
     CHECK(m.any() == (bits != 0));
   }
   CHECK(MaskSpec{.causal = true, .boolean = true, .key_padding = true}.str() == "causal+bool+pad");
-  CHECK(parse_mask("causal_lower_right+pad", "w") == MaskSpec{.key_padding = true, .causal_lower_right = true});
+  CHECK(parse_mask("causal_lower_right+pad", "w") ==
+        MaskSpec{.key_padding = true, .causal_lower_right = true});
   CHECK(MaskSpec{.key_padding = true, .causal_lower_right = true}.str() == "causal_lower_right+pad");
   CHECK(MaskSpec{.causal_lower_right = true}.any_causal());
   CHECK_FALSE(MaskSpec{.boolean = true}.any_causal());
@@ -289,7 +290,9 @@ TEST_CASE("repro strings round-trip through parse_problem", "[params]") {
   // Values that need more than six significant digits: a repro must rerun exactly this case.
   add([](Problem& p) { p.head_dim = 3, p.scale = 1.0 / std::sqrt(3.0); });
   add([](Problem& p) { p.dropout = 0.1234567, p.seed = 5; });
-  add([](Problem& p) { p.heads = 32, p.kv_heads = 8, p.seq_q = 1, p.seq_kv = 4096, p.mask.causal_lower_right = true; });
+  add([](Problem& p) {
+    p.heads = 32, p.kv_heads = 8, p.seq_q = 1, p.seq_kv = 4096, p.mask.causal_lower_right = true;
+  });
   add([](Problem& p) { p.heads = 4, p.kv_heads = 4; });  // kv_heads == heads: written as plain MHA
   for (const Problem& p : problems) {
     const std::string repro = p.repro();

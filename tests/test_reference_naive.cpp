@@ -409,7 +409,8 @@ TEST_CASE("grouped-query attention equals multi-head attention on K/V repeated p
   }
 }
 
-TEST_CASE("causal_lower_right is the mask j <= i + seq_kv - seq_q, and rows with no key are zeros", "[naive]") {
+TEST_CASE("causal_lower_right is the mask j <= i + seq_kv - seq_q, and rows with no key are zeros",
+          "[naive]") {
   for (auto [lq, lkv] : {std::pair<int64_t, int64_t>{5, 9}, {9, 5}, {1, 6}, {6, 6}}) {
     CAPTURE(lq, lkv);
     AttentionCase lr(problem(1, 2, lq, lkv, 4, "causal_lower_right"), 7);

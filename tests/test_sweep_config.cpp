@@ -765,9 +765,10 @@ TEST_CASE("sweep.kv_heads: a grouped-query axis whose values divide every heads 
     Json j = base_config();
     j["sweep"]["heads"] = {8, 12};
     j["sweep"]["kv_heads"] = {4, 8};
-    CHECK(config_error(j) ==
-          "sweep.kv_heads[1]: must divide every value of sweep.heads (query heads per K/V head), got 8, which "
-          "does not divide heads 12");
+    CHECK(
+        config_error(j) ==
+        "sweep.kv_heads[1]: must divide every value of sweep.heads (query heads per K/V head), got 8, which "
+        "does not divide heads 12");
   }
   SECTION("a single non-dividing value has no index") {
     Json j = base_config();

@@ -333,8 +333,8 @@ TEST_CASE("tiled decode, split-KV and unsplit, matches the reference and is bitw
   struct Shape {
     int64_t batch, heads, kv_heads, seq_kv;
   };
-  for (const Shape s : {Shape{1, 4, 1, 4096}, Shape{1, 8, 2, 3000}, Shape{1, 2, 2, 4096}, Shape{8, 4, 4, 1500},
-                        Shape{8, 8, 4, 4096}}) {
+  for (const Shape s : {Shape{1, 4, 1, 4096}, Shape{1, 8, 2, 3000}, Shape{1, 2, 2, 4096},
+                        Shape{8, 4, 4, 1500}, Shape{8, 8, 4, 4096}}) {
     Problem p = shape(s.batch, s.heads, 1, s.seq_kv, 64, "causal_lower_right");
     p.kv_heads = s.kv_heads;
     INFO(p.repro());
@@ -349,7 +349,8 @@ TEST_CASE("tiled decode, split-KV and unsplit, matches the reference and is bitw
       two = data.run();
     }
     CHECK(std::memcmp(one.ptr(), two.ptr(), one.numel() * sizeof(float)) == 0);
-    CHECK(compare_outputs(one.ptr(), data.reference().ptr(), data.rows(), 64).max_abs_err <= data.tolerance());
+    CHECK(compare_outputs(one.ptr(), data.reference().ptr(), data.rows(), 64).max_abs_err <=
+          data.tolerance());
   }
 }
 
@@ -363,7 +364,8 @@ TEST_CASE("tiled split-KV merge matches the reference with masks that empty whol
     if (p.mask.boolean)  // keys 0..1599 hidden: the first three 512-key splits see nothing
       for (int64_t j = 0; j < 1600; ++j) data.mask.data[j] = 0;
     const FloatArray got = data.run();
-    CHECK(compare_outputs(got.ptr(), data.reference().ptr(), data.rows(), 32).max_abs_err <= data.tolerance());
+    CHECK(compare_outputs(got.ptr(), data.reference().ptr(), data.rows(), 32).max_abs_err <=
+          data.tolerance());
     CHECK(count_nonfinite(got.ptr(), got.numel()) == 0);
   }
 }

@@ -58,8 +58,8 @@ std::string kv_heads_allowed(int64_t heads) {
   constexpr std::size_t kShown = 16;
   for (std::size_t i = 0; i < small.size() && i < kShown; ++i)
     s += (i == 0 ? "" : i + 1 == small.size() ? " or " : ", ") + std::to_string(small[i]);
-  if (small.size() > kShown) s += ", ... (" + std::to_string(small.size()) + " divisors of " +
-                                  std::to_string(heads) + ")";
+  if (small.size() > kShown)
+    s += ", ... (" + std::to_string(small.size()) + " divisors of " + std::to_string(heads) + ")";
   return s;
 }
 
@@ -119,7 +119,8 @@ int run_eval(const EvalOptions& o) {
   require_rank4("--v", o.v, v, "[batch, kv_heads, seq_kv, head_dim]");
   check_kv_shapes(o, q, k, v);
   p.batch = q.shape[0], p.heads = q.shape[1], p.seq_q = q.shape[2], p.head_dim = q.shape[3];
-  p.kv_heads = k.shape[1], p.seq_kv = k.shape[2];  // kv_heads == heads: multi-head attention (no Hkv in the id)
+  p.kv_heads = k.shape[1],
+  p.seq_kv = k.shape[2];  // kv_heads == heads: multi-head attention (no Hkv in the id)
   p.mask.causal = o.causal;
   p.mask.causal_lower_right = o.causal_lower_right;
   p.scale = o.scale;

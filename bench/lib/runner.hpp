@@ -26,7 +26,8 @@ struct Calibration {
 
 // Measures what `meta` (a resumed sweep's meta.json) does not already hold, for every thread count and
 // target of the config, prints each figure, and records them in meta ("sgemm_calibration", "fma_peak",
-// "memory_bandwidth", "blas_note"). It runs before the first point is timed, never during one. Stops measuring when `stop()` turns true (the caller's interrupt flag).
+// "memory_bandwidth", "blas_note"). It runs before the first point is timed, never during one. Stops
+// measuring when `stop()` turns true (the caller's interrupt flag).
 Calibration calibrate(const SweepConfig& resolved, Json& meta, const std::function<bool()>& stop);
 
 class PointRunner {

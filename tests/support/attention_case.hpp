@@ -104,8 +104,8 @@ struct AttentionCase {
   // This case's sizes, masks, scale, dropout and seed as a problem of `variant` with `params`.
   Problem for_variant(const std::string& variant, const Json& params = Json::object()) const {
     Problem vp = make_problem(variant, params);
-    vp.batch = p.batch, vp.heads = p.heads, vp.kv_heads = p.kv_heads, vp.seq_q = p.seq_q, vp.seq_kv = p.seq_kv,
-    vp.head_dim = p.head_dim;
+    vp.batch = p.batch, vp.heads = p.heads, vp.kv_heads = p.kv_heads, vp.seq_q = p.seq_q,
+    vp.seq_kv = p.seq_kv, vp.head_dim = p.head_dim;
     vp.mask = p.mask, vp.scale = p.scale, vp.dropout = p.dropout, vp.seed = p.seed;
     return vp;
   }

@@ -283,7 +283,7 @@ class Linear final : public Attention {
       float* state = nd + C * ld_state;
       float* col_sum = state + D * ld_state;
       float* prefix = col_sum + D;  // kKeyRows x d: φ of the keys every query sees (off > 0)
-      std::fill(state, state + D * ld_state + D, 0.0f);  // state and col_sum
+      std::fill(state, state + D * ld_state + D, 0.0f);                  // state and col_sum
       const int64_t b = bh / p.heads, kv = p.kv_block(b, bh % p.heads);  // grouped-query: the shared K/V
       if (off > 0) fold_keys(p, in, fm, b, kv, 0, std::min(off, Lkv), state, col_sum, prefix);
 

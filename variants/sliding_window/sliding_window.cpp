@@ -265,7 +265,8 @@ class SlidingWindow final : public Attention {
         const int64_t t = t0 + row, i = r + t * dil;
         float* band = s + row * lds;
         float* glob = band + span;
-        const int64_t lo = std::max(s0, t - w) - s0, hi = (p.mask.any_causal() ? t : std::min(s1 - 1, t + w)) - s0;
+        const int64_t lo = std::max(s0, t - w) - s0,
+                      hi = (p.mask.any_causal() ? t : std::min(s1 - 1, t + w)) - s0;
         if (ex || p.mask.boolean) {
           const uint8_t* allowed = p.mask.boolean ? in.mask + i * n : nullptr;
           for (int64_t c = lo; c <= hi; ++c) {

@@ -1,8 +1,8 @@
 // tiled: exact softmax attention, FlashAttention-style: query x key tiles, a running max and sum per query,
 // the output rescaled when the max moves and divided once at the end. O(n) memory, no score matrix.
 // Grouped-query heads share their K/V tiles inside one query tile; decode-shaped problems split the key
-// range across tasks (flash-decoding, tiled.hpp). This file chooses the tiles and splits the work; tiled_kernels.cpp does one query tile on the SIMD target that
-// common/simd.hpp selected (Highway dispatch).
+// range across tasks (flash-decoding, tiled.hpp). This file chooses the tiles and splits the work;
+// tiled_kernels.cpp does one query tile on the SIMD target that common/simd.hpp selected (Highway dispatch).
 #include "variants/tiled/tiled.hpp"
 
 #include <tbb/blocked_range.h>
@@ -51,7 +51,8 @@ Schedule make_schedule(const Problem& p) {
   s.q_tiles = (p.seq_q + s.tiles.q - 1) / s.tiles.q;
   s.units = p.batch * p.num_kv_heads() * s.q_tiles;
   if (s.units < kSplitTarget)
-    s.splits = std::max<int64_t>(1, std::min((kSplitTarget + s.units - 1) / s.units, p.seq_kv / kMinSplitKeys));
+    s.splits =
+        std::max<int64_t>(1, std::min((kSplitTarget + s.units - 1) / s.units, p.seq_kv / kMinSplitKeys));
   return s;
 }
 

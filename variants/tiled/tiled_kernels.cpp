@@ -227,7 +227,8 @@ void MaskTile(const Context& c, const TileRows& t, int64_t j0, int64_t nk, float
   const Problem& p = c.p;
   if (p.mask.any_causal()) {
     const int64_t off = causal_offset(p);
-    for (int64_t j = 0; j < nk; ++j) std::fill(s + j * ld, s + j * ld + t.hidden_rows(j0 + j, off, ld), kNegInf);
+    for (int64_t j = 0; j < nk; ++j)
+      std::fill(s + j * ld, s + j * ld + t.hidden_rows(j0 + j, off, ld), kNegInf);
   }
   if (p.mask.key_padding) {
     const uint8_t* pad = c.in.key_padding + t.b * p.seq_kv + j0;
@@ -306,17 +307,17 @@ HWY_NOINLINE void DotScores(const float* HWY_RESTRICT k, int64_t D, const float*
   const int64_t N = static_cast<int64_t>(hn::Lanes(d)), Dv = D / N * N;
   ATTN_ACC8(ATTN_DOT_DECLARE)
   for (int64_t e = 0; e < Dv; e += N) {
-#define ATTN_DOT_FMA(i)                                                                                   \
-  if constexpr (i < NR * KB)                                                                              \
+#define ATTN_DOT_FMA(i)      \
+  if constexpr (i < NR * KB) \
     a##i = hn::MulAdd(hn::LoadU(d, k + (i / NR) * D + e), hn::LoadU(d, qs + (i % NR) * D + e), a##i);
     ATTN_ACC8(ATTN_DOT_FMA)
 #undef ATTN_DOT_FMA
   }
-#define ATTN_DOT_STORE(i)                                                                  \
-  if constexpr (i < NR * KB) {                                                             \
-    float tail = 0.0f;                                                                     \
-    for (int64_t e = Dv; e < D; ++e) tail += k[(i / NR) * D + e] * qs[(i % NR) * D + e];   \
-    s[(i % NR) * lds + i / NR] = hn::GetLane(hn::SumOfLanes(d, a##i)) + tail;              \
+#define ATTN_DOT_STORE(i)                                                                \
+  if constexpr (i < NR * KB) {                                                           \
+    float tail = 0.0f;                                                                   \
+    for (int64_t e = Dv; e < D; ++e) tail += k[(i / NR) * D + e] * qs[(i % NR) * D + e]; \
+    s[(i % NR) * lds + i / NR] = hn::GetLane(hn::SumOfLanes(d, a##i)) + tail;            \
   }
   ATTN_ACC8(ATTN_DOT_STORE)
 #undef ATTN_DOT_STORE
@@ -331,14 +332,16 @@ HWY_NOINLINE void DotPv(const float* HWY_RESTRICT v, int64_t D, int64_t nk, cons
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   ATTN_ACC8(ATTN_DOT_DECLARE)
-#define ATTN_PV_LOAD(i) \
-  if constexpr (i < NR * CV) a##i = hn::Mul(hn::LoadU(d, o + (i / CV) * D + e0 + (i % CV) * N), hn::Set(d, alpha[i / CV]));
+#define ATTN_PV_LOAD(i)      \
+  if constexpr (i < NR * CV) \
+    a##i = hn::Mul(hn::LoadU(d, o + (i / CV) * D + e0 + (i % CV) * N), hn::Set(d, alpha[i / CV]));
   ATTN_ACC8(ATTN_PV_LOAD)
 #undef ATTN_PV_LOAD
   for (int64_t j = 0; j < nk; ++j) {
     const float* vj = v + j * D + e0;
-#define ATTN_PV_FMA(i) \
-  if constexpr (i < NR * CV) a##i = hn::MulAdd(hn::Set(d, p[(i / CV) * lds + j]), hn::LoadU(d, vj + (i % CV) * N), a##i);
+#define ATTN_PV_FMA(i)       \
+  if constexpr (i < NR * CV) \
+    a##i = hn::MulAdd(hn::Set(d, p[(i / CV) * lds + j]), hn::LoadU(d, vj + (i % CV) * N), a##i);
     ATTN_ACC8(ATTN_PV_FMA)
 #undef ATTN_PV_FMA
   }
@@ -351,7 +354,8 @@ HWY_NOINLINE void DotPv(const float* HWY_RESTRICT v, int64_t D, int64_t nk, cons
 #undef ATTN_ACC8
 
 using DotScoreFn = void (*)(const float*, int64_t, const float*, float*, int64_t);
-using DotPvFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, const float*, int64_t);
+using DotPvFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, const float*,
+                         int64_t);
 template <int... R>
 constexpr std::array<DotScoreFn, sizeof...(R)> DotScoreBlocks(std::integer_sequence<int, R...>) {
   return {&DotScores<R + 1, 8 / (R + 1)>...};
@@ -497,7 +501,8 @@ void GemmRows(const Context& c, const TileRows& t, Scratch& w, const float* k, c
   const int64_t off = p.mask.any_causal() ? causal_offset(p) : 0;
   for (int64_t j0 = t.ja; j0 < t.jb; j0 += c.sched.tiles.kv) {
     const int64_t nk = std::min(c.sched.tiles.kv, t.jb - j0);
-    const bool masked = (p.mask.any_causal() && j0 + nk - 1 > t.i0 + off) || p.mask.boolean || p.mask.key_padding;
+    const bool masked =
+        (p.mask.any_causal() && j0 + nk - 1 > t.i0 + off) || p.mask.boolean || p.mask.key_padding;
     if (!masked) std::fill(tile_max, tile_max + ld, kNegInf);
     ScoreTile(k + j0 * D, D, qt, ld, nk, s, masked ? nullptr : tile_max);
     if (masked) {
