@@ -20,6 +20,9 @@ Json capabilities_json(const Capabilities& c) {
           {"key_padding", c.key_padding},
           {"cross", c.cross},
           {"dropout", c.dropout},
+          {"bf16", c.bf16},
+          {"fp16", c.fp16},
+          {"alibi", c.alibi},
           {"permutation_equivariant", c.permutation_equivariant},
           {"baseline", c.baseline}};
 }
@@ -36,7 +39,7 @@ namespace {
 // these products fit in 64 bits.
 MemoryEstimate io_bytes(const Problem& p) {
   MemoryEstimate m;
-  m.inputs = static_cast<std::size_t>(p.q_elements() + 2 * p.kv_elements()) * sizeof(float) +
+  m.inputs = static_cast<std::size_t>(p.q_elements() + 2 * p.kv_elements()) * dtype_bytes(p.dtype) +
              (p.mask.boolean ? static_cast<std::size_t>(p.seq_q * p.seq_kv) : 0) +
              (p.mask.key_padding ? static_cast<std::size_t>(p.batch * p.seq_kv) : 0);
   m.output = static_cast<std::size_t>(p.q_elements()) * sizeof(float);
@@ -65,6 +68,13 @@ std::vector<std::string> Attention::not_supported_reasons(const Problem& p) cons
     r.push_back(name() + " does not support cross-attention (seq_q " + std::to_string(p.seq_q) +
                 " != seq_kv " + std::to_string(p.seq_kv) + ")");
   if (p.dropout > 0 && !c.dropout) r.push_back(name() + " does not support dropout");
+  if ((p.dtype == DType::bf16 && !c.bf16) || (p.dtype == DType::fp16 && !c.fp16)) {
+    std::string takes = "fp32";
+    if (c.bf16) takes += ", bf16";
+    if (c.fp16) takes += ", fp16";
+    r.push_back(name() + " does not take dtype " + dtype_name(p.dtype) + " (it takes " + takes + ")");
+  }
+  if (p.bias == Bias::alibi && !c.alibi) r.push_back(name() + " does not support the ALiBi bias");
   for (auto& extra : extra_not_supported_reasons(p)) r.push_back(std::move(extra));
   return r;
 }
@@ -214,9 +224,14 @@ Problem parse_problem(const std::string& repro) {
 }
 
 void check_inputs(const Problem& p, const AttentionInputs& in, bool needs_out) {
-  if (!in.q || !in.k || !in.v || (needs_out && !in.out))
-    throw UsageError(needs_out ? "attention inputs: q, k, v and out are required"
-                               : "attention inputs: q, k and v are required");
+  if (p.dtype == DType::fp32) {
+    if (!in.q || !in.k || !in.v || (needs_out && !in.out))
+      throw UsageError(needs_out ? "attention inputs: q, k, v and out are required"
+                                 : "attention inputs: q, k and v are required");
+  } else if (!in.q16 || !in.k16 || !in.v16 || (needs_out && !in.out)) {
+    throw UsageError(std::string("attention inputs: dtype ") + dtype_name(p.dtype) + " needs q16, k16, v16" +
+                     (needs_out ? " and out" : ""));
+  }
   if (p.mask.boolean && !in.mask)
     throw UsageError("attention inputs: the problem has a boolean mask but no mask tensor was given");
   if (p.mask.key_padding && !in.key_padding)

@@ -26,6 +26,10 @@ struct Capabilities {
   bool key_padding = false;   // supports a [batch, seq_kv] key-padding mask
   bool cross = false;         // supports seq_q != seq_kv (cross-attention)
   bool dropout = false;       // supports dropout on the attention weights (counter-based, see dropout.hpp)
+  // Storage precisions taken besides fp32 (Problem::dtype; Q, K, V in AttentionInputs::q16, k16, v16).
+  bool bf16 = false;
+  bool fp16 = false;
+  bool alibi = false;  // supports Bias::alibi (common/alibi.hpp), with default or given slopes
   // Permuting keys and values together leaves the output unchanged, and permuting queries permutes it
   // (true of any attention whose pattern does not depend on positions).
   bool permutation_equivariant = false;
@@ -36,10 +40,13 @@ struct Capabilities {
 
 Json capabilities_json(const Capabilities& caps);
 
-// Pointers to contiguous fp32 tensors. q, out: [batch, heads, seq_q, head_dim]; k, v: [batch, kv_heads,
-// seq_kv, head_dim] (kv_heads = heads unless grouped-query, Problem::num_kv_heads). mask: [seq_q, seq_kv]
+// Pointers to contiguous tensors. q, out: [batch, heads, seq_q, head_dim]; k, v: [batch, kv_heads,
+// seq_kv, head_dim] (kv_heads = heads unless grouped-query, Problem::num_kv_heads). Q, K and V are fp32 in
+// q, k, v when problem.dtype is fp32, and the 16-bit patterns of bf16 / fp16 values in q16, k16, v16
+// otherwise (common/half.hpp; the other three are then unused). out is always fp32. mask: [seq_q, seq_kv]
 // (nonzero = may attend), required iff problem.mask.boolean. key_padding: [batch, seq_kv] (nonzero = padded),
-// required iff problem.mask.key_padding.
+// required iff problem.mask.key_padding. alibi_slopes: [heads], the ALiBi slope of each query head; null
+// means the default slopes (alibi_default_slopes); read only when problem.bias is alibi.
 struct AttentionInputs {
   const float* q = nullptr;
   const float* k = nullptr;
@@ -47,6 +54,10 @@ struct AttentionInputs {
   const uint8_t* mask = nullptr;
   const uint8_t* key_padding = nullptr;
   float* out = nullptr;
+  const uint16_t* q16 = nullptr;
+  const uint16_t* k16 = nullptr;
+  const uint16_t* v16 = nullptr;
+  const float* alibi_slopes = nullptr;
 };
 
 // Bytes of one call, from the problem's sizes: every sum saturates at SIZE_MAX instead of wrapping (a
@@ -137,7 +148,8 @@ Problem parse_problem(const std::string& repro);
 // Q, K, V (kv_heads heads), O and the masks the problem uses, each moved once: the least any variant moves.
 double compulsory_bytes(const Problem& p);
 
-// Checks that `in` has every pointer `p` needs (`out` only if needs_out); throws UsageError otherwise
+// Checks that `in` has every pointer `p` needs (q, k, v or q16, k16, v16 by p.dtype; `out` only if
+// needs_out); throws UsageError otherwise
 // (Attention::run and reference_attention call it).
 void check_inputs(const Problem& p, const AttentionInputs& in, bool needs_out = true);
 

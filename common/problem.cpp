@@ -64,6 +64,33 @@ MaskSpec parse_mask(const std::string& text, const std::string& where, double* p
   return m;
 }
 
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::bf16:
+      return "bf16";
+    case DType::fp16:
+      return "fp16";
+    default:
+      return "fp32";
+  }
+}
+
+DType parse_dtype(const std::string& text, const std::string& where) {
+  for (DType t : {DType::fp32, DType::bf16, DType::fp16})
+    if (text == dtype_name(t)) return t;
+  throw UsageError(where + ": unknown dtype '" + text + "' (allowed: fp32, bf16, fp16)");
+}
+
+const char* bias_name(Bias b) {
+  return b == Bias::alibi ? "alibi" : "none";
+}
+
+Bias parse_bias(const std::string& text, const std::string& where) {
+  if (text == "none") return Bias::none;
+  if (text == "alibi") return Bias::alibi;
+  throw UsageError(where + ": unknown bias '" + text + "' (allowed: none, alibi)");
+}
+
 double Problem::effective_scale() const {
   return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
@@ -107,6 +134,8 @@ std::string Problem::repro() const {
   if (num_kv_heads() != heads) s << ",Hkv=" << num_kv_heads();
   s << ",Lq=" << seq_q << ",Lkv=" << seq_kv << ",D=" << head_dim;
   if (mask.any()) s << "," << mask.str();
+  if (bias != Bias::none) s << "," << bias_name(bias);
+  if (dtype != DType::fp32) s << ",dtype=" << dtype_name(dtype);
   if (scale) s << ",scale=" << shortest_double_text(*scale);
   if (dropout > 0) s << ",dropout=" << shortest_double_text(dropout) << ",seed=" << seed;
   return s.str();
@@ -156,7 +185,10 @@ void parse_problem_shape(const std::string& tail, const std::string& where, Prob
   while (std::getline(ss, item, ',')) {
     std::size_t eq = item.find('=');
     if (eq == std::string::npos) {
-      p.mask = parse_mask(item, where);
+      if (item == "alibi")
+        p.bias = Bias::alibi;
+      else
+        p.mask = parse_mask(item, where);
       continue;
     }
     std::string k = item.substr(0, eq), v = item.substr(eq + 1);
@@ -199,8 +231,11 @@ void parse_problem_shape(const std::string& tail, const std::string& where, Prob
       p.dropout = whole_double();
     else if (k == "seed")
       whole_int(p.seed);
+    else if (k == "dtype")
+      p.dtype = parse_dtype(v, where + ": field 'dtype'");
     else
-      throw UsageError(where + ": unknown field '" + k + "' (B, H, Hkv, Lq, Lkv, D, scale, dropout, seed)");
+      throw UsageError(where + ": unknown field '" + k +
+                       "' (B, H, Hkv, Lq, Lkv, D, dtype, scale, dropout, seed)");
   }
   p.validate();
 }

@@ -2,6 +2,7 @@
 //   sliding_window{window=128,dilation=1,global_tokens=0}:B=1,H=8,Lq=1024,Lkv=1024,D=64,causal
 // is the result-row id, the Google Benchmark name and the CLI filter; parse_problem() reads it back.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -39,6 +40,22 @@ struct MaskSpec {
 // ("pad" leaves it as it was), and "bool" is not (the sweep generates no boolean masks).
 MaskSpec parse_mask(const std::string& text, const std::string& where, double* pad_fraction = nullptr);
 
+// Storage precision of Q, K and V (common/half.hpp): fp32, or bf16 / fp16 rounded from fp32 with
+// round-to-nearest-even. Computation and accumulation are fp32 and the output is fp32 in every case.
+enum class DType : uint8_t { fp32, bf16, fp16 };
+const char* dtype_name(DType t);  // "fp32", "bf16", "fp16"
+// Reads a dtype name; UsageError naming `where`, the value and the allowed names.
+DType parse_dtype(const std::string& text, const std::string& where);
+inline std::size_t dtype_bytes(DType t) { return t == DType::fp32 ? 4 : 2; }
+
+// A bias added to the logits (common/alibi.hpp). alibi: the logit of (i, j) gets -slope_h * (i' - j) under a
+// causal mask and -slope_h * |i' - j| otherwise, i' = i + (seq_kv - seq_q) under causal_lower_right (the
+// query's position in the key sequence) and i' = i otherwise; slopes per query head (the ALiBi paper's
+// default, or the caller's AttentionInputs::alibi_slopes).
+enum class Bias : uint8_t { none, alibi };
+const char* bias_name(Bias b);  // "none", "alibi"
+Bias parse_bias(const std::string& text, const std::string& where);
+
 // The most elements one tensor of a problem (Q, K, V, the output) may hold: every byte count derived from the
 // sizes (fp64 copies, sums over several tensors) then fits in 64 bits. Problem::validate enforces it.
 inline constexpr int64_t kMaxTensorElements = int64_t{1} << 58;
@@ -63,6 +80,8 @@ struct Problem {
   std::optional<double> scale;  // default 1/sqrt(head_dim)
   double dropout = 0.0;         // probability of dropping an attention weight, in [0, 1)
   uint64_t seed = 0;            // dropout keep decisions (and nothing else) depend on it
+  DType dtype = DType::fp32;    // storage of Q, K, V (AttentionInputs::q16 ... when not fp32)
+  Bias bias = Bias::none;       // logit bias (ALiBi)
 
   double effective_scale() const;
   int64_t num_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
@@ -89,8 +108,8 @@ struct Problem {
   void validate() const;
 };
 
-// Reads the shape part of a repro string ("B=1,H=8,Hkv=2,Lq=16,Lkv=16,D=8,causal,scale=0.5"; Hkv only when
-// it differs from H) into `p` (sizes, mask,
+// Reads the shape part of a repro string ("B=1,H=8,Hkv=2,Lq=16,Lkv=16,D=8,causal,alibi,dtype=bf16,scale=0.5";
+// Hkv only when it differs from H, alibi only with that bias, dtype only when not fp32) into `p` (sizes, mask,
 // scale, dropout, seed), then validates `p`; UsageError naming `where`. parse_problem (attention.hpp) reads a
 // whole repro string, parameters included.
 void parse_problem_shape(const std::string& shape, const std::string& where, Problem& p);

@@ -7,14 +7,21 @@
 #include <cmath>
 #include <limits>
 
+#include "common/alibi.hpp"
 #include "common/dropout.hpp"
+#include "common/half.hpp"
 #include "common/mask.hpp"
 
 namespace attn {
 
-void reference_attention(const Problem& p, const AttentionInputs& in, double* out,
+void reference_attention(const Problem& p, const AttentionInputs& in16, double* out,
                          const std::vector<int64_t>* rows) {
-  check_inputs(p, in, /*needs_out=*/false);  // the result goes to `out`; in.out is not used
+  check_inputs(p, in16, /*needs_out=*/false);  // the result goes to `out`; in.out is not used
+  // bf16 / fp16 storage: the exact fp32 values of the stored inputs (widening is exact).
+  const WideInputs wide(p, in16);
+  const AttentionInputs& in = wide.get();
+  const bool alibi = p.bias == Bias::alibi;
+  const std::vector<double> slopes = alibi ? alibi_slopes(p, in) : std::vector<double>();
   const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv;
   const int64_t nrows = rows ? static_cast<int64_t>(rows->size()) : Lq;
   const double scale = p.effective_scale();
@@ -37,6 +44,7 @@ void reference_attention(const Problem& p, const AttentionInputs& in, double* ou
         double acc = 0;
         for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(q[i * D + d]) * k[j * D + d];
         s[j] = acc * scale;
+        if (alibi) s[j] -= slopes[static_cast<std::size_t>(h)] * alibi_distance(p, i, j);
         mx = std::isnan(s[j]) || std::isnan(mx) ? std::numeric_limits<double>::quiet_NaN()
                                                 : std::max(mx, s[j]);
       }
@@ -134,7 +142,13 @@ std::vector<float> gather_rows(const float* x, int64_t bh, int64_t seq, int64_t 
 // Total |error| <= u * max|v| * (2 * D * S + 2 * Lkv + 16) / (1 - p) for dropout p; we allow 4x that, since
 // the bound assumes worst-case accumulation only in magnitude while blocked BLAS reorders sums. A wrong mask,
 // scale or index produces errors of order max|v|, far above this at every size we test.
-double exact_abs_tolerance(const Problem& p, const AttentionInputs& in) {
+//
+// ALiBi adds -slope * dist to each logit, computed in fp32 by the variants: the product and the sum each
+// round once, so a logit carries at most 2 * u * |bias| more; the weights sum to 1, so that is at most
+// 2 * u * max|bias| * max|v| more in the output (max|bias| = max slope * (seq_q + seq_kv)).
+double exact_abs_tolerance(const Problem& p, const AttentionInputs& in16) {
+  const WideInputs wide(p, in16);
+  const AttentionInputs& in = wide.get();
   auto max_row_norm = [](const float* x, int64_t rows, int64_t dim) {
     double best = 0;
     for (int64_t r = 0; r < rows; ++r) {
@@ -151,7 +165,12 @@ double exact_abs_tolerance(const Problem& p, const AttentionInputs& in) {
   for (int64_t e = 0; e < p.kv_elements(); ++e) vmax = std::max(vmax, std::fabs((double)in.v[e]));
   const double u = std::ldexp(1.0, -24);
   const double S = p.effective_scale() * qn * kn;
-  const double bound = u * vmax * (2.0 * p.head_dim * S + 2.0 * p.seq_kv + 16.0) / (1.0 - p.dropout);
+  double bias_max = 0;
+  if (p.bias == Bias::alibi)
+    for (double sl : alibi_slopes(p, in))
+      bias_max = std::max(bias_max, std::fabs(sl) * static_cast<double>(p.seq_q + p.seq_kv));
+  const double bound =
+      u * vmax * (2.0 * p.head_dim * S + 2.0 * p.seq_kv + 16.0 + 2.0 * bias_max) / (1.0 - p.dropout);
   return 4.0 * bound + std::numeric_limits<float>::min();
 }
 

@@ -20,7 +20,9 @@
 
 #include "common/aligned.hpp"
 #include "common/attention.hpp"
+#include "common/alibi.hpp"
 #include "common/dropout.hpp"
+#include "common/half.hpp"
 #include "common/mask.hpp"
 #include "common/runtime.hpp"
 #include "common/vmath.hpp"
@@ -96,6 +98,9 @@ class Naive final : public Attention {
             .key_padding = true,
             .cross = true,
             .dropout = true,
+            .bf16 = true,
+            .fp16 = true,
+            .alibi = true,
             .permutation_equivariant = true,
             .baseline = true};
   }
@@ -121,10 +126,17 @@ class Naive final : public Attention {
     const double floats = static_cast<double>(heads_per_group(p)) * static_cast<double>(p.seq_q) *
                           static_cast<double>(p.seq_kv);
     if (floats * sizeof(float) >= 0x1p63) return SIZE_MAX;
-    return ScoreBuffer::allocated_bytes(static_cast<std::size_t>(floats));
+    // bf16 / fp16: fp32 copies of Q, K and V (the baseline a user writes converts, then runs fp32).
+    const std::size_t widened = p.dtype == DType::fp32
+                                    ? 0
+                                    : static_cast<std::size_t>(p.q_elements() + 2 * p.kv_elements()) * sizeof(float);
+    return ScoreBuffer::allocated_bytes(static_cast<std::size_t>(floats)) + widened;
   }
 
-  void forward(const Problem& p, const AttentionInputs& in) const override {
+  void forward(const Problem& p, const AttentionInputs& stored) const override {
+    const WideInputs wide(p, stored);  // bf16 / fp16: converted to fp32 once, up front
+    const AttentionInputs& in = wide.get();
+    const std::vector<float> slopes = alibi_slopes_f32(p, in);
     const int64_t Lq = p.seq_q, Lkv = p.seq_kv, D = p.head_dim, BH = p.batch * p.heads;
     const int64_t group = heads_per_group(p), rows = rows_per_block(p);
     const int64_t blocks_per_head = (Lq + rows - 1) / rows;
@@ -150,7 +162,8 @@ class Naive final : public Attention {
           return;
         }
         sgemm(false, true, nr, keys, D, scale, q, D, k, D, 0.0f, s, Lkv);
-        for (int64_t r = 0; r < nr; ++r) softmax_row(p, in, b, h, r0 + r, s + r * Lkv, keys);
+        for (int64_t r = 0; r < nr; ++r)
+          softmax_row(p, in, b, h, r0 + r, s + r * Lkv, keys, slopes.empty() ? 0.0f : slopes[h]);
         sgemm(false, false, nr, D, keys, 1.0f, s, Lkv, v, D, 0.0f, o, D);
       });
     }
@@ -159,9 +172,12 @@ class Naive final : public Attention {
  private:
   // Masks, then normalises the first `Lkv` scores of one row in place (the keys its block computed). A row
   // with no allowed key becomes all zeros, so the following GEMM writes a zero output row.
+  // ALiBi (slope != 0 only with Bias::alibi): the bias is added first, in fp32, as a user's baseline would.
   static void softmax_row(const Problem& p, const AttentionInputs& in, int64_t b, int64_t h, int64_t i,
-                          float* s, int64_t Lkv) {
+                          float* s, int64_t Lkv, float slope) {
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    if (p.bias == Bias::alibi)
+      for (int64_t j = 0; j < Lkv; ++j) s[j] -= slope * static_cast<float>(alibi_distance(p, i, j));
     if (p.mask.any_causal()) std::fill(s + std::min(causal_key_end(p, i), Lkv), s + Lkv, kNegInf);
     if (p.mask.boolean) {
       const uint8_t* m = in.mask + i * p.seq_kv;

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "common/alibi.hpp"
 #include "common/attention.hpp"
 #include "common/mask.hpp"
 
@@ -71,6 +72,9 @@ class Tiled final : public Attention {
             .key_padding = true,
             .cross = true,
             .dropout = true,
+            .bf16 = true,
+            .fp16 = true,
+            .alibi = true,
             .permutation_equivariant = true};
   }
   std::vector<ParamSpec> param_specs() const override {
@@ -106,16 +110,22 @@ class Tiled final : public Attention {
   }
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
     const Schedule s = make_schedule(p);
+    const bool wide = p.dtype != DType::fp32, pairs = p.dtype == DType::bf16 && p.head_dim % 2 == 0;
     return static_cast<std::size_t>(std::max(threads, 1)) *
-               Scratch::bytes(round_up(s.rows, kLanes), s.tiles.kv, p.head_dim, p.dropout > 0) +
+               Scratch::bytes(round_up(s.rows, kLanes), s.tiles.kv, p.head_dim, p.dropout > 0, wide, pairs) +
            s.partial_floats(p) * sizeof(float);
   }
 
   void forward(const Problem& p, const AttentionInputs& in) const override {
     const Schedule sched = make_schedule(p);
     AlignedVector<float> partials(sched.partial_floats(p));
-    const Context c{p, in, sched, static_cast<float>(p.effective_scale() * std::numbers::log2e),
-                    partials.empty() ? nullptr : partials.data()};
+    Context c{p,  in, sched, static_cast<float>(p.effective_scale() * std::numbers::log2e),
+              partials.empty() ? nullptr : partials.data(), {}, 0, false};
+    if (p.bias == Bias::alibi) {
+      for (double sl : alibi_slopes(p, in)) c.alibi_l2e.push_back(static_cast<float>(-sl * std::numbers::log2e));
+      c.bias_kind = p.mask.any_causal() ? 1 : 2;
+    }
+    c.bf16_dot = p.dtype == DType::bf16 && p.head_dim % 2 == 0 && bf16_dot_supported();
     tbb::enumerable_thread_specific<Scratch> scratch;
     // Tasks (unit, split) are fixed by the problem; each writes only its own output (or partial) rows, by
     // the same sequence of operations on any thread, and the merge visits splits in order, so results are

@@ -37,6 +37,24 @@ inline constexpr int64_t kDotRows = 8;
 inline constexpr int64_t kSplitTarget = 32;
 inline constexpr int64_t kMinSplitKeys = 512;
 
+// The ALiBi bias of one score tile, per query lane (common/alibi.hpp): the logit of lane c and key j gets
+// slope[c] * dist, dist = pos[c] - j (kind 1: causal) or |pos[c] - j| (kind 2), where pos is the lane's
+// query position in the key sequence and slope = -slope_h * log2(e) (the kernels work in base 2). Padding
+// lanes have slope 0. kind 0: no bias (pos, slope unused).
+struct LaneBias {
+  int kind = 0;
+  const float* pos = nullptr;
+  const float* slope = nullptr;
+};
+
+// AVX512_BF16 (tiled_bf16.cpp): whether this build and CPU have vdpbf16ps, and the score tile computed with
+// it: S^T (nk x ld) = scale * K_tile Q^T + bias, K in place as bf16 (dim even), qt2 = Q^T as pairs
+// ([dim / 2][ld] 32-bit words of two bf16, low half = the even element), colmax as in ScoreTile. j0 is the
+// key index of the tile's first row.
+bool bf16_dot_supported();
+void bf16_score_tile(const uint16_t* k, int64_t dim, const uint32_t* qt2, int64_t ld, int64_t nk, float* s,
+                     float* colmax, float scale, const LaneBias& bias, int64_t j0);
+
 // Per-thread scratch for one query tile (ld = the tile's row count rounded up to kLanes). The dot-product
 // path uses the same buffers row-major: qt as [rows][D], s as [rows][tile_kv rounded to kLanes], ot as
 // [rows][D].
@@ -45,21 +63,34 @@ struct Scratch {
   AlignedVector<float> s;      // [tile_kv][ld]  scores, then unnormalised probabilities
   AlignedVector<float> ot;     // [D][ld]   running output, transposed
   AlignedVector<float> stats;  // [4][ld]   running max, running sum, tile max, rescale factor
+  AlignedVector<float> bias;   // [2][ld]   ALiBi: lane positions, lane slopes (LaneBias)
+  // bf16 / fp16 storage: the current K and V tiles widened to fp32 ([tile_kv][D] each), and for the native
+  // bf16 score kernel Q^T as bf16 pairs ([D / 2][ld]).
+  AlignedVector<float> kt, vt;
+  AlignedVector<uint32_t> qt2;
   std::vector<DropoutRow> drop;
 
   static int64_t s_floats(int64_t ld, int64_t tile_kv) { return (tile_kv + kLanes) * ld; }
-  void ensure(int64_t ld, int64_t tile_kv, int64_t dim, bool dropout) {
-    auto grow = [](AlignedVector<float>& v, int64_t n) {
+  void ensure(int64_t ld, int64_t tile_kv, int64_t dim, bool dropout, bool wide, bool pairs) {
+    auto grow = [](auto& v, int64_t n) {
       if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
     };
     grow(qt, dim * ld);
     grow(s, s_floats(ld, tile_kv));
     grow(ot, dim * ld);
     grow(stats, 4 * ld);
+    grow(bias, 2 * ld);
+    if (wide) {
+      grow(kt, tile_kv * dim);
+      grow(vt, tile_kv * dim);
+    }
+    if (pairs) grow(qt2, (dim + 1) / 2 * ld);
     if (dropout) drop.resize(static_cast<std::size_t>(ld));
   }
-  static std::size_t bytes(int64_t ld, int64_t tile_kv, int64_t dim, bool dropout) {
-    return static_cast<std::size_t>((2 * dim + 4) * ld + s_floats(ld, tile_kv)) * sizeof(float) +
+  static std::size_t bytes(int64_t ld, int64_t tile_kv, int64_t dim, bool dropout, bool wide, bool pairs) {
+    return static_cast<std::size_t>((2 * dim + 6) * ld + s_floats(ld, tile_kv) + (wide ? 2 * tile_kv * dim : 0) +
+                                    (pairs ? (dim + 1) / 2 * ld : 0)) *
+               sizeof(float) +
            (dropout ? static_cast<std::size_t>(ld) * sizeof(DropoutRow) : 0) + sizeof(Scratch);
   }
 };
@@ -86,6 +117,12 @@ struct Context {
   Schedule sched;
   float q_scale;    // scale * log2(e): the kernels exponentiate with 2^x
   float* partials;  // split-KV: [units][splits][rows][partial_stride] (null without splits)
+  // ALiBi: -slope_h * log2(e) per query head (empty without the bias), and the LaneBias kind.
+  std::vector<float> alibi_l2e;
+  int bias_kind = 0;
+  // bf16 storage on a CPU with AVX512_BF16 and an even head_dim: the GEMM path scores with vdpbf16ps
+  // (it is taken only on the AVX-512 target; others convert).
+  bool bf16_dot = false;
 };
 
 // One task: split `split` of unit `unit` (batch, K/V head, query tile) on the selected SIMD target. Without

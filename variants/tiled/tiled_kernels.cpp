@@ -16,6 +16,8 @@
 #include <limits>
 #include <utility>
 
+#include "common/alibi.hpp"
+#include "common/half.hpp"
 #include "common/mask.hpp"
 #include "common/simd-inl.hpp"
 #include "variants/tiled/tiled.hpp"
@@ -73,10 +75,12 @@ static_assert(kScoreRows <= 8 && kScoreVecs <= 3 && kPvRows <= 8 && kPvVecs <= 3
 //   s:  output rows, stride lds;
 //   colmax (optional): per query lane, max'ed with the column maxima of this block.
 // Sums over d run in order 0..D-1 for every element, whatever the tiling or thread.
-template <int MR, int NV>
+//   bias (BK = LaneBias::kind, 0: none): ALiBi added to every score before the store and the maxima, key row
+//   r being key j0 + r (the bias costs 2-3 vector ops per accumulator here and no pass over memory).
+template <int MR, int NV, int BK>
 HWY_NOINLINE void ScoreKernel(const float* HWY_RESTRICT k, int64_t ldk, const float* HWY_RESTRICT qt,
                               int64_t ldq, int64_t depth, float* HWY_RESTRICT s, int64_t lds,
-                              float* HWY_RESTRICT colmax) {
+                              float* HWY_RESTRICT colmax, const LaneBias& bias, int64_t j0) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   ATTN_ROWS(ATTN_DECLARE)
@@ -89,6 +93,26 @@ HWY_NOINLINE void ScoreKernel(const float* HWY_RESTRICT k, int64_t ldk, const fl
 #define ATTN_SCORE_ROW(r) ATTN_FMA_ROW(r, k[r * ldk + e])
     ATTN_ROWS(ATTN_SCORE_ROW)
 #undef ATTN_SCORE_ROW
+  }
+  if constexpr (BK != 0) {
+    const VF p0 = hn::LoadU(d, bias.pos), s0 = hn::LoadU(d, bias.slope);
+    VF p1 = p0, p2 = p0, s1 = s0, s2 = s0;
+    if constexpr (NV > 1) p1 = hn::LoadU(d, bias.pos + N), s1 = hn::LoadU(d, bias.slope + N);
+    if constexpr (NV > 2) p2 = hn::LoadU(d, bias.pos + 2 * N), s2 = hn::LoadU(d, bias.slope + 2 * N);
+    auto dist = [&](VF pos, VF j) {
+      const VF x = hn::Sub(pos, j);
+      if constexpr (BK == 2) return hn::Abs(x);
+      return x;
+    };
+#define ATTN_BIAS_ROW(r)                                                              \
+  if constexpr (r < MR) {                                                             \
+    const VF j = hn::Set(d, static_cast<float>(j0 + r));                              \
+    acc##r##_0 = hn::MulAdd(s0, dist(p0, j), acc##r##_0);                             \
+    if constexpr (NV > 1) acc##r##_1 = hn::MulAdd(s1, dist(p1, j), acc##r##_1);       \
+    if constexpr (NV > 2) acc##r##_2 = hn::MulAdd(s2, dist(p2, j), acc##r##_2);       \
+  }
+    ATTN_ROWS(ATTN_BIAS_ROW)
+#undef ATTN_BIAS_ROW
   }
 #define ATTN_SCORE_STORE(r) ATTN_STORE_ROW(r, s, lds)
   ATTN_ROWS(ATTN_SCORE_STORE)
@@ -156,17 +180,18 @@ HWY_NOINLINE void PvKernel(const float* HWY_RESTRICT v, int64_t ldv, const float
 #undef ATTN_DECLARE
 #undef ATTN_ROWS
 
-using ScoreFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, float*);
+using ScoreFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, float*,
+                         const LaneBias&, int64_t);
 using PvFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, const float*);
 
 // Kernel tables indexed [vectors - 1][rows - 1], so row and lane tails use a kernel of exactly their size.
-template <int NV, int... R>
+template <int NV, int BK, int... R>
 constexpr std::array<ScoreFn, sizeof...(R)> ScoreRow(std::integer_sequence<int, R...>) {
-  return {&ScoreKernel<R + 1, NV>...};
+  return {&ScoreKernel<R + 1, NV, BK>...};
 }
-template <int... V>
+template <int BK, int... V>
 constexpr auto ScoreTable(std::integer_sequence<int, V...>) {
-  return std::array{ScoreRow<V + 1>(std::make_integer_sequence<int, kScoreRows>())...};
+  return std::array{ScoreRow<V + 1, BK>(std::make_integer_sequence<int, kScoreRows>())...};
 }
 template <int NV, int... R>
 constexpr std::array<PvFn, sizeof...(R)> PvRow(std::integer_sequence<int, R...>) {
@@ -177,18 +202,41 @@ constexpr auto PvTable(std::integer_sequence<int, V...>) {
   return std::array{PvRow<V + 1>(std::make_integer_sequence<int, kPvRows>())...};
 }
 
-// S^T (nk x ld) = K_tile Q^T; colmax (if given) receives the per-query maxima.
-void ScoreTile(const float* k, int64_t dim, const float* qt, int64_t ld, int64_t nk, float* s,
-               float* colmax) {
-  static constexpr auto kernels = ScoreTable(std::make_integer_sequence<int, kScoreVecs>());
+// S^T (nk x ld) = K_tile Q^T (+ the ALiBi bias, keys j0 ..); colmax (if given) receives the per-query maxima.
+void ScoreTile(const float* k, int64_t dim, const float* qt, int64_t ld, int64_t nk, float* s, float* colmax,
+               const LaneBias& bias, int64_t j0) {
+  static constexpr auto seq = std::make_integer_sequence<int, kScoreVecs>();
+  static constexpr std::array kernels{ScoreTable<0>(seq), ScoreTable<1>(seq), ScoreTable<2>(seq)};
+  const auto& table = kernels[static_cast<std::size_t>(bias.kind)];
   const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
   for (int64_t c0 = 0; c0 < ld; c0 += kScoreVecs * N) {
     const int64_t nv = std::min<int64_t>(kScoreVecs, (ld - c0) / N);
+    const LaneBias lb{bias.kind, bias.kind ? bias.pos + c0 : nullptr, bias.kind ? bias.slope + c0 : nullptr};
     for (int64_t r0 = 0; r0 < nk; r0 += kScoreRows) {
       const int64_t mr = std::min<int64_t>(kScoreRows, nk - r0);
-      kernels[nv - 1][mr - 1](k + r0 * dim, dim, qt + c0, ld, dim, s + r0 * ld + c0, ld,
-                              colmax ? colmax + c0 : nullptr);
+      table[nv - 1][mr - 1](k + r0 * dim, dim, qt + c0, ld, dim, s + r0 * ld + c0, ld,
+                            colmax ? colmax + c0 : nullptr, lb, j0 + r0);
     }
+  }
+}
+
+// bf16 / fp16 storage: n values widened to fp32 (exact), vectorised (fp16 through the CPU's conversion
+// instructions where Highway has them: F16C on x86, FCVTL on Arm).
+void WidenValues(DType t, const uint16_t* HWY_RESTRICT x, int64_t n, float* HWY_RESTRICT out) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  if (t == DType::bf16) {
+    const hn::Rebind<uint16_t, DF> d16;
+    const hn::RebindToUnsigned<DF> du;
+    for (; i + N <= n; i += N)
+      hn::StoreU(hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, x + i)))), d, out + i);
+    for (; i < n; ++i) out[i] = bits_float(static_cast<uint32_t>(x[i]) << 16);
+  } else {
+    const hn::Rebind<hwy::float16_t, DF> d16;
+    const auto* xh = reinterpret_cast<const hwy::float16_t*>(x);
+    for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(d16, xh + i)), d, out + i);
+    for (; i < n; ++i) out[i] = fp16_to_float(x[i]);
   }
 }
 
@@ -387,7 +435,8 @@ void PrefetchRows(const float* rows, int64_t n, int64_t D) {
 // running max m[r] and sum l[r] (alpha[r] = the rescale factor of its output), dropout. Rows are s[r * lds],
 // keys 0..nk-1, padded with -inf to whole vectors (2^-inf = 0 adds nothing).
 void DotSoftmax(const Context& c, const TileRows& t, int64_t j0, int64_t nk, float* s, int64_t lds, float* m,
-                float* l, float* alpha, const std::vector<DropoutRow>& drop) {
+                float* l, float* alpha, const std::vector<DropoutRow>& drop, const float* bias_pos,
+                const float* bias_slope) {
   const Problem& p = c.p;
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d)), nkv = round_up(nk, N);
@@ -409,7 +458,18 @@ void DotSoftmax(const Context& c, const TileRows& t, int64_t j0, int64_t nk, flo
         if (!allowed[j]) sr[j] = kNegInf;
     }
     VF mx = hn::Set(d, kNegInf);
-    for (int64_t j = 0; j < nkv; j += N) mx = hn::Max(mx, hn::Load(d, sr + j));
+    if (c.bias_kind) {  // ALiBi, in the max pass (masked and padding scores stay -inf)
+      const VF pos = hn::Set(d, bias_pos[r]), slope = hn::Set(d, bias_slope[r]);
+      for (int64_t j = 0; j < nkv; j += N) {
+        VF dist = hn::Sub(pos, hn::Iota(d, static_cast<float>(j0 + j)));
+        if (c.bias_kind == 2) dist = hn::Abs(dist);
+        const VF x = hn::MulAdd(slope, dist, hn::Load(d, sr + j));
+        hn::Store(x, d, sr + j);
+        mx = hn::Max(mx, x);
+      }
+    } else {
+      for (int64_t j = 0; j < nkv; j += N) mx = hn::Max(mx, hn::Load(d, sr + j));
+    }
     const float m_new = std::max(m[r], hn::GetLane(hn::MaxOfLanes(d, mx)));
     const float m_use = m_new == kNegInf ? 0.0f : m_new;  // no allowed key yet: 2^(-inf - 0) = 0
     const VF vm = hn::Set(d, m_use);
@@ -438,9 +498,32 @@ void DotSoftmax(const Context& c, const TileRows& t, int64_t j0, int64_t nk, flo
   }
 }
 
+// The K and V of one K/V head: fp32 in place, or 16-bit rows widened tile by tile into the scratch (the
+// tensors stay 16-bit in memory; a tile is converted once per query tile, nk * D conversions against the
+// 2 * nk * D * rows FLOPs that use it).
+struct KvSource {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const uint16_t* k16 = nullptr;
+  const uint16_t* v16 = nullptr;
+  DType dtype = DType::fp32;
+  int64_t dim = 0;
+  bool wide() const { return dtype != DType::fp32; }
+  const float* k_rows(int64_t j0, int64_t n, Scratch& w) const {
+    if (!wide()) return k + j0 * dim;
+    WidenValues(dtype, k16 + j0 * dim, n * dim, w.kt.data());
+    return w.kt.data();
+  }
+  const float* v_rows(int64_t j0, int64_t n, Scratch& w) const {
+    if (!wide()) return v + j0 * dim;
+    WidenValues(dtype, v16 + j0 * dim, n * dim, w.vt.data());
+    return w.vt.data();
+  }
+};
+
 // Rows of a dot-path tile against keys [t.ja, t.jb): leaves m, l in w.stats and the unnormalised output
 // rows in w.ot ([nr][D]).
-void DotRows(const Context& c, const TileRows& t, Scratch& w, const float* k, const float* v) {
+void DotRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& src) {
   static constexpr auto score_blocks = DotScoreBlocks(std::make_integer_sequence<int, kDotRows>());
   static constexpr auto score_singles = DotScoreSingles(std::make_integer_sequence<int, kDotRows>());
   static constexpr auto pv_blocks = DotPvBlocks(std::make_integer_sequence<int, kDotRows>());
@@ -452,21 +535,25 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const float* k, co
   float *qs = w.qt.data(), *s = w.s.data(), *o = w.ot.data();
   float *m = w.stats.data(), *l = m + ld, *alpha = l + 2 * ld;
   const int64_t kb = 8 / nr, cv = 8 / nr;
+  // Software prefetch on fp32 tensors read in place; widened tiles are read by one sequential conversion
+  // pass, which the hardware prefetcher follows.
+  const bool prefetch = !src.wide();
   for (int64_t j0 = t.ja; j0 < t.jb; j0 += c.sched.tiles.kv) {
     const int64_t nk = std::min(c.sched.tiles.kv, t.jb - j0);
-    const float* kt = k + j0 * D;
+    const float* kt = src.k_rows(j0, nk, w);
     int64_t j = 0;
     // K rows kPrefetchRows ahead, on into the next key tile of this task; before the P V pass, the first
     // V rows it reads (the later ones are prefetched block by block there).
     const int64_t k_left = t.jb - j0;
     for (; j + kb <= nk; j += kb) {
-      if (j + kPrefetchRows < k_left)
+      if (prefetch && j + kPrefetchRows < k_left)
         PrefetchRows(kt + (j + kPrefetchRows) * D, std::min(kb, k_left - j - kPrefetchRows), D);
       score_blocks[nr - 1](kt + j * D, D, qs, s + j, lds);
     }
     for (; j < nk; ++j) score_singles[nr - 1](kt + j * D, D, qs, s + j, lds);
-    PrefetchRows(v + j0 * D, std::min(kPvKeys, nk), D);
-    DotSoftmax(c, t, j0, nk, s, lds, m, l, alpha, w.drop);
+    const float* vtile = src.v_rows(j0, nk, w);
+    if (prefetch) PrefetchRows(vtile, std::min(kPvKeys, nk), D);
+    DotSoftmax(c, t, j0, nk, s, lds, m, l, alpha, w.drop, w.bias.data(), w.bias.data() + ld);
     // P V in blocks of kPvKeys keys, every head_dim chunk of a block before the next block: each V row is
     // then read whole while it is fresh (sweeping the tile once per chunk would fetch it from memory in
     // strided pieces, which measured at half the bandwidth of one sequential pass). alpha rescales the
@@ -474,10 +561,10 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const float* k, co
     static const float kOnes[kDotRows] = {1, 1, 1, 1, 1, 1, 1, 1};
     for (int64_t b0 = 0; b0 < nk; b0 += kPvKeys) {
       const int64_t nb = std::min(kPvKeys, nk - b0);
-      const float* vt = v + (j0 + b0) * D;
+      const float* vt = vtile + b0 * D;
       const float* sb = s + b0;
       const float* scale = b0 == 0 ? alpha : kOnes;
-      if (b0 + kPvKeys < nk) PrefetchRows(vt + kPvKeys * D, std::min(kPvKeys, nk - b0 - kPvKeys), D);
+      if (prefetch && b0 + kPvKeys < nk) PrefetchRows(vt + kPvKeys * D, std::min(kPvKeys, nk - b0 - kPvKeys), D);
       int64_t e = 0;
       for (; e + cv * N <= Dv; e += cv * N) pv_blocks[nr - 1](vt, D, nb, sb, lds, o, scale, e);
       for (; e < Dv; e += N) pv_singles[nr - 1](vt, D, nb, sb, lds, o, scale, e);
@@ -493,18 +580,25 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const float* k, co
 
 // Rows of a GEMM-path tile against keys [t.ja, t.jb): leaves m, l in w.stats and the unnormalised output
 // transposed in w.ot ([D][ld]).
-void GemmRows(const Context& c, const TileRows& t, Scratch& w, const float* k, const float* v) {
+// native_bf16: score with vdpbf16ps on the bf16 K tile in place and the bf16 pairs of Q^T in w.qt2
+// (tiled_bf16.cpp); otherwise the fp32 kernels on K (widened per tile for 16-bit storage) and w.qt.
+void GemmRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& src, bool native_bf16) {
   const Problem& p = c.p;
   const int64_t D = p.head_dim, ld = round_up(t.nr, kLanes);
   float *qt = w.qt.data(), *s = w.s.data(), *ot = w.ot.data();
   float *m = w.stats.data(), *l = m + ld, *tile_max = l + ld, *alpha = tile_max + ld;
   const int64_t off = p.mask.any_causal() ? causal_offset(p) : 0;
+  const LaneBias bias{c.bias_kind, w.bias.data(), w.bias.data() + ld};
   for (int64_t j0 = t.ja; j0 < t.jb; j0 += c.sched.tiles.kv) {
     const int64_t nk = std::min(c.sched.tiles.kv, t.jb - j0);
     const bool masked =
         (p.mask.any_causal() && j0 + nk - 1 > t.i0 + off) || p.mask.boolean || p.mask.key_padding;
     if (!masked) std::fill(tile_max, tile_max + ld, kNegInf);
-    ScoreTile(k + j0 * D, D, qt, ld, nk, s, masked ? nullptr : tile_max);
+    if (native_bf16)
+      bf16_score_tile(src.k16 + j0 * D, D, w.qt2.data(), ld, nk, s, masked ? nullptr : tile_max, c.q_scale, bias,
+                      j0);
+    else
+      ScoreTile(src.k_rows(j0, nk, w), D, qt, ld, nk, s, masked ? nullptr : tile_max, bias, j0);
     if (masked) {
       MaskTile(c, t, j0, nk, s, ld);
       TileMaxPass(s, ld, nk, tile_max);
@@ -516,7 +610,7 @@ void GemmRows(const Context& c, const TileRows& t, Scratch& w, const float* k, c
         for (int64_t j = 0; j < nk; ++j)
           if (!w.drop[r].keep(j0 + j)) s[j * ld + r] = 0.0f;
     }
-    PvTile(v + j0 * D, D, s, ld, nk, ot, alpha);
+    PvTile(src.v_rows(j0, nk, w), D, s, ld, nk, ot, alpha);
   }
 }
 
@@ -546,7 +640,14 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
   TileRows t = unit_rows(c, unit);
   const int64_t nr = t.nr, ld = round_up(nr, kLanes);
   const bool dropout = p.dropout > 0, dot = nr <= kDotRows;
-  w.ensure(ld, sc.tiles.kv, D, dropout);
+  // bf16 with vdpbf16ps: GEMM-path tiles on the AVX-512 target only (the others widen and use fp32 FMAs).
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  const bool native_bf16 = c.bf16_dot && !dot;
+#else
+  const bool native_bf16 = false;
+#endif
+  const bool wide = p.dtype != DType::fp32;
+  w.ensure(ld, sc.tiles.kv, D, dropout, wide, native_bf16);
   float *qt = w.qt.data(), *ot = w.ot.data();
   float *m = w.stats.data(), *l = m + ld;
 
@@ -563,15 +664,32 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
   }
 
   for (int64_t r = 0; r < nr; ++r) {
-    const float* q = c.in.q + ((t.b * p.heads + t.head(r)) * p.seq_q + t.pos(r)) * D;
+    const int64_t at = ((t.b * p.heads + t.head(r)) * p.seq_q + t.pos(r)) * D;
+    if (native_bf16) {  // Q^T as bf16 pairs, unscaled (exact); the kernel scales its sums
+      const uint16_t* q = c.in.q16 + at;
+      for (int64_t e2 = 0; e2 < D / 2; ++e2)
+        w.qt2[e2 * ld + r] = static_cast<uint32_t>(q[2 * e2]) | static_cast<uint32_t>(q[2 * e2 + 1]) << 16;
+      continue;
+    }
+    auto q_at = [&](int64_t e) { return wide ? widen(p.dtype, c.in.q16[at + e]) : c.in.q[at + e]; };
     if (dot) {
-      for (int64_t e = 0; e < D; ++e) qt[r * D + e] = q[e] * c.q_scale;
+      for (int64_t e = 0; e < D; ++e) qt[r * D + e] = q_at(e) * c.q_scale;
     } else {
-      for (int64_t e = 0; e < D; ++e) qt[e * ld + r] = q[e] * c.q_scale;
+      for (int64_t e = 0; e < D; ++e) qt[e * ld + r] = q_at(e) * c.q_scale;
     }
   }
-  if (!dot)
+  if (native_bf16)
+    for (int64_t e2 = 0; e2 < D / 2; ++e2) std::fill(&w.qt2[e2 * ld + nr], &w.qt2[e2 * ld] + ld, 0u);
+  else if (!dot)
     for (int64_t e = 0; e < D; ++e) std::fill(qt + e * ld + nr, qt + (e + 1) * ld, 0.0f);  // padding lanes
+  if (c.bias_kind) {  // ALiBi lane vectors: query position in the key sequence, -slope * log2(e)
+    float *bpos = w.bias.data(), *bslope = bpos + ld;
+    const int64_t shift = alibi_query_offset(p);
+    for (int64_t r = 0; r < ld; ++r) {
+      bpos[r] = r < nr ? static_cast<float>(t.pos(r) + shift) : 0.0f;
+      bslope[r] = r < nr ? c.alibi_l2e[static_cast<std::size_t>(t.head(r))] : 0.0f;
+    }
+  }
   std::fill(ot, ot + D * ld, 0.0f);
   std::fill(m, m + ld, kNegInf);
   std::fill(l, l + ld, 0.0f);
@@ -579,12 +697,21 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
     for (int64_t r = 0; r < nr; ++r) w.drop[r] = DropoutRow(p.dropout, p.seed, t.b, t.head(r), t.pos(r));
 
   // Grouped-query attention: every row of the tile reads the one K/V head they share, in place.
-  const float* k = c.in.k + (t.b * p.num_kv_heads() + t.kvh) * Lkv * D;
-  const float* v = c.in.v + (t.b * p.num_kv_heads() + t.kvh) * Lkv * D;
+  const int64_t kv_at = (t.b * p.num_kv_heads() + t.kvh) * Lkv * D;
+  KvSource src;
+  src.dtype = p.dtype;
+  src.dim = D;
+  if (wide) {
+    src.k16 = c.in.k16 + kv_at;
+    src.v16 = c.in.v16 + kv_at;
+  } else {
+    src.k = c.in.k + kv_at;
+    src.v = c.in.v + kv_at;
+  }
   if (dot)
-    DotRows(c, t, w, k, v);
+    DotRows(c, t, w, src);
   else
-    GemmRows(c, t, w, k, v);
+    GemmRows(c, t, w, src, native_bf16);
 
   auto o_at = [&](int64_t r, int64_t e) { return dot ? ot[r * D + e] : ot[e * ld + r]; };
   if (sc.splits > 1) {

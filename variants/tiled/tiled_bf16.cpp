@@ -1,0 +1,115 @@
+// tiled's native bf16 score kernel: S^T = K Q^T with AVX512_BF16's vdpbf16ps, which multiplies pairs of
+// bf16 values exactly and accumulates them in fp32 (32 products per instruction where an fp32 FMA does 16).
+// Highway 1.0 (Debian 12) has no target with these instructions, so this file uses the intrinsics under a
+// function-level target attribute, and tiled_kernels.cpp calls it from its AVX-512 target when the CPU
+// reports avx512_bf16 (bf16_dot_supported); every other CPU and target converts bf16 to fp32 instead.
+#include "variants/tiled/tiled.hpp"
+
+#include <algorithm>
+#include <array>
+#include <utility>
+#include <cstring>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define ATTN_HAVE_BF16_KERNEL 1
+#define ATTN_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,fma")))
+#else
+#define ATTN_HAVE_BF16_KERNEL 0
+#endif
+
+namespace attn::tiled {
+
+#if ATTN_HAVE_BF16_KERNEL
+bool bf16_dot_supported() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  }();
+  return ok;
+}
+
+namespace {
+// MR key rows x NV vectors of 16 queries, as ScoreKernel in tiled_kernels.cpp (the same 8 x 2 blocking),
+// over `pairs` depth pairs: qt2[e2 * ldq + c] holds query c's elements 2 e2 and 2 e2 + 1 as one 32-bit word
+// (low half first, the order vdpbf16ps pairs them), k rows are read in place as 32-bit pairs. The epilogue
+// multiplies by `scale` (scale * log2 e: Q stays exact bf16, unscaled) and adds the lane bias.
+template <int MR, int NV, int BK>
+ATTN_BF16_TARGET void Bf16ScoreKernel(const uint16_t* __restrict k, int64_t ldk, const uint32_t* __restrict qt2,
+                                      int64_t ldq, int64_t pairs, float* __restrict s, int64_t lds,
+                                      float* __restrict colmax, float scale, const LaneBias& bias, int64_t j0) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t e2 = 0; e2 < pairs; ++e2) {
+    __m512bh b[NV];
+    for (int c = 0; c < NV; ++c) b[c] = (__m512bh)_mm512_load_si512(qt2 + e2 * ldq + c * 16);
+    for (int r = 0; r < MR; ++r) {
+      int32_t word;
+      std::memcpy(&word, k + r * ldk + 2 * e2, sizeof word);
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(word);
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], a, b[c]);
+    }
+  }
+  const __m512 vs = _mm512_set1_ps(scale);
+  __m512 mx[NV];
+  for (int c = 0; c < NV; ++c) mx[c] = colmax ? _mm512_loadu_ps(colmax + c * 16) : _mm512_setzero_ps();
+  for (int c = 0; c < NV; ++c) {
+    __m512 pos = _mm512_setzero_ps(), slope = _mm512_setzero_ps();
+    if constexpr (BK != 0) {
+      pos = _mm512_loadu_ps(bias.pos + c * 16);
+      slope = _mm512_loadu_ps(bias.slope + c * 16);
+    }
+    for (int r = 0; r < MR; ++r) {
+      __m512 x = _mm512_mul_ps(acc[r][c], vs);
+      if constexpr (BK != 0) {
+        __m512 dist = _mm512_sub_ps(pos, _mm512_set1_ps(static_cast<float>(j0 + r)));
+        if constexpr (BK == 2) dist = _mm512_abs_ps(dist);
+        x = _mm512_fmadd_ps(slope, dist, x);
+      }
+      _mm512_storeu_ps(s + r * lds + c * 16, x);
+      // Masked form: GCC 12 warns (falsely) about the undefined pass-through of the unmasked intrinsic.
+      if (colmax) mx[c] = _mm512_mask_max_ps(mx[c], 0xffff, mx[c], x);
+    }
+  }
+  if (colmax)
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(colmax + c * 16, mx[c]);
+}
+
+using Bf16Fn = void (*)(const uint16_t*, int64_t, const uint32_t*, int64_t, int64_t, float*, int64_t, float*,
+                        float, const LaneBias&, int64_t);
+template <int NV, int BK, int... R>
+constexpr std::array<Bf16Fn, sizeof...(R)> Bf16Row(std::integer_sequence<int, R...>) {
+  return {&Bf16ScoreKernel<R + 1, NV, BK>...};
+}
+template <int BK>
+constexpr std::array<std::array<Bf16Fn, 8>, 2> Bf16Table() {
+  return {Bf16Row<1, BK>(std::make_integer_sequence<int, 8>()), Bf16Row<2, BK>(std::make_integer_sequence<int, 8>())};
+}
+}  // namespace
+
+void bf16_score_tile(const uint16_t* k, int64_t dim, const uint32_t* qt2, int64_t ld, int64_t nk, float* s,
+                     float* colmax, float scale, const LaneBias& bias, int64_t j0) {
+  static constexpr std::array<std::array<std::array<Bf16Fn, 8>, 2>, 3> kernels = {Bf16Table<0>(), Bf16Table<1>(),
+                                                                                 Bf16Table<2>()};
+  const auto& table = kernels[static_cast<std::size_t>(bias.kind)];
+  for (int64_t c0 = 0; c0 < ld; c0 += 32) {
+    const int64_t nv = std::min<int64_t>(2, (ld - c0) / 16);
+    const LaneBias lb{bias.kind, bias.pos ? bias.pos + c0 : nullptr, bias.slope ? bias.slope + c0 : nullptr};
+    for (int64_t r0 = 0; r0 < nk; r0 += 8) {
+      const int64_t mr = std::min<int64_t>(8, nk - r0);
+      table[nv - 1][mr - 1](k + r0 * dim, dim, qt2 + c0, ld, dim / 2, s + r0 * ld + c0, ld,
+                            colmax ? colmax + c0 : nullptr, scale, lb, j0 + r0);
+    }
+  }
+}
+#else
+bool bf16_dot_supported() {
+  return false;
+}
+void bf16_score_tile(const uint16_t*, int64_t, const uint32_t*, int64_t, int64_t, float*, float*, float,
+                     const LaneBias&, int64_t) {}
+#endif
+
+}  // namespace attn::tiled
