@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <sstream>
 
 #include "common/error.hpp"
+#include "common/half.hpp"
 #include "common/mask.hpp"
 #include "common/random.hpp"
 #include "common/reference.hpp"
@@ -58,7 +60,15 @@ struct CaseData {
       }
     }
   }
-  AttentionInputs inputs() {
+  // The fp32 tensors as the problem's storage: for bf16 / fp16, Q, K and V rounded (common/half.hpp) when
+  // first asked for; the tensors must not change after that.
+  AttentionInputs inputs(const Problem& p) {
+    AttentionInputs in = fp32_inputs();
+    if (p.dtype == DType::fp32) return in;
+    if (!stored) stored = std::make_unique<StoredInputs>(p, in);
+    return stored->get();
+  }
+  AttentionInputs fp32_inputs() {
     AttentionInputs in;
     in.q = q.ptr();
     in.k = k.ptr();
@@ -66,8 +76,11 @@ struct CaseData {
     in.out = out.ptr();
     in.mask = mask.numel() ? mask.ptr() : nullptr;
     in.key_padding = key_padding.numel() ? key_padding.ptr() : nullptr;
+    in.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
     return in;
   }
+  std::vector<float> slopes;  // ALiBi slopes given by the caller (empty: the defaults)
+  std::unique_ptr<StoredInputs> stored;
 };
 
 std::string fmt(double x) {
@@ -111,7 +124,7 @@ class Checker {
 
   bool run(const Problem& p, CaseData& data, const std::string& check) {
     try {
-      v_.run(p, data.inputs());
+      v_.run(p, data.inputs(p));
       return true;
     } catch (const std::exception& e) {
       report({check, p.repro(), CheckStatus::failed, std::string("forward threw: ") + e.what()});
@@ -120,17 +133,41 @@ class Checker {
   }
 
   // forward vs the variant's own fp64 oracle, with the derived tolerance.
-  void against_reference(const Problem& p, uint64_t seed, double logit_scale, const std::string& check) {
+  // `slopes`: ALiBi slopes to pass explicitly (empty: the defaults). For bf16 / fp16 problems the oracle
+  // sees the rounded inputs (what the kernel was given), and the error must also stay within 2x that of
+  // the baseline (naive) on the same rounded inputs: the FlashAttention test rule.
+  void against_reference(const Problem& p, uint64_t seed, double logit_scale, const std::string& check,
+                         const std::vector<float>& slopes = {}) {
     if (!supported(check, p)) return;
     CaseData data(p, seed, logit_scale);
+    data.slopes = slopes;
     if (!run(p, data, check)) return;
     DoubleArray want(data.out.shape);
-    v_.reference_forward(p, data.inputs(), want.ptr());
+    v_.reference_forward(p, data.inputs(p), want.ptr());
     const int64_t rows = p.batch * p.heads * p.seq_q;
     const ErrorMetrics m = compare_outputs(data.out.ptr(), want.ptr(), rows, p.head_dim);
-    const double tol = v_.abs_tolerance(p, data.inputs());
+    const double tol = v_.abs_tolerance(p, data.inputs(p));
     std::string detail =
         "max_abs_err " + fmt(m.max_abs_err) + " (bound " + fmt(tol) + "), rel_l2 " + fmt(m.rel_l2_err);
+    if (p.dtype != DType::fp32 && v_.capabilities().exact && !v_.capabilities().baseline) {
+      const Attention& base = Registry::instance().baseline();
+      FloatArray base_out(data.out.shape);
+      AttentionInputs bin = data.inputs(p);
+      bin.out = base_out.ptr();
+      base.run(p, bin);
+      const ErrorMetrics mb = compare_outputs(base_out.ptr(), want.ptr(), rows, p.head_dim);
+      // 2x the baseline's error, plus 4 fp32 ulps of the largest |v| (2^-22 max|v|): on tiny problems the
+      // baseline can be exact (one key: the output is that value), and a 1-ulp difference is no failure.
+      double vmax = 0;
+      for (float x : data.v.data) vmax = std::max(vmax, std::fabs(static_cast<double>(x)));
+      const double limit = 2.0 * mb.max_abs_err + std::ldexp(vmax, -22);
+      detail += "; " + base.name() + " on the same rounded inputs " + fmt(mb.max_abs_err) + " (limit " +
+                fmt(limit) + ")";
+      if (!(m.max_abs_err <= limit)) {
+        report({check, p.repro(), CheckStatus::failed, detail + ": more than 2x the baseline's error"});
+        return;
+      }
+    }
     if (m.nan_count || m.inf_count) {
       report({check, p.repro(), CheckStatus::failed,
               std::to_string(m.nan_count) + " NaN and " + std::to_string(m.inf_count) +
@@ -180,7 +217,7 @@ class Checker {
         for (int64_t d = 0; d < D; ++d)
           want.data[(bh * p.seq_q + i) * D + d] = base.out.data[(bh * p.seq_q + pq[i]) * D + d];
     const ErrorMetrics m = compare_outputs(perm.out.ptr(), want.ptr(), p.batch * p.heads * p.seq_q, D);
-    const double tol = 2 * v_.abs_tolerance(p, base.inputs());  // two fp32 results, each within the bound
+    const double tol = 2 * v_.abs_tolerance(p, base.inputs(p));  // two fp32 results, each within the bound
     const bool ok = m.nan_count == 0 && m.max_abs_err <= tol;
     report({check, p.repro(), ok ? CheckStatus::passed : CheckStatus::failed,
             "max_abs_err " + fmt(m.max_abs_err) + " (bound " + fmt(tol) + ")"});
@@ -218,7 +255,7 @@ class Checker {
                                       ? (double)std::fabs(changed.out.data[e] - base.out.data[e])
                                       : INFINITY);
         }
-    const double tol = 2 * v_.abs_tolerance(p, base.inputs());
+    const double tol = 2 * v_.abs_tolerance(p, base.inputs(p));
     report({check, p.repro(), worst <= tol ? CheckStatus::passed : CheckStatus::failed,
             "rows 0.." + std::to_string(t) + " moved by " + fmt(worst) + " (bound " + fmt(tol) +
                 ") after changing every later position"});
@@ -337,6 +374,61 @@ std::vector<CheckResult> run_checks(const Attention& variant,
         p.mask = parse_mask("causal_lower_right", "check");
         c.against_reference(p, ++seed, 1.0, "decode");
         c.determinism(p, ++seed);
+      }
+    }
+    // Storage precisions: bf16 and fp16 inputs (the oracle on the rounded values), on the GEMM tiles (head
+    // dims 64 and 32, even: tiled's vdpbf16ps path where the CPU has it), an odd head_dim (converted), masks,
+    // grouped-query heads and the decode shape (dot-product kernels, split-KV).
+    for (DType t : {DType::bf16, DType::fp16}) {
+      struct DtypeCase {
+        Shape s;
+        int64_t kv_heads;
+        const char* mask;
+      };
+      const DtypeCase cases[] = {{{1, 2, 7, 7, 17}, 0, "none"},          {{2, 3, 33, 33, 64}, 0, "none"},
+                                 {{2, 3, 33, 33, 64}, 0, "causal+pad"},  {{1, 4, 130, 130, 32}, 2, "causal"},
+                                 {{1, 4, 1, 600, 32}, 1, "causal_lower_right"}, {{2, 2, 40, 40, 24}, 0, "bool"}};
+      for (const DtypeCase& dc : cases) {
+        Problem p = base;
+        p.batch = dc.s.batch, p.heads = dc.s.heads, p.kv_heads = dc.kv_heads, p.seq_q = dc.s.seq_q,
+        p.seq_kv = dc.s.seq_kv, p.head_dim = dc.s.head_dim;
+        p.mask = parse_mask(dc.mask, "check");
+        p.dtype = t;
+        c.against_reference(p, ++seed, 1.0, "dtype");
+      }
+    }
+    // ALiBi: default slopes for a power-of-two and an odd head count, given slopes, every causal alignment
+    // (cross shapes both ways), padding, grouped-query heads, decode, and with bf16 storage.
+    {
+      struct AlibiCase {
+        Shape s;
+        int64_t kv_heads;
+        const char* mask;
+        bool given_slopes;
+        DType dtype;
+      };
+      const AlibiCase cases[] = {
+          {{2, 8, 33, 33, 16}, 0, "none", false, DType::fp32},
+          {{2, 3, 33, 33, 16}, 0, "causal", false, DType::fp32},
+          {{1, 4, 19, 19, 12}, 2, "causal+pad", false, DType::fp32},
+          {{1, 4, 130, 130, 32}, 0, "none", true, DType::fp32},
+          {{2, 4, 5, 37, 16}, 2, "causal_lower_right", false, DType::fp32},
+          {{2, 4, 37, 5, 16}, 0, "causal_lower_right", false, DType::fp32},
+          {{2, 2, 7, 19, 16}, 0, "none", false, DType::fp32},
+          {{1, 4, 1, 600, 32}, 1, "causal_lower_right", false, DType::fp32},
+          {{1, 4, 130, 130, 64}, 0, "causal", false, DType::bf16},
+          {{1, 2, 33, 33, 17}, 0, "none", true, DType::fp16},
+      };
+      for (const AlibiCase& ac : cases) {
+        Problem p = base;
+        p.batch = ac.s.batch, p.heads = ac.s.heads, p.kv_heads = ac.kv_heads, p.seq_q = ac.s.seq_q,
+        p.seq_kv = ac.s.seq_kv, p.head_dim = ac.s.head_dim;
+        p.mask = parse_mask(ac.mask, "check");
+        p.bias = Bias::alibi;
+        p.dtype = ac.dtype;
+        std::vector<float> slopes;
+        for (int64_t h = 0; ac.given_slopes && h < p.heads; ++h) slopes.push_back(0.05f + 0.3f * (float)h);
+        c.against_reference(p, ++seed, 1.0, "alibi", slopes);
       }
     }
     {

@@ -3,7 +3,9 @@
 
 #include <tbb/parallel_for.h>
 
+#include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
 #include "common/error.hpp"
@@ -58,24 +60,39 @@ inline double theta(double base, int64_t pos, int64_t i, int64_t dim) {
 }
 }  // namespace
 
-void apply_rope(const RopeSpec& r, float* x, int64_t blocks, int64_t seq, int64_t dim, int64_t offset) {
-  if (!r.on()) return;
+RopeTable::RopeTable(const RopeSpec& r, int64_t dim, int64_t first, int64_t count)
+    : mode_(r.mode), dim_(dim), first_(first), count_(count) {
   validate_rope(r, dim, "rope");
+  if (!r.on()) return;
   const int64_t half = dim / 2;
-  // cos/sin per (position, pair), fp64 then rounded once: shared by every block.
-  std::vector<float> cs(static_cast<std::size_t>(seq * half)), sn(cs.size());
-  tbb::parallel_for(int64_t{0}, seq, [&](int64_t s) {
+  // base^(-2i/d) once per pair, then one fp64 angle, cos and sin per (position, pair), rounded once.
+  std::vector<double> inv_freq(static_cast<std::size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[static_cast<std::size_t>(i)] =
+        std::pow(r.base, -2.0 * static_cast<double>(i) / static_cast<double>(dim));
+  cos_.resize(static_cast<std::size_t>(count * half));
+  sin_.resize(cos_.size());
+  tbb::parallel_for(int64_t{0}, count, [&](int64_t s) {
+    const double pos = static_cast<double>(first + s);
     for (int64_t i = 0; i < half; ++i) {
-      const double t = theta(r.base, offset + s, i, dim);
-      cs[static_cast<std::size_t>(s * half + i)] = static_cast<float>(std::cos(t));
-      sn[static_cast<std::size_t>(s * half + i)] = static_cast<float>(std::sin(t));
+      const double t = pos * inv_freq[static_cast<std::size_t>(i)];
+      cos_[static_cast<std::size_t>(s * half + i)] = static_cast<float>(std::cos(t));
+      sin_[static_cast<std::size_t>(s * half + i)] = static_cast<float>(std::sin(t));
     }
   });
+}
+
+void RopeTable::apply(float* x, int64_t blocks, int64_t seq, int64_t offset) const {
+  if (mode_ == RopeMode::none) return;
+  if (offset < first_ || offset + seq > first_ + count_)
+    throw std::logic_error("RopeTable::apply: positions outside the table");
+  const int64_t half = dim_ / 2, dim = dim_;
   tbb::parallel_for(int64_t{0}, blocks * seq, [&](int64_t row) {
     float* xr = x + row * dim;
-    const float* c = cs.data() + (row % seq) * half;
-    const float* s = sn.data() + (row % seq) * half;
-    if (r.mode == RopeMode::normal) {
+    const std::size_t at = static_cast<std::size_t>((offset - first_ + row % seq) * half);
+    const float* c = cos_.data() + at;
+    const float* s = sin_.data() + at;
+    if (mode_ == RopeMode::normal) {
       for (int64_t i = 0; i < half; ++i) {
         const float a = xr[2 * i], b = xr[2 * i + 1];
         xr[2 * i] = a * c[i] - b * s[i];
@@ -89,6 +106,20 @@ void apply_rope(const RopeSpec& r, float* x, int64_t blocks, int64_t seq, int64_
       }
     }
   });
+}
+
+void apply_rope(const RopeSpec& r, float* x, int64_t blocks, int64_t seq, int64_t dim, int64_t offset) {
+  if (!r.on()) return;
+  RopeTable(r, dim, offset, seq).apply(x, blocks, seq, offset);
+}
+
+void apply_rope_qk(const RopeSpec& r, const Problem& p, float* q, float* k) {
+  if (!r.on()) return;
+  const int64_t off = rope_query_offset(p);
+  const int64_t first = std::min<int64_t>(0, off), last = std::max(p.seq_kv, off + p.seq_q);
+  const RopeTable table(r, p.head_dim, first, last - first);
+  table.apply(q, p.batch * p.heads, p.seq_q, off);
+  table.apply(k, p.batch * p.num_kv_heads(), p.seq_kv, 0);
 }
 
 void apply_rope_fp64(const RopeSpec& r, const double* x, double* out, int64_t blocks, int64_t seq, int64_t dim,

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/problem.hpp"
 
@@ -32,7 +33,25 @@ inline int64_t rope_query_offset(const Problem& p) {
   return p.mask.causal_lower_right ? p.seq_kv - p.seq_q : 0;
 }
 
-// Rotates x, `rows_per_block` blocks of [seq, dim] (e.g. batch * heads blocks of Q), in place: row i of a
+// cos and sin of every (position, pair) for positions [first, first + count): what a model caches.
+class RopeTable {
+ public:
+  RopeTable(const RopeSpec& r, int64_t dim, int64_t first, int64_t count);
+  // Rotates `blocks` blocks of [seq][dim] in place, row i of a block at position offset + i (which must lie
+  // in the table). Parallel over rows (TBB); a no-op for mode none.
+  void apply(float* x, int64_t blocks, int64_t seq, int64_t offset) const;
+
+ private:
+  RopeMode mode_;
+  int64_t dim_, first_, count_;
+  std::vector<float> cos_, sin_;  // [count][dim / 2]
+};
+
+// Q and K of problem p ([batch, heads, seq_q, D] and [batch, kv_heads, seq_kv, D]) rotated in place with one
+// table: keys at 0 .. seq_kv - 1, queries offset by rope_query_offset(p).
+void apply_rope_qk(const RopeSpec& r, const Problem& p, float* q, float* k);
+
+// Rotates x, `blocks` blocks of [seq, dim] (e.g. batch * heads blocks of Q), in place: row i of a
 // block is at position offset + i. Parallel over blocks and rows (TBB); a no-op for mode none.
 void apply_rope(const RopeSpec& r, float* x, int64_t blocks, int64_t seq, int64_t dim, int64_t offset);
 
