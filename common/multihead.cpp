@@ -252,6 +252,7 @@ Problem MultiHeadLayer::core_problem(const MultiHeadCall& call, int64_t batch, i
   p.head_dim = head_dim();
   p.mask.causal = call.causal;
   p.mask.key_padding = call.key_padding != nullptr;
+  validate_rope(call.rope, p.head_dim, "rope");
   p.validate();
   if (const std::string why = variant.unsupported_reasons_text(p); !why.empty())
     throw NotSupported(p.repro() + ": " + why);
@@ -268,6 +269,9 @@ FloatArray MultiHeadLayer::forward(const FloatArray& x, const FloatArray* contex
     throw UsageError("key_padding: shape " + call.key_padding->shape_str() +
                      "; expected [batch, seq_kv] = " + FloatArray::shape_to_string({B, Lkv}));
   const Problem p = core_problem(call, B, Lq, Lkv);
+  // Each [L, head_dim] block of q and k is one head of one batch entry: positions restart at 0 in each.
+  apply_rope(call.rope, qkv.q.ptr(), B * heads_, Lq, head_dim(), rope_query_offset(p));
+  apply_rope(call.rope, qkv.k.ptr(), B * heads_, Lkv, head_dim(), 0);
   FloatArray heads_out({B, heads_, Lq, head_dim()});
   const AttentionInputs in{
       qkv.q.ptr(),    qkv.k.ptr(), qkv.v.ptr(), nullptr, call.key_padding ? call.key_padding->ptr() : nullptr,

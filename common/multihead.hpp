@@ -6,6 +6,7 @@
 
 #include "common/params.hpp"
 #include "common/problem.hpp"
+#include "common/rope.hpp"
 #include "common/tensor.hpp"
 
 namespace attn {
@@ -42,6 +43,10 @@ struct MultiHeadCall {
   bool causal = false;                     // query i attends keys j <= i (torch's attn_mask = triu(ones, 1))
   const ByteArray* key_padding = nullptr;  // [B, Lkv], nonzero = padded (torch key_padding_mask True)
   bool residual = false;  // return x + attention(x, context) instead of attention(x, context)
+  // Rotary position embedding of each head's projected q and k before the core operator (common/rope.hpp):
+  // keys at positions 0 .. Lkv-1 and queries at 0 .. Lq-1 (offset by rope_query_offset of the core problem,
+  // i.e. Lkv - Lq under a lower-right causal mask), self- and cross-attention alike. head_dim must be even.
+  RopeSpec rope{};
 };
 
 class MultiHeadLayer {
@@ -67,10 +72,12 @@ class MultiHeadLayer {
   FloatArray output_projection(const FloatArray& heads_out) const;
 
   // The attention problem forward() hands to the core operator for these shapes (validated, and
-  // NotSupported with every reason if the variant cannot run it). Scale: the default 1/sqrt(head_dim).
+  // NotSupported with every reason if the variant cannot run it; UsageError for a RoPE spec head_dim cannot
+  // take). Scale: the default 1/sqrt(head_dim).
   Problem core_problem(const MultiHeadCall& call, int64_t batch, int64_t seq_q, int64_t seq_kv) const;
 
-  // x [B, Lq, E], context nullptr or [B, Lkv, E] -> [B, Lq, E]. Inputs must be finite (UsageError naming the
+  // x [B, Lq, E], context nullptr or [B, Lkv, E] -> [B, Lq, E]: project, RoPE (call.rope), core, output
+  // projection, residual. Inputs must be finite (UsageError naming the
   // tensor and index otherwise); a non-finite output (e.g. overflow in an approximate variant) throws
   // std::runtime_error rather than being returned. A query row with no allowed key gets a zero attention
   // row, so its output is b_o (plus x with the residual); torch 1.13 returns NaN there.

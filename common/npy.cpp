@@ -222,6 +222,19 @@ DoubleArray parse_npy_double(const std::string& bytes, const std::string& what) 
   return out;
 }
 
+NdArray<uint16_t> parse_npy_fp16(const std::string& bytes, const std::string& what) {
+  NpyHeader h = parse_npy_header(bytes, what);
+  if (h.descr != "<f2") bad(what, "dtype '" + h.descr + "' is not float16 ('<f2')");
+  std::size_t n = checked_count(h, bytes, what);
+  NdArray<uint16_t> out(h.shape);
+  if (n) std::memcpy(out.ptr(), bytes.data() + h.data_offset, n * 2);
+  return out;
+}
+
+NdArray<uint16_t> read_npy_fp16(const std::string& path) {
+  return parse_npy_fp16(read_file_bytes(path), path);
+}
+
 ByteArray parse_npy_mask(const std::string& bytes, const std::string& what) {
   NpyHeader h = parse_npy_header(bytes, what);
   static const char* kAllowed[] = {"|b1", "|u1", "|i1", "<i1", "<u1", "<i4",

@@ -27,6 +27,10 @@ FloatArray parse_npy_float(const std::string& bytes, const std::string& what);
 // float64 kept in double (for references and weights read at full precision).
 DoubleArray read_npy_double(const std::string& path);
 DoubleArray parse_npy_double(const std::string& bytes, const std::string& what);
+// float16 ('<f2' only) kept as IEEE binary16 bit patterns, unconverted: fp16 storage read as is (eval
+// --dtype fp16; common/half.hpp widens them exactly).
+NdArray<uint16_t> read_npy_fp16(const std::string& path);
+NdArray<uint16_t> parse_npy_fp16(const std::string& bytes, const std::string& what);
 // A boolean/integer mask: bool, u1, i1, i4, i8 (and float32/64 holding 0/1); nonzero becomes 1.
 ByteArray read_npy_mask(const std::string& path);
 ByteArray parse_npy_mask(const std::string& bytes, const std::string& what);

@@ -26,8 +26,9 @@ PositionalKind parse_positional_kind(const std::string& text, const std::string&
   if (text == "none") return PositionalKind::none;
   if (text == "sinusoidal") return PositionalKind::sinusoidal;
   if (text == "learned") return PositionalKind::learned;
+  if (text == "rope") return PositionalKind::rope;
   throw UsageError(where + ": unknown positional encoding '" + text +
-                   "'; allowed: sinusoidal, learned, none");
+                   "'; allowed: sinusoidal, learned, none, rope");
 }
 
 PositionalCombine parse_positional_combine(const std::string& text, const std::string& where) {
@@ -44,6 +45,8 @@ std::string positional_kind_name(PositionalKind kind) {
       return "sinusoidal";
     case PositionalKind::learned:
       return "learned";
+    case PositionalKind::rope:
+      return "rope";
   }
   return "?";
 }
@@ -128,6 +131,7 @@ FloatArray apply_positional(const FloatArray& embedded, const PositionalSpec& sp
   const int64_t L = embedded.shape[0], D = embedded.shape[1];
   switch (spec.kind) {
     case PositionalKind::none:
+    case PositionalKind::rope:  // rotary: applied to q and k in the layer, nothing is added here
       return embedded;
     case PositionalKind::sinusoidal:
       return combine_positional(embedded, sinusoidal_encoding(L, D), spec.combine, "sinusoidal encoding");

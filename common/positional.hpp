@@ -1,4 +1,6 @@
-// Positional encodings (sinusoidal, learned, none) and how they combine with token embeddings (add, concat).
+// Positional encodings (sinusoidal, learned, none, rope) and how they combine with token embeddings (add,
+// concat). rope adds nothing to the embeddings: rotary positions are applied to each head's q and k inside
+// the attention layer (MultiHeadCall::rope, `attnbench layer --rope`), so the embedding step passes through.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -7,11 +9,11 @@
 
 namespace attn {
 
-enum class PositionalKind { none, sinusoidal, learned };
+enum class PositionalKind { none, sinusoidal, learned, rope };
 enum class PositionalCombine { add, concat };
 
-// "none" | "sinusoidal" | "learned"; "add" | "concat". Throw UsageError naming `where`, the value and the
-// allowed values.
+// "none" | "sinusoidal" | "learned" | "rope"; "add" | "concat". Throw UsageError naming `where`, the value
+// and the allowed values.
 PositionalKind parse_positional_kind(const std::string& text, const std::string& where);
 PositionalCombine parse_positional_combine(const std::string& text, const std::string& where);
 std::string positional_kind_name(PositionalKind kind);
@@ -41,9 +43,9 @@ struct PositionalSpec {
   uint64_t learned_seed = 0;
 };
 
-// embedded [L, D] -> [L, D] (add, or kind none) or [L, D + P] (concat, P the encoding width: D for
-// sinusoidal and seeded learned tables, the file's width for a loaded one). Throws UsageError if a loaded
-// table has fewer than L rows or, for add, a width other than D.
+// embedded [L, D] -> [L, D] (add, or kind none or rope: unchanged) or [L, D + P] (concat, P the encoding
+// width: D for sinusoidal and seeded learned tables, the file's width for a loaded one). Throws UsageError if
+// a loaded table has fewer than L rows or, for add, a width other than D.
 FloatArray apply_positional(const FloatArray& embedded, const PositionalSpec& spec);
 
 // The combination step alone: embedded [L, D], encoding [L', P] with L' >= L (its first L rows are used).

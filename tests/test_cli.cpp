@@ -266,6 +266,10 @@ TEST_CASE("attnbench eval errors exit 2, name the option or file and the value, 
   write_npy(kb1, k_batch1);
   write_npy(kh1, kv_heads1);
   write_npy(vh1, kv_heads1);
+  // ALiBi slopes of the wrong length (Q has 2 heads), and Q, K, V with an odd head_dim for RoPE.
+  const std::string s3 = dir.file("slopes3.npy");
+  write_npy(s3, FloatArray({3}, 0.5f));
+  EvalFiles odd(dir, 1, 2, 4, 4, 7, "_odd");
   const Args qkv = f.qkv_args();
   const std::string missing = dir.file("missing_q.npy");
   const CaseFiles& files = f.files;
@@ -308,6 +312,21 @@ TEST_CASE("attnbench eval errors exit 2, name the option or file and the value, 
       {Args{"--variant", "naive", "--dropout", "1.5"} + qkv, {"dropout", "1.5"}},
       {Args{"--variant", "naive", "--scale", "-1"} + qkv, {"scale", "-1"}},
       {{"--variant", "naive", "--q", files.q, "--k", files.k}, {"--v"}},  // a required option missing
+      // Storage dtype, ALiBi and RoPE (#14).
+      {Args{"--variant", "naive", "--dtype", "fp8"} + qkv,
+       {"--dtype", "unknown dtype 'fp8'", "fp32, bf16, fp16"}},
+      {Args{"--variant", "linear", "--dtype", "bf16"} + qkv,
+       {"--dtype bf16", "variant 'linear'", "does not take dtype bf16", "it takes fp32", "naive"}},
+      {Args{"--variant", "naive", "--alibi-slopes", s3} + qkv,
+       {"--alibi-slopes", "slopes3.npy", "needs --alibi"}},
+      {Args{"--variant", "naive", "--alibi", "--alibi-slopes", s3} + qkv,
+       {"--alibi-slopes", "slopes3.npy", "shape [3]", "[2]", "[heads]"}},
+      {Args{"--variant", "naive", "--rope", "neox"} + odd.qkv_args(),
+       {"--rope neox", "_odd", "head_dim must be even, got 7"}},
+      {Args{"--variant", "naive", "--rope", "sideways"} + qkv,
+       {"--rope", "'sideways'", "none, normal, neox"}},
+      {Args{"--variant", "naive", "--rope-base", "500"} + qkv, {"--rope-base 500", "needs --rope"}},
+      {Args{"--variant", "naive", "--rope", "normal", "--rope-base", "-2"} + qkv, {"--rope-base", "-2"}},
   };
   for (const auto& c : cases) {
     INFO("eval " << join(c.args, " "));

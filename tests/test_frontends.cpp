@@ -12,6 +12,7 @@
 #include "common/npy.hpp"
 #include "common/positional.hpp"
 #include "common/random.hpp"
+#include "common/rope.hpp"
 #include "common/runtime.hpp"
 #include "tests/support/scratch_dir.hpp"
 
@@ -39,7 +40,8 @@ double gamma_n(double n) {
 }  // Higham's gamma_n: n roundings of relative u
 
 ReferenceResult reference_layer(const MultiHeadWeights& w, int64_t H, const FloatArray& x,
-                                const FloatArray* ctx, bool causal, const ByteArray* pad, bool residual) {
+                                const FloatArray* ctx, bool causal, const ByteArray* pad, bool residual,
+                                const RopeSpec& rope = {}) {
   const FloatArray& kv = ctx ? *ctx : x;
   const int64_t B = x.shape[0], Lq = x.shape[1], Lkv = kv.shape[1], E = x.shape[2], D = E / H;
   // Projection of [B, L, E] by (W, b); mag receives sum_i |x_i W_oi| + |b_o|, the size of what fp32 sums.
@@ -68,6 +70,27 @@ ReferenceResult reference_layer(const MultiHeadWeights& w, int64_t H, const Floa
     for (double e : t) m = std::max(m, std::fabs(e));
     return m;
   };
+  // RoPE (apply_rope_fp64) on each head's [L, D] columns of q and k, positions 0 .. L-1 for both (the layer
+  // has no lower-right mask, so no query offset).
+  auto rotate = [&](std::vector<double>& t, int64_t L) {
+    std::vector<double> head(static_cast<std::size_t>(L * D)), turned(head.size());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t l = 0; l < L; ++l)
+          for (int64_t d = 0; d < D; ++d) head[l * D + d] = t[(b * L + l) * E + h * D + d];
+        apply_rope_fp64(rope, head.data(), turned.data(), 1, L, D, 0);
+        for (int64_t l = 0; l < L; ++l)
+          for (int64_t d = 0; d < D; ++d) t[(b * L + l) * E + h * D + d] = turned[l * D + d];
+      }
+  };
+  // The fp32 rotation of an element, a cos - b sin with cos and sin rounded once, adds at most about
+  // 3 u (|a| + |b|) <= 6 u max|q| to it (rotations keep the row norms, so q_norm and k_norm below hold).
+  const double rope_dq = rope.on() ? 6.0 * kU * max_abs(q) : 0.0,
+               rope_dk = rope.on() ? 6.0 * kU * max_abs(k) : 0.0;
+  if (rope.on()) {
+    rotate(q, Lq);
+    rotate(k, Lkv);
+  }
   // Largest per-head row norms of q and k (what bounds a logit by Cauchy-Schwarz).
   auto max_head_norm = [&](const std::vector<double>& t) {
     double best = 0;
@@ -130,7 +153,8 @@ ReferenceResult reference_layer(const MultiHeadWeights& w, int64_t H, const Floa
   //  * the residual add: one rounding of |y|.
   // We allow 2x that for the second-order terms. Being worst case it sits far above the errors seen;
   // check_layer also asserts that a wrong head split would exceed it.
-  const double dq = gamma_n(E + 1.0) * mag_q, dk = gamma_n(E + 1.0) * mag_k, dv = gamma_n(E + 1.0) * mag_v;
+  const double dq = gamma_n(E + 1.0) * mag_q + rope_dq, dk = gamma_n(E + 1.0) * mag_k + rope_dk,
+               dv = gamma_n(E + 1.0) * mag_v;
   const double ds = scale * (std::sqrt(static_cast<double>(D)) * (dq * k_norm + q_norm * dk) +
                              gamma_n(static_cast<double>(D)) * q_norm * k_norm) +
                     kU * scale * q_norm * k_norm;
@@ -165,18 +189,33 @@ void check_layer(const MultiHeadWeights& w, int64_t H, const FloatArray& x, cons
   const MultiHeadLayer layer(w, H);
   const FloatArray y = layer.forward(x, ctx, call);
   REQUIRE(y.shape == x.shape);
-  const ReferenceResult ref = reference_layer(w, H, x, ctx, call.causal, call.key_padding, call.residual);
+  const ReferenceResult ref =
+      reference_layer(w, H, x, ctx, call.causal, call.key_padding, call.residual, call.rope);
   const double err = max_abs_diff(y, ref.y);
   INFO("variant " << call.variant << " H=" << H << " max |err| " << err << " tolerance " << ref.tolerance);
   CHECK(err <= ref.tolerance);
   const int64_t wrong_heads = H > 1 ? 1 : 2;
   REQUIRE(x.shape[2] % wrong_heads == 0);
   const ReferenceResult wrong =
-      reference_layer(w, wrong_heads, x, ctx, call.causal, call.key_padding, call.residual);
+      reference_layer(w, wrong_heads, x, ctx, call.causal, call.key_padding, call.residual, call.rope);
   double split_effect = 0;
   for (std::size_t e = 0; e < ref.y.size(); ++e)
     split_effect = std::max(split_effect, std::fabs(wrong.y[e] - ref.y[e]));
   CHECK(split_effect > 10 * ref.tolerance);
+  if (!call.rope.on()) return;
+  // ... and RoPE has teeth: the reference without it, or with the other pairing, is far off.
+  const ReferenceResult plain = reference_layer(w, H, x, ctx, call.causal, call.key_padding, call.residual);
+  RopeSpec other = call.rope;
+  other.mode = other.mode == RopeMode::normal ? RopeMode::neox : RopeMode::normal;
+  const ReferenceResult paired =
+      reference_layer(w, H, x, ctx, call.causal, call.key_padding, call.residual, other);
+  double rope_effect = 0, pairing_effect = 0;
+  for (std::size_t e = 0; e < ref.y.size(); ++e) {
+    rope_effect = std::max(rope_effect, std::fabs(plain.y[e] - ref.y[e]));
+    pairing_effect = std::max(pairing_effect, std::fabs(paired.y[e] - ref.y[e]));
+  }
+  CHECK(rope_effect > 10 * ref.tolerance);
+  if (x.shape[2] / H > 2) CHECK(pairing_effect > 10 * ref.tolerance);  // D = 2: both pairings are one pair
 }
 
 }  // namespace
@@ -297,11 +336,16 @@ TEST_CASE("positional: learned tables, combine add/concat and their errors", "[f
   write_npy(dir.file("rank3.npy"), random_tensor({2, 2, 2}, 1));
   CHECK_THROWS_WITH(load_learned_encoding(dir.file("rank3.npy")), Contains("rank 2"));
 
-  CHECK_THROWS_WITH(parse_positional_kind("sine", "--positional"),
-                    Contains("--positional") && Contains("'sine'") && Contains("sinusoidal, learned, none"));
+  CHECK_THROWS_WITH(
+      parse_positional_kind("sine", "--positional"),
+      Contains("--positional") && Contains("'sine'") && Contains("sinusoidal, learned, none, rope"));
   CHECK_THROWS_WITH(parse_positional_combine("sum", "--combine"),
                     Contains("'sum'") && Contains("add, concat"));
   CHECK(parse_positional_kind("learned", "x") == PositionalKind::learned);
+  // rope adds nothing: RoPE is applied to q and k in the layer.
+  CHECK(parse_positional_kind("rope", "x") == PositionalKind::rope);
+  CHECK(positional_kind_name(PositionalKind::rope) == "rope");
+  CHECK(apply_positional(emb, {.kind = PositionalKind::rope}).data == emb.data);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -453,6 +497,31 @@ TEST_CASE("multi-head layer: cross-attention (seq_q != seq_kv) against an fp64 i
   const FloatArray y = MultiHeadLayer(w, 3).forward(x, &ctx, {.key_padding = &pad});
   for (int64_t i = 0; i < 5; ++i)
     for (int64_t o = 0; o < 12; ++o) CHECK(y.data[(5 + i) * 12 + o] == w.b_o.data[o]);
+}
+
+TEST_CASE("multi-head layer: RoPE on the projected q and k against an fp64 implementation", "[frontends]") {
+  const MultiHeadWeights w = random_multihead_weights(16, 71, true);
+  const FloatArray x = random_tensor({2, 9, 16}, 72), ctx = random_tensor({2, 13, 16}, 73);
+  for (const RopeMode mode : {RopeMode::normal, RopeMode::neox})
+    for (const double base : {10000.0, 37.0}) {
+      INFO("rope " << rope_mode_name(mode) << " base " << base);
+      const RopeSpec rope{mode, base};
+      for (const int64_t H : {1, 2, 4}) {  // head_dim 16, 8, 4
+        check_layer(w, H, x, nullptr, {.rope = rope});
+        check_layer(w, H, x, nullptr, {.causal = true, .residual = true, .rope = rope});
+        check_layer(w, H, x, &ctx, {.rope = rope});  // keys at 0 .. 12, queries at 0 .. 8
+      }
+    }
+  // Mode none (whatever the base) is exactly the layer without RoPE.
+  const MultiHeadLayer layer(w, 4);
+  CHECK(layer.forward(x, nullptr, {.rope = {RopeMode::none, 5.0}}).data ==
+        layer.forward(x, nullptr, {}).data);
+  // Odd head_dim and a bad base are errors naming what is wrong.
+  const MultiHeadWeights w3 = random_multihead_weights(6, 74, true);
+  CHECK_THROWS_WITH(
+      MultiHeadLayer(w3, 2).forward(random_tensor({1, 3, 6}, 1), nullptr, {.rope = {RopeMode::neox}}),
+      Contains("head_dim must be even, got 3"));
+  CHECK_THROWS_WITH(layer.forward(x, nullptr, {.rope = {RopeMode::normal, -1.0}}), Contains("base"));
 }
 
 TEST_CASE("multi-head layer: residual adds the input", "[frontends]") {

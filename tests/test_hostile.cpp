@@ -411,7 +411,7 @@ TEST_CASE("eval: truncated, foreign, empty and mismatched .npy inputs exit 2 nam
        {"q_i4.npy", "dtype '<i4' is not allowed here (float32 '<f4' or float64 '<f8')"}},
       {"Q of float16",
        {"--q", file("q_f2.npy", npy_image(npy_dict("<f2", "(2, 2, 6, 8)"), f4_data))},
-       {"q_f2.npy", "dtype '<f2' is not allowed here"}},
+       {"q_f2.npy", "dtype '<f2' (float16)", "needs --dtype fp16", "got --dtype fp32"}},
       {"K big-endian",
        {"--k", file("k_be.npy", npy_image(npy_dict(">f4", "(2, 2, 6, 8)"), f4_data))},
        {"k_be.npy", "big-endian"}},

@@ -49,8 +49,10 @@ void check_options(const EmbedOptions& o, PositionalKind kind) {
         "--positional-npy '" + o.positional_npy +
         "' and --positional-seed both given: a learned table is read from the file or drawn from the "
         "seed, not both");
-  if (kind == PositionalKind::none && o.combine_opt->count())
-    throw UsageError("--combine " + o.combine + ": there is nothing to combine with --positional none");
+  if ((kind == PositionalKind::none || kind == PositionalKind::rope) && o.combine_opt->count())
+    throw UsageError(
+        "--combine " + o.combine + ": there is nothing to combine with --positional " + o.positional +
+        (kind == PositionalKind::rope ? " (RoPE adds no encoding; it rotates q and k in the layer)" : ""));
 }
 
 int run_embed(const EmbedOptions& o) {
@@ -74,18 +76,23 @@ int run_embed(const EmbedOptions& o) {
   if (tok.unknown_count == L)
     std::cerr << "attnbench: warning: none of the " << L << " tokens of '" << o.text
               << "' is in the vocabulary; every row is the zero unknown row plus its position\n";
-  const Json report = {{"text", o.text},
-                       {"out", o.out},
-                       {"shape", out.shape},
-                       {"tokens", L},
-                       {"unknown_tokens", tok.unknown_count},
-                       {"unknown_examples", tok.unknown_examples},
-                       {"unknown_row", table.unknown_id()},
-                       {"vocab_size", table.vocab_size()},
-                       {"words_assigned", table.words().size()},
-                       {"d_model", table.d_model()},
-                       {"positional", positional_kind_name(spec.kind)},
-                       {"combine", positional_combine_name(spec.combine)}};
+  Json report = {{"text", o.text},
+                 {"out", o.out},
+                 {"shape", out.shape},
+                 {"tokens", L},
+                 {"unknown_tokens", tok.unknown_count},
+                 {"unknown_examples", tok.unknown_examples},
+                 {"unknown_row", table.unknown_id()},
+                 {"vocab_size", table.vocab_size()},
+                 {"words_assigned", table.words().size()},
+                 {"d_model", table.d_model()},
+                 {"positional", positional_kind_name(spec.kind)},
+                 {"combine", positional_combine_name(spec.combine)}};
+  if (spec.kind == PositionalKind::rope) {
+    report["combine"] = "none";
+    report["positional_applied"] =
+        "in the layer: no encoding is added here; rotate q and k with attnbench layer --rope normal|neox";
+  }
   std::cout << report.dump() << "\n";
   return 0;
 }
@@ -116,7 +123,8 @@ ATTN_REGISTER_COMMAND(
       sub.add_option(
           "--positional", o->positional,
           "positional encoding: sinusoidal (default; PE(t,2i)=sin(t/10000^(2i/D)), PE(t,2i+1)=cos(..), "
-          "t from 0), learned, none");
+          "t from 0), learned, none, rope (nothing added: RoPE is applied in the layer, attnbench layer "
+          "--rope)");
       sub.add_option("--combine", o->combine, "add (default; E = D) or concat (E = D + encoding width)");
       o->positional_npy_opt =
           sub.add_option("--positional-npy", o->positional_npy,

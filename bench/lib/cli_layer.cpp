@@ -17,6 +17,9 @@ struct LayerOptions {
   std::vector<std::string> params;
   int64_t heads = 0;
   bool causal = false, residual = false;
+  std::string rope = "none";
+  double rope_base = 10000.0;
+  CLI::Option* rope_base_opt = nullptr;
 };
 
 // Loads a rank-3 [batch, seq, E] input; names the option and file on any mismatch.
@@ -44,11 +47,20 @@ int run_layer(const LayerOptions& o) {
   call.params = parse_cli_params(variant, o.params);
   call.causal = o.causal;
   call.residual = o.residual;
+  call.rope.mode = parse_rope_mode(o.rope, "--rope");
+  call.rope.base = o.rope_base;
+  validate_rope(call.rope, 2, "--rope-base");  // the base; head_dim is checked once the weights are read
+  if (o.rope_base_opt->count() && !call.rope.on())
+    throw UsageError("--rope-base " + shortest_double_text(o.rope_base) +
+                     " needs --rope normal or --rope neox (it is the base of the rotary angles)");
   MultiHeadWeights weights = load_multihead_weights(o.weights);
   const int64_t E = weights.d_model();
   if (o.heads < 1 || E % o.heads != 0)
     throw UsageError("--heads " + std::to_string(o.heads) + ": must be >= 1 and divide E = " +
                      std::to_string(E) + " (from '" + o.weights + "/w_q.npy')");
+  validate_rope(call.rope, E / o.heads,
+                "--rope " + o.rope + " (head_dim = E / heads = " + std::to_string(E) + " / " +
+                    std::to_string(o.heads) + ")");
   const MultiHeadLayer layer(std::move(weights), o.heads);
   const FloatArray x = read_sequence("--x", o.x, E);
   FloatArray context;
@@ -103,6 +115,13 @@ ATTN_REGISTER_COMMAND(
           "key padding .npy [batch, seq_kv], nonzero/True = padded (torch's key_padding_mask); a query "
           "with no allowed key gets output b_o, not NaN");
       sub.add_flag("--residual", o->residual, "add the input: Y = X + attention(X, context)");
+      sub.add_option("--rope", o->rope,
+                     "rotary position embedding of each head's projected q and k before the core: none "
+                     "(default), normal (pairs 2i, 2i+1) or neox (pairs i, i + head_dim/2); positions 0 .. "
+                     "L-1 for queries and for keys; head_dim must be even");
+      o->rope_base_opt = sub.add_option("--rope-base", o->rope_base,
+                                        "with --rope: base of the angles pos * base^(-2i/head_dim) (default "
+                                        "10000)");
       attn::cli::add_isa_option(sub, o->isa);
       sub.add_option("--out", o->out, "output .npy, float32 [batch, seq_q, E] (written only on success)")
           ->required();
