@@ -15,6 +15,7 @@
 #include "bench/lib/inputs.hpp"
 #include "bench/lib/plan.hpp"
 #include "common/error.hpp"
+#include "common/half.hpp"
 #include "common/runtime.hpp"
 #include "common/simd.hpp"
 
@@ -25,7 +26,10 @@ void run_point(benchmark::State& state, const attn::SweepPoint& pt) {
   const attn::PointInputs inputs = attn::make_inputs(pt);
   // O has the query heads; K and V (in `inputs`) kv_heads.
   attn::FloatArray out({pt.problem.batch, pt.problem.heads, pt.problem.seq_q, pt.problem.head_dim});
-  const attn::AttentionInputs in = inputs.view(out.ptr());
+  // A bf16 / fp16 point (sweep.dtype) reads its inputs rounded from the fp32 ones, as in `attnbench run`.
+  const attn::StoredInputs stored(pt.problem, inputs.view(nullptr));
+  attn::AttentionInputs in = stored.get();
+  in.out = out.ptr();
   const attn::simd::ScopedIsa isa(pt.isa, "sweep.isa");
   attn::ThreadScope scope(pt.threads);
   state.SetLabel("isa=" + attn::simd::active_isa());

@@ -828,3 +828,202 @@ TEST_CASE("masks: causal_lower_right parses alone and with padding (#13)", "[swe
   j["sweep"]["mask"] = "causal_lower_rite";
   CHECK_THAT(config_error(j), Contains("causal_lower_right"));
 }
+
+TEST_CASE("sweep.dtype and sweep.bias: axes of storage precision and logit bias (#14)",
+          "[sweep][config][dtype]") {
+  SECTION("defaults: fp32, no bias, and the ids they had before the axes existed") {
+    const SweepConfig c = parse_sweep_config(base_config(), "cfg.json");
+    CHECK(c.dtypes == std::vector<DType>{DType::fp32});
+    CHECK(c.biases == std::vector<Bias>{Bias::none});
+    const Plan plan = make_plan(c);
+    REQUIRE(plan.points.size() == 2);
+    CHECK(plan.points[0].id == "naive:B=1,H=1,Lq=16,Lkv=16,D=16,gaussian(std=1),T=1");
+  }
+  SECTION("a string or a list; every combination is a point, the ids carry dtype and alibi") {
+    Json j = base_config();
+    j["sweep"]["dtype"] = {"fp32", "bf16", "fp16"};
+    j["sweep"]["bias"] = {"none", "alibi"};
+    const Plan plan = make_plan(parse_sweep_config(j, "cfg.json"));
+    CHECK(plan.points.size() == 2 * 3 * 2);
+    std::set<std::string> ids;
+    std::map<std::string, std::set<std::string>> dtypes_per_key;
+    for (const SweepPoint& pt : plan.points) {
+      ids.insert(pt.id);
+      CHECK((pt.id.find(",dtype=bf16,") != std::string::npos) == (pt.problem.dtype == DType::bf16));
+      CHECK((pt.id.find(",dtype=fp16,") != std::string::npos) == (pt.problem.dtype == DType::fp16));
+      CHECK((pt.id.find(",alibi,") != std::string::npos) == (pt.problem.bias == Bias::alibi));
+      // dtype and bias leave the fp32 inputs as they are: one input key (and seed) for all of them.
+      dtypes_per_key[pt.input_key].insert(std::string(dtype_name(pt.problem.dtype)) +
+                                          bias_name(pt.problem.bias));
+      // the id reads back to the same problem
+      const std::string repro = pt.id.substr(0, pt.id.find(",gaussian"));
+      const Problem back = parse_problem(repro);
+      CHECK(back.dtype == pt.problem.dtype);
+      CHECK(back.bias == pt.problem.bias);
+    }
+    CHECK(ids.size() == plan.points.size());
+    CHECK(dtypes_per_key.size() == 2);  // the two lengths
+    for (const auto& [key, set] : dtypes_per_key) CHECK(set.size() == 6);
+    Json one = base_config();
+    one["sweep"]["dtype"] = "bf16";
+    one["sweep"]["bias"] = "alibi";
+    const Plan p1 = make_plan(parse_sweep_config(one, "cfg.json"));
+    REQUIRE(p1.points.size() == 2);
+    CHECK(p1.points[0].id == "naive:B=1,H=1,Lq=16,Lkv=16,D=16,alibi,dtype=bf16,gaussian(std=1),T=1");
+  }
+  SECTION("the same fp32 inputs: the input seed does not depend on dtype or bias") {
+    Json j = base_config();
+    const uint64_t seed0 = make_plan(parse_sweep_config(j, "cfg.json")).points[0].input_seed;
+    j["sweep"]["dtype"] = "fp16";
+    j["sweep"]["bias"] = "alibi";
+    CHECK(make_plan(parse_sweep_config(j, "cfg.json")).points[0].input_seed == seed0);
+  }
+  SECTION("unknown values name the path, the value and the allowed names") {
+    Json j = base_config();
+    j["sweep"]["dtype"] = {"fp32", "fp8"};
+    std::string e = config_error(j);
+    CHECK_THAT(e, Contains("sweep.dtype[1]"));
+    CHECK_THAT(e, Contains("'fp8'"));
+    CHECK_THAT(e, Contains("fp32, bf16, fp16"));
+    j = base_config();
+    j["sweep"]["dtype"] = 16;
+    e = config_error(j);
+    CHECK_THAT(e, Contains("sweep.dtype: must be a storage dtype (fp32, bf16, fp16), got 16"));
+    j = base_config();
+    j["sweep"]["bias"] = "alibi2";
+    e = config_error(j);
+    CHECK_THAT(e, Contains("sweep.bias"));
+    CHECK_THAT(e, Contains("'alibi2'"));
+    CHECK_THAT(e, Contains("none, alibi"));
+    j = base_config();
+    j["sweep"]["bias"] = Json::array();
+    CHECK_THAT(config_error(j), Contains("sweep.bias: must not be an empty list"));
+    j = base_config();
+    j["sweep"]["dtype"] = {"bf16", "bf16"};
+    CHECK_THAT(config_error(j), Contains("the same id"));
+  }
+  SECTION("variants without the dtype or ALiBi are skipped with the reason; memory counts 16-bit inputs") {
+    Json j = base_config();
+    j["variants"] = {"naive", "linear"};
+    j["sweep"]["dtype"] = {"fp32", "bf16"};
+    j["sweep"]["bias"] = {"none", "alibi"};
+    const Plan plan = make_plan(parse_sweep_config(j, "cfg.json"));
+    int skipped = 0;
+    for (const SweepPoint& pt : plan.points) {
+      const std::string why = skip_reason(pt, plan.config);
+      const bool linear = pt.problem.variant == "linear";
+      if (linear && pt.problem.dtype == DType::bf16) CHECK_THAT(why, Contains("does not take dtype bf16"));
+      if (linear && pt.problem.bias == Bias::alibi) CHECK_THAT(why, Contains("ALiBi"));
+      if (!linear || (pt.problem.dtype == DType::fp32 && pt.problem.bias == Bias::none)) CHECK(why.empty());
+      skipped += !why.empty();
+      const PointMemory m = point_memory(pt, plan.config);
+      const std::size_t qkv =
+          static_cast<std::size_t>(pt.problem.q_elements() + 2 * pt.problem.kv_elements());
+      if (pt.problem.dtype == DType::bf16) {
+        CHECK(m.fp32_inputs == qkv * 4);
+        CHECK(m.call.inputs == qkv * 2);
+      } else {
+        CHECK(m.fp32_inputs == 0);
+        CHECK(m.call.inputs == qkv * 4);
+      }
+      const Json pj = point_json(pt, plan.config);
+      CHECK(pj["problem"]["dtype"] == dtype_name(pt.problem.dtype));
+      CHECK(pj["problem"]["bias"] == bias_name(pt.problem.bias));
+      CHECK(pj["row"]["dtype"] == dtype_name(pt.problem.dtype));
+      CHECK(pj["row"]["memory"]["inputs_bytes"] == m.call.inputs);
+    }
+    CHECK(skipped == 2 * 3);  // linear: bf16, alibi and both, at two lengths
+  }
+}
+
+TEST_CASE("inputs.rope and inputs.rope_base: RoPE in either regime, in the label and the id (#14)",
+          "[sweep][config][rope]") {
+  ScratchDir dir{"sweepcfg"};
+  attn::test::write_text(dir.path() / "words.txt", "a few words of text for the tokens regime\n");
+  const std::string cfg = dir.file("cfg.json");
+  SECTION("default none: the labels and ids of before") {
+    const SweepConfig c = parse_sweep_config(base_config(), cfg);
+    REQUIRE(c.regimes.size() == 1);
+    CHECK(!c.regimes[0].rope.on());
+    CHECK(c.regimes[0].label() == "gaussian(std=1)");
+  }
+  SECTION(
+      "a mode or a list of modes in both regimes; the label, id and input key say it, the seed does not") {
+    Json j = base_config();
+    j["inputs"] = Json::parse(R"([{"regime": "gaussian", "rope": ["none", "normal"]},
+                                  {"regime": "tokens", "text": "words.txt", "rope": "neox", "rope_base": 500000}])");
+    const SweepConfig c = parse_sweep_config(j, cfg);
+    REQUIRE(c.regimes.size() == 3);
+    CHECK(c.regimes[0].label() == "gaussian(std=1)");
+    CHECK(c.regimes[1].label() == "gaussian(std=1,rope=normal)");
+    CHECK(c.regimes[1].rope.mode == RopeMode::normal);
+    CHECK(c.regimes[1].rope.base == 10000.0);
+    CHECK(c.regimes[2].label() == "tokens(words.txt,rope=neox,base=5e+05)");
+    CHECK(c.regimes[2].rope.base == 500000.0);
+    const Plan plan = make_plan(c);
+    CHECK(plan.points.size() == 2 * 3);
+    std::map<std::string, uint64_t> seed_of;
+    std::set<std::string> keys;
+    for (const SweepPoint& pt : plan.points) {
+      CHECK_THAT(pt.id, Contains(pt.regime.label()));
+      keys.insert(pt.input_key);
+      if (pt.regime.kind == "gaussian") {
+        const std::string shape = pt.id.substr(0, pt.id.find(",gaussian"));
+        if (seed_of.count(shape))
+          CHECK(seed_of[shape] == pt.input_seed);  // with and without RoPE: the same draws
+        else
+          seed_of[shape] = pt.input_seed;
+      }
+      CHECK(base_row(pt, plan.config, "scalar").rope == pt.regime.rope.str());
+      const Json pj = point_json(pt, plan.config);
+      CHECK(pj["inputs"]["rope"] == pt.regime.rope.str());
+      CHECK(pj["inputs"]["rope_query_offset"] == 0);
+    }
+    CHECK(keys.size() == plan.points.size());  // RoPE on and off are different inputs
+  }
+  SECTION("errors name the field and the value") {
+    Json j = base_config();
+    j["inputs"] = {{"regime", "gaussian"}, {"rope", "rotary"}};
+    std::string e = config_error(j, cfg);
+    CHECK_THAT(e, Contains("inputs.rope"));
+    CHECK_THAT(e, Contains("'rotary'"));
+    CHECK_THAT(e, Contains("none, normal, neox"));
+    j["inputs"] = {{"regime", "gaussian"}, {"rope", {"none", 3}}};
+    CHECK_THAT(config_error(j, cfg),
+               Contains("inputs.rope[1]: must be a RoPE mode (none, normal, neox), got 3"));
+    for (const Json& bad : {Json(0), Json(-1.5), Json("10000")}) {
+      j["inputs"] = {{"regime", "gaussian"}, {"rope", "normal"}, {"rope_base", bad}};
+      CHECK_THAT(config_error(j, cfg), Contains("inputs.rope_base: must be a finite number > 0"));
+    }
+    j["inputs"] = {{"regime", "gaussian"}, {"rope_base", 500000}};
+    CHECK_THAT(config_error(j, cfg),
+               Contains("inputs.rope_base: only applies with inputs.rope normal or neox"));
+    j["inputs"] = {{"regime", "gaussian"}, {"rope_frequency", 500000}};
+    CHECK_THAT(config_error(j, cfg), Contains("unknown key 'rope_frequency'"));
+  }
+  SECTION("an odd head_dim with RoPE on is a config error naming the field and the value") {
+    Json j = base_config();
+    j["sweep"]["head_dim"] = {16, 63};
+    j["inputs"] = Json::parse(
+        R"([{"regime": "gaussian"}, {"regime": "tokens", "text": "words.txt", "rope": "normal"}])");
+    const std::string e = config_error(j, cfg);
+    CHECK_THAT(e, Contains("inputs[1].rope"));
+    CHECK_THAT(e, Contains("'normal'"));
+    CHECK_THAT(e, Contains("even head_dim"));
+    CHECK_THAT(e, Contains("sweep.head_dim[1] = 63"));
+    // without RoPE the odd head_dim is fine
+    j["inputs"] = {{"regime", "gaussian"}, {"rope", "none"}};
+    CHECK_NOTHROW(make_plan(parse_sweep_config(j, cfg)));
+  }
+  SECTION("causal_lower_right: the queries' RoPE positions start at seq_kv - seq_q") {
+    Json j = base_config();
+    j["sweep"].erase("seq_len");
+    j["sweep"]["seq_q"] = 4;
+    j["sweep"]["seq_kv"] = 32;
+    j["sweep"]["mask"] = "causal_lower_right";
+    j["inputs"] = {{"regime", "gaussian"}, {"rope", "normal"}};
+    const Plan plan = make_plan(parse_sweep_config(j, cfg));
+    REQUIRE(plan.points.size() == 1);
+    CHECK(point_json(plan.points[0], plan.config)["inputs"]["rope_query_offset"] == 28);
+  }
+}

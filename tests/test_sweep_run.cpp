@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/lib/inputs.hpp"
 #include "bench/lib/plan.hpp"
 #include "common/attention.hpp"
 #include "common/npy.hpp"
@@ -1027,4 +1029,100 @@ TEST_CASE(
     CHECK(point["problem"]["kv_heads"] == 2);
     CHECK(point["row"]["kv_heads"] == 2);
   }
+}
+
+TEST_CASE(
+    "precision and position (#14): bf16 + ALiBi + RoPE rows carry dtype, bias, rope, rope_ms, accuracy_e2e",
+    "[sweep][run][dtype]") {
+  ScratchDir dir{"sweeprun"};
+  const Json config = {{"name", "precision"},
+                       {"variants", {"naive", "linear"}},
+                       {"sweep",
+                        {{"batch", 1},
+                         {"heads", 2},
+                         {"head_dim", 16},
+                         {"seq_len", 32},
+                         {"dtype", {"fp32", "bf16"}},
+                         {"bias", {"none", "alibi"}},
+                         {"threads", 1}}},
+                       {"inputs", Json::parse(R"({"regime": "gaussian", "rope": ["none", "normal"]})")},
+                       {"measure", measure_fast()},
+                       {"accuracy", {{"reference", "full"}}},
+                       {"memory_budget", "1GiB"},
+                       {"seed", 2}};
+  const std::string cfg = write_config(dir, "precision.json", config);
+  const fs::path out = dir.path() / "out";
+  const RunResult r = run_attnbench({"run", cfg, "--out", out.string(), "--plain"}, dir.path());
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  REQUIRE(r.code == 0);
+  const std::vector<Json> rows = read_rows(out / "results.jsonl");
+  REQUIRE(rows.size() == 2 * 2 * 2 * 2);  // variants x dtype x bias x rope
+  CHECK(id_counts(rows).size() == rows.size());
+  check_csv_matches(out, rows);
+  int naive_bf16 = 0;
+  for (const Json& row : rows) {
+    INFO(row.dump(2));
+    const std::string dtype = row.at("dtype"), bias = row.at("bias"), rope = row.at("rope");
+    CHECK((dtype == "fp32" || dtype == "bf16"));
+    CHECK((bias == "none" || bias == "alibi"));
+    CHECK((rope == "none" || rope == "normal"));
+    CHECK((row["id"].get<std::string>().find(",dtype=bf16,") != std::string::npos) == (dtype == "bf16"));
+    CHECK((row["id"].get<std::string>().find(",alibi,") != std::string::npos) == (bias == "alibi"));
+    CHECK((row["id"].get<std::string>().find("rope=normal") != std::string::npos) == (rope == "normal"));
+    if (row["variant"] == "linear" && (dtype != "fp32" || bias != "none")) {
+      CHECK(row["status"] == "skipped");
+      if (dtype == "bf16") CHECK_THAT(row["reason"].get<std::string>(), Contains("does not take dtype bf16"));
+      if (bias == "alibi") CHECK_THAT(row["reason"].get<std::string>(), Contains("ALiBi"));
+      CHECK(row["rope_ms"].is_null());
+      CHECK(row["accuracy_e2e"]["max_abs_err"].is_null());
+      continue;
+    }
+    REQUIRE(row["status"] == "ok");
+    // rope_ms: a positive time with RoPE on, null without.
+    if (rope == "normal") {
+      REQUIRE(row["rope_ms"].is_number());
+      CHECK(row["rope_ms"].get<double>() > 0);
+    } else {
+      CHECK(row["rope_ms"].is_null());
+    }
+    const Json &a = row.at("accuracy"), &e = row.at("accuracy_e2e");
+    CHECK(e.at("reference") == "full");
+    CHECK(e.at("rows") == 32);
+    for (const char* k : {"max_abs_err", "rel_l2_err", "mean_cosine"}) {
+      REQUIRE(a.at(k).is_number());
+      REQUIRE(e.at(k).is_number());
+      CHECK(std::isfinite(e[k].get<double>()));
+    }
+    CHECK(e["max_abs_err"].get<double>() >= 0);
+    // 16-bit inputs: half the bytes of fp32.
+    CHECK(row["memory"]["inputs_bytes"] == (dtype == "bf16" ? 2 : 4) * 3 * 2 * 32 * 16);
+    if (dtype == "fp32") {
+      CHECK(e == a);  // one reference serves both
+    } else if (row["variant"] == "naive") {
+      ++naive_bf16;
+      // The kernel on the rounded inputs is fp32-exact; rounding the inputs to bf16 (8 bits of mantissa)
+      // costs far more end to end.
+      CHECK(a["max_abs_err"].get<double>() < 1e-5);
+      CHECK(e["max_abs_err"].get<double>() > 1e-4);
+    }
+  }
+  CHECK(naive_bf16 == 4);
+}
+
+TEST_CASE("RoPE (#14): the sweep's inputs are the fp32 draws rotated, with the same seed as without RoPE",
+          "[sweep][run][rope]") {
+  Json j = small_config();
+  j["sweep"]["seq_len"] = 16;
+  j["sweep"]["mask"] = "none";
+  j["inputs"] = Json::parse(R"({"regime": "gaussian", "rope": ["none", "neox"]})");
+  const Plan plan = make_plan(parse_sweep_config(j, "cfg.json"));
+  REQUIRE(plan.points.size() == 2);
+  const PointInputs plain = make_inputs(plan.points[0]), rotated = make_inputs(plan.points[1]);
+  REQUIRE(plan.points[1].regime.rope.on());
+  FloatArray q = plain.q, k = plain.k;
+  apply_point_rope(plan.points[1], q.ptr(), k.ptr());
+  CHECK(q.data == rotated.q.data);
+  CHECK(k.data == rotated.k.data);
+  CHECK(plain.v.data == rotated.v.data);
+  CHECK(plain.q.data != rotated.q.data);
 }

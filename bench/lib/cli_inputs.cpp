@@ -1,7 +1,10 @@
 // `attnbench inputs CONFIG --filter ID --out DIR`: writes one sweep point's inputs as .npy, exactly as
 // `attnbench run` makes them (same regime, seed and mask), with the point's plan entry and the fp64 exact
-// reference rows its accuracy is measured against. The PyTorch peer (scripts/peers/torch_attention.py) and
-// anyone reproducing a row outside attnbench start from these files.
+// reference rows its accuracy is measured against. Q, K, V are fp32 (after RoPE, before any rounding to a
+// bf16 / fp16 point's dtype: round them to point.json's problem.dtype to get what the kernel read);
+// reference.npy is on the rounded inputs, reference_e2e.npy (bf16 / fp16 only) on the fp32 ones. The PyTorch
+// peer (scripts/peers/torch_attention.py) and anyone reproducing a row outside attnbench start from these
+// files.
 #include <filesystem>
 #include <iostream>
 #include <set>
@@ -10,6 +13,7 @@
 #include "bench/lib/inputs.hpp"
 #include "bench/lib/sweep.hpp"
 #include "common/error.hpp"
+#include "common/half.hpp"
 #include "common/npy.hpp"
 #include "common/reference.hpp"
 #include "common/simd.hpp"
@@ -43,10 +47,10 @@ int write_inputs(const InputsOptions& o) {
   const Problem& p = pt.problem;
 
   const PointMemory need = point_memory(pt, plan.config);
-  if (sat_add(need.call.inputs, o.reference ? need.reference : 0) > *plan.config.memory_budget_bytes)
+  const std::size_t inputs_need = sat_add(need.call.inputs, need.fp32_inputs);
+  if (sat_add(inputs_need, o.reference ? need.reference : 0) > *plan.config.memory_budget_bytes)
     throw NotSupported(pt.id + ": its inputs" + std::string(o.reference ? " and reference rows" : "") +
-                       " need " +
-                       format_bytes(static_cast<double>(sat_add(need.call.inputs, need.reference))) +
+                       " need " + format_bytes(static_cast<double>(sat_add(inputs_need, need.reference))) +
                        ", more than the config's memory_budget " +
                        format_bytes(static_cast<double>(*plan.config.memory_budget_bytes)));
   const fs::path dir = o.out;
@@ -61,10 +65,18 @@ int write_inputs(const InputsOptions& o) {
   if (p.mask.key_padding) write_npy((dir / "key_padding.npy").string(), in.key_padding);
   const std::vector<int64_t> rows = accuracy_rows(p, plan.config.accuracy);
   if (o.reference && !rows.empty()) {
+    const bool full = accuracy_mode(p, plan.config.accuracy) == "full";
     DoubleArray ref({p.batch, p.heads, static_cast<int64_t>(rows.size()), p.head_dim});
-    reference_attention(p, in.view(nullptr), ref.ptr(),
-                        accuracy_mode(p, plan.config.accuracy) == "full" ? nullptr : &rows);
+    {
+      // `accuracy`'s reference: on the inputs rounded to the point's dtype (fp32: the inputs themselves).
+      const StoredInputs stored(p, in.view(nullptr));
+      reference_attention(p, stored.get(), ref.ptr(), full ? nullptr : &rows);
+    }
     write_npy((dir / "reference.npy").string(), ref);
+    if (p.dtype != DType::fp32) {  // `accuracy_e2e`'s: on the fp32 inputs
+      reference_attention(WideInputs::as_fp32(p), in.view(nullptr), ref.ptr(), full ? nullptr : &rows);
+      write_npy((dir / "reference_e2e.npy").string(), ref);
+    }
     NdArray<int64_t> r({static_cast<int64_t>(rows.size())});
     std::copy(rows.begin(), rows.end(), r.data.begin());
     write_npy((dir / "rows.npy").string(), r);
@@ -72,8 +84,10 @@ int write_inputs(const InputsOptions& o) {
   Json j = point_json(pt, plan.config);
   j["files"] = {{"q", "q.npy"}, {"k", "k.npy"}, {"v", "v.npy"}};
   if (p.mask.key_padding) j["files"]["key_padding"] = "key_padding.npy";
-  if (o.reference && !rows.empty())
+  if (o.reference && !rows.empty()) {
     j["files"]["reference"] = "reference.npy", j["files"]["rows"] = "rows.npy";
+    if (p.dtype != DType::fp32) j["files"]["reference_e2e"] = "reference_e2e.npy";
+  }
   j["points_sharing_these_inputs"] = Json::array();
   for (const SweepPoint& q : plan.points)
     if (q.input_key == pt.input_key) j["points_sharing_these_inputs"].push_back(q.id);

@@ -104,20 +104,54 @@ MaskAxis parse_mask_axis(const Json& v, const std::string& path) {
   return m;
 }
 
+// inputs[].rope (a mode or a list of modes, an axis) and inputs[].rope_base; every mode that is on needs an
+// even head_dim at every value of sweep.head_dim (RoPE rotates pairs of elements).
+std::vector<RopeSpec> parse_rope(const Json& r, const std::string& p, const std::vector<int64_t>& head_dims,
+                                 const Json& head_dim_raw) {
+  double base = 10000.0;
+  if (r.contains("rope_base")) {
+    const Json& b = r["rope_base"];
+    if (!b.is_number() || !std::isfinite(b.get<double>()) || b.get<double>() <= 0)
+      fail(sub(p, "rope_base"), "must be a finite number > 0 (the RoPE frequency base), got " + b.dump());
+    base = b.get<double>();
+  }
+  std::vector<RopeSpec> out;
+  for_axis(r.value("rope", Json("none")), sub(p, "rope"), [&](const Json& m, const std::string& mp) {
+    if (!m.is_string()) fail(mp, "must be a RoPE mode (none, normal, neox), got " + m.dump());
+    RopeSpec spec;
+    spec.mode = parse_rope_mode(m.get<std::string>(), mp);
+    spec.base = base;
+    for (std::size_t i = 0; spec.on() && i < head_dims.size(); ++i)
+      if (head_dims[i] % 2 != 0)
+        fail(mp, "RoPE '" + m.get<std::string>() +
+                     "' rotates pairs of elements and needs an even head_dim, got " +
+                     (head_dim_raw.is_array() ? idx("sweep.head_dim", i) : std::string("sweep.head_dim")) +
+                     " = " + std::to_string(head_dims[i]));
+    for (const int64_t d : head_dims) validate_rope(spec, d, mp);
+    out.push_back(spec);
+  });
+  if (r.contains("rope_base") &&
+      std::none_of(out.begin(), out.end(), [](const RopeSpec& x) { return x.on(); }))
+    fail(sub(p, "rope_base"), "only applies with inputs.rope normal or neox");
+  return out;
+}
+
 void parse_regimes(const Json& v, const std::string& path, const std::string& config_dir,
+                   const std::vector<int64_t>& head_dims, const Json& head_dim_raw,
                    std::vector<Regime>& out) {
   for_axis(v, path, [&](const Json& r, const std::string& p) {
-    check_keys(r, p, {"regime", "std", "text"});
+    check_keys(r, p, {"regime", "std", "text", "rope", "rope_base"});
     if (!r.contains("regime")) fail(p, "missing key 'regime' (gaussian or tokens)");
     if (!r["regime"].is_string()) fail(sub(p, "regime"), "must be a string, got " + r["regime"].dump());
     const std::string kind = r["regime"].get<std::string>();
+    std::vector<Regime> made;
     if (kind == "gaussian") {
       if (r.contains("text")) fail(sub(p, "text"), "only applies to regime 'tokens'");
       Json stds = r.value("std", Json(1.0));
       for_axis(stds, sub(p, "std"), [&](const Json& s, const std::string& sp) {
         Regime g;
         g.std = get_number(s, sp, 1e-6, 1e3, "a standard deviation in [1e-6, 1000]");
-        out.push_back(g);
+        made.push_back(g);
       });
     } else if (kind == "tokens") {
       if (r.contains("std")) fail(sub(p, "std"), "only applies to regime 'gaussian'");
@@ -130,10 +164,17 @@ void parse_regimes(const Json& v, const std::string& path, const std::string& co
       if (!std::filesystem::is_regular_file(file))
         fail(sub(p, "text"), "file '" + file.string() + "' does not exist or is not a regular file");
       t.text = file.string();
-      out.push_back(t);
+      made.push_back(t);
     } else {
       fail(sub(p, "regime"), "must be 'gaussian' or 'tokens', got '" + kind + "'");
     }
+    const std::vector<RopeSpec> ropes = parse_rope(r, p, head_dims, head_dim_raw);
+    for (const Regime& m : made)
+      for (const RopeSpec& rope : ropes) {
+        Regime x = m;
+        x.rope = rope;
+        out.push_back(x);
+      }
   });
 }
 
@@ -182,9 +223,15 @@ std::vector<Json> expand_params(const Attention& variant, const Json& given, con
 
 }  // namespace
 
-std::string Regime::label() const {
+std::string Regime::base_label() const {
   if (kind == "tokens") return "tokens(" + std::filesystem::path(text).filename().string() + ")";
   return "gaussian(std=" + shortest_double_text(std) + ")";
+}
+
+std::string Regime::label() const {
+  std::string s = base_label();
+  if (rope.on()) s.insert(s.size() - 1, ",rope=" + rope.str());
+  return s;
 }
 
 std::string MaskAxis::label() const {
@@ -284,7 +331,7 @@ void parse_variants(const Json& variants, SweepConfig& c) {
 void parse_sweep_axes(const Json& sweep, SweepConfig& c) {
   check_keys(sweep, "sweep",
              {"batch", "heads", "kv_heads", "head_dim", "seq_len", "seq_q", "seq_kv", "mask", "threads",
-              "isa", "dropout"});
+              "isa", "dropout", "dtype", "bias"});
   if (sweep.contains("batch")) c.batch = size_axis(sweep["batch"], "sweep.batch");
   if (sweep.contains("heads")) c.heads = size_axis(sweep["heads"], "sweep.heads");
   if (sweep.contains("kv_heads")) {
@@ -337,6 +384,20 @@ void parse_sweep_axes(const Json& sweep, SweepConfig& c) {
   }
   if (sweep.contains("dropout"))
     c.dropout = get_number(sweep["dropout"], "sweep.dropout", 0, 0.999999, "a probability in [0, 1)");
+  if (sweep.contains("dtype")) {
+    c.dtypes.clear();
+    for_axis(sweep["dtype"], "sweep.dtype", [&](const Json& v, const std::string& p) {
+      if (!v.is_string()) fail(p, "must be a storage dtype (fp32, bf16, fp16), got " + v.dump());
+      c.dtypes.push_back(parse_dtype(v.get<std::string>(), p));
+    });
+  }
+  if (sweep.contains("bias")) {
+    c.biases.clear();
+    for_axis(sweep["bias"], "sweep.bias", [&](const Json& v, const std::string& p) {
+      if (!v.is_string()) fail(p, "must be a logit bias (none, alibi), got " + v.dump());
+      c.biases.push_back(parse_bias(v.get<std::string>(), p));
+    });
+  }
 }
 
 void parse_measure(const Json& m, MeasureSettings& s) {
@@ -383,7 +444,8 @@ void check_point_count(const SweepConfig& c) {
   for (const std::size_t n :
        {c.regimes.size(), c.batch.size(), c.heads.size(), std::max<std::size_t>(c.kv_heads.size(), 1),
         c.head_dim.size(), c.seq_q.size(), c.self_attention ? std::size_t{1} : c.seq_kv.size(),
-        c.masks.size(), std::max<std::size_t>(c.threads.size(), 1), c.isas.size()})
+        c.masks.size(), std::max<std::size_t>(c.threads.size(), 1), c.isas.size(), c.dtypes.size(),
+        c.biases.size()})
     points = points_product(points, n);
   if (points > kMaxPoints)
     fail("config", "the cross product of variants, parameters, sweep.*, and inputs has more than " +
@@ -403,8 +465,10 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
   parse_variants(j.value("variants", Json("all")), c);
   parse_sweep_axes(j.value("sweep", Json::object()), c);
   const std::string dir = std::filesystem::path(source_path).parent_path().string();
+  const Json sweep_raw = j.value("sweep", Json::object());
   parse_regimes(j.value("inputs", Json{{"regime", "gaussian"}, {"std", 1.0}}), "inputs",
-                dir.empty() ? "." : dir, c.regimes);
+                dir.empty() ? "." : dir, c.head_dim,
+                sweep_raw.is_object() ? sweep_raw.value("head_dim", Json()) : Json(), c.regimes);
   if (j.contains("measure")) parse_measure(j["measure"], c.measure);
   if (j.contains("accuracy")) parse_accuracy(j["accuracy"], c.accuracy);
   if (j.contains("memory_budget")) c.memory_budget_bytes = parse_bytes(j["memory_budget"], "memory_budget");

@@ -11,6 +11,7 @@
 
 #include "bench/lib/measure.hpp"
 #include "common/problem.hpp"
+#include "common/rope.hpp"
 
 namespace attn {
 
@@ -18,7 +19,15 @@ struct Regime {
   std::string kind = "gaussian";  // "gaussian" | "tokens"
   double std = 1.0;               // gaussian: standard deviation of Q and K (V is N(0, 1)); sets peakedness
   std::string text;               // tokens: text file, resolved against the config's folder
-  std::string label() const;      // "gaussian(std=1)" / "tokens(sample.txt)"
+  // Rotary position embedding applied to the fp32 Q and K once they are made (inputs.rope, inputs.rope_base),
+  // before any rounding to the storage dtype, as a model does before it stores its KV cache.
+  RopeSpec rope;
+  // "gaussian(std=1)" / "tokens(sample.txt)", with ",rope=normal" (",rope=neox,base=500000") when RoPE is on:
+  // part of the point id and the input key, so points differing only in RoPE differ there.
+  std::string label() const;
+  // label() without the RoPE part: the input seed derives from it, so the same point with and without RoPE
+  // starts from the same draws (or the same projections of the text).
+  std::string base_label() const;
 };
 
 struct MaskAxis {
@@ -56,6 +65,9 @@ struct SweepConfig {
   std::vector<std::string> isas{"best"};
   bool isa_from_config = false;  // sweep.isa given (else `run --isa` / `attnbench_gbench --isa` may set it)
   double dropout = 0;
+  // Storage precisions of Q, K, V (sweep.dtype) and logit biases (sweep.bias): axes crossed with the others.
+  std::vector<DType> dtypes{DType::fp32};
+  std::vector<Bias> biases{Bias::none};
   MeasureSettings measure;
   AccuracySettings accuracy;
   std::optional<uint64_t> memory_budget_bytes;  // unset: half the physical memory (resolved by the plan)

@@ -5,6 +5,7 @@
 
 #include "common/error.hpp"
 #include "common/random.hpp"
+#include "common/rope.hpp"
 
 namespace attn {
 
@@ -24,6 +25,14 @@ AttentionInputs PointInputs::view(float* out) const {
 
 PointInputs make_token_inputs(const SweepPoint& point);  // inputs_tokens.cpp
 
+void apply_point_rope(const SweepPoint& pt, float* q, float* k) {
+  const Problem& p = pt.problem;
+  const RopeSpec& r = pt.regime.rope;
+  if (!r.on()) return;
+  apply_rope(r, q, p.batch * p.heads, p.seq_q, p.head_dim, rope_query_offset(p));
+  apply_rope(r, k, p.batch * p.num_kv_heads(), p.seq_kv, p.head_dim, 0);
+}
+
 PointInputs make_inputs(const SweepPoint& pt) {
   const Problem& p = pt.problem;
   PointInputs in;
@@ -38,6 +47,8 @@ PointInputs make_inputs(const SweepPoint& pt) {
     fill_normal(in.k.ptr(), static_cast<int64_t>(in.k.numel()), pt.input_seed * 3 + 2, pt.regime.std);
     fill_normal(in.v.ptr(), static_cast<int64_t>(in.v.numel()), pt.input_seed * 3 + 3, 1.0);
   }
+  validate_rope(pt.regime.rope, p.head_dim, "inputs.rope");  // the config checked it; a direct caller too
+  apply_point_rope(pt, in.q.ptr(), in.k.ptr());
   if (p.mask.key_padding) {
     in.key_padding = ByteArray({p.batch, p.seq_kv});
     const int64_t padded = std::llround(pt.mask.pad_fraction * static_cast<double>(p.seq_kv));

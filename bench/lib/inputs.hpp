@@ -16,7 +16,12 @@ struct PointInputs {
 // Q is [batch, heads, seq_q, head_dim]; K and V are [batch, kv_heads, seq_kv, head_dim]
 // (Problem::num_kv_heads). gaussian: Q, K ~ N(0, std^2), V ~ N(0, 1). A larger std makes attention more
 // peaked (logit spread ~ std^2). tokens: see make_token_inputs. Key padding pads the trailing round(fraction
-// * seq_kv) keys of every batch.
+// * seq_kv) keys of every batch. With the regime's RoPE on, Q and K are rotated (apply_point_rope) before
+// they are returned. Always fp32: a bf16 / fp16 point rounds them (StoredInputs, common/half.hpp).
 PointInputs make_inputs(const SweepPoint& point);
+
+// The regime's RoPE on fp32 Q and K in place (nothing when off): keys at positions 0 .. seq_kv - 1, queries
+// from rope_query_offset(problem) on. q and k have the point's Q and K shapes (or are copies of them).
+void apply_point_rope(const SweepPoint& point, float* q, float* k);
 
 }  // namespace attn

@@ -135,38 +135,47 @@ std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
                 // input keys, and so their input seeds and inputs.
                 key << "B=" << B << ",H=" << H;
                 if (KV != H) key << ",Hkv=" << KV;
-                key << ",Lq=" << Lq << ",Lkv=" << Lkv << ",D=" << D << "," << mask.label() << ","
-                    << regime.label();
-                const uint64_t seed = fnv1a64(key.str(), c.seed);
-                for (const VariantSpec& v : c.variants)
-                  for (const Json& params : v.param_sets)
-                    for (int T : c.threads)
-                      for (const std::string& isa : c.isas) {
-                        SweepPoint pt;
-                        Problem& p = pt.problem;
-                        p = make_problem(v.name, params);  // resolved already; this records the spec order
-                        p.batch = B, p.heads = H, p.seq_q = Lq, p.seq_kv = Lkv, p.head_dim = D;
-                        p.kv_heads = KV == H ? 0 : KV;  // 0: multi-head attention (Problem::num_kv_heads)
-                        p.mask = mask.spec;
-                        p.dropout = c.dropout;
-                        p.seed = c.seed;
-                        pt.mask = mask;
-                        pt.regime = regime;
-                        pt.threads = T;
-                        pt.isa = isa;
-                        pt.input_key = key.str();
-                        pt.input_seed = seed;
-                        std::ostringstream id;
-                        id << p.repro();
-                        if (mask.spec.key_padding)
-                          id << ",padfrac=" << shortest_double_text(mask.pad_fraction);
-                        id << "," << regime.label() << ",T=" << T;
-                        // "best" adds nothing: configs without sweep.isa keep the ids (and --filter texts and
-                        // resumable folders) they had before the axis existed.
-                        if (isa != "best") id << ",isa=" << isa;
-                        pt.id = id.str();
-                        plan.push_back(std::move(pt));
-                      }
+                key << ",Lq=" << Lq << ",Lkv=" << Lkv << ",D=" << D << "," << mask.label() << ",";
+                // The seed comes from the regime without RoPE: a point with RoPE rotates the very draws (or
+                // projections) the same point without it uses. The key has the RoPE part: other inputs.
+                const uint64_t seed = fnv1a64(key.str() + regime.base_label(), c.seed);
+                key << regime.label();
+                // The storage dtype and the bias leave the fp32 inputs as they are: points differing only in
+                // them share the input key (and the fp32 reference of the end-to-end accuracy).
+                for (const Bias bias : c.biases)
+                  for (const DType dtype : c.dtypes)
+                    for (const VariantSpec& v : c.variants)
+                      for (const Json& params : v.param_sets)
+                        for (int T : c.threads)
+                          for (const std::string& isa : c.isas) {
+                            SweepPoint pt;
+                            Problem& p = pt.problem;
+                            p = make_problem(v.name,
+                                             params);  // resolved already; this records the spec order
+                            p.batch = B, p.heads = H, p.seq_q = Lq, p.seq_kv = Lkv, p.head_dim = D;
+                            p.kv_heads = KV == H ? 0 : KV;  // 0: multi-head attention (Problem::num_kv_heads)
+                            p.mask = mask.spec;
+                            p.dropout = c.dropout;
+                            p.seed = c.seed;
+                            p.dtype = dtype;
+                            p.bias = bias;
+                            pt.mask = mask;
+                            pt.regime = regime;
+                            pt.threads = T;
+                            pt.isa = isa;
+                            pt.input_key = key.str();
+                            pt.input_seed = seed;
+                            std::ostringstream id;
+                            id << p.repro();
+                            if (mask.spec.key_padding)
+                              id << ",padfrac=" << shortest_double_text(mask.pad_fraction);
+                            id << "," << regime.label() << ",T=" << T;
+                            // "best" adds nothing: configs without sweep.isa keep the ids (and --filter texts
+                            // and resumable folders) they had before the axis existed.
+                            if (isa != "best") id << ",isa=" << isa;
+                            pt.id = id.str();
+                            plan.push_back(std::move(pt));
+                          }
               }
   return plan;
 }
@@ -183,7 +192,7 @@ std::vector<int64_t> accuracy_rows(const Problem& p, const AccuracySettings& a) 
 }
 
 std::size_t PointMemory::need() const {
-  return sat_add(call.total(), reference);
+  return sat_add(sat_add(call.total(), reference), fp32_inputs);
 }
 
 PointMemory point_memory(const SweepPoint& pt, const SweepConfig& c) {
@@ -194,9 +203,13 @@ PointMemory point_memory(const SweepPoint& pt, const SweepConfig& c) {
   const std::string mode = accuracy_mode(p, c.accuracy);
   if (mode != "none") {
     const int64_t rows = mode == "full" ? p.seq_q : std::min(p.seq_q, c.accuracy.rows);
-    m.reference =
-        static_cast<std::size_t>(p.batch * p.heads * rows * p.head_dim) * (sizeof(double) + sizeof(float));
+    const auto elements = static_cast<std::size_t>(p.batch * p.heads * rows * p.head_dim);
+    // bf16 / fp16: the reference on the rounded inputs (the kernel's error) and the one on the fp32 inputs
+    // (the end-to-end error); fp32: one serves both.
+    m.reference = elements * ((p.dtype == DType::fp32 ? 1 : 2) * sizeof(double) + sizeof(float));
   }
+  if (p.dtype != DType::fp32)
+    m.fp32_inputs = static_cast<std::size_t>(p.q_elements() + 2 * p.kv_elements()) * sizeof(float);
   return m;
 }
 
@@ -211,8 +224,11 @@ std::string skip_reason(const SweepPoint& pt, const SweepConfig& c) {
          format_bytes(static_cast<double>(need)) + ": inputs " +
          format_bytes(static_cast<double>(m.call.inputs)) + ", output and workspace " +
          format_bytes(static_cast<double>(m.call.beyond_inputs())) + ", accuracy reference " +
-         format_bytes(static_cast<double>(m.reference)) + ") > memory_budget " +
-         format_bytes(static_cast<double>(budget));
+         format_bytes(static_cast<double>(m.reference)) +
+         (m.fp32_inputs ? ", fp32 inputs the " + std::string(dtype_name(pt.problem.dtype)) +
+                              " ones are rounded from " + format_bytes(static_cast<double>(m.fp32_inputs))
+                        : std::string()) +
+         ") > memory_budget " + format_bytes(static_cast<double>(budget));
 }
 
 std::optional<double> point_bytes(const SweepPoint& pt) {
@@ -237,8 +253,12 @@ ResultRow base_row(const SweepPoint& pt, const SweepConfig& c, const std::string
   r.threads = pt.threads;
   r.isa = isa;
   r.dropout = p.dropout;
+  r.dtype = dtype_name(p.dtype);
+  r.bias = bias_name(p.bias);
+  r.rope = pt.regime.rope.str();
   r.exact = v.capabilities().exact;
   r.accuracy.reference = accuracy_mode(p, c.accuracy);
+  r.accuracy_e2e.reference = r.accuracy.reference;
   const PointMemory m = point_memory(pt, c);
   r.memory.estimated_bytes = m.call.beyond_inputs();
   r.memory.inputs_bytes = m.call.inputs;
@@ -278,7 +298,9 @@ Json point_json(const SweepPoint& pt, const SweepConfig& c) {
         {"causal_lower_right", p.mask.causal_lower_right},
         {"key_padding", p.mask.key_padding},
         {"dropout", p.dropout},
-        {"seed", p.seed}}},
+        {"seed", p.seed},
+        {"dtype", dtype_name(p.dtype)},
+        {"bias", bias_name(p.bias)}}},
       {"mask", {{"label", pt.mask.label()}, {"pad_fraction", pt.mask.pad_fraction}}},
       {"inputs",
        {{"key", pt.input_key},
@@ -286,6 +308,10 @@ Json point_json(const SweepPoint& pt, const SweepConfig& c) {
         {"regime", pt.regime.kind},
         {"std", pt.regime.std},
         {"text", pt.regime.text},
+        {"rope", pt.regime.rope.str()},
+        {"rope_mode", rope_mode_name(pt.regime.rope.mode)},
+        {"rope_base", pt.regime.rope.base},
+        {"rope_query_offset", rope_query_offset(p)},
         {"label", pt.regime.label()}}},
       {"threads", pt.threads},
       {"isa_requested", pt.isa},
@@ -298,6 +324,7 @@ Json point_json(const SweepPoint& pt, const SweepConfig& c) {
         {"output_bytes", m.call.output},
         {"workspace_bytes", m.call.workspace},
         {"reference_bytes", m.reference},
+        {"fp32_inputs_bytes", m.fp32_inputs},
         {"need_bytes", m.need()},
         {"budget_bytes", *c.memory_budget_bytes}}},
       {"measure",

@@ -23,10 +23,13 @@ struct SweepPoint {
   Regime regime;
   int threads = 1;
   std::string isa = "best";  // the requested SIMD target; the row records the one that ran (resolved)
-  // problem.repro() + pad fraction + regime + threads (+ ",isa=NAME" unless the requested isa is "best", so
-  // configs without sweep.isa keep their ids): unique within a sweep
+  // problem.repro() (with ",alibi" and ",dtype=bf16" when not the defaults) + pad fraction + regime (with
+  // ",rope=MODE" when RoPE is on) + threads (+ ",isa=NAME" unless the requested isa is "best", so configs
+  // without sweep.isa keep their ids): unique within a sweep
   std::string id;
-  std::string input_key;    // identical for points that share inputs (and so the reference)
+  // identical for points that share the fp32 inputs (and so the fp32 reference): the dtype and the bias are
+  // not in it, RoPE is
+  std::string input_key;
   uint64_t input_seed = 0;  // derived from the config seed and the input key
 };
 
@@ -64,9 +67,12 @@ std::string accuracy_mode(const Problem& p, const AccuracySettings& accuracy);
 std::vector<int64_t> accuracy_rows(const Problem& p, const AccuracySettings& accuracy);
 
 struct PointMemory {
-  MemoryEstimate call;        // inputs, output, workspace of one call
-  std::size_t reference = 0;  // the accuracy step's fp64 reference rows and fp32 copy
-  std::size_t need() const;   // everything the point holds at once (saturating)
+  MemoryEstimate call;  // inputs (at the storage dtype's width), output, workspace of one call
+  // The accuracy step's fp64 reference rows (two for bf16 / fp16: on the rounded and on the fp32 inputs) and
+  // the fp32 copy of the compared output rows.
+  std::size_t reference = 0;
+  std::size_t fp32_inputs = 0;  // bf16 / fp16: the fp32 Q, K, V the stored ones are rounded from (kept)
+  std::size_t need() const;     // everything the point holds at once (saturating)
 };
 PointMemory point_memory(const SweepPoint& pt, const SweepConfig& resolved);
 

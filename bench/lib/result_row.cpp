@@ -92,6 +92,25 @@ class Reader {
   std::string where_;
 };
 
+Json accuracy_json(const AccuracySummary& a) {
+  return {{"reference", a.reference},          {"rows", a.rows},
+          {"max_abs_err", opt(a.max_abs_err)}, {"rel_l2_err", opt(a.rel_l2_err)},
+          {"mean_cosine", opt(a.mean_cosine)}, {"nan_count", opt(a.nan_count)},
+          {"inf_count", opt(a.inf_count)}};
+}
+
+AccuracySummary read_accuracy(const Reader& in, const std::string& key) {
+  AccuracySummary a;
+  a.reference = in.str(key + ".reference");
+  a.rows = in.integer(key + ".rows");
+  a.max_abs_err = in.opt_number(key + ".max_abs_err");
+  a.rel_l2_err = in.opt_number(key + ".rel_l2_err");
+  a.mean_cosine = in.opt_number(key + ".mean_cosine");
+  a.nan_count = in.opt_integer(key + ".nan_count");
+  a.inf_count = in.opt_integer(key + ".inf_count");
+  return a;
+}
+
 }  // namespace
 
 Json to_json(const ResultRow& r) {
@@ -109,6 +128,10 @@ Json to_json(const ResultRow& r) {
           {"threads", r.threads},
           {"isa", r.isa},
           {"dropout", r.dropout},
+          {"dtype", r.dtype},
+          {"bias", r.bias},
+          {"rope", r.rope},
+          {"rope_ms", opt(r.rope_ms)},
           {"exact", r.exact},
           {"status", r.status},
           {"reason", r.reason},
@@ -126,14 +149,8 @@ Json to_json(const ResultRow& r) {
           {"bytes", opt(r.bytes)},
           {"gbytes_per_s", opt(r.gbytes_per_s)},
           {"frac_bandwidth", opt(r.frac_bandwidth)},
-          {"accuracy",
-           {{"reference", r.accuracy.reference},
-            {"rows", r.accuracy.rows},
-            {"max_abs_err", opt(r.accuracy.max_abs_err)},
-            {"rel_l2_err", opt(r.accuracy.rel_l2_err)},
-            {"mean_cosine", opt(r.accuracy.mean_cosine)},
-            {"nan_count", opt(r.accuracy.nan_count)},
-            {"inf_count", opt(r.accuracy.inf_count)}}},
+          {"accuracy", accuracy_json(r.accuracy)},
+          {"accuracy_e2e", accuracy_json(r.accuracy_e2e)},
           {"memory",
            {{"estimated_bytes", r.memory.estimated_bytes},
             {"inputs_bytes", r.memory.inputs_bytes},
@@ -168,6 +185,16 @@ ResultRow row_from_json(const Json& j, const std::string& where) {
   r.threads = static_cast<int>(in.integer("threads"));
   r.isa = in.str("isa");
   r.dropout = in.number("dropout");
+  // Rows from before precision and position were axes (#14) read as the defaults.
+  r.dtype = in.str("dtype");
+  if (r.dtype.empty()) r.dtype = "fp32";
+  if (r.dtype != "fp32" && r.dtype != "bf16" && r.dtype != "fp16")
+    in.fail("dtype", "must be fp32, bf16 or fp16, got '" + r.dtype + "'");
+  r.bias = in.str("bias");
+  if (r.bias.empty()) r.bias = "none";
+  r.rope = in.str("rope");
+  if (r.rope.empty()) r.rope = "none";
+  r.rope_ms = in.opt_number("rope_ms");
   r.exact = in.boolean("exact");
   r.reason = in.str("reason");
   r.time_ms.median = in.opt_number("time_ms.median");
@@ -183,13 +210,9 @@ ResultRow row_from_json(const Json& j, const std::string& where) {
   r.bytes = in.opt_number("bytes");
   r.gbytes_per_s = in.opt_number("gbytes_per_s");
   r.frac_bandwidth = in.opt_number("frac_bandwidth");
-  r.accuracy.reference = in.str("accuracy.reference");
-  r.accuracy.rows = in.integer("accuracy.rows");
-  r.accuracy.max_abs_err = in.opt_number("accuracy.max_abs_err");
-  r.accuracy.rel_l2_err = in.opt_number("accuracy.rel_l2_err");
-  r.accuracy.mean_cosine = in.opt_number("accuracy.mean_cosine");
-  r.accuracy.nan_count = in.opt_integer("accuracy.nan_count");
-  r.accuracy.inf_count = in.opt_integer("accuracy.inf_count");
+  r.accuracy = read_accuracy(in, "accuracy");
+  // Rows from before the storage dtype: fp32, where the end-to-end error is the kernel's.
+  r.accuracy_e2e = in.find("accuracy_e2e") ? read_accuracy(in, "accuracy_e2e") : r.accuracy;
   r.memory.estimated_bytes = in.bytes("memory.estimated_bytes");
   r.memory.inputs_bytes = in.bytes("memory.inputs_bytes");
   r.memory.workspace_bytes = in.bytes("memory.workspace_bytes");
@@ -203,7 +226,8 @@ ResultRow row_from_json(const Json& j, const std::string& where) {
 const std::vector<RowField>& row_fields() {
   static const std::vector<RowField> fields{
       {"id", "string",
-       "the point's unique id: the problem's repro string, `,padfrac=F` with key padding, the regime, `,T=` "
+       "the point's unique id: the problem's repro string (with `,alibi` and `,dtype=NAME` unless the "
+       "defaults), `,padfrac=F` with key padding, the regime (with `,rope=MODE` when RoPE is on), `,T=` "
        "threads, and `,isa=NAME` unless the requested target is `best`"},
       {"variant", "string", "registered variant name"},
       {"params", "object", "the variant's resolved parameters (defaults filled in)"},
@@ -218,10 +242,24 @@ const std::vector<RowField>& row_fields() {
       {"mask", "string",
        "`none`, `causal`, `causal_lower_right`, `pad=F`, or `+`-joined (`causal+pad=F`, "
        "`causal_lower_right+pad=F`)"},
-      {"regime", "string", "how the inputs were made: `gaussian(std=S)` or `tokens(FILE)`"},
+      {"regime", "string",
+       "how the inputs were made: `gaussian(std=S)` or `tokens(FILE)`, with `,rope=MODE` inside the "
+       "parentheses when RoPE is on (`gaussian(std=1,rope=normal)`)"},
       {"threads", "integer", "TBB threads"},
       {"isa", "string", "the SIMD target that ran (e.g. `avx3`, `avx2`, `neon`, `scalar`)"},
       {"dropout", "number", "dropout probability on the attention weights"},
+      {"dtype", "string",
+       "storage precision of Q, K, V: `fp32`, or `bf16` / `fp16` rounded (nearest even) from the fp32 "
+       "inputs; "
+       "computation and the output are fp32 (`fp32` in rows written before the field existed)"},
+      {"bias", "string", "logit bias: `none` or `alibi` (the ALiBi paper's default slopes)"},
+      {"rope", "string",
+       "RoPE applied to the fp32 Q and K before rounding: `none`, `normal` (adjacent pairs), `neox` "
+       "(halves), "
+       "with `,base=B` when the base is not 10000"},
+      {"rope_ms", "number|null",
+       "median milliseconds of applying RoPE to Q and K once, at the row's threads and target (not part of "
+       "`time_ms`); null when `rope` is `none`"},
       {"exact", "boolean", "the variant computes softmax attention exactly"},
       {"status", "string", "`ok`, `skipped` (unsupported or over the memory budget) or `failed`"},
       {"reason", "string", "why skipped or failed (`\"\"` when ok)"},
@@ -245,15 +283,26 @@ const std::vector<RowField>& row_fields() {
       {"accuracy.reference", "string", "`full`, `sampled` or `none`"},
       {"accuracy.rows", "integer", "query rows compared per (batch, head)"},
       {"accuracy.max_abs_err", "number|string|null",
-       "largest absolute error against the fp64 exact reference (`\"inf\"` if an output is non-finite)"},
+       "largest absolute error against the fp64 exact reference on the inputs the kernel read (rounded to "
+       "`dtype`: the kernel's own error; `\"inf\"` if an output is non-finite)"},
       {"accuracy.rel_l2_err", "number|string|null", "‖out − ref‖₂ / ‖ref‖₂ over the compared rows"},
       {"accuracy.mean_cosine", "number|string|null", "mean cosine similarity of output and reference rows"},
       {"accuracy.nan_count", "integer|null", "NaN values in the compared output rows"},
       {"accuracy.inf_count", "integer|null", "Inf values in the compared output rows"},
+      {"accuracy_e2e.reference", "string", "as `accuracy.reference`"},
+      {"accuracy_e2e.rows", "integer", "as `accuracy.rows`"},
+      {"accuracy_e2e.max_abs_err", "number|string|null",
+       "largest absolute error against the fp64 reference on the fp32 inputs before rounding to `dtype` "
+       "(end to end: the rounding of the inputs and the kernel's own error; equal to `accuracy` for fp32)"},
+      {"accuracy_e2e.rel_l2_err", "number|string|null", "‖out − ref_fp32‖₂ / ‖ref_fp32‖₂"},
+      {"accuracy_e2e.mean_cosine", "number|string|null", "mean cosine similarity against that reference"},
+      {"accuracy_e2e.nan_count", "integer|null", "as `accuracy.nan_count`"},
+      {"accuracy_e2e.inf_count", "integer|null", "as `accuracy.inf_count`"},
       {"memory.estimated_bytes", "integer", "output + the variant's workspace estimate (saturating)"},
-      {"memory.inputs_bytes", "integer", "Q, K, V and masks"},
+      {"memory.inputs_bytes", "integer", "Q, K, V (at `dtype`'s width) and masks"},
       {"memory.workspace_bytes", "integer", "the variant's own workspace estimate at `threads`"},
-      {"memory.reference_bytes", "integer", "what the accuracy step allocates (fp64 reference rows + copy)"},
+      {"memory.reference_bytes", "integer",
+       "what the accuracy step allocates (fp64 reference rows, two of them for bf16 / fp16, + copy)"},
       {"memory.peak_bytes", "integer|null",
        "measured increase of the resident high-water mark during the timed calls (null: not measured)"},
       {"nonfinite_inputs", "integer|null", "NaN/Inf values in Q, K, V (null until measured)"},

@@ -43,6 +43,13 @@ struct ResultRow {
   int threads = 0;
   std::string isa;  // the SIMD target that ran
   double dropout = 0;
+  // Storage precision of Q, K, V (`fp32`, `bf16`, `fp16`), logit bias (`none`, `alibi`) and the RoPE applied
+  // to the inputs (RopeSpec::str(): `none`, `normal`, `neox,base=B`); rows from before them read as the
+  // defaults.
+  std::string dtype = "fp32";
+  std::string bias = "none";
+  std::string rope = "none";
+  std::optional<double> rope_ms;  // median ms of applying RoPE to Q and K once (null: RoPE off, not measured)
   bool exact = false;
   std::string status = "ok";  // "ok" | "skipped" | "failed"
   std::string reason;         // why skipped or failed ("" when ok)
@@ -51,7 +58,11 @@ struct ResultRow {
   // Bytes one call moves (Attention::bytes_moved, from the sizes: set on skipped rows too), the achieved
   // bandwidth bytes / median time, and that over the in-run memory bandwidth at the row's thread count.
   std::optional<double> bytes, gbytes_per_s, frac_bandwidth;
+  // Against the fp64 reference on the inputs the kernel read (rounded to `dtype`): what the kernel loses.
   AccuracySummary accuracy;
+  // Against the fp64 reference on the fp32 inputs before rounding: what a user of `dtype` loses end to end
+  // (the same as `accuracy` for fp32 rows).
+  AccuracySummary accuracy_e2e;
   MemorySummary memory;
   std::optional<int64_t> nonfinite_inputs;  // NaN/Inf values in Q, K, V (null until measured)
   std::string timestamp;                    // when the row was written (UTC ISO 8601)

@@ -117,6 +117,27 @@ Calibration calibrate(const SweepConfig& config, Json& meta, const std::function
 
 PointRunner::PointRunner(const SweepConfig& config) : config_(config) {}
 
+namespace {
+
+// NaN/Inf among n 16-bit values of storage type t (an all-ones exponent).
+int64_t count_nonfinite16(DType t, const uint16_t* x, std::size_t n) {
+  const uint16_t exp = t == DType::bf16 ? 0x7f80u : 0x7c00u;
+  int64_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) bad += (x[i] & exp) == exp;
+  return bad;
+}
+
+void fill_accuracy(AccuracySummary& a, const ErrorMetrics& m, int64_t rows) {
+  a.rows = rows;
+  a.max_abs_err = m.max_abs_err;
+  a.rel_l2_err = m.rel_l2_err;
+  a.mean_cosine = m.mean_cosine;
+  a.nan_count = m.nan_count;
+  a.inf_count = m.inf_count;
+}
+
+}  // namespace
+
 ResultRow PointRunner::measure(const SweepPoint& pt) {
   const Problem& p = pt.problem;
   const Attention& variant = Registry::instance().get(p.variant);
@@ -130,11 +151,22 @@ ResultRow PointRunner::measure(const SweepPoint& pt) {
   }
   try {
     if (inputs_key_ != pt.input_key) {
-      inputs_ = PointInputs();  // the old inputs go before the new ones are made
+      // The old inputs (and their rounded copy) go before the new ones are made.
+      stored_.reset();
+      inputs_ = PointInputs();
       inputs_key_.clear();
+      rope_ms_.clear();
       inputs_ = make_inputs(pt);
       inputs_key_ = pt.input_key;
     }
+    if (p.dtype == DType::fp32) {
+      stored_.reset();
+    } else if (!stored_ || stored_dtype_ != p.dtype) {
+      stored_.reset();
+      stored_ = std::make_unique<StoredInputs>(p, inputs_.view(nullptr));
+      stored_dtype_ = p.dtype;
+    }
+    time_rope(pt, row);
     time_and_compare(pt, variant, row);
   } catch (const std::bad_alloc&) {
     row.status = "failed";
@@ -146,15 +178,43 @@ ResultRow PointRunner::measure(const SweepPoint& pt) {
   return row;
 }
 
+// RoPE on copies of Q and K (the inputs are rotated once already; rotating a copy again costs the same), with
+// the point's measure settings and threads, before the variant's output and workspace exist.
+void PointRunner::time_rope(const SweepPoint& pt, ResultRow& row) {
+  if (!pt.regime.rope.on()) return;
+  const std::string key = std::to_string(pt.threads) + "|" + row.isa;
+  if (const auto it = rope_ms_.find(key); it != rope_ms_.end()) {
+    row.rope_ms = it->second;
+    return;
+  }
+  FloatArray q = inputs_.q, k = inputs_.k;
+  ThreadScope scope(pt.threads);
+  const TimingStats t = time_repeated([&] { apply_point_rope(pt, q.ptr(), k.ptr()); }, config_.measure);
+  rope_ms_[key] = t.median_ms;
+  row.rope_ms = t.median_ms;
+}
+
+void PointRunner::reference_for(const Problem& p, const AttentionInputs& in, const std::string& mode,
+                                const std::string& key, std::string& have_key, DoubleArray& ref) {
+  if (have_key == key) return;
+  have_key.clear();
+  ref = DoubleArray();
+  ref = DoubleArray({p.batch, p.heads, static_cast<int64_t>(reference_rows_.size()), p.head_dim});
+  reference_attention(p, in, ref.ptr(), mode == "full" ? nullptr : &reference_rows_);
+  have_key = key;
+}
+
 void PointRunner::time_and_compare(const SweepPoint& pt, const Attention& variant, ResultRow& row) {
   const Problem& p = pt.problem;
   TimingStats t;
   int64_t peak = -1;
   FloatArray out;
+  // What the variant reads: the fp32 inputs, or their bf16 / fp16 rounding.
+  AttentionInputs in = p.dtype == DType::fp32 ? inputs_.view(nullptr) : stored_->get();
   {
     probe_.reset();
     out = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});  // O has the query heads
-    const AttentionInputs in = inputs_.view(out.ptr());
+    in.out = out.ptr();
     ThreadScope scope(pt.threads);
     t = time_repeated([&] { variant.run(p, in); }, config_.measure);
     peak = probe_.peak_increase();
@@ -175,10 +235,14 @@ void PointRunner::time_and_compare(const SweepPoint& pt, const Attention& varian
       row.frac_bandwidth = *row.gbytes_per_s / it->second;
   }
 
-  // NaN never leaks silently: non-finite output from finite inputs fails the point.
-  const int64_t bad_in = count_nonfinite(inputs_.q.ptr(), inputs_.q.numel()) +
-                         count_nonfinite(inputs_.k.ptr(), inputs_.k.numel()) +
-                         count_nonfinite(inputs_.v.ptr(), inputs_.v.numel());
+  // NaN never leaks silently: non-finite output from finite inputs fails the point. The inputs counted are
+  // the ones the variant read (fp16 rounds fp32 values beyond 65504 to Inf).
+  const int64_t bad_in = p.dtype == DType::fp32 ? count_nonfinite(inputs_.q.ptr(), inputs_.q.numel()) +
+                                                      count_nonfinite(inputs_.k.ptr(), inputs_.k.numel()) +
+                                                      count_nonfinite(inputs_.v.ptr(), inputs_.v.numel())
+                                                : count_nonfinite16(p.dtype, in.q16, inputs_.q.numel()) +
+                                                      count_nonfinite16(p.dtype, in.k16, inputs_.k.numel()) +
+                                                      count_nonfinite16(p.dtype, in.v16, inputs_.v.numel());
   const int64_t bad_out = count_nonfinite(out.ptr(), out.numel());
   row.nonfinite_inputs = bad_in;
   if (bad_out && !bad_in) {
@@ -186,31 +250,34 @@ void PointRunner::time_and_compare(const SweepPoint& pt, const Attention& varian
     row.reason = std::to_string(bad_out) + " NaN/Inf values in the output from finite inputs";
   }
 
-  // Accuracy against exact softmax attention in fp64 (same masks and dropout), on all or sampled rows.
+  // Accuracy against exact softmax attention in fp64 (same masks, bias and dropout), on all or sampled rows:
+  // on the inputs the variant read (`accuracy`) and on the fp32 inputs before rounding (`accuracy_e2e`; for
+  // fp32 one reference serves both).
   const std::string mode = row.accuracy.reference;
   if (mode == "none") return;
-  const std::string key =
-      pt.input_key + "|" + mode + "|" + std::to_string(p.dropout) + "|" + std::to_string(p.seed);
-  if (reference_key_ != key) {
-    reference_key_.clear();
-    reference_ = DoubleArray();
-    reference_rows_ = accuracy_rows(p, config_.accuracy);
-    reference_ = DoubleArray({p.batch, p.heads, static_cast<int64_t>(reference_rows_.size()), p.head_dim});
-    reference_attention(p, inputs_.view(out.ptr()), reference_.ptr(),
-                        mode == "full" ? nullptr : &reference_rows_);
-    reference_key_ = key;
+  reference_rows_ = accuracy_rows(p, config_.accuracy);
+  const std::string key = pt.input_key + "|" + mode + "|" + std::to_string(p.dropout) + "|" +
+                          std::to_string(p.seed) + "|" + bias_name(p.bias);
+  reference_for(WideInputs::as_fp32(p), inputs_.view(nullptr), mode, key, reference_key_, reference_);
+  if (p.dtype == DType::fp32) {
+    stored_reference_key_.clear();  // points of one dtype are adjacent: free it for the fp32 points
+    stored_reference_ = DoubleArray();
+  } else {
+    in.out = nullptr;
+    reference_for(p, in, mode, key + "|" + dtype_name(p.dtype), stored_reference_key_, stored_reference_);
   }
   const auto got = mode == "full"
                        ? std::vector<float>(out.data.begin(), out.data.end())
                        : gather_rows(out.ptr(), p.batch * p.heads, p.seq_q, p.head_dim, reference_rows_);
   const int64_t nrows = p.batch * p.heads * static_cast<int64_t>(reference_rows_.size());
-  const ErrorMetrics m = compare_outputs(got.data(), reference_.ptr(), nrows, p.head_dim);
-  row.accuracy.rows = static_cast<int64_t>(reference_rows_.size());
-  row.accuracy.max_abs_err = m.max_abs_err;
-  row.accuracy.rel_l2_err = m.rel_l2_err;
-  row.accuracy.mean_cosine = m.mean_cosine;
-  row.accuracy.nan_count = m.nan_count;
-  row.accuracy.inf_count = m.inf_count;
+  const auto rows = static_cast<int64_t>(reference_rows_.size());
+  const ErrorMetrics e2e = compare_outputs(got.data(), reference_.ptr(), nrows, p.head_dim);
+  fill_accuracy(row.accuracy_e2e, e2e, rows);
+  if (p.dtype == DType::fp32)
+    fill_accuracy(row.accuracy, e2e, rows);
+  else
+    fill_accuracy(row.accuracy, compare_outputs(got.data(), stored_reference_.ptr(), nrows, p.head_dim),
+                  rows);
 }
 
 }  // namespace attn

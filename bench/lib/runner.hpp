@@ -1,12 +1,16 @@
 // Stage 3 of a sweep (config -> plan -> runner -> store): measures one point. Per point, in order: support
-// and memory-budget check (skip_reason), inputs (made once per input set), timing with the resident-memory
-// probe, output sanity (NaN/Inf from finite inputs fails the point), accuracy against the fp64 exact softmax
-// reference (computed once per input set and shared by every variant measured on it). Also the calibration
+// and memory-budget check (skip_reason), inputs (fp32, with RoPE applied, made once per input set; rounded to
+// the point's bf16 / fp16 once per input set and dtype), the RoPE timing (rope_ms, once per input set, thread
+// count and target), timing with the resident-memory probe, output sanity (NaN/Inf from finite inputs fails
+// the point), accuracy against the fp64 exact softmax reference on the rounded inputs (`accuracy`) and on the
+// fp32 ones (`accuracy_e2e`), each computed once per input set, bias (and dtype) and shared by every variant
+// measured on it. Also the calibration
 // whose results are the rows' denominators (sgemm and the fp32 FMA peak per thread count and SIMD target,
 // and the memory bandwidth per thread count).
 #pragma once
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -14,6 +18,7 @@
 #include "bench/lib/measure.hpp"
 #include "bench/lib/plan.hpp"
 #include "bench/lib/result_row.hpp"
+#include "common/half.hpp"
 #include "common/tensor.hpp"
 
 namespace attn {
@@ -40,16 +45,24 @@ class PointRunner {
 
  private:
   void time_and_compare(const SweepPoint& pt, const Attention& variant, ResultRow& row);
+  void time_rope(const SweepPoint& pt, ResultRow& row);
+  // The fp64 reference of `p` on `in` under `key` into `ref` (kept while the key stays the same).
+  void reference_for(const Problem& p, const AttentionInputs& in, const std::string& mode,
+                     const std::string& key, std::string& have_key, DoubleArray& ref);
 
   const SweepConfig& config_;
   Calibration calibration_;
   MemoryProbe probe_;
-  // Inputs and the fp64 reference of the last input set: points sharing inputs are adjacent in the plan.
-  PointInputs inputs_;
+  // Inputs and the fp64 references of the last input set: points sharing inputs are adjacent in the plan.
+  PointInputs inputs_;  // fp32, RoPE applied
   std::string inputs_key_;
-  std::string reference_key_;
+  std::unique_ptr<StoredInputs> stored_;  // inputs_ rounded to stored_dtype_ (bf16 / fp16 points)
+  DType stored_dtype_ = DType::fp32;
+  std::map<std::string, double> rope_ms_;  // "threads|isa" -> median ms, for inputs_key_
   std::vector<int64_t> reference_rows_;
-  DoubleArray reference_;
+  // On the fp32 inputs (the end-to-end reference; the only one of fp32 points) and on the rounded ones.
+  std::string reference_key_, stored_reference_key_;
+  DoubleArray reference_, stored_reference_;
 };
 
 }  // namespace attn

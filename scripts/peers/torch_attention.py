@@ -23,7 +23,8 @@ is zeros (PyTorch's softmax would give NaN), set in the timed call. Grouped-quer
 kv_heads < heads heads; kv_heads from the plan's problem, else the id's "Hkv=", else heads): torch 1.13 has no
 enable_gqa, so each call repeats the K/V heads, k.repeat_interleave(heads // kv_heads, dim=1), query head h
 reading K/V head h // (heads // kv_heads) as attnbench's kv_head_of; the copies count in the workspace.
-Skipped: dropout (PyTorch cannot draw attnbench's keep decisions), points the plan skips for memory (need_bytes
+Skipped: dropout (PyTorch cannot draw attnbench's keep decisions), bf16 / fp16 storage and the ALiBi bias
+(the peer computes fp32 attention without a bias; RoPE needs nothing, Q and K come rotated), points the plan skips for memory (need_bytes
 over memory_budget) and points whose PyTorch memory exceeds memory_budget. A point the plan skips because its
 variant lacks a capability (a mask kind, GQA, cross-attention) is still run: PyTorch computes it. Rows are appended to DIR/results.peers.jsonl (DIR: results/<config name>,
 as `attnbench run`); frac_sgemm and frac_peak use DIR/meta.json's calibrations when a C++ run wrote it.
@@ -167,6 +168,12 @@ def start_row(pid, pt):
         return row, pt["skip"]
     if p["dropout"] > 0:
         return row, "dropout: the PyTorch peer times attention without dropout"
+    # Storage dtype and bias (#14): the peer computes fp32 attention without a bias, so its rows would
+    # misstate a bf16 / fp16 or ALiBi point.
+    if pt["problem"].get("dtype", "fp32") != "fp32":
+        return row, f"dtype {pt['problem']['dtype']}: the PyTorch peer runs fp32 inputs only"
+    if pt["problem"].get("bias", "none") != "none":
+        return row, f"bias {pt['problem']['bias']}: the PyTorch peer applies no logit bias"
     if need > budget:
         return row, (f"needs {need} bytes in PyTorch (inputs {mem['inputs_bytes']}, output and workspace "
                      f"{mem['estimated_bytes']}, accuracy reference {mem['reference_bytes']}) > memory_budget {budget}")
@@ -287,6 +294,8 @@ def measure(torch, pt, row, data, settings, probe, calibration):
         rows = data["rows"]
         row["accuracy"].update(rows=len(rows), **compare_outputs(out[:, :, rows, :].reshape(-1, D),
                                                                  data["reference"].reshape(-1, D)))
+        if "accuracy_e2e" in row:  # fp32 inputs only (start_row): the end-to-end error is the same
+            row["accuracy_e2e"] = dict(row["accuracy"])
         # Fully masked rows are zeros (forward); NaN/Inf left come from non-finite inputs: reported, not failed.
         if bad := row["accuracy"]["nan_count"] + row["accuracy"]["inf_count"]:
             row["reason"] = f"{bad} NaN/Inf values in the output ({row['nonfinite_inputs']} non-finite inputs)"

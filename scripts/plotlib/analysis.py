@@ -15,6 +15,8 @@ a plain dict of JSON values, which plot.py writes as summary.json (adding "files
     best_exact                  per point: the fastest exact attnbench row and the exact one with least memory
     pareto                      per facet: every row's speed-up over the fastest exact row at its point against
                                 its error, and which of them form the Pareto front
+    accuracy_by_dtype           per variant x dtype (x regime, x bias when several): median and max of the
+                                kernel's and the end-to-end max_abs_err, and the time ratio vs fp32 (#14)
     roofline                    the ceilings of the run per thread count (sgemm GFLOP/s, memory bandwidth from
                                 meta.json) with every measured row's arithmetic intensity (flops / bytes) and
                                 GFLOP/s; per variant its best frac_bandwidth and frac_sgemm and where; and
@@ -65,7 +67,8 @@ def crossover(ns, ratios):
     return n, f"n ≈ {n:.0f} (between {n1} and {n2})"
 
 
-POINT_FIELDS = ["mask", "regime", "batch", "heads", "kv_heads", "head_dim", "threads", "seq_q", "seq_kv", "isa"]
+POINT_FIELDS = ["mask", "regime", "batch", "heads", "kv_heads", "head_dim", "threads", "seq_q", "seq_kv", "isa", "dtype",
+                "bias"]
 
 
 def point_key(r):
@@ -242,6 +245,51 @@ def _roofline(res):
     return {"missing": missing, "panels": panels, "best": best}
 
 
+def _median(xs):
+    xs = sorted(x for x in xs if x is not None and not math.isnan(x))
+    if not xs:
+        return None
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
+def _accuracy_by_dtype(res):
+    """Per variant x dtype (x regime, x bias when several): median and max of the kernel's max_abs_err
+    (accuracy, on the rounded inputs) and the end-to-end one (accuracy_e2e, on the fp32 inputs), and the median
+    time ratio against the same variant's fp32 row at the same point (same parameters, shape, mask, regime,
+    bias, threads, target), where the results have one."""
+    rows = [r for r in res.ok if r.source == "attnbench"]
+    several_regimes = len({r.regime for r in rows}) > 1
+    several_biases = len({r.bias for r in rows}) > 1
+    fp32 = {}
+    for r in rows:
+        if r.dtype == "fp32":
+            fp32[(r.variant, r.params_text, point_key(r)[:-2], r.bias)] = r
+    groups = {}
+    for r in rows:
+        key = (r.variant, r.dtype, r.regime if several_regimes else None, r.bias if several_biases else None)
+        groups.setdefault(key, []).append(r)
+    dtype_order = {"fp32": 0, "bf16": 1, "fp16": 2}
+    out = []
+    for (variant, dtype, regime, bias), rs in sorted(
+            groups.items(), key=lambda kv: (kv[0][0], dtype_order.get(kv[0][1], 9), str(kv[0][2]), str(kv[0][3]))):
+        kernel = [r.max_abs_err for r in rs if r.max_abs_err is not None]
+        e2e = [r.e2e_max_abs_err for r in rs if r.e2e_max_abs_err is not None]
+        ratios = []
+        for r in rs:
+            base = fp32.get((r.variant, r.params_text, point_key(r)[:-2], r.bias))
+            if base is not None and base.time_median:
+                ratios.append(r.time_median / base.time_median)
+        worst = lambda xs: max(xs, key=lambda e: (not math.isfinite(e), e)) if xs else None  # noqa: E731
+        out.append({"variant": variant, "dtype": dtype, "regime": regime, "bias": bias, "rows": len(rs),
+                    "kernel_median_max_abs_err": json_num(_median(kernel)),
+                    "kernel_max_max_abs_err": json_num(worst(kernel)),
+                    "e2e_median_max_abs_err": json_num(_median(e2e)), "e2e_max_max_abs_err": json_num(worst(e2e)),
+                    "time_ratio_vs_fp32": json_num(_median(ratios)) if dtype != "fp32" else None,
+                    "time_ratio_points": len(ratios) if dtype != "fp32" else 0})
+    return out
+
+
 def analyse(res):
     """Everything the figures and the report show, from the results alone (see the module docstring)."""
     series = res.sorted_series()  # the figures' order: by label, mask, facet
@@ -262,4 +310,5 @@ def analyse(res):
         "best_exact": _best_exact_list(fastest, least_mem),
         "pareto": _pareto(res, fastest),
         "roofline": _roofline(res),
+        "accuracy_by_dtype": _accuracy_by_dtype(res),
     }

@@ -103,6 +103,32 @@ def excluded_section(an):
     return "\n".join(parts)
 
 
+def accuracy_by_dtype_section(an):
+    entries = an.get("accuracy_by_dtype") or []
+    if not entries:
+        return "No measured row with an accuracy reference."
+    with_regime = any(e["regime"] is not None for e in entries)
+    with_bias = any(e["bias"] is not None for e in entries)
+    header = ["variant", "dtype"] + (["inputs"] if with_regime else []) + (["bias"] if with_bias else []) + [
+        "rows", "kernel max_abs_err (median)", "kernel (max)", "end to end (median)", "end to end (max)",
+        "time vs fp32"]
+    table = []
+    for e in entries:
+        ratio = num(e["time_ratio_vs_fp32"])
+        table.append([f"`{e['variant']}`", e["dtype"]] + ([e["regime"] or "—"] if with_regime else [])
+                     + ([e["bias"] or "—"] if with_bias else [])
+                     + [e["rows"], fmt_num(num(e["kernel_median_max_abs_err"]), ".2e"),
+                        fmt_num(num(e["kernel_max_max_abs_err"]), ".2e"),
+                        fmt_num(num(e["e2e_median_max_abs_err"]), ".2e"), fmt_num(num(e["e2e_max_max_abs_err"]), ".2e"),
+                        (f"{ratio:.2f}× ({e['time_ratio_points']} points)" if ratio is not None else "—")])
+    return "\n".join([md_table(header, table), "",
+                      "*kernel*: `accuracy.max_abs_err`, against fp64 attention on the inputs the variant read "
+                      "(rounded to the dtype); *end to end*: `accuracy_e2e.max_abs_err`, against fp64 attention on "
+                      "the fp32 inputs before rounding (the same for fp32). Median and max over the variant's "
+                      "rows. *time vs fp32*: the median ratio of its time to the same variant's fp32 row at the "
+                      "same point, where the results have one."])
+
+
 def roofline_section(an, drawn):
     roof = an["roofline"]
     md = []
@@ -192,6 +218,7 @@ def render_report(res, an, figure_files):
         if stem in drawn and stem != ROOFLINE:
             md += [f"## {TITLES[stem]}", "", f"![{TITLES[stem]}](plots/{stem}.png)", "",
                    BLURBS[stem] + f" ([SVG](plots/{stem}.svg))", ""]
+    md += ["## Accuracy by dtype", "", accuracy_by_dtype_section(an), ""]
     md += ["## Roofline", "", roofline_section(an, drawn), ""]
     if PATTERNS in drawn:
         md += ["## Attention patterns", "", "![Attention patterns](plots/patterns.png)", "",

@@ -77,6 +77,13 @@ class Row:
     gbytes_per_s: float = None
     frac_bandwidth: float = None
     rel_l2_err: float = None  # accuracy.rel_l2_err
+    # Storage precision, logit bias and RoPE (#14); rows from before them read as fp32, none, none.
+    dtype: str = "fp32"
+    bias: str = "none"
+    rope: str = "none"
+    rope_ms: float = None
+    max_abs_err: float = None  # accuracy.max_abs_err: the kernel's error on the inputs it read
+    e2e_max_abs_err: float = None  # accuracy_e2e.max_abs_err: against fp64 on the fp32 inputs (older rows: the same)
     peak_bytes: float = None  # memory.peak_bytes
     estimated_bytes: float = None  # memory.estimated_bytes
     label: str = ""  # the series it belongs to: the variant, the parameters that vary, [isa] over several targets
@@ -95,7 +102,11 @@ class Row:
                    flops=num(d.get("flops")), bytes=num(d.get("bytes")), gbytes_per_s=num(d.get("gbytes_per_s")),
                    frac_bandwidth=num(d.get("frac_bandwidth")),
                    rel_l2_err=num(_sub(d, "accuracy", "rel_l2_err")), peak_bytes=num(_sub(d, "memory", "peak_bytes")),
-                   estimated_bytes=num(_sub(d, "memory", "estimated_bytes")))
+                   estimated_bytes=num(_sub(d, "memory", "estimated_bytes")),
+                   dtype=d.get("dtype") or "fp32", bias=d.get("bias") or "none", rope=d.get("rope") or "none",
+                   rope_ms=num(d.get("rope_ms")), max_abs_err=num(_sub(d, "accuracy", "max_abs_err")),
+                   e2e_max_abs_err=num(_sub(d, "accuracy_e2e" if isinstance(d.get("accuracy_e2e"), dict)
+                                            else "accuracy", "max_abs_err")))
 
     def memory(self):
         """Peak bytes measured, else the estimate; and whether it was estimated."""
@@ -210,11 +221,17 @@ class Results:
         # A sweep over SIMD targets (sweep.isa) gives each target its own curve: "tiled [avx2]". The isa is the
         # target that ran; peer rows have none (PyTorch picks its own kernels).
         several_isas = len({r.isa for r in rows if r.isa}) > 1
+        # So do storage dtypes and biases when they vary (#14): "tiled [bf16, alibi]". RoPE is in the regime
+        # label ("gaussian(std=1,rope=normal)"), so it facets like any other input regime.
+        several_dtypes = len({r.dtype for r in rows}) > 1
+        several_biases = len({r.bias for r in rows}) > 1
         for r in rows:
             keys = [k for k in sorted(r.params) if len(values[(r.variant, k)]) > 1]
             r.label = r.variant + (f"({params_text(r.params, keys)})" if keys else "")
-            if several_isas and r.isa:
-                r.label += f" [{r.isa}]"
+            tags = ([r.isa] if several_isas and r.isa else []) + ([r.dtype] if several_dtypes else []) \
+                + ([r.bias] if several_biases and r.bias != "none" else [])
+            if tags:
+                r.label += f" [{', '.join(tags)}]"
             r.params_text = params_text(r.params)
 
     def rest_key(self, r):

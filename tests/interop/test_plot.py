@@ -321,6 +321,45 @@ def write_rows(d, rows):
         f.write("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def test_dtype(tmp):
+    """Storage dtypes and biases (#14): one series per dtype ("tiled [bf16]"), the Accuracy by dtype table with
+    the kernel's and the end-to-end errors and the time ratio vs the same variant's fp32 point, and rows from
+    before the fields (no dtype, no accuracy_e2e) read as fp32 with the end-to-end error the kernel's."""
+    d = os.path.join(tmp, "dtype")
+    rows = []
+    for n in (128, 256):
+        for dtype, slow, e2e in (("fp32", 1.0, None), ("bf16", 0.5, 4e-3), ("fp16", 0.5, 9e-4)):
+            for variant in ("naive", "tiled"):
+                r = row(variant, n, slow * 1e-5 * n ** 2, True, 2e-7, peak=100 * n)
+                if dtype != "fp32":  # fp32 rows: written as before the fields existed
+                    r["id"] = r["id"].replace(",none,", f",dtype={dtype},none,")
+                    r.update(dtype=dtype, bias="none", rope="none", rope_ms=None)
+                    r["accuracy_e2e"] = dict(r["accuracy"], max_abs_err=e2e)
+                rows.append(r)
+    write_rows(d, rows)
+    r = run_plot(d)
+    if not check(r.returncode == 0, f"plot.py on a sweep over dtypes exits 0 (got {r.returncode}: {r.stderr.strip()[-500:]})"):
+        return
+    with open(os.path.join(d, "REPORT.md"), encoding="utf-8") as f:
+        md = f.read()
+    with open(os.path.join(d, "summary.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    check("`tiled [bf16]`" in md and "`naive [fp32]`" in md, "one series per variant and dtype")
+    check("## Accuracy by dtype" in md, "REPORT.md has the Accuracy by dtype section")
+    by = {(e["variant"], e["dtype"]): e for e in summary.get("accuracy_by_dtype", [])}
+    check(len(by) == 6, f"accuracy_by_dtype has variant x dtype entries (got {sorted(by)})")
+    b = by.get(("tiled", "bf16"), {})
+    check(b.get("kernel_max_max_abs_err") == 2e-7 and b.get("e2e_max_max_abs_err") == 4e-3,
+          "the kernel's and the end-to-end errors per dtype")
+    check(b.get("time_ratio_vs_fp32") is not None and abs(b["time_ratio_vs_fp32"] - 0.5) < 1e-9
+          and b.get("time_ratio_points") == 2, "the time ratio vs the same variant's fp32 point")
+    f = by.get(("naive", "fp32"), {})
+    check(f.get("e2e_max_max_abs_err") == 2e-7 and f.get("time_ratio_vs_fp32") is None,
+          "rows without accuracy_e2e read as fp32 with the kernel's error end to end")
+    check("| `tiled` | bf16 | 2 | 2.00e-07 | 2.00e-07 | 4.00e-03 | 4.00e-03 | 0.50× (2 points) |" in md,
+          "the table row of tiled bf16")
+
+
 def test_many_facets(tmp):
     """More settings than the figures have room for (13 x 2 masks > 24 facets: the figures draw 12 settings):
     the analysis still fits every series and counts every non-finite error, the undrawn ones included (they
@@ -572,8 +611,8 @@ def main():
     except ImportError as e:
         print(f"skipped: {e} (install python3-numpy python3-matplotlib)")
         return 77
-    cases = [test_fixture, test_synthetic, test_never_and_always, test_isa, test_many_facets, test_cross_attention,
-             test_roofline, test_errors, test_peer]
+    cases = [test_fixture, test_synthetic, test_never_and_always, test_isa, test_dtype, test_many_facets,
+             test_cross_attention, test_roofline, test_errors, test_peer]
     with tempfile.TemporaryDirectory(prefix="attnbench-test-plot-") as tmp:
         # Longest first: the fixture's and the peer's plot.py runs take most of the time.
         order = [test_fixture, test_peer] + [c for c in cases if c not in (test_fixture, test_peer)]
