@@ -24,8 +24,8 @@ inline std::vector<double> alibi_default_slopes(int64_t heads) {
   const double m0 = std::pow(2.0, -8.0 / static_cast<double>(n));
   const double m1 = std::pow(2.0, -4.0 / static_cast<double>(n));
   for (int64_t h = 0; h < heads; ++h)
-    s[static_cast<std::size_t>(h)] = h < n ? std::pow(m0, static_cast<double>(h + 1))
-                                           : std::pow(m1, static_cast<double>(2 * (h - n) + 1));
+    s[static_cast<std::size_t>(h)] =
+        h < n ? std::pow(m0, static_cast<double>(h + 1)) : std::pow(m1, static_cast<double>(2 * (h - n) + 1));
   return s;
 }
 

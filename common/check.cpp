@@ -385,9 +385,12 @@ std::vector<CheckResult> run_checks(const Attention& variant,
         int64_t kv_heads;
         const char* mask;
       };
-      const DtypeCase cases[] = {{{1, 2, 7, 7, 17}, 0, "none"},          {{2, 3, 33, 33, 64}, 0, "none"},
-                                 {{2, 3, 33, 33, 64}, 0, "causal+pad"},  {{1, 4, 130, 130, 32}, 2, "causal"},
-                                 {{1, 4, 1, 600, 32}, 1, "causal_lower_right"}, {{2, 2, 40, 40, 24}, 0, "bool"}};
+      const DtypeCase cases[] = {{{1, 2, 7, 7, 17}, 0, "none"},
+                                 {{2, 3, 33, 33, 64}, 0, "none"},
+                                 {{2, 3, 33, 33, 64}, 0, "causal+pad"},
+                                 {{1, 4, 130, 130, 32}, 2, "causal"},
+                                 {{1, 4, 1, 600, 32}, 1, "causal_lower_right"},
+                                 {{2, 2, 40, 40, 24}, 0, "bool"}};
       for (const DtypeCase& dc : cases) {
         Problem p = base;
         p.batch = dc.s.batch, p.heads = dc.s.heads, p.kv_heads = dc.kv_heads, p.seq_q = dc.s.seq_q,

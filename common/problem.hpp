@@ -46,7 +46,9 @@ enum class DType : uint8_t { fp32, bf16, fp16 };
 const char* dtype_name(DType t);  // "fp32", "bf16", "fp16"
 // Reads a dtype name; UsageError naming `where`, the value and the allowed names.
 DType parse_dtype(const std::string& text, const std::string& where);
-inline std::size_t dtype_bytes(DType t) { return t == DType::fp32 ? 4 : 2; }
+inline std::size_t dtype_bytes(DType t) {
+  return t == DType::fp32 ? 4 : 2;
+}
 
 // A bias added to the logits (common/alibi.hpp). alibi: the logit of (i, j) gets -slope_h * (i' - j) under a
 // causal mask and -slope_h * |i' - j| otherwise, i' = i + (seq_kv - seq_q) under causal_lower_right (the
@@ -109,9 +111,9 @@ struct Problem {
 };
 
 // Reads the shape part of a repro string ("B=1,H=8,Hkv=2,Lq=16,Lkv=16,D=8,causal,alibi,dtype=bf16,scale=0.5";
-// Hkv only when it differs from H, alibi only with that bias, dtype only when not fp32) into `p` (sizes, mask,
-// scale, dropout, seed), then validates `p`; UsageError naming `where`. parse_problem (attention.hpp) reads a
-// whole repro string, parameters included.
+// Hkv only when it differs from H, alibi only with that bias, dtype only when not fp32) into `p` (sizes,
+// mask, scale, dropout, seed), then validates `p`; UsageError naming `where`. parse_problem (attention.hpp)
+// reads a whole repro string, parameters included.
 void parse_problem_shape(const std::string& shape, const std::string& where, Problem& p);
 
 }  // namespace attn

@@ -122,8 +122,8 @@ void apply_rope_qk(const RopeSpec& r, const Problem& p, float* q, float* k) {
   table.apply(k, p.batch * p.num_kv_heads(), p.seq_kv, 0);
 }
 
-void apply_rope_fp64(const RopeSpec& r, const double* x, double* out, int64_t blocks, int64_t seq, int64_t dim,
-                     int64_t offset) {
+void apply_rope_fp64(const RopeSpec& r, const double* x, double* out, int64_t blocks, int64_t seq,
+                     int64_t dim, int64_t offset) {
   const int64_t n = blocks * seq * dim;
   for (int64_t e = 0; e < n; ++e) out[e] = x[e];
   if (!r.on()) return;

@@ -56,7 +56,7 @@ void apply_rope_qk(const RopeSpec& r, const Problem& p, float* q, float* k);
 void apply_rope(const RopeSpec& r, float* x, int64_t blocks, int64_t seq, int64_t dim, int64_t offset);
 
 // The same in fp64 (for tests and the oracle): out = RoPE(x), all in double.
-void apply_rope_fp64(const RopeSpec& r, const double* x, double* out, int64_t blocks, int64_t seq, int64_t dim,
-                     int64_t offset);
+void apply_rope_fp64(const RopeSpec& r, const double* x, double* out, int64_t blocks, int64_t seq,
+                     int64_t dim, int64_t offset);
 
 }  // namespace attn

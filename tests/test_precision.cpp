@@ -1,7 +1,7 @@
 // Storage precisions, ALiBi slopes and RoPE (#14) beyond the registry-wide checks (common/check.cpp runs
 // every dtype- and ALiBi-capable variant against the fp64 oracle and the 2x-naive rule).
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -59,10 +59,25 @@ float from_bits(uint32_t u) {
 TEST_CASE("bf16 and fp16 rounding matches round-to-nearest-even on special values and ties", "[precision]") {
   for (DType t : {DType::bf16, DType::fp16}) {
     const Format ref(t);
-    std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, 65536.0f,
-                             std::numeric_limits<float>::max(), std::numeric_limits<float>::min(),
-                             std::numeric_limits<float>::denorm_min(), 1e-8f, 5.96e-8f, 2.98e-8f, 6.1e-5f,
-                             3.0e38f, 3.4e38f, 1.0f / 3.0f, 0.1f};
+    std::vector<float> xs = {0.0f,
+                             -0.0f,
+                             1.0f,
+                             -1.0f,
+                             65504.0f,
+                             65519.99f,
+                             65520.0f,
+                             65536.0f,
+                             std::numeric_limits<float>::max(),
+                             std::numeric_limits<float>::min(),
+                             std::numeric_limits<float>::denorm_min(),
+                             1e-8f,
+                             5.96e-8f,
+                             2.98e-8f,
+                             6.1e-5f,
+                             3.0e38f,
+                             3.4e38f,
+                             1.0f / 3.0f,
+                             0.1f};
     // Every midpoint between neighbours (ties), and one float either side of each, over the whole range
     // (subnormals of both formats included), sampled.
     for (std::size_t i = 0; i + 1 < ref.finite.size(); i += (i < 2048 ? 1 : 7)) {
@@ -144,7 +159,8 @@ TEST_CASE("ALiBi distance: causal alignments and the symmetric form", "[precisio
   CHECK(alibi_distance(p, 0, 3) == 4.0);  // query 0 at position 7
 }
 
-TEST_CASE("RoPE in both modes matches a direct fp64 rotation, with odd positions and offsets", "[precision][rope]") {
+TEST_CASE("RoPE in both modes matches a direct fp64 rotation, with odd positions and offsets",
+          "[precision][rope]") {
   const int64_t blocks = 3, seq = 9, dim = 12;
   std::vector<float> x(static_cast<std::size_t>(blocks * seq * dim));
   fill_normal(x.data(), static_cast<int64_t>(x.size()), 11, 1.0);
@@ -181,7 +197,8 @@ TEST_CASE("RoPE in both modes matches a direct fp64 rotation, with odd positions
   }
 }
 
-TEST_CASE("RoPE makes q.k depend on the position difference only, and Q/K share one table", "[precision][rope]") {
+TEST_CASE("RoPE makes q.k depend on the position difference only, and Q/K share one table",
+          "[precision][rope]") {
   const int64_t dim = 16;
   std::vector<float> q(dim), k(dim);
   fill_normal(q.data(), dim, 5, 1.0);

@@ -18,9 +18,9 @@
 #include <sys/mman.h>
 #endif
 
+#include "common/alibi.hpp"
 #include "common/aligned.hpp"
 #include "common/attention.hpp"
-#include "common/alibi.hpp"
 #include "common/dropout.hpp"
 #include "common/half.hpp"
 #include "common/mask.hpp"
@@ -127,9 +127,10 @@ class Naive final : public Attention {
                           static_cast<double>(p.seq_kv);
     if (floats * sizeof(float) >= 0x1p63) return SIZE_MAX;
     // bf16 / fp16: fp32 copies of Q, K and V (the baseline a user writes converts, then runs fp32).
-    const std::size_t widened = p.dtype == DType::fp32
-                                    ? 0
-                                    : static_cast<std::size_t>(p.q_elements() + 2 * p.kv_elements()) * sizeof(float);
+    const std::size_t widened =
+        p.dtype == DType::fp32
+            ? 0
+            : static_cast<std::size_t>(p.q_elements() + 2 * p.kv_elements()) * sizeof(float);
     return ScoreBuffer::allocated_bytes(static_cast<std::size_t>(floats)) + widened;
   }
 

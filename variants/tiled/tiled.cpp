@@ -119,10 +119,17 @@ class Tiled final : public Attention {
   void forward(const Problem& p, const AttentionInputs& in) const override {
     const Schedule sched = make_schedule(p);
     AlignedVector<float> partials(sched.partial_floats(p));
-    Context c{p,  in, sched, static_cast<float>(p.effective_scale() * std::numbers::log2e),
-              partials.empty() ? nullptr : partials.data(), {}, 0, false};
+    Context c{p,
+              in,
+              sched,
+              static_cast<float>(p.effective_scale() * std::numbers::log2e),
+              partials.empty() ? nullptr : partials.data(),
+              {},
+              0,
+              false};
     if (p.bias == Bias::alibi) {
-      for (double sl : alibi_slopes(p, in)) c.alibi_l2e.push_back(static_cast<float>(-sl * std::numbers::log2e));
+      for (double sl : alibi_slopes(p, in))
+        c.alibi_l2e.push_back(static_cast<float>(-sl * std::numbers::log2e));
       c.bias_kind = p.mask.any_causal() ? 1 : 2;
     }
     c.bf16_dot = p.dtype == DType::bf16 && p.head_dim % 2 == 0 && bf16_dot_supported();

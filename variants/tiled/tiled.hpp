@@ -88,8 +88,8 @@ struct Scratch {
     if (dropout) drop.resize(static_cast<std::size_t>(ld));
   }
   static std::size_t bytes(int64_t ld, int64_t tile_kv, int64_t dim, bool dropout, bool wide, bool pairs) {
-    return static_cast<std::size_t>((2 * dim + 6) * ld + s_floats(ld, tile_kv) + (wide ? 2 * tile_kv * dim : 0) +
-                                    (pairs ? (dim + 1) / 2 * ld : 0)) *
+    return static_cast<std::size_t>((2 * dim + 6) * ld + s_floats(ld, tile_kv) +
+                                    (wide ? 2 * tile_kv * dim : 0) + (pairs ? (dim + 1) / 2 * ld : 0)) *
                sizeof(float) +
            (dropout ? static_cast<std::size_t>(ld) * sizeof(DropoutRow) : 0) + sizeof(Scratch);
   }

@@ -3,12 +3,12 @@
 // Highway 1.0 (Debian 12) has no target with these instructions, so this file uses the intrinsics under a
 // function-level target attribute, and tiled_kernels.cpp calls it from its AVX-512 target when the CPU
 // reports avx512_bf16 (bf16_dot_supported); every other CPU and target converts bf16 to fp32 instead.
-#include "variants/tiled/tiled.hpp"
-
 #include <algorithm>
 #include <array>
-#include <utility>
 #include <cstring>
+#include <utility>
+
+#include "variants/tiled/tiled.hpp"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -36,9 +36,10 @@ namespace {
 // (low half first, the order vdpbf16ps pairs them), k rows are read in place as 32-bit pairs. The epilogue
 // multiplies by `scale` (scale * log2 e: Q stays exact bf16, unscaled) and adds the lane bias.
 template <int MR, int NV, int BK>
-ATTN_BF16_TARGET void Bf16ScoreKernel(const uint16_t* __restrict k, int64_t ldk, const uint32_t* __restrict qt2,
-                                      int64_t ldq, int64_t pairs, float* __restrict s, int64_t lds,
-                                      float* __restrict colmax, float scale, const LaneBias& bias, int64_t j0) {
+ATTN_BF16_TARGET void Bf16ScoreKernel(const uint16_t* __restrict k, int64_t ldk,
+                                      const uint32_t* __restrict qt2, int64_t ldq, int64_t pairs,
+                                      float* __restrict s, int64_t lds, float* __restrict colmax, float scale,
+                                      const LaneBias& bias, int64_t j0) {
   __m512 acc[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_setzero_ps();
@@ -85,14 +86,15 @@ constexpr std::array<Bf16Fn, sizeof...(R)> Bf16Row(std::integer_sequence<int, R.
 }
 template <int BK>
 constexpr std::array<std::array<Bf16Fn, 8>, 2> Bf16Table() {
-  return {Bf16Row<1, BK>(std::make_integer_sequence<int, 8>()), Bf16Row<2, BK>(std::make_integer_sequence<int, 8>())};
+  return {Bf16Row<1, BK>(std::make_integer_sequence<int, 8>()),
+          Bf16Row<2, BK>(std::make_integer_sequence<int, 8>())};
 }
 }  // namespace
 
 void bf16_score_tile(const uint16_t* k, int64_t dim, const uint32_t* qt2, int64_t ld, int64_t nk, float* s,
                      float* colmax, float scale, const LaneBias& bias, int64_t j0) {
-  static constexpr std::array<std::array<std::array<Bf16Fn, 8>, 2>, 3> kernels = {Bf16Table<0>(), Bf16Table<1>(),
-                                                                                 Bf16Table<2>()};
+  static constexpr std::array<std::array<std::array<Bf16Fn, 8>, 2>, 3> kernels = {
+      Bf16Table<0>(), Bf16Table<1>(), Bf16Table<2>()};
   const auto& table = kernels[static_cast<std::size_t>(bias.kind)];
   for (int64_t c0 = 0; c0 < ld; c0 += 32) {
     const int64_t nv = std::min<int64_t>(2, (ld - c0) / 16);

@@ -104,12 +104,12 @@ HWY_NOINLINE void ScoreKernel(const float* HWY_RESTRICT k, int64_t ldk, const fl
       if constexpr (BK == 2) return hn::Abs(x);
       return x;
     };
-#define ATTN_BIAS_ROW(r)                                                              \
-  if constexpr (r < MR) {                                                             \
-    const VF j = hn::Set(d, static_cast<float>(j0 + r));                              \
-    acc##r##_0 = hn::MulAdd(s0, dist(p0, j), acc##r##_0);                             \
-    if constexpr (NV > 1) acc##r##_1 = hn::MulAdd(s1, dist(p1, j), acc##r##_1);       \
-    if constexpr (NV > 2) acc##r##_2 = hn::MulAdd(s2, dist(p2, j), acc##r##_2);       \
+#define ATTN_BIAS_ROW(r)                                                        \
+  if constexpr (r < MR) {                                                       \
+    const VF j = hn::Set(d, static_cast<float>(j0 + r));                        \
+    acc##r##_0 = hn::MulAdd(s0, dist(p0, j), acc##r##_0);                       \
+    if constexpr (NV > 1) acc##r##_1 = hn::MulAdd(s1, dist(p1, j), acc##r##_1); \
+    if constexpr (NV > 2) acc##r##_2 = hn::MulAdd(s2, dist(p2, j), acc##r##_2); \
   }
     ATTN_ROWS(ATTN_BIAS_ROW)
 #undef ATTN_BIAS_ROW
@@ -564,7 +564,8 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& sr
       const float* vt = vtile + b0 * D;
       const float* sb = s + b0;
       const float* scale = b0 == 0 ? alpha : kOnes;
-      if (prefetch && b0 + kPvKeys < nk) PrefetchRows(vt + kPvKeys * D, std::min(kPvKeys, nk - b0 - kPvKeys), D);
+      if (prefetch && b0 + kPvKeys < nk)
+        PrefetchRows(vt + kPvKeys * D, std::min(kPvKeys, nk - b0 - kPvKeys), D);
       int64_t e = 0;
       for (; e + cv * N <= Dv; e += cv * N) pv_blocks[nr - 1](vt, D, nb, sb, lds, o, scale, e);
       for (; e < Dv; e += N) pv_singles[nr - 1](vt, D, nb, sb, lds, o, scale, e);
@@ -595,8 +596,8 @@ void GemmRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& s
         (p.mask.any_causal() && j0 + nk - 1 > t.i0 + off) || p.mask.boolean || p.mask.key_padding;
     if (!masked) std::fill(tile_max, tile_max + ld, kNegInf);
     if (native_bf16)
-      bf16_score_tile(src.k16 + j0 * D, D, w.qt2.data(), ld, nk, s, masked ? nullptr : tile_max, c.q_scale, bias,
-                      j0);
+      bf16_score_tile(src.k16 + j0 * D, D, w.qt2.data(), ld, nk, s, masked ? nullptr : tile_max, c.q_scale,
+                      bias, j0);
     else
       ScoreTile(src.k_rows(j0, nk, w), D, qt, ld, nk, s, masked ? nullptr : tile_max, bias, j0);
     if (masked) {
