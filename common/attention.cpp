@@ -35,13 +35,13 @@ std::size_t MemoryEstimate::total() const {
 }
 
 namespace {
-// The inputs and output of `p` (no workspace). Problem::validate bounds every tensor at 2^58 elements, so
-// these products fit in 64 bits.
+// The inputs and output of `p` (no workspace). Problem::validate bounds Q, K, V and O at 2^58 elements each,
+// so their bytes fit in 64 bits; the boolean mask (seq_q × seq_kv, up to 2^80) and the sum saturate.
 MemoryEstimate io_bytes(const Problem& p) {
   MemoryEstimate m;
-  m.inputs = static_cast<std::size_t>(p.q_elements() + 2 * p.kv_elements()) * dtype_bytes(p.dtype) +
-             (p.mask.boolean ? static_cast<std::size_t>(p.seq_q * p.seq_kv) : 0) +
-             (p.mask.key_padding ? static_cast<std::size_t>(p.batch * p.seq_kv) : 0);
+  m.inputs = sat_add(to_size(p.q_elements() + 2 * p.kv_elements()) * dtype_bytes(p.dtype),
+                     p.mask.boolean ? sat_mul(to_size(p.seq_q), to_size(p.seq_kv)) : 0,
+                     p.mask.key_padding ? to_size(p.batch * p.seq_kv) : 0);
   m.output = static_cast<std::size_t>(p.q_elements()) * sizeof(float);
   return m;
 }

@@ -18,6 +18,26 @@ inline std::size_t sat_add(std::size_t a, std::size_t b) {
   std::size_t r = 0;
   return __builtin_add_overflow(a, b, &r) ? SIZE_MAX : r;
 }
+template <class... Rest>
+std::size_t sat_add(std::size_t a, std::size_t b, std::size_t c, Rest... rest) {
+  return sat_add(sat_add(a, b), c, static_cast<std::size_t>(rest)...);
+}
+
+// The same for products. Every size of a valid Problem is at most 2^40 and every tensor at most 2^58
+// elements, but a workspace formula multiplies sizes of different tensors (head_dim², seq_q × seq_kv, threads
+// × per-thread floats), which can exceed 64 bits: estimates go through these, never through int64_t `*`.
+inline std::size_t sat_mul(std::size_t a, std::size_t b) {
+  std::size_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+template <class... Rest>
+std::size_t sat_mul(std::size_t a, std::size_t b, std::size_t c, Rest... rest) {
+  return sat_mul(sat_mul(a, b), c, static_cast<std::size_t>(rest)...);
+}
+// A non-negative count as a size (negative counts, which no valid problem has, read as 0).
+inline std::size_t to_size(int64_t v) {
+  return v > 0 ? static_cast<std::size_t>(v) : 0;
+}
 
 inline int64_t count_nonfinite(const float* x, std::size_t n) {
   int64_t c = 0;

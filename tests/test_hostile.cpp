@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "common/runtime.hpp"
 #include "tests/support/attention_case.hpp"
 #include "tests/support/process.hpp"
+#include "tests/support/variant_tests.hpp"
 
 using namespace attn;
 using namespace attn::test;
@@ -784,4 +786,69 @@ TEST_CASE("eval --compare with NaN/Inf inputs: counts reported, no crash, the po
           }
     CHECK(changed == band.rows);
   }
+}
+
+// Every variant's size arithmetic on the largest problems Problem::validate accepts (each size up to 2^40,
+// each tensor up to 2^58 elements), with its parameters at their defaults, their minima and their maxima:
+// the estimates must saturate, never wrap. The config fuzzer found linear's head_dim² wrapping (UBSan: signed
+// overflow at head_dim 2^40); under scripts/sanitize this test fails on any such overflow, and in a release
+// build the monotonicity checks fail where a wrapped product comes out small.
+TEST_CASE_PER_VARIANT("{} size estimates saturate on the largest valid problems", "[hostile]") {
+  const std::vector<ParamSpec> specs = variant.param_specs();
+  std::vector<Json> param_sets{Json::object()};
+  for (const bool at_max : {false, true}) {
+    Json set = Json::object();
+    for (const ParamSpec& s : specs) {
+      const std::optional<double> bound = at_max ? s.max : s.min;
+      if (bound && s.type == ParamType::integer) set[s.name] = static_cast<int64_t>(*bound);
+      if (bound && s.type == ParamType::number) set[s.name] = *bound;
+    }
+    param_sets.push_back(set);
+  }
+  struct Shape {
+    int64_t B, H, Hkv, Lq, Lkv, D;
+  };
+  constexpr int64_t k40 = int64_t{1} << 40, k18 = int64_t{1} << 18;
+  const std::vector<Shape> shapes{{1, 1, 0, 1, 1, k40},      {1, 1, 0, k40, k40, k18}, {1, 1, 0, 1, k40, k18},
+                                  {1, 1, 0, k40, 1, k18},    {1, k40, 0, k18, k18, 1}, {1, k40, 1, k18, k18, 1},
+                                  {k40, 1, 0, k18, k18, 1},  {1, 1, 0, k18, k18, k40 >> 18}};
+  MaskSpec causal, lower_right, bool_pad;
+  causal.causal = true;
+  lower_right.causal_lower_right = true;
+  bool_pad.boolean = bool_pad.key_padding = true;
+  int estimated = 0;
+  for (const Json& params : param_sets) {
+    Problem base;
+    try {
+      base = make_problem(variant.name(), params);
+    } catch (const UsageError&) {
+      continue;  // a combination of extremes the variant refuses is not a size question
+    }
+    for (const Shape& s : shapes)
+      for (const MaskSpec& mask : {MaskSpec{}, causal, lower_right, bool_pad})
+        for (const DType dtype : {DType::fp32, DType::bf16})
+          for (const double dropout : {0.0, 0.1}) {
+            Problem p = base;
+            p.batch = s.B, p.heads = s.H, p.kv_heads = s.Hkv, p.seq_q = s.Lq, p.seq_kv = s.Lkv, p.head_dim = s.D;
+            p.mask = mask, p.dtype = dtype, p.dropout = dropout;
+            p.validate();  // the shapes are the limits themselves: each one is valid
+            if (!variant.unsupported_reasons_text(p).empty()) continue;
+            INFO(variant.name() << " " << p.repro() << " params " << params.dump());
+            const double flops = variant.flops(p), bytes = variant.bytes_moved(p);
+            CHECK((std::isfinite(flops) && flops >= 0));
+            CHECK((std::isfinite(bytes) && bytes >= 0));
+            const MemoryEstimate one = variant.estimate_memory(p, 1), many = variant.estimate_memory(p, 256);
+            CHECK(one.total() >= one.inputs);
+            CHECK(many.workspace >= one.workspace);  // more threads never need less scratch
+            // A larger head_dim never needs less: a wrapped product (linear's head_dim² at 2^40 wrapped to
+            // 2^40) breaks this.
+            if (s.D > 2) {
+              Problem smaller = p;
+              smaller.head_dim = s.D / 2;
+              CHECK(variant.estimate_memory(smaller, 2).total() <= variant.estimate_memory(p, 2).total());
+            }
+            ++estimated;
+          }
+  }
+  CHECK(estimated > 0);
 }

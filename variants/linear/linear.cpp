@@ -11,6 +11,7 @@
 #include "common/error.hpp"
 #include "common/mask.hpp"
 #include "common/runtime.hpp"
+#include "common/util.hpp"
 #include "common/vmath.hpp"
 
 namespace attn {
@@ -126,15 +127,13 @@ class Linear final : public Attention {
   }
 
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
-    const int64_t D = p.head_dim, state = D * (D + 1);
-    int64_t floats = 0;
-    if (p.mask.any_causal()) {
-      floats = std::max(threads, 1) * causal_scratch_floats(p);
-    } else {
-      floats = p.batch * p.num_kv_heads() * state +  // one state per K/V head, shared by its query heads
-               std::max(threads, 1) * std::max(kKeyRows * D, kQueryRows * (D + 1) + kQueryRows * D);
-    }
-    return static_cast<std::size_t>(floats) * sizeof(float);
+    // Saturating (common/util.hpp): head_dim² alone exceeds 64 bits at head_dim 2^40, a valid size.
+    const std::size_t D = to_size(p.head_dim), T = to_size(std::max(threads, 1));
+    if (p.mask.any_causal()) return sat_mul(T, causal_scratch_floats(p), sizeof(float));
+    const std::size_t states = sat_mul(to_size(p.batch * p.num_kv_heads()), D, D + 1);  // one per K/V head
+    const std::size_t per_thread =
+        std::max(sat_mul(kKeyRows, D), sat_add(sat_mul(kQueryRows, D + 1), sat_mul(kQueryRows, D)));
+    return sat_mul(sat_add(states, sat_mul(T, per_thread)), sizeof(float));
   }
 
   void forward(const Problem& p, const AttentionInputs& in) const override {
@@ -205,12 +204,13 @@ class Linear final : public Attention {
   }
 
  private:
-  static int64_t causal_scratch_floats(const Problem& p) {
-    const int64_t D = p.head_dim, C = std::min(p.param_int("chunk"), p.seq_q);
+  static std::size_t causal_scratch_floats(const Problem& p) {
+    const std::size_t D = to_size(p.head_dim), C = to_size(std::min(p.param_int("chunk"), p.seq_q));
     // φ(Q) and φ(K) chunks, the C×C scores, the C×(d+1) numerator|denominator, the state, a column sum, and
-    // (lower-right, seq_kv > seq_q) a block of φ for folding the keys every query sees.
-    const int64_t prefix = p.mask.any_causal() && causal_offset(p) > 0 ? kKeyRows * D : 0;
-    return 2 * C * D + C * C + C * (D + 1) + D * (D + 1) + D + prefix;
+    // (lower-right, seq_kv > seq_q) a block of φ for folding the keys every query sees. Saturating: this is
+    // also the workspace estimate of problems far too large to run.
+    const std::size_t prefix = p.mask.any_causal() && causal_offset(p) > 0 ? sat_mul(kKeyRows, D) : 0;
+    return sat_add(sat_mul(2, C, D), sat_mul(C, C), sat_mul(C, D + 1), sat_mul(D, D + 1), D, prefix);
   }
 
   // Adds keys [j0, j1) of K/V block `kv` (batch entry b) into state = [φ(K)ᵀV | φ(K)ᵀ1] (d × (d+1)), in
@@ -275,7 +275,7 @@ class Linear final : public Attention {
 
     tbb::parallel_for(int64_t{0}, p.batch * p.heads, [&](int64_t bh) {
       AlignedVector<float>& buf = scratch.local();
-      if (static_cast<int64_t>(buf.size()) < causal_scratch_floats(p)) buf.resize(causal_scratch_floats(p));
+      if (buf.size() < causal_scratch_floats(p)) buf.resize(causal_scratch_floats(p));
       float* fq = buf.data();
       float* fk = fq + C * D;
       float* a = fk + C * D;

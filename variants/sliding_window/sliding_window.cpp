@@ -13,6 +13,7 @@
 #include "common/dropout.hpp"
 #include "common/reference.hpp"
 #include "common/runtime.hpp"
+#include "common/util.hpp"
 #include "common/vmath.hpp"
 #include "variants/sliding_window/pattern.hpp"
 
@@ -164,8 +165,9 @@ class SlidingWindow final : public Attention {
     // Excluded-key flags (band_excluded_keys): one row per batch entry with padding, one shared row for
     // globals.
     const int64_t flags = p.mask.key_padding ? p.batch * p.seq_q : g == 0 ? 0 : p.seq_q;
-    return static_cast<std::size_t>(std::max(threads, 1)) * per_thread * sizeof(float) +
-           static_cast<std::size_t>(flags) + static_cast<std::size_t>(g) * sizeof(int64_t);
+    // Saturating (common/util.hpp): threads × per-thread floats exceeds 64 bits for the largest valid sizes.
+    return sat_add(sat_mul(to_size(std::max(threads, 1)), to_size(per_thread), sizeof(float)), to_size(flags),
+                   sat_mul(to_size(g), sizeof(int64_t)));
   }
 
   void forward(const Problem& p, const AttentionInputs& in) const override {
