@@ -264,8 +264,7 @@ int run_eval(const EvalOptions& o) {
   // RoPE on the fp32 values of Q and K, queries at rope_query_offset (lower-right: the last query at the last
   // key's position). A rotated float16 input is rounded back to fp16 like any other.
   if (rope.on()) {
-    apply_rope(rope, q.values.ptr(), p.batch * p.heads, p.seq_q, p.head_dim, rope_query_offset(p));
-    apply_rope(rope, k.values.ptr(), p.batch * p.num_kv_heads(), p.seq_kv, p.head_dim, 0);
+    apply_rope_qk(rope, p, q.values.ptr(), k.values.ptr());
     q.from_fp16 = k.from_fp16 = false;
   }
   FloatArray out({p.batch, p.heads, p.seq_q, p.head_dim});

@@ -29,8 +29,7 @@ void apply_point_rope(const SweepPoint& pt, float* q, float* k) {
   const Problem& p = pt.problem;
   const RopeSpec& r = pt.regime.rope;
   if (!r.on()) return;
-  apply_rope(r, q, p.batch * p.heads, p.seq_q, p.head_dim, rope_query_offset(p));
-  apply_rope(r, k, p.batch * p.num_kv_heads(), p.seq_kv, p.head_dim, 0);
+  apply_rope_qk(r, p, q, k);
 }
 
 PointInputs make_inputs(const SweepPoint& pt) {
