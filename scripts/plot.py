@@ -6,8 +6,9 @@
 
 RESULTS_DIR holds what `attnbench run` writes (results.jsonl, meta.json) and, optionally, the PyTorch peer rows
 (results.peers.jsonl, scripts/peers/torch_attention.py). Figures go to OUT/plots/, the report to
-OUT/REPORT.md and the numbers behind it (fitted exponents, crossovers) to OUT/summary.json; OUT defaults to
-RESULTS_DIR. A RESULTS_DIR/patterns/ folder written by `attnbench patterns` is drawn and embedded too.
+OUT/REPORT.md and the numbers behind it (fitted exponents, crossovers, key ratios, measurement conditions) to
+OUT/summary.json; OUT defaults to RESULTS_DIR. A RESULTS_DIR/patterns/ folder written by `attnbench patterns`
+is drawn and embedded too.
 Needs numpy and matplotlib only (Debian's python3-numpy, python3-matplotlib); runs headless (Agg).
 Exit codes: 0 done, 2 bad input (the message names the file or option).
 

@@ -2,8 +2,8 @@
 
     results   results.jsonl / results.peers.jsonl / meta.json (and a patterns/ folder) -> Results (Row objects)
     analysis  Results -> a plain dict of every number the figures and the report show: fits, crossovers, best
-              exact per point, Pareto points, key figures, left-out rows. Pure (numpy, no matplotlib); the dict
-              is summary.json.
+              exact per point, Pareto points, key figures and ratios, left-out rows, measurement conditions.
+              Pure (numpy, no matplotlib); the dict is summary.json.
     figures   Results + analysis -> plots/*.png, *.svg (matplotlib). Only draws: the analysis is read, never
               written.
     report    Results + analysis + the figure files written -> REPORT.md (no matplotlib): it does not depend

@@ -11,7 +11,8 @@ a plain dict of JSON values, which plot.py writes as summary.json (adding "files
                                 best exact attnbench variant at the same point, and by how much at its max n
     excluded                    {status: rows} of the rows left out of the curves
     excluded_reasons            those rows grouped by status, variant and the shape of their reason
-    key_figures                 per series: its figures at its largest n and its worst error
+    key_figures                 per series: its figures at its largest n (and whether that row is noisy) and its
+                                worst error
     best_exact                  per point: the fastest exact attnbench row and the exact one with least memory
     pareto                      per facet: every row's speed-up over the fastest exact row at its point against
                                 its error, and which of them form the Pareto front
@@ -21,6 +22,21 @@ a plain dict of JSON values, which plot.py writes as summary.json (adding "files
                                 meta.json) with every measured row's arithmetic intensity (flops / bytes) and
                                 GFLOP/s; per variant its best frac_bandwidth and frac_sgemm and where; and
                                 `missing`, what the results lack for it (older folders: no bytes, no bandwidth)
+    key_ratios                  the time ratios users compare, A / B at the largest n both were measured at
+                                (attnbench rows): every pair of series at the same point ("variants"; B is the
+                                exact one, then the one without parameters), each mask vs none ("mask") and each
+                                thread count vs the smallest ("threads") for the same series and point. Each:
+                                the ratio of the medians, the conservative interval [lo_a / hi_b, hi_a / lo_b]
+                                from the two 95% intervals of the medians (None when one lacks it), and
+                                `significant` ("yes": the intervals are apart, "no (intervals overlap)", "—": an
+                                interval is missing). At most `limit_per_kind` per kind; `counts` has how many
+                                there were (#18)
+    measurement                 how the rows were measured on a shared machine (#18): `recorded` (false for
+                                folders from before the fields), rows with an interval and which bars the time
+                                figure draws, re-measured (attempts > 1) and noisy rows with their ids (the first
+                                20), the interference score median / max over rows, why peak memory is missing,
+                                and meta.json's `calibrations` (None before them) with the spread max / min of
+                                sgemm GFLOP/s per thread count across the used ones
 
 Series, facets and rows come in the order the figures and tables show them. Non-finite values in the lists
 added for the figures and tables (key_figures, best_exact, pareto) are written as the rows write them,
@@ -32,8 +48,8 @@ import re
 
 import numpy as np
 
-from .common import json_num
-from .results import facet_order, mask_order
+from .common import json_num, num
+from .results import CONTEXT_DIMS, context_value, facet_order, mask_order
 
 ERR_FLOOR = 1e-12  # errors below this are drawn (log axes) and ranked for the Pareto front as this
 
@@ -163,7 +179,8 @@ def _key_figures(res, table_series):
                     "params": last.params_text, "exact": last.exact, "max_n": last.seq_kv,  # the rest: at max_n
                     "time_ms": json_num(last.time_median), "gflops": json_num(last.gflops),
                     "frac_sgemm": json_num(last.frac_sgemm), "frac_peak": json_num(last.frac_peak),
-                    "memory_bytes": mem, "memory_estimated": estimated, "worst_rel_l2_err": json_num(worst)})
+                    "memory_bytes": mem, "memory_estimated": estimated, "worst_rel_l2_err": json_num(worst),
+                    "noisy": last.noisy})  # the row at max_n stayed above the interference threshold
     return out
 
 
@@ -290,6 +307,189 @@ def _accuracy_by_dtype(res):
     return out
 
 
+MAX_RATIOS_PER_KIND = 16  # rows of the key-ratios table per kind of comparison
+MAX_IDS = 20  # row ids listed per count in the measurement conditions
+DEFAULT_MAX_INTERFERENCE = 0.05  # measure.max_interference when the config does not set it
+
+
+def _setting(r, drop=None):
+    """Everything that defines a row's point but n and `drop` (mask or threads): the mask, the context
+    dimensions (seq_q only when it differs from n), the target, dtype and bias."""
+    return ((None if drop == "mask" else r.mask),) \
+        + tuple(context_value(r, d) for d in CONTEXT_DIMS if d != drop) + (r.isa, r.dtype, r.bias)
+
+
+def _context_text(res, r, drop=None):
+    return ", ".join(f"{d}={context_value(r, d)}" for d in res.varying
+                     if d != drop and context_value(r, d) is not None)
+
+
+def _side(r, **what):
+    ci = r.time_ci()
+    return dict(what, series=r.label, id=r.id, median_ms=json_num(r.time_median), ci_ms=list(ci) if ci else None,
+                ci_level=r.ci_level if ci else None, noisy=r.noisy)
+
+
+def _ratio(kind, a, b, a_what, b_what, mask, context):
+    """A / B: the ratio of the median times, the conservative interval [lo_a / hi_b, hi_a / lo_b] from the two
+    intervals of the medians, and whether those intervals are apart."""
+    ca, cb = a.time_ci(), b.time_ci()
+    if ca and cb:
+        interval = [ca[0] / cb[1], ca[1] / cb[0]]
+        significant = "yes" if ca[0] > cb[1] or cb[0] > ca[1] else "no (intervals overlap)"
+    else:
+        interval, significant = None, "—"
+    return {"kind": kind, "mask": mask, "context": context, "seq_kv": a.seq_kv, "a": _side(a, **a_what),
+            "b": _side(b, **b_what), "ratio": json_num(a.time_median / b.time_median), "interval": interval,
+            "significant": significant}
+
+
+def _largest(pairs):
+    """{reduce key: (sort key, a, b)} of the pairs at the largest n per reduce key, in sort-key order."""
+    best = {}
+    for key, order, a, b in pairs:
+        if key not in best or a.seq_kv > best[key][1].seq_kv:
+            best[key] = (order, a, b)
+    return sorted(best.values(), key=lambda v: v[0])
+
+
+def _baseline_rank(r):
+    # B of "A vs B": an exact variant before an approximate one, then the one with no parameters (the plain
+    # reference, e.g. naive), then by name.
+    return (not r.exact, len(r.params), r.label)
+
+
+def _key_ratios(res):
+    """The ratios users compare, each at the largest n both rows have, attnbench rows only (the PyTorch peer
+    has no interval): every pair of series at the same point (variants), each mask against none for the same
+    series (mask), each thread count against the smallest for the same series and point (threads)."""
+    rows = [r for r in res.ok if r.source == "attnbench" and r.time_median and r.time_median > 0]
+    found = {"variants": [], "mask": [], "threads": []}
+    by = {}
+    for r in rows:
+        by.setdefault((_setting(r), r.seq_kv), {})[r.label] = r
+    for (setting, _), cell in by.items():
+        for i, la in enumerate(sorted(cell)):
+            for lb in sorted(cell)[i + 1:]:
+                a, b = sorted((cell[la], cell[lb]), key=_baseline_rank, reverse=True)
+                order = (mask_order(a.mask), facet_order(res.rest_key(a)), _baseline_rank(b), _baseline_rank(a))
+                found["variants"].append(((a.label, b.label, setting), order, a, b))
+    for drop, kind in (("mask", "mask"), ("threads", "threads")):
+        by = {}
+        for r in rows:
+            by.setdefault((r.label, _setting(r, drop), r.seq_kv), {})[getattr(r, drop)] = r
+        for (label, setting, _), cell in by.items():
+            if drop == "mask":
+                base = cell.get("none")
+                others = [m for m in sorted(cell, key=mask_order) if m != "none"]
+            else:
+                t0 = min((t for t in cell if t is not None), default=None)
+                base = cell.get(t0)
+                others = sorted(t for t in cell if t is not None and t != t0)
+            for v in (others if base is not None else []):
+                a = cell[v]
+                order = (facet_order(tuple(context_value(a, d) for d in res.varying if d != drop)), label,
+                         mask_order(a.mask) if drop == "threads" else mask_order(v), v if drop == "threads" else 0)
+                found[kind].append(((label, v, setting), order, a, base))
+    out, counts = [], {}
+    for kind, pairs in found.items():
+        chosen = _largest(pairs)
+        counts[kind] = len(chosen)
+        for _, a, b in chosen[:MAX_RATIOS_PER_KIND]:
+            if kind == "variants":
+                out.append(_ratio(kind, a, b, {}, {}, a.mask, _context_text(res, a)))
+            elif kind == "mask":
+                out.append(_ratio(kind, a, b, {"mask": a.mask}, {"mask": b.mask}, None, _context_text(res, a)))
+            else:
+                out.append(_ratio(kind, a, b, {"threads": a.threads}, {"threads": b.threads}, a.mask,
+                                  _context_text(res, a, "threads")))
+    return {"limit_per_kind": MAX_RATIOS_PER_KIND, "counts": counts,
+            "shown": {k: min(c, MAX_RATIOS_PER_KIND) for k, c in counts.items()}, "rows": out}
+
+
+def _max_interference(meta):
+    m = ((meta.get("config") or {}).get("measure") or {}) if isinstance(meta.get("config"), dict) else {}
+    v = m.get("max_interference") if isinstance(m, dict) else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else DEFAULT_MAX_INTERFERENCE
+
+
+def _calibrations(res, rows):
+    """meta.json calibrations as listed (index, when, why, used, the interference score, sgemm GFLOP/s per
+    thread count, how many rows divided by it) and, per thread count, the spread max / min of sgemm GFLOP/s
+    across the used ones."""
+    if res.calibrations is None:
+        return None, []
+    per_cal = {}
+    for r in rows:
+        if r.calibration is not None:
+            per_cal[r.calibration] = per_cal.get(r.calibration, 0) + 1
+    cals, used = [], {}
+    for i, c in enumerate(res.calibrations):
+        index = c.get("index") if isinstance(c.get("index"), int) else i
+        sgemm = []
+        for e in c.get("sgemm") if isinstance(c.get("sgemm"), list) else []:
+            g = num(e.get("gflops")) if isinstance(e, dict) else None
+            if g is not None and isinstance(e.get("threads"), int):
+                sgemm.append({"threads": e["threads"], "gflops": g})
+        sgemm.sort(key=lambda e: e["threads"])
+        inter = c.get("interference")
+        cals.append({"index": index, "timestamp": c.get("timestamp"), "after_points": c.get("after_points"),
+                     "reason": c.get("reason"), "used": c.get("used") is not False,
+                     "interference_score": json_num(num(inter.get("score"))) if isinstance(inter, dict) else None,
+                     "sgemm": sgemm, "rows": per_cal.get(index, 0)})
+        if cals[-1]["used"]:
+            for e in sgemm:
+                if math.isfinite(e["gflops"]) and e["gflops"] > 0:
+                    used.setdefault(e["threads"], []).append(e["gflops"])
+    spread = [{"threads": t, "calibrations": len(g), "min_gflops": min(g), "max_gflops": max(g),
+               "max_over_min": max(g) / min(g)} for t, g in sorted(used.items())]
+    return cals, spread
+
+
+def _measurement(res):
+    """How the rows were measured on a shared machine (#18): intervals, re-measurements, noisy rows, the
+    interference scores, why peak memory is missing, and the calibrations over the run."""
+    rows = res.rows  # attnbench's (the PyTorch peer records none of it)
+    ok_ids = {id(r) for r in res.ok}
+    ok = [r for r in rows if id(r) in ok_ids]
+    drawn_ci = sum(1 for r in res.ok if r.time_ci())
+    remeasured = [r for r in rows if r.attempts > 1]
+    noisy = [r for r in rows if r.noisy]
+    scored = [r for r in rows if r.interference_score is not None and not math.isnan(r.interference_score)]
+    worst = max(scored, key=lambda r: r.interference_score) if scored else None
+    attempts = {}
+    for r in rows:  # of the measured rows (a row not timed has 0 attempts)
+        if r.conditions_recorded and r.attempts > 0:
+            attempts[str(r.attempts)] = attempts.get(str(r.attempts), 0) + 1
+    notes = {}
+    for r in rows:
+        if r.peak_note:
+            notes[r.peak_note] = notes.get(r.peak_note, 0) + 1
+    cals, spread = _calibrations(res, rows)
+    return {
+        "recorded": any(r.conditions_recorded for r in rows),
+        "max_interference": _max_interference(res.meta),
+        "rows": len(rows),
+        "rows_ok": len(ok),
+        "rows_with_ci": sum(1 for r in ok if r.time_ci()),
+        # What the time figure's bars show: the 95% interval of the median where every drawn row has one,
+        # p10-p90 where none has, both ("mixed") otherwise.
+        "error_bars": "ci95" if res.ok and drawn_ci == len(res.ok) else "p10_p90" if not drawn_ci else "mixed",
+        "attempts": dict(sorted(attempts.items(), key=lambda kv: int(kv[0]))),
+        "remeasured": len(remeasured),
+        "remeasured_ids": [r.id for r in remeasured[:MAX_IDS]],
+        "noisy": len(noisy),
+        "noisy_ids": [r.id for r in noisy[:MAX_IDS]],
+        "interference_rows": len(scored),
+        "interference_score_median": json_num(_median([r.interference_score for r in scored])),
+        "interference_score_max": json_num(worst.interference_score) if worst else None,
+        "interference_score_max_id": worst.id if worst else None,
+        "peak_notes": [{"note": n, "rows": c} for n, c in sorted(notes.items(), key=lambda kv: (-kv[1], kv[0]))],
+        "calibrations": cals,
+        "calibration_spread": spread,
+    }
+
+
 def analyse(res):
     """Everything the figures and the report show, from the results alone (see the module docstring)."""
     series = res.sorted_series()  # the figures' order: by label, mask, facet
@@ -311,4 +511,6 @@ def analyse(res):
         "pareto": _pareto(res, fastest),
         "roofline": _roofline(res),
         "accuracy_by_dtype": _accuracy_by_dtype(res),
+        "key_ratios": _key_ratios(res),
+        "measurement": _measurement(res),
     }

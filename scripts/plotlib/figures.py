@@ -97,27 +97,39 @@ def fig_time(res, an):
     fig, cells = facet_grid(res, "Time per forward call vs sequence length (slope = fitted exponent)")
     colors = series_colors(res)
     fits = {(f["series"], f["mask"], f["context"]): f for f in an["fits"]}
+    noisy_cells = set()
     for (label, mask, rk), rows in res.sorted_series():
         ax = cells.get((mask, rk))
         if ax is None:
             continue
         ns = [r.seq_kv for r in rows]
         ts = [r.time_median for r in rows]
-        lo = [r.time_p10 or t for r, t in zip(rows, ts)]
-        hi = [r.time_p90 or t for r, t in zip(rows, ts)]
+        # The 95% interval of the median where the row has one (#18), else p10-p90 (fewer than 6 repetitions,
+        # older rows, the peer's)
+        lo = [r.time_ci()[0] if r.time_ci() else r.time_p10 or t for r, t in zip(rows, ts)]
+        hi = [r.time_ci()[1] if r.time_ci() else r.time_p90 or t for r, t in zip(rows, ts)]
         f = fits[(label, mask, res.rest_title(rk))]
         k = f["exponent"]
         rng = f"n={f['n_min']}–{f['n_max']}"
         name = f"{label}  $n^{{{k:.2f}}}$ ({rng})" if k is not None else f"{label}  (one size)"
-        ax.errorbar(ns, ts, yerr=[np.subtract(ts, lo), np.subtract(hi, ts)], marker="o", ms=3.5,
-                    lw=1.4, capsize=2, ls=line_style(rows), color=colors[label], label=name)
+        ax.errorbar(ns, ts, yerr=[np.maximum(0, np.subtract(ts, lo)), np.maximum(0, np.subtract(hi, ts))],
+                    marker="o", ms=3.5, lw=1.4, capsize=2, ls=line_style(rows), color=colors[label], label=name)
+        noisy = [(r.seq_kv, r.time_median) for r in rows if r.noisy]
+        if noisy:  # hollow: interference stayed above the threshold on every attempt
+            ax.plot(*zip(*noisy), ls="none", marker="o", ms=7, mfc="white", mec=colors[label], mew=1.3, zorder=3)
+            noisy_cells.add((mask, rk))
     for (m, rk), ax in cells.items():
         pts = [(r.seq_kv, r.time_median) for r in res.ok if r.mask == m and res.rest_key(r) == rk]
         if pts:
             slope_guides(ax, [p[0] for p in pts], [p[1] for p in pts])
         log2_axis(ax)
         ax.set_yscale("log")
-    finish_axes(cells, "sequence length n", "time (ms, median; bars p10–p90)")
+        if (m, rk) in noisy_cells:  # one legend entry for the hollow markers
+            ax.plot([], [], ls="none", marker="o", ms=7, mfc="white", mec="black", mew=1.3,
+                    label="hollow: noisy (interference on every attempt)")
+    bars = {"ci95": "bars 95% CI of the median", "mixed": "bars 95% CI of the median, else p10–p90"}
+    finish_axes(cells, "sequence length n",
+                f"time (ms, median; {bars.get(an['measurement']['error_bars'], 'bars p10–p90')})")
     return fig
 
 

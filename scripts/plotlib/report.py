@@ -1,7 +1,8 @@
-"""REPORT.md: the key figures, crossover, roofline and left-out tables, the machine and the config, from the
-Results and the analysis (analysis.analyse) alone, plus a section embedding each figure file that was written. Nothing here
-draws or imports matplotlib, and nothing depends on whether (or in which order) the figures were drawn: with
-no figure files the report has every table and no figure sections.
+"""REPORT.md: the key figures and ratios, crossover, roofline and left-out tables, the measurement conditions,
+the machine and the config, from the Results and the analysis (analysis.analyse) alone, plus a section
+embedding each figure file that was written. Nothing here draws or imports matplotlib, and nothing depends on
+whether (or in which order) the figures were drawn: with no figure files the report has every table and no
+figure sections.
 """
 import json
 import os
@@ -50,6 +51,21 @@ def _where(entry):
     return entry["mask"] + (f"; {entry['context']}" if entry["context"] else "")
 
 
+def time_blurb(an):
+    """The time figure's caption: which bars it draws (the 95% interval of the median where the rows have one)
+    and the hollow markers of noisy rows."""
+    m = an["measurement"]
+    bars = {"ci95": "bars span the 95% confidence interval of the median (distribution-free, from the order "
+                    "statistics of the repetitions)",
+            "mixed": "bars span the 95% confidence interval of the median where the row has one (6 or more "
+                     "repetitions), p10–p90 where it has not"}.get(m["error_bars"], "bars span p10–p90")
+    text = BLURBS["time_vs_seq"].replace("bars span p10–p90", bars)
+    if m["noisy"]:
+        text += (f" Hollow markers: the {m['noisy']} noisy row(s), whose interference score stayed above "
+                 f"measure.max_interference ({m['max_interference']:g}) on every attempt.")
+    return text
+
+
 def key_figures(an):
     fits = {(f["series"], f["mask"], f["context"]): f for f in an["fits"]}
     table = []
@@ -64,7 +80,7 @@ def key_figures(an):
             f"{k:.2f} (n={f['n_min']}–{f['n_max']})" if k is not None else "—",
             f"{fmt_num(f.get('tail_exponent'), '.2f')}",
             e["max_n"],
-            fmt_num(num(e["time_ms"]), ".4g"),
+            fmt_num(num(e["time_ms"]), ".4g") + (" (noisy)" if e.get("noisy") else ""),
             fmt_num(num(e["gflops"]), ".3g"),
             fmt_num(num(e["frac_sgemm"]), ".2f"),
             fmt_num(num(e["frac_peak"]), ".2f"),
@@ -73,6 +89,47 @@ def key_figures(an):
         ])
     return md_table(["series", "parameters", "mask", "exact", "exponent (fit)", "slope, last 2 n", "max n", "time at max n (ms)",
                      "GFLOP/s", "× sgemm", "× FMA peak", "memory at max n", "worst rel_l2_err"], table)
+
+
+RATIO_KINDS = {"variants": "variants", "mask": "mask vs none", "threads": "threads"}
+
+
+def _ratio_side(kind, s):
+    text = f"`{s['series']}`"
+    if kind == "mask":
+        text += f", {s['mask']}"
+    elif kind == "threads":
+        text += f", {s['threads']} thread{'s' if s['threads'] != 1 else ''}"
+    return text + (" (noisy)" if s["noisy"] else "")
+
+
+def key_ratios_section(an):
+    kr = an["key_ratios"]
+    if not kr["rows"]:
+        return "No two measured attnbench rows to compare (one series, one mask and one thread count)."
+    table = []
+    for e in kr["rows"]:
+        iv = e["interval"]
+        table.append([RATIO_KINDS[e["kind"]], _ratio_side(e["kind"], e["a"]), _ratio_side(e["kind"], e["b"]),
+                      "; ".join(x for x in (e["mask"], e["context"], f"n={e['seq_kv']}") if x),
+                      fmt_num(num(e["a"]["median_ms"]), ".4g"), fmt_num(num(e["b"]["median_ms"]), ".4g"),
+                      fmt_num(num(e["ratio"]), ".3g") + "×", f"[{iv[0]:.3g}, {iv[1]:.3g}]" if iv else "—",
+                      e["significant"]])
+    bound = ", ".join(f"{RATIO_KINDS[k]}: {kr['shown'][k]} of {c}" for k, c in kr["counts"].items() if c)
+    return "\n".join([
+        md_table(["comparison", "A", "B", "at", "A median (ms)", "B median (ms)", "A / B", "interval",
+                  "significant"], table), "",
+        "*A / B*: the ratio of the median times, at the largest n both rows were measured at (attnbench rows; "
+        "*variants*: every pair of series at the same point, B the exact one, then the one without parameters; "
+        "*mask vs none*: the same series and point with and without the mask; *threads*: the same series and "
+        "point against its smallest thread count). *interval*: [lo_A / hi_B, hi_A / lo_B] from the two 95% "
+        "confidence intervals of the medians; it holds the true ratio whenever both intervals hold their "
+        "medians (at least 90%). *significant*: yes when the two intervals are apart, no when they overlap, — "
+        "when a row has none (fewer than 6 repetitions, or results from before attnbench recorded it). "
+        "*(noisy)*: the row's interference stayed above the threshold on every attempt.",
+        "",
+        f"The table is bounded to one row per pair and setting, at most {kr['limit_per_kind']} per kind of "
+        f"comparison, in the order above ({bound}); summary.json `key_ratios` holds the same rows."])
 
 
 def crossover_table(an):
@@ -156,6 +213,76 @@ def roofline_section(an, drawn):
     return "\n".join(md)
 
 
+MAX_CALIBRATION_ROWS = 24
+
+
+def _ids(ids, total):
+    text = ", ".join(f"`{i}`" for i in ids)
+    return text + (f" (the first {len(ids)} of {total}; all in results.jsonl)" if total > len(ids) else "")
+
+
+def _rows(n):
+    return f"{n} row{'s' if n != 1 else ''}"
+
+
+def measurement_section(an):
+    m = an["measurement"]
+    md = []
+    if not m["recorded"]:
+        md.append("Interference, re-measurements and intervals of the median were not recorded: results written "
+                  "before attnbench recorded interference (no row has `interference`, `attempts` or `noisy`).")
+    else:
+        attempts = ", ".join(f"{k} × {v}" for k, v in m["attempts"].items())
+        md.append(f"- {m['rows_with_ci']} of {m['rows_ok']} measured rows have a 95% confidence interval of the "
+                  "median (it needs 6 or more repetitions).")
+        md.append(f"- Re-measured because of interference (attempts > 1): {m['remeasured']} of {m['rows']} rows"
+                  + (f" (attempts: {attempts})" if attempts else "")
+                  + (": " + _ids(m["remeasured_ids"], m["remeasured"]) if m["remeasured"] else "") + ".")
+        md.append(f"- Noisy (interference score above measure.max_interference = {m['max_interference']:g} on "
+                  f"every attempt; kept, marked (noisy) in the tables): {_rows(m['noisy'])}"
+                  + (": " + _ids(m["noisy_ids"], m["noisy"]) if m["noisy"] else "") + ".")
+        if m["interference_rows"]:
+            md.append(f"- Interference score over the {m['interference_rows']} rows that measured it: median "
+                      f"{fmt_num(num(m['interference_score_median']), '.3g')}, max "
+                      f"{fmt_num(num(m['interference_score_max']), '.3g')} (`{m['interference_score_max_id']}`).")
+        else:
+            md.append("- Interference score: no row measured it.")
+    if m["peak_notes"]:
+        md.append("- Peak memory not measured: " + "; ".join(f"{p['note']} ({_rows(p['rows'])})"
+                                                             for p in m["peak_notes"]) + ".")
+    md.append("")
+    cals = m["calibrations"]
+    if cals is None:
+        md.append("Calibrations over time: not recorded: results written before attnbench recorded interference "
+                  "(meta.json has no `calibrations`; the Machine section lists the one sgemm calibration).")
+        return "\n".join(md)
+    if not cals:
+        md.append("meta.json lists no calibrations.")
+        return "\n".join(md)
+    threads = sorted({e["threads"] for c in cals for e in c["sgemm"]})
+    table = []
+    for c in cals[:MAX_CALIBRATION_ROWS]:
+        g = {e["threads"]: e["gflops"] for e in c["sgemm"]}
+        table.append([c["index"], c["timestamp"] or "?", fmt_num(num(c["after_points"]), ".0f"), c["reason"] or "?",
+                      "yes" if c["used"] else "no", fmt_num(num(c["interference_score"]), ".3g")]
+                     + [fmt_num(g.get(t), ".1f") for t in threads] + [c["rows"]])
+    md.append(md_table(["calibration", "timestamp", "after points", "reason", "used", "interference score"]
+                       + [f"sgemm GFLOP/s, {t} thread{'s' if t != 1 else ''}" for t in threads] + ["rows"], table))
+    md.append("")
+    if len(cals) > MAX_CALIBRATION_ROWS:
+        md += [f"The first {MAX_CALIBRATION_ROWS} of {len(cals)} calibrations; summary.json `measurement` has "
+               "all.", ""]
+    md.append("*reason*: start (or resume) of the run, cadence (every measure.calibrate_every points) or "
+              "interference (after a disturbed point); *used*: no for a calibration taken under interference, "
+              "which the rows did not divide by; *rows*: the rows whose frac_sgemm and frac_peak divide by it.")
+    if m["calibration_spread"]:
+        md += ["", "Spread of the sgemm calibration across the used calibrations: "
+               + "; ".join(f"{s['threads']} thread(s): {s['min_gflops']:.1f}–{s['max_gflops']:.1f} GFLOP/s over "
+                           f"{s['calibrations']}, max/min {s['max_over_min']:.3f}" for s in m["calibration_spread"])
+               + "."]
+    return "\n".join(md)
+
+
 def machine_section(meta):
     s = meta.get("system", {})
     if not s:
@@ -208,7 +335,10 @@ def render_report(res, an, figure_files):
     md += ["## Key figures", "", key_figures(an), "",
            "*exponent (fit)*: least squares of log(time) on log(n) over the measured sizes; *slope, last 2 n*: "
            "the same between the two largest sizes (the asymptotic regime). *× sgemm*: fraction of the in-run "
-           "sgemm throughput.", ""]
+           "sgemm throughput."
+           + (" *(noisy)*: the row at max n stayed above the interference threshold on every attempt."
+              if any(e.get("noisy") for e in an["key_figures"]) else ""), "",
+           "### Key ratios", "", key_ratios_section(an), ""]
     md += ["## Crossover", "", crossover_table(an), "",
            "Against the fastest (and the least memory-hungry) exact attnbench variant at each point; the size "
            "where an approximate variant becomes faster (or smaller) for good is interpolated in log–log between "
@@ -216,8 +346,9 @@ def render_report(res, an, figure_files):
            "measured.", ""]
     for stem in FIGURES:
         if stem in drawn and stem != ROOFLINE:
+            blurb = time_blurb(an) if stem == "time_vs_seq" else BLURBS[stem]
             md += [f"## {TITLES[stem]}", "", f"![{TITLES[stem]}](plots/{stem}.png)", "",
-                   BLURBS[stem] + f" ([SVG](plots/{stem}.svg))", ""]
+                   blurb + f" ([SVG](plots/{stem}.svg))", ""]
     md += ["## Accuracy by dtype", "", accuracy_by_dtype_section(an), ""]
     md += ["## Roofline", "", roofline_section(an, drawn), ""]
     if PATTERNS in drawn:
@@ -225,6 +356,7 @@ def render_report(res, an, figure_files):
                "The weights each variant applies on a small input (`attnbench patterns`), measured through its "
                "forward pass with V set to unit vectors. ([SVG](plots/patterns.svg))", ""]
     md += ["## Points left out of the curves", "", excluded_section(an), ""]
+    md += ["## Measurement conditions", "", measurement_section(an), ""]
     md += ["## Machine", "", machine_section(meta), ""]
     if meta.get("config") is not None:
         md += ["## Config", "", f"From `{meta.get('config_path', '?')}` (hash {meta.get('config_hash', '?')}):", "",

@@ -6,6 +6,7 @@ Bad input raises InputError naming the file (and line): plot.py reports it and e
 the patterns' .npy files; no matplotlib.
 """
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -43,6 +44,30 @@ def read_jsonl(path):
 def _sub(d, key, part):
     v = d.get(key)
     return v.get(part) if isinstance(v, dict) else None
+
+
+# The fields that say how a point was measured on a shared machine (#18); a row with none of them was written
+# before attnbench recorded interference.
+CONDITION_FIELDS = ("interference", "attempts", "noisy")
+
+
+def _samples(d):
+    """time_ms.samples as floats (every repetition, ms); [] when absent or not a list."""
+    v = _sub(d, "time_ms", "samples")
+    return [x for x in (num(s) for s in v) if x is not None] if isinstance(v, list) else []
+
+
+def _attempts(d):
+    """attempts as an int; rows from before the field: 1 when measured, 0 when not."""
+    v = d.get("attempts")
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    reps = _sub(d, "time_ms", "reps")
+    return 1 if d.get("status") == "ok" or (isinstance(reps, (int, float)) and reps > 0) else 0
+
+
+def _int_or_none(v):
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 @dataclass(eq=False)
@@ -85,7 +110,20 @@ class Row:
     max_abs_err: float = None  # accuracy.max_abs_err: the kernel's error on the inputs it read
     e2e_max_abs_err: float = None  # accuracy_e2e.max_abs_err: against fp64 on the fp32 inputs (older rows: the same)
     peak_bytes: float = None  # memory.peak_bytes
+    peak_note: str = ""  # memory.peak_note: why peak_bytes is null ("" when measured, or in rows from before it)
     estimated_bytes: float = None  # memory.estimated_bytes
+    # How the point was measured on a shared machine (#18); rows from before it read as one clean attempt with
+    # no interval, no samples and no interference measured (conditions_recorded False).
+    ci_lo: float = None  # time_ms.ci_lo, ci_hi: the 95% distribution-free interval of the median (None below 6 reps)
+    ci_hi: float = None
+    ci_level: float = None  # time_ms.ci_level: its exact coverage
+    samples: list = field(default_factory=list)  # time_ms.samples: every repetition, ms
+    interference: dict = None  # the interference object as written (None: not measured)
+    interference_score: float = None  # interference.score
+    attempts: int = 1  # timed measurements of the point (1 clean first time; 0 not measured)
+    noisy: bool = False  # every attempt stayed above measure.max_interference
+    calibration: int = None  # index into meta.json calibrations of the denominators of frac_sgemm / frac_peak
+    conditions_recorded: bool = False  # the row has interference / attempts / noisy (written since #18)
     label: str = ""  # the series it belongs to: the variant, the parameters that vary, [isa] over several targets
     params_text: str = ""  # every parameter, "k=v,k=v"
 
@@ -106,7 +144,22 @@ class Row:
                    dtype=d.get("dtype") or "fp32", bias=d.get("bias") or "none", rope=d.get("rope") or "none",
                    rope_ms=num(d.get("rope_ms")), max_abs_err=num(_sub(d, "accuracy", "max_abs_err")),
                    e2e_max_abs_err=num(_sub(d, "accuracy_e2e" if isinstance(d.get("accuracy_e2e"), dict)
-                                            else "accuracy", "max_abs_err")))
+                                            else "accuracy", "max_abs_err")),
+                   peak_note=_sub(d, "memory", "peak_note") if isinstance(_sub(d, "memory", "peak_note"), str) else "",
+                   ci_lo=num(_sub(d, "time_ms", "ci_lo")), ci_hi=num(_sub(d, "time_ms", "ci_hi")),
+                   ci_level=num(_sub(d, "time_ms", "ci_level")), samples=_samples(d),
+                   interference=d.get("interference") if isinstance(d.get("interference"), dict) else None,
+                   interference_score=num(_sub(d, "interference", "score")), attempts=_attempts(d),
+                   noisy=d.get("noisy") is True, calibration=_int_or_none(d.get("calibration")),
+                   conditions_recorded=any(k in d for k in CONDITION_FIELDS))
+
+    def time_ci(self):
+        """(lo, hi) of the 95% interval of the median time, or None when the row has none (fewer than 6
+        repetitions, or written before #18)."""
+        lo, hi = self.ci_lo, self.ci_hi
+        if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 or hi < lo:
+            return None
+        return lo, hi
 
     def memory(self):
         """Peak bytes measured, else the estimate; and whether it was estimated."""
@@ -189,6 +242,10 @@ class Results:
         self.excluded = [r for r in all_rows if id(r) not in ok_ids]
         self.calibration = {int(c["threads"]): float(c["gflops"])
                             for c in self.meta.get("sgemm_calibration", []) if "threads" in c and "gflops" in c}
+        # Every sgemm / FMA-peak calibration of the run, in order (meta.json calibrations, #18): None when the
+        # folder predates it (sgemm_calibration above is the first one either way).
+        cals = self.meta.get("calibrations")
+        self.calibrations = [c for c in cals if isinstance(c, dict)] if isinstance(cals, list) else None
         for r in self.ok:  # peer rows carry gflops; their fraction of sgemm comes from this run's calibration
             if r.frac_sgemm is None and r.gflops and r.threads in self.calibration:
                 r.frac_sgemm = r.gflops / self.calibration[r.threads]

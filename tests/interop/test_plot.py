@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """scripts/plot.py end to end: every figure and the report from a committed results fixture, the fitted
-exponent and crossover on synthetic results with known answers, and clear errors on bad input. And its stages
-(scripts/plotlib: results -> analysis -> figures -> report) apart: the analysis alone, without matplotlib,
-is summary.json; the report without figures has every table; drawing the figures (in any order) changes
-neither.
+exponent and crossover on synthetic results with known answers, the key ratios and measurement conditions
+(#18) on results with known intervals, interference and calibrations, and clear errors on bad input. And its
+stages (scripts/plotlib: results -> analysis -> figures -> report) apart: the analysis alone, without
+matplotlib, is summary.json; the report without figures has every table; drawing the figures (in any order)
+changes neither.
 
 Run by ctest as `/usr/bin/python3 test_plot.py --attnbench PATH` (only the PyTorch peer case runs it). The cases
 run in parallel threads (each one mostly waits on a plot.py subprocess); their lines print case by case.
@@ -180,6 +181,24 @@ def test_fixture(tmp):
           "REPORT.md's Roofline section says the data is missing")
     check(summary["roofline"]["panels"] == [] and summary["roofline"]["missing"],
           "summary.json roofline: no panels, the reason in 'missing'")
+    # The fixture predates the measurement conditions (#18): no interval, no interference, no calibrations list.
+    check("## Measurement conditions" in md and "not recorded: results written before attnbench recorded "
+          "interference" in md, "REPORT.md's Measurement conditions say the fixture predates them")
+    m = summary.get("measurement", {})
+    check(m.get("recorded") is False and m.get("calibrations") is None and m.get("rows_with_ci") == 0
+          and m.get("error_bars") == "p10_p90" and m.get("noisy") == 0 and m.get("remeasured") == 0,
+          f"summary.json measurement: not recorded, no calibrations, p10-p90 bars ({m})")
+    kr = summary.get("key_ratios", {})
+    check(kr.get("counts") == {"variants": 12, "mask": 4, "threads": 0} and len(kr.get("rows", [])) == 16
+          and all(e["significant"] == "—" and e["interval"] is None for e in kr["rows"]),
+          f"summary.json key_ratios: 6 pairs x 2 masks and 4 causal-vs-none, all '—' without intervals "
+          f"({kr.get('counts')})")
+    check("### Key ratios" in md and "| variants | `tiled` | `naive` | none; n=512 |" in md,
+          "REPORT.md has the Key ratios table (tiled vs naive at their largest common n, 512)")
+    with open(os.path.join(out, "plots", "time_vs_seq.svg"), encoding="utf-8") as f:
+        svg = f.read()
+    check("bars p10–p90" in svg and "95% CI" not in svg and "hollow: noisy" not in svg,
+          "the time figure of rows without intervals draws p10–p90 bars and no noisy marker")
     check_stages("fixture", out, summary, md)
 
 
@@ -391,6 +410,12 @@ def test_many_facets(tmp):
                                                 f"(got {an['nonfinite_accuracy_points']}, expected 4)")
     check("| `approx` | — | none; heads=9 | no | 1.00 (n=64–128) |" in st["report_no_figures"],
           "the key figures give the undrawn facet's exponent")
+    kr = an["key_ratios"]
+    kinds = [e["kind"] for e in kr["rows"]]
+    check(kr["counts"] == {"variants": 26, "mask": 26, "threads": 0} and kinds.count("variants") == 16
+          and kinds.count("mask") == 16, f"[facets] the key ratios are bounded to 16 per kind ({kr['counts']})")
+    check("(variants: 16 of 26, mask vs none: 16 of 26)" in st["report_no_figures"],
+          "[facets] the sentence under Key ratios says how many are shown")
 
 
 def test_cross_attention(tmp):
@@ -423,6 +448,285 @@ def roofline_row(variant, kv, seq_q, seq_kv, threads, time_ms, exact=True, heads
              heads=heads, kv_heads=kv, seq_q=seq_q, head_dim=d, mask="causal_lower_right", threads=threads,
              flops=flops, gflops=flops / (time_ms * 1e6), bytes=nbytes, gbytes_per_s=nbytes / (time_ms * 1e6))
     return r
+
+
+def ci_row(variant, n, mask, threads, median, ci, params, exact=True, attempts=1, noisy=False, score=0.01,
+           calibration=0, peak_note=""):
+    """An ok row with the #18 fields: the 95% interval of the median (None: fewer than 6 repetitions), the
+    samples, the interference measured, attempts, noisy and the calibration it divided by."""
+    r = row(variant, n, median, exact, 1e-7 if exact else 0.05, peak=None if peak_note else 100 * n, mask=mask)
+    r.update(id=f"{variant}:B=1,H=1,Lq={n},Lkv={n},D=16,{mask},gaussian(std=1),T={threads}", threads=threads,
+             params=params, attempts=attempts, noisy=noisy, calibration=calibration,
+             interference={"window_s": 0.5, "steal_frac": 0.0, "other_cpu_frac": score, "runq_wait_frac": 0.0,
+                           "score": score, "ctx_switches_involuntary": 3, "loadavg_1m": 1.0, "freq_mhz": None})
+    reps = 12 if ci else 5
+    r["time_ms"].update(reps=reps, ci_lo=ci[0] if ci else None, ci_hi=ci[1] if ci else None,
+                        ci_level=0.9614 if ci else None, samples=[median] * reps)
+    r["memory"]["peak_note"] = peak_note
+    return r
+
+
+CI_NOTE = "the kernel refused the /proc/self/clear_refs reset"
+
+
+def ci_results(d):
+    """Known answers for the key ratios and the measurement conditions (#18). At n = 512, 1 thread: naive 10 ms
+    [9.8, 10.2], tiled 4 [3.9, 4.1] (re-measured: 2 attempts), approx 9.6 [9.5, 10.3]; causal: naive 6 with no
+    interval (5 repetitions), tiled 2.5 [2.4, 2.6], approx 5 [4.9, 5.1] (noisy, 3 attempts, score 0.3). naive at
+    2 threads: 5.5 [5, 6], causal 3.2 [3, 3.4]. n = 256: the same over 4 (approx over 2), divided by
+    calibration 0; n = 512 by calibration 2. Calibration 1 ran under interference and was not used."""
+    spec = {  # (variant, mask, threads): (median at 512, interval at 512)
+        ("naive", "none", 1): (10.0, (9.8, 10.2)), ("tiled", "none", 1): (4.0, (3.9, 4.1)),
+        ("approx", "none", 1): (9.6, (9.5, 10.3)), ("naive", "causal", 1): (6.0, None),
+        ("tiled", "causal", 1): (2.5, (2.4, 2.6)), ("approx", "causal", 1): (5.0, (4.9, 5.1)),
+        ("naive", "none", 2): (5.5, (5.0, 6.0)), ("naive", "causal", 2): (3.2, (3.0, 3.4))}
+    params = {"naive": {}, "tiled": {"tile": 64}, "approx": {"rank": 8}}
+    rows = []
+    for n in (256, 512):
+        for (variant, mask, threads), (median, ci) in spec.items():
+            scale = 1.0 if n == 512 else (0.5 if variant == "approx" else 0.25)
+            extra = {}
+            if n == 512 and (variant, mask, threads) == ("tiled", "none", 1):
+                extra = {"attempts": 2, "score": 0.02}
+            if n == 512 and (variant, mask, threads) == ("approx", "causal", 1):
+                extra = {"attempts": 3, "noisy": True, "score": 0.3, "peak_note": CI_NOTE}
+            rows.append(ci_row(variant, n, mask, threads, median * scale,
+                               (ci[0] * scale, ci[1] * scale) if ci else None, params[variant],
+                               exact=variant != "approx", calibration=0 if n == 256 else 2, **extra))
+    skipped = row("naive", 1024, 0, True, 0, status="skipped", reason="needs 999 bytes > memory_budget 10")
+    skipped.update(id=skipped["id"].replace("T=1", "T=1,skipped"), attempts=0, noisy=False, interference=None,
+                   calibration=None)
+    skipped["memory"]["peak_note"] = "not timed"
+    rows.append(skipped)
+    write_rows(d, rows)
+
+    def cal(i, reason, after, used, score, g1, g2):
+        return {"index": i, "timestamp": f"2026-01-01T00:{10 * i:02d}:00Z", "after_points": after, "reason": reason,
+                "used": used, "interference": {"window_s": 2.0, "steal_frac": 0.0, "other_cpu_frac": score,
+                                               "runq_wait_frac": 0.0, "score": score, "ctx_switches_involuntary": 9,
+                                               "loadavg_1m": 1.5, "freq_mhz": 3000.0},
+                "sgemm": [{"threads": 1, "gflops": g1, "median_ms": 300.0, "cv": 0.01, "p10_gflops": g1 * 0.99,
+                           "p90_gflops": g1 * 1.01},
+                          {"threads": 2, "gflops": g2, "median_ms": 160.0, "cv": 0.02, "p10_gflops": g2 * 0.99,
+                           "p90_gflops": g2 * 1.01}],
+                "fma_peak": [{"threads": 1, "isa": "avx3", "gflops": 200.0}]}
+    cals = [cal(0, "start", 0, True, 0.01, 50.0, 95.0), cal(1, "interference", 4, False, 0.4, 30.0, 50.0),
+            cal(2, "cadence", 8, True, 0.02, 52.5, 100.0)]
+    meta = {"config_name": "ci", "config": {"name": "ci", "measure": {"max_interference": 0.08}},
+            "sgemm_calibration": [{"threads": e["threads"], "gflops": e["gflops"], "size": 2048, "cv": e["cv"]}
+                                  for e in cals[0]["sgemm"]],
+            "fma_peak": cals[0]["fma_peak"], "calibrations": cals,
+            "system": {"cpu_model": "synthetic CPU", "cores_available": 2}}
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    return rows
+
+
+def test_measurement(tmp):
+    """The key ratios and the measurement conditions (#18) on results with known answers: intervals apart
+    (significant), overlapping (not), missing (—); a noisy and a re-measured row; three calibrations, one of
+    them unused. The time figure's bars are the intervals (p10-p90 where a row has none) and noisy rows are
+    hollow."""
+    d = os.path.join(tmp, "ci")
+    rows = ci_results(d)
+    ids = {(r["variant"], r["mask"], r["threads"], r["seq_kv"]): r["id"] for r in rows}
+    r = run_plot(d)
+    if not check(r.returncode == 0, f"[ci] plot.py exits 0 (got {r.returncode}: {r.stderr.strip()[-500:]})"):
+        return
+    with open(os.path.join(d, "summary.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    with open(os.path.join(d, "REPORT.md"), encoding="utf-8") as f:
+        md = f.read()
+    kr = summary.get("key_ratios", {})
+    check(kr.get("counts") == {"variants": 6, "mask": 4, "threads": 2} and len(kr.get("rows", [])) == 12,
+          f"[ci] key_ratios: 3 pairs x 2 masks, 4 mask-vs-none, 2 thread comparisons ({kr.get('counts')})")
+    by = {(e["kind"], e["a"]["series"], e["b"]["series"], e["mask"], e["a"].get("mask"), e["a"].get("threads")): e
+          for e in kr.get("rows", [])}
+
+    def near(x, y):
+        return x is not None and abs(x - y) < 1e-9
+
+    e = by.get(("variants", "tiled", "naive", "none", None, None), {})
+    check(e.get("seq_kv") == 512 and near(e.get("ratio"), 0.4) and e.get("interval") is not None
+          and near(e["interval"][0], 3.9 / 10.2) and near(e["interval"][1], 4.1 / 9.8)
+          and e.get("significant") == "yes",
+          f"[ci] tiled vs naive at n=512: 0.4, [3.9/10.2, 4.1/9.8], significant ({e})")
+    e = by.get(("variants", "approx", "naive", "none", None, None), {})
+    check(near(e.get("ratio"), 0.96) and e.get("interval") is not None and near(e["interval"][0], 9.5 / 10.2)
+          and near(e["interval"][1], 10.3 / 9.8) and e.get("significant") == "no (intervals overlap)",
+          f"[ci] approx vs naive: 0.96, intervals overlap ({e})")
+    e = by.get(("variants", "approx", "tiled", "none", None, None), {})
+    check(near(e.get("ratio"), 2.4) and e.get("significant") == "yes",
+          f"[ci] approx vs tiled: B is the exact one, 2.4, significant ({e})")
+    check(not any(k[1] == "naive" and k[0] == "variants" for k in by),
+          "[ci] naive (exact, no parameters) is always the B of its pairs")
+    e = by.get(("variants", "tiled", "naive", "causal", None, None), {})
+    check(near(e.get("ratio"), 2.5 / 6.0) and e.get("interval") is None and e.get("significant") == "—"
+          and e.get("b", {}).get("ci_ms") is None, f"[ci] tiled vs naive causal: naive has no interval, '—' ({e})")
+    e = by.get(("variants", "approx", "naive", "causal", None, None), {})
+    check(e.get("a", {}).get("noisy") is True and e.get("b", {}).get("noisy") is False,
+          f"[ci] the noisy row is flagged in its ratios ({e.get('a')})")
+    e = by.get(("mask", "tiled", "tiled", None, "causal", None), {})
+    check(near(e.get("ratio"), 0.625) and near(e["interval"][0], 2.4 / 4.1) and near(e["interval"][1], 2.6 / 3.9)
+          and e.get("significant") == "yes" and e.get("context") == "threads=1",
+          f"[ci] tiled causal vs none: 0.625, significant ({e})")
+    e = by.get(("threads", "naive", "naive", "none", None, 2), {})
+    check(near(e.get("ratio"), 0.55) and e.get("b", {}).get("threads") == 1 and e.get("significant") == "yes"
+          and e.get("a", {}).get("id") == ids[("naive", "none", 2, 512)],
+          f"[ci] naive 2 threads vs 1 at n=512: 0.55, significant ({e})")
+    e = by.get(("threads", "naive", "naive", "causal", None, 2), {})
+    check(e.get("significant") == "—" and e.get("interval") is None, f"[ci] naive causal 2 vs 1 threads: '—' ({e})")
+    for line in ("| variants | `tiled` | `naive` | none; threads=1; n=512 | 4 | 10 | 0.4× | [0.382, 0.418] | yes |",
+                 "| variants | `approx` | `naive` | none; threads=1; n=512 | 9.6 | 10 | 0.96× | [0.931, 1.05] | "
+                 "no (intervals overlap) |",
+                 "| variants | `approx` | `tiled` | none; threads=1; n=512 | 9.6 | 4 | 2.4× | [2.32, 2.64] | yes |",
+                 "| variants | `tiled` | `naive` | causal; threads=1; n=512 | 2.5 | 6 | 0.417× | — | — |",
+                 "| variants | `approx` (noisy) | `naive` | causal; threads=1; n=512 | 5 | 6 | 0.833× | — | — |",
+                 "| mask vs none | `tiled`, causal | `tiled`, none | threads=1; n=512 | 2.5 | 4 | 0.625× | "
+                 "[0.585, 0.667] | yes |",
+                 "| threads | `naive`, 2 threads | `naive`, 1 thread | none; n=512 | 5.5 | 10 | 0.55× | [0.49, 0.612] "
+                 "| yes |",
+                 "| threads | `naive`, 2 threads | `naive`, 1 thread | causal; n=512 | 3.2 | 6 | 0.533× | — "
+                 "| — |"):
+        check(line in md, f"[ci] REPORT.md Key ratios has {line}")
+    check("(variants: 6 of 6, mask vs none: 4 of 4, threads: 2 of 2)" in md,
+          "[ci] the sentence under Key ratios gives the bound and the counts")
+    keyfig = md.split("## Key figures")[1].split("### Key ratios")[0]
+    noisy_lines = [line for line in keyfig.splitlines() if "(noisy)" in line and line.startswith("|")]
+    check(len(noisy_lines) == 1 and noisy_lines[0].startswith("| `approx` |") and "| causal; threads=1 |"
+          in noisy_lines[0] and "| 5 (noisy) |" in noisy_lines[0],
+          f"[ci] the key-figures table marks the one noisy row, approx causal at n=512 ({noisy_lines})")
+
+    m = summary.get("measurement", {})
+    check(m.get("recorded") is True and m.get("rows") == 17 and m.get("rows_ok") == 16 and m.get("rows_with_ci") == 14
+          and m.get("error_bars") == "mixed" and m.get("max_interference") == 0.08,
+          f"[ci] measurement: 17 rows, 16 ok, 14 with an interval, mixed bars, threshold from the config ({m})")
+    check(m.get("remeasured") == 2 and m.get("remeasured_ids") == [ids[("tiled", "none", 1, 512)],
+                                                                    ids[("approx", "causal", 1, 512)]]
+          and m.get("attempts") == {"1": 14, "2": 1, "3": 1},
+          f"[ci] two rows re-measured, attempts 1 x 14, 2 x 1, 3 x 1 ({m.get('remeasured_ids')}, {m.get('attempts')})")
+    check(m.get("noisy") == 1 and m.get("noisy_ids") == [ids[("approx", "causal", 1, 512)]],
+          f"[ci] one noisy row ({m.get('noisy_ids')})")
+    check(m.get("interference_rows") == 16 and m.get("interference_score_median") == 0.01
+          and m.get("interference_score_max") == 0.3
+          and m.get("interference_score_max_id") == ids[("approx", "causal", 1, 512)],
+          f"[ci] interference score over 16 rows: median 0.01, max 0.3 at the noisy row "
+          f"({m.get('interference_score_median')}, {m.get('interference_score_max')})")
+    check(m.get("peak_notes") == [{"note": "not timed", "rows": 1}, {"note": CI_NOTE, "rows": 1}],
+          f"[ci] why peak memory is missing, grouped ({m.get('peak_notes')})")
+    cals = m.get("calibrations") or []
+    check([(c["index"], c["reason"], c["used"], c["rows"], c["interference_score"]) for c in cals]
+          == [(0, "start", True, 8, 0.01), (1, "interference", False, 0, 0.4), (2, "cadence", True, 8, 0.02)],
+          f"[ci] three calibrations, the second unused, with the rows that divided by each ({cals})")
+    check(cals and cals[1]["sgemm"] == [{"threads": 1, "gflops": 30.0}, {"threads": 2, "gflops": 50.0}],
+          "[ci] each calibration's sgemm GFLOP/s per thread count")
+    spread = {s["threads"]: s for s in m.get("calibration_spread", [])}
+    check(sorted(spread) == [1, 2] and spread[1]["calibrations"] == 2 and spread[1]["min_gflops"] == 50.0
+          and spread[1]["max_gflops"] == 52.5 and near(spread[1]["max_over_min"], 1.05)
+          and near(spread[2]["max_over_min"], 100.0 / 95.0),
+          f"[ci] spread over the used calibrations only: 52.5/50 and 100/95 ({spread})")
+    for text in ("## Measurement conditions",
+                 "- 14 of 16 measured rows have a 95% confidence interval of the median",
+                 "Re-measured because of interference (attempts > 1): 2 of 17 rows (attempts: 1 × 14, 2 × 1, "
+                 "3 × 1): "
+                 f"`{ids[('tiled', 'none', 1, 512)]}`, `{ids[('approx', 'causal', 1, 512)]}`.",
+                 "above measure.max_interference = 0.08 on every attempt; kept, marked (noisy) in the tables): 1 row: "
+                 f"`{ids[('approx', 'causal', 1, 512)]}`.",
+                 f"median 0.01, max 0.3 (`{ids[('approx', 'causal', 1, 512)]}`)",
+                 f"Peak memory not measured: not timed (1 row); {CI_NOTE} (1 row).",
+                 "| calibration | timestamp | after points | reason | used | interference score | sgemm GFLOP/s, "
+                 "1 thread | sgemm GFLOP/s, 2 threads | rows |",
+                 "| 0 | 2026-01-01T00:00:00Z | 0 | start | yes | 0.01 | 50.0 | 95.0 | 8 |",
+                 "| 1 | 2026-01-01T00:10:00Z | 4 | interference | no | 0.4 | 30.0 | 50.0 | 0 |",
+                 "| 2 | 2026-01-01T00:20:00Z | 8 | cadence | yes | 0.02 | 52.5 | 100.0 | 8 |",
+                 "1 thread(s): 50.0–52.5 GFLOP/s over 2, max/min 1.050; 2 thread(s): 95.0–100.0 GFLOP/s over 2, "
+                 "max/min 1.053.",
+                 "bars span the 95% confidence interval of the median where the row has one",
+                 "Hollow markers: the 1 noisy row(s)"):
+        check(text in md, f"[ci] REPORT.md has: {text}")
+    check("not recorded" not in md, "[ci] nothing said to be not recorded")
+    with open(os.path.join(d, "plots", "time_vs_seq.svg"), encoding="utf-8") as f:
+        svg = f.read()
+    check("bars 95% CI of the median, else p10–p90" in svg and "hollow: noisy" in svg,
+          "[ci] the time figure's axis names the interval bars and its legend the hollow noisy marker")
+    bars = time_error_bars(d)
+
+    def bar_is(key, lo, hi):
+        got = bars.get(key, {}).get("512")
+        return got is not None and near(got[0], lo) and near(got[1], hi)
+
+    check(bar_is("mask=none\nthreads=1|tiled", 3.9, 4.1)
+          and bar_is("mask=causal\nthreads=1|naive", 6.0 * 0.98, 6.0 * 1.02),
+          f"[ci] the time figure's bars: the interval of the median (tiled: 3.9-4.1), p10-p90 where a row has "
+          f"none (naive causal) ({bars})")
+    check_stages("ci", d, summary, md)
+
+
+# Draws the time figure of argv[2] (scripts folder argv[1]) and prints its error bars as JSON:
+# {"<axes title>|<series>": {"<n>": [low end, high end]}}.
+TIME_BARS = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from plotlib.results import Results
+from plotlib.analysis import analyse
+from plotlib import figures
+from matplotlib.container import ErrorbarContainer
+res = Results(sys.argv[2])
+fig = figures.fig_time(res, analyse(res))
+out = {}
+for ax in fig.axes:
+    for c in ax.containers:
+        if isinstance(c, ErrorbarContainer):
+            segs = c.lines[2][0].get_segments()
+            out[ax.get_title() + "|" + c.get_label().split()[0]] = {
+                f"{seg[0][0]:g}": [float(seg[0][1]), float(seg[1][1])] for seg in segs}
+print(json.dumps(out))
+"""
+
+
+def time_error_bars(results_dir):
+    r = subprocess.run([sys.executable, "-c", TIME_BARS, SCRIPTS, results_dir], capture_output=True, text=True,
+                       timeout=300, cwd=tempfile.gettempdir())
+    if not check(r.returncode == 0, f"the time figure's error bars are read back (rc {r.returncode}: "
+                                    f"{r.stderr.strip()[-500:]})"):
+        return {}
+    return json.loads(r.stdout)
+
+
+def test_measurement_odd_values(tmp):
+    """The #18 fields with values the C++ side never writes (strings for numbers, an inverted interval,
+    non-finite scores, junk calibrations, a non-numeric threshold): read as missing or defaults, no crash."""
+    d = os.path.join(tmp, "ci-odd")
+    rows = ci_results(d)
+    ids = {(r["variant"], r["mask"], r["threads"], r["seq_kv"]): i for i, r in enumerate(rows)}
+    rows[ids[("naive", "none", 1, 256)]]["time_ms"].update(ci_lo="nan", ci_hi=None, samples=None, ci_level="x")
+    rows[ids[("tiled", "none", 1, 256)]].update(interference="weird", noisy="yes", calibration=1.5)
+    rows[ids[("tiled", "none", 1, 512)]]["attempts"] = "2"  # the re-measured row
+    rows[ids[("approx", "none", 1, 256)]]["interference"] = {"score": "inf"}
+    rows[ids[("approx", "none", 1, 256)]]["memory"]["peak_note"] = None
+    rows[ids[("tiled", "causal", 1, 256)]]["time_ms"].update(ci_lo=5.0, ci_hi=1.0)  # inverted: not an interval
+    with open(os.path.join(d, "results.jsonl"), "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    with open(os.path.join(d, "meta.json"), encoding="utf-8") as f:
+        meta = json.load(f)
+    meta["calibrations"] = [{"index": 0, "sgemm": "x"}, "junk", {"sgemm": [{"threads": "1", "gflops": 3},
+                                                                           {"threads": 2, "gflops": 0}]}, {}]
+    meta["config"]["measure"] = {"max_interference": "high"}
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    st = run_stages(d, figures=False)
+    if st is None:
+        return
+    m = st["analysis"]["measurement"]
+    check(m["rows_with_ci"] == 12 and m["max_interference"] == 0.05,
+          f"[ci odd] a 'nan' and an inverted interval are no interval; a bad threshold is the default 0.05 ({m})")
+    check(m["attempts"] == {"1": 15, "3": 1} and m["remeasured"] == 1 and m["noisy"] == 1
+          and m["interference_rows"] == 15 and m["interference_score_max"] == "inf",
+          "[ci odd] attempts '2' and noisy 'yes' read as defaults, interference 'weird' as none; an 'inf' score "
+          f"is the max, written 'inf' ({m['attempts']}, {m['interference_score_max']})")
+    check([c["rows"] for c in m["calibrations"]] == [7, 0, 8] and m["calibration_spread"] == [],
+          f"[ci odd] junk calibrations are skipped, none has a usable sgemm ({m['calibrations']})")
+    check("## Measurement conditions" in st["report_no_figures"], "[ci odd] the report has its section")
 
 
 def test_roofline(tmp):
@@ -612,7 +916,8 @@ def main():
         print(f"skipped: {e} (install python3-numpy python3-matplotlib)")
         return 77
     cases = [test_fixture, test_synthetic, test_never_and_always, test_isa, test_dtype, test_many_facets,
-             test_cross_attention, test_roofline, test_errors, test_peer]
+             test_cross_attention, test_measurement, test_measurement_odd_values, test_roofline, test_errors,
+             test_peer]
     with tempfile.TemporaryDirectory(prefix="attnbench-test-plot-") as tmp:
         # Longest first: the fixture's and the peer's plot.py runs take most of the time.
         order = [test_fixture, test_peer] + [c for c in cases if c not in (test_fixture, test_peer)]
