@@ -29,7 +29,11 @@ namespace {
 
 // Row fields that may differ between two runs of one config (JSON pointers). Everything else must match.
 const std::vector<std::string> kRunVolatile = {
-    "/time_ms",            // wall-clock timing and its repetition count
+    "/time_ms",            // wall-clock timing, its repetitions, samples and interval
+    "/interference",       // what else ran on the machine meanwhile (#18)
+    "/attempts",           // re-measurements after interference
+    "/noisy",              // whether every attempt saw interference
+    "/calibration",        // which calibration ran clean depends on interference too
     "/gflops",             // flops / measured time
     "/frac_sgemm",         // gflops over the sgemm calibration, itself a timing
     "/frac_peak",          // gflops over the in-run peak-FLOP calibration, a timing too
@@ -39,8 +43,8 @@ const std::vector<std::string> kRunVolatile = {
     "/timestamp",          // when the row was written
 };
 // meta.json fields that may differ between two runs: when they ran, and the in-run calibrations (timings).
-const std::vector<std::string> kMetaVolatile = {"/start_time", "/end_time", "/sgemm_calibration", "/fma_peak",
-                                                "/memory_bandwidth"};
+const std::vector<std::string> kMetaVolatile = {"/start_time", "/end_time",         "/sgemm_calibration",
+                                                "/fma_peak",   "/memory_bandwidth", "/calibrations"};
 // Fields that also differ between the same point at 1 and at 2 threads.
 const std::vector<std::string> kThreadDependent = {
     "/id",                      // ends in ",T=<threads>"
@@ -123,8 +127,11 @@ void check_sweep_determinism(const Json& config, const ScratchDir& dir) {
   if (available_threads() >= 2) CHECK(compared_threads * 2 == static_cast<int>(points.size()));
 }
 
+// Correctness sweeps: no re-measuring under the interference of tests running beside them, and no
+// recalibration (tests/test_interference.cpp covers both).
 Json fast_measure() {
-  return {{"warmup", 0}, {"min_reps", 1}, {"max_reps", 2}, {"min_time_s", 0}, {"max_time_s", 1}};
+  return {{"warmup", 0},     {"min_reps", 1},         {"max_reps", 2},       {"min_time_s", 0},
+          {"max_time_s", 1}, {"max_interference", 1}, {"calibrate_every", 0}};
 }
 
 Json thread_axis() {

@@ -171,8 +171,11 @@ Json read_json(const fs::path& p) {
   return j;
 }
 
+// Correctness sweeps: no re-measuring under the interference of tests running beside them, and no
+// recalibration (tests/test_interference.cpp covers both).
 Json measure_fast() {
-  return {{"warmup", 0}, {"min_reps", 1}, {"max_reps", 2}, {"min_time_s", 0}, {"max_time_s", 1}};
+  return {{"warmup", 0},     {"min_reps", 1},         {"max_reps", 2},       {"min_time_s", 0},
+          {"max_time_s", 1}, {"max_interference", 1}, {"calibrate_every", 0}};
 }
 
 // Four tiny naive points (two lengths x two masks).
@@ -200,7 +203,13 @@ Json slow_config() {
           {"variants", {"naive"}},
           {"sweep", {{"batch", 1}, {"heads", 1}, {"head_dim", 8}, {"seq_len", lens}, {"threads", 1}}},
           {"measure",
-           {{"warmup", 0}, {"min_reps", 1}, {"max_reps", 100000}, {"min_time_s", 0.05}, {"max_time_s", 1}}},
+           {{"warmup", 0},
+            {"min_reps", 1},
+            {"max_reps", 100000},
+            {"min_time_s", 0.05},
+            {"max_time_s", 1},
+            {"max_interference", 1},
+            {"calibrate_every", 0}}},
           {"accuracy", {{"reference", "full"}}},
           {"memory_budget", "1GiB"}};
 }
@@ -396,6 +405,14 @@ TEST_CASE("ok rows hold every documented field with its type", "[sweep][run]") {
     CHECK(t.at("reps").get<int>() <= 2);  // measure.max_reps
     CHECK(t["p10"].get<double>() <= t["median"].get<double>());
     CHECK(t["median"].get<double>() <= t["p90"].get<double>());
+    // #18: the repetitions themselves, one attempt (max_interference 1 here), the probe's readings.
+    CHECK(t.at("samples").size() == t["reps"].get<std::size_t>());
+    CHECK(r.at("attempts") == 1);
+    CHECK(r.at("noisy") == false);
+    CHECK(r.at("calibration") == 0);
+    CHECK(r.at("interference").at("window_s").get<double>() > 0);
+    CHECK(r["interference"].at("score").get<double>() >= 0);
+    CHECK(r["memory"].at("peak_note").is_string());
     CHECK(r.at("gflops").is_number());
     CHECK(r["gflops"].get<double>() > 0);
     CHECK(r.at("frac_sgemm").is_number());

@@ -401,7 +401,9 @@ void parse_sweep_axes(const Json& sweep, SweepConfig& c) {
 }
 
 void parse_measure(const Json& m, MeasureSettings& s) {
-  check_keys(m, "measure", {"warmup", "min_reps", "max_reps", "min_time_s", "max_time_s"});
+  check_keys(m, "measure",
+             {"warmup", "min_reps", "max_reps", "min_time_s", "max_time_s", "target_rel_ci",
+              "max_interference", "max_remeasure", "calibrate_every"});
   if (m.contains("warmup"))
     s.warmup = static_cast<int>(get_int(m["warmup"], "measure.warmup", 0, 1000, "an integer in [0, 1000]"));
   if (m.contains("min_reps"))
@@ -415,6 +417,19 @@ void parse_measure(const Json& m, MeasureSettings& s) {
   if (m.contains("max_time_s"))
     s.max_time_s =
         get_number(m["max_time_s"], "measure.max_time_s", 0.001, 86400, "seconds in [0.001, 86400]");
+  if (m.contains("target_rel_ci") && !m["target_rel_ci"].is_null())
+    s.target_rel_ci = get_number(m["target_rel_ci"], "measure.target_rel_ci", 0, 1,
+                                 "a fraction of the median in [0, 1] (0 or null: off)");
+  if (m.contains("max_interference"))
+    s.max_interference = get_number(m["max_interference"], "measure.max_interference", 0, 1,
+                                    "a share of the machine's CPU time in [0, 1] (1: never re-measure)");
+  if (m.contains("max_remeasure"))
+    s.max_remeasure = static_cast<int>(
+        get_int(m["max_remeasure"], "measure.max_remeasure", 0, 20, "an integer in [0, 20]"));
+  if (m.contains("calibrate_every"))
+    s.calibrate_every =
+        static_cast<int>(get_int(m["calibrate_every"], "measure.calibrate_every", 0, 1000000,
+                                 "a number of points in [0, 1000000] (0: only at the start)"));
   if (s.max_reps < s.min_reps)
     fail("measure.max_reps", "must be >= measure.min_reps (" + std::to_string(s.min_reps) + "), got " +
                                  std::to_string(s.max_reps));

@@ -19,8 +19,63 @@
 
 namespace attn {
 
+double order_statistic_coverage(int64_t n, int64_t l) {
+  if (n <= 0 || l < 1 || 2 * l > n + 1) return 0;
+  if (n > 4096) {  // normal approximation with continuity correction: P(B <= l - 1)
+    const double z = (static_cast<double>(l) - 0.5 - 0.5 * static_cast<double>(n)) /
+                     (0.5 * std::sqrt(static_cast<double>(n)));
+    return 1.0 - std::erfc(-z / std::sqrt(2.0));
+  }
+  // P(B <= l - 1) = sum_{k < l} C(n, k) 2^-n, each term in log space (2^-n underflows beyond n = 1074).
+  double cdf = 0;
+  const double log_half_n = static_cast<double>(n) * std::log(0.5);
+  for (int64_t k = 0; k < l; ++k)
+    cdf += std::exp(std::lgamma(static_cast<double>(n) + 1) - std::lgamma(static_cast<double>(k) + 1) -
+                    std::lgamma(static_cast<double>(n - k) + 1) + log_half_n);
+  return std::max(0.0, 1.0 - 2.0 * cdf);
+}
+
+MedianInterval median_interval(std::vector<double> samples, double level) {
+  MedianInterval ci;
+  const int64_t n = static_cast<int64_t>(samples.size());
+  if (n == 0) return ci;
+  // Coverage falls as l grows: the largest l whose coverage is still >= level. Up to 4096 samples the
+  // binomial CDF is accumulated term by term (one pass); beyond, a binary search on the normal form.
+  int64_t l = 0;
+  double coverage = 0;
+  if (n <= 4096) {
+    const double log_half_n = static_cast<double>(n) * std::log(0.5);
+    double cdf = 0;  // P(B <= cand - 1)
+    for (int64_t cand = 1; 2 * cand <= n + 1; ++cand) {
+      cdf += std::exp(std::lgamma(static_cast<double>(n) + 1) - std::lgamma(static_cast<double>(cand)) -
+                      std::lgamma(static_cast<double>(n - cand + 1) + 1) + log_half_n);  // C(n, cand-1) 2^-n
+      const double c = std::max(0.0, 1.0 - 2.0 * cdf);
+      if (c < level) break;
+      l = cand;
+      coverage = c;
+    }
+  } else {
+    int64_t good = 0, bad = (n + 1) / 2 + 1;
+    while (bad - good > 1) {
+      const int64_t mid = (good + bad) / 2;
+      (order_statistic_coverage(n, mid) >= level ? good : bad) = mid;
+    }
+    l = good;
+    coverage = l ? order_statistic_coverage(n, l) : 0;
+  }
+  if (l == 0) return ci;
+  std::sort(samples.begin(), samples.end());
+  ci.ok = true;
+  ci.rank = static_cast<int>(l);
+  ci.level = coverage;
+  ci.lo = samples[static_cast<std::size_t>(l - 1)];
+  ci.hi = samples[static_cast<std::size_t>(n - l)];
+  return ci;
+}
+
 TimingStats summarize(std::vector<double> samples) {
   TimingStats t;
+  t.ci = median_interval(samples);
   t.reps = static_cast<int>(samples.size());
   t.samples_ms = samples;
   if (samples.empty()) return t;
@@ -57,7 +112,18 @@ TimingStats time_repeated(const std::function<void()>& fn, const MeasureSettings
     total += ms / 1000.0;
     const int n = static_cast<int>(samples.size());
     if (n >= s.max_reps || total >= s.max_time_s) break;
-    if (n >= s.min_reps && total >= s.min_time_s) break;
+    if (n < s.min_reps) continue;
+    if (s.target_rel_ci <= 0) {
+      if (total >= s.min_time_s) break;
+      continue;
+    }
+    const MedianInterval ci = median_interval(samples);
+    if (ci.ok) {
+      std::vector<double> sorted = samples;
+      std::nth_element(sorted.begin(), sorted.begin() + n / 2, sorted.end());
+      const double median = sorted[static_cast<std::size_t>(n / 2)];
+      if (median > 0 && std::max(ci.hi - median, median - ci.lo) <= s.target_rel_ci * median) break;
+    }
   }
   return summarize(std::move(samples));
 }

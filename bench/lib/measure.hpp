@@ -14,18 +14,43 @@ struct MeasureSettings {
   int max_reps = 50;
   double min_time_s = 0.2;  // keep repeating until this much time has been measured...
   double max_time_s = 10;   // ...but stop after this much (at least one measured repetition)
+  // > 0: stop as soon as min_reps are in and the 95% interval of the median is within ± target_rel_ci ×
+  // median, even before min_time_s; a wider interval keeps repeating up to max_reps / max_time_s. 0: off.
+  double target_rel_ci = 0;
+  // Interference (bench/lib/interference.hpp): a point whose score exceeds max_interference is measured
+  // again, up to max_remeasure more times, keeping the cleanest; the sgemm / FMA-peak calibration is
+  // measured again every calibrate_every points (0: only at the start) and after interference was seen.
+  double max_interference = 0.05;
+  int max_remeasure = 2;
+  int calibrate_every = 20;
 };
+
+// The distribution-free confidence interval of the median of n samples: [x(l), x(n+1-l)] (1-based order
+// statistics) with l the largest rank whose coverage 1 - 2 P(Binomial(n, 1/2) <= l - 1) is at least
+// `level`. No assumption on the distribution (timings are skewed and heavy-tailed). ok = false below 6
+// samples at 95%, where even [min, max] covers less (1 - 2^(1-n)).
+struct MedianInterval {
+  bool ok = false;
+  double lo = 0, hi = 0;
+  double level = 0;  // the exact coverage of the chosen ranks
+  int rank = 0;      // l
+};
+MedianInterval median_interval(std::vector<double> samples, double level = 0.95);
+// The coverage of ranks [l, n+1-l] for n samples (exact binomial up to n = 4096, normal beyond).
+double order_statistic_coverage(int64_t n, int64_t l);
 
 struct TimingStats {
   double median_ms = 0, p10_ms = 0, p90_ms = 0, mean_ms = 0, cv = 0;  // cv = stddev / mean
   int reps = 0;
   std::vector<double> samples_ms;
+  MedianInterval ci;  // 95%
 };
 
 TimingStats summarize(std::vector<double> samples_ms);
 
-// Runs `fn` settings.warmup times, then repeats until min_reps and min_time_s are both reached, or max_reps
-// or max_time_s is (at least one measured repetition always).
+// Runs `fn` settings.warmup times, then repeats until min_reps and min_time_s are both reached (or, with
+// target_rel_ci, min_reps and a tight enough interval), or max_reps or max_time_s is (at least one measured
+// repetition always).
 TimingStats time_repeated(const std::function<void()>& fn, const MeasureSettings& settings);
 
 struct SgemmCalibration {

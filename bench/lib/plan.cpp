@@ -332,7 +332,11 @@ Json point_json(const SweepPoint& pt, const SweepConfig& c) {
         {"min_reps", c.measure.min_reps},
         {"max_reps", c.measure.max_reps},
         {"min_time_s", c.measure.min_time_s},
-        {"max_time_s", c.measure.max_time_s}}},
+        {"max_time_s", c.measure.max_time_s},
+        {"target_rel_ci", c.measure.target_rel_ci},
+        {"max_interference", c.measure.max_interference},
+        {"max_remeasure", c.measure.max_remeasure},
+        {"calibrate_every", c.measure.calibrate_every}}},
       {"skip", skip.empty() ? Json(nullptr) : Json(skip)},
       {"row", to_json(base_row(pt, c, simd::active_isa()))}};
   return j;

@@ -111,6 +111,40 @@ AccuracySummary read_accuracy(const Reader& in, const std::string& key) {
   return a;
 }
 
+// Every key is always written (null until measured), like time_ms, so a row's fields never depend on its
+// status.
+Json interference_json(const std::optional<InterferenceSummary>& i) {
+  if (!i)
+    return {{"window_s", nullptr},       {"steal_frac", nullptr}, {"other_cpu_frac", nullptr},
+            {"runq_wait_frac", nullptr}, {"score", nullptr},      {"ctx_switches_involuntary", nullptr},
+            {"loadavg_1m", nullptr},     {"freq_mhz", nullptr}};
+  return {{"window_s", json_number(i->window_s)},
+          {"steal_frac", json_number(i->steal_frac)},
+          {"other_cpu_frac", json_number(i->other_cpu_frac)},
+          {"runq_wait_frac", json_number(i->runq_wait_frac)},
+          {"score", json_number(i->score)},
+          {"ctx_switches_involuntary", i->ctx_switches_involuntary},
+          {"loadavg_1m", json_number(i->loadavg_1m)},
+          {"freq_mhz", opt(i->freq_mhz)}};
+}
+
+std::optional<InterferenceSummary> read_interference(const Reader& in) {
+  const Json* v = in.find("interference");
+  if (!v || v->is_null()) return std::nullopt;  // a row from before the field
+  if (!v->is_object()) in.fail("interference", "must be an object, got " + v->dump());
+  if (!in.opt_number("interference.window_s")) return std::nullopt;  // not measured
+  InterferenceSummary i;
+  i.window_s = in.number("interference.window_s");
+  i.steal_frac = in.number("interference.steal_frac");
+  i.other_cpu_frac = in.number("interference.other_cpu_frac");
+  i.runq_wait_frac = in.number("interference.runq_wait_frac");
+  i.score = in.number("interference.score");
+  i.ctx_switches_involuntary = in.integer("interference.ctx_switches_involuntary");
+  i.loadavg_1m = in.number("interference.loadavg_1m");
+  i.freq_mhz = in.opt_number("interference.freq_mhz");
+  return i;
+}
+
 }  // namespace
 
 Json to_json(const ResultRow& r) {
@@ -141,7 +175,15 @@ Json to_json(const ResultRow& r) {
             {"p90", opt(r.time_ms.p90)},
             {"mean", opt(r.time_ms.mean)},
             {"cv", opt(r.time_ms.cv)},
-            {"reps", r.time_ms.reps}}},
+            {"reps", r.time_ms.reps},
+            {"ci_lo", opt(r.time_ms.ci_lo)},
+            {"ci_hi", opt(r.time_ms.ci_hi)},
+            {"ci_level", opt(r.time_ms.ci_level)},
+            {"samples", r.time_ms.samples}}},
+          {"interference", interference_json(r.interference)},
+          {"attempts", r.attempts},
+          {"noisy", r.noisy},
+          {"calibration", opt(r.calibration)},
           {"flops", opt(r.flops)},
           {"gflops", opt(r.gflops)},
           {"frac_sgemm", opt(r.frac_sgemm)},
@@ -156,7 +198,8 @@ Json to_json(const ResultRow& r) {
             {"inputs_bytes", r.memory.inputs_bytes},
             {"workspace_bytes", r.memory.workspace_bytes},
             {"reference_bytes", r.memory.reference_bytes},
-            {"peak_bytes", opt(r.memory.peak_bytes)}}},
+            {"peak_bytes", opt(r.memory.peak_bytes)},
+            {"peak_note", r.memory.peak_note}}},
           {"nonfinite_inputs", opt(r.nonfinite_inputs)},
           {"timestamp", r.timestamp}};
 }
@@ -203,6 +246,21 @@ ResultRow row_from_json(const Json& j, const std::string& where) {
   r.time_ms.mean = in.opt_number("time_ms.mean");
   r.time_ms.cv = in.opt_number("time_ms.cv");
   r.time_ms.reps = static_cast<int>(in.integer("time_ms.reps"));
+  // Rows from before the interval (#18) read with null intervals, no samples, one clean attempt.
+  r.time_ms.ci_lo = in.opt_number("time_ms.ci_lo");
+  r.time_ms.ci_hi = in.opt_number("time_ms.ci_hi");
+  r.time_ms.ci_level = in.opt_number("time_ms.ci_level");
+  if (const Json* v = in.find("time_ms.samples"); v && !v->is_null()) {
+    if (!v->is_array()) in.fail("time_ms.samples", "must be a list of numbers, got " + v->dump());
+    for (const Json& x : *v) {
+      if (!x.is_number()) in.fail("time_ms.samples", "must be a list of numbers, got " + x.dump() + " in it");
+      r.time_ms.samples.push_back(x.get<double>());
+    }
+  }
+  r.interference = read_interference(in);
+  r.attempts = static_cast<int>(in.opt_integer("attempts").value_or(r.time_ms.reps > 0 ? 1 : 0));
+  r.noisy = in.boolean("noisy");
+  r.calibration = in.opt_integer("calibration");
   r.flops = in.opt_number("flops");
   r.gflops = in.opt_number("gflops");
   r.frac_sgemm = in.opt_number("frac_sgemm");
@@ -218,6 +276,7 @@ ResultRow row_from_json(const Json& j, const std::string& where) {
   r.memory.workspace_bytes = in.bytes("memory.workspace_bytes");
   r.memory.reference_bytes = in.bytes("memory.reference_bytes");
   r.memory.peak_bytes = in.opt_integer("memory.peak_bytes");
+  r.memory.peak_note = in.str("memory.peak_note");
   r.nonfinite_inputs = in.opt_integer("nonfinite_inputs");
   r.timestamp = in.str("timestamp");
   return r;
@@ -269,6 +328,42 @@ const std::vector<RowField>& row_fields() {
       {"time_ms.mean", "number|null", "mean"},
       {"time_ms.cv", "number|null", "coefficient of variation (stddev / mean)"},
       {"time_ms.reps", "integer", "measured repetitions (0 when not measured)"},
+      {"time_ms.ci_lo", "number|null",
+       "lower end of the 95% confidence interval of the median: the order statistic x(l) of the "
+       "distribution-free interval [x(l), x(n+1-l)], l the largest rank whose binomial coverage is >= 95%; "
+       "null below 6 repetitions (no such pair exists)"},
+      {"time_ms.ci_hi", "number|null", "upper end, x(n+1-l)"},
+      {"time_ms.ci_level", "number|null",
+       "the interval's exact coverage, 1 - 2 P(Binomial(n, 1/2) < l) (>= 0.95)"},
+      {"time_ms.samples", "array", "every measured repetition in ms, in order (at most max_reps)"},
+      {"interference.window_s", "number|null",
+       "interference while the point was timed (#18; null until measured, for the attempt kept): the wall "
+       "seconds the probe covered (warm-up and repetitions)"},
+      {"interference.steal_frac", "number|null",
+       "hypervisor steal over window x the CPUs this process may run on (/proc/stat)"},
+      {"interference.other_cpu_frac", "number|null",
+       "other processes' CPU time on those CPUs (their busy ticks minus this process's CPU time) over the "
+       "same; known to about 2 ticks per CPU"},
+      {"interference.runq_wait_frac", "number|null",
+       "time this process's runnable threads waited for a core (/proc/self/task/*/schedstat) over window x "
+       "threads"},
+      {"interference.score", "number|null",
+       "steal_frac + max(runq_wait_frac, other_cpu_frac - 2 / (HZ x window_s)): compared with "
+       "measure.max_interference"},
+      {"interference.ctx_switches_involuntary", "integer|null",
+       "this process's involuntary context switches "
+       "during the window (getrusage)"},
+      {"interference.loadavg_1m", "number|null", "/proc/loadavg's 1-minute load at the end of the window"},
+      {"interference.freq_mhz", "number|null",
+       "mean cpufreq scaling_cur_freq of those CPUs; null where the kernel does not expose it (VMs)"},
+      {"attempts", "integer",
+       "timed measurements of the point: 1, plus one per re-measurement after a score above "
+       "measure.max_interference (at most 1 + measure.max_remeasure); the cleanest is kept; 0 when not "
+       "measured"},
+      {"noisy", "boolean", "every attempt's interference score stayed above measure.max_interference"},
+      {"calibration", "integer|null",
+       "index into meta.json's `calibrations` of the sgemm / FMA-peak calibration that frac_sgemm and "
+       "frac_peak were divided by (the latest one measured clean before the point)"},
       {"flops", "number|null", "floating-point operations of one call, as the variant counts its work"},
       {"gflops", "number|null", "flops / median time"},
       {"frac_sgemm", "number|null", "gflops / the sgemm calibration at the same thread count"},
@@ -305,6 +400,9 @@ const std::vector<RowField>& row_fields() {
        "what the accuracy step allocates (fp64 reference rows, two of them for bf16 / fp16, + copy)"},
       {"memory.peak_bytes", "integer|null",
        "measured increase of the resident high-water mark during the timed calls (null: not measured)"},
+      {"memory.peak_note", "string",
+       "why `peak_bytes` is null (the kernel refused the /proc/self/clear_refs reset, or the point was not "
+       "timed); `\"\"` when it was measured"},
       {"nonfinite_inputs", "integer|null", "NaN/Inf values in Q, K, V (null until measured)"},
       {"timestamp", "string", "when the row was written (UTC)"},
   };

@@ -15,6 +15,22 @@ namespace attn {
 struct TimingSummary {  // milliseconds per call over the measured repetitions (null until measured)
   std::optional<double> median, p10, p90, mean, cv;
   int reps = 0;
+  // The distribution-free confidence interval of the median (order statistics; null below 6 repetitions,
+  // where no pair of order statistics covers the median with 95%), and its exact coverage (>= 0.95).
+  std::optional<double> ci_lo, ci_hi, ci_level;
+  std::vector<double> samples;  // every measured repetition, in order (at most measure.max_reps)
+};
+
+// What else ran on the machine while a point was timed (bench/lib/interference.hpp), over the timing window.
+struct InterferenceSummary {
+  double window_s = 0;        // wall time the probe covered (warm-up and repetitions)
+  double steal_frac = 0;      // hypervisor steal over (window × cores we may run on)
+  double other_cpu_frac = 0;  // CPU time of other processes on those cores over (window × cores)
+  double runq_wait_frac = 0;  // time our runnable threads waited for a core, over (window × threads)
+  double score = 0;           // the share compared with measure.max_interference (see row_fields)
+  int64_t ctx_switches_involuntary = 0;  // this process's, during the window
+  double loadavg_1m = 0;                 // /proc/loadavg at the end of the window
+  std::optional<double> freq_mhz;        // mean current frequency of those cores, where the kernel exposes it
 };
 
 struct AccuracySummary {  // against the fp64 exact softmax reference (metrics null until compared)
@@ -30,6 +46,7 @@ struct MemorySummary {
   uint64_t workspace_bytes = 0;
   uint64_t reference_bytes = 0;
   std::optional<int64_t> peak_bytes;  // measured resident high-water-mark increase (null: not measured)
+  std::string peak_note;              // why peak_bytes is null ("" when it is measured)
 };
 
 struct ResultRow {
@@ -54,6 +71,13 @@ struct ResultRow {
   std::string status = "ok";  // "ok" | "skipped" | "failed"
   std::string reason;         // why skipped or failed ("" when ok)
   TimingSummary time_ms;
+  // Interference while timing (null until measured), the measurements taken (1 + re-measurements of a point
+  // whose interference exceeded measure.max_interference), and whether even the cleanest stayed above it.
+  std::optional<InterferenceSummary> interference;
+  int attempts = 0;
+  bool noisy = false;
+  // Index into meta.json's "calibrations" of the calibration frac_sgemm and frac_peak were divided by.
+  std::optional<int64_t> calibration;
   std::optional<double> flops, gflops, frac_sgemm, frac_peak;
   // Bytes one call moves (Attention::bytes_moved, from the sizes: set on skipped rows too), the achieved
   // bandwidth bytes / median time, and that over the in-run memory bandwidth at the row's thread count.

@@ -1,11 +1,16 @@
 // Measuring one sweep point, and the calibration that gives its row the sgemm and FMA-peak denominators.
 #include "bench/lib/runner.hpp"
 
+#include <algorithm>
+#include <chrono>
+#include <ctime>
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include "bench/lib/bandwidth.hpp"
+#include "bench/lib/interference.hpp"
 #include "bench/lib/sysinfo.hpp"
 #include "common/reference.hpp"
 #include "common/runtime.hpp"
@@ -50,72 +55,164 @@ void calibrate_memory_bandwidth(const SweepConfig& config, Json& meta, const std
 
 }  // namespace
 
+namespace {
+
+// The targets the FMA peak is measured on: "best" (the bound sgemm is checked against) and every target the
+// points run on.
+std::vector<std::string> peak_targets(const SweepConfig& config) {
+  std::vector<std::string> requested{"best"};
+  for (const std::string& name : config.isas)
+    if (std::find(requested.begin(), requested.end(), name) == requested.end()) requested.push_back(name);
+  return requested;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+Json interference_meta(const InterferenceSummary& i) {
+  ResultRow r;  // the row's own writer gives the one layout of the object
+  r.interference = i;
+  return to_json(r)["interference"];
+}
+
+}  // namespace
+
+ComputeCalibration measure_compute_calibration(const SweepConfig& config, const std::function<bool()>& stop,
+                                               bool print) {
+  ComputeCalibration c;
+  InterferenceProbe probe;
+  probe.start();
+  for (int t : config.threads) {
+    if (stop()) break;
+    const SgemmCalibration s = calibrate_sgemm(t);
+    std::vector<double> rates;
+    for (double ms : s.timing.samples_ms)
+      rates.push_back(2.0 * static_cast<double>(s.size) * s.size * s.size / (ms * 1e6));
+    std::sort(rates.begin(), rates.end());
+    c.sgemm.push_back({{"threads", t},
+                       {"size", s.size},
+                       {"gflops", s.gflops},
+                       {"median_ms", s.timing.median_ms},
+                       {"cv", s.timing.cv},
+                       {"p10_gflops", rates.empty() ? 0.0 : rates.front()},
+                       {"p90_gflops", rates.empty() ? 0.0 : rates.back()}});
+    c.sgemm_gflops[t] = s.gflops;
+    if (print)
+      std::cout << "attnbench: sgemm calibration, " << t << " thread(s), " << s.size << "^3: " << std::fixed
+                << std::setprecision(1) << s.gflops << " GFLOP/s\n"
+                << std::defaultfloat;
+  }
+  // The hardware bound next to the BLAS one, per thread count and SIMD target, each measured under its own
+  // selection. Targets are keyed by the name that ran, so "best" and the name it resolves to are measured
+  // once.
+  for (int t : config.threads)
+    for (const std::string& name : peak_targets(config)) {
+      if (stop()) break;
+      const simd::ScopedIsa scope(name, "sweep.isa");
+      const std::string isa = simd::active_isa();
+      if (name == "best") c.best_isa = isa;
+      if (c.fma_gflops.count({t, isa})) continue;
+      const FmaPeak f = calibrate_fma_peak(t);
+      c.fma_gflops[{t, f.isa}] = f.gflops;
+      c.fma.push_back({{"threads", t}, {"isa", f.isa}, {"gflops", f.gflops}, {"lanes", f.lanes}});
+      if (print)
+        std::cout << "attnbench: fp32 FMA peak (" << f.isa << ", " << f.lanes << " lanes), " << t
+                  << " thread(s): " << std::fixed << std::setprecision(1) << f.gflops << " GFLOP/s\n"
+                  << std::defaultfloat;
+    }
+  int most_threads = 1;
+  for (int t : config.threads) most_threads = std::max(most_threads, t);
+  c.interference = probe.stop(most_threads);
+  return c;
+}
+
+void record_calibration(Json& meta, const ComputeCalibration& c, const std::string& reason,
+                        int64_t after_points, bool used) {
+  Json list = meta.value("calibrations", Json::array());
+  if (!list.is_array()) list = Json::array();
+  list.push_back({{"index", list.size()},
+                  {"timestamp", utc_now()},
+                  {"after_points", after_points},
+                  {"reason", reason},
+                  {"used", used},
+                  {"interference", interference_meta(c.interference)},
+                  {"sgemm", c.sgemm},
+                  {"fma_peak", c.fma}});
+  meta["calibrations"] = list;
+}
+
 Calibration calibrate(const SweepConfig& config, Json& meta, const std::function<bool()>& stop) {
   Calibration cal;
-  for (const auto& c : meta.value("sgemm_calibration", Json::array()))      // resumed: keep the denominators
-    cal.sgemm_gflops[c["threads"].get<int>()] = c["gflops"].get<double>();  // of the rows already written
-  Json sgemm = meta.value("sgemm_calibration", Json::array());
   if (const std::string note = blas_kernel_note(); !note.empty()) {
     std::cout << "attnbench: note: " << note << "\n";
     meta["blas_note"] = note;
   }
-  for (int t : config.threads) {
-    if (cal.sgemm_gflops.count(t) || stop()) continue;
-    const SgemmCalibration c = calibrate_sgemm(t);
-    cal.sgemm_gflops[t] = c.gflops;
-    sgemm.push_back({{"threads", t},
-                     {"size", c.size},
-                     {"gflops", c.gflops},
-                     {"median_ms", c.timing.median_ms},
-                     {"cv", c.timing.cv}});
-    std::cout << "attnbench: sgemm calibration, " << t << " thread(s), " << c.size << "^3: " << std::fixed
-              << std::setprecision(1) << c.gflops << " GFLOP/s\n"
+  // A resumed run measures a calibration of its own (the conditions may have changed since), appended to
+  // "calibrations"; "sgemm_calibration" and "fma_peak" keep the first run's (the denominators of its rows).
+  const bool resumed =
+      meta.contains("calibrations") && meta["calibrations"].is_array() && !meta["calibrations"].empty();
+  const ComputeCalibration c = measure_compute_calibration(config, stop, true);
+  cal.sgemm_gflops = c.sgemm_gflops;
+  cal.fma_gflops = c.fma_gflops;
+  if (!meta.contains("sgemm_calibration")) meta["sgemm_calibration"] = c.sgemm;
+  if (!meta.contains("fma_peak")) meta["fma_peak"] = c.fma;
+  record_calibration(meta, c, resumed ? "resume" : "start", 0, true);
+  cal.index = static_cast<int64_t>(meta["calibrations"].size()) - 1;
+  if (c.interference.score > config.measure.max_interference)
+    std::cerr << "attnbench: warning: the calibration ran under interference (score " << std::setprecision(3)
+              << c.interference.score << " > measure.max_interference " << config.measure.max_interference
+              << "); it is used until a clean one replaces it\n"
               << std::defaultfloat;
-  }
-  // The hardware bound next to the BLAS one (sgemm depends on which kernels the installed BLAS picks), per
-  // thread count and SIMD target: the best target (the bound sgemm is checked against) and every target the
-  // points run on, each measured under its own selection. Targets are keyed by the name that ran, so "best"
-  // and the name it resolves to are measured once.
-  Json peaks = meta.value("fma_peak", Json::array());
-  for (const auto& c : peaks)  // resumed: keep the denominators of the rows already written
-    if (c.contains("isa") && c["isa"].is_string())
-      cal.fma_gflops[{c["threads"].get<int>(), c["isa"].get<std::string>()}] = c["gflops"].get<double>();
-  std::vector<std::string> requested{"best"};
-  for (const std::string& name : config.isas)
-    if (std::find(requested.begin(), requested.end(), name) == requested.end()) requested.push_back(name);
-  std::string best;
-  for (int t : config.threads)
-    for (const std::string& name : requested) {
-      if (stop()) break;
-      const simd::ScopedIsa scope(name, "sweep.isa");
-      const std::string isa = simd::active_isa();
-      if (name == "best") best = isa;
-      if (cal.fma_gflops.count({t, isa})) continue;
-      const FmaPeak c = calibrate_fma_peak(t);
-      cal.fma_gflops[{t, c.isa}] = c.gflops;
-      peaks.push_back({{"threads", t}, {"isa", c.isa}, {"gflops", c.gflops}, {"lanes", c.lanes}});
-      std::cout << "attnbench: fp32 FMA peak (" << c.isa << ", " << c.lanes << " lanes), " << t
-                << " thread(s): " << std::fixed << std::setprecision(1) << c.gflops << " GFLOP/s\n"
-                << std::defaultfloat;
-    }
   // sgemm is fp32 FMAs on the same cores: above the best target's peak, the probe is wrong.
   for (int t : config.threads) {
     const auto s = cal.sgemm_gflops.find(t);
-    const auto p = cal.fma_gflops.find({t, best});
+    const auto p = cal.fma_gflops.find({t, c.best_isa});
     if (s != cal.sgemm_gflops.end() && p != cal.fma_gflops.end() && s->second > p->second)
       std::cerr << "attnbench: warning: the sgemm calibration at " << t << " thread(s) (" << std::fixed
                 << std::setprecision(1) << s->second << " GFLOP/s) exceeds the fp32 FMA peak of the best "
-                << "SIMD target " << best << " (" << p->second
+                << "SIMD target " << c.best_isa << " (" << p->second
                 << " GFLOP/s): the FMA-peak probe is wrong, and frac_peak with it\n"
                 << std::defaultfloat;
   }
-  meta["sgemm_calibration"] = sgemm;
-  meta["fma_peak"] = peaks;
   calibrate_memory_bandwidth(config, meta, stop, cal);
   return cal;
 }
 
 PointRunner::PointRunner(const SweepConfig& config) : config_(config) {}
+
+bool PointRunner::maybe_recalibrate(Json& meta, int64_t points_done, const std::function<bool()>& stop) {
+  const int every = config_.measure.calibrate_every;
+  const bool cadence = every > 0 && timed_since_calibration_ >= every;
+  // After interference: once the machine is clean again (a point measured clean at its first attempt), so
+  // the calibration does not itself run under the disturbance, and at most once per 5 timed points (each
+  // calibration takes seconds).
+  const bool disturbed = clean_after_interference_ && timed_since_calibration_ >= 5;
+  if ((!cadence && !disturbed) || stop()) return false;
+  const ComputeCalibration c = measure_compute_calibration(config_, stop, false);
+  if (stop()) return false;  // interrupted midway: incomplete, not recorded
+  const bool clean = c.interference.score <= config_.measure.max_interference;
+  record_calibration(meta, c, cadence ? "cadence" : "interference", points_done, clean);
+  timed_since_calibration_ = 0;
+  interference_seen_ = clean_after_interference_ = false;
+  std::cout << "attnbench: calibration " << meta["calibrations"].size() - 1 << " ("
+            << (cadence ? "every " + std::to_string(every) + " points" : std::string("after interference"))
+            << "): sgemm";
+  for (const auto& [t, g] : c.sgemm_gflops)
+    std::cout << " " << t << "T " << std::fixed << std::setprecision(1) << g << std::defaultfloat;
+  std::cout << " GFLOP/s" << (clean ? "" : "; ran under interference, not used") << "\n" << std::flush;
+  if (clean) {
+    calibration_.sgemm_gflops = c.sgemm_gflops;
+    calibration_.fma_gflops = c.fma_gflops;
+    calibration_.index = static_cast<int64_t>(meta["calibrations"].size()) - 1;
+  }
+  return true;
+}
 
 namespace {
 
@@ -147,6 +244,7 @@ ResultRow PointRunner::measure(const SweepPoint& pt) {
   if (std::string why = skip_reason(pt, config_); !why.empty()) {
     row.status = "skipped";
     row.reason = std::move(why);
+    row.memory.peak_note = "not measured: the point was skipped";
     return row;
   }
   try {
@@ -175,6 +273,8 @@ ResultRow PointRunner::measure(const SweepPoint& pt) {
     row.status = "failed";
     row.reason = e.what();
   }
+  if (!row.memory.peak_bytes && row.memory.peak_note.empty())
+    row.memory.peak_note = "not measured: the point failed before it was timed";
   return row;
 }
 
@@ -207,6 +307,7 @@ void PointRunner::reference_for(const Problem& p, const AttentionInputs& in, con
 void PointRunner::time_and_compare(const SweepPoint& pt, const Attention& variant, ResultRow& row) {
   const Problem& p = pt.problem;
   TimingStats t;
+  InterferenceSummary noise;
   int64_t peak = -1;
   FloatArray out;
   // What the variant reads: the fp32 inputs, or their bf16 / fp16 rounding.
@@ -216,18 +317,59 @@ void PointRunner::time_and_compare(const SweepPoint& pt, const Attention& varian
     out = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});  // O has the query heads
     in.out = out.ptr();
     ThreadScope scope(pt.threads);
-    t = time_repeated([&] { variant.run(p, in); }, config_.measure);
+    // Timed under the interference probe; a score above the threshold is measured again (after a pause
+    // that lets a short burst pass), up to max_remeasure times, and the cleanest attempt is kept.
+    const MeasureSettings& m = config_.measure;
+    double last_window_s = 0;
+    for (int attempt = 1; attempt <= 1 + m.max_remeasure; ++attempt) {
+      // The pause: twice the last attempt's window (a burst as long as the point passes), at least 10 ms and
+      // at most 0.25 s per attempt so far.
+      if (attempt > 1)
+        std::this_thread::sleep_for(
+            std::chrono::duration<double>(std::clamp(2 * last_window_s, 0.01, 0.25 * (attempt - 1))));
+      interference_probe_.start();
+      TimingStats ti = time_repeated([&] { variant.run(p, in); }, m);
+      const InterferenceSummary ni = interference_probe_.stop(pt.threads);
+      last_window_s = ni.window_s;
+      row.attempts = attempt;
+      if (attempt == 1 || ni.score < noise.score) t = std::move(ti), noise = ni;
+      if (ni.score <= m.max_interference) break;
+    }
     peak = probe_.peak_increase();
   }
+  ++timed_since_calibration_;
+  row.interference = noise;
+  row.noisy = noise.score > config_.measure.max_interference;
+  if (row.noisy || row.attempts > 1)
+    interference_seen_ = true;
+  else if (interference_seen_)
+    clean_after_interference_ = true;  // the episode is over: calibrate before the next point
   const double flops = variant.flops(p), gflops = flops / (t.median_ms * 1e6);
-  row.time_ms = {t.median_ms, t.p10_ms, t.p90_ms, t.mean_ms, t.cv, t.reps};
+  row.time_ms.median = t.median_ms;
+  row.time_ms.p10 = t.p10_ms;
+  row.time_ms.p90 = t.p90_ms;
+  row.time_ms.mean = t.mean_ms;
+  row.time_ms.cv = t.cv;
+  row.time_ms.reps = t.reps;
+  row.time_ms.samples = t.samples_ms;
+  if (t.ci.ok) {
+    row.time_ms.ci_lo = t.ci.lo;
+    row.time_ms.ci_hi = t.ci.hi;
+    row.time_ms.ci_level = t.ci.level;
+  }
   row.flops = flops;
   row.gflops = gflops;
+  row.calibration = calibration_.index;
   row.frac_sgemm = gflops / calibration_.sgemm_gflops.at(pt.threads);
   if (const auto it = calibration_.fma_gflops.find({pt.threads, row.isa});
       it != calibration_.fma_gflops.end() && it->second > 0)
     row.frac_peak = gflops / it->second;
-  if (peak >= 0) row.memory.peak_bytes = peak;
+  if (peak >= 0)
+    row.memory.peak_bytes = peak;
+  else
+    row.memory.peak_note =
+        "not measured: this kernel refused the resident high-water-mark reset "
+        "(writing 5 to /proc/self/clear_refs), so a peak would include earlier points";
   if (row.bytes && *row.bytes > 0) {
     row.gbytes_per_s = *row.bytes / (t.median_ms * 1e6);
     if (const auto it = calibration_.bandwidth_gbytes_per_s.find(pt.threads);

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "bench/lib/inputs.hpp"
+#include "bench/lib/interference.hpp"
 #include "bench/lib/measure.hpp"
 #include "bench/lib/plan.hpp"
 #include "bench/lib/result_row.hpp"
@@ -27,12 +28,29 @@ struct Calibration {
   std::map<int, double> sgemm_gflops;                        // threads -> GFLOP/s
   std::map<std::pair<int, std::string>, double> fma_gflops;  // (threads, SIMD target that ran) -> GFLOP/s
   std::map<int, double> bandwidth_gbytes_per_s;              // threads -> GB/s (best streaming read)
+  int64_t index = 0;  // the entry of meta.json "calibrations" the sgemm and FMA figures come from
 };
 
-// Measures what `meta` (a resumed sweep's meta.json) does not already hold, for every thread count and
-// target of the config, prints each figure, and records them in meta ("sgemm_calibration", "fma_peak",
-// "memory_bandwidth", "blas_note"). It runs before the first point is timed, never during one. Stops
-// measuring when `stop()` turns true (the caller's interrupt flag).
+// One measurement of the compute denominators: sgemm per thread count and the FMA peak per thread count and
+// target, with the interference seen while it ran (a calibration is timed like a point).
+struct ComputeCalibration {
+  std::map<int, double> sgemm_gflops;
+  std::map<std::pair<int, std::string>, double> fma_gflops;
+  Json sgemm = Json::array(), fma = Json::array();  // meta.json's entries
+  std::string best_isa;
+  InterferenceSummary interference;
+};
+ComputeCalibration measure_compute_calibration(const SweepConfig& resolved, const std::function<bool()>& stop,
+                                               bool print);
+// Appends `c` to meta["calibrations"] as {index, timestamp, after_points, reason, used, interference, sgemm,
+// fma_peak}.
+void record_calibration(Json& meta, const ComputeCalibration& c, const std::string& reason,
+                        int64_t after_points, bool used);
+
+// The calibration at the start of a run, for every thread count and target of the config: prints each
+// figure and records it in meta ("calibrations"; the first run's also as "sgemm_calibration" and
+// "fma_peak"; "memory_bandwidth" when not already there; "blas_note"). It runs before the first point is
+// timed, never during one. Stops measuring when `stop()` turns true (the caller's interrupt flag).
 Calibration calibrate(const SweepConfig& resolved, Json& meta, const std::function<bool()>& stop);
 
 class PointRunner {
@@ -42,6 +60,12 @@ class PointRunner {
   // The point's row: status "ok", "skipped" (with the reason) or "failed" (an exception, NaN/Inf output).
   ResultRow measure(const SweepPoint& pt);
   bool memory_probe_supported() const { return probe_.supported(); }
+  // Between points: measures the sgemm / FMA-peak calibration again when measure.calibrate_every points
+  // were timed since the last one, or after interference, once a point measures clean again (at most once
+  // per 5 timed points),
+  // records it in meta ("calibrations") and, if it ran clean, divides the following rows by it. Returns
+  // whether meta changed. `points_done` is the number of rows written so far in this run.
+  bool maybe_recalibrate(Json& meta, int64_t points_done, const std::function<bool()>& stop);
 
  private:
   void time_and_compare(const SweepPoint& pt, const Attention& variant, ResultRow& row);
@@ -53,6 +77,10 @@ class PointRunner {
   const SweepConfig& config_;
   Calibration calibration_;
   MemoryProbe probe_;
+  InterferenceProbe interference_probe_;
+  int64_t timed_since_calibration_ = 0;    // points timed since the last calibration
+  bool interference_seen_ = false;         // a point scored above measure.max_interference since then
+  bool clean_after_interference_ = false;  // and a later point measured clean at its first attempt
   // Inputs and the fp64 references of the last input set: points sharing inputs are adjacent in the plan.
   PointInputs inputs_;  // fp32, RoPE applied
   std::string inputs_key_;

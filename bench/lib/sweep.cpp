@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "bench/lib/doctor.hpp"
 #include "bench/lib/runner.hpp"
 #include "bench/lib/store.hpp"
 #include "bench/lib/sysinfo.hpp"
@@ -107,28 +108,47 @@ int run_sweep(const Plan& plan, const SweepOptions& options) {
             << (done.empty() ? "" : ", " + std::to_string(points.size() - todo) + " already done") << " -> "
             << o.out_dir << "\n"
             << std::flush;
+  // The machine's conditions first (the quick checks: no timed observation), printed and kept in meta.json.
+  {
+    DoctorOptions d;
+    d.quick = true;
+    d.threads = *std::max_element(config.threads.begin(), config.threads.end());
+    const std::vector<DoctorFinding> findings = doctor_checks(d);
+    std::cout << doctor_warnings_text(findings) << std::flush;
+    store.meta()["doctor"] = doctor_json(findings);
+  }
   runner.set_calibration(calibrate(config, store.meta(), [] { return g_stop_signal.load() != 0; }));
   store.save_meta();
 
   const bool tty = o.progress_tty && isatty(STDERR_FILENO);
   const auto t_start = std::chrono::steady_clock::now();
   std::size_t measured = 0;
-  int failed = 0, skipped = 0, ok = 0;
+  int failed = 0, skipped = 0, ok = 0, remeasured = 0, noisy = 0;
   for (const SweepPoint& pt : points) {
     if (done.count(pt.id)) continue;
     if (g_stop_signal.load()) break;
+    if (runner.maybe_recalibrate(store.meta(), static_cast<int64_t>(store.existing().size() + measured),
+                                 [] { return g_stop_signal.load() != 0; }))
+      store.save_meta();
     const auto t0 = std::chrono::steady_clock::now();
     if (tty) progress(measured, todo, pt.id, t_start);
     ResultRow row = runner.measure(pt);
     (row.status == "ok" ? ok : row.status == "skipped" ? skipped : failed)++;
+    remeasured += row.attempts > 1;
+    noisy += row.noisy;
     store.append(row);
     ++measured;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!tty) {
       std::cout << "[" << measured << "/" << todo << "] " << row.status << " " << pt.id;
-      if (row.status == "ok")
+      if (row.status == "ok") {
         std::cout << "  " << std::setprecision(4) << *row.time_ms.median << " ms";
-      else
+        if (row.time_ms.ci_lo && row.time_ms.ci_hi)
+          std::cout << " [" << *row.time_ms.ci_lo << ", " << *row.time_ms.ci_hi << "]";
+        if (row.attempts > 1) std::cout << "  measured " << row.attempts << "x";
+        if (row.noisy && row.interference)
+          std::cout << "  NOISY (interference " << std::setprecision(2) << row.interference->score << ")";
+      } else
         std::cout << "  (" << row.reason << ")";
       std::cout << "  [" << format_duration(secs) << "]\n" << std::flush;
     }
@@ -142,6 +162,10 @@ int run_sweep(const Plan& plan, const SweepOptions& options) {
             << format_duration(
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count())
             << "; results in " << o.out_dir << "\n";
+  if (remeasured || noisy)
+    std::cout << "attnbench: interference: " << remeasured << " point(s) measured again, " << noisy
+              << " still noisy (noisy: true in their rows; measure.max_interference "
+              << config.measure.max_interference << ")\n";
   if (sig) {
     std::cout << "attnbench: interrupted (signal " << sig << ") after " << measured << " of " << todo
               << " points; rerun with --resume to finish\n";

@@ -180,23 +180,55 @@ def start_row(pid, pt):
     return row, ""
 
 
+def median_interval(samples, level=0.95):
+    """attn::median_interval: the distribution-free interval [x(l), x(n+1-l)] of the median with the largest
+    rank l whose binomial coverage 1 - 2 P(Bin(n, 1/2) <= l - 1) is >= level; (None, None, None) below 6
+    samples. Exact binomial sums (Python integers), so it agrees with the C++ up to its n = 4096 switch."""
+    n, s = len(samples), sorted(samples)
+    best, cdf = None, 0
+    for l in range(1, (n + 1) // 2 + 1):
+        cdf += math.comb(n, l - 1)
+        coverage = 1 - 2 * cdf / 2 ** n
+        if coverage < level:
+            break
+        best = (l, coverage)
+    if best is None:
+        return None, None, None
+    l, coverage = best
+    return s[l - 1], s[n - l], coverage
+
+
 def time_repeated(fn, m):
-    """attn::time_repeated's stopping rule and summary; also returns the last output (checked for accuracy)."""
+    """attn::time_repeated's stopping rule (measure.target_rel_ci included) and summary; also returns the last
+    output (checked for accuracy)."""
     for _ in range(m["warmup"]):
         fn()
     samples = []
+    target = m.get("target_rel_ci") or 0
     while True:
         t0 = time.perf_counter()
         result = fn()
         samples.append((time.perf_counter() - t0) * 1000.0)
         n, total = len(samples), sum(samples) / 1000.0
-        if n >= m["max_reps"] or total >= m["max_time_s"] or (n >= m["min_reps"] and total >= m["min_time_s"]):
+        if n >= m["max_reps"] or total >= m["max_time_s"]:
+            break
+        if n < m["min_reps"]:
+            continue
+        if target <= 0:
+            if total >= m["min_time_s"]:
+                break
+            continue
+        lo, hi, _ = median_interval(samples)
+        med = float(np.median(samples))
+        if lo is not None and med > 0 and max(hi - med, med - lo) <= target * med:
             break
     s = np.asarray(samples)
     mean = float(s.mean())
     cv = float(s.std(ddof=1) / mean) if n > 1 and mean > 0 else 0.0
     pct = lambda q: float(np.percentile(s, q))  # linear interpolation, as the C++ summarize()
-    return {"median": pct(50), "p10": pct(10), "p90": pct(90), "mean": mean, "cv": cv, "reps": n}, result
+    lo, hi, level = median_interval(samples)
+    return {"median": pct(50), "p10": pct(10), "p90": pct(90), "mean": mean, "cv": cv, "reps": n,
+            "ci_lo": lo, "ci_hi": hi, "ci_level": level, "samples": [float(x) for x in samples]}, result
 
 
 class MemoryProbe:
@@ -284,6 +316,7 @@ def measure(torch, pt, row, data, settings, probe, calibration):
         row["memory"]["peak_bytes"] = probe.peak_increase()
     out = out.numpy()
     row["time_ms"] = t
+    row["attempts"] = 1  # measured once: the peer has no interference probe (interference stays null)
     if pt["row"]["exact"]:  # an exact variant's count of the work
         row["flops"] = pt["flops"]
         row["gflops"] = gflops = pt["flops"] / (t["median"] * 1e6)

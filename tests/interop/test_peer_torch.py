@@ -87,7 +87,8 @@ def type_ok(v, types):
     kinds = {"string": lambda x: isinstance(x, str), "null": lambda x: x is None,
              "integer": lambda x: isinstance(x, int) and not isinstance(x, bool),
              "number": lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
-             "boolean": lambda x: isinstance(x, bool), "object": lambda x: isinstance(x, dict)}
+             "boolean": lambda x: isinstance(x, bool), "object": lambda x: isinstance(x, dict),
+             "array": lambda x: isinstance(x, list)}
     return any(kinds[t](v) for t in types.split("|"))
 
 
