@@ -809,9 +809,10 @@ TEST_CASE_PER_VARIANT("{} size estimates saturate on the largest valid problems"
     int64_t B, H, Hkv, Lq, Lkv, D;
   };
   constexpr int64_t k40 = int64_t{1} << 40, k18 = int64_t{1} << 18;
-  const std::vector<Shape> shapes{{1, 1, 0, 1, 1, k40},      {1, 1, 0, k40, k40, k18}, {1, 1, 0, 1, k40, k18},
-                                  {1, 1, 0, k40, 1, k18},    {1, k40, 0, k18, k18, 1}, {1, k40, 1, k18, k18, 1},
-                                  {k40, 1, 0, k18, k18, 1},  {1, 1, 0, k18, k18, k40 >> 18}};
+  const std::vector<Shape> shapes{{1, 1, 0, 1, 1, k40},     {1, 1, 0, k40, k40, k18},
+                                  {1, 1, 0, 1, k40, k18},   {1, 1, 0, k40, 1, k18},
+                                  {1, k40, 0, k18, k18, 1}, {1, k40, 1, k18, k18, 1},
+                                  {k40, 1, 0, k18, k18, 1}, {1, 1, 0, k18, k18, k40 >> 18}};
   MaskSpec causal, lower_right, bool_pad;
   causal.causal = true;
   lower_right.causal_lower_right = true;
@@ -829,7 +830,8 @@ TEST_CASE_PER_VARIANT("{} size estimates saturate on the largest valid problems"
         for (const DType dtype : {DType::fp32, DType::bf16})
           for (const double dropout : {0.0, 0.1}) {
             Problem p = base;
-            p.batch = s.B, p.heads = s.H, p.kv_heads = s.Hkv, p.seq_q = s.Lq, p.seq_kv = s.Lkv, p.head_dim = s.D;
+            p.batch = s.B, p.heads = s.H, p.kv_heads = s.Hkv, p.seq_q = s.Lq, p.seq_kv = s.Lkv,
+            p.head_dim = s.D;
             p.mask = mask, p.dtype = dtype, p.dropout = dropout;
             p.validate();  // the shapes are the limits themselves: each one is valid
             if (!variant.unsupported_reasons_text(p).empty()) continue;

@@ -111,9 +111,10 @@ class Tiled final : public Attention {
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
     const Schedule s = make_schedule(p);
     const bool wide = p.dtype != DType::fp32, pairs = p.dtype == DType::bf16 && p.head_dim % 2 == 0;
-    return sat_add(sat_mul(to_size(std::max(threads, 1)),
-                           Scratch::bytes(round_up(s.rows, kLanes), s.tiles.kv, p.head_dim, p.dropout > 0, wide, pairs)),
-                   sat_mul(s.partial_floats(p), sizeof(float)));
+    return sat_add(
+        sat_mul(to_size(std::max(threads, 1)),
+                Scratch::bytes(round_up(s.rows, kLanes), s.tiles.kv, p.head_dim, p.dropout > 0, wide, pairs)),
+        sat_mul(s.partial_floats(p), sizeof(float)));
   }
 
   void forward(const Problem& p, const AttentionInputs& in) const override {

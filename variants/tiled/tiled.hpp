@@ -92,9 +92,10 @@ struct Scratch {
   // large to run (head_dim 2^40 times a 2^20-row group tile exceeds 64 bits).
   static std::size_t bytes(int64_t ld, int64_t tile_kv, int64_t dim, bool dropout, bool wide, bool pairs) {
     const std::size_t L = to_size(ld), K = to_size(tile_kv), D = to_size(dim);
-    const std::size_t floats = sat_add(sat_mul(2 * D + 6, L), sat_mul(K + kLanes, L), wide ? sat_mul(2, K, D) : 0,
-                                       pairs ? sat_mul((D + 1) / 2, L) : 0);
-    return sat_add(sat_mul(floats, sizeof(float)), dropout ? sat_mul(L, sizeof(DropoutRow)) : 0, sizeof(Scratch));
+    const std::size_t floats = sat_add(sat_mul(2 * D + 6, L), sat_mul(K + kLanes, L),
+                                       wide ? sat_mul(2, K, D) : 0, pairs ? sat_mul((D + 1) / 2, L) : 0);
+    return sat_add(sat_mul(floats, sizeof(float)), dropout ? sat_mul(L, sizeof(DropoutRow)) : 0,
+                   sizeof(Scratch));
   }
 };
 
@@ -109,7 +110,8 @@ struct Schedule {
   // Floats of one partial row (split-KV): max, sum, then head_dim unnormalised outputs.
   int64_t partial_stride(const Problem& p) const { return p.head_dim + 2; }
   std::size_t partial_floats(const Problem& p) const {
-    return splits > 1 ? sat_mul(to_size(units), to_size(splits), to_size(rows), to_size(partial_stride(p))) : 0;
+    return splits > 1 ? sat_mul(to_size(units), to_size(splits), to_size(rows), to_size(partial_stride(p)))
+                      : 0;
   }
 };
 
