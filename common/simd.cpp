@@ -12,6 +12,9 @@
 #include <hwy/targets.h>
 
 #include <algorithm>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 #include <cctype>
 #include <chrono>
 #include <mutex>
@@ -192,6 +195,26 @@ ScopedIsa::~ScopedIsa() {
 
 FmaRun fma_chains(int64_t iterations) {
   return HWY_DYNAMIC_DISPATCH(FmaChains)(iterations);
+}
+
+ScopedFlushDenormals::ScopedFlushDenormals() {
+#if defined(__x86_64__) || defined(__i386__)
+  previous_ = _mm_getcsr();
+  _mm_setcsr(static_cast<unsigned>(previous_) | 0x8040u);  // FTZ (bit 15) | DAZ (bit 6)
+#elif defined(__aarch64__)
+  uint64_t fpcr = 0;
+  asm volatile("mrs %0, fpcr" : "=r"(fpcr));
+  previous_ = fpcr;
+  asm volatile("msr fpcr, %0" : : "r"(fpcr | (uint64_t{1} << 24)));  // FZ
+#endif
+}
+
+ScopedFlushDenormals::~ScopedFlushDenormals() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_setcsr(static_cast<unsigned>(previous_));
+#elif defined(__aarch64__)
+  asm volatile("msr fpcr, %0" : : "r"(previous_));
+#endif
 }
 
 }  // namespace attn::simd

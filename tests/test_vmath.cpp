@@ -86,3 +86,20 @@ TEST_CASE("row kernels match fp64 on every supported SIMD target and every tail 
     }
   }
 }
+
+TEST_CASE("ScopedFlushDenormals flushes denormal results and operands to zero, and restores the mode after",
+          "[vmath]") {
+  volatile float tiny = 1e-30f, small = 1e-10f;  // the product, 1e-40, is a denormal
+  volatile float denormal = 1e-40f;
+  const float before = tiny * small;
+  CHECK(before != 0.0f);  // the default mode keeps denormals
+  {
+    const simd::ScopedFlushDenormals ftz;
+#if defined(__x86_64__) || defined(__i386__) || defined(__aarch64__)
+    CHECK(tiny * small == 0.0f);     // a denormal result is flushed
+    CHECK(denormal * 1.0f == 0.0f);  // and a denormal operand read as zero (DAZ / FZ)
+    CHECK(std::isnan(tiny * std::numeric_limits<float>::quiet_NaN()));  // NaN is untouched
+#endif
+  }
+  CHECK(tiny * small == before);  // restored
+}

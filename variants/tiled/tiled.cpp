@@ -17,6 +17,7 @@
 #include "common/alibi.hpp"
 #include "common/attention.hpp"
 #include "common/mask.hpp"
+#include "common/simd.hpp"
 
 namespace attn::tiled {
 namespace {
@@ -140,12 +141,16 @@ class Tiled final : public Attention {
     // bitwise independent of the thread count.
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, sched.units * sched.splits),
                       [&](const tbb::blocked_range<int64_t>& r) {
+                        const simd::ScopedFlushDenormals ftz;  // on whichever thread runs the task
                         Scratch& w = scratch.local();
                         for (int64_t t = r.begin(); t < r.end(); ++t)
                           run_query_tile(c, t / sched.splits, t % sched.splits, w);
                       });
     if (sched.splits > 1)
-      tbb::parallel_for(int64_t{0}, sched.units, [&](int64_t unit) { merge_splits(c, unit); });
+      tbb::parallel_for(int64_t{0}, sched.units, [&](int64_t unit) {
+        const simd::ScopedFlushDenormals ftz;
+        merge_splits(c, unit);
+      });
   }
 };
 
