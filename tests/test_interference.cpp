@@ -387,10 +387,13 @@ TEST_CASE("doctor: steal, foreign load, OPENBLAS_CORETYPE and the BLAS kernel co
   after.busy = 120;  // 1.2 CPU-seconds busy, 0.2 of them ours: 50% foreign
   CHECK(status_of(load_finding(before, after, 1.0, 100, 0.2)) == "warn");
   CHECK(status_of(load_finding(before, after, 1.0, 100, 1.15)) == "ok");
-  CHECK(status_of(check_openblas_coretype(nullptr)) == "ok");
-  const DoctorFinding forced = check_openblas_coretype("Haswell");
+  CHECK(status_of(check_openblas_coretype(nullptr, "Prescott", "avx3")) == "ok");  // blas_core says the rest
+  const DoctorFinding forced = check_openblas_coretype("Haswell", "Haswell", "avx3");  // AVX2 on AVX-512
   CHECK(forced.status == "warn");
   CHECK_THAT(forced.fix, Contains("unset OPENBLAS_CORETYPE"));
+  CHECK(status_of(check_openblas_coretype("SkylakeX", "SkylakeX", "avx3")) == "ok");  // forced to the best
+  CHECK_THAT(check_openblas_coretype("SkylakeX", "SkylakeX", "avx3").observed,
+             Contains("OPENBLAS_CORETYPE=SkylakeX"));
   CHECK(status_of(check_blas_core("SkylakeX", "avx3")) == "ok");
   CHECK_THAT(check_blas_core("Prescott", "avx3").fix, Contains("OPENBLAS_CORETYPE=SkylakeX"));
   CHECK_THAT(check_blas_core("Prescott", "avx2").fix, Contains("OPENBLAS_CORETYPE=Haswell"));

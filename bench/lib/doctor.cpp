@@ -203,22 +203,6 @@ DoctorFinding load_finding(const CpuTicks& before, const CpuTicks& after, double
   return f;
 }
 
-DoctorFinding check_openblas_coretype(const char* env_value) {
-  DoctorFinding f{"openblas_coretype", "ok", "", ""};
-  if (!env_value || !*env_value) {
-    f.observed = "not set (OpenBLAS picks its kernels for this CPU)";
-    return f;
-  }
-  f.status = "warn";
-  f.observed = std::string("OPENBLAS_CORETYPE=") + env_value +
-               " (the sgemm calibration, and frac_sgemm, use " + env_value +
-               "'s kernels, not this CPU's best)";
-  f.fix =
-      "unset OPENBLAS_CORETYPE, if this OpenBLAS supports the CPU (older builds crash or miscompute without "
-      "it), and compare frac_sgemm only between runs with the same setting";
-  return f;
-}
-
 DoctorFinding check_blas_core(const std::string& core, const std::string& best_isa) {
   DoctorFinding f{"blas_core", "ok",
                   "OpenBLAS runs its " + core + " kernels; the CPU's best target is " + best_isa, ""};
@@ -239,6 +223,26 @@ DoctorFinding check_blas_core(const std::string& core, const std::string& best_i
     f.status = "warn";
     f.fix = "run with OPENBLAS_CORETYPE=Haswell (this OpenBLAS did not recognise the CPU and fell back to " +
             core + " kernels: sgemm, naive and every frac_sgemm suffer)";
+  }
+  return f;
+}
+
+DoctorFinding check_openblas_coretype(const char* env_value, const std::string& core,
+                                      const std::string& best_isa) {
+  DoctorFinding f{"openblas_coretype", "ok", "", ""};
+  if (!env_value || !*env_value) {
+    f.observed = "not set (OpenBLAS picks its kernels for this CPU)";
+    return f;
+  }
+  f.observed = std::string("OPENBLAS_CORETYPE=") + env_value + ": OpenBLAS runs its " + core +
+               " kernels whatever it detects (compare frac_sgemm only between runs with the same setting)";
+  // Forcing is a problem only when it forces kernels narrower than the CPU's best target (check_blas_core).
+  if (check_blas_core(core, best_isa).status == "warn") {
+    f.status = "warn";
+    f.fix =
+        "unset OPENBLAS_CORETYPE, or set it to the CPU's own core (SkylakeX for AVX-512, Haswell for AVX2), "
+        "if "
+        "this OpenBLAS runs correctly without it (older builds crash or miscompute on some CPUs)";
   }
   return f;
 }
@@ -324,8 +328,9 @@ std::vector<DoctorFinding> doctor_checks(const DoctorOptions& o) {
     out.push_back(steal_finding(before, after, secs, ticks));
     out.push_back(load_finding(before, after, secs, ticks, own_cpu_seconds() - own0));
   }
-  out.push_back(check_openblas_coretype(std::getenv("OPENBLAS_CORETYPE")));
-  out.push_back(check_blas_core(openblas_get_corename(), simd::isa_info().best));
+  const std::string core = openblas_get_corename(), best = simd::isa_info().best;
+  out.push_back(check_openblas_coretype(std::getenv("OPENBLAS_CORETYPE"), core, best));
+  out.push_back(check_blas_core(core, best));
   out.push_back(check_thp(o.sys_root));
   if (!o.quick) out.push_back(check_sgemm_spread(o.threads, o.seconds));
   return out;

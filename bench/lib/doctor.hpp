@@ -39,12 +39,14 @@ DoctorFinding steal_finding(const CpuTicks& before, const CpuTicks& after, doubl
                             double ticks_per_s);
 DoctorFinding load_finding(const CpuTicks& before, const CpuTicks& after, double seconds, double ticks_per_s,
                            double own_cpu_s);
-DoctorFinding check_openblas_coretype(const char* env_value);
 // The kernel core OpenBLAS runs (openblas_get_corename) against the widest SIMD target this CPU has
 // (simd::isa_info().best): a DYNAMIC_ARCH build that does not recognise a CPU (a VM that hides the model, a
 // CPU newer than the library) falls back to SSE-era kernels, which run sgemm and naive at a fraction of the
 // machine and inflate every frac_sgemm.
 DoctorFinding check_blas_core(const std::string& core, const std::string& best_isa);
+// OPENBLAS_CORETYPE (env_value, null when unset): a warning when it forces kernels check_blas_core rejects.
+DoctorFinding check_openblas_coretype(const char* env_value, const std::string& core,
+                                      const std::string& best_isa);
 DoctorFinding check_thp(const std::string& sys_root);
 // Square sgemm (1024^3) repeated for `seconds` at `threads`: the spread (p90 - p10) / median of the rates.
 DoctorFinding check_sgemm_spread(int threads, double seconds);
