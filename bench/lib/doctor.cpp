@@ -35,13 +35,6 @@ std::optional<std::string> first_line(const std::string& path) {
   return line;
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
 std::string percent(double frac) {
   std::ostringstream s;
   s << std::fixed << std::setprecision(1) << 100.0 * frac << "%";
@@ -319,12 +312,12 @@ std::vector<DoctorFinding> doctor_checks(const DoctorOptions& o) {
   if (!o.quick) {
     const long hz = sysconf(_SC_CLK_TCK);
     const double ticks = hz > 0 ? static_cast<double>(hz) : 100.0;
-    const CpuTicks before = parse_proc_stat(slurp(o.proc_root + "/stat"), cpus);
+    const CpuTicks before = parse_proc_stat(read_kernel_file(o.proc_root + "/stat"), cpus);
     const double own0 = own_cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     std::this_thread::sleep_for(std::chrono::duration<double>(o.seconds));
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const CpuTicks after = parse_proc_stat(slurp(o.proc_root + "/stat"), cpus);
+    const CpuTicks after = parse_proc_stat(read_kernel_file(o.proc_root + "/stat"), cpus);
     out.push_back(steal_finding(before, after, secs, ticks));
     out.push_back(load_finding(before, after, secs, ticks, own_cpu_seconds() - own0));
   }

@@ -15,19 +15,19 @@ namespace attn {
 
 namespace {
 
-std::string slurp(const std::string& path) {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+std::string read_kernel_file(const std::string& path) {
   std::ifstream f(path);
   if (!f) return {};
   std::ostringstream s;
   s << f.rdbuf();
   return s.str();
 }
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
 
 CpuTicks parse_proc_stat(const std::string& text, const std::vector<int>& cpus) {
   CpuTicks t;
@@ -94,7 +94,7 @@ InterferenceProbe::InterferenceProbe() : cpus_(allowed_cpus()) {
 InterferenceProbe::Reading InterferenceProbe::read() const {
   Reading r;
   r.wall_s = now_s();
-  r.ticks = parse_proc_stat(slurp("/proc/stat"), cpus_);
+  r.ticks = parse_proc_stat(read_kernel_file("/proc/stat"), cpus_);
   rusage u{};
   if (getrusage(RUSAGE_SELF, &u) == 0) {
     r.own_cpu_s = static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
@@ -105,7 +105,8 @@ InterferenceProbe::Reading InterferenceProbe::read() const {
   // live for the whole run.
   std::error_code ec;
   for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec))
-    if (auto w = parse_schedstat_wait_ns(slurp((task.path() / "schedstat").string()))) r.runq_wait_ns += *w;
+    if (auto w = parse_schedstat_wait_ns(read_kernel_file((task.path() / "schedstat").string())))
+      r.runq_wait_ns += *w;
   return r;
 }
 
@@ -126,12 +127,12 @@ InterferenceSummary InterferenceProbe::stop(int threads) const {
                                     (s.window_s * std::max(threads, 1)),
                                 0.0, 1.0);
   s.ctx_switches_involuntary = end.nivcsw - start_.nivcsw;
-  s.loadavg_1m = parse_loadavg(slurp("/proc/loadavg")).value_or(0.0);
+  s.loadavg_1m = parse_loadavg(read_kernel_file("/proc/loadavg")).value_or(0.0);
   double mhz = 0;
   int with_freq = 0;
   for (int c : cpus_) {
     const std::string khz =
-        slurp("/sys/devices/system/cpu/cpu" + std::to_string(c) + "/cpufreq/scaling_cur_freq");
+        read_kernel_file("/sys/devices/system/cpu/cpu" + std::to_string(c) + "/cpufreq/scaling_cur_freq");
     if (khz.empty()) continue;
     try {
       mhz += std::stod(khz) / 1000.0;

@@ -33,6 +33,9 @@ std::optional<int64_t> parse_schedstat_wait_ns(const std::string& schedstat);
 // The 1-minute load average (the first field of /proc/loadavg), or nullopt.
 std::optional<double> parse_loadavg(const std::string& loadavg);
 
+// The whole text of a small kernel file (/proc, /sys), "" when it cannot be read.
+std::string read_kernel_file(const std::string& path);
+
 // The CPUs this process may run on (sched_getaffinity), in increasing order.
 std::vector<int> allowed_cpus();
 
