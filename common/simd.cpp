@@ -201,19 +201,12 @@ ScopedFlushDenormals::ScopedFlushDenormals() {
 #if defined(__x86_64__) || defined(__i386__)
   previous_ = _mm_getcsr();
   _mm_setcsr(static_cast<unsigned>(previous_) | 0x8040u);  // FTZ (bit 15) | DAZ (bit 6)
-#elif defined(__aarch64__)
-  uint64_t fpcr = 0;
-  asm volatile("mrs %0, fpcr" : "=r"(fpcr));
-  previous_ = fpcr;
-  asm volatile("msr fpcr, %0" : : "r"(fpcr | (uint64_t{1} << 24)));  // FZ
 #endif
 }
 
 ScopedFlushDenormals::~ScopedFlushDenormals() {
 #if defined(__x86_64__) || defined(__i386__)
   _mm_setcsr(static_cast<unsigned>(previous_));
-#elif defined(__aarch64__)
-  asm volatile("msr fpcr, %0" : : "r"(previous_));
 #endif
 }
 

@@ -41,13 +41,14 @@ class ScopedIsa {
   std::string previous_;
 };
 
-// Flush-to-zero and denormals-are-zero on the calling thread for its lifetime (x86: MXCSR FTZ | DAZ;
-// aarch64: FPCR.FZ), restoring the previous mode after. Kernels whose intermediate values are routinely far
-// below 2^-126 use it: an online softmax with ALiBi multiplies probabilities near 2^-120 by values, and on
-// Intel cores every denormal operand or result of a vector FMA costs a microcode assist (tiled with ALiBi
-// at n = 4096 ran 42-64% slower than without on a Sapphire Rapids-class Xeon, 0-6% on Zen 5, where
-// denormals are handled in hardware). A flushed value is below 2^-126 in magnitude, 2^-102 relative to a
-// softmax row's sum (>= 1): far below fp32 resolution. NaN and Inf are unaffected.
+// Flush-to-zero and denormals-are-zero on the calling thread for its lifetime (x86: MXCSR FTZ | DAZ; a no-op
+// elsewhere: Arm's denormal cost was not measured), restoring the previous mode after. Kernels whose
+// intermediate values are routinely far below 2^-126 use it: an online softmax with ALiBi multiplies
+// probabilities near 2^-120 by values, and on Intel cores every denormal operand or result of a vector FMA
+// costs a microcode assist (tiled with ALiBi at n = 4096 ran 42-64% slower than without on a Sapphire
+// Rapids-class Xeon, 0-6% on Zen 5, where denormals are handled in hardware). A flushed value is below 2^-126
+// in magnitude, 2^-102 relative to a softmax row's sum (>= 1): far below fp32 resolution. NaN and Inf are
+// unaffected.
 class ScopedFlushDenormals {
  public:
   ScopedFlushDenormals();
