@@ -34,6 +34,7 @@ const std::vector<std::string> kRunVolatile = {
     "/attempts",           // re-measurements after interference
     "/noisy",              // whether every attempt saw interference
     "/calibration",        // which calibration ran clean depends on interference too
+    "/interleave",         // the timed rounds depend on timing; the place in the group on the thread count
     "/gflops",             // flops / measured time
     "/frac_sgemm",         // gflops over the sgemm calibration, itself a timing
     "/frac_peak",          // gflops over the in-run peak-FLOP calibration, a timing too

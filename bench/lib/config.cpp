@@ -403,7 +403,7 @@ void parse_sweep_axes(const Json& sweep, SweepConfig& c) {
 void parse_measure(const Json& m, MeasureSettings& s) {
   check_keys(m, "measure",
              {"warmup", "min_reps", "max_reps", "min_time_s", "max_time_s", "target_rel_ci",
-              "max_interference", "max_remeasure", "calibrate_every"});
+              "max_interference", "max_remeasure", "calibrate_every", "interleave"});
   if (m.contains("warmup"))
     s.warmup = static_cast<int>(get_int(m["warmup"], "measure.warmup", 0, 1000, "an integer in [0, 1000]"));
   if (m.contains("min_reps"))
@@ -430,6 +430,14 @@ void parse_measure(const Json& m, MeasureSettings& s) {
     s.calibrate_every =
         static_cast<int>(get_int(m["calibrate_every"], "measure.calibrate_every", 0, 1000000,
                                  "a number of points in [0, 1000000] (0: only at the start)"));
+  if (m.contains("interleave")) {
+    if (!m["interleave"].is_boolean())
+      fail("measure.interleave",
+           "must be true (time the points sharing an input set together, in rounds) or false (one after "
+           "another), got " +
+               m["interleave"].dump());
+    s.interleave = m["interleave"].get<bool>();
+  }
   if (s.max_reps < s.min_reps)
     fail("measure.max_reps", "must be >= measure.min_reps (" + std::to_string(s.min_reps) + "), got " +
                                  std::to_string(s.max_reps));

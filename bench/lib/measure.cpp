@@ -99,33 +99,80 @@ TimingStats summarize(std::vector<double> samples) {
   return t;
 }
 
+namespace {
+// time_repeated's stopping rule for one call's samples so far.
+struct RepState {
+  std::vector<double> samples;
+  double total_s = 0;
+  bool left = false;  // reached max_reps / max_time_s, or failed
+
+  bool capped(const MeasureSettings& s) const {
+    return static_cast<int>(samples.size()) >= s.max_reps || total_s >= s.max_time_s;
+  }
+  bool satisfied(const MeasureSettings& s) const {
+    const int n = static_cast<int>(samples.size());
+    if (n < s.min_reps) return false;
+    if (s.target_rel_ci <= 0) return total_s >= s.min_time_s;
+    const MedianInterval ci = median_interval(samples);
+    if (!ci.ok) return false;
+    std::vector<double> sorted = samples;
+    std::nth_element(sorted.begin(), sorted.begin() + n / 2, sorted.end());
+    const double median = sorted[static_cast<std::size_t>(n / 2)];
+    return median > 0 && std::max(ci.hi - median, median - ci.lo) <= s.target_rel_ci * median;
+  }
+};
+}  // namespace
+
+InterleavedTiming time_interleaved(const std::vector<std::function<double()>>& calls,
+                                   const MeasureSettings& s, const std::function<bool()>& stop) {
+  const std::size_t k = calls.size();
+  InterleavedTiming out;
+  std::vector<RepState> st(k);
+  out.failed.assign(k, false);
+  auto call = [&](std::size_t i, bool timed) {
+    const double ms = calls[i]();
+    if (ms < 0) {
+      out.failed[i] = true;
+      st[i].left = true;
+      return;
+    }
+    if (!timed) return;
+    st[i].samples.push_back(ms);
+    st[i].total_s += ms / 1000.0;
+    if (st[i].capped(s)) st[i].left = true;
+  };
+  auto round = [&](bool timed, bool reverse) {
+    for (std::size_t j = 0; j < k; ++j) {
+      const std::size_t i = reverse ? k - 1 - j : j;
+      if (!st[i].left) call(i, timed);
+    }
+  };
+  bool reverse = false;
+  for (int w = 0; w < s.warmup; ++w, reverse = !reverse) round(false, reverse);
+  while (true) {
+    bool more = false;
+    for (const RepState& r : st) more |= !r.left && (r.samples.empty() || !r.satisfied(s));
+    if (!more) break;
+    if (stop && stop()) {
+      out.interrupted = true;
+      break;
+    }
+    round(true, reverse);
+    reverse = !reverse;
+    ++out.rounds;
+  }
+  for (RepState& r : st) out.stats.push_back(summarize(std::move(r.samples)));
+  return out;
+}
+
 TimingStats time_repeated(const std::function<void()>& fn, const MeasureSettings& s) {
   using clock = std::chrono::steady_clock;
-  for (int i = 0; i < s.warmup; ++i) fn();
-  std::vector<double> samples;
-  double total = 0;
-  while (true) {
+  const std::function<double()> timed = [&] {
     const auto t0 = clock::now();
     fn();
-    const double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
-    samples.push_back(ms);
-    total += ms / 1000.0;
-    const int n = static_cast<int>(samples.size());
-    if (n >= s.max_reps || total >= s.max_time_s) break;
-    if (n < s.min_reps) continue;
-    if (s.target_rel_ci <= 0) {
-      if (total >= s.min_time_s) break;
-      continue;
-    }
-    const MedianInterval ci = median_interval(samples);
-    if (ci.ok) {
-      std::vector<double> sorted = samples;
-      std::nth_element(sorted.begin(), sorted.begin() + n / 2, sorted.end());
-      const double median = sorted[static_cast<std::size_t>(n / 2)];
-      if (median > 0 && std::max(ci.hi - median, median - ci.lo) <= s.target_rel_ci * median) break;
-    }
-  }
-  return summarize(std::move(samples));
+    return std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+  };
+  return std::move(time_interleaved({timed}, s).stats[0]);
 }
 
 SgemmCalibration calibrate_sgemm(int threads, int64_t size, int reps) {

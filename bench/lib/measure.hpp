@@ -23,6 +23,9 @@ struct MeasureSettings {
   double max_interference = 0.05;
   int max_remeasure = 2;
   int calibrate_every = 20;
+  // The points of a sweep that share one input set are timed together, in rounds (time_interleaved), so a
+  // drift in the machine's speed lands on all of them alike and their ratios keep; false: one after another.
+  bool interleave = true;
 };
 
 // The distribution-free confidence interval of the median of n samples: [x(l), x(n+1-l)] (1-based order
@@ -50,8 +53,27 @@ TimingStats summarize(std::vector<double> samples_ms);
 
 // Runs `fn` settings.warmup times, then repeats until min_reps and min_time_s are both reached (or, with
 // target_rel_ci, min_reps and a tight enough interval), or max_reps or max_time_s is (at least one measured
-// repetition always).
+// repetition always). time_interleaved with one call timed by the clock around `fn`.
 TimingStats time_repeated(const std::function<void()>& fn, const MeasureSettings& settings);
+
+// Several calls timed together (#18), each returning the milliseconds it measured itself (so set-up such as
+// a thread-count scope stays outside the time) or a negative value when it failed. `settings.warmup` untimed
+// rounds, then timed rounds: each round makes one call of every call still taking part, in alternating order
+// (0 .. k-1, then k-1 .. 0), so a change in the machine's speed during the rounds reaches every call alike
+// and a trend within a round cancels over two. A call leaves when it reaches its own max_reps or max_time_s
+// or fails; the rounds end when every call has either left or met time_repeated's stopping rule (calls that
+// met it keep taking part while others have not, which is what keeps the calls' samples side by side). So
+// sample r of every call was taken in round r: samples of two calls pair up round by round. `stop()` is
+// asked between rounds; when it turns true the timing ends early with interrupted set.
+struct InterleavedTiming {
+  std::vector<TimingStats> stats;  // per call; a call that failed has the samples before it failed
+  std::vector<bool> failed;
+  int rounds = 0;  // timed rounds
+  bool interrupted = false;
+};
+InterleavedTiming time_interleaved(const std::vector<std::function<double()>>& calls,
+                                   const MeasureSettings& settings,
+                                   const std::function<bool()>& stop = nullptr);
 
 struct SgemmCalibration {
   int threads = 1;

@@ -336,7 +336,8 @@ Json point_json(const SweepPoint& pt, const SweepConfig& c) {
         {"target_rel_ci", c.measure.target_rel_ci},
         {"max_interference", c.measure.max_interference},
         {"max_remeasure", c.measure.max_remeasure},
-        {"calibrate_every", c.measure.calibrate_every}}},
+        {"calibrate_every", c.measure.calibrate_every},
+        {"interleave", c.measure.interleave}}},
       {"skip", skip.empty() ? Json(nullptr) : Json(skip)},
       {"row", to_json(base_row(pt, c, simd::active_isa()))}};
   return j;

@@ -145,6 +145,25 @@ std::optional<InterferenceSummary> read_interference(const Reader& in) {
   return i;
 }
 
+// Always an object (null leaves when the point was timed alone), like interference.
+Json interleave_json(const std::optional<ResultRow::Interleave>& i) {
+  if (!i) return {{"group", nullptr}, {"points", nullptr}, {"position", nullptr}, {"rounds", nullptr}};
+  return {{"group", i->group}, {"points", i->points}, {"position", i->position}, {"rounds", i->rounds}};
+}
+
+std::optional<ResultRow::Interleave> read_interleave(const Reader& in) {
+  const Json* v = in.find("interleave");
+  if (!v || v->is_null()) return std::nullopt;  // a row from before the field
+  if (!v->is_object()) in.fail("interleave", "must be an object, got " + v->dump());
+  if (in.str("interleave.group").empty()) return std::nullopt;  // timed alone
+  ResultRow::Interleave i;
+  i.group = in.str("interleave.group");
+  i.points = static_cast<int>(in.integer("interleave.points"));
+  i.position = static_cast<int>(in.integer("interleave.position"));
+  i.rounds = static_cast<int>(in.integer("interleave.rounds"));
+  return i;
+}
+
 }  // namespace
 
 Json to_json(const ResultRow& r) {
@@ -183,6 +202,7 @@ Json to_json(const ResultRow& r) {
           {"interference", interference_json(r.interference)},
           {"attempts", r.attempts},
           {"noisy", r.noisy},
+          {"interleave", interleave_json(r.interleave)},
           {"calibration", opt(r.calibration)},
           {"flops", opt(r.flops)},
           {"gflops", opt(r.gflops)},
@@ -260,6 +280,7 @@ ResultRow row_from_json(const Json& j, const std::string& where) {
   r.interference = read_interference(in);
   r.attempts = static_cast<int>(in.opt_integer("attempts").value_or(r.time_ms.reps > 0 ? 1 : 0));
   r.noisy = in.boolean("noisy");
+  r.interleave = read_interleave(in);
   r.calibration = in.opt_integer("calibration");
   r.flops = in.opt_number("flops");
   r.gflops = in.opt_number("gflops");
@@ -338,7 +359,7 @@ const std::vector<RowField>& row_fields() {
       {"time_ms.samples", "array", "every measured repetition in ms, in order (at most max_reps)"},
       {"interference.window_s", "number|null",
        "interference while the point was timed (#18; null until measured, for the attempt kept): the wall "
-       "seconds the probe covered (warm-up and repetitions)"},
+       "seconds the probe covered (warm-up and timed rounds; an interleaved group shares one window)"},
       {"interference.steal_frac", "number|null",
        "hypervisor steal over window x the CPUs this process may run on (/proc/stat)"},
       {"interference.other_cpu_frac", "number|null",
@@ -361,6 +382,15 @@ const std::vector<RowField>& row_fields() {
        "measure.max_interference (at most 1 + measure.max_remeasure); the cleanest is kept; 0 when not "
        "measured"},
       {"noisy", "boolean", "every attempt's interference score stayed above measure.max_interference"},
+      {"interleave.group", "string|null",
+       "the id of the first point of the group this point was timed with in interleaved rounds "
+       "(measure.interleave: the points sharing one input set); null when timed alone"},
+      {"interleave.points", "integer|null", "the points timed in that group"},
+      {"interleave.position", "integer|null",
+       "this point's place in the group's rounds (0-based; odd rounds run in reverse order)"},
+      {"interleave.rounds", "integer|null",
+       "the group's timed rounds; sample r of time_ms.samples was taken in round r, so two rows of one group "
+       "pair up sample by sample (a point that reached max_reps or max_time_s left early and has fewer)"},
       {"calibration", "integer|null",
        "index into meta.json's `calibrations` of the sgemm / FMA-peak calibration that frac_sgemm and "
        "frac_peak were divided by (the latest one measured clean before the point)"},
@@ -399,7 +429,8 @@ const std::vector<RowField>& row_fields() {
       {"memory.reference_bytes", "integer",
        "what the accuracy step allocates (fp64 reference rows, two of them for bf16 / fp16, + copy)"},
       {"memory.peak_bytes", "integer|null",
-       "measured increase of the resident high-water mark during the timed calls (null: not measured)"},
+       "measured increase of the resident high-water mark during the point's untimed checked call (null: "
+       "not measured)"},
       {"memory.peak_note", "string",
        "why `peak_bytes` is null (the kernel refused the /proc/self/clear_refs reset, or the point was not "
        "timed); `\"\"` when it was measured"},

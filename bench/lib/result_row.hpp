@@ -76,6 +76,16 @@ struct ResultRow {
   std::optional<InterferenceSummary> interference;
   int attempts = 0;
   bool noisy = false;
+  // The interleaved group the point was timed in (null when timed alone): the id of the group's first timed
+  // point, the number of points timed together, this point's place among them and the timed rounds. Sample r
+  // of every row of a group was taken in round r, so two rows' samples pair up round by round.
+  struct Interleave {
+    std::string group;
+    int points = 0;
+    int position = 0;
+    int rounds = 0;
+  };
+  std::optional<Interleave> interleave;
   // Index into meta.json's "calibrations" of the calibration frac_sgemm and frac_peak were divided by.
   std::optional<int64_t> calibration;
   std::optional<double> flops, gflops, frac_sgemm, frac_peak;

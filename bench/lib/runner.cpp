@@ -7,6 +7,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <set>
 #include <thread>
 
 #include "bench/lib/bandwidth.hpp"
@@ -236,46 +237,180 @@ void fill_accuracy(AccuracySummary& a, const ErrorMetrics& m, int64_t rows) {
 }  // namespace
 
 ResultRow PointRunner::measure(const SweepPoint& pt) {
-  const Problem& p = pt.problem;
-  const Attention& variant = Registry::instance().get(p.variant);
-  // Every kernel of the point (inputs, timed calls) runs on the point's target; the plan checked it.
-  const simd::ScopedIsa isa_scope(pt.isa, "sweep.isa");
-  ResultRow row = base_row(pt, config_, simd::active_isa());
-  if (std::string why = skip_reason(pt, config_); !why.empty()) {
-    row.status = "skipped";
-    row.reason = std::move(why);
-    row.memory.peak_note = "not measured: the point was skipped";
-    return row;
+  bool interrupted = false;
+  std::vector<ResultRow> rows = measure_group({pt}, nullptr, interrupted);
+  return std::move(rows.at(0));
+}
+
+void PointRunner::prepare_inputs(const SweepPoint& pt) {
+  if (inputs_key_ != pt.input_key) {
+    // The old inputs (and their rounded copies) go before the new ones are made.
+    stored_.clear();
+    inputs_ = PointInputs();
+    inputs_key_.clear();
+    rope_ms_.clear();
+    inputs_ = make_inputs(pt);
+    inputs_key_ = pt.input_key;
   }
+  const DType t = pt.problem.dtype;
+  if (t != DType::fp32 && !stored_.count(t))
+    stored_[t] = std::make_unique<StoredInputs>(pt.problem, inputs_.view(nullptr));
+}
+
+AttentionInputs PointRunner::inputs_for(const Problem& p) const {
+  return p.dtype == DType::fp32 ? inputs_.view(nullptr) : stored_.at(p.dtype)->get();
+}
+
+std::vector<ResultRow> PointRunner::measure_group(const std::vector<SweepPoint>& group,
+                                                  const std::function<bool()>& stop, bool& interrupted) {
+  interrupted = false;
+  std::vector<ResultRow> rows(group.size());
+  // 1. Per point, in plan order: support and budget, inputs, RoPE timing, and one untimed call whose output
+  //    is checked (NaN/Inf, accuracy) and whose resident-memory high-water mark is the row's peak.
+  std::vector<std::size_t> timed;  // the points that go on to be timed
+  {
+    // Rounded copies only for the dtypes of this group (the others' memory goes first).
+    std::set<DType> dtypes;
+    for (const SweepPoint& pt : group) dtypes.insert(pt.problem.dtype);
+    std::erase_if(stored_, [&](const auto& kv) { return !dtypes.count(kv.first); });
+  }
+  for (std::size_t i = 0; i < group.size(); ++i) {
+    const SweepPoint& pt = group[i];
+    const simd::ScopedIsa isa_scope(pt.isa, "sweep.isa");  // the plan checked it
+    ResultRow& row = rows[i];
+    row = base_row(pt, config_, simd::active_isa());
+    if (std::string why = skip_reason(pt, config_); !why.empty()) {
+      row.status = "skipped";
+      row.reason = std::move(why);
+      row.memory.peak_note = "not measured: the point was skipped";
+      continue;
+    }
+    try {
+      prepare_inputs(pt);
+      time_rope(pt, row);
+      run_and_check(pt, row);
+      if (row.status == "ok") timed.push_back(i);
+    } catch (const std::bad_alloc&) {
+      row.status = "failed";
+      row.reason = "out of memory (std::bad_alloc)";
+    } catch (const std::exception& e) {
+      row.status = "failed";
+      row.reason = e.what();
+    }
+    if (!row.memory.peak_bytes && row.memory.peak_note.empty())
+      row.memory.peak_note = "not measured: the point failed before it was timed";
+  }
+  if (timed.empty()) return rows;
+
+  // 2. The timed rounds (time_interleaved) under the interference probe. Every point writes into one output
+  //    buffer (they share the input set, so the output shape). A score above the threshold is measured
+  //    again, after a pause that lets a short burst pass, up to max_remeasure times; the cleanest is kept.
+  InterleavedTiming t;
+  InterferenceSummary noise;
+  std::vector<std::string> errors(timed.size());
+  int attempts = 0;
   try {
-    if (inputs_key_ != pt.input_key) {
-      // The old inputs (and their rounded copy) go before the new ones are made.
-      stored_.reset();
-      inputs_ = PointInputs();
-      inputs_key_.clear();
-      rope_ms_.clear();
-      inputs_ = make_inputs(pt);
-      inputs_key_ = pt.input_key;
+    const Problem& p0 = group[timed[0]].problem;
+    FloatArray out({p0.batch, p0.heads, p0.seq_q, p0.head_dim});
+    std::vector<std::function<double()>> calls;
+    int max_threads = 1;
+    for (std::size_t j = 0; j < timed.size(); ++j) {
+      const SweepPoint& pt = group[timed[j]];
+      max_threads = std::max(max_threads, pt.threads);
+      calls.push_back([this, &pt, &out, &errors, j]() -> double {
+        const simd::ScopedIsa isa_scope(pt.isa, "sweep.isa");
+        const Attention& variant = Registry::instance().get(pt.problem.variant);
+        AttentionInputs in = inputs_for(pt.problem);
+        in.out = out.ptr();
+        ThreadScope scope(pt.threads);
+        try {
+          const auto t0 = std::chrono::steady_clock::now();
+          variant.run(pt.problem, in);
+          return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        } catch (const std::exception& e) {
+          errors[j] = e.what();
+          return -1;
+        }
+      });
     }
-    if (p.dtype == DType::fp32) {
-      stored_.reset();
-    } else if (!stored_ || stored_dtype_ != p.dtype) {
-      stored_.reset();
-      stored_ = std::make_unique<StoredInputs>(p, inputs_.view(nullptr));
-      stored_dtype_ = p.dtype;
+    const MeasureSettings& m = config_.measure;
+    double last_window_s = 0;
+    for (int attempt = 1; attempt <= 1 + m.max_remeasure; ++attempt) {
+      // The pause: twice the last attempt's window (a burst as long as the points passes), at least 10 ms
+      // and at most 0.25 s per attempt so far.
+      if (attempt > 1)
+        std::this_thread::sleep_for(
+            std::chrono::duration<double>(std::clamp(2 * last_window_s, 0.01, 0.25 * (attempt - 1))));
+      interference_probe_.start();
+      InterleavedTiming ti = time_interleaved(calls, m, stop);
+      const InterferenceSummary ni = interference_probe_.stop(max_threads);
+      if (ti.interrupted) {
+        interrupted = true;
+        return {};
+      }
+      last_window_s = ni.window_s;
+      attempts = attempt;
+      if (attempt == 1 || ni.score < noise.score) t = std::move(ti), noise = ni;
+      if (ni.score <= m.max_interference) break;
     }
-    time_rope(pt, row);
-    time_and_compare(pt, variant, row);
   } catch (const std::bad_alloc&) {
-    row.status = "failed";
-    row.reason = "out of memory (std::bad_alloc)";
-  } catch (const std::exception& e) {
-    row.status = "failed";
-    row.reason = e.what();
+    for (std::size_t j = 0; j < timed.size(); ++j) errors[j] = "out of memory (std::bad_alloc)";
   }
-  if (!row.memory.peak_bytes && row.memory.peak_note.empty())
-    row.memory.peak_note = "not measured: the point failed before it was timed";
-  return row;
+  timed_since_calibration_ += static_cast<int64_t>(timed.size());
+  const bool noisy = noise.score > config_.measure.max_interference;
+  if (noisy || attempts > 1)
+    interference_seen_ = true;
+  else if (interference_seen_)
+    clean_after_interference_ = true;  // the episode is over: calibrate before the next point
+
+  // 3. The rows' timings, the interleaving and the fractions of the calibration.
+  for (std::size_t j = 0; j < timed.size(); ++j) {
+    const SweepPoint& pt = group[timed[j]];
+    ResultRow& row = rows[timed[j]];
+    if (!errors[j].empty() || j >= t.stats.size() || t.failed[j]) {
+      row.status = "failed";
+      row.reason = errors[j].empty() ? "the timed calls failed" : errors[j];
+      continue;
+    }
+    row.attempts = attempts;
+    row.interference = noise;
+    row.noisy = noisy;
+    if (timed.size() > 1)
+      row.interleave = ResultRow::Interleave{group[timed[0]].id, static_cast<int>(timed.size()),
+                                             static_cast<int>(j), t.rounds};
+    fill_timing(pt, t.stats[j], row);
+  }
+  return rows;
+}
+
+void PointRunner::fill_timing(const SweepPoint& pt, const TimingStats& t, ResultRow& row) const {
+  const Attention& variant = Registry::instance().get(pt.problem.variant);
+  const double flops = variant.flops(pt.problem), gflops = flops / (t.median_ms * 1e6);
+  row.time_ms.median = t.median_ms;
+  row.time_ms.p10 = t.p10_ms;
+  row.time_ms.p90 = t.p90_ms;
+  row.time_ms.mean = t.mean_ms;
+  row.time_ms.cv = t.cv;
+  row.time_ms.reps = t.reps;
+  row.time_ms.samples = t.samples_ms;
+  if (t.ci.ok) {
+    row.time_ms.ci_lo = t.ci.lo;
+    row.time_ms.ci_hi = t.ci.hi;
+    row.time_ms.ci_level = t.ci.level;
+  }
+  row.flops = flops;
+  row.gflops = gflops;
+  row.calibration = calibration_.index;
+  row.frac_sgemm = gflops / calibration_.sgemm_gflops.at(pt.threads);
+  if (const auto it = calibration_.fma_gflops.find({pt.threads, row.isa});
+      it != calibration_.fma_gflops.end() && it->second > 0)
+    row.frac_peak = gflops / it->second;
+  if (row.bytes && *row.bytes > 0) {
+    row.gbytes_per_s = *row.bytes / (t.median_ms * 1e6);
+    if (const auto it = calibration_.bandwidth_gbytes_per_s.find(pt.threads);
+        it != calibration_.bandwidth_gbytes_per_s.end() && it->second > 0)
+      row.frac_bandwidth = *row.gbytes_per_s / it->second;
+  }
 }
 
 // RoPE on copies of Q and K (the inputs are rotated once already; rotating a copy again costs the same), with
@@ -304,78 +439,25 @@ void PointRunner::reference_for(const Problem& p, const AttentionInputs& in, con
   have_key = key;
 }
 
-void PointRunner::time_and_compare(const SweepPoint& pt, const Attention& variant, ResultRow& row) {
+void PointRunner::run_and_check(const SweepPoint& pt, ResultRow& row) {
   const Problem& p = pt.problem;
-  TimingStats t;
-  InterferenceSummary noise;
-  int64_t peak = -1;
-  FloatArray out;
+  const Attention& variant = Registry::instance().get(p.variant);
   // What the variant reads: the fp32 inputs, or their bf16 / fp16 rounding.
-  AttentionInputs in = p.dtype == DType::fp32 ? inputs_.view(nullptr) : stored_->get();
+  AttentionInputs in = inputs_for(p);
+  probe_.reset();
+  FloatArray out({p.batch, p.heads, p.seq_q, p.head_dim});  // O has the query heads
+  in.out = out.ptr();
   {
-    probe_.reset();
-    out = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});  // O has the query heads
-    in.out = out.ptr();
     ThreadScope scope(pt.threads);
-    // Timed under the interference probe; a score above the threshold is measured again (after a pause
-    // that lets a short burst pass), up to max_remeasure times, and the cleanest attempt is kept.
-    const MeasureSettings& m = config_.measure;
-    double last_window_s = 0;
-    for (int attempt = 1; attempt <= 1 + m.max_remeasure; ++attempt) {
-      // The pause: twice the last attempt's window (a burst as long as the point passes), at least 10 ms and
-      // at most 0.25 s per attempt so far.
-      if (attempt > 1)
-        std::this_thread::sleep_for(
-            std::chrono::duration<double>(std::clamp(2 * last_window_s, 0.01, 0.25 * (attempt - 1))));
-      interference_probe_.start();
-      TimingStats ti = time_repeated([&] { variant.run(p, in); }, m);
-      const InterferenceSummary ni = interference_probe_.stop(pt.threads);
-      last_window_s = ni.window_s;
-      row.attempts = attempt;
-      if (attempt == 1 || ni.score < noise.score) t = std::move(ti), noise = ni;
-      if (ni.score <= m.max_interference) break;
-    }
-    peak = probe_.peak_increase();
+    variant.run(p, in);
   }
-  ++timed_since_calibration_;
-  row.interference = noise;
-  row.noisy = noise.score > config_.measure.max_interference;
-  if (row.noisy || row.attempts > 1)
-    interference_seen_ = true;
-  else if (interference_seen_)
-    clean_after_interference_ = true;  // the episode is over: calibrate before the next point
-  const double flops = variant.flops(p), gflops = flops / (t.median_ms * 1e6);
-  row.time_ms.median = t.median_ms;
-  row.time_ms.p10 = t.p10_ms;
-  row.time_ms.p90 = t.p90_ms;
-  row.time_ms.mean = t.mean_ms;
-  row.time_ms.cv = t.cv;
-  row.time_ms.reps = t.reps;
-  row.time_ms.samples = t.samples_ms;
-  if (t.ci.ok) {
-    row.time_ms.ci_lo = t.ci.lo;
-    row.time_ms.ci_hi = t.ci.hi;
-    row.time_ms.ci_level = t.ci.level;
-  }
-  row.flops = flops;
-  row.gflops = gflops;
-  row.calibration = calibration_.index;
-  row.frac_sgemm = gflops / calibration_.sgemm_gflops.at(pt.threads);
-  if (const auto it = calibration_.fma_gflops.find({pt.threads, row.isa});
-      it != calibration_.fma_gflops.end() && it->second > 0)
-    row.frac_peak = gflops / it->second;
+  const int64_t peak = probe_.peak_increase();
   if (peak >= 0)
     row.memory.peak_bytes = peak;
   else
     row.memory.peak_note =
         "not measured: this kernel refused the resident high-water-mark reset "
         "(writing 5 to /proc/self/clear_refs), so a peak would include earlier points";
-  if (row.bytes && *row.bytes > 0) {
-    row.gbytes_per_s = *row.bytes / (t.median_ms * 1e6);
-    if (const auto it = calibration_.bandwidth_gbytes_per_s.find(pt.threads);
-        it != calibration_.bandwidth_gbytes_per_s.end() && it->second > 0)
-      row.frac_bandwidth = *row.gbytes_per_s / it->second;
-  }
 
   // NaN never leaks silently: non-finite output from finite inputs fails the point. The inputs counted are
   // the ones the variant read (fp16 rounds fp32 values beyond 65504 to Inf).

@@ -1,10 +1,12 @@
-// Stage 3 of a sweep (config -> plan -> runner -> store): measures one point. Per point, in order: support
-// and memory-budget check (skip_reason), inputs (fp32, with RoPE applied, made once per input set; rounded to
-// the point's bf16 / fp16 once per input set and dtype), the RoPE timing (rope_ms, once per input set, thread
-// count and target), timing with the resident-memory probe, output sanity (NaN/Inf from finite inputs fails
-// the point), accuracy against the fp64 exact softmax reference on the rounded inputs (`accuracy`) and on the
-// fp32 ones (`accuracy_e2e`), each computed once per input set, bias (and dtype) and shared by every variant
-// measured on it. Also the calibration
+// Stage 3 of a sweep (config -> plan -> runner -> store): measures a group of points that share one input set
+// (one point when measure.interleave is off). Per point, in order: support and memory-budget check
+// (skip_reason), inputs (fp32, with RoPE applied, made once per input set; rounded to the point's bf16 / fp16
+// once per input set and dtype), the RoPE timing (rope_ms, once per input set, thread count and target), one
+// untimed call under the resident-memory probe whose output is checked: NaN/Inf from finite inputs fails the
+// point, accuracy against the fp64 exact softmax reference on the rounded inputs (`accuracy`) and on the fp32
+// ones (`accuracy_e2e`), each computed once per input set, bias (and dtype) and shared by every variant
+// measured on it. Then the group's points are timed together in rounds (time_interleaved) under the
+// interference probe. Also the calibration
 // whose results are the rows' denominators (sgemm and the fp32 FMA peak per thread count and SIMD target,
 // and the memory bandwidth per thread count).
 #pragma once
@@ -59,6 +61,11 @@ class PointRunner {
   void set_calibration(Calibration calibration) { calibration_ = std::move(calibration); }
   // The point's row: status "ok", "skipped" (with the reason) or "failed" (an exception, NaN/Inf output).
   ResultRow measure(const SweepPoint& pt);
+  // The rows of `group` (points sharing one input_key, in plan order), timed in interleaved rounds; rows of
+  // two or more timed points name the group (ResultRow::interleave). `stop()` is asked between rounds: when
+  // it turns true, `interrupted` is set and no rows are returned (none of the group is written).
+  std::vector<ResultRow> measure_group(const std::vector<SweepPoint>& group, const std::function<bool()>& stop,
+                                       bool& interrupted);
   bool memory_probe_supported() const { return probe_.supported(); }
   // Between points: measures the sgemm / FMA-peak calibration again when measure.calibrate_every points
   // were timed since the last one, or after interference, once a point measures clean again (at most once
@@ -68,7 +75,11 @@ class PointRunner {
   bool maybe_recalibrate(Json& meta, int64_t points_done, const std::function<bool()>& stop);
 
  private:
-  void time_and_compare(const SweepPoint& pt, const Attention& variant, ResultRow& row);
+  void prepare_inputs(const SweepPoint& pt);
+  AttentionInputs inputs_for(const Problem& p) const;
+  // The untimed call: peak memory, output sanity and accuracy.
+  void run_and_check(const SweepPoint& pt, ResultRow& row);
+  void fill_timing(const SweepPoint& pt, const TimingStats& t, ResultRow& row) const;
   void time_rope(const SweepPoint& pt, ResultRow& row);
   // The fp64 reference of `p` on `in` under `key` into `ref` (kept while the key stays the same).
   void reference_for(const Problem& p, const AttentionInputs& in, const std::string& mode,
@@ -84,8 +95,8 @@ class PointRunner {
   // Inputs and the fp64 references of the last input set: points sharing inputs are adjacent in the plan.
   PointInputs inputs_;  // fp32, RoPE applied
   std::string inputs_key_;
-  std::unique_ptr<StoredInputs> stored_;  // inputs_ rounded to stored_dtype_ (bf16 / fp16 points)
-  DType stored_dtype_ = DType::fp32;
+  std::map<DType, std::unique_ptr<StoredInputs>> stored_;  // inputs_ rounded to bf16 / fp16
+
   std::map<std::string, double> rope_ms_;  // "threads|isa" -> median ms, for inputs_key_
   std::vector<int64_t> reference_rows_;
   // On the fp32 inputs (the end-to-end reference; the only one of fp32 points) and on the rounded ones.

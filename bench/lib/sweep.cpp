@@ -124,23 +124,40 @@ int run_sweep(const Plan& plan, const SweepOptions& options) {
   const auto t_start = std::chrono::steady_clock::now();
   std::size_t measured = 0;
   int failed = 0, skipped = 0, ok = 0, remeasured = 0, noisy = 0;
+  // The points still to do, in groups timed together: with measure.interleave, the adjacent points that
+  // share one input set (the plan keeps them together); otherwise one point each.
+  std::vector<std::vector<SweepPoint>> groups;
   for (const SweepPoint& pt : points) {
     if (done.count(pt.id)) continue;
-    if (g_stop_signal.load()) break;
+    if (config.measure.interleave && !groups.empty() && groups.back().back().input_key == pt.input_key)
+      groups.back().push_back(pt);
+    else
+      groups.push_back({pt});
+  }
+  const auto stop = [] { return g_stop_signal.load() != 0; };
+  for (const std::vector<SweepPoint>& group : groups) {
+    if (stop()) break;
     if (runner.maybe_recalibrate(store.meta(), static_cast<int64_t>(store.existing().size() + measured),
-                                 [] { return g_stop_signal.load() != 0; }))
+                                 stop))
       store.save_meta();
     const auto t0 = std::chrono::steady_clock::now();
-    if (tty) progress(measured, todo, pt.id, t_start);
-    ResultRow row = runner.measure(pt);
-    (row.status == "ok" ? ok : row.status == "skipped" ? skipped : failed)++;
-    remeasured += row.attempts > 1;
-    noisy += row.noisy;
-    store.append(row);
-    ++measured;
+    if (tty)
+      progress(
+          measured, todo,
+          group.size() > 1 ? std::to_string(group.size()) + " points together: " + group[0].id : group[0].id,
+          t_start);
+    bool interrupted = false;
+    std::vector<ResultRow> rows = runner.measure_group(group, stop, interrupted);
+    if (interrupted) break;  // none of the group is written: --resume measures it again
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!tty) {
-      std::cout << "[" << measured << "/" << todo << "] " << row.status << " " << pt.id;
+    for (ResultRow& row : rows) {
+      (row.status == "ok" ? ok : row.status == "skipped" ? skipped : failed)++;
+      remeasured += row.attempts > 1;
+      noisy += row.noisy;
+      store.append(row);
+      ++measured;
+      if (tty) continue;
+      std::cout << "[" << measured << "/" << todo << "] " << row.status << " " << row.id;
       if (row.status == "ok") {
         std::cout << "  " << std::setprecision(4) << *row.time_ms.median << " ms";
         if (row.time_ms.ci_lo && row.time_ms.ci_hi)
@@ -150,8 +167,12 @@ int run_sweep(const Plan& plan, const SweepOptions& options) {
           std::cout << "  NOISY (interference " << std::setprecision(2) << row.interference->score << ")";
       } else
         std::cout << "  (" << row.reason << ")";
-      std::cout << "  [" << format_duration(secs) << "]\n" << std::flush;
+      if (&row == &rows.back())
+        std::cout << "  [" << format_duration(secs)
+                  << (rows.size() > 1 ? " for " + std::to_string(rows.size()) + " points" : "") << "]";
+      std::cout << "\n";
     }
+    std::cout << std::flush;
   }
   if (tty) std::cerr << "\r\033[K";
   std::signal(SIGINT, old_int);
