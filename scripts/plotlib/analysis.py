@@ -330,18 +330,57 @@ def _side(r, **what):
                 ci_level=r.ci_level if ci else None, noisy=r.noisy)
 
 
+def median_interval(xs, level=0.95):
+    """The distribution-free interval of the median of xs, as attnbench's median_interval: [x(l), x(n+1-l)]
+    with l the largest rank whose exact coverage 1 - 2 P(Binomial(n, 1/2) <= l - 1) is at least `level`.
+    (lo, hi, coverage), or None below 6 values (even [min, max] covers less than 95% then)."""
+    x = sorted(xs)
+    n = len(x)
+    best, total, term, cum = None, 2 ** n, 1, 0  # exact integers: term = C(n, l - 1), cum = sum up to it
+    for l in range(1, (n + 1) // 2 + 1):
+        cum += term
+        term = term * (n - l + 1) // l
+        coverage = 1.0 - 2.0 * (cum / total)
+        if coverage < level:
+            break
+        best = (x[l - 1], x[n - l], coverage)
+    return best
+
+
+def paired_ratios(a, b):
+    """A's and B's samples divided round by round when both rows were timed in one interleaved group (sample r
+    of each from round r); None otherwise."""
+    if not a.interleave_group or a.interleave_group != b.interleave_group:
+        return None
+    n = min(len(a.samples), len(b.samples))
+    ratios = [a.samples[r] / b.samples[r] for r in range(n) if b.samples[r] > 0]
+    return ratios if len(ratios) == n and n > 0 else None
+
+
 def _ratio(kind, a, b, a_what, b_what, mask, context):
-    """A / B: the ratio of the median times, the conservative interval [lo_a / hi_b, hi_a / lo_b] from the two
-    intervals of the medians, and whether those intervals are apart."""
-    ca, cb = a.time_ci(), b.time_ci()
-    if ca and cb:
-        interval = [ca[0] / cb[1], ca[1] / cb[0]]
-        significant = "yes" if ca[0] > cb[1] or cb[0] > ca[1] else "no (intervals overlap)"
+    """A / B. Timed in one interleaved group: the median of the round-by-round ratios and its own
+    distribution-free interval (a drift of the machine during the group cancels in every ratio). Otherwise the
+    ratio of the median times and the conservative interval [lo_a / hi_b, hi_a / lo_b] from the two intervals
+    of the medians. Significant when the interval leaves out 1 (paired) or the two intervals are apart."""
+    paired = paired_ratios(a, b)
+    ci = median_interval(paired) if paired else None
+    if ci:
+        ratio = _median(paired)
+        interval = [ci[0], ci[1]]
+        significant = "yes" if ci[0] > 1 or ci[1] < 1 else "no (interval holds 1)"
+        method = "paired"
     else:
-        interval, significant = None, "—"
+        ratio = a.time_median / b.time_median
+        ca, cb = a.time_ci(), b.time_ci()
+        if ca and cb:
+            interval = [ca[0] / cb[1], ca[1] / cb[0]]
+            significant = "yes" if ca[0] > cb[1] or cb[0] > ca[1] else "no (intervals overlap)"
+        else:
+            interval, significant = None, "—"
+        method = "medians"
     return {"kind": kind, "mask": mask, "context": context, "seq_kv": a.seq_kv, "a": _side(a, **a_what),
-            "b": _side(b, **b_what), "ratio": json_num(a.time_median / b.time_median), "interval": interval,
-            "significant": significant}
+            "b": _side(b, **b_what), "ratio": json_num(ratio), "interval": interval, "method": method,
+            "pairs": len(paired) if ci else None, "significant": significant}
 
 
 def _largest(pairs):

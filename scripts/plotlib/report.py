@@ -114,18 +114,23 @@ def key_ratios_section(an):
                       "; ".join(x for x in (e["mask"], e["context"], f"n={e['seq_kv']}") if x),
                       fmt_num(num(e["a"]["median_ms"]), ".4g"), fmt_num(num(e["b"]["median_ms"]), ".4g"),
                       fmt_num(num(e["ratio"]), ".3g") + "×", f"[{iv[0]:.3g}, {iv[1]:.3g}]" if iv else "—",
+                      f"paired, {e['pairs']} rounds" if e.get("method") == "paired" else "medians",
                       e["significant"]])
     bound = ", ".join(f"{RATIO_KINDS[k]}: {kr['shown'][k]} of {c}" for k, c in kr["counts"].items() if c)
     return "\n".join([
-        md_table(["comparison", "A", "B", "at", "A median (ms)", "B median (ms)", "A / B", "interval",
+        md_table(["comparison", "A", "B", "at", "A median (ms)", "B median (ms)", "A / B", "interval", "from",
                   "significant"], table), "",
-        "*A / B*: the ratio of the median times, at the largest n both rows were measured at (attnbench rows; "
-        "*variants*: every pair of series at the same point, B the exact one, then the one without parameters; "
-        "*mask vs none*: the same series and point with and without the mask; *threads*: the same series and "
-        "point against its smallest thread count). *interval*: [lo_A / hi_B, hi_A / lo_B] from the two 95% "
-        "confidence intervals of the medians; it holds the true ratio whenever both intervals hold their "
-        "medians (at least 90%). *significant*: yes when the two intervals are apart, no when they overlap, — "
-        "when a row has none (fewer than 6 repetitions, or results from before attnbench recorded it). "
+        "*A / B*, at the largest n both rows were measured at (attnbench rows; *variants*: every pair of series "
+        "at the same point, B the exact one, then the one without parameters; *mask vs none*: the same series "
+        "and point with and without the mask; *threads*: the same series and point against its smallest thread "
+        "count). *from paired*: both rows were timed in one interleaved group (`measure.interleave`), so their "
+        "repetitions pair up round by round; A / B is the median of the per-round ratios and *interval* its 95% "
+        "distribution-free interval (a drift of the machine's speed during the group reaches both sides of every "
+        "ratio and cancels); *significant*: yes when the interval leaves out 1. *from medians*: the ratio of the "
+        "median times and [lo_A / hi_B, hi_A / lo_B] from the two 95% confidence intervals of the medians (it "
+        "holds the true ratio whenever both intervals hold their medians, at least 90%); *significant*: yes "
+        "when the two intervals are apart, no when they overlap, — when a row has none (fewer than 6 "
+        "repetitions, or results from before attnbench recorded it). "
         "*(noisy)*: the row's interference stayed above the threshold on every attempt.",
         "",
         f"The table is bounded to one row per pair and setting, at most {kr['limit_per_kind']} per kind of "

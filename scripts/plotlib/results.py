@@ -123,6 +123,9 @@ class Row:
     attempts: int = 1  # timed measurements of the point (1 clean first time; 0 not measured)
     noisy: bool = False  # every attempt stayed above measure.max_interference
     calibration: int = None  # index into meta.json calibrations of the denominators of frac_sgemm / frac_peak
+    # interleave.group: the id of the first point of the group this row was timed with, round by round (None:
+    # timed alone, or written before it); sample r of every row of one group was taken in round r.
+    interleave_group: str = None
     conditions_recorded: bool = False  # the row has interference / attempts / noisy (written since #18)
     label: str = ""  # the series it belongs to: the variant, the parameters that vary, [isa] over several targets
     params_text: str = ""  # every parameter, "k=v,k=v"
@@ -151,6 +154,8 @@ class Row:
                    interference=d.get("interference") if isinstance(d.get("interference"), dict) else None,
                    interference_score=num(_sub(d, "interference", "score")), attempts=_attempts(d),
                    noisy=d.get("noisy") is True, calibration=_int_or_none(d.get("calibration")),
+                   interleave_group=_sub(d, "interleave", "group")
+                   if isinstance(_sub(d, "interleave", "group"), str) else None,
                    conditions_recorded=any(k in d for k in CONDITION_FIELDS))
 
     def time_ci(self):

@@ -576,18 +576,18 @@ def test_measurement(tmp):
           f"[ci] naive 2 threads vs 1 at n=512: 0.55, significant ({e})")
     e = by.get(("threads", "naive", "naive", "causal", None, 2), {})
     check(e.get("significant") == "—" and e.get("interval") is None, f"[ci] naive causal 2 vs 1 threads: '—' ({e})")
-    for line in ("| variants | `tiled` | `naive` | none; threads=1; n=512 | 4 | 10 | 0.4× | [0.382, 0.418] | yes |",
+    for line in ("| variants | `tiled` | `naive` | none; threads=1; n=512 | 4 | 10 | 0.4× | [0.382, 0.418] | medians | yes |",
                  "| variants | `approx` | `naive` | none; threads=1; n=512 | 9.6 | 10 | 0.96× | [0.931, 1.05] | "
-                 "no (intervals overlap) |",
-                 "| variants | `approx` | `tiled` | none; threads=1; n=512 | 9.6 | 4 | 2.4× | [2.32, 2.64] | yes |",
-                 "| variants | `tiled` | `naive` | causal; threads=1; n=512 | 2.5 | 6 | 0.417× | — | — |",
-                 "| variants | `approx` (noisy) | `naive` | causal; threads=1; n=512 | 5 | 6 | 0.833× | — | — |",
+                 "medians | no (intervals overlap) |",
+                 "| variants | `approx` | `tiled` | none; threads=1; n=512 | 9.6 | 4 | 2.4× | [2.32, 2.64] | medians | yes |",
+                 "| variants | `tiled` | `naive` | causal; threads=1; n=512 | 2.5 | 6 | 0.417× | — | medians | — |",
+                 "| variants | `approx` (noisy) | `naive` | causal; threads=1; n=512 | 5 | 6 | 0.833× | — | medians | — |",
                  "| mask vs none | `tiled`, causal | `tiled`, none | threads=1; n=512 | 2.5 | 4 | 0.625× | "
-                 "[0.585, 0.667] | yes |",
+                 "[0.585, 0.667] | medians | yes |",
                  "| threads | `naive`, 2 threads | `naive`, 1 thread | none; n=512 | 5.5 | 10 | 0.55× | [0.49, 0.612] "
-                 "| yes |",
+                 "| medians | yes |",
                  "| threads | `naive`, 2 threads | `naive`, 1 thread | causal; n=512 | 3.2 | 6 | 0.533× | — "
-                 "| — |"):
+                 "| medians | — |"):
         check(line in md, f"[ci] REPORT.md Key ratios has {line}")
     check("(variants: 6 of 6, mask vs none: 4 of 4, threads: 2 of 2)" in md,
           "[ci] the sentence under Key ratios gives the bound and the counts")
@@ -691,6 +691,66 @@ def time_error_bars(results_dir):
                                     f"{r.stderr.strip()[-500:]})"):
         return {}
     return json.loads(r.stdout)
+
+
+def test_paired(tmp):
+    """Interleaved rows (#18): rows timed in one group pair their samples round by round, so a drift during the
+    group cancels. naive at 1 and 2 threads and tiled at n = 512 in one group, every sample 10% slower than the
+    round before: naive 2 threads is 0.95x naive 1 thread in every round (+-0.5%, alternating), tiled 0.4x
+    (+-1%). Each row's own interval spans the drift (about +-30%), so from the medians 0.95 would not be
+    significant; paired it is. A row of another group (causal) is compared from the medians."""
+    d = os.path.join(tmp, "paired")
+    group = "naive:B=1,H=1,Lq=512,Lkv=512,D=16,none,gaussian(std=1),T=1"
+    rounds = 9
+
+    def drifted(factor, wobble):
+        return [10.0 * (1 + 0.1 * r) * factor * (1 + wobble * (-1) ** r) for r in range(rounds)]
+
+    def interval(xs):
+        x = sorted(xs)
+        return x[1], x[7]  # [x(2), x(8)] of 9: the 95% interval of the median (coverage 0.961)
+
+    rows = []
+    for position, (variant, threads, samples, params) in enumerate(
+            [("naive", 1, drifted(1.0, 0.0), {}), ("naive", 2, drifted(0.95, 0.005), {}),
+             ("tiled", 1, drifted(0.4, 0.01), {"tile": 64})]):
+        samples_sorted = sorted(samples)
+        r = ci_row(variant, 512, "none", threads, samples_sorted[4], interval(samples), params)
+        r["time_ms"].update(reps=rounds, samples=samples)
+        r["interleave"] = {"group": group, "points": 3, "position": position, "rounds": rounds}
+        rows.append(r)
+    for variant, median, params in (("naive", 6.0, {}), ("tiled", 2.5, {"tile": 64})):
+        r = ci_row(variant, 512, "causal", 1, median, (median * 0.98, median * 1.02), params)
+        r["interleave"] = {"group": "another", "points": 2, "position": 0, "rounds": 12}
+        r["time_ms"]["samples"] = [median * (1 + 0.01 * k) for k in range(12)]  # not the rows' pairing: medians
+        rows.append(r)
+    rows[-1]["interleave"]["group"] = "a third"  # the two causal rows were not timed together
+    write_rows(d, rows)
+    r = run_plot(d)
+    if not check(r.returncode == 0, f"[paired] plot.py exits 0 (got {r.returncode}: {r.stderr.strip()[-500:]})"):
+        return
+    with open(os.path.join(d, "summary.json"), encoding="utf-8") as f:
+        kr = json.load(f).get("key_ratios", {})
+    with open(os.path.join(d, "REPORT.md"), encoding="utf-8") as f:
+        md = f.read()
+    by = {(e["kind"], e["a"]["series"], e["mask"]): e for e in kr.get("rows", [])}
+    e = by.get(("threads", "naive", "none"), {})
+    check(e.get("method") == "paired" and e.get("pairs") == 9 and abs(e.get("ratio", 0) - 0.95 * 1.005) < 1e-9
+          and abs(e["interval"][0] - 0.95 * 0.995) < 1e-9 and abs(e["interval"][1] - 0.95 * 1.005) < 1e-9
+          and e.get("significant") == "yes",
+          f"[paired] naive 2 vs 1 threads: the median of 9 paired ratios (5 at 0.95 x 1.005, 4 at 0.95 x 0.995), "
+          f"interval [x(2), x(8)], significant ({e})")
+    a, b = rows[1]["time_ms"], rows[0]["time_ms"]
+    check(a["ci_lo"] < b["ci_hi"] and b["ci_lo"] < a["ci_hi"],
+          "[paired] (the rows' own intervals overlap: from the medians it would not be significant)")
+    e = by.get(("variants", "tiled", "none"), {})
+    check(e.get("method") == "paired" and abs(e.get("ratio", 0) - 0.4 * 1.01) < 1e-9 and e.get("significant") == "yes",
+          f"[paired] tiled vs naive at 1 thread: paired, 0.404 ({e})")
+    e = by.get(("variants", "tiled", "causal"), {})
+    check(e.get("method") == "medians" and e.get("pairs") is None and abs(e.get("ratio", 0) - 2.5 / 6) < 1e-9,
+          f"[paired] tiled vs naive causal, timed in different groups: from the medians ({e})")
+    check("| paired, 9 rounds | yes |" in md and "| medians |" in md,
+          "[paired] REPORT.md's Key ratios says where each interval comes from")
 
 
 def test_measurement_odd_values(tmp):
@@ -916,7 +976,7 @@ def main():
         print(f"skipped: {e} (install python3-numpy python3-matplotlib)")
         return 77
     cases = [test_fixture, test_synthetic, test_never_and_always, test_isa, test_dtype, test_many_facets,
-             test_cross_attention, test_measurement, test_measurement_odd_values, test_roofline, test_errors,
+             test_cross_attention, test_measurement, test_paired, test_measurement_odd_values, test_roofline, test_errors,
              test_peer]
     with tempfile.TemporaryDirectory(prefix="attnbench-test-plot-") as tmp:
         # Longest first: the fixture's and the peer's plot.py runs take most of the time.
