@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <sstream>
+#include <stdexcept>
 
 #include "common/error.hpp"
 #include "common/half.hpp"
@@ -106,8 +107,12 @@ std::string worst_element(const float* got, const double* want, std::size_t n, i
 
 class Checker {
  public:
-  Checker(const Attention& v, const std::function<void(const CheckResult&)>& cb) : v_(v), cb_(cb) {}
+  Checker(const Attention& v, const std::function<void(const CheckResult&)>& cb, CheckShard shard)
+      : v_(v), cb_(cb), shard_(shard) {}
   std::vector<CheckResult> results;
+
+  // Whether the next case is this shard's (every case method asks first).
+  bool mine() { return case_++ % shard_.count == shard_.index; }
 
   void report(CheckResult r) {
     if (cb_) cb_(r);
@@ -138,7 +143,7 @@ class Checker {
   // the baseline (naive) on the same rounded inputs: the FlashAttention test rule.
   void against_reference(const Problem& p, uint64_t seed, double logit_scale, const std::string& check,
                          const std::vector<float>& slopes = {}) {
-    if (!supported(check, p)) return;
+    if (!mine() || !supported(check, p)) return;
     CaseData data(p, seed, logit_scale);
     data.slopes = slopes;
     if (!run(p, data, check)) return;
@@ -184,6 +189,7 @@ class Checker {
   // Permuting keys+values leaves the output unchanged; permuting queries permutes it.
   void permutation(const Problem& p, uint64_t seed) {
     const std::string check = "permutation";
+    if (!mine()) return;
     if (!v_.capabilities().permutation_equivariant) {
       report({check, p.repro(), CheckStatus::skipped, "capabilities do not claim permutation equivariance"});
       return;
@@ -226,7 +232,7 @@ class Checker {
   // Causal: changing keys/values/queries after position t leaves outputs 0..t bitwise... within tolerance.
   void causal_future(const Problem& p, uint64_t seed) {
     const std::string check = "causal-future";
-    if (!supported(check, p)) return;
+    if (!mine() || !supported(check, p)) return;
     CaseData base(p, seed), changed(p, seed);
     if (!run(p, base, check)) return;
     const int64_t t = p.seq_q / 2, D = p.head_dim;
@@ -264,7 +270,7 @@ class Checker {
   // The same call twice, and at 1 and 2 threads, gives bitwise identical output.
   void determinism(const Problem& p, uint64_t seed) {
     const std::string check = "determinism";
-    if (!supported(check, p)) return;
+    if (!mine() || !supported(check, p)) return;
     CaseData one(p, seed), two(p, seed), again(p, seed);
     {
       ThreadScope scope(1);
@@ -285,6 +291,8 @@ class Checker {
  private:
   const Attention& v_;
   const std::function<void(const CheckResult&)>& cb_;
+  CheckShard shard_;
+  int64_t case_ = 0;
 };
 
 struct Shape {
@@ -294,8 +302,13 @@ struct Shape {
 }  // namespace
 
 std::vector<CheckResult> run_checks(const Attention& variant,
-                                    const std::function<void(const CheckResult&)>& on_result) {
-  Checker c(variant, on_result);
+                                    const std::function<void(const CheckResult&)>& on_result,
+                                    CheckShard shard) {
+  if (shard.count < 1 || shard.index < 0 || shard.index >= shard.count)
+    throw std::invalid_argument("check shard " + std::to_string(shard.index) + "/" +
+                                std::to_string(shard.count) +
+                                ": the index must be in [0, count) and count >= 1");
+  Checker c(variant, on_result, shard);
   // Sizes that hit SIMD and tile tails: 1, 7, 17, 130; head dims 1, 17, 33 and 64.
   const Shape shapes[] = {
       {1, 1, 1, 1, 1}, {1, 2, 7, 7, 17}, {2, 3, 17, 17, 8}, {4, 2, 33, 33, 64}, {1, 1, 130, 130, 33}};

@@ -21,7 +21,16 @@ struct CheckResult {
 };
 
 // Runs every check for `variant`; `on_result` (optional) sees each result as it completes.
+// A share of the cases: case k (in the fixed order run_checks makes them, counted per variant) runs when
+// k % count == index. The shards of one count together run every case once (scripts/cross-test runs two
+// emulated processes side by side); {0, 1} is all of them.
+struct CheckShard {
+  int index = 0;
+  int count = 1;
+};
+
 std::vector<CheckResult> run_checks(const Attention& variant,
-                                    const std::function<void(const CheckResult&)>& on_result = {});
+                                    const std::function<void(const CheckResult&)>& on_result = {},
+                                    CheckShard shard = {});
 
 }  // namespace attn
