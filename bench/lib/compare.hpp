@@ -21,8 +21,9 @@ struct MannWhitney {
   bool exact = false;  // exact null distribution (else the normal approximation)
 };
 
-// The two-sided Mann-Whitney U test of x against y (as scipy.stats.mannwhitneyu(x, y), method "auto" with
-// the exact bound at kExactMannWhitneyMax and use_continuity=True). Both need at least one value.
+// The two-sided Mann-Whitney U test of x against y: the p-value of scipy.stats.mannwhitneyu(x, y,
+// method="exact") when no value is tied and neither side has more than kExactMannWhitneyMax values, else of
+// method="asymptotic" (use_continuity=True). Both need at least one value.
 MannWhitney mann_whitney_u(const std::vector<double>& x, const std::vector<double>& y);
 
 // The q-quantile (q in [0, 1]) by linear interpolation between closest ranks (numpy's default, as the rows'
