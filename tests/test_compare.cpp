@@ -212,6 +212,25 @@ TEST_CASE("compare: percentiles interpolate linearly between closest ranks, as n
   CHECK(percentile_linear({7}, 0.9) == 7);
 }
 
+TEST_CASE("compare: percentiles of the pairwise ratios equal those of every ratio formed", "[compare]") {
+  // Unequal sizes, repeated values (equal ratios), a zero in b and 1 x 1.
+  const std::vector<std::pair<std::vector<double>, std::vector<double>>> cases = {
+      {{1.0, 1.5, 0.75, 1.0, 2.0, 0.5, 1.25},
+       {2.0, 0.0, 1.0, 3.0, 1.0, 0.5, 2.5, 1.5, 2.0, 0.25, 4.0, 1.0, 0.75}},
+      {kBase, scaled(kBase, 2.0)},
+      {{3.0}, {1.5}},
+  };
+  for (const auto& [a, b] : cases) {
+    std::vector<double> ratios;
+    for (double x : a)
+      for (double y : b) ratios.push_back(y / x);
+    for (double q : {0.0, 0.1, 0.25, 0.5, 0.9, 1.0}) {
+      INFO("n1 " << a.size() << ", n2 " << b.size() << ", q " << q);
+      CHECK(pairwise_ratio_percentile(a, b, q) == Approx(percentile_linear(ratios, q)).epsilon(1e-15));
+    }
+  }
+}
+
 TEST_CASE("compare: a 2x slowdown is significant, an unchanged point is not, one-sided points are listed",
           "[compare]") {
   ScratchDir dir("compare");

@@ -2,7 +2,9 @@
 #include "bench/lib/compare.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -48,6 +50,30 @@ std::vector<double> u_distribution(int n1, int n2) {
     std::swap(prev, cur);
   }
   return prev[n2];
+}
+
+// The k-th smallest (from 0) of the ratios b_j / a_i (a and b sorted): the smallest double t with more than k
+// ratios <= t. Non-negative doubles order as their bit patterns, so a bisection over the patterns between the
+// smallest and the largest ratio ends on a ratio itself, exactly, in at most 64 steps of n1 log n2 each.
+// Rounded division is monotone in b_j, so counting by binary search agrees with the ratios as computed.
+double kth_pairwise_ratio(const std::vector<double>& a, const std::vector<double>& b, uint64_t k) {
+  const auto count_at_most = [&](double t) {
+    uint64_t n = 0;
+    for (double x : a)
+      n += static_cast<uint64_t>(
+          std::partition_point(b.begin(), b.end(), [&](double y) { return y / x <= t; }) - b.begin());
+    return n;
+  };
+  uint64_t lo = std::bit_cast<uint64_t>(b.front() / a.back()),
+           hi = std::bit_cast<uint64_t>(b.back() / a.front());
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (count_at_most(std::bit_cast<double>(mid)) > k)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return std::bit_cast<double>(lo);
 }
 
 std::string fmt(double x, const char* spec) {
@@ -158,13 +184,13 @@ PointComparison compare_point(const std::string& key, const ResultRow& a, const 
     p.p_method = mw.exact ? "exact" : "normal";
   }
   // The spread of the ratio: every pairing of a repetition of A with one of B, b_j / a_i.
-  if (!sa.empty() && !sb.empty() && std::all_of(sa.begin(), sa.end(), [](double x) { return x > 0; })) {
-    std::vector<double> ratios;
-    ratios.reserve(sa.size() * sb.size());
-    for (double x : sa)
-      for (double y : sb) ratios.push_back(y / x);
-    p.ratio_p10 = percentile_linear(ratios, 0.1);
-    p.ratio_p90 = percentile_linear(std::move(ratios), 0.9);
+  const auto finite_and = [](const std::vector<double>& v, auto pred) {
+    return !v.empty() &&
+           std::all_of(v.begin(), v.end(), [&](double x) { return std::isfinite(x) && pred(x); });
+  };
+  if (finite_and(sa, [](double x) { return x > 0; }) && finite_and(sb, [](double x) { return x >= 0; })) {
+    p.ratio_p10 = pairwise_ratio_percentile(sa, sb, 0.1);
+    p.ratio_p90 = pairwise_ratio_percentile(sa, sb, 0.9);
   }
   if (!p.p_value)
     p.verdict = "no p-value";
@@ -274,6 +300,19 @@ double percentile_linear(std::vector<double> values, double q) {
   const auto lo = static_cast<std::size_t>(std::floor(pos));
   const std::size_t hi = std::min(lo + 1, values.size() - 1);
   return values[lo] + (values[hi] - values[lo]) * (pos - static_cast<double>(lo));
+}
+
+double pairwise_ratio_percentile(const std::vector<double>& a, const std::vector<double>& b, double q) {
+  if (a.empty() || b.empty()) throw std::invalid_argument("pairwise_ratio_percentile: no values");
+  std::vector<double> as = a, bs = b;
+  std::sort(as.begin(), as.end());
+  std::sort(bs.begin(), bs.end());
+  const uint64_t n = static_cast<uint64_t>(as.size()) * bs.size();
+  const double pos = q * static_cast<double>(n - 1);
+  const auto lo = static_cast<uint64_t>(std::floor(pos));
+  const double v_lo = kth_pairwise_ratio(as, bs, lo);
+  const double v_hi = lo + 1 < n ? kth_pairwise_ratio(as, bs, lo + 1) : v_lo;
+  return v_lo + (v_hi - v_lo) * (pos - static_cast<double>(lo));
 }
 
 ResultsFolder load_results_folder(const std::string& dir, const std::string& label) {

@@ -30,6 +30,10 @@ MannWhitney mann_whitney_u(const std::vector<double>& x, const std::vector<doubl
 // p10 / p90 in bench/lib/measure.cpp).
 double percentile_linear(std::vector<double> values, double q);
 
+// The q-quantile (as percentile_linear) of the n1 n2 pairwise ratios b_j / a_i, found without forming them (a
+// point may have up to 100,000 repetitions a side). Every a_i > 0, every b_j >= 0, both finite and non-empty.
+double pairwise_ratio_percentile(const std::vector<double>& a, const std::vector<double>& b, double q);
+
 // One side of a comparison: a results folder as `attnbench run` wrote it.
 struct ResultsFolder {
   std::string dir;
