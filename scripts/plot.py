@@ -3,12 +3,14 @@
 
     /usr/bin/python3 scripts/plot.py RESULTS_DIR [--out DIR]
     /usr/bin/python3 scripts/plot.py --patterns DIR [--out DIR]     (or RESULTS_DIR holding patterns.json)
+    /usr/bin/python3 scripts/plot.py --compare COMPARE_JSON [--out DIR]
 
 RESULTS_DIR holds what `attnbench run` writes (results.jsonl, meta.json) and, optionally, the PyTorch peer rows
 (results.peers.jsonl, scripts/peers/torch_attention.py). Figures go to OUT/plots/, the report to
 OUT/REPORT.md and the numbers behind it (fitted exponents, crossovers, key ratios, measurement conditions) to
 OUT/summary.json; OUT defaults to RESULTS_DIR. A RESULTS_DIR/patterns/ folder written by `attnbench patterns`
-is drawn and embedded too.
+is drawn and embedded too. --compare draws OUT/compare.png and .svg (OUT defaults to the file's folder) from
+what `attnbench compare A B --json` printed (scripts/plotlib/compare.py).
 Needs numpy and matplotlib only (Debian's python3-numpy, python3-matplotlib); runs headless (Agg).
 Exit codes: 0 done, 2 bad input (the message names the file or option).
 
@@ -62,15 +64,21 @@ def main(argv):
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     ap.add_argument("results_dir", nargs="?", help="folder written by `attnbench run` (results.jsonl, meta.json)")
     ap.add_argument("--patterns", metavar="DIR", help="draw the folder written by `attnbench patterns` instead")
+    ap.add_argument("--compare", metavar="COMPARE_JSON",
+                    help="draw compare.png/.svg from what `attnbench compare A B --json` printed instead")
     ap.add_argument("--out", metavar="DIR", help="where to write (default: the input folder)")
     a = ap.parse_args(argv)
     try:
-        if a.patterns and a.results_dir:
-            raise InputError("give RESULTS_DIR or --patterns DIR, not both")
+        if sum(bool(x) for x in (a.results_dir, a.patterns, a.compare)) > 1:
+            raise InputError("give one of RESULTS_DIR, --patterns DIR and --compare COMPARE_JSON")
+        if a.compare:
+            from plotlib.compare import plot_compare
+
+            return plot_compare(a.compare, a.out)
         if a.patterns:
             return plot_patterns_only(a.patterns, a.out or a.patterns)
         if not a.results_dir:
-            raise InputError("missing RESULTS_DIR (or --patterns DIR); see --help")
+            raise InputError("missing RESULTS_DIR (or --patterns DIR, or --compare COMPARE_JSON); see --help")
         if os.path.isfile(os.path.join(a.results_dir, "patterns.json")):
             return plot_patterns_only(a.results_dir, a.out or a.results_dir)
         return plot_results(a.results_dir, a.out or a.results_dir)

@@ -1,0 +1,112 @@
+// `attnbench compare A B`: did B get faster or slower than A, point by point, and is the difference real?
+// The statistics (Mann-Whitney U over the repetitions, the spread of the B/A ratio) and the comparison of two
+// results folders, kept apart from the command so the tests call them without a process.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench/lib/result_row.hpp"
+
+namespace attn {
+
+// A difference counts as real (significant) below this two-sided p-value.
+inline constexpr double kCompareAlpha = 0.05;
+// The exact null distribution of U is used up to this many samples on each side (and without ties).
+inline constexpr int kExactMannWhitneyMax = 50;
+
+struct MannWhitney {
+  double u = 0;        // U of the first sample: pairs (x_i, y_j) with x_i > y_j, a tie counting 1/2
+  double p_value = 1;  // two-sided
+  bool exact = false;  // exact null distribution (else the normal approximation)
+};
+
+// The two-sided Mann-Whitney U test of x against y: the p-value of scipy.stats.mannwhitneyu(x, y,
+// method="exact") when no value is tied and neither side has more than kExactMannWhitneyMax values, else of
+// method="asymptotic" (use_continuity=True). Both need at least one value.
+MannWhitney mann_whitney_u(const std::vector<double>& x, const std::vector<double>& y);
+
+// The q-quantile (q in [0, 1]) by linear interpolation between closest ranks (numpy's default, as the rows'
+// p10 / p90 in bench/lib/measure.cpp).
+double percentile_linear(std::vector<double> values, double q);
+
+// The q-quantile (as percentile_linear) of the n1 n2 pairwise ratios b_j / a_i, found without forming them (a
+// point may have up to 100,000 repetitions a side). Every a_i > 0, every b_j >= 0, both finite and non-empty.
+double pairwise_ratio_percentile(const std::vector<double>& a, const std::vector<double>& b, double q);
+
+// One side of a comparison: a results folder as `attnbench run` wrote it.
+struct ResultsFolder {
+  std::string dir;
+  std::string label;  // "A" or "B"
+  Json meta = Json::object();
+  std::vector<ResultRow> rows;
+};
+
+// Reads DIR/meta.json and DIR/results.jsonl. UsageError (exit 2) naming the folder or file for a missing
+// folder or file, or JSON that does not parse.
+ResultsFolder load_results_folder(const std::string& dir, const std::string& label);
+
+// One point measured (status ok) on both sides.
+struct PointComparison {
+  std::string id;          // the match key (see compare_results)
+  std::string id_a, id_b;  // the rows' own ids
+  std::string variant;
+  std::string isa_a, isa_b;
+  int threads_a = 0, threads_b = 0;
+  std::optional<double> median_a, median_b;  // time_ms.median, ms
+  std::optional<double> ratio;               // median_b / median_a
+  // The 10th and 90th percentiles of every pairwise ratio b_j / a_i of the repetitions.
+  std::optional<double> ratio_p10, ratio_p90;
+  int reps_a = 0, reps_b = 0;  // samples on each side
+  std::optional<double> u;     // Mann-Whitney U of A's samples against B's
+  std::optional<double> p_value;
+  std::string p_method;  // "exact", "normal" or "" (no p-value)
+  std::string
+      verdict;  // "slower", "faster", "different" (p < alpha, equal medians), "not significant", "no p-value"
+  bool noisy_a = false, noisy_b = false;
+  std::optional<double> max_abs_err_a, max_abs_err_b, max_abs_err_diff;  // accuracy.max_abs_err, diff = B - A
+  std::vector<std::string> notes;
+  bool significant() const { return p_value && *p_value < kCompareAlpha; }
+};
+
+// A matched point not compared: not ok on at least one side.
+struct NotCompared {
+  std::string id;
+  std::string status_a, status_b, reason_a, reason_b;
+};
+
+// A meta.json field (dotted path) on both sides; `a` / `b` null when that side lacks it.
+struct MetaField {
+  std::string field;
+  Json a, b;
+};
+
+struct Comparison {
+  std::string dir_a, dir_b;
+  Json summary_a, summary_b;  // a few facts per side for the header (config, commit, CPU, ...)
+  std::vector<MetaField> differences,
+      same;  // meta.json fields (and the rows' isa / threads) that differ / agree
+  std::vector<std::string> meta_not_compared;  // meta.json keys measured anew by every run, left out
+  bool config_same = true;
+  std::vector<std::string> config_keys_differ;  // top-level config keys whose values differ
+  std::vector<PointComparison> points;
+  std::vector<std::string> only_a, only_b;
+  std::vector<NotCompared> not_compared;
+};
+
+// Matches the rows of A and B by point id and compares every point measured on both sides. A run-wide
+// `run --isa NAME` (a config without sweep.isa) appends ",isa=NAME" to every id of its folder; that suffix is
+// left out of the match key, so runs of one config under different --isa compare point by point.
+Comparison compare_results(const ResultsFolder& a, const ResultsFolder& b);
+
+// `--fail-above R`: a number > 1, else UsageError naming the option, the value and what is allowed.
+double parse_fail_above(const std::string& text);
+// Points slower by more than `fail_above` (ratio > R) with p < kCompareAlpha.
+std::vector<const PointComparison*> regressions(const Comparison& c, double fail_above);
+
+// The whole comparison as one JSON document (`compare --json`; scripts/plotlib/compare.py draws it).
+Json comparison_json(const Comparison& c, std::optional<double> fail_above);
+// The Markdown report (`compare`'s default output).
+std::string comparison_markdown(const Comparison& c, std::optional<double> fail_above);
+
+}  // namespace attn
