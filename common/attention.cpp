@@ -27,6 +27,19 @@ Json capabilities_json(const Capabilities& c) {
           {"baseline", c.baseline}};
 }
 
+Json variants_json() {
+  Json all = Json::array();
+  for (const Attention* v : Registry::instance().all()) {
+    Json params = Json::array();
+    for (const auto& s : v->param_specs()) params.push_back(param_spec_json(s));
+    all.push_back({{"name", v->name()},
+                   {"description", v->description()},
+                   {"capabilities", capabilities_json(v->capabilities())},
+                   {"params", params}});
+  }
+  return all;
+}
+
 std::size_t MemoryEstimate::beyond_inputs() const {
   return sat_add(output, workspace);
 }

@@ -40,6 +40,10 @@ struct Capabilities {
 
 Json capabilities_json(const Capabilities& caps);
 
+// Every registered variant, by name: name, description, capabilities (capabilities_json) and params (each
+// param_spec_json), as `attnbench list --json` prints them and the Python module's variants() returns them.
+Json variants_json();
+
 // Pointers to contiguous tensors. q, out: [batch, heads, seq_q, head_dim]; k, v: [batch, kv_heads,
 // seq_kv, head_dim] (kv_heads = heads unless grouped-query, Problem::num_kv_heads). Q, K and V are fp32 in
 // q, k, v when problem.dtype is fp32, and the 16-bit patterns of bf16 / fp16 values in q16, k16, v16

@@ -5,8 +5,11 @@ set -euo pipefail
 ATTN_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 # Build and test dependencies (Debian 12 package names).
+# pybind11-dev, python3-dev and python3-pybind11 build the Python module (bench/python, `import attnbench`)
+# for Debian's python3.
 ATTN_BUILD_PACKAGES=(g++ cmake ninja-build git pkg-config libeigen3-dev libopenblas-dev libopenblas0-pthread
-  libtbb-dev nlohmann-json3-dev catch2 libcli11-dev libhwy-dev libbenchmark-dev)
+  libtbb-dev nlohmann-json3-dev catch2 libcli11-dev libhwy-dev libbenchmark-dev pybind11-dev python3-dev
+  python3-pybind11)
 # Plots and the numpy/PyTorch interoperability tests run with Debian's python (/usr/bin/python3).
 ATTN_PYTHON_PACKAGES=(python3 python3-numpy python3-matplotlib)
 ATTN_TORCH_PACKAGES=(python3-torch)
@@ -43,11 +46,12 @@ attn_ensure_packages() {
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# attn_build PRESET: configure (once) and build with CMake presets into build/PRESET.
+# attn_build PRESET: configure (once, and again when CMakePresets.json changed since: its cache variables
+# apply only when configuring) and build with CMake presets into build/PRESET.
 attn_build() {
   local preset="$1"
   cd "$ATTN_ROOT"
-  if [ ! -f "build/$preset/CMakeCache.txt" ]; then
+  if [ ! -f "build/$preset/CMakeCache.txt" ] || [ CMakePresets.json -nt "build/$preset/CMakeCache.txt" ]; then
     cmake --preset "$preset" >/dev/null
   fi
   cmake --build --preset "$preset" -j "$(nproc)"

@@ -1,16 +1,14 @@
 // `attnbench eval`: run one variant on Q, K, V from .npy files and write O.npy (float32, [B,H,Lq,D]).
 // K and V may have fewer heads than Q (grouped-query attention): K's dimension 1 is Problem::kv_heads.
 // Optionally: RoPE on Q and K (fp32, before anything else), the storage dtype (Q, K, V rounded to bf16 /
-// fp16 with round-to-nearest-even, or float16 files used as they are) and the ALiBi bias.
+// fp16 with round-to-nearest-even, or float16 files used as they are) and the ALiBi bias. Its checks are in
+// bench/lib/eval.hpp, shared with the Python module's forward().
 #include <tbb/global_control.h>
-#include <unistd.h>
 
-#include <algorithm>
-#include <cmath>
 #include <iostream>
-#include <limits>
 
 #include "bench/lib/command.hpp"
+#include "bench/lib/eval.hpp"
 #include "common/error.hpp"
 #include "common/half.hpp"
 #include "common/npy.hpp"
@@ -63,39 +61,6 @@ InputTensor read_input(const std::string& option, const std::string& path, DType
   return t;
 }
 
-// The reasons `variant` gives for refusing the storage dtype and bias asked for (empty = it takes them):
-// those a default-shaped problem gets with them and not without, so the text is the variant's own (the
-// sweep's skip reason).
-std::string storage_refusal(const Attention& variant, const Json& params, DType dtype, Bias bias) {
-  Problem plain = make_problem(variant.name(), params);
-  Problem asked = plain;
-  asked.dtype = dtype;
-  asked.bias = bias;
-  const std::vector<std::string> before = variant.not_supported_reasons(plain);
-  std::string text;
-  for (const std::string& r : variant.not_supported_reasons(asked))
-    if (std::find(before.begin(), before.end(), r) == before.end()) text += (text.empty() ? "" : "; ") + r;
-  return text;
-}
-
-// Registered variants whose capabilities accept `dtype` / `bias` (for the refusal message).
-std::string variants_taking(DType dtype, Bias bias) {
-  std::string s;
-  for (const Attention* a : Registry::instance().all()) {
-    const Capabilities c = a->capabilities();
-    const bool ok =
-        (dtype == DType::fp32 || (dtype == DType::bf16 ? c.bf16 : c.fp16)) && (bias == Bias::none || c.alibi);
-    if (ok) s += (s.empty() ? "" : ", ") + a->name();
-  }
-  return s.empty() ? "none" : s;
-}
-
-int64_t count_nonfinite_stored(DType t, const uint16_t* x, int64_t n) {
-  int64_t bad = 0;
-  for (int64_t i = 0; i < n; ++i) bad += !std::isfinite(widen(t, x[i]));
-  return bad;
-}
-
 Json metrics_json(const ErrorMetrics& m, const std::string& reference) {
   return {{"reference", reference},
           {"max_abs_err", json_number(m.max_abs_err)},
@@ -103,90 +68,6 @@ Json metrics_json(const ErrorMetrics& m, const std::string& reference) {
           {"mean_cosine", json_number(m.mean_cosine)},
           {"nan_count", m.nan_count},
           {"inf_count", m.inf_count}};
-}
-
-void require_shape(const std::string& option, const std::string& file, const std::vector<int64_t>& got,
-                   const std::vector<int64_t>& want, const std::string& meaning) {
-  if (got != want)
-    throw UsageError(option + " '" + file + "': shape " + FloatArray::shape_to_string(got) +
-                     " does not match " + FloatArray::shape_to_string(want) + " " + meaning);
-}
-
-// A rank-4 tensor with every extent >= 1, or a UsageError naming the option, the file and the shape.
-void require_rank4(const std::string& option, const std::string& file, const FloatArray& t,
-                   const std::string& layout) {
-  if (t.rank() != 4)
-    throw UsageError(option + " '" + file + "': rank " + std::to_string(t.rank()) + " " + t.shape_str() +
-                     "; expected rank 4 " + layout);
-  for (int64_t extent : t.shape)
-    if (extent < 1)
-      throw UsageError(option + " '" + file + "': shape " + t.shape_str() + " is empty; every extent of " +
-                       layout + " must be >= 1");
-}
-
-// "1, 2, 4 or 8": the K/V head counts allowed with `heads` query heads (the divisors of heads), the first
-// 16 of them when there are more.
-std::string kv_heads_allowed(int64_t heads) {
-  std::vector<int64_t> small, large;
-  for (int64_t d = 1; d <= heads / d; ++d)
-    if (heads % d == 0) {
-      small.push_back(d);
-      if (d != heads / d) large.insert(large.begin(), heads / d);
-    }
-  small.insert(small.end(), large.begin(), large.end());
-  std::string s;
-  constexpr std::size_t kShown = 16;
-  for (std::size_t i = 0; i < small.size() && i < kShown; ++i)
-    s += (i == 0 ? "" : i + 1 == small.size() ? " or " : ", ") + std::to_string(small[i]);
-  if (small.size() > kShown)
-    s += ", ... (" + std::to_string(small.size()) + " divisors of " + std::to_string(heads) + ")";
-  return s;
-}
-
-// K must be [Q's batch, kv_heads, seq_kv, Q's head_dim] with kv_heads dividing Q's heads, and V must have
-// K's shape; otherwise a UsageError naming the files, both shapes and what is allowed.
-void check_kv_shapes(const EvalOptions& o, const FloatArray& q, const FloatArray& k, const FloatArray& v) {
-  const int64_t batch = q.shape[0], heads = q.shape[1], head_dim = q.shape[3];
-  const std::string allowed = "K and V must be [batch, kv_heads, seq_kv, head_dim] with Q's batch " +
-                              std::to_string(batch) + " and head_dim " + std::to_string(head_dim) +
-                              ", and kv_heads dividing Q's heads " + std::to_string(heads) + " (" +
-                              kv_heads_allowed(heads) + ")";
-  auto fail = [&](const std::string& what) {
-    throw UsageError("--k '" + o.k + "': shape " + k.shape_str() + " does not fit --q '" + o.q + "' shape " +
-                     q.shape_str() + ": " + what + "; " + allowed);
-  };
-  if (k.shape[0] != batch)
-    fail("batch " + std::to_string(k.shape[0]) + " != Q's batch " + std::to_string(batch));
-  if (k.shape[3] != head_dim)
-    fail("head_dim " + std::to_string(k.shape[3]) + " != Q's head_dim " + std::to_string(head_dim));
-  if (heads % k.shape[1] != 0)
-    fail("kv_heads " + std::to_string(k.shape[1]) + " does not divide Q's heads " + std::to_string(heads));
-  if (v.shape != k.shape)
-    throw UsageError("--v '" + o.v + "': shape " + v.shape_str() + " differs from --k '" + o.k + "' shape " +
-                     k.shape_str() + " (V must have K's shape [batch, kv_heads, seq_kv, head_dim])");
-}
-
-// Refuses, before anything is allocated, a call whose output, workspace and (with --compare) fp64 reference
-// cannot fit in this machine's physical memory, naming the bytes it would need.
-void check_memory(const Attention& variant, const Problem& p, bool compare) {
-  const int threads = static_cast<int>(
-      tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));  // set by --threads
-  const MemoryEstimate m = variant.estimate_memory(p, threads);
-  // The inputs are already in memory (read from the files); what the call adds is the output, the
-  // workspace and, with --compare, the fp64 reference (q_elements fit: Problem::validate bounds them).
-  const std::size_t reference = compare ? static_cast<std::size_t>(p.q_elements()) * sizeof(double) : 0;
-  const std::size_t need = sat_add(m.beyond_inputs(), reference);
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  if (pages <= 0 || page <= 0) return;
-  const std::size_t physical = static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
-  if (need <= physical) return;
-  throw NotSupported(p.repro() + ": needs " + (need == SIZE_MAX ? "at least " : "") + std::to_string(need) +
-                     " bytes (" + format_bytes(static_cast<double>(need)) + ": output " +
-                     format_bytes(static_cast<double>(m.output)) + ", workspace " +
-                     format_bytes(static_cast<double>(m.workspace)) +
-                     (compare ? ", fp64 reference " + format_bytes(static_cast<double>(reference)) : "") +
-                     ") beyond the inputs, more than the " + std::to_string(physical) + " bytes (" +
-                     format_bytes(static_cast<double>(physical)) + ") of physical memory");
 }
 
 int run_eval(const EvalOptions& o) {
@@ -209,22 +90,16 @@ int run_eval(const EvalOptions& o) {
         "--alibi-slopes '" + o.alibi_slopes +
         "' needs --alibi (the slopes are those of the ALiBi bias; without --alibi there is none)");
   const Bias bias = o.alibi ? Bias::alibi : Bias::none;
-  if (const std::string why = storage_refusal(variant, params, dtype, bias); !why.empty())
-    throw UsageError(std::string(dtype != DType::fp32 ? "--dtype " + std::string(dtype_name(dtype)) : "") +
-                     (dtype != DType::fp32 && o.alibi ? " with " : "") + (o.alibi ? "--alibi" : "") +
-                     ": variant '" + variant.name() + "' cannot run it: " + why +
-                     " (variants that can: " + variants_taking(dtype, bias) + ")");
+  check_storage(variant, params, dtype, bias, "--dtype " + std::string(dtype_name(dtype)), "--alibi");
 
   InputTensor q = read_input("--q", o.q, dtype), k = read_input("--k", o.k, dtype),
               v = read_input("--v", o.v, dtype);
-  require_rank4("--q", o.q, q.values, "[batch, heads, seq_q, head_dim]");
-  require_rank4("--k", o.k, k.values, "[batch, kv_heads, seq_kv, head_dim]");
-  require_rank4("--v", o.v, v.values, "[batch, kv_heads, seq_kv, head_dim]");
-  check_kv_shapes(o, q.values, k.values, v.values);
-  const std::vector<int64_t>& qs = q.values.shape;
-  p.batch = qs[0], p.heads = qs[1], p.seq_q = qs[2], p.head_dim = qs[3];
-  p.kv_heads = k.values.shape[1],
-  p.seq_kv = k.values.shape[2];  // kv_heads == heads: multi-head attention (no Hkv in the id)
+  const std::string q_what = "--q '" + o.q + "'", k_what = "--k '" + o.k + "'", v_what = "--v '" + o.v + "'";
+  require_rank4(q_what, q.values.shape, "[batch, heads, seq_q, head_dim]");
+  require_rank4(k_what, k.values.shape, "[batch, kv_heads, seq_kv, head_dim]");
+  require_rank4(v_what, v.values.shape, "[batch, kv_heads, seq_kv, head_dim]");
+  check_kv_shapes(q_what, q.values.shape, k_what, k.values.shape, v_what, v.values.shape);
+  set_shape(p, q.values.shape, k.values.shape);
   p.mask.causal = o.causal;
   p.mask.causal_lower_right = o.causal_lower_right;
   p.scale = o.scale;
@@ -236,30 +111,22 @@ int run_eval(const EvalOptions& o) {
   ByteArray mask, pad;
   if (!o.mask.empty()) {
     mask = read_npy_mask(o.mask);
-    require_shape("--mask", o.mask, mask.shape, {p.seq_q, p.seq_kv}, "[seq_q, seq_kv]");
+    require_shape("--mask '" + o.mask + "'", mask.shape, {p.seq_q, p.seq_kv}, "[seq_q, seq_kv]");
     p.mask.boolean = true;
   }
   if (!o.key_padding.empty()) {
     pad = read_npy_mask(o.key_padding);
-    require_shape("--key-padding", o.key_padding, pad.shape, {p.batch, p.seq_kv}, "[batch, seq_kv]");
+    require_shape("--key-padding '" + o.key_padding + "'", pad.shape, {p.batch, p.seq_kv}, "[batch, seq_kv]");
     p.mask.key_padding = true;
   }
   std::vector<float> slopes;
   if (!o.alibi_slopes.empty()) {
     const DoubleArray s = read_npy_double(o.alibi_slopes);
-    require_shape("--alibi-slopes", o.alibi_slopes, s.shape, {p.heads},
-                  "[heads] (one slope per query head; heads = " + std::to_string(p.heads) + " from --q)");
-    for (std::size_t h = 0; h < s.numel(); ++h) {
-      if (!std::isfinite(s.data[h]) || std::fabs(s.data[h]) > std::numeric_limits<float>::max())
-        throw UsageError("--alibi-slopes '" + o.alibi_slopes + "': slope " + std::to_string(h) + " = " +
-                         std::to_string(s.data[h]) + " is not a finite float32");
-      slopes.push_back(static_cast<float>(s.data[h]));
-    }
+    slopes = checked_alibi_slopes("--alibi-slopes '" + o.alibi_slopes + "'", "--q", s.shape, s.ptr(), p);
   }
-  p.validate();
-  if (const std::string why = variant.unsupported_reasons_text(p); !why.empty())
-    throw NotSupported(p.repro() + ": " + why);
-  check_memory(variant, p, o.compare);
+  const int threads = static_cast<int>(
+      tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));  // set by --threads
+  check_runnable(variant, p, threads, o.compare);
 
   // RoPE on the fp32 values of Q and K, queries at rope_query_offset (lower-right: the last query at the last
   // key's position). A rotated float16 input is rounded back to fp16 like any other.
@@ -294,17 +161,9 @@ int run_eval(const EvalOptions& o) {
     in.q = in.k = in.v = nullptr;
   }
   variant.run(p, in);
-  // Non-finite values in the inputs as the variant read them (rounding to fp16 turns |x| >= 65520 into Inf).
-  auto bad_count = [&](const float* x, const uint16_t* x16, int64_t n) {
-    return x16 ? count_nonfinite_stored(dtype, x16, n) : count_nonfinite(x, static_cast<std::size_t>(n));
-  };
-  const int64_t bad_q = bad_count(in.q, in.q16, p.q_elements()),
-                bad_k = bad_count(in.k, in.k16, p.kv_elements()),
-                bad_v = bad_count(in.v, in.v16, p.kv_elements()), bad_in = bad_q + bad_k + bad_v;
-  const int64_t bad_out = count_nonfinite(out.ptr(), out.numel());
-  if (bad_out)
-    std::cerr << "attnbench: warning: the output holds " << bad_out << " NaN/Inf values (the inputs held "
-              << bad_in << ")\n";
+  const NonfiniteCounts bad = count_nonfinite_values(p, in);
+  if (const std::string note = nonfinite_output_note(bad); !note.empty())
+    std::cerr << "attnbench: warning: " << note << "\n";
   write_npy(o.out, out);
   if (o.compare) {
     const int64_t rows = p.batch * p.heads * p.seq_q;
@@ -339,10 +198,10 @@ int run_eval(const EvalOptions& o) {
               {"inf_count", m.inf_count},
               {"accuracy", accuracy},
               {"accuracy_e2e", accuracy_e2e},
-              {"nonfinite_inputs", bad_in},
-              {"nonfinite_q", bad_q},
-              {"nonfinite_k", bad_k},
-              {"nonfinite_v", bad_v}};
+              {"nonfinite_inputs", bad.inputs()},
+              {"nonfinite_q", bad.q},
+              {"nonfinite_k", bad.k},
+              {"nonfinite_v", bad.v}};
     if (bias == Bias::alibi) j["alibi_slopes"] = o.alibi_slopes.empty() ? "default" : o.alibi_slopes;
     if (rope.on()) {
       j["rope_base"] = json_number(rope.base);

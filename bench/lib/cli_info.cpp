@@ -2,9 +2,6 @@
 // (compiled into the binary, supported by the CPU, the best one, which --isa best picks), the BLAS library
 // with the kernel core it uses, the TBB version and the thread count commands run with. `--row-fields`
 // prints the result row's field table instead (configs/README.md holds it; tests/test_result_row.cpp checks).
-#include <oneapi/tbb/version.h>
-#include <tbb/global_control.h>
-
 #include <iostream>
 
 #include "bench/lib/command.hpp"
@@ -34,14 +31,8 @@ int run_info(bool as_json, bool row_fields) {
     return 0;
   }
   // run_cli's ThreadScope holds the --threads value (all available cores by default).
-  const auto threads =
-      static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
-  const Json info = {{"cpu_model", cpu_model()},
-                     {"isa", isa_json()},
-                     {"blas", blas_json()},
-                     {"tbb", {{"version", TBB_runtime_version()}, {"headers", TBB_VERSION_STRING}}},
-                     {"threads", threads},
-                     {"cores_available", available_threads()}};
+  const Json info = info_json();
+  const int threads = info["threads"];
   if (as_json) {
     std::cout << info.dump(2) << "\n";
     return 0;

@@ -7,15 +7,7 @@ namespace attn::cli {
 namespace {
 
 int list_variants(bool as_json) {
-  Json all = Json::array();
-  for (const Attention* v : Registry::instance().all()) {
-    Json params = Json::array();
-    for (const auto& s : v->param_specs()) params.push_back(param_spec_json(s));
-    all.push_back({{"name", v->name()},
-                   {"description", v->description()},
-                   {"capabilities", capabilities_json(v->capabilities())},
-                   {"params", params}});
-  }
+  const Json all = variants_json();
   if (as_json) {
     std::cout << all.dump(2) << "\n";
     return 0;

@@ -1,11 +1,7 @@
 // `attnbench run CONFIG.json`: the sweep (configs/README.md documents the schema); bench/lib/sweep.hpp drives
 // its stages.
-#include <unistd.h>
-
 #include "bench/lib/command.hpp"
 #include "bench/lib/sweep.hpp"
-#include "common/error.hpp"
-#include "common/simd.hpp"
 
 namespace attn::cli {
 namespace {
@@ -17,13 +13,8 @@ struct RunOptions {
 };
 
 int run_config(RunOptions& o) {
-  // Everything is validated before the output folder is touched.
-  if (o.sweep.resume && o.sweep.force) throw UsageError("--resume and --force exclude each other");
-  if (o.sweep.json && !o.sweep.dry_run) throw UsageError("--json goes with --dry-run (it prints the plan)");
-  simd::select_isa(o.sweep.isa, "--isa");
-  const Plan plan = load_plan(o.config, o.sweep.isa);
   o.sweep.progress_tty = !o.plain;
-  return run_sweep(plan, o.sweep);
+  return run_sweep_config(o.config, o.sweep);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The sweep driver: filter, dry run, signals, calibration, the point loop with progress, the summary.
 #include "bench/lib/sweep.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -18,6 +20,7 @@
 #include "bench/lib/store.hpp"
 #include "bench/lib/sysinfo.hpp"
 #include "common/error.hpp"
+#include "common/simd.hpp"
 #include "common/util.hpp"
 
 namespace fs = std::filesystem;
@@ -29,6 +32,31 @@ std::atomic<int> g_stop_signal{0};
 extern "C" void on_stop_signal(int sig) {
   g_stop_signal.store(sig);
 }
+
+// on_stop_signal for SIGINT and SIGTERM while alive; the previous dispositions are put back whole.
+// std::signal could not do that: it returns only the handler, and reinstalling it through signal() adds
+// SA_RESTART, which would change a Python interpreter's handler (installed without it) after the module's
+// run().
+class StopSignalScope {
+ public:
+  StopSignalScope() {
+    struct sigaction stop = {};
+    stop.sa_handler = on_stop_signal;
+    stop.sa_flags = SA_RESTART;  // as std::signal installs it: a write or fsync under way is not cut short
+    sigemptyset(&stop.sa_mask);
+    sigaction(SIGINT, &stop, &previous_int_);
+    sigaction(SIGTERM, &stop, &previous_term_);
+  }
+  ~StopSignalScope() {
+    sigaction(SIGINT, &previous_int_, nullptr);
+    sigaction(SIGTERM, &previous_term_, nullptr);
+  }
+  StopSignalScope(const StopSignalScope&) = delete;
+  StopSignalScope& operator=(const StopSignalScope&) = delete;
+
+ private:
+  struct sigaction previous_int_ = {}, previous_term_ = {};
+};
 
 std::string format_duration(double s) {
   std::ostringstream o;
@@ -89,8 +117,7 @@ int run_sweep(const Plan& plan, const SweepOptions& options) {
   if (o.dry_run) return print_plan(points, config, o.json);
 
   // Handlers first: a Ctrl-C during set-up or calibration also ends in a resumable folder.
-  auto* old_int = std::signal(SIGINT, on_stop_signal);
-  auto* old_term = std::signal(SIGTERM, on_stop_signal);
+  std::optional<StopSignalScope> stop_signals(std::in_place);
   PointRunner runner(config);
   const Json machine = {
       {"system", system_info()},
@@ -175,8 +202,7 @@ int run_sweep(const Plan& plan, const SweepOptions& options) {
     std::cout << std::flush;
   }
   if (tty) std::cerr << "\r\033[K";
-  std::signal(SIGINT, old_int);
-  std::signal(SIGTERM, old_term);
+  stop_signals.reset();
   const int sig = g_stop_signal.exchange(0);
   store.finish(sig != 0);
   std::cout << "attnbench: " << ok << " ok, " << skipped << " skipped, " << failed << " failed in "
@@ -193,6 +219,14 @@ int run_sweep(const Plan& plan, const SweepOptions& options) {
     return 130;
   }
   return failed ? 1 : 0;
+}
+
+int run_sweep_config(const std::string& config_path, const SweepOptions& options) {
+  if (options.resume && options.force) throw UsageError("--resume and --force exclude each other");
+  if (options.json && !options.dry_run) throw UsageError("--json goes with --dry-run (it prints the plan)");
+  simd::ScopedIsa isa(options.isa, "--isa");
+  const Plan plan = load_plan(config_path, options.isa);
+  return run_sweep(plan, options);
 }
 
 }  // namespace attn

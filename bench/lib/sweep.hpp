@@ -23,6 +23,15 @@ struct SweepOptions {
 std::vector<SweepPoint> filter_points(const Plan& plan, const std::string& filter);
 
 // Returns the exit code: 0 all points ok or skipped, 1 some point failed, 130 interrupted (SIGINT/SIGTERM).
+// SIGINT and SIGTERM get the sweep's handler while it runs (a Ctrl-C stops after the current point), and the
+// previous handlers are restored after exactly as they were (sigaction: handler, mask and flags), so the
+// Python module's run() gives the interpreter its own handler back.
 int run_sweep(const Plan& plan, const SweepOptions& options);
+
+// What `attnbench run CONFIG` does, for the CLI and the Python module's run(): checks the options (--resume
+// with --force, --json without --dry-run; UsageError), selects options.isa for the duration (restored
+// after), loads and plans the config, then run_sweep. Everything is validated before the output folder is
+// touched.
+int run_sweep_config(const std::string& config_path, const SweepOptions& options);
 
 }  // namespace attn

@@ -3,6 +3,7 @@
 
 #include <cblas.h>
 #include <oneapi/tbb/version.h>
+#include <tbb/global_control.h>
 #include <unistd.h>
 
 #include <Eigen/Core>
@@ -63,6 +64,17 @@ nlohmann::json blas_json() {
           {"core", openblas_get_corename()},
           {"coretype_env", forced ? nlohmann::json(forced) : nlohmann::json(nullptr)},
           {"note", blas_kernel_note()}};
+}
+
+nlohmann::json info_json() {
+  const auto threads =
+      static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
+  return {{"cpu_model", cpu_model()},
+          {"isa", isa_json()},
+          {"blas", blas_json()},
+          {"tbb", {{"version", TBB_runtime_version()}, {"headers", TBB_VERSION_STRING}}},
+          {"threads", threads},
+          {"cores_available", available_threads()}};
 }
 
 nlohmann::json system_info() {

@@ -12,6 +12,10 @@ nlohmann::json isa_json();     // {"compiled": [...], "supported": [...], "best"
 // {"library": openblas_get_config(), "core": the kernel core OpenBLAS uses, "coretype_env": OPENBLAS_CORETYPE
 // or null, "note": blas_kernel_note() (empty unless the variable forces AVX2 kernels on an AVX-512 CPU)}
 nlohmann::json blas_json();
+// What `attnbench info --json` prints (and the Python module's info() returns): cpu_model, isa, blas, tbb
+// (runtime and header versions), threads (the TBB thread limit now in force: --threads, else every available
+// core) and cores_available.
+nlohmann::json info_json();
 std::string now_iso8601();  // UTC, e.g. 2026-11-29T21:32:24Z
 
 }  // namespace attn

@@ -1,0 +1,192 @@
+// The checks of one attention call on caller-given tensors (bench/lib/eval.hpp), moved out of `attnbench
+// eval` so that the Python module applies the same ones.
+#include "bench/lib/eval.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "common/error.hpp"
+#include "common/half.hpp"
+#include "common/tensor.hpp"
+#include "common/util.hpp"
+
+namespace attn {
+namespace {
+
+// The reasons `variant` gives for refusing the storage dtype and bias asked for (empty = it takes them):
+// those a default-shaped problem gets with them and not without, so the text is the variant's own (the
+// sweep's skip reason).
+std::string storage_refusal(const Attention& variant, const Json& params, DType dtype, Bias bias) {
+  Problem plain = make_problem(variant.name(), params);
+  Problem asked = plain;
+  asked.dtype = dtype;
+  asked.bias = bias;
+  const std::vector<std::string> before = variant.not_supported_reasons(plain);
+  std::string text;
+  for (const std::string& r : variant.not_supported_reasons(asked))
+    if (std::find(before.begin(), before.end(), r) == before.end()) text += (text.empty() ? "" : "; ") + r;
+  return text;
+}
+
+// Registered variants whose capabilities accept `dtype` / `bias` (for the refusal message).
+std::string variants_taking(DType dtype, Bias bias) {
+  std::string s;
+  for (const Attention* a : Registry::instance().all()) {
+    const Capabilities c = a->capabilities();
+    const bool ok =
+        (dtype == DType::fp32 || (dtype == DType::bf16 ? c.bf16 : c.fp16)) && (bias == Bias::none || c.alibi);
+    if (ok) s += (s.empty() ? "" : ", ") + a->name();
+  }
+  return s.empty() ? "none" : s;
+}
+
+// "1, 2, 4 or 8": the K/V head counts allowed with `heads` query heads (the divisors of heads), the first
+// 16 of them when there are more.
+std::string kv_heads_allowed(int64_t heads) {
+  std::vector<int64_t> small, large;
+  for (int64_t d = 1; d <= heads / d; ++d)
+    if (heads % d == 0) {
+      small.push_back(d);
+      if (d != heads / d) large.insert(large.begin(), heads / d);
+    }
+  small.insert(small.end(), large.begin(), large.end());
+  std::string s;
+  constexpr std::size_t kShown = 16;
+  for (std::size_t i = 0; i < small.size() && i < kShown; ++i)
+    s += (i == 0 ? "" : i + 1 == small.size() ? " or " : ", ") + std::to_string(small[i]);
+  if (small.size() > kShown)
+    s += ", ... (" + std::to_string(small.size()) + " divisors of " + std::to_string(heads) + ")";
+  return s;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return FloatArray::shape_to_string(shape);
+}
+
+int64_t count_nonfinite_stored(DType t, const uint16_t* x, int64_t n) {
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad += !std::isfinite(widen(t, x[i]));
+  return bad;
+}
+
+}  // namespace
+
+void check_storage(const Attention& variant, const Json& params, DType dtype, Bias bias,
+                   const std::string& dtype_text, const std::string& alibi_text) {
+  const bool alibi = bias == Bias::alibi;
+  if (const std::string why = storage_refusal(variant, params, dtype, bias); !why.empty())
+    throw UsageError(std::string(dtype != DType::fp32 ? dtype_text : "") +
+                     (dtype != DType::fp32 && alibi ? " with " : "") + (alibi ? alibi_text : "") +
+                     ": variant '" + variant.name() + "' cannot run it: " + why +
+                     " (variants that can: " + variants_taking(dtype, bias) + ")");
+}
+
+void require_rank4(const std::string& what, const std::vector<int64_t>& shape, const std::string& layout) {
+  if (shape.size() != 4)
+    throw UsageError(what + ": rank " + std::to_string(shape.size()) + " " + shape_text(shape) +
+                     "; expected rank 4 " + layout);
+  for (int64_t extent : shape)
+    if (extent < 1)
+      throw UsageError(what + ": shape " + shape_text(shape) + " is empty; every extent of " + layout +
+                       " must be >= 1");
+}
+
+void check_kv_shapes(const std::string& q_what, const std::vector<int64_t>& q, const std::string& k_what,
+                     const std::vector<int64_t>& k, const std::string& v_what,
+                     const std::vector<int64_t>& v) {
+  const int64_t batch = q[0], heads = q[1], head_dim = q[3];
+  const std::string allowed = "K and V must be [batch, kv_heads, seq_kv, head_dim] with Q's batch " +
+                              std::to_string(batch) + " and head_dim " + std::to_string(head_dim) +
+                              ", and kv_heads dividing Q's heads " + std::to_string(heads) + " (" +
+                              kv_heads_allowed(heads) + ")";
+  auto fail = [&](const std::string& why) {
+    throw UsageError(k_what + ": shape " + shape_text(k) + " does not fit " + q_what + " shape " +
+                     shape_text(q) + ": " + why + "; " + allowed);
+  };
+  if (k[0] != batch) fail("batch " + std::to_string(k[0]) + " != Q's batch " + std::to_string(batch));
+  if (k[3] != head_dim)
+    fail("head_dim " + std::to_string(k[3]) + " != Q's head_dim " + std::to_string(head_dim));
+  if (heads % k[1] != 0)
+    fail("kv_heads " + std::to_string(k[1]) + " does not divide Q's heads " + std::to_string(heads));
+  if (v != k)
+    throw UsageError(v_what + ": shape " + shape_text(v) + " differs from " + k_what + " shape " +
+                     shape_text(k) + " (V must have K's shape [batch, kv_heads, seq_kv, head_dim])");
+}
+
+void set_shape(Problem& p, const std::vector<int64_t>& q, const std::vector<int64_t>& k) {
+  p.batch = q[0], p.heads = q[1], p.seq_q = q[2], p.head_dim = q[3];
+  p.kv_heads = k[1];  // kv_heads == heads: multi-head attention (no Hkv in the id)
+  p.seq_kv = k[2];
+}
+
+void require_shape(const std::string& what, const std::vector<int64_t>& got, const std::vector<int64_t>& want,
+                   const std::string& meaning) {
+  if (got != want)
+    throw UsageError(what + ": shape " + shape_text(got) + " does not match " + shape_text(want) + " " +
+                     meaning);
+}
+
+std::vector<float> checked_alibi_slopes(const std::string& what, const std::string& q_option,
+                                        const std::vector<int64_t>& shape, const double* values,
+                                        const Problem& p) {
+  require_shape(
+      what, shape, {p.heads},
+      "[heads] (one slope per query head; heads = " + std::to_string(p.heads) + " from " + q_option + ")");
+  std::vector<float> slopes;
+  for (int64_t h = 0; h < p.heads; ++h) {
+    const double s = values[h];
+    if (!std::isfinite(s) || std::fabs(s) > std::numeric_limits<float>::max())
+      throw UsageError(what + ": slope " + std::to_string(h) + " = " + std::to_string(s) +
+                       " is not a finite float32");
+    slopes.push_back(static_cast<float>(s));
+  }
+  return slopes;
+}
+
+void check_runnable(const Attention& variant, const Problem& p, int threads, bool with_reference) {
+  p.validate();
+  if (const std::string why = variant.unsupported_reasons_text(p); !why.empty())
+    throw NotSupported(p.repro() + ": " + why);
+  // Refuses, before anything is allocated, a call whose output, workspace and fp64 reference cannot fit in
+  // this machine's physical memory, naming the bytes it would need.
+  const MemoryEstimate m = variant.estimate_memory(p, threads);
+  // The inputs are already in memory; what the call adds is the output, the workspace and the fp64
+  // reference (q_elements fit: Problem::validate bounds them).
+  const std::size_t reference =
+      with_reference ? static_cast<std::size_t>(p.q_elements()) * sizeof(double) : 0;
+  const std::size_t need = sat_add(m.beyond_inputs(), reference);
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;
+  const std::size_t physical = static_cast<std::size_t>(pages) * static_cast<std::size_t>(page);
+  if (need <= physical) return;
+  throw NotSupported(
+      p.repro() + ": needs " + (need == SIZE_MAX ? "at least " : "") + std::to_string(need) + " bytes (" +
+      format_bytes(static_cast<double>(need)) + ": output " + format_bytes(static_cast<double>(m.output)) +
+      ", workspace " + format_bytes(static_cast<double>(m.workspace)) +
+      (with_reference ? ", fp64 reference " + format_bytes(static_cast<double>(reference)) : "") +
+      ") beyond the inputs, more than the " + std::to_string(physical) + " bytes (" +
+      format_bytes(static_cast<double>(physical)) + ") of physical memory");
+}
+
+NonfiniteCounts count_nonfinite_values(const Problem& p, const AttentionInputs& in) {
+  auto bad = [&](const float* x, const uint16_t* x16, int64_t n) {
+    return x16 ? count_nonfinite_stored(p.dtype, x16, n) : count_nonfinite(x, static_cast<std::size_t>(n));
+  };
+  NonfiniteCounts c;
+  c.q = bad(in.q, in.q16, p.q_elements());
+  c.k = bad(in.k, in.k16, p.kv_elements());
+  c.v = bad(in.v, in.v16, p.kv_elements());
+  c.out = count_nonfinite(in.out, static_cast<std::size_t>(p.q_elements()));
+  return c;
+}
+
+std::string nonfinite_output_note(const NonfiniteCounts& counts) {
+  if (!counts.out) return "";
+  return "the output holds " + std::to_string(counts.out) + " NaN/Inf values (the inputs held " +
+         std::to_string(counts.inputs()) + ")";
+}
+
+}  // namespace attn

@@ -1,0 +1,515 @@
+// `import attnbench`: the harness from Python (pybind11). The same objects as the CLI, the same checks and
+// messages (bench/lib/eval.hpp, the sweep's run_sweep_config); bench/python/README.md documents the API.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <tbb/global_control.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "bench/lib/eval.hpp"
+#include "bench/lib/result_row.hpp"
+#include "bench/lib/store.hpp"
+#include "bench/lib/sweep.hpp"
+#include "bench/lib/sysinfo.hpp"
+#include "common/error.hpp"
+#include "common/half.hpp"
+#include "common/reference.hpp"
+#include "common/runtime.hpp"
+#include "common/simd.hpp"
+#include "common/util.hpp"
+
+namespace py = pybind11;
+using namespace py::literals;
+
+namespace attn::python {
+namespace {
+
+// The CLI's --threads range (run_cli): 0 means every available core.
+constexpr int kMaxThreads = 4096;
+
+// The SIMD target selection, the TBB thread limit and the signal handlers are process-wide: a call that
+// changes one (forward with isa or threads, run) holds this exclusively, so no other call's kernel runs
+// under its settings; forward and reference without them share it and run concurrently. Taken with the GIL
+// released, never the other way round.
+std::shared_mutex g_process_state;
+
+using FloatArg = py::array_t<float, py::array::c_style | py::array::forcecast>;
+using DoubleArg = py::array_t<double, py::array::c_style | py::array::forcecast>;
+using BoolArg = py::array_t<bool, py::array::c_style | py::array::forcecast>;
+
+[[noreturn]] void raise_file_not_found(const std::string& what, const std::string& path) {
+  PyErr_SetObject(PyExc_FileNotFoundError, py::make_tuple(ENOENT, what + " does not exist", path).ptr());
+  throw py::error_already_set();
+}
+
+std::string path_arg(py::handle obj) {
+  return py::str(py::module_::import("os").attr("fspath")(obj));
+}
+
+py::object to_python(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::boolean:
+      return py::bool_(j.get<bool>());
+    case Json::value_t::number_integer:
+      return py::int_(j.get<int64_t>());
+    case Json::value_t::number_unsigned:
+      return py::int_(j.get<uint64_t>());
+    case Json::value_t::number_float:
+      return py::float_(j.get<double>());
+    case Json::value_t::string:
+      return py::str(j.get_ref<const std::string&>());
+    case Json::value_t::array: {
+      py::list list;
+      for (const Json& e : j) list.append(to_python(e));
+      return list;
+    }
+    case Json::value_t::object: {
+      py::dict dict;
+      for (auto it = j.begin(); it != j.end(); ++it) dict[py::str(it.key())] = to_python(it.value());
+      return dict;
+    }
+    default:
+      return py::none();
+  }
+}
+
+// A JSON value from Python's (None, bool, int, float, str, list, tuple, dict with str keys; numpy scalars as
+// their Python values); UsageError naming `where` otherwise.
+Json from_python(py::handle h, const std::string& where) {
+  if (h.is_none()) return nullptr;
+  if (py::isinstance<py::bool_>(h) || py::isinstance(h, py::module_::import("numpy").attr("bool_")))
+    return h.cast<bool>();
+  if (py::isinstance<py::str>(h)) return h.cast<std::string>();
+  if (py::isinstance<py::dict>(h)) {
+    Json object = Json::object();
+    for (auto [key, value] : h.cast<py::dict>()) {
+      if (!py::isinstance<py::str>(key))
+        throw UsageError(where + ": key " + py::repr(key).cast<std::string>() + " is not a string");
+      const std::string name = key.cast<std::string>();
+      object[name] = from_python(value, where + "['" + name + "']");
+    }
+    return object;
+  }
+  if (py::isinstance<py::list>(h) || py::isinstance<py::tuple>(h)) {
+    Json array = Json::array();
+    std::size_t i = 0;
+    for (py::handle e : h) array.push_back(from_python(e, where + "[" + std::to_string(i++) + "]"));
+    return array;
+  }
+  if (py::hasattr(h, "__index__")) {  // int and numpy integers
+    const py::int_ value = py::reinterpret_steal<py::int_>(PyNumber_Index(h.ptr()));
+    if (!value) throw py::error_already_set();
+    try {
+      return value.cast<int64_t>();
+    } catch (const py::cast_error&) {
+      throw UsageError(where + ": " + py::repr(value).cast<std::string>() + " is out of the 64-bit range");
+    }
+  }
+  if (py::hasattr(h, "__float__")) {  // float and numpy floating types
+    const py::object value = py::reinterpret_steal<py::object>(PyNumber_Float(h.ptr()));
+    if (!value) throw py::error_already_set();
+    return value.cast<double>();
+  }
+  throw UsageError(where + ": a " + py::str(py::type::of(h).attr("__name__")).cast<std::string>() +
+                   " is not a JSON value (None, bool, int, float, str, list or dict)");
+}
+
+// Why numpy cannot make an array of `obj` (ensure() returns null and clears numpy's error: ask again).
+std::string conversion_error(py::handle obj, const char* dtype) {
+  try {
+    py::module_::import("numpy").attr("asarray")(obj, "dtype"_a = dtype);
+  } catch (py::error_already_set& e) {
+    return e.what();
+  }
+  return "not an array numpy can read";
+}
+
+std::vector<int64_t> shape_of(const py::array& a) {
+  return std::vector<int64_t>(a.shape(), a.shape() + a.ndim());
+}
+
+// `obj` as a C-contiguous float32 (or float64) array: the array itself when it already is one (no copy),
+// else a converted copy. UsageError naming the argument when numpy cannot convert it.
+template <class Arg>
+Arg numeric_array(py::handle obj, const std::string& what) {
+  Arg a = Arg::ensure(obj);
+  if (!a) {
+    const char* dtype = std::is_same_v<Arg, FloatArg> ? "float32" : "float64";
+    throw UsageError(what + ": cannot be read as a " + dtype + " array (" + conversion_error(obj, dtype) +
+                     ")");
+  }
+  // A C-contiguous view at an offset that is not a multiple of the element size (a byte-offset buffer) is
+  // copied: the kernels read whole aligned elements.
+  if (reinterpret_cast<std::uintptr_t>(a.data()) % alignof(typename Arg::value_type) != 0)
+    a = Arg::ensure(py::module_::import("numpy").attr("array")(a, "copy"_a = true));
+  return a;
+}
+
+// A mask argument as 0/1 bytes (nonzero = true), as `eval` reads a mask file: bool, integer or float (NaN
+// refused); UsageError naming the argument otherwise.
+BoolArg mask_array(py::handle obj, const std::string& what) {
+  py::array a = py::array::ensure(obj);
+  if (!a) throw UsageError(what + ": cannot be read as an array (" + conversion_error(obj, "bool") + ")");
+  const char kind = a.dtype().kind();
+  if (std::string("biuf").find(kind) == std::string::npos)
+    throw UsageError(what + ": dtype '" + py::str(a.dtype()).cast<std::string>() +
+                     "' is not allowed for a mask (bool, integer, or float of 0/1)");
+  const py::module_ np = py::module_::import("numpy");
+  if (kind == 'f') {
+    const py::object nan_at = np.attr("flatnonzero")(np.attr("isnan")(a));
+    if (py::len(nan_at))
+      throw UsageError(what + ": mask element " + py::str(nan_at[py::int_(0)]).cast<std::string>() +
+                       " is NaN");
+  }
+  return BoolArg::ensure(kind == 'b' ? py::object(a) : np.attr("not_equal")(a, 0));
+}
+
+// The masks, scale, dropout and bias options forward() and reference() share.
+struct CallOptions {
+  bool causal = false, causal_lower_right = false;
+  py::object mask, key_padding;
+  std::optional<double> scale;
+  double dropout = 0;
+  uint64_t seed = 0;
+  bool alibi = false;
+  py::object alibi_slopes;
+};
+
+// One call's arrays (held, so their buffers outlive the GIL-released kernel) and its checked problem.
+struct Call {
+  Problem problem;
+  std::optional<FloatArg> q, k, v;
+  std::optional<BoolArg> mask, key_padding;
+  std::vector<float> slopes;
+
+  AttentionInputs inputs() const {
+    AttentionInputs in;
+    in.q = q->data(), in.k = k->data(), in.v = v->data();
+    in.mask = mask ? reinterpret_cast<const uint8_t*>(mask->data()) : nullptr;
+    in.key_padding = key_padding ? reinterpret_cast<const uint8_t*>(key_padding->data()) : nullptr;
+    in.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
+    return in;
+  }
+};
+
+void check_slopes_need_alibi(const CallOptions& o) {
+  if (!o.alibi_slopes.is_none() && !o.alibi)
+    throw UsageError(
+        "alibi_slopes needs alibi=True (the slopes are those of the ALiBi bias; without alibi there is "
+        "none)");
+}
+
+// Converts and checks the arrays in `eval`'s order and words (the tensors, then the masks, then the slopes),
+// filling `p`'s sizes and options. `p` comes with its variant, parameters, dtype and bias set.
+Call prepare(Problem p, py::handle q, py::handle k, py::handle v, const CallOptions& o) {
+  Call c;
+  c.q = numeric_array<FloatArg>(q, "q");
+  c.k = numeric_array<FloatArg>(k, "k");
+  c.v = numeric_array<FloatArg>(v, "v");
+  const std::vector<int64_t> qs = shape_of(*c.q), ks = shape_of(*c.k), vs = shape_of(*c.v);
+  require_rank4("q", qs, "[batch, heads, seq_q, head_dim]");
+  require_rank4("k", ks, "[batch, kv_heads, seq_kv, head_dim]");
+  require_rank4("v", vs, "[batch, kv_heads, seq_kv, head_dim]");
+  check_kv_shapes("q", qs, "k", ks, "v", vs);
+  set_shape(p, qs, ks);
+  p.mask.causal = o.causal;
+  p.mask.causal_lower_right = o.causal_lower_right;
+  p.scale = o.scale;
+  p.dropout = o.dropout;
+  p.seed = o.seed;
+  if (!o.mask.is_none()) {
+    c.mask = mask_array(o.mask, "mask");
+    require_shape("mask", shape_of(*c.mask), {p.seq_q, p.seq_kv}, "[seq_q, seq_kv]");
+    p.mask.boolean = true;
+  }
+  if (!o.key_padding.is_none()) {
+    c.key_padding = mask_array(o.key_padding, "key_padding");
+    require_shape("key_padding", shape_of(*c.key_padding), {p.batch, p.seq_kv}, "[batch, seq_kv]");
+    p.mask.key_padding = true;
+  }
+  if (!o.alibi_slopes.is_none()) {
+    const DoubleArg s = numeric_array<DoubleArg>(o.alibi_slopes, "alibi_slopes");
+    c.slopes = checked_alibi_slopes("alibi_slopes", "q", shape_of(s), s.data(), p);
+  }
+  c.problem = std::move(p);
+  return c;
+}
+
+py::array_t<float> forward(const std::string& variant_name, py::object q, py::object k, py::object v,
+                           const CallOptions& o, py::object params, std::optional<int> threads,
+                           std::optional<std::string> isa, const std::string& dtype_text) {
+  if (isa) simd::validate_isa(*isa, "isa");
+  if (threads && (*threads < 0 || *threads > kMaxThreads))
+    throw UsageError("threads: " + std::to_string(*threads) + " is not in [0, " +
+                     std::to_string(kMaxThreads) + "] (0 or None: every available core)");
+  const Attention& variant = Registry::instance().get(variant_name);
+  const std::string where = "params for variant '" + variant.name() + "'";
+  const Json given = params.is_none() ? Json::object() : from_python(params, "params");
+  if (!given.is_object())
+    throw UsageError("params: expected a dict of parameter values, got " + given.dump());
+  const Json resolved = resolve_params(variant.param_specs(), given, where);
+  Problem p = make_problem(variant.name(), resolved);
+  const DType dtype = parse_dtype(dtype_text, "dtype");
+  check_slopes_need_alibi(o);
+  const Bias bias = o.alibi ? Bias::alibi : Bias::none;
+  check_storage(variant, resolved, dtype, bias, "dtype='" + dtype_text + "'", "alibi=True");
+  p.dtype = dtype;
+  p.bias = bias;
+  Call c = prepare(std::move(p), q, k, v, o);
+  const Problem& pr = c.problem;
+  const int estimate_threads =
+      threads && *threads > 0
+          ? *threads
+          : static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
+  check_runnable(variant, pr, estimate_threads, false);
+
+  py::array_t<float> out(std::vector<py::ssize_t>{pr.batch, pr.heads, pr.seq_q, pr.head_dim});
+  AttentionInputs in = c.inputs();
+  in.out = out.mutable_data();
+  std::string note;
+  {
+    py::gil_scoped_release release;
+    std::vector<uint16_t> q16, k16, v16;
+    if (dtype != DType::fp32) {  // rounded to nearest even from the fp32 values, as `eval --dtype`
+      auto store = [&](const float* x, int64_t n, std::vector<uint16_t>& bits) {
+        bits.resize(static_cast<std::size_t>(n));
+        round_tensor(dtype, x, n, bits.data());
+        return bits.data();
+      };
+      in.q16 = store(in.q, pr.q_elements(), q16);
+      in.k16 = store(in.k, pr.kv_elements(), k16);
+      in.v16 = store(in.v, pr.kv_elements(), v16);
+      in.q = in.k = in.v = nullptr;
+    }
+    const bool sets_state = isa || threads;
+    std::unique_lock<std::shared_mutex> exclusive(g_process_state, std::defer_lock);
+    std::shared_lock<std::shared_mutex> shared(g_process_state, std::defer_lock);
+    if (sets_state)
+      exclusive.lock();
+    else
+      shared.lock();
+    std::optional<simd::ScopedIsa> isa_scope;
+    if (isa) isa_scope.emplace(*isa, "isa");
+    std::optional<ThreadScope> thread_scope;
+    if (threads) thread_scope.emplace(*threads);
+    variant.run(pr, in);
+    if (count_nonfinite(in.out, static_cast<std::size_t>(pr.q_elements())))
+      note = nonfinite_output_note(count_nonfinite_values(pr, in));
+  }
+  if (!note.empty() && PyErr_WarnEx(PyExc_RuntimeWarning, note.c_str(), 1) != 0)
+    throw py::error_already_set();
+  return out;
+}
+
+py::array_t<double> reference(py::object q, py::object k, py::object v, const CallOptions& o) {
+  check_slopes_need_alibi(o);
+  Problem p;
+  p.variant = "reference";  // in messages only (repro strings)
+  p.bias = o.alibi ? Bias::alibi : Bias::none;
+  Call c = prepare(std::move(p), q, k, v, o);
+  const Problem& pr = c.problem;
+  pr.validate();
+  py::array_t<double> out(std::vector<py::ssize_t>{pr.batch, pr.heads, pr.seq_q, pr.head_dim});
+  const AttentionInputs in = c.inputs();
+  double* dst = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    std::shared_lock<std::shared_mutex> shared(g_process_state);
+    reference_attention(pr, in, dst);
+  }
+  return out;
+}
+
+// Rows of a results.jsonl as dicts (the last row per id, a torn last line dropped, as every reader does).
+py::list rows_of(const std::string& jsonl) {
+  py::list rows;
+  for (const ResultRow& row : read_results_jsonl(jsonl, false)) rows.append(to_python(to_json(row)));
+  return rows;
+}
+
+// std::cout into std::cerr while alive: the sweep's lines go to stderr, the Python program's stdout stays its
+// own.
+class CoutToStderr {
+ public:
+  CoutToStderr() : saved_(std::cout.rdbuf(std::cerr.rdbuf())) {}
+  ~CoutToStderr() {
+    std::cout.flush();
+    std::cout.rdbuf(saved_);
+  }
+  CoutToStderr(const CoutToStderr&) = delete;
+  CoutToStderr& operator=(const CoutToStderr&) = delete;
+
+ private:
+  std::streambuf* saved_;
+};
+
+py::list run(py::object config, py::object out, bool resume, bool force, std::optional<std::string> filter) {
+  const std::string config_path = path_arg(config), out_dir = path_arg(out);
+  if (!std::filesystem::exists(config_path)) raise_file_not_found("config", config_path);
+  if (out_dir.empty()) throw UsageError("out: the output folder is empty; name one");
+  SweepOptions options;
+  options.out_dir = out_dir;
+  options.resume = resume;
+  options.force = force;
+  options.filter = filter.value_or("");
+  options.progress_tty = false;  // plain lines
+  int code = 0;
+  {
+    py::gil_scoped_release release;
+    std::unique_lock<std::shared_mutex> exclusive(g_process_state);
+    CoutToStderr to_stderr;
+    // run_sweep replaces Python's SIGINT handler with its own for the sweep (Ctrl-C stops after the current
+    // point) and puts Python's back before it returns.
+    code = run_sweep_config(config_path, options);
+  }
+  if (code == 130) {
+    PyErr_SetString(
+        PyExc_KeyboardInterrupt,
+        ("sweep interrupted; run again with resume=True to finish it in '" + out_dir + "'").c_str());
+    throw py::error_already_set();
+  }
+  return rows_of((std::filesystem::path(out_dir) / "results.jsonl").string());
+}
+
+py::object load_results(py::object dir) {
+  const std::string folder = path_arg(dir);
+  const std::string jsonl = (std::filesystem::path(folder) / "results.jsonl").string();
+  if (!std::filesystem::exists(jsonl)) raise_file_not_found("results file", jsonl);
+  py::list rows = rows_of(jsonl);
+  py::module_ pandas;
+  try {
+    pandas = py::module_::import("pandas");
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_ImportError)) throw;
+    return rows;
+  }
+  return pandas.attr("json_normalize")(rows);
+}
+
+constexpr const char* kForwardDoc =
+    R"(forward(variant, q, k, v, *, causal=False, causal_lower_right=False, mask=None,
+        key_padding=None, scale=None, dropout=0.0, seed=0, params=None, threads=None, isa=None,
+        dtype="fp32", alibi=False, alibi_slopes=None) -> numpy.ndarray
+
+Runs one registered variant, as `attnbench eval` does, and returns O, a new float32 array
+[batch, heads, seq_q, head_dim].
+
+q: [batch, heads, seq_q, head_dim]; k, v: [batch, kv_heads, seq_kv, head_dim], kv_heads dividing heads
+(grouped-query attention: query head h reads K/V head h // (heads // kv_heads)). Any array-like numpy can
+convert (numpy arrays, torch CPU tensors or their .numpy()): a C-contiguous float32 array is read in place,
+without a copy; another dtype (float64, float16, ...) or layout (a transposed view) is converted to a
+C-contiguous float32 copy first.
+causal: query i attends keys j <= i. causal_lower_right: j <= i + seq_kv - seq_q (both: the stricter).
+mask: [seq_q, seq_kv], nonzero = may attend. key_padding: [batch, seq_kv], nonzero = padded (never attended).
+scale: logit scale (default 1/sqrt(head_dim)). dropout: probability in [0, 1) on the attention weights, with
+the keep decisions drawn from seed (the same as the CLI's and the sweep's).
+params: dict of the variant's parameters (variants() lists them), e.g. {"window": 8}.
+threads: TBB worker threads (None or 0: every available core). isa: SIMD target ("best", "avx2", ...;
+info()["isa"]["supported"]). Both are process-wide settings: a call that gives either runs alone.
+dtype: storage of Q, K, V: "fp32", "bf16" or "fp16" (rounded to nearest even from the float32 values);
+computation and O are float32. alibi: the ALiBi bias, default slopes 2^(-8 (h + 1) / heads), or
+alibi_slopes ([heads], one per query head).
+The GIL is released while the kernel runs. Bad arguments raise ValueError with the CLI's message, naming the
+argument (a combination the variant cannot run: attnbench.NotSupported, a ValueError). An output holding
+NaN/Inf gives a RuntimeWarning.)";
+
+constexpr const char* kReferenceDoc =
+    R"(reference(q, k, v, *, causal=False, causal_lower_right=False, mask=None,
+          key_padding=None, scale=None, dropout=0.0, seed=0, alibi=False, alibi_slopes=None) -> numpy.ndarray
+
+The fp64 oracle (common/reference.hpp): exact softmax attention in double on the float32 values of q, k, v
+(converted as forward() converts them), with the same masks, scale, dropout decisions and ALiBi bias as
+forward(). Returns a new float64 array [batch, heads, seq_q, head_dim]; a query row with no allowed key is
+zeros. The GIL is released while it runs. Bad arguments raise ValueError.)";
+
+constexpr const char* kRunDoc =
+    R"(run(config_path, out, *, resume=False, force=False, filter=None) -> list[dict]
+
+Runs the sweep of a JSON config (configs/README.md) into the folder out, as `attnbench run CONFIG --out OUT
+--plain`, and returns the rows of out/results.jsonl as dicts. The sweep's lines (start, calibration, one per
+point, summary) go to stderr. resume=True finishes an interrupted sweep, force=True replaces results already
+in out, filter measures only the points whose id contains it. Ctrl-C (SIGINT) or SIGTERM stop after the
+current point (the sweep installs its handler for the call and restores Python's after) and raise
+KeyboardInterrupt; resume=True then finishes the sweep. The GIL is released during the sweep; it runs alone
+(no forward() meanwhile). A bad config raises ValueError with the CLI's message; a missing config file
+FileNotFoundError.)";
+
+constexpr const char* kLoadResultsDoc = R"(load_results(dir) -> pandas.DataFrame | list[dict]
+
+The rows of dir/results.jsonl (the last row per id): a pandas DataFrame flattened with pandas.json_normalize
+(columns "time_ms.median", "accuracy.max_abs_err", ...) when pandas can be imported, else a list of dicts.
+A missing file raises FileNotFoundError; a malformed one ValueError naming the file and line.)";
+
+}  // namespace
+}  // namespace attn::python
+
+PYBIND11_MODULE(attnbench, m) {
+  using namespace attn::python;
+  namespace a = attn;
+  m.doc() =
+      "attnbench: benchmark and research harness for attention variants on the CPU, from Python: variants(), "
+      "info(), forward(), reference(), run(), load_results(). See bench/python/README.md.";
+  m.attr("__version__") = ATTN_VERSION;
+  // Never destroyed: a Python object must not be released after the interpreter has finalised.
+  static auto* not_supported = new py::exception<a::NotSupported>(m, "NotSupported", PyExc_ValueError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const a::UsageError& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const a::NotSupported& e) {
+      (*not_supported)(e.what());
+    }
+  });
+
+  m.def(
+      "variants", [] { return to_python(a::variants_json()); },
+      "variants() -> list[dict]\n\nEvery registered variant, by name, as `attnbench list --json` prints it: "
+      "name, description, capabilities (dict of bool: exact, causal, gqa, bf16, alibi, ...) and params (list "
+      "of dicts: name, type, default, help; the names forward(params=...) takes).");
+  m.def(
+      "info", [] { return to_python(a::info_json()); },
+      "info() -> dict\n\nThe machine and build, as `attnbench info --json` prints it: cpu_model, isa "
+      "(compiled, supported, best), blas (library, core, coretype_env, note), tbb (version, headers), "
+      "threads "
+      "and cores_available.");
+  m.def(
+      "forward",
+      [](const std::string& variant, py::object q, py::object k, py::object v, bool causal,
+         bool causal_lower_right, py::object mask, py::object key_padding, std::optional<double> scale,
+         double dropout, uint64_t seed, py::object params, std::optional<int> threads,
+         std::optional<std::string> isa, const std::string& dtype, bool alibi, py::object alibi_slopes) {
+        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale, dropout, seed,
+                            alibi,  alibi_slopes};
+        return forward(variant, q, k, v, o, params, threads, isa, dtype);
+      },
+      kForwardDoc, "variant"_a, "q"_a, "k"_a, "v"_a, py::kw_only(), "causal"_a = false,
+      "causal_lower_right"_a = false, "mask"_a = py::none(), "key_padding"_a = py::none(),
+      "scale"_a = py::none(), "dropout"_a = 0.0, "seed"_a = 0, "params"_a = py::none(),
+      "threads"_a = py::none(), "isa"_a = py::none(), "dtype"_a = "fp32", "alibi"_a = false,
+      "alibi_slopes"_a = py::none());
+  m.def(
+      "reference",
+      [](py::object q, py::object k, py::object v, bool causal, bool causal_lower_right, py::object mask,
+         py::object key_padding, std::optional<double> scale, double dropout, uint64_t seed, bool alibi,
+         py::object alibi_slopes) {
+        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale, dropout, seed,
+                            alibi,  alibi_slopes};
+        return reference(q, k, v, o);
+      },
+      kReferenceDoc, "q"_a, "k"_a, "v"_a, py::kw_only(), "causal"_a = false, "causal_lower_right"_a = false,
+      "mask"_a = py::none(), "key_padding"_a = py::none(), "scale"_a = py::none(), "dropout"_a = 0.0,
+      "seed"_a = 0, "alibi"_a = false, "alibi_slopes"_a = py::none());
+  m.def("run", &run, kRunDoc, "config_path"_a, "out"_a, py::kw_only(), "resume"_a = false, "force"_a = false,
+        "filter"_a = py::none());
+  m.def("load_results", &load_results, kLoadResultsDoc, "dir"_a);
+}
