@@ -43,14 +43,16 @@ class ScopedIsa {
 
 // Flush-to-zero on the calling thread for its lifetime (x86: MXCSR FTZ; a no-op elsewhere: Arm's denormal
 // cost was not measured), restoring the previous mode after. Kernels whose intermediate values are routinely
-// far below 2^-126 use it: an online softmax with ALiBi multiplies probabilities near 2^-120 by values, and on
-// Intel cores every denormal result of a vector FMA costs a microcode assist (tiled with ALiBi at n = 4096 ran
-// 42-64% slower than without on a Sapphire Rapids-class Xeon, 0-6% on Zen 5, where denormals are handled in
-// hardware; with FTZ +1-5% on the Xeon). A flushed value is below 2^-126 in magnitude, 2^-102 relative to a
-// softmax row's sum (>= 1): far below fp32 resolution. NaN and Inf are unaffected. DAZ (denormal operands
-// read as zero) is deliberately not set: with FTZ no computed value is denormal, so DAZ would only change
-// denormal inputs, and qemu applies it to F16C's vcvtph2ps (real CPUs do not), flushing every fp16 value
-// below 2^-14 when widened, which the x86-64-v3 cross-test caught as a 10x larger fp16 error.
+// far below 2^-126 use it: an online softmax with ALiBi multiplies probabilities near 2^-120 by values, and
+// on Intel cores every denormal result of a vector FMA costs a microcode assist (tiled with ALiBi at n = 4096
+// ran 42-64% slower than without on a Sapphire Rapids-class Xeon, 0-6% on Zen 5, where denormals are handled
+// in hardware; FTZ | DAZ brought the Xeon to +3%). A flushed value is below 2^-126 in magnitude, 2^-102
+// relative to a softmax row's sum (>= 1): far below fp32 resolution. NaN and Inf are unaffected. DAZ
+// (denormal operands read as zero) is deliberately not set: Exp2 (simd-inl.hpp) already returns 0 below
+// 2^-126, and with FTZ no computed value is denormal, so DAZ would only change denormal inputs (FTZ alone is
+// not yet re-measured on the Xeon; on an AMD EPYC ALiBi costs +1% / +5% with it), and qemu applies it to
+// F16C's vcvtph2ps (real CPUs do not), flushing every fp16 value below 2^-14 when widened, which the
+// x86-64-v3 cross-test caught as a 10x larger fp16 error.
 class ScopedFlushDenormals {
  public:
   ScopedFlushDenormals();
