@@ -87,8 +87,9 @@ TEST_CASE("row kernels match fp64 on every supported SIMD target and every tail 
   }
 }
 
-TEST_CASE("ScopedFlushDenormals flushes denormal results to zero, keeps denormal operands, and restores the mode",
-          "[vmath]") {
+TEST_CASE(
+    "ScopedFlushDenormals flushes denormal results to zero, keeps denormal operands, and restores the mode",
+    "[vmath]") {
   volatile float tiny = 1e-30f, small = 1e-10f;  // the product, 1e-40, is a denormal
   volatile float denormal = 1e-40f;
   const float before = tiny * small;
@@ -96,7 +97,7 @@ TEST_CASE("ScopedFlushDenormals flushes denormal results to zero, keeps denormal
   {
     const simd::ScopedFlushDenormals ftz;
 #if defined(__x86_64__) || defined(__i386__)
-    CHECK(tiny * small == 0.0f);     // a denormal result is flushed
+    CHECK(tiny * small == 0.0f);        // a denormal result is flushed
     CHECK(denormal * 0x1p30f != 0.0f);  // a denormal operand is kept (no DAZ): the normal product survives
     CHECK(std::isnan(tiny * std::numeric_limits<float>::quiet_NaN()));  // NaN is untouched
 #endif

@@ -64,8 +64,8 @@ class PointRunner {
   // The rows of `group` (points sharing one input_key, in plan order), timed in interleaved rounds; rows of
   // two or more timed points name the group (ResultRow::interleave). `stop()` is asked between rounds: when
   // it turns true, `interrupted` is set and no rows are returned (none of the group is written).
-  std::vector<ResultRow> measure_group(const std::vector<SweepPoint>& group, const std::function<bool()>& stop,
-                                       bool& interrupted);
+  std::vector<ResultRow> measure_group(const std::vector<SweepPoint>& group,
+                                       const std::function<bool()>& stop, bool& interrupted);
   bool memory_probe_supported() const { return probe_.supported(); }
   // Between points: measures the sgemm / FMA-peak calibration again when measure.calibrate_every points
   // were timed since the last one, or after interference, once a point measures clean again (at most once
