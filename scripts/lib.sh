@@ -9,7 +9,10 @@ ATTN_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # for Debian's python3.
 ATTN_BUILD_PACKAGES=(g++ cmake ninja-build git pkg-config libeigen3-dev libopenblas-dev libopenblas0-pthread
   libtbb-dev nlohmann-json3-dev catch2 libcli11-dev libhwy-dev libbenchmark-dev pybind11-dev python3-dev
-  python3-pybind11)
+  python3-pybind11 libopenmpi-dev openmpi-bin)
+# OpenMPI (above) builds attnbench_mpi, ring attention across ranks (bench/mpi, ctest label mpi). The sharded
+# sweep test (tests/slurm, ctest label slurm) starts a one-node Slurm: scripts/slurm/local-cluster.
+ATTN_SLURM_PACKAGES=(slurm-wlm slurmctld slurmd slurm-client munge)
 # Plots and the numpy/PyTorch interoperability tests run with Debian's python (/usr/bin/python3).
 ATTN_PYTHON_PACKAGES=(python3 python3-numpy python3-matplotlib)
 ATTN_TORCH_PACKAGES=(python3-torch)
