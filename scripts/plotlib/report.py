@@ -7,6 +7,7 @@ figure sections.
 import json
 import os
 
+from .lra import lra_section
 from .common import FIGURES, PATTERNS, ROOFLINE, atomic_write_text, fmt_bytes, fmt_num, num
 
 TITLES = {"time_vs_seq": "Time vs sequence length", "memory_vs_seq": "Peak memory vs sequence length",
@@ -349,6 +350,9 @@ def render_report(res, an, figure_files):
            "where an approximate variant becomes faster (or smaller) for good is interpolated in log–log between "
            "the bracketing measured sizes. Memory is the measured peak, or the estimate where no peak was "
            "measured.", ""]
+    lra = lra_section(res)
+    if lra:
+        md += ["## Relative to exact attention (LRA Table 2 layout)", "", lra]
     for stem in FIGURES:
         if stem in drawn and stem != ROOFLINE:
             blurb = time_blurb(an) if stem == "time_vs_seq" else BLURBS[stem]

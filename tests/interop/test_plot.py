@@ -334,6 +334,42 @@ def test_isa(tmp):
     check("best avx3" in md, "REPORT.md names the SIMD targets")
 
 
+def test_lra(tmp):
+    """The LRA Table 2 layout: naive 1 ms * (n/1024)^2 with peak 4 n^2 bytes; performer 4x faster than naive at
+    every n with 10% of its memory, linear 2x faster: the tables give those ratios with the paper's beside them
+    (performer 5.7x at 4K, memory 1.06/9.48 = 0.11x), and the ordering line puts performer before linear in
+    both (paper: performer 5.7x > linear 5.6x). Rows with a mask, and results without naive, have no section."""
+    d = os.path.join(tmp, "lra")
+    ns = [1024, 2048, 3072, 4096]
+    rows = []
+    for n in ns:
+        t = (n / 1024) ** 2
+        rows.append(row("naive", n, t, True, 1e-7, peak=4 * n * n))
+        rows.append(row("performer", n, t / 4, False, 0.1, peak=0.4 * n * n))
+        rows.append(row("linear", n, t / 2, False, 0.1, peak=4 * n * n / 5))
+        rows.append(row("performer", n, t / 8, False, 0.1, peak=0.1 * n * n, mask="causal"))
+    write_rows(d, rows)
+    r = run_plot(d)
+    if not check(r.returncode == 0, f"plot.py on the LRA rows exits 0 (got {r.returncode}: {r.stderr.strip()[-300:]})"):
+        return
+    with open(os.path.join(d, "REPORT.md"), encoding="utf-8") as f:
+        md = f.read()
+    sec = md.split("## Relative to exact attention (LRA Table 2 layout)")[-1].split("\n## ")[0]
+    check("| `performer` | Performer | 4.00× (paper 1.2×) | 4.00× (paper 1.9×) | 4.00× (paper 3.8×) | 4.00× (paper 5.7×) |"
+          in sec, "the speed table gives performer 4.00x at every n beside the paper's 1.2/1.9/3.8/5.7x")
+    check("| `linear` | Linear Trans. | 2.00× (paper 1.1×)" in sec, "linear 2.00x beside the paper's 1.1x at 1K")
+    check("| `performer` | Performer | 0.10× (paper 0.44×) | 0.10× (paper 0.22×) | 0.10× (paper 0.15×) | 0.10× (paper 0.11×) |"
+          in sec, "the memory table gives 0.10x beside the paper's GB ratios (0.37/0.85 ... 1.06/9.48)")
+    check("8.00×" not in sec, "causal rows stay out of the table (the paper's and the baseline's mask is none)")
+    check("here `performer` > `linear`; in the paper `performer` > `linear` (the same order)" in sec,
+          "the ordering line at n=4096 agrees with the paper's")
+    d2 = os.path.join(tmp, "lra_nobase")
+    write_rows(d2, [r for r in rows if r["variant"] != "naive"])
+    r = run_plot(d2)
+    with open(os.path.join(d2, "REPORT.md"), encoding="utf-8") as f:
+        check(r.returncode == 0 and "LRA Table 2 layout" not in f.read(), "no naive rows: no LRA section")
+
+
 def write_rows(d, rows):
     os.makedirs(d)
     with open(os.path.join(d, "results.jsonl"), "w") as f:
@@ -977,7 +1013,7 @@ def main():
         return 77
     cases = [test_fixture, test_synthetic, test_never_and_always, test_isa, test_dtype, test_many_facets,
              test_cross_attention, test_measurement, test_paired, test_measurement_odd_values, test_roofline, test_errors,
-             test_peer]
+             test_peer, test_lra]
     with tempfile.TemporaryDirectory(prefix="attnbench-test-plot-") as tmp:
         # Longest first: the fixture's and the peer's plot.py runs take most of the time.
         order = [test_fixture, test_peer] + [c for c in cases if c not in (test_fixture, test_peer)]
