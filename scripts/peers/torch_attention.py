@@ -36,6 +36,7 @@ import copy
 import json
 import math
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -231,6 +232,80 @@ def time_repeated(fn, m):
             "ci_lo": lo, "ci_hi": hi, "ci_level": level, "samples": [float(x) for x in samples]}, result
 
 
+class InterferenceProbe:
+    """attnbench's interference probe (bench/lib/interference.{hpp,cpp}), the same readings and score, so a
+    peer row is judged by the rule its attnbench neighbours are: /proc/stat busy and steal ticks of the CPUs
+    this process may run on, minus this process's own CPU time (getrusage), the run-queue wait of its threads
+    (/proc/self/task/*/schedstat), involuntary context switches, /proc/loadavg and the cores' frequency."""
+
+    def __init__(self):
+        self.cpus = sorted(os.sched_getaffinity(0))
+        self.hz = float(os.sysconf("SC_CLK_TCK")) or 100.0
+        self.start_reading = None
+
+    @staticmethod
+    def _text(path):
+        try:
+            with open(path, encoding="ascii", errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def _read(self):
+        busy = steal = cpus = 0
+        want = set(self.cpus)
+        for line in self._text("/proc/stat").splitlines():
+            parts = line.split()
+            if not parts or not parts[0].startswith("cpu") or parts[0] == "cpu":
+                continue
+            try:
+                n, f = int(parts[0][3:]), [int(x) for x in parts[1:]]
+            except ValueError:
+                continue
+            if n in want and len(f) >= 7:
+                busy += f[0] + f[1] + f[2] + f[5] + f[6]  # user nice system irq softirq, as parse_proc_stat
+                steal += f[7] if len(f) > 7 else 0
+                cpus += 1
+        u = resource.getrusage(resource.RUSAGE_SELF)
+        wait_ns = 0
+        try:
+            for tid in os.listdir("/proc/self/task"):
+                f = self._text(f"/proc/self/task/{tid}/schedstat").split()
+                if len(f) == 3 and f[1].isdigit():
+                    wait_ns += int(f[1])
+        except OSError:
+            pass
+        return {"wall": time.perf_counter(), "busy": busy, "steal": steal, "cpus": cpus,
+                "own": u.ru_utime + u.ru_stime, "nivcsw": u.ru_nivcsw, "wait_ns": wait_ns}
+
+    def start(self):
+        self.start_reading = self._read()
+
+    def stop(self, threads):
+        a, b = self.start_reading, self._read()
+        window = max(b["wall"] - a["wall"], 1e-9)
+        capacity = window * max(1, b["cpus"])
+        clamp = lambda x: min(max(x, 0.0), 1.0)
+        steal = clamp((b["steal"] - a["steal"]) / self.hz / capacity)
+        other = clamp(((b["busy"] - a["busy"]) / self.hz - (b["own"] - a["own"])) / capacity)
+        runq = clamp((b["wait_ns"] - a["wait_ns"]) * 1e-9 / (window * max(threads, 1)))
+        try:
+            load = float(self._text("/proc/loadavg").split()[0])
+        except (IndexError, ValueError):
+            load = 0.0
+        mhz = []
+        for c in self.cpus:
+            try:
+                mhz.append(float(self._text(f"/sys/devices/system/cpu/cpu{c}/cpufreq/scaling_cur_freq")) / 1000.0)
+            except ValueError:
+                pass
+        resolution = 2.0 / (self.hz * window)  # each /proc/stat reading may be a tick off per CPU
+        return {"window_s": window, "steal_frac": steal, "other_cpu_frac": other, "runq_wait_frac": runq,
+                "score": steal + max(runq, max(0.0, other - resolution)),
+                "ctx_switches_involuntary": b["nivcsw"] - a["nivcsw"], "loadavg_1m": load,
+                "freq_mhz": sum(mhz) / len(mhz) if mhz else None}
+
+
 class MemoryProbe:
     """attnbench's memory probe: the resident high-water mark (VmHWM, reset per point through
     /proc/self/clear_refs) minus the resident memory before the timed calls; None where the reset fails."""
@@ -283,7 +358,7 @@ def compare_outputs(got, want):
             "nan_count": int(np.isnan(got).sum()), "inf_count": int(np.isinf(got).sum())}
 
 
-def measure(torch, pt, row, data, settings, probe, calibration):
+def measure(torch, pt, row, data, settings, probe, calibration, interference):
     """Times the PyTorch expression on the point's inputs and fills `row` in."""
     p, T = point_problem(pt), pt["threads"]
     B, H, Lq, Lkv, D = p["batch"], p["heads"], p["seq_q"], p["seq_kv"], p["head_dim"]
@@ -310,13 +385,31 @@ def measure(torch, pt, row, data, settings, probe, calibration):
         o = torch.softmax(s, dim=-1) @ v
         return o if empty is None else o.masked_fill_(empty, 0.0)
 
+    # As attnbench's runner: a window whose interference score is above measure.max_interference is measured
+    # again after a pause (twice the last window, 10 ms to 0.25 s per attempt so far), up to max_remeasure
+    # times; the cleanest attempt is kept and the row is noisy when none was clean.
+    best = None
     with torch.no_grad():
         probe.reset()
-        t, out = time_repeated(forward, settings)
+        last_window = 0.0
+        for attempt in range(1, 2 + int(settings.get("max_remeasure", 2))):
+            if attempt > 1:
+                time.sleep(min(max(2 * last_window, 0.01), 0.25 * (attempt - 1)))
+            interference.start()
+            t, out = time_repeated(forward, settings)
+            noise = interference.stop(T)
+            last_window = noise["window_s"]
+            if best is None or noise["score"] < best[2]["score"]:
+                best = (t, out, noise, attempt)
+            if noise["score"] <= settings.get("max_interference", 0.05):
+                break
         row["memory"]["peak_bytes"] = probe.peak_increase()
+    t, out, noise, _ = best
     out = out.numpy()
     row["time_ms"] = t
-    row["attempts"] = 1  # measured once: the peer has no interference probe (interference stays null)
+    row["attempts"] = attempt
+    row["interference"] = noise
+    row["noisy"] = noise["score"] > settings.get("max_interference", 0.05)
     if pt["row"]["exact"]:  # an exact variant's count of the work
         row["flops"] = pt["flops"]
         row["gflops"] = gflops = pt["flops"] / (t["median"] * 1e6)
@@ -388,7 +481,7 @@ def main(argv):
     points = peer_points(plan)
     settings = plan[0]["measure"]  # the config's measure section with attnbench's defaults filled in
     os.makedirs(out_dir, exist_ok=True)
-    calibration, probe = read_calibration(out_dir), MemoryProbe()
+    calibration, probe, interference = read_calibration(out_dir), MemoryProbe(), InterferenceProbe()
     path = os.path.join(out_dir, "results.peers.jsonl")
     counts = {"ok": 0, "skipped": 0, "failed": 0}
     print(f"{PROG}: torch {torch.__version__}, plan and inputs from {exe}: {len(points)} points -> {path}")
@@ -404,7 +497,7 @@ def main(argv):
                         key, data = None, None  # the old inputs go before the new ones are loaded
                         data = fetch_inputs(exe, a.config, pt, tmp)
                         key = inputs_key(pt)
-                    measure(torch, pt, row, data, settings, probe, calibration)
+                    measure(torch, pt, row, data, settings, probe, calibration, interference)
                 except AttnbenchError as e:
                     row.update(status="failed", reason=f"attnbench inputs: {e}")
                 except MemoryError:

@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 try:
     import numpy as np
@@ -345,13 +346,25 @@ def test_gqa_lower_right_inprocess(exe, mod, tmp):
         if pad is not None:
             data["key_padding"] = pad
         row, skip = mod.start_row("peer/torch_naive" + shape, pt)
-        mod.measure(torch, pt, row, data, MEASURE, mod.MemoryProbe(), {"sgemm": {}, "peak": {}})
+        mod.measure(torch, pt, row, data, MEASURE, mod.MemoryProbe(), {"sgemm": {}, "peak": {}}, mod.InterferenceProbe())
         a, tol = row["accuracy"], tolerance(q, k, v, scale)
         extra = 2 * 4 * B * H * Lkv * D if Hkv != H else 0  # the repeated K and V
         ws = 2 * 4 * B * H * Lq * Lkv + (4 * Lq * Lkv * (B if pad is not None else 1) if mask else 0) + extra
         if not (skip == "" and a["nan_count"] == 0 and a["inf_count"] == 0 and float(a["max_abs_err"]) <= tol
                 and a["rows"] == Lq and row["reason"] == "" and row["memory"]["workspace_bytes"] == ws):
             wrong.append((pt["id"], skip, a, tol, row["reason"], row["memory"]["workspace_bytes"], ws))
+    # The interference rule (as attnbench's runner): never clean -> 1 + max_remeasure attempts, noisy; a
+    # threshold above any possible score (steal + share <= 2) -> one attempt, not noisy. Asserts counts, not times.
+    for limit, attempts, noisy in ((-1.0, 3, True), (3.0, 1, False)):
+        r2, _ = mod.start_row("peer/torch_naive" + shape, pt)
+        mod.measure(torch, pt, r2, data, dict(MEASURE, max_interference=limit, max_remeasure=2), mod.MemoryProbe(),
+                    {"sgemm": {}, "peak": {}}, mod.InterferenceProbe())
+        i = r2.get("interference") or {}
+        check(r2.get("attempts") == attempts and r2.get("noisy") is noisy and 0 <= i.get("score", -1) <= 2
+              and all(0 <= i.get(k, -1) <= 1 for k in ("steal_frac", "other_cpu_frac", "runq_wait_frac"))
+              and i.get("window_s", 0) > 0,
+              f"max_interference {limit}: {attempts} attempt(s), noisy {noisy}, the probe's fields in range "
+              f"(got attempts {r2.get('attempts')}, noisy {r2.get('noisy')}, {i})")
     check(not wrong, f"{len(cases)} GQA / lower-right causal points: PyTorch (K/V repeated per group, empty rows "
                      f"zeroed) within the fp32 bound of an independent fp64 reference, no NaN, workspace counts "
                      f"the repeated K/V ({wrong})")
@@ -438,6 +451,24 @@ def test_errors(exe, tmp):
           f"without torch: 'torch not available: ...', exit 0, nothing written ({r.stdout.strip()!r})")
 
 
+def test_interference_probe(mod):
+    """Two busy processes on this process's CPUs while it sleeps: the probe reads most of the CPUs' time as
+    foreign (score well above the 0.05 default threshold, whatever else the machine runs: it is all foreign)."""
+    burn = "import time\nt = time.time() + 1.5\nwhile time.time() < t: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(max(2, len(os.sched_getaffinity(0))))]
+    try:
+        time.sleep(0.3)
+        probe = mod.InterferenceProbe()
+        probe.start()
+        time.sleep(0.8)
+        noise = probe.stop(1)
+    finally:
+        for p in procs:
+            p.wait()
+    check(noise["other_cpu_frac"] > 0.5 and noise["score"] > 0.5,
+          f"busy processes on every allowed CPU: other_cpu_frac and score > 0.5 ({noise})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--attnbench", required=True, help="path of the attnbench binary")
@@ -448,6 +479,7 @@ def main():
         test_skips(exe, mod, tmp)
         test_point_problem(mod)
         test_gqa_lower_right_inprocess(exe, mod, tmp)
+        test_interference_probe(mod)
         test_sweep_gqa_lower_right(exe, mod, tmp)
         test_errors(exe, tmp)
     print(f"{len(failures)} failure(s)" if failures else "all passed")
