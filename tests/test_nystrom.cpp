@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/attention.hpp"
+#include "common/error.hpp"
 #include "common/random.hpp"
 #include "common/reference.hpp"
 #include "common/tensor.hpp"
@@ -389,7 +390,8 @@ TEST_CASE("nystrom with a landmark per row and enough iterations approaches exac
   CHECK(early_worst > 100 * worst);
 }
 
-TEST_CASE("nystrom counts the FLOPs of its GEMMs and a saturating workspace", "[nystrom]") {
+TEST_CASE("nystrom counts the FLOPs of its GEMMs, a workspace linear in n, and validates its parameters",
+          "[nystrom]") {
   Problem p =
       make_test_problem("nystrom", 2, 3, 100, 40, 8, "none", {{"landmarks", 16}, {"pinv_iterations", 2}});
   const Attention& v = Registry::instance().get("nystrom");
@@ -406,6 +408,12 @@ TEST_CASE("nystrom counts the FLOPs of its GEMMs and a saturating workspace", "[
   // Linear in n: at 2^40 positions the workspace is the m × d stores and scratch, not n × anything.
   p.seq_q = p.seq_kv = int64_t{1} << 40, p.head_dim = 64, p.params["landmarks"] = 64;
   CHECK(v.workspace_bytes(p, 1) < (std::size_t{1} << 30));
+  // Parameter ranges: at least one landmark, at most 4096; 0..30 iterations.
+  CHECK_THROWS_AS(make_problem("nystrom", {{"landmarks", 0}}), UsageError);
+  CHECK_THROWS_AS(make_problem("nystrom", {{"landmarks", 4097}}), UsageError);
+  CHECK_THROWS_AS(make_problem("nystrom", {{"pinv_iterations", -1}}), UsageError);
+  CHECK_THROWS_AS(make_problem("nystrom", {{"pinv_iterations", 31}}), UsageError);
+  CHECK_NOTHROW(make_problem("nystrom", {{"pinv_iterations", 0}}));
 }
 
 TEST_CASE("nystrom over several key blocks and query blocks, with whole key blocks padded, matches the model",

@@ -2,6 +2,16 @@
 // consecutive segments of Q's and K's rows) and out = softmax(s Q K̃ᵀ) · Z · (softmax(s Q̃ Kᵀ) V), where Z
 // approximates the pseudo-inverse of softmax(s Q̃ K̃ᵀ) by the paper's iteration. Time O(n·m·d + m³), memory
 // O(m·d) per head: nothing n × n, nor even n × m (B V is accumulated over key blocks with an online softmax).
+//
+// Segments: a side of n rows gets min(m, n) landmarks, landmark i the mean of rows [⌊i·n/c⌋, ⌊(i+1)·n/c⌋)
+// (c landmarks): ⌊n/c⌋ or ⌈n/c⌉ rows each, the paper's equal segments when c divides n, one row each when
+// n <= m; queries and keys have their own n in cross-attention. Key padding removes the padded keys before
+// anything else: K̃'s segments are taken over the valid keys in order (min(m, valid) of them) and B's softmax
+// runs over the valid keys only, so the output equals that of the same problem with the padded keys deleted
+// (a batch entry with none gets zeros). The official code instead zero-pads the sequence to a multiple of m
+// and masks Q and K, so padded rows still count in its means; that is not reproduced. Z0's scaling ‖A‖₁‖A‖∞
+// is taken per head (the official code takes the max over the whole batch), so a head's output does not
+// depend on the rest of the batch. The paper's optional depthwise-convolution skip on V is left out.
 #include "variants/nystrom/nystrom.hpp"
 
 #include <tbb/enumerable_thread_specific.h>
@@ -216,9 +226,8 @@ void softmax_row64(double* x, int64_t n) {
 struct HeadFp64 {
   int64_t mq = 0, mkv = 0;    // landmarks: queries, valid keys (0 when every key is padded)
   std::vector<int64_t> keys;  // the valid (unpadded) keys, in order
-  std::vector<double> qt, kt, a, z,
-      w;  // Q̃ (mq × d), K̃ (mkv × d), A (mq × mkv), Z (mkv × mq), W = Z B V (mkv × d)
-  std::vector<double> bv;    // B V (mq × d)
+  // Q̃ (mq × d), K̃ (mkv × d), A (mq × mkv), Z (mkv × mq), B V (mq × d), W = Z B V (mkv × d).
+  std::vector<double> qt, kt, a, z, bv, w;
   nystrom::PinvTrace trace;  // filled when asked for
 };
 
@@ -283,15 +292,15 @@ class Nystrom final : public Attention {
  public:
   std::string name() const override { return "nystrom"; }
   std::string description() const override {
-    return "Nystromformer (Xiong et al. 2021): softmax(Q Kl^T) Z softmax(Ql K^T) V, m segment-mean "
-           "landmarks, "
-           "Z = iterative pinv of softmax(Ql Kl^T) (norms per head); no conv skip; non-causal, O(n·m·d + m³)";
+    return "Nystromformer (Xiong et al. 2021): softmax(Q Kl^T) Z softmax(Ql K^T) V with m segment-mean "
+           "landmarks Ql, Kl and Z the iterative pinv of softmax(Ql Kl^T) (norms per head); without the "
+           "depthwise-conv skip; non-causal; O(n·m·d + m³)";
   }
   Capabilities capabilities() const override {
     // Not causal: every query sees every landmark, and each landmark mixes keys from its whole segment (the
-    // paper's method has no causal form). Key padding removes the padded keys before anything else (see
-    // forward_keys). No boolean mask (a per-pair mask does not factor through the landmarks), no dropout.
-    // Not permutation-equivariant: the landmarks are means of consecutive rows, so they depend on the order.
+    // paper's method has no causal form). Key padding removes the padded keys before anything else (file
+    // comment). No boolean mask (a per-pair mask does not factor through the landmarks), no dropout on
+    // weights it never forms. Not permutation-equivariant: landmarks are means of consecutive rows.
     return {.exact = false,
             .causal = false,
             .causal_lower_right = false,
