@@ -247,3 +247,32 @@ TEST_CASE("bigbird: parameter errors name the parameter", "[bigbird]") {
   REQUIRE_THROWS_AS(v.not_supported_reasons(p), UsageError);
   REQUIRE_THROWS_WITH(v.flops(p), Catch::Contains("window_blocks") && Catch::Contains("odd"));
 }
+
+TEST_CASE("bigbird: rows longer than one score step (online softmax over several steps)", "[bigbird]") {
+  // Steps are 512 score columns: global rows of a 700-long sequence take 2, and so do ordinary rows with
+  // 5 blocks of 128 keys. Against the variant's own fp64 definition, with every mask kind, dropout and ALiBi.
+  const Attention& v = Registry::instance().get("bigbird");
+  const int64_t n = 700;
+  for (const Json& params : {bigbird_params(64, 3, 2, 3, 1), bigbird_params(128, 3, 0, 2, 2)}) {
+    for (const char* mask : {"none", "causal+pad", "bool"}) {
+      for (const bool extras : {false, true}) {
+        AttentionCase c(make_test_problem("bigbird", 2, 2, n, n, 8, mask, params), 23);
+        if (c.p.mask.key_padding) c.pad_keys([](int64_t b, int64_t j) { return b == 1 && j % 5 == 0; });
+        if (c.p.mask.boolean) c.random_mask(3, 0.5, {0, 650});
+        if (extras) {
+          c.p.dropout = 0.2, c.p.seed = 77;
+          c.p.bias = Bias::alibi;
+        }
+        const FloatArray got = c.run();
+        DoubleArray want({c.p.batch, c.p.heads, n, c.p.head_dim});
+        const AttentionInputs in = c.inputs(nullptr);
+        v.reference_forward(c.p, in, want.ptr());
+        const ErrorMetrics m =
+            compare_outputs(got.ptr(), want.ptr(), c.p.batch * c.p.heads * n, c.p.head_dim);
+        INFO(c.p.repro() << ": max_abs_err " << m.max_abs_err);
+        CHECK(m.nan_count == 0);
+        CHECK(m.max_abs_err <= v.abs_tolerance(c.p, in));
+      }
+    }
+  }
+}
