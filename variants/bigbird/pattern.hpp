@@ -9,9 +9,8 @@
 //    they are the first g blocks, so that no position's pattern depends on how long the sequence is. A global
 //    query block attends every key block (a full row), and every query block attends the global key blocks;
 //  * random: random_blocks blocks drawn, without replacement and uniformly, from the blocks not already
-//  chosen
-//    (all of them if fewer remain). Without a causal mask from every block; under a causal mask only from the
-//    blocks strictly before the diagonal block qb. The draw is a pure function of (seed, qb) and the
+//    chosen (all of them if fewer remain). Without a causal mask from every block; under a causal mask only
+//    from the blocks strictly before the diagonal block qb. The draw is a pure function of (seed, qb) and the
 //    candidates, through common/random.hpp. Global query blocks draw none (they see every block anyway).
 // A causal mask then applies key j <= query i inside the chosen blocks (blocks after qb drop out).
 #pragma once
@@ -172,9 +171,9 @@ struct Pattern {
   // O(1) apart from the random draws below. Only one thing depends on the draws: whether a query block drew
   // the last block when that block is partial, not global, outside its window and only some candidates are
   // drawn (global_blocks <= 1, no causal mask). Those draws are replayed exactly while that takes at most
-  // 2^22 draws in all; beyond that the count uses their expected share, randoms / candidates per query block
-  // (then the count may differ from the kernel's by a few partial blocks' worth of pairs in 2^22 / randoms
-  // query blocks).
+  // 2^22 draws in all; beyond that (more than 2^22 / random_blocks such query blocks) the count uses the
+  // expected share randoms / candidates per query block instead, which differs from the drawn count by at
+  // most block × (block - last block's size) pairs per such query block.
   double pairs() const { return causal ? causal_pairs() : full_pairs(); }
 
   // Σ_{t < count} min(v + slope·t, cap) for slope in {-1, 0, 1}.
