@@ -149,6 +149,75 @@ def check_plot(out, tokens_out):
         check(os.path.isfile(os.path.join(d, "patterns.svg")), f"[{what}] and patterns.svg")
 
 
+# bigbird's pattern from its definition (variants/bigbird/pattern.hpp), random draws included: common/random.hpp's
+# Rng (splitmix64) seeded per query block, each draw a uniform rank among the candidates not yet taken.
+U64 = (1 << 64) - 1
+
+
+def mix64(x):
+    x ^= x >> 30
+    x = (x * 0xbf58476d1ce4e5b9) & U64
+    x ^= x >> 27
+    x = (x * 0x94d049bb133111eb) & U64
+    return x ^ (x >> 31)
+
+
+def bigbird_allowed(n, block, window, globals_, randoms, seed, causal):
+    import numpy as np
+    nb, h = -(-n // block), window // 2
+    first = min(globals_ if causal else (globals_ + 1) // 2, nb)
+    last = 0 if causal else min(globals_ // 2, nb - first)
+    glob = set(range(first)) | set(range(nb - last, nb))
+    allowed = np.zeros((n, n), bool)
+    for qb in range(nb):
+        end = qb + 1 if causal else nb
+        if qb in glob:
+            keys = set(range(end))
+        else:
+            keys = {b for b in range(qb - h, qb + h + 1) if 0 <= b < end} | {b for b in glob if b < end}
+            cand = [b for b in range(qb if causal else nb) if b not in keys]
+            if randoms >= len(cand):
+                keys |= set(cand)
+            else:
+                state = mix64((mix64(seed ^ 0x6a09e667f3bcc909) ^ mix64((qb + 0x632be59bd9b4e019) & U64)) ^ 0x243f6a8885a308d3)
+                for t in range(randoms):
+                    state = (state + 0x9e3779b97f4a7c15) & U64
+                    pick = cand[mix64(state) % len(cand)]
+                    cand.remove(pick)
+                    keys.add(pick)
+        for kb in keys:
+            allowed[qb * block:(qb + 1) * block, kb * block:(kb + 1) * block] = True
+    return allowed & np.tril(np.ones((n, n), bool)) if causal else allowed
+
+
+def check_bigbird(exe, tmp):
+    import numpy as np
+    # 62 positions in blocks of 4: 16 blocks, the last partial; g = 1 lets the random draws pick that block.
+    for n, params, causal in ((64, (4, 3, 2, 3, 0), False), (62, (4, 3, 1, 2, 9), False), (64, (4, 3, 2, 3, 5), True)):
+        block, window, globals_, randoms, seed = params
+        out = os.path.join(tmp, f"bigbird-{n}-{int(causal)}")
+        args = ["--seq", str(n), "--heads", "2", "--variant", "bigbird", "--out", out,
+                "--param", f"bigbird.block={block}", "--param", f"bigbird.window_blocks={window}",
+                "--param", f"bigbird.global_blocks={globals_}", "--param", f"bigbird.random_blocks={randoms}",
+                "--param", f"bigbird.seed={seed}"] + (["--causal"] if causal else [])
+        tag = f"[bigbird n={n} {params} {'causal' if causal else 'full'}]"
+        r = run(exe, *args)
+        if not check(r.returncode == 0, f"{tag} patterns exits 0 (got {r.returncode}: {r.stderr.strip()})"):
+            continue
+        w = np.load(os.path.join(out, "bigbird.npy"))
+        want = bigbird_allowed(n, block, window, globals_, randoms, seed, causal)
+        check(all(np.array_equal(w[h] != 0, want) for h in range(w.shape[0])),
+              f"{tag} nonzero weights == the block pattern (window, globals, seeded random blocks)")
+        check(np.allclose(w.sum(axis=-1), 1, atol=2e-5), f"{tag} rows sum to 1")
+        if not causal:  # the budget, read off the weights: a row's key blocks with any nonzero weight
+            nb = -(-n // block)
+            pad = np.zeros((w.shape[0], n, nb * block - n))
+            seen = (np.concatenate([w, pad], axis=-1).reshape(w.shape[0], n, nb, block) != 0).any(-1).sum(-1)
+            global_rows = want.all(axis=-1)
+            check(np.all(seen[:, global_rows] == nb) and np.all(seen[:, ~global_rows] <= window + globals_ + randoms),
+                  f"{tag} global rows see all {nb} blocks, the others at most window + global + random")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--attnbench", required=True, help="path of the attnbench binary")
@@ -163,6 +232,7 @@ def main():
         check_run(a.attnbench, tmp, causal=True)
         text = check_text(a.attnbench, tmp)
         check_errors(a.attnbench, tmp)
+        check_bigbird(a.attnbench, tmp)
         try:
             import matplotlib  # noqa: F401
             check_plot(full, text)
