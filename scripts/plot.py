@@ -4,13 +4,15 @@
     /usr/bin/python3 scripts/plot.py RESULTS_DIR [--out DIR]
     /usr/bin/python3 scripts/plot.py --patterns DIR [--out DIR]     (or RESULTS_DIR holding patterns.json)
     /usr/bin/python3 scripts/plot.py --compare COMPARE_JSON [--out DIR]
+    /usr/bin/python3 scripts/plot.py --drift DRIFT_JSON [DRIFT_JSON ...] [--out DIR]
 
 RESULTS_DIR holds what `attnbench run` writes (results.jsonl, meta.json) and, optionally, the PyTorch peer rows
 (results.peers.jsonl, scripts/peers/torch_attention.py). Figures go to OUT/plots/, the report to
 OUT/REPORT.md and the numbers behind it (fitted exponents, crossovers, key ratios, measurement conditions) to
 OUT/summary.json; OUT defaults to RESULTS_DIR. A RESULTS_DIR/patterns/ folder written by `attnbench patterns`
 is drawn and embedded too. --compare draws OUT/compare.png and .svg (OUT defaults to the file's folder) from
-what `attnbench compare A B --json` printed (scripts/plotlib/compare.py).
+what `attnbench compare A B --json` printed (scripts/plotlib/compare.py). --drift draws OUT/drift.png and .svg
+(OUT defaults to the first file's folder) from what `attnbench drift ... --json` printed (scripts/plotlib/drift.py).
 Needs numpy and matplotlib only (Debian's python3-numpy, python3-matplotlib); runs headless (Agg).
 Exit codes: 0 done, 2 bad input (the message names the file or option).
 
@@ -66,11 +68,17 @@ def main(argv):
     ap.add_argument("--patterns", metavar="DIR", help="draw the folder written by `attnbench patterns` instead")
     ap.add_argument("--compare", metavar="COMPARE_JSON",
                     help="draw compare.png/.svg from what `attnbench compare A B --json` printed instead")
+    ap.add_argument("--drift", metavar="DRIFT_JSON", nargs="+",
+                    help="draw drift.png/.svg from what `attnbench drift ... --json` printed (one or more files) instead")
     ap.add_argument("--out", metavar="DIR", help="where to write (default: the input folder)")
     a = ap.parse_args(argv)
     try:
-        if sum(bool(x) for x in (a.results_dir, a.patterns, a.compare)) > 1:
-            raise InputError("give one of RESULTS_DIR, --patterns DIR and --compare COMPARE_JSON")
+        if sum(bool(x) for x in (a.results_dir, a.patterns, a.compare, a.drift)) > 1:
+            raise InputError("give one of RESULTS_DIR, --patterns DIR, --compare COMPARE_JSON and --drift DRIFT_JSON")
+        if a.drift:
+            from plotlib.drift import plot_drift
+
+            return plot_drift(a.drift, a.out)
         if a.compare:
             from plotlib.compare import plot_compare
 
