@@ -12,10 +12,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 
 #include "common/alibi.hpp"
 #include "common/attention.hpp"
+#include "common/error.hpp"
 #include "common/mask.hpp"
 #include "common/simd.hpp"
 
@@ -128,6 +130,7 @@ class Tiled final : public Attention {
               partials.empty() ? nullptr : partials.data(),
               {},
               0,
+              false,
               false};
     if (p.bias == Bias::alibi) {
       for (double sl : alibi_slopes(p, in))
@@ -155,6 +158,84 @@ class Tiled final : public Attention {
 };
 
 }  // namespace
+
+// ---- Block partials (tiled.hpp) ----
+
+namespace {
+void check_block_problem(const Problem& p) {
+  std::string why;
+  if (p.variant != "tiled")
+    why = "the problem is for variant '" + p.variant + "', not tiled";
+  else if (p.dtype != DType::fp32)
+    why = "storage " + std::string(dtype_name(p.dtype)) + " (fp32 only)";
+  else if (p.bias != Bias::none)
+    why = "a logit bias (none only)";
+  else if (p.dropout > 0)
+    why = "dropout (none only)";
+  else if (p.mask.boolean || p.mask.key_padding)
+    why = "a boolean or key-padding mask (causal only)";
+  if (!why.empty()) throw NotSupported("tiled block partials: " + why);
+}
+}  // namespace
+
+void init_partial_state(const Problem& p, const PartialState& st) {
+  const int64_t rows = p.batch * p.heads * p.seq_q;
+  std::fill(st.m, st.m + rows, -std::numeric_limits<float>::infinity());
+  std::fill(st.l, st.l + rows, 0.0f);
+  std::fill(st.o, st.o + rows * p.head_dim, 0.0f);
+}
+
+std::size_t block_workspace_bytes(const Problem& p, int threads) {
+  const Schedule s = make_schedule(p);
+  const std::size_t partial = sat_mul(to_size(s.units), to_size(s.splits), to_size(s.rows),
+                                      to_size(s.partial_stride(p)), sizeof(float));
+  return sat_add(sat_mul(to_size(std::max(threads, 1)), Scratch::bytes(round_up(s.rows, kLanes), s.tiles.kv,
+                                                                       p.head_dim, false, false, false)),
+                 partial);
+}
+
+void accumulate_block(const Problem& p, const AttentionInputs& in, const PartialState& st) {
+  check_block_problem(p);
+  const Schedule sched = make_schedule(p);
+  // forward()'s split-KV path with every task writing partial rows (splits == 1 included).
+  AlignedVector<float> partials(sat_mul(to_size(sched.units), to_size(sched.splits), to_size(sched.rows),
+                                        to_size(sched.partial_stride(p))));
+  Context c{
+      p, in,    sched, static_cast<float>(p.effective_scale() * std::numbers::log2e), partials.data(), {},
+      0, false, true};
+  tbb::enumerable_thread_specific<Scratch> scratch;
+  // As in forward(): tasks fixed by the problem, the merge visits a unit's splits in order, so the state is
+  // bitwise independent of the thread count.
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, sched.units * sched.splits),
+                    [&](const tbb::blocked_range<int64_t>& r) {
+                      const simd::ScopedFlushDenormals ftz;
+                      Scratch& w = scratch.local();
+                      for (int64_t t = r.begin(); t < r.end(); ++t)
+                        run_query_tile(c, t / sched.splits, t % sched.splits, w);
+                    });
+  tbb::parallel_for(int64_t{0}, sched.units, [&](int64_t unit) {
+    const simd::ScopedFlushDenormals ftz;
+    merge_into_state(c, unit, st);
+  });
+}
+
+void finish_partial_state(const Problem& p, const PartialState& st, float* out) {
+  const int64_t rows = p.batch * p.heads * p.seq_q, D = p.head_dim;
+  tbb::parallel_for(int64_t{0}, rows, [&](int64_t r) {
+    const float l = st.l[r];
+    const float* o = st.o + r * D;
+    float* y = out + r * D;
+    if (std::isnan(l) || std::isnan(st.m[r])) {
+      std::fill(y, y + D, std::numeric_limits<float>::quiet_NaN());
+    } else if (l == 0.0f) {  // no allowed key
+      std::fill(y, y + D, 0.0f);
+    } else {
+      const float inv = 1.0f / l;  // the one division, as forward()
+      for (int64_t e = 0; e < D; ++e) y[e] = o[e] * inv;
+    }
+  });
+}
+
 }  // namespace attn::tiled
 
 ATTN_REGISTER_VARIANT(attn::tiled::Tiled)

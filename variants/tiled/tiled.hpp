@@ -128,12 +128,49 @@ struct Context {
   // bf16 storage on a CPU with AVX512_BF16 and an even head_dim: the GEMM path scores with vdpbf16ps
   // (it is taken only on the AVX-512 target; others convert).
   bool bf16_dot = false;
+  // Every task writes partial rows to `partials` even without splits (accumulate_block).
+  bool partial_out = false;
 };
+
+// ---- Block partials: attention of a block of queries against one block of keys and values, merged into a
+// running (max, sum, unnormalised output) per query row, for sequence-parallel callers (ring attention,
+// bench/mpi) that see the keys block by block. The block runs through forward()'s split-KV path: every task
+// writes its partial rows, and each unit's splits are merged into the state with the online-softmax rule.
+
+// The running state of the rows [batch][heads][seq_q] of a query block: m (maximum logit, in base 2: the
+// kernels' logits are scaled by log2(e)), l (sum of 2^(logit - m)) and o ([rows][head_dim], the unnormalised
+// output). Start from m = -inf, l = 0, o = 0 (init_partial_state).
+struct PartialState {
+  float* m = nullptr;
+  float* l = nullptr;
+  float* o = nullptr;
+};
+void init_partial_state(const Problem& p, const PartialState& st);
+
+// Merges the block into the state. `p` describes the block: seq_q query rows (in.q, [batch][heads][seq_q]
+// [head_dim]), seq_kv keys and values (in.k, in.v, [batch][kv_heads][seq_kv][head_dim]), fp32, no bias,
+// dropout or boolean / padding mask, tile_q / tile_kv from p.params. The causal rule is the problem's own
+// (causal_offset, common/mask.hpp), so a caller maps global positions to it: a query block at q0 against a
+// key block at k0 needs the offset q0 - k0, which is p.mask.causal for q0 == k0 (the diagonal block of
+// equal-sized chunks), p.mask.causal_lower_right for q0 - k0 == seq_kv - seq_q, and no mask at all when every
+// key precedes every query. (A Context field for any offset was tried: it changed the code GCC generates
+// for forward() and with it the last bits of tiled's outputs, so the kernels keep reading the problem.)
+// Results are bitwise independent of the thread count. NotSupported for what it does not take.
+void accumulate_block(const Problem& p, const AttentionInputs& in, const PartialState& st);
+
+// The output rows [batch][heads][seq_q][head_dim] of the state: o / l, zeros for a row that saw no allowed
+// key, NaN for a row whose inputs held a NaN. `out` may be st.o (in place).
+void finish_partial_state(const Problem& p, const PartialState& st, float* out);
+
+// accumulate_block's workspace at `threads` threads: per-thread scratch and the partial rows.
+std::size_t block_workspace_bytes(const Problem& p, int threads);
 
 // One task: split `split` of unit `unit` (batch, K/V head, query tile) on the selected SIMD target. Without
 // splits it writes the unit's output rows; with splits, its partial rows.
 void run_query_tile(const Context& c, int64_t unit, int64_t split, Scratch& w);
 // Split-KV: merges the partial rows of `unit` into its output rows.
 void merge_splits(const Context& c, int64_t unit);
+// Block partials: merges the partial rows of `unit` into the running state.
+void merge_into_state(const Context& c, int64_t unit, const PartialState& st);
 
 }  // namespace attn::tiled

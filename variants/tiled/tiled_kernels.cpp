@@ -715,7 +715,7 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
     GemmRows(c, t, w, src, native_bf16);
 
   auto o_at = [&](int64_t r, int64_t e) { return dot ? ot[r * D + e] : ot[e * ld + r]; };
-  if (sc.splits > 1) {
+  if (sc.splits > 1 || c.partial_out) {
     // Partial rows: running max, sum and the unnormalised output, merged by MergeSplits.
     const int64_t stride = sc.partial_stride(p);
     float* part = c.partials + ((unit * sc.splits + split) * sc.rows) * stride;
@@ -783,6 +783,49 @@ void MergeSplits(const Context& c, int64_t unit) {
   }
 }
 
+// Block partials (accumulate_block, tiled.hpp): merges the partial rows of `unit` (its splits, in order) into
+// the running state with the online-softmax rule of MergeSplits, the state acting as one more split ahead of
+// them: M = max(m, m_s), a = 2^(m - M), w_s = 2^(m_s - M), l = a l + sum_s w_s l_s, o = a o + sum_s w_s o_s.
+// Nothing is divided. A row that has seen no allowed key keeps m = -inf, l = 0, o = 0; a NaN max or sum
+// (a NaN in the inputs) makes the row's m and l NaN for good, so FinishState writes NaN.
+void MergeIntoState(const Context& c, int64_t unit, const PartialState& st) {
+  const Problem& p = c.p;
+  const Schedule& sc = c.sched;
+  const DF d;
+  const int64_t D = p.head_dim, stride = sc.partial_stride(p);
+  const TileRows t = unit_rows(c, unit);
+  const float* part = c.partials + unit * sc.splits * sc.rows * stride;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t r = 0; r < t.nr; ++r) {
+    const int64_t row = (t.b * p.heads + t.head(r)) * p.seq_q + t.pos(r);
+    float &m = st.m[row], &l = st.l[row];
+    float* o = st.o + row * D;
+    bool bad = std::isnan(m) || std::isnan(l);
+    float mx = m;
+    for (int64_t s = 0; s < sc.splits; ++s) {
+      const float* pr = part + (s * sc.rows + r) * stride;
+      bad = bad || std::isnan(pr[0]) || std::isnan(pr[1]);
+      mx = std::max(mx, pr[0]);
+    }
+    if (bad) {
+      m = l = nan;
+      continue;
+    }
+    if (mx == kNegInf) continue;                               // nothing allowed yet
+    const float a = hn::GetLane(Exp2(d, hn::Set(d, m - mx)));  // 2^-inf = 0 for a fresh row
+    l *= a;
+    for (int64_t e = 0; e < D; ++e) o[e] *= a;
+    for (int64_t s = 0; s < sc.splits; ++s) {
+      const float* pr = part + (s * sc.rows + r) * stride;
+      const float ws = hn::GetLane(Exp2(d, hn::Set(d, pr[0] - mx)));  // 0 for a split with no allowed key
+      if (ws == 0.0f) continue;
+      l += ws * pr[1];
+      for (int64_t e = 0; e < D; ++e) o[e] += ws * pr[2 + e];
+    }
+    m = mx;
+  }
+}
+
 }  // namespace attn::tiled::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -790,12 +833,16 @@ HWY_AFTER_NAMESPACE();
 namespace attn::tiled {
 HWY_EXPORT(RunQueryTile);
 HWY_EXPORT(MergeSplits);
+HWY_EXPORT(MergeIntoState);
 
 void run_query_tile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
   HWY_DYNAMIC_DISPATCH(RunQueryTile)(c, unit, split, w);
 }
 void merge_splits(const Context& c, int64_t unit) {
   HWY_DYNAMIC_DISPATCH(MergeSplits)(c, unit);
+}
+void merge_into_state(const Context& c, int64_t unit, const PartialState& st) {
+  HWY_DYNAMIC_DISPATCH(MergeIntoState)(c, unit, st);
 }
 }  // namespace attn::tiled
 #endif  // HWY_ONCE

@@ -1,0 +1,247 @@
+#!/usr/bin/python3
+"""attnbench_mpi under mpirun (ctest label mpi; bench/mpi/mpi.cmake registers one test per part).
+
+  accuracy  P = 1..4 ranks, n in {1, 7, 130, 1000}, causal and not: the ring's output against an fp64 numpy
+            reference and against single-process tiled (`attnbench eval --variant tiled`), within the fp32
+            bound derived in fp32_bound() below; --compare's own report checked on a few runs
+  errors    P > n refused (exit 2, the message names P and n); unsupported flags and shapes refused
+  fault     a rank that aborts after its first block makes mpirun exit non-zero, within a bounded time
+  sweep     `attnbench_mpi run` on a small config: tiled rows with ranks and bytes, other variants skipped
+
+Exit 0 pass, 1 fail, 77 skip (numpy or mpirun missing). Every mpirun runs under a timeout.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    import numpy as np
+except ImportError:
+    print("skip: numpy missing")
+    sys.exit(77)
+
+MPI_TIMEOUT = 60  # seconds per mpirun: a hang fails the test instead of stalling ctest
+FAILURES = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+        print("FAIL:", what)
+
+
+def mpirun(args, P, *cmd, timeout=MPI_TIMEOUT):
+    full = [args.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(P), args.mpi, "--threads", "1",
+            *cmd]
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run(full, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, time.monotonic() - t0
+    return r, time.monotonic() - t0
+
+
+def save_inputs(folder, n, seed, B=2, H=4, Hkv=2, D=24, std=1.5):
+    rng = np.random.default_rng(seed)
+    paths = {}
+    for name, heads, s in (("q", H, std), ("k", Hkv, std), ("v", Hkv, 1.0)):
+        a = (rng.standard_normal((B, heads, n, D)) * s).astype(np.float32)
+        paths[name] = os.path.join(folder, f"{name}{n}.npy")
+        np.save(paths[name], a)
+    return paths
+
+
+def reference(q, k, v, causal):
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k = np.repeat(k, group, axis=1)
+    v = np.repeat(v, group, axis=1)
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
+    if causal:
+        n = q.shape[2]
+        s = np.where(np.tril(np.ones((n, n), dtype=bool)), s, -np.inf)
+    s -= s.max(axis=-1, keepdims=True)
+    w = np.exp(s)
+    return (w / w.sum(axis=-1, keepdims=True)) @ v
+
+
+def fp32_bound(q, k, v, P):
+    """Absolute error bound of fp32 exact attention against fp64, as common/reference.cpp
+    exact_abs_tolerance: with u = 2^-24 and S = scale * max||q_i|| * max||k_j||, a logit carries D*u*S, exp
+    doubles it, the normaliser and the weighted sum of Lkv values add Lkv*u*max|v|, plus 16 ulps slack for
+    the exp polynomial and the per-tile rescales: u*max|v|*(2*D*S + 2*Lkv + 16), times 4 for accumulation
+    order. The ring adds one online-softmax merge per (query chunk, key chunk) block, at most 2P per row
+    (ring.hpp), each an exp2 (1.5 ulp), a multiply and an add on the sum and the output: 3u relative each,
+    so 4 * 3 * 2P * u * max|v| more."""
+    u = 2.0 ** -24
+    D, n = q.shape[-1], k.shape[2]
+    qn = np.sqrt((q.astype(np.float64) ** 2).sum(-1)).max()
+    kn = np.sqrt((k.astype(np.float64) ** 2).sum(-1)).max()
+    vmax = np.abs(v).max()
+    S = qn * kn / np.sqrt(D)
+    return 4 * u * vmax * (2 * D * S + 2 * n + 16) + 4 * 3 * 2 * P * u * vmax
+
+
+def part_accuracy(args, tmp):
+    cases = 0
+    for n in (1, 7, 130, 1000):
+        paths = save_inputs(tmp, n, seed=n)
+        q, k, v = (np.load(paths[x]) for x in "qkv")
+        for causal in (False, True):
+            flag = ["--causal"] if causal else []
+            want = reference(q, k, v, causal)
+            tiled_out = os.path.join(tmp, "tiled.npy")
+            r = subprocess.run([args.attnbench, "--threads", "1", "eval", "--variant", "tiled", "--q", paths["q"],
+                                "--k", paths["k"], "--v", paths["v"], *flag, "--out", tiled_out],
+                               capture_output=True, text=True, timeout=MPI_TIMEOUT)
+            check(r.returncode == 0, f"attnbench eval tiled n={n}: {r.stderr}")
+            tiled = np.load(tiled_out)
+            for P in (1, 2, 3, 4):
+                if P > n:
+                    continue
+                # Small tiles on n = 130 so the blocks run several tiles and the split-KV path.
+                tiles = ["--param", "tile_q=4", "--param", "tile_kv=8"] if n == 130 and P % 2 else []
+                out = os.path.join(tmp, f"ring{n}_{P}_{int(causal)}.npy")
+                compare = ["--compare"] if n == 130 else []
+                r, _ = mpirun(args, P, "eval", "--q", paths["q"], "--k", paths["k"], "--v", paths["v"], *flag,
+                              *tiles, "--out", out, *compare)
+                what = f"n={n} P={P} causal={causal}"
+                if r is None or r.returncode != 0:
+                    check(False, f"{what}: mpirun failed or timed out: {r.stderr if r else 'timeout'}")
+                    continue
+                got = np.load(out)
+                bound = fp32_bound(q, k, v, P)
+                err_ref = np.abs(got - want).max()
+                err_tiled = np.abs(got.astype(np.float64) - tiled).max()
+                check(np.isfinite(got).all(), f"{what}: non-finite output")
+                check(err_ref <= bound, f"{what}: max |ring - fp64| = {err_ref:.3g} > bound {bound:.3g}")
+                # Both within `bound` of the exact result, so within 2 * bound of each other.
+                check(err_tiled <= 2 * bound, f"{what}: max |ring - tiled| = {err_tiled:.3g} > {2 * bound:.3g}")
+                report = json.loads(r.stdout.strip().splitlines()[-1])
+                check(report["ranks"] == P and len(report["per_rank"]) == P, f"{what}: report ranks")
+                check(sum(x["rows"] for x in report["per_rank"]) == n, f"{what}: rows do not add up to n")
+                rows = [x["rows"] for x in report["per_rank"]]
+                check(max(rows) - min(rows) <= 1, f"{what}: rows per rank {rows} not balanced")
+                kv_bytes = 2 * k.size * 4
+                sent = [x["bytes_sent"] for x in report["per_rank"]]
+                # Each rank sends every block but its predecessor's own: |K,V| minus that block's bytes.
+                check(sum(sent) == (P - 1) * kv_bytes, f"{what}: bytes sent {sent}, total != (P-1)*|K,V|")
+                if compare:
+                    c = report["compare"]
+                    if not tiles:  # --compare runs tiled with the ring's parameters: the same run as ours
+                        check(abs(c["max_abs_diff_vs_tiled"] - err_tiled) < 1e-12, f"{what}: --compare diff")
+                    check(c["accuracy"]["max_abs_err"] <= bound, f"{what}: --compare accuracy")
+                    check(c["max_abs_diff_vs_tiled"] <= c["tolerance_vs_tiled"], f"{what}: --compare tolerance")
+                cases += 1
+                print(f"ok {what}: |ring-fp64| {err_ref:.2e} |ring-tiled| {err_tiled:.2e} bound {bound:.2e}")
+    check(cases == 2 * (1 + 4 + 4 + 4), f"ran {cases} cases")
+    # A row with no allowed key cannot occur under a causal mask on self-attention (key i is always
+    # allowed); NaN inputs stay visible: a NaN in one key reaches exactly the rows that see it.
+    paths = save_inputs(tmp, 7, seed=3)
+    k = np.load(paths["k"])
+    k[0, 0, 4, 0] = np.nan
+    np.save(paths["k"], k)
+    out = os.path.join(tmp, "nan.npy")
+    r, _ = mpirun(args, 3, "eval", "--q", paths["q"], "--k", paths["k"], "--v", paths["v"], "--causal", "--out", out)
+    check(r is not None and r.returncode == 0, "NaN input run")
+    if r is not None and r.returncode == 0:
+        got = np.load(out)
+        bad_rows = np.isnan(got).any(-1)  # [B, H, n]
+        check(bad_rows[0, :2, 4:].all() and not bad_rows[0, :2, :4].any() and not bad_rows[1].any(),
+              "NaN key 4 of batch 0, K/V head 0 must reach exactly rows >= 4 of query heads 0, 1")
+
+
+def part_errors(args, tmp):
+    paths = save_inputs(tmp, 1, seed=1)
+    r, _ = mpirun(args, 2, "eval", "--q", paths["q"], "--k", paths["k"], "--v", paths["v"], "--out",
+                  os.path.join(tmp, "o.npy"))
+    check(r is not None and r.returncode == 2, f"P=2 > n=1 must exit 2, got {r and r.returncode}")
+    if r is not None:
+        check("P <= n" in r.stderr and "n = 1" in r.stderr and "-np 2" in r.stderr,
+              f"P > n message must name P and n: {r.stderr!r}")
+        check(r.stderr.count("ring attention needs") == 1, "the error is printed once (by rank 0)")
+    p7 = save_inputs(tmp, 7, seed=2)
+    k8 = os.path.join(tmp, "k8.npy")
+    np.save(k8, np.zeros((2, 2, 8, 24), np.float32))
+    for extra, needle in ((["--mask", "m.npy"], "--mask"), (["--dtype", "bf16"], "--dtype bf16"),
+                          (["--variant", "naive"], "--variant naive"), (["--dropout", "0.1"], "--dropout"),
+                          (["--k", k8, "--v", k8], "seq_q == seq_kv"), (["--param", "tile_q=-1"], "tile_q")):
+        base = {"--q": p7["q"], "--k": p7["k"], "--v": p7["v"]}
+        cmd = ["eval"]
+        for key, val in base.items():
+            if key not in extra:
+                cmd += [key, val]
+        r, _ = mpirun(args, 2, *cmd, *extra, "--out", os.path.join(tmp, "o.npy"))
+        check(r is not None and r.returncode == 2 and needle in r.stderr,
+              f"{extra}: want exit 2 naming {needle!r}, got {r and r.returncode}: {r and r.stderr!r}")
+    r, _ = mpirun(args, 2, "eval", "--q", os.path.join(tmp, "missing.npy"), "--k", p7["k"], "--v", p7["v"],
+                  "--out", os.path.join(tmp, "o.npy"))
+    check(r is not None and r.returncode == 2 and "missing.npy" in r.stderr, "missing file: exit 2 naming it")
+
+
+def part_fault(args, tmp):
+    paths = save_inputs(tmp, 1000, seed=5)
+    out = os.path.join(tmp, "o.npy")
+    r, elapsed = mpirun(args, 3, "eval", "--q", paths["q"], "--k", paths["k"], "--v", paths["v"], "--causal",
+                        "--out", out, "--abort-rank-after-first-block", "1", timeout=MPI_TIMEOUT)
+    check(r is not None, f"mpirun with an aborting rank hung ({elapsed:.0f} s, killed by the timeout)")
+    if r is not None:
+        check(r.returncode != 0, "mpirun with an aborting rank must exit non-zero")
+        check(not os.path.exists(out), "no output file after a failed run")
+        print(f"ok: aborting rank 1 -> mpirun exit {r.returncode} after {elapsed:.1f} s")
+
+
+def part_sweep(args, tmp):
+    cfg = {"name": "mpi_test", "variants": ["tiled", "naive"],
+           "sweep": {"batch": 1, "heads": 2, "head_dim": 16, "seq_len": [33, 100], "mask": ["none", "causal"],
+                     "threads": 1},
+           "inputs": {"regime": "gaussian", "std": 1.0},
+           "measure": {"warmup": 0, "min_reps": 1, "max_reps": 2, "min_time_s": 0, "max_time_s": 1,
+                       "max_interference": 1, "calibrate_every": 0},
+           "accuracy": {"reference": "full"}, "memory_budget": "1GiB", "seed": 7}
+    path = os.path.join(tmp, "cfg.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    out = os.path.join(tmp, "res")
+    r, _ = mpirun(args, 2, "run", path, "--out", out)
+    check(r is not None and r.returncode == 0, f"run: {r and r.stderr}")
+    if r is None or r.returncode != 0:
+        return
+    rows = [json.loads(line) for line in open(os.path.join(out, "results.jsonl"))]
+    check(len(rows) == 8, f"8 rows (2 variants x 2 lengths x 2 masks), got {len(rows)}")
+    for row in rows:
+        check(row["ranks"] == 2, "ranks field")
+        if row["variant"] == "naive":
+            check(row["status"] == "skipped" and "tiled" in row["reason"], "naive rows skipped with a reason")
+            continue
+        check(row["status"] == "ok" and row["time_ms"]["median"] > 0, f"{row['id']}: measured")
+        kv = 2 * row["batch"] * row["kv_heads"] * row["seq_kv"] * row["head_dim"] * 4
+        check(abs(row["bytes_sent_per_rank"] - kv / 2) <= 2 * row["kv_heads"] * row["head_dim"] * 4 * 2,
+              f"{row['id']}: bytes_sent_per_rank {row['bytes_sent_per_rank']} vs |K,V|/2 = {kv / 2}")
+        check(row["accuracy"]["max_abs_err"] < 1e-5, f"{row['id']}: accuracy {row['accuracy']}")
+        check(row["id"].endswith(",ranks=2"), "ids carry the rank count")
+    check(os.path.exists(os.path.join(out, "results.csv")), "results.csv written")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("part", choices=["accuracy", "errors", "fault", "sweep"])
+    ap.add_argument("--mpi", required=True)
+    ap.add_argument("--attnbench", required=True)
+    ap.add_argument("--mpirun", default="mpirun")
+    args = ap.parse_args()
+    if not os.path.exists(args.mpirun) and subprocess.run(["which", args.mpirun], capture_output=True).returncode:
+        print("skip: no mpirun")
+        return 77
+    with tempfile.TemporaryDirectory() as tmp:
+        globals()["part_" + args.part](args, tmp)
+    print("FAILED:" if FAILURES else "passed", *FAILURES, sep="\n  ")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
