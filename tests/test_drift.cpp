@@ -246,7 +246,7 @@ TEST_CASE("attnbench drift --json has L+1 layers per variant, the baseline alway
   std::sort(sorted.begin(), sorted.end());
   CHECK(sorted == Registry::instance().names());
   CHECK(names.front() == Registry::instance().baseline().name());
-  const ProcResult text = attnbench(dir, kSmall + std::vector<std::string>{"--variant", "all"});
+  const ProcResult text = attnbench(dir, kSmall + std::vector<std::string>{"--variant", "all", "--causal"});
   REQUIRE(text.code == 0);
   for (const auto& n : Registry::instance().names()) CHECK(contains(text.out, n));
   CHECK(contains(text.out, "rel_l2"));

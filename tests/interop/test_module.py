@@ -349,7 +349,9 @@ def sweep(exe, tmp):
     with open(os.path.join(out_cli, "results.jsonl")) as f:
         cli_rows = [json.loads(line) for line in f]
     rows = attnbench.run(config, out_py)
-    check(len(rows) == len(cli_rows) == 16 and without_timing(rows) == without_timing(cli_rows),
+    # Every registered variant x 2 lengths x 2 masks (the small config's "variants" is "all").
+    planned = 4 * len(attnbench.variants())
+    check(len(rows) == len(cli_rows) == planned and without_timing(rows) == without_timing(cli_rows),
           "run() rows equal `attnbench run`'s but for the timing fields (%d rows)" % len(rows))
     check(all(r["status"] in ("ok", "skipped") for r in rows), "run(): every point ok or skipped")
     again = raises(lambda: attnbench.run(config, out_py))
