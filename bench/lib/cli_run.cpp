@@ -33,6 +33,11 @@ ATTN_REGISTER_COMMAND(
           "--json", o->sweep.json,
           "with --dry-run: one JSON object per point (id, problem, inputs, FLOPs, memory, skip reason, "
           "accuracy rows, base result row)");
+      sub.add_option(
+          "--shard", o->sweep.shard,
+          "I/N: measure only shard I of N (0 <= I < N) into OUT/shards/I-of-N (the plan's points, or "
+          "its input sets with measure.interleave, dealt round-robin); slurm/N takes I from "
+          "SLURM_ARRAY_TASK_ID. `attnbench merge OUT` joins the shards");
       sub.add_flag("--plain", o->plain, "one plain line per point even on a terminal");
       attn::cli::add_isa_option(sub, o->sweep.isa)
           ->description(

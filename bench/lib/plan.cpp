@@ -180,6 +180,27 @@ std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
   return plan;
 }
 
+ShardUnits shard_units(const std::vector<SweepPoint>& points, bool by_input_set) {
+  ShardUnits s;
+  s.by_input_set = by_input_set;
+  s.unit.reserve(points.size());
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    // The runner's grouping (sweep.cpp): a new group starts where the input key changes.
+    const bool same_group = by_input_set && i > 0 && points[i].input_key == points[i - 1].input_key;
+    if (!same_group) ++s.units;
+    s.unit.push_back(s.units - 1);
+  }
+  return s;
+}
+
+std::string shard_plan_hash(const std::vector<SweepPoint>& points) {
+  uint64_t h = kFnvOffsetBasis;
+  for (const SweepPoint& pt : points) h = fnv1a64(pt.id + "\n", h);
+  std::ostringstream s;
+  s << std::hex << h;
+  return s.str();
+}
+
 std::string accuracy_mode(const Problem& p, const AccuracySettings& a) {
   if (a.reference != "auto") return a.reference;
   return p.seq_q <= a.rows ? "full" : "sampled";

@@ -87,8 +87,7 @@ ResultStore::ResultStore(std::string dir, Mode mode, const SweepConfig& config, 
           "' already holds results; use --resume to finish them, --force to replace them, or --out");
     fs::create_directories(d);
     for (const char* f : {"results.jsonl", "results.csv", "meta.json"}) fs::remove(d / f);
-    for (const char* f : kDerivedFiles) fs::remove(d / f);
-    for (const char* f : kDerivedFolders) fs::remove_all(d / f);
+    remove_derived_files(dir_);
     meta_ = {
         {"config_name", config.name}, {"config_path", config.source_path}, {"config_hash", id.config_hash},
         {"config", config.raw},       {"isa_option", id.isa_option},       {"start_time", now_iso8601()},
@@ -129,6 +128,12 @@ void ResultStore::finish(bool interrupted) {
   meta_["interrupted"] = interrupted;
   meta_["rows"] = rows.size();
   save_meta();
+}
+
+void remove_derived_files(const std::string& dir) {
+  const fs::path d = dir;
+  for (const char* f : kDerivedFiles) fs::remove(d / f);
+  for (const char* f : kDerivedFolders) fs::remove_all(d / f);
 }
 
 std::vector<ResultRow> read_results_jsonl(const std::string& path, bool repair) {

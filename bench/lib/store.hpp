@@ -50,6 +50,10 @@ class ResultStore {
   int jsonl_fd_ = -1;
 };
 
+// Removes what other tools derived from a results folder's rows (plots/, REPORT.md, summary.json,
+// results.peers.jsonl, patterns/): they describe the results being replaced (a fresh run, `attnbench merge`).
+void remove_derived_files(const std::string& dir);
+
 // Reads results.jsonl. A torn last line (a crash mid-write) is dropped and, if `repair`, cut from the file;
 // a bad line anywhere else is an error naming the file and line. The last row per id wins.
 std::vector<ResultRow> read_results_jsonl(const std::string& path, bool repair);

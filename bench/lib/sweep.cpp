@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -71,7 +72,8 @@ std::string format_duration(double s) {
   return o.str();
 }
 
-int print_plan(const std::vector<SweepPoint>& points, const SweepConfig& config, bool json) {
+int print_plan(const std::vector<SweepPoint>& points, const SweepConfig& config, bool json,
+               const std::string& shard_note) {
   for (const SweepPoint& pt : points) {
     if (json) {
       std::cout << point_json(pt, config).dump() << "\n";
@@ -84,7 +86,7 @@ int print_plan(const std::vector<SweepPoint>& points, const SweepConfig& config,
       std::cout << "  est. " << format_bytes(static_cast<double>(point_memory(pt, config).call.total()));
     std::cout << "\n";
   }
-  if (!json) std::cout << points.size() << " points\n";
+  if (!json) std::cout << points.size() << " points" << shard_note << "\n";
   return 0;
 }
 
@@ -97,7 +99,104 @@ void progress(std::size_t done, std::size_t total, const std::string& id,
             << std::flush;
 }
 
+// A non-negative decimal integer (digits only, at most 9 of them: no sign, no blanks, no overflow).
+std::optional<int> parse_count(const std::string& s) {
+  if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  return std::stoi(s);
+}
+
+// The shard's points, and what meta.json records of the shard (the whole plan's ids and owners, so `merge`
+// knows every point and who should have measured it without planning again).
+std::vector<SweepPoint> shard_points(const Plan& plan, const ShardSpec& shard, Json& meta) {
+  const ShardUnits units = shard_units(plan.points, plan.config.measure.interleave);
+  std::vector<SweepPoint> mine;
+  Json ids = Json::array(), owners = Json::array();
+  for (std::size_t i = 0; i < plan.points.size(); ++i) {
+    const int owner = units.shard_of(i, shard.count);
+    if (owner == shard.index) mine.push_back(plan.points[i]);
+    ids.push_back(plan.points[i].id);
+    owners.push_back(owner);
+  }
+  meta = {{"index", shard.index},
+          {"count", shard.count},
+          {"by", units.by_input_set ? "input set" : "point"},
+          {"points", mine.size()},
+          {"plan",
+           {{"points", plan.points.size()},
+            {"units", units.units},
+            {"hash", shard_plan_hash(plan.points)},
+            {"ids", ids},
+            {"shards", owners}}},
+          {"runs", Json::array()}};
+  return mine;
+}
+
+// --resume of a shard: the folder must hold the same shard of the same plan.
+void check_resumed_shard(const Json& old, const Json& now, const std::string& dir) {
+  if (!old.is_object() || old.value("count", -1) != now["count"] || old.value("index", -1) != now["index"])
+    throw UsageError("--resume: '" + dir + "' does not hold shard " + now["index"].dump() + "/" +
+                     now["count"].dump() + " (its meta.json has " +
+                     (old.is_object() ? old.dump() : "no shard") +
+                     "); rerun without --resume (and --force) or use another --out");
+  const Json old_plan = old.value("plan", Json::object());
+  const std::string was = old_plan.value("hash", "?"), is = now["plan"]["hash"].get<std::string>();
+  if (was != is)
+    throw UsageError("--resume: the plan of shard " + now["index"].dump() + "/" + now["count"].dump() +
+                     " in '" + dir + "' changed (" + old_plan.value("points", Json(0)).dump() +
+                     " points, hash " + was + " then; " + now["plan"]["points"].dump() + " points, hash " +
+                     is +
+                     " now) although the config did not: it leaves something to the machine (sweep.threads "
+                     "defaults to the cores available); set it in the config, or rerun with --force");
+}
+
 }  // namespace
+
+std::string ShardSpec::folder() const {
+  return std::to_string(index) + "-of-" + std::to_string(count);
+}
+
+ShardSpec parse_shard(const std::string& text, const char* slurm_task_id) {
+  const std::string allowed = "expected I/N with 0 <= I < N <= " + std::to_string(kMaxShards) +
+                              " (shard I of N), or slurm/N (I from SLURM_ARRAY_TASK_ID)";
+  const std::size_t slash = text.find('/');
+  if (slash == std::string::npos) throw UsageError("--shard '" + text + "': " + allowed);
+  const std::string head = text.substr(0, slash);
+  const std::optional<int> count = parse_count(text.substr(slash + 1));
+  if (!count || *count < 1 || *count > kMaxShards)
+    throw UsageError("--shard '" + text + "': the shard count N must be an integer in [1, " +
+                     std::to_string(kMaxShards) + "]; " + allowed);
+  ShardSpec s;
+  s.count = *count;
+  std::optional<int> index;
+  if (head == "slurm") {
+    if (!slurm_task_id)
+      throw UsageError(
+          "--shard '" + text +
+          "': SLURM_ARRAY_TASK_ID is not set (not a Slurm array task); give the index: --shard I/" +
+          std::to_string(s.count));
+    index = parse_count(slurm_task_id);
+    if (!index || *index >= s.count)
+      throw UsageError("--shard '" + text + "': SLURM_ARRAY_TASK_ID '" + slurm_task_id +
+                       "' is not a shard index in [0, " + std::to_string(s.count - 1) +
+                       "]; submit the array as --array=0-" + std::to_string(s.count - 1));
+  } else {
+    index = parse_count(head);
+    if (!index || *index >= s.count)
+      throw UsageError("--shard '" + text + "': the shard index I must be an integer in [0, " +
+                       std::to_string(s.count - 1) + "]; " + allowed);
+  }
+  s.index = *index;
+  return s;
+}
+
+Json slurm_environment() {
+  Json env = Json::object();
+  for (const char* name : {"SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_NODELIST",
+                           "SLURM_CLUSTER_NAME", "SLURM_JOB_PARTITION"})
+    if (const char* v = std::getenv(name)) env[name] = v;
+  return env;
+}
 
 std::vector<SweepPoint> filter_points(const Plan& plan, const std::string& filter) {
   std::vector<SweepPoint> points = plan.points;
@@ -113,25 +212,57 @@ int run_sweep(const Plan& plan, const SweepOptions& options) {
   SweepOptions o = options;
   const SweepConfig& config = plan.config;
   if (o.out_dir.empty()) o.out_dir = (fs::path("results") / config.name).string();
-  const std::vector<SweepPoint> points = filter_points(plan, o.filter);
-  if (o.dry_run) return print_plan(points, config, o.json);
+  std::vector<SweepPoint> points;
+  Json shard_meta;  // null unless --shard
+  std::string shard_note;
+  if (!o.shard.empty()) {
+    const ShardSpec shard = parse_shard(o.shard, std::getenv("SLURM_ARRAY_TASK_ID"));
+    if (!o.filter.empty())
+      throw UsageError(
+          "--filter and --shard exclude each other: `attnbench merge` checks the shards against "
+          "the whole plan, so a filtered shard would report the filtered-out points missing");
+    points = shard_points(plan, shard, shard_meta);
+    const std::string unit = shard_meta["by"] == "input set" ? "input sets" : "points";
+    shard_note = " (shard " + std::to_string(shard.index) + "/" + std::to_string(shard.count) +
+                 " of the plan's " + std::to_string(plan.points.size()) + " points, " +
+                 shard_meta["plan"]["units"].dump() + " " + unit + " dealt round-robin)";
+    o.out_dir = (fs::path(o.out_dir) / "shards" / shard.folder()).string();
+  } else {
+    points = filter_points(plan, o.filter);
+  }
+  if (o.dry_run) return print_plan(points, config, o.json, shard_note);
 
   // Handlers first: a Ctrl-C during set-up or calibration also ends in a resumable folder.
   std::optional<StopSignalScope> stop_signals(std::in_place);
   PointRunner runner(config);
-  const Json machine = {
+  Json machine = {
       {"system", system_info()},
       {"memory_probe", runner.memory_probe_supported() ? "VmHWM reset per point" : "unsupported"}};
+  const Json slurm = slurm_environment();
+  if (!slurm.empty()) machine["slurm"] = slurm;
+  if (!shard_meta.is_null()) machine["shard"] = shard_meta;
   ResultStore store(o.out_dir,
                     o.resume  ? ResultStore::Mode::resume
                     : o.force ? ResultStore::Mode::force
                               : ResultStore::Mode::fresh,
                     config, {config.hash(), o.isa}, machine);
+  if (!shard_meta.is_null()) {
+    if (o.resume) check_resumed_shard(store.meta().value("shard", Json()), shard_meta, o.out_dir);
+    // Every start of the shard's folder (the first and each --resume, possibly on another node): where it
+    // ran, so `merge` can name the machine of every row.
+    const Json system = machine["system"];
+    store.meta()["shard"]["runs"].push_back({{"start_time", now_iso8601()},
+                                             {"hostname", system["hostname"]},
+                                             {"cpu_model", system["cpu_model"]},
+                                             {"slurm", slurm}});
+    if (o.resume && !slurm.empty()) store.meta()["slurm"] = slurm;  // the latest task's ids
+    store.save_meta();
+  }
   std::set<std::string> done;
   for (const ResultRow& row : store.existing()) done.insert(row.id);
   std::size_t todo = 0;
   for (const auto& pt : points) todo += !done.count(pt.id);
-  std::cout << "attnbench: sweep '" << config.name << "': " << points.size() << " points"
+  std::cout << "attnbench: sweep '" << config.name << "': " << points.size() << " points" << shard_note
             << (done.empty() ? "" : ", " + std::to_string(points.size() - todo) + " already done") << " -> "
             << o.out_dir << "\n"
             << std::flush;

@@ -1,6 +1,6 @@
 // `attnbench run`: drives the sweep's stages (config -> plan -> runner -> store) over a plan: --filter,
-// --dry-run (text or --json), interrupt handling (SIGINT/SIGTERM end in a folder --resume accepts), the
-// calibration, progress and the closing summary.
+// --shard (one shard of the plan into OUT/shards/I-of-N), --dry-run (text or --json), interrupt handling
+// (SIGINT/SIGTERM end in a folder --resume accepts), the calibration, progress and the closing summary.
 #pragma once
 #include <string>
 
@@ -17,7 +17,24 @@ struct SweepOptions {
   bool json = false;         // with dry_run: one JSON object per point (plan.hpp point_json), one per line
   bool progress_tty = true;  // one rewriting progress line on a terminal (else one plain line per point)
   std::string isa = "best";  // `run --isa`, already applied to the plan; kept in meta.json for --resume
+  std::string shard;         // `run --shard I/N` or `slurm/N` (parse_shard); "" = the whole plan
 };
+
+// One shard of a plan: the units (plan.hpp ShardUnits) whose index is congruent to `index` modulo `count`.
+struct ShardSpec {
+  int index = 0;
+  int count = 1;
+  std::string folder() const;  // "I-of-N", the shard's folder under OUT/shards/
+};
+constexpr int kMaxShards = 100000;
+// `--shard I/N` with 0 <= I < N <= kMaxShards, or `--shard slurm/N`: I is then the environment's
+// SLURM_ARRAY_TASK_ID (`slurm_task_id`, nullptr when unset), so one batch script serves every array task.
+// UsageError naming --shard, the value and what is allowed.
+ShardSpec parse_shard(const std::string& text, const char* slurm_task_id);
+
+// The Slurm job facts of this process (SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID,
+// SLURM_NODELIST, SLURM_CLUSTER_NAME, SLURM_JOB_PARTITION) as strings; an empty object outside Slurm.
+Json slurm_environment();
 
 // The points of `plan` whose id contains `filter` (all when empty); UsageError when it matches none.
 std::vector<SweepPoint> filter_points(const Plan& plan, const std::string& filter);
