@@ -199,7 +199,7 @@ TEST_CASE("shards partition the plan for several N, with and without interleaved
   CHECK(shard_plan_hash(here.points) == shard_plan_hash(there.points));
 }
 
-TEST_CASE("--shard refuses bad values naming the flag, the value and what is allowed", "[shard][cli]") {
+TEST_CASE("run --shard refuses bad values naming the flag, the value and what is allowed", "[shard][cli]") {
   CHECK(parse_shard("0/1", nullptr).folder() == "0-of-1");
   CHECK(parse_shard("3/4", nullptr).index == 3);
   CHECK(parse_shard("slurm/4", "2").index == 2);
@@ -243,7 +243,7 @@ TEST_CASE("--shard refuses bad values naming the flag, the value and what is all
   CHECK_FALSE(fs::exists(dir.path() / "out"));
 }
 
-TEST_CASE("a shard writes its folder with the plan, machine and Slurm ids; merge joins complete shards",
+TEST_CASE("a shard writes its folder with the plan, machine and Slurm ids, and merge joins complete shards",
           "[shard][merge]") {
   const ShardRuns& runs = shard_runs();
   REQUIRE(runs.r0.code == 0);
