@@ -699,8 +699,8 @@ TEST_CASE("eval --compare with NaN/Inf inputs: counts reported, no crash, the po
         REQUIRE(eval(nf, kp, vp, dir.file("o_nudged.npy")).code == 0);
         const FloatArray on = read_npy_float(dir.file("o_nudged.npy"));
         for (int64_t i = 0; i < L; ++i)
-          if (i != 7 && std::memcmp(on.ptr() + at(1, 0, i, 0), o_clean.ptr() + at(1, 0, i, 0),
-                                    D * sizeof(float)) != 0)
+          if (i != 7 &&
+              std::memcmp(on.ptr() + at(1, 0, i, 0), o_clean.ptr() + at(1, 0, i, 0), D * sizeof(float)) != 0)
             mixes_queries = true;
       }
       for (const Poison& p : poisons) {
