@@ -181,6 +181,11 @@ int run_sweep(const SweepOptions& o, int threads) {
         std::copy_n(a.ptr() + first, count, out);
       };
     scatter(MPI_COMM_WORLD, z, shape, source, data);
+    // Memory as `attnbench run` reads it: the resident high-water mark is reset once the rank holds its share
+    // of Q, K, V, so the increase is what the ring itself needs (output, the second K/V buffer, tiled's
+    // workspace). The row's memory.peak_bytes is the largest rank's; each rank's absolute peak is in `ring`.
+    MemoryProbe memory;
+    memory.reset();
 
     // Timing: warm-up, then repetitions until the config's measure settings stop them. A repetition's time is
     // the slowest rank's (MPI_Allreduce max), so every rank sees the same samples and stops together.
@@ -215,8 +220,12 @@ int run_sweep(const SweepOptions& o, int threads) {
       out = FloatArray({shape.batch, shape.heads, shape.n, shape.head_dim});
       sink = [&](int64_t first, int64_t count, const float* v) { std::copy_n(v, count, out.ptr() + first); };
     }
+    const int64_t increase = memory.supported() ? memory.peak_increase() : -1;
+    int64_t max_increase = 0;
+    MPI_Allreduce(&increase, &max_increase, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    const Json report =
+        rank_report(MPI_COMM_WORLD, z, shape, last, peak_rss_bytes(), static_cast<int>(msg.threads), causal);
     gather(MPI_COMM_WORLD, z, shape, data, sink);
-    const Json report = rank_report(MPI_COMM_WORLD, z, shape, last, 0, static_cast<int>(msg.threads), causal);
     if (rank != 0) continue;
 
     const Problem& p = pt->problem;
@@ -254,6 +263,11 @@ int run_sweep(const SweepOptions& o, int threads) {
       row.accuracy.inf_count = m.inf_count;
     }
     row.accuracy_e2e = row.accuracy;
+    if (memory.supported() && max_increase >= 0)
+      row.memory.peak_bytes = max_increase;
+    else
+      row.memory.peak_note =
+          "not measured: this kernel cannot reset the resident high-water mark (clear_refs)";
     row.timestamp = utc_now();
     Json j = to_json(row);
     j["ranks"] = P;

@@ -224,6 +224,11 @@ def part_sweep(args, tmp):
               f"{row['id']}: bytes_sent_per_rank {row['bytes_sent_per_rank']} vs |K,V|/2 = {kv / 2}")
         check(row["accuracy"]["max_abs_err"] < 1e-5, f"{row['id']}: accuracy {row['accuracy']}")
         check(row["id"].endswith(",ranks=2"), "ids carry the rank count")
+        # The largest rank's resident increase while timed: at least its share of the output (n/2 rows).
+        out_share = row["batch"] * row["heads"] * (row["seq_q"] // 2) * row["head_dim"] * 4
+        peak = row["memory"].get("peak_bytes")
+        check(peak is not None and peak >= out_share and all(r["peak_rss_bytes"] > 0 for r in row["ring"]["per_rank"]),
+              f"{row['id']}: memory.peak_bytes {peak} >= the output share {out_share}, per-rank peak RSS > 0")
     check(os.path.exists(os.path.join(out, "results.csv")), "results.csv written")
 
 
