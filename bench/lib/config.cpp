@@ -444,7 +444,8 @@ void parse_measure(const Json& m, MeasureSettings& s) {
   if (s.max_time_s < s.min_time_s)
     // max_time_s may be the default here (absent from `m`: a const operator[] on a missing key is undefined).
     fail("measure.max_time_s", "must be >= measure.min_time_s (" + Json(s.min_time_s).dump() + "), got " +
-                                   Json(s.max_time_s).dump() + (m.contains("max_time_s") ? "" : " (the default)"));
+                                   Json(s.max_time_s).dump() +
+                                   (m.contains("max_time_s") ? "" : " (the default)"));
 }
 
 void parse_accuracy(const Json& a, AccuracySettings& s) {
