@@ -35,7 +35,7 @@ Json shard_config(bool interleave) {
             {"heads", 2},
             {"head_dim", 8},
             {"seq_len", {16, 24}},
-            {"mask", {"none", "causal"}},
+            {"mask", {"none", "pad=0.25"}},
             {"threads", 1}}},
           {"measure",
            {{"warmup", 0},

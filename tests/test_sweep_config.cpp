@@ -436,8 +436,8 @@ TEST_CASE("plan expansion: ids are unique and points sharing inputs are adjacent
   for (const auto& pt : plan) ids.insert(pt.id);
   CHECK(ids.size() == plan.size());
 
-  // Each input key forms one contiguous run; every point of the run has the same shape, mask, regime and
-  // seed.
+  // Each input key forms one contiguous run; every point of the run has the same shape, key padding, regime
+  // and seed (causal and non-causal points share their inputs, #18).
   std::set<std::string> finished_keys;
   std::map<uint64_t, std::string> key_of_seed;
   for (std::size_t i = 0; i < plan.size(); ++i) {
@@ -456,12 +456,32 @@ TEST_CASE("plan expansion: ids are unique and points sharing inputs are adjacent
     CHECK(prev.problem.seq_q == pt.problem.seq_q);
     CHECK(prev.problem.seq_kv == pt.problem.seq_kv);
     CHECK(prev.problem.head_dim == pt.problem.head_dim);
-    CHECK(prev.problem.mask == pt.problem.mask);
+    CHECK(prev.problem.mask.key_padding == pt.problem.mask.key_padding);
     CHECK(prev.mask.pad_fraction == pt.mask.pad_fraction);
     CHECK(prev.regime.std == pt.regime.std);
   }
-  // One run per (batch, head_dim, seq_q x seq_kv, mask, regime).
-  CHECK(finished_keys.size() == 2u * 2 * 4 * 4 * 3);
+  // One run per (batch, head_dim, seq_q x seq_kv, key padding, regime): "none" and "causal" are one.
+  CHECK(finished_keys.size() == 2u * 2 * 4 * 3 * 3);
+}
+
+TEST_CASE("plan expansion: causal points share their non-causal twin's inputs and group with it",
+          "[sweep][config]") {
+  Json j = base_config();
+  j["variants"] = Json::array({"naive", "tiled"});
+  j["sweep"] = Json::parse(R"({"seq_len": 32, "mask": ["causal", "pad=0.25", "none", "causal+pad=0.25"],
+                               "threads": 1})");
+  const auto plan = make_plan(parse_sweep_config(j, "cfg.json")).points;
+  REQUIRE(plan.size() == 8);
+  // Masks in the order of their inputs part, first appearance first: causal, none, pad, causal+pad.
+  const std::vector<std::string> masks{"causal", "causal", "none", "none",
+                                       "pad=0.25", "pad=0.25", "causal+pad=0.25", "causal+pad=0.25"};
+  for (std::size_t i = 0; i < plan.size(); ++i) CHECK(plan[i].mask.label() == masks[i]);
+  CHECK(plan[0].input_key == plan[3].input_key);
+  CHECK(plan[0].input_seed == plan[3].input_seed);
+  CHECK(plan[4].input_key == plan[7].input_key);
+  CHECK(plan[4].input_seed == plan[7].input_seed);
+  CHECK(plan[0].input_key != plan[4].input_key);
+  CHECK(plan[0].input_seed != plan[4].input_seed);
 }
 
 TEST_CASE("plan expansion: repeated axis values do not produce two points with one id", "[sweep][config]") {

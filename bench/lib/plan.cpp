@@ -116,10 +116,32 @@ Plan load_plan(const std::string& path, const std::string& isa_option) {
   }
 }
 
+namespace {
+// What a mask adds to a point's inputs: "none" or "pad=F" (causal masks add nothing; see expand_plan).
+std::string mask_inputs_label(const MaskAxis& m) {
+  MaskAxis inputs_only;
+  inputs_only.spec.key_padding = m.spec.key_padding;
+  inputs_only.pad_fraction = m.pad_fraction;
+  return inputs_only.label();
+}
+}  // namespace
+
 std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
   if (c.threads.empty() || !c.memory_budget_bytes)
     throw std::logic_error("expand_plan: the config is not resolved for a machine (use make_plan)");
   std::vector<SweepPoint> plan;
+  // The masks in the order of their inputs part, first appearance first (stable): masks that differ only in
+  // causality are adjacent in the plan, so they form one interleaved group (sweep.cpp groups adjacent points
+  // of one input key). Configs whose masks already are in that order keep their plan order.
+  std::vector<MaskAxis> masks_by_inputs;
+  for (const MaskAxis& m : c.masks) {
+    const std::string part = mask_inputs_label(m);
+    bool seen = false;
+    for (const MaskAxis& have : masks_by_inputs) seen |= mask_inputs_label(have) == part;
+    if (seen) continue;
+    for (const MaskAxis& same : c.masks)
+      if (mask_inputs_label(same) == part) masks_by_inputs.push_back(same);
+  }
   const std::size_t n_seq = c.self_attention ? c.seq_q.size() : c.seq_q.size() * c.seq_kv.size();
   for (const Regime& regime : c.regimes)
     for (int64_t B : c.batch)
@@ -127,7 +149,7 @@ std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
         for (int64_t KV : c.kv_heads.empty() ? std::vector<int64_t>{H} : c.kv_heads)
           for (int64_t D : c.head_dim)
             for (std::size_t s = 0; s < n_seq; ++s)
-              for (const MaskAxis& mask : c.masks) {
+              for (const MaskAxis& mask : masks_by_inputs) {
                 const int64_t Lq = c.self_attention ? c.seq_q[s] : c.seq_q[s / c.seq_kv.size()];
                 const int64_t Lkv = c.self_attention ? c.seq_kv[s] : c.seq_kv[s % c.seq_kv.size()];
                 std::ostringstream key;
@@ -135,7 +157,11 @@ std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
                 // input keys, and so their input seeds and inputs.
                 key << "B=" << B << ",H=" << H;
                 if (KV != H) key << ",Hkv=" << KV;
-                key << ",Lq=" << Lq << ",Lkv=" << Lkv << ",D=" << D << "," << mask.label() << ",";
+                // The mask's part of the key is what it adds to the inputs (the key-padding flags), not
+                // causality: a causal point and its non-causal twin read the same Q, K, V (the non-causal
+                // point's draws, as before causality left the key), so they are one input set, timed
+                // together and compared round by round (#18).
+                key << ",Lq=" << Lq << ",Lkv=" << Lkv << ",D=" << D << "," << mask_inputs_label(mask) << ",";
                 // The seed comes from the regime without RoPE: a point with RoPE rotates the very draws (or
                 // projections) the same point without it uses. The key has the RoPE part: other inputs.
                 const uint64_t seed = fnv1a64(key.str() + regime.base_label(), c.seed);
@@ -358,7 +384,8 @@ Json point_json(const SweepPoint& pt, const SweepConfig& c) {
         {"max_interference", c.measure.max_interference},
         {"max_remeasure", c.measure.max_remeasure},
         {"calibrate_every", c.measure.calibrate_every},
-        {"interleave", c.measure.interleave}}},
+        {"interleave", c.measure.interleave},
+        {"group_sgemm", c.measure.group_sgemm}}},
       {"skip", skip.empty() ? Json(nullptr) : Json(skip)},
       {"row", to_json(base_row(pt, c, simd::active_isa()))}};
   return j;
