@@ -258,6 +258,83 @@ TEST_CASE(
   CHECK(quiet.time_ms.samples.size() == static_cast<std::size_t>(quiet.time_ms.reps));
 }
 
+TEST_CASE("time_interleaved: a follower takes part in every round but never keeps the rounds going",
+          "[interference]") {
+  MeasureSettings m;
+  m.warmup = 1;
+  m.min_reps = 3;
+  m.max_reps = 1000;
+  m.min_time_s = 0.01;  // 10 ms of samples
+  m.max_time_s = 100;
+  // The calls report made-up times: the leader 5 ms a call (done after its 3 rounds), the other 0.1 ms (it
+  // would need 100 rounds to reach 10 ms).
+  int leader_calls = 0, other_calls = 0;
+  const std::vector<std::function<double()>> calls{[&] { return ++leader_calls, 5.0; },
+                                                   [&] { return ++other_calls, 0.1; }};
+  const InterleavedTiming as_follower = time_interleaved(calls, m, nullptr, {false, true});
+  CHECK(as_follower.rounds == 3);
+  CHECK(as_follower.stats[1].reps == 3);  // one sample per round, paired with the leader's
+  CHECK(other_calls == 4);                // and the warm-up round
+  const InterleavedTiming as_peer = time_interleaved(calls, m);
+  // As a peer it keeps the rounds going until its 10 ms (100 samples, or 101 when the summed 0.1 ms rounds
+  // to just below 10 ms).
+  CHECK(as_peer.rounds >= 100);
+  CHECK(as_peer.rounds <= 101);
+  CHECK(as_peer.stats[0].reps == as_peer.rounds);
+  CHECK_THROWS_AS(time_interleaved(calls, m, nullptr, {true}), std::logic_error);
+}
+
+TEST_CASE("the calibration's sgemm joins a group's rounds when it costs at most half a round",
+          "[interference][sweep]") {
+  auto config = [](bool group_sgemm) {
+    return R"({"name": "gs", "variants": ["tiled", "naive"],
+      "sweep": {"batch": 1, "heads": 2, "head_dim": 32, "seq_len": 256, "threads": 1},
+      "measure": {"warmup": 1, "min_reps": 6, "max_reps": 6, "min_time_s": 0, "max_time_s": 30,
+                  "max_interference": 1, "group_sgemm": )" +
+           std::string(group_sgemm ? "true" : "false") + R"(},
+      "accuracy": {"reference": "none"}, "memory_budget": "1GiB", "seed": 1})";
+  };
+  auto measure = [&](bool group_sgemm, double calibration_gflops) {
+    const Plan plan = make_plan(parse_sweep_config_text(config(group_sgemm), "gs.json"));
+    REQUIRE(plan.points.size() == 2);
+    PointRunner runner(plan.config);
+    Calibration cal;
+    cal.sgemm_gflops[1] = calibration_gflops;
+    runner.set_calibration(cal);
+    bool interrupted = false;
+    std::vector<ResultRow> rows = runner.measure_group(plan.points, nullptr, interrupted);
+    REQUIRE_FALSE(interrupted);
+    REQUIRE(rows.size() == 2);
+    for (const ResultRow& r : rows) REQUIRE(r.status == "ok");
+    return rows;
+  };
+  // A calibration that makes the sgemm look free: it joins, one call per round, beside both points.
+  for (const ResultRow& r : measure(true, 1e12)) {
+    INFO(r.id);
+    REQUIRE(r.group_sgemm);
+    CHECK(r.group_sgemm->reps == 6);
+    CHECK(r.group_sgemm->gflops > 0);
+    CHECK(r.group_sgemm->gflops < 1e12);  // timed, not the calibration's figure
+    REQUIRE(r.frac_sgemm);
+    // The median of the per-round ratios, next to the ratio of the medians (they differ under noise only).
+    CHECK(*r.frac_sgemm > 0.5 * *r.gflops / r.group_sgemm->gflops);
+    CHECK(*r.frac_sgemm < 2.0 * *r.gflops / r.group_sgemm->gflops);
+    REQUIRE(r.group_sgemm->frac_ci_lo);  // 6 paired rounds: [min, max] at 96.9%
+    CHECK(*r.group_sgemm->frac_ci_lo <= *r.frac_sgemm);
+    CHECK(*r.group_sgemm->frac_ci_hi >= *r.frac_sgemm);
+  }
+  // The sgemm would cost more than half a round: the rows divide by the calibration.
+  for (const ResultRow& r : measure(true, 1e-3)) {
+    CHECK_FALSE(r.group_sgemm);
+    CHECK(*r.frac_sgemm == Approx(*r.gflops / 1e-3));
+  }
+  // measure.group_sgemm false: never.
+  for (const ResultRow& r : measure(false, 1e12)) {
+    CHECK_FALSE(r.group_sgemm);
+    CHECK(*r.frac_sgemm == Approx(*r.gflops / 1e12));
+  }
+}
+
 TEST_CASE("the sgemm / FMA-peak calibration is measured again every calibrate_every points, in meta.json",
           "[interference][sweep]") {
   ScratchDir dir{"recal"};
@@ -314,6 +391,8 @@ TEST_CASE("measure settings: bad interference, cadence and interval values name 
   CHECK_THAT(error_of(R"({"max_remeasure": -1})"), Contains("measure.max_remeasure"));
   CHECK_THAT(error_of(R"({"calibrate_every": "often"})"), Contains("measure.calibrate_every"));
   CHECK_THAT(error_of(R"({"target_rel_ci": 2})"), Contains("measure.target_rel_ci"));
+  CHECK_THAT(error_of(R"({"group_sgemm": "yes"})"), Contains("measure.group_sgemm"));
+  CHECK_THAT(error_of(R"({"group_sgemm": "yes"})"), Contains("\"yes\""));
   CHECK(
       error_of(
           R"({"target_rel_ci": null, "max_interference": 0.1, "max_remeasure": 0, "calibrate_every": 0})") ==

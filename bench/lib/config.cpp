@@ -403,7 +403,7 @@ void parse_sweep_axes(const Json& sweep, SweepConfig& c) {
 void parse_measure(const Json& m, MeasureSettings& s) {
   check_keys(m, "measure",
              {"warmup", "min_reps", "max_reps", "min_time_s", "max_time_s", "target_rel_ci",
-              "max_interference", "max_remeasure", "calibrate_every", "interleave"});
+              "max_interference", "max_remeasure", "calibrate_every", "interleave", "group_sgemm"});
   if (m.contains("warmup"))
     s.warmup = static_cast<int>(get_int(m["warmup"], "measure.warmup", 0, 1000, "an integer in [0, 1000]"));
   if (m.contains("min_reps"))
@@ -437,6 +437,14 @@ void parse_measure(const Json& m, MeasureSettings& s) {
            "another), got " +
                m["interleave"].dump());
     s.interleave = m["interleave"].get<bool>();
+  }
+  if (m.contains("group_sgemm")) {
+    if (!m["group_sgemm"].is_boolean())
+      fail("measure.group_sgemm",
+           "must be true (time the calibration's sgemm in each group's rounds, when it costs at most half a "
+           "round, and divide the group's rows by it) or false (divide by the latest calibration), got " +
+               m["group_sgemm"].dump());
+    s.group_sgemm = m["group_sgemm"].get<bool>();
   }
   if (s.max_reps < s.min_reps)
     fail("measure.max_reps", "must be >= measure.min_reps (" + std::to_string(s.min_reps) + "), got " +

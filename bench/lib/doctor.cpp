@@ -273,22 +273,15 @@ DoctorFinding check_thp(const std::string& sys_root) {
 DoctorFinding check_sgemm_spread(int threads, double seconds) {
   DoctorFinding f{"sgemm_spread", "ok", "", ""};
   constexpr int64_t n = 1024;
-  AlignedVector<float> a(n * n), b(n * n), c(n * n);
-  fill_normal(a.data(), n * n, 21);
-  fill_normal(b.data(), n * n, 22);
-  set_blas_threads(threads);
+  SgemmBench bench(n);  // the calibration's yardstick, smaller
   std::vector<double> rates;
   using clock = std::chrono::steady_clock;
   const auto t_end = clock::now() + std::chrono::duration<double>(seconds);
-  sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm-up
+  bench.call_ms(threads);  // warm-up
   while (clock::now() < t_end || rates.size() < 5) {
-    const auto t0 = clock::now();
-    sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    const double s = std::chrono::duration<double>(clock::now() - t0).count();
-    rates.push_back(2.0 * n * n * n / s * 1e-9);
+    rates.push_back(bench.flops() / (bench.call_ms(threads) * 1e6));
     if (rates.size() >= 100000) break;
   }
-  set_blas_threads(1);
   const TimingStats st = summarize(rates);  // the same percentiles as the rows' timings
   const double spread = st.median_ms > 0 ? (st.p90_ms - st.p10_ms) / st.median_ms : 0;
   std::ostringstream s;

@@ -12,6 +12,10 @@
 #include <string>
 #include <thread>
 
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+
 #include "common/aligned.hpp"
 #include "common/random.hpp"
 #include "common/runtime.hpp"
@@ -124,8 +128,11 @@ struct RepState {
 }  // namespace
 
 InterleavedTiming time_interleaved(const std::vector<std::function<double()>>& calls,
-                                   const MeasureSettings& s, const std::function<bool()>& stop) {
+                                   const MeasureSettings& s, const std::function<bool()>& stop,
+                                   const std::vector<bool>& followers) {
   const std::size_t k = calls.size();
+  if (!followers.empty() && followers.size() != k)
+    throw std::logic_error("time_interleaved: one follower flag per call");
   InterleavedTiming out;
   std::vector<RepState> st(k);
   out.failed.assign(k, false);
@@ -151,7 +158,9 @@ InterleavedTiming time_interleaved(const std::vector<std::function<double()>>& c
   for (int w = 0; w < s.warmup; ++w, reverse = !reverse) round(false, reverse);
   while (true) {
     bool more = false;
-    for (const RepState& r : st) more |= !r.left && (r.samples.empty() || !r.satisfied(s));
+    for (std::size_t i = 0; i < k; ++i)
+      more |= !(followers.empty() ? false : followers[i]) && !st[i].left &&
+              (st[i].samples.empty() || !st[i].satisfied(s));
     if (!more) break;
     if (stop && stop()) {
       out.interrupted = true;
@@ -175,28 +184,45 @@ TimingStats time_repeated(const std::function<void()>& fn, const MeasureSettings
   return std::move(time_interleaved({timed}, s).stats[0]);
 }
 
+SgemmBench::SgemmBench(int64_t size)
+    : size_(size),
+      a_(static_cast<std::size_t>(size * size)),
+      b_(static_cast<std::size_t>(size * size)),
+      c_(static_cast<std::size_t>(size * size)) {
+  fill_normal(a_.data(), size * size, 11);
+  fill_normal(b_.data(), size * size, 12);
+}
+
+double SgemmBench::call_ms(int threads) {
+  ThreadScope scope(threads);
+  const int slabs = scope.threads();
+  const auto t0 = std::chrono::steady_clock::now();
+  tbb::parallel_for(
+      tbb::blocked_range<int>(0, slabs, 1),
+      [&](const tbb::blocked_range<int>& r) {
+        for (int i = r.begin(); i != r.end(); ++i) {
+          const int64_t row0 = size_ * i / slabs, rows = size_ * (i + 1) / slabs - row0;
+          sgemm(false, false, rows, size_, size_, 1.0f, a_.data() + row0 * size_, size_, b_.data(), size_, 0.0f,
+                c_.data() + row0 * size_, size_);
+        }
+      },
+      tbb::static_partitioner());
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
 SgemmCalibration calibrate_sgemm(int threads, int64_t size, int reps) {
   SgemmCalibration c;
   c.threads = threads;
   c.size = size;
-  const std::size_t n = static_cast<std::size_t>(size * size);
-  AlignedVector<float> a(n), b(n), out(n);
-  fill_normal(a.data(), static_cast<int64_t>(n), 11);
-  fill_normal(b.data(), static_cast<int64_t>(n), 12);
-  set_blas_threads(threads);
+  SgemmBench bench(size);
   MeasureSettings ms;
   ms.warmup = 1;
   ms.min_reps = reps;
   ms.max_reps = reps;
   ms.min_time_s = 0;
   ms.max_time_s = 60;
-  c.timing = time_repeated(
-      [&] {
-        sgemm(false, false, size, size, size, 1.0f, a.data(), size, b.data(), size, 0.0f, out.data(), size);
-      },
-      ms);
-  set_blas_threads(1);
-  c.gflops = 2.0 * static_cast<double>(size) * size * size / (c.timing.median_ms * 1e6);
+  c.timing = std::move(time_interleaved({[&] { return bench.call_ms(threads); }}, ms).stats[0]);
+  c.gflops = bench.flops() / (c.timing.median_ms * 1e6);
   return c;
 }
 

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "common/aligned.hpp"
+
 namespace attn {
 
 struct MeasureSettings {
@@ -26,6 +28,10 @@ struct MeasureSettings {
   // The points of a sweep that share one input set are timed together, in rounds (time_interleaved), so a
   // drift in the machine's speed lands on all of them alike and their ratios keep; false: one after another.
   bool interleave = true;
+  // The calibration's sgemm call joins the rounds of each timed group (one point when interleave is off), one
+  // call per thread count of its points, when it costs at most half a round; the group's rows divide by it
+  // (ResultRow::group_sgemm): frac_sgemm then follows the machine's speed while the group runs.
+  bool group_sgemm = true;
 };
 
 // The distribution-free confidence interval of the median of n samples: [x(l), x(n+1-l)] (1-based order
@@ -71,9 +77,32 @@ struct InterleavedTiming {
   int rounds = 0;  // timed rounds
   bool interrupted = false;
 };
+// `followers` (optional, one flag per call): a follower takes part in every round like the others (until its
+// own max_reps / max_time_s) but never keeps the rounds going: the rounds end when the other calls are done.
 InterleavedTiming time_interleaved(const std::vector<std::function<double()>>& calls,
                                    const MeasureSettings& settings,
-                                   const std::function<bool()>& stop = nullptr);
+                                   const std::function<bool()>& stop = nullptr,
+                                   const std::vector<bool>& followers = {});
+
+// Square fp32 C = A·B with its operands allocated and filled once: the compute yardstick of the sgemm
+// calibration and of the interleaved groups. A call on t threads splits C's rows into t slabs, each one
+// single-threaded OpenBLAS sgemm, run as TBB tasks under a ThreadScope of t: the way the BLAS-based variants
+// run, so no OpenBLAS thread pool is left spinning on the cores the next timed call uses.
+class SgemmBench {
+ public:
+  explicit SgemmBench(int64_t size = 2048);
+  double call_ms(int threads);  // one timed call (the ThreadScope outside the time)
+  int64_t size() const { return size_; }
+  double flops() const { return flops_of(size_); }
+  static double flops_of(int64_t size) {
+    const auto n = static_cast<double>(size);
+    return 2.0 * n * n * n;
+  }
+
+ private:
+  int64_t size_;
+  AlignedVector<float> a_, b_, c_;
+};
 
 struct SgemmCalibration {
   int threads = 1;
@@ -82,8 +111,11 @@ struct SgemmCalibration {
   TimingStats timing;
 };
 
-// Square sgemm through OpenBLAS with its own `threads` threads (restored to 1 after).
-SgemmCalibration calibrate_sgemm(int threads, int64_t size = 2048, int reps = 5);
+// The sgemm size of the calibration (and of the groups' sgemm): large enough to run near the BLAS's peak.
+inline constexpr int64_t kCalibrationSgemmSize = 2048;
+
+// SgemmBench on `threads` threads: one warm-up call, then `reps` timed ones; gflops from the median.
+SgemmCalibration calibrate_sgemm(int threads, int64_t size = kCalibrationSgemmSize, int reps = 5);
 
 // The machine's fp32 FMA throughput on `threads` cores for the active SIMD target (simd::active_isa(); run it
 // under simd::ScopedIsa to measure another): each thread runs simd::fma_chains (12 independent chains of the

@@ -164,6 +164,27 @@ std::optional<ResultRow::Interleave> read_interleave(const Reader& in) {
   return i;
 }
 
+// Always an object (null leaves when the group ran without it).
+Json group_sgemm_json(const std::optional<ResultRow::GroupSgemm>& g) {
+  if (!g) return {{"gflops", nullptr}, {"reps", nullptr}, {"frac_ci_lo", nullptr}, {"frac_ci_hi", nullptr}};
+  return {{"gflops", g->gflops}, {"reps", g->reps}, {"frac_ci_lo", opt(g->frac_ci_lo)},
+          {"frac_ci_hi", opt(g->frac_ci_hi)}};
+}
+
+std::optional<ResultRow::GroupSgemm> read_group_sgemm(const Reader& in) {
+  const Json* v = in.find("group_sgemm");
+  if (!v || v->is_null()) return std::nullopt;  // a row from before the field
+  if (!v->is_object()) in.fail("group_sgemm", "must be an object, got " + v->dump());
+  const std::optional<double> g = in.opt_number("group_sgemm.gflops");
+  if (!g) return std::nullopt;  // the group ran without it
+  ResultRow::GroupSgemm out;
+  out.gflops = *g;
+  out.reps = static_cast<int>(in.integer("group_sgemm.reps"));
+  out.frac_ci_lo = in.opt_number("group_sgemm.frac_ci_lo");
+  out.frac_ci_hi = in.opt_number("group_sgemm.frac_ci_hi");
+  return out;
+}
+
 }  // namespace
 
 Json to_json(const ResultRow& r) {
@@ -204,6 +225,7 @@ Json to_json(const ResultRow& r) {
           {"noisy", r.noisy},
           {"interleave", interleave_json(r.interleave)},
           {"calibration", opt(r.calibration)},
+          {"group_sgemm", group_sgemm_json(r.group_sgemm)},
           {"flops", opt(r.flops)},
           {"gflops", opt(r.gflops)},
           {"frac_sgemm", opt(r.frac_sgemm)},
@@ -282,6 +304,7 @@ ResultRow row_from_json(const Json& j, const std::string& where) {
   r.noisy = in.boolean("noisy");
   r.interleave = read_interleave(in);
   r.calibration = in.opt_integer("calibration");
+  r.group_sgemm = read_group_sgemm(in);
   r.flops = in.opt_number("flops");
   r.gflops = in.opt_number("gflops");
   r.frac_sgemm = in.opt_number("frac_sgemm");
@@ -392,11 +415,22 @@ const std::vector<RowField>& row_fields() {
        "the group's timed rounds; sample r of time_ms.samples was taken in round r, so two rows of one group "
        "pair up sample by sample (a point that reached max_reps or max_time_s left early and has fewer)"},
       {"calibration", "integer|null",
-       "index into meta.json's `calibrations` of the sgemm / FMA-peak calibration that frac_sgemm and "
-       "frac_peak were divided by (the latest one measured clean before the point)"},
+       "index into meta.json's `calibrations` of the sgemm / FMA-peak calibration that frac_peak (and "
+       "frac_sgemm when `group_sgemm` is null) were divided by (the latest one measured clean before the "
+       "point)"},
+      {"group_sgemm.gflops", "number|null",
+       "the median GFLOP/s of the sgemm timed in this row's interleaved rounds (measure.group_sgemm: the "
+       "calibration's sgemm at the row's thread count, one call per round); null when the group ran without "
+       "it (its sgemm would have cost over half a round, or measure.group_sgemm is false)"},
+      {"group_sgemm.reps", "integer|null", "the sgemm's timed calls in those rounds"},
+      {"group_sgemm.frac_ci_lo", "number|null",
+       "95% distribution-free interval of frac_sgemm, over the rounds both were timed in (null below 6)"},
+      {"group_sgemm.frac_ci_hi", "number|null", "its upper end"},
       {"flops", "number|null", "floating-point operations of one call, as the variant counts its work"},
       {"gflops", "number|null", "flops / median time"},
-      {"frac_sgemm", "number|null", "gflops / the sgemm calibration at the same thread count"},
+      {"frac_sgemm", "number|null",
+       "with `group_sgemm`: the median over the group's rounds of (this row's GFLOP/s / the sgemm's GFLOP/s "
+       "in the same round); without: gflops / the sgemm calibration at the same thread count"},
       {"frac_peak", "number|null", "gflops / the fp32 FMA peak of the row's own SIMD target and threads"},
       {"bytes", "number|null",
        "bytes one call moves to and from memory as the variant counts its traffic (`bytes_moved`; at least "

@@ -86,8 +86,18 @@ struct ResultRow {
     int rounds = 0;
   };
   std::optional<Interleave> interleave;
-  // Index into meta.json's "calibrations" of the calibration frac_sgemm and frac_peak were divided by.
+  // Index into meta.json's "calibrations" of the calibration frac_peak (and frac_sgemm, when group_sgemm is
+  // null) were divided by.
   std::optional<int64_t> calibration;
+  // The sgemm timed in this row's rounds (measure.group_sgemm), null when the group ran without it: its median
+  // GFLOP/s and repetitions, and the 95% interval of frac_sgemm, which is then the median over the rounds of
+  // (this row's GFLOP/s / the sgemm's GFLOP/s in the same round).
+  struct GroupSgemm {
+    double gflops = 0;
+    int reps = 0;
+    std::optional<double> frac_ci_lo, frac_ci_hi;
+  };
+  std::optional<GroupSgemm> group_sgemm;
   std::optional<double> flops, gflops, frac_sgemm, frac_peak;
   // Bytes one call moves (Attention::bytes_moved, from the sizes: set on skipped rows too), the achieved
   // bandwidth bytes / median time, and that over the in-run memory bandwidth at the row's thread count.

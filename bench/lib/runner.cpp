@@ -6,6 +6,8 @@
 #include <ctime>
 #include <iomanip>
 #include <iostream>
+#include <limits>
+#include <map>
 #include <memory>
 #include <set>
 #include <thread>
@@ -91,7 +93,7 @@ ComputeCalibration measure_compute_calibration(const SweepConfig& config, const 
   probe.start();
   for (int t : config.threads) {
     if (stop()) break;
-    const SgemmCalibration s = calibrate_sgemm(t);
+    const SgemmCalibration s = calibrate_sgemm(t, kCalibrationSgemmSize);
     std::vector<double> rates;
     for (double ms : s.timing.samples_ms)
       rates.push_back(2.0 * static_cast<double>(s.size) * s.size * s.size / (ms * 1e6));
@@ -274,6 +276,7 @@ std::vector<ResultRow> PointRunner::measure_group(const std::vector<SweepPoint>&
     for (const SweepPoint& pt : group) dtypes.insert(pt.problem.dtype);
     std::erase_if(stored_, [&](const auto& kv) { return !dtypes.count(kv.first); });
   }
+  double round_ms = 0;  // the untimed calls' time: about one round's
   for (std::size_t i = 0; i < group.size(); ++i) {
     const SweepPoint& pt = group[i];
     const simd::ScopedIsa isa_scope(pt.isa, "sweep.isa");  // the plan checked it
@@ -289,7 +292,10 @@ std::vector<ResultRow> PointRunner::measure_group(const std::vector<SweepPoint>&
       prepare_inputs(pt);
       time_rope(pt, row);
       run_and_check(pt, row);
-      if (row.status == "ok") timed.push_back(i);
+      if (row.status == "ok") {
+        timed.push_back(i);
+        round_ms += last_check_ms_;
+      }
     } catch (const std::bad_alloc&) {
       row.status = "failed";
       row.reason = "out of memory (std::bad_alloc)";
@@ -309,6 +315,8 @@ std::vector<ResultRow> PointRunner::measure_group(const std::vector<SweepPoint>&
   InterferenceSummary noise;
   std::vector<std::string> errors(timed.size());
   int attempts = 0;
+  // The group's sgemm calls (measure.group_sgemm), after the points' calls: thread count -> call index.
+  std::map<int, std::size_t> sgemm_call;
   try {
     const Problem& p0 = group[timed[0]].problem;
     FloatArray out({p0.batch, p0.heads, p0.seq_q, p0.head_dim});
@@ -333,7 +341,30 @@ std::vector<ResultRow> PointRunner::measure_group(const std::vector<SweepPoint>&
         }
       });
     }
+    // The calibration's sgemm joins the rounds, one call per thread count, as a follower (it never keeps the
+    // rounds going), when its calls cost at most half a round (estimated from the calibration): the rows
+    // divide by the sgemm timed beside them, so frac_sgemm follows the machine's speed while they ran.
     const MeasureSettings& m = config_.measure;
+    std::vector<bool> followers(calls.size(), false);
+    if (m.group_sgemm) {
+      std::set<int> threads;
+      for (std::size_t j : timed) threads.insert(group[j].threads);
+      const double flops = SgemmBench::flops_of(kCalibrationSgemmSize);
+      double sgemm_ms = 0;
+      for (int th : threads) {
+        const auto it = calibration_.sgemm_gflops.find(th);
+        sgemm_ms += it != calibration_.sgemm_gflops.end() && it->second > 0 ? flops / (it->second * 1e6)
+                                                                             : std::numeric_limits<double>::infinity();
+      }
+      if (2 * sgemm_ms <= round_ms) {
+        if (!sgemm_bench_) sgemm_bench_ = std::make_unique<SgemmBench>(kCalibrationSgemmSize);
+        for (int th : threads) {
+          sgemm_call[th] = calls.size();
+          calls.push_back([this, th] { return sgemm_bench_->call_ms(th); });
+          followers.push_back(true);
+        }
+      }
+    }
     double last_window_s = 0;
     for (int attempt = 1; attempt <= 1 + m.max_remeasure; ++attempt) {
       // The pause: twice the last attempt's window (a burst as long as the points passes), at least 10 ms
@@ -342,7 +373,7 @@ std::vector<ResultRow> PointRunner::measure_group(const std::vector<SweepPoint>&
         std::this_thread::sleep_for(
             std::chrono::duration<double>(std::clamp(2 * last_window_s, 0.01, 0.25 * (attempt - 1))));
       interference_probe_.start();
-      InterleavedTiming ti = time_interleaved(calls, m, stop);
+      InterleavedTiming ti = time_interleaved(calls, m, stop, followers);
       const InterferenceSummary ni = interference_probe_.stop(max_threads);
       if (ti.interrupted) {
         interrupted = true;
@@ -379,8 +410,26 @@ std::vector<ResultRow> PointRunner::measure_group(const std::vector<SweepPoint>&
       row.interleave = ResultRow::Interleave{group[timed[0]].id, static_cast<int>(timed.size()),
                                              static_cast<int>(j), t.rounds};
     fill_timing(pt, t.stats[j], row);
+    if (const auto it = sgemm_call.find(pt.threads);
+        it != sgemm_call.end() && it->second < t.stats.size() && !t.stats[it->second].samples_ms.empty())
+      fill_group_sgemm(t.stats[j], t.stats[it->second], row);
   }
   return rows;
+}
+
+void PointRunner::fill_group_sgemm(const TimingStats& point, const TimingStats& sgemm, ResultRow& row) const {
+  // Sample r of every call of a group was taken in round r: the ratio pairs the rounds both took part in.
+  const double sgemm_flops = SgemmBench::flops_of(kCalibrationSgemmSize);
+  std::vector<double> ratios;
+  for (std::size_t r = 0; r < std::min(point.samples_ms.size(), sgemm.samples_ms.size()); ++r)
+    ratios.push_back((*row.flops / point.samples_ms[r]) / (sgemm_flops / sgemm.samples_ms[r]));
+  const TimingStats f = summarize(ratios);  // the same median and interval as the timings
+  ResultRow::GroupSgemm g;
+  g.gflops = sgemm_flops / (sgemm.median_ms * 1e6);
+  g.reps = sgemm.reps;
+  if (f.ci.ok) g.frac_ci_lo = f.ci.lo, g.frac_ci_hi = f.ci.hi;
+  row.group_sgemm = g;
+  row.frac_sgemm = f.median_ms;
 }
 
 void PointRunner::fill_timing(const SweepPoint& pt, const TimingStats& t, ResultRow& row) const {
@@ -449,7 +498,9 @@ void PointRunner::run_and_check(const SweepPoint& pt, ResultRow& row) {
   in.out = out.ptr();
   {
     ThreadScope scope(pt.threads);
+    const auto t0 = std::chrono::steady_clock::now();
     variant.run(p, in);
+    last_check_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   const int64_t peak = probe_.peak_increase();
   if (peak >= 0)
@@ -480,7 +531,9 @@ void PointRunner::run_and_check(const SweepPoint& pt, ResultRow& row) {
   const std::string mode = row.accuracy.reference;
   if (mode == "none") return;
   reference_rows_ = accuracy_rows(p, config_.accuracy);
-  const std::string key = pt.input_key + "|" + mode + "|" + std::to_string(p.dropout) + "|" +
+  // The input key leaves out causality (causal and non-causal twins share their inputs): the mask is part of
+  // the reference's key.
+  const std::string key = pt.input_key + "|" + pt.mask.label() + "|" + mode + "|" + std::to_string(p.dropout) + "|" +
                           std::to_string(p.seed) + "|" + bias_name(p.bias);
   reference_for(WideInputs::as_fp32(p), inputs_.view(nullptr), mode, key, reference_key_, reference_);
   if (p.dtype == DType::fp32) {

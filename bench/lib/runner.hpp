@@ -80,6 +80,8 @@ class PointRunner {
   // The untimed call: peak memory, output sanity and accuracy.
   void run_and_check(const SweepPoint& pt, ResultRow& row);
   void fill_timing(const SweepPoint& pt, const TimingStats& t, ResultRow& row) const;
+  // frac_sgemm from the sgemm timed in the same rounds (ResultRow::group_sgemm); after fill_timing.
+  void fill_group_sgemm(const TimingStats& point, const TimingStats& sgemm, ResultRow& row) const;
   void time_rope(const SweepPoint& pt, ResultRow& row);
   // The fp64 reference of `p` on `in` under `key` into `ref` (kept while the key stays the same).
   void reference_for(const Problem& p, const AttentionInputs& in, const std::string& mode,
@@ -88,6 +90,8 @@ class PointRunner {
   const SweepConfig& config_;
   Calibration calibration_;
   MemoryProbe probe_;
+  double last_check_ms_ = 0;                 // run_and_check's call
+  std::unique_ptr<SgemmBench> sgemm_bench_;  // the groups' sgemm (measure.group_sgemm), made once
   InterferenceProbe interference_probe_;
   int64_t timed_since_calibration_ = 0;    // points timed since the last calibration
   bool interference_seen_ = false;         // a point scored above measure.max_interference since then
