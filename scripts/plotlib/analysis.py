@@ -236,16 +236,26 @@ def _roofline(res):
                        + ", ".join(f"{t} thread(s)" for t in threads if t not in res.calibration))
     panels = []
     for t in threads:
-        sg, bw = res.calibration.get(t), res.bandwidth.get(t)
+        mine = [r for r in rows if r.threads == t]
+        bw = res.bandwidth.get(t)
+        # The compute ceiling is the sgemm each row was divided by (timed in its own rounds, or the calibration
+        # it names, #18), not one figure from the start of the run: the panel draws their median and range.
+        own = {id(r): r.sgemm_denominator(res) for r in mine}
+        dens = sorted(v for v in own.values() if v)
+        sg = _median(dens)
         pts = [{"id": r.id, "series": r.label, "variant": r.variant, "kv_heads": r.kv_heads, "heads": r.heads,
                 "mask": r.mask, "seq_q": r.seq_q, "seq_kv": r.seq_kv, "intensity": r.flops / r.bytes,
                 "gflops": json_num(r.gflops), "gbytes_per_s": json_num(r.gbytes_per_s),
                 "frac_bandwidth": json_num(r.frac_bandwidth), "frac_sgemm": json_num(r.frac_sgemm),
+                "sgemm_gflops": json_num(own[id(r)]),
                 # which ceiling is the lower at its intensity: what bounds it on this machine
-                "bound": (None if sg is None or bw is None else
-                          "memory" if bw * r.flops / r.bytes < sg else "compute")}
-               for r in rows if r.threads == t]
-        panels.append({"threads": t, "sgemm_gflops": sg, "bandwidth_gbytes_per_s": bw,
+                "bound": (None if not own[id(r)] or bw is None else
+                          "memory" if bw * r.flops / r.bytes < own[id(r)] else "compute")}
+               for r in mine]
+        panels.append({"threads": t, "sgemm_gflops": sg,
+                       "sgemm_gflops_range": [dens[0], dens[-1]] if dens else None,
+                       "sgemm_in_group_rows": sum(1 for r in mine if r.group_sgemm_gflops),
+                       "bandwidth_gbytes_per_s": bw,
                        "ridge_intensity": sg / bw if sg and bw else None, "points": pts})
     best = []
     for variant in sorted({r.variant for r in rows}):

@@ -243,8 +243,8 @@ def cpu_name(res):
 
 def fig_roofline(res, an):
     """Arithmetic intensity (flops / bytes, each variant's own counts) against achieved GFLOP/s, with the run's
-    ceilings: the sgemm calibration (horizontal) and the memory bandwidth x intensity (diagonal), one panel
-    per thread count. Colour: variant; marker: kv_heads (the K/V heads, = heads for multi-head attention)."""
+    ceilings: the sgemm the rows were divided by (horizontal: their median, shaded: their range) and the
+    memory bandwidth x intensity (diagonal), one panel per thread count. Colour: variant; marker: kv_heads (the K/V heads, = heads for multi-head attention)."""
     roof = an["roofline"]
     panels = roof["panels"][:MAX_ROOFLINE_PANELS] or [None]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels) + 0.6, 4.6), squeeze=False)
@@ -277,7 +277,12 @@ def fig_roofline(res, an):
             if sg:
                 ax.plot(grid, roofy, color="black", lw=1.6, alpha=0.35)
         if sg:
-            ax.axhline(sg, color="black", lw=0.8, ls="-.", alpha=0.6, label=f"sgemm {sg:.1f} GFLOP/s")
+            rng = pan.get("sgemm_gflops_range")
+            spread = rng is not None and rng[1] > 1.01 * rng[0]
+            ax.axhline(sg, color="black", lw=0.8, ls="-.", alpha=0.6,
+                       label=f"sgemm {sg:.1f} GFLOP/s" + (f" (rows' own: {rng[0]:.0f}–{rng[1]:.0f})" if spread else ""))
+            if spread:  # the sgemm the rows were divided by moved during the run: its range
+                ax.axhspan(rng[0], rng[1], color="black", alpha=0.07, lw=0)
         if bw and sg:
             ax.axvline(sg / bw, color="gray", lw=0.6, ls=":", alpha=0.7)
         for variant in sorted({p["variant"] for p in pan["points"]}):

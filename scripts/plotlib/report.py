@@ -200,7 +200,12 @@ def roofline_section(an, drawn):
         return "\n".join(md)
     for p in roof["panels"]:
         sg, bw = p["sgemm_gflops"], p["bandwidth_gbytes_per_s"]
-        md.append(f"- {p['threads']} thread(s): sgemm {fmt_num(sg, '.1f')} GFLOP/s, memory bandwidth "
+        rng = p.get("sgemm_gflops_range")
+        where = ""
+        if rng:
+            where = (f" (the median of the rows' own sgemm, {p.get('sgemm_in_group_rows', 0)} of {len(p['points'])} "
+                     f"timed in their rounds; range {rng[0]:.1f}–{rng[1]:.1f})")
+        md.append(f"- {p['threads']} thread(s): sgemm {fmt_num(sg, '.1f')} GFLOP/s{where}, memory bandwidth "
                   f"{fmt_num(bw, '.1f')} GB/s" + (f", ridge at {p['ridge_intensity']:.1f} FLOP/byte" if p["ridge_intensity"]
                                                   else "") + f"; {len(p['points'])} rows")
     if roof["missing"]:
@@ -212,7 +217,8 @@ def roofline_section(an, drawn):
               f"`{b['at_sgemm']}`" if b["at_sgemm"] else "—"] for b in roof["best"]]
     md.append(md_table(["variant", "rows", "best × bandwidth", "GB/s", "at", "best × sgemm", "GFLOP/s", "at"], table))
     md += ["", "*× bandwidth*: the row's `bytes` per second over the in-run memory bandwidth at its thread count "
-               "(`frac_bandwidth`); *× sgemm*: its GFLOP/s over the sgemm calibration (`frac_sgemm`)."]
+               "(`frac_bandwidth`); *× sgemm*: its GFLOP/s over the sgemm timed in its own rounds, or else the "
+               "calibration it names (`frac_sgemm`)."]
     if ROOFLINE in drawn:
         md += ["", f"### {TITLES[ROOFLINE]} figure", "", f"![{TITLES[ROOFLINE]}](plots/{ROOFLINE}.png)", "",
                BLURBS[ROOFLINE] + f" ([SVG](plots/{ROOFLINE}.svg))"]

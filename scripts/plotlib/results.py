@@ -123,6 +123,9 @@ class Row:
     attempts: int = 1  # timed measurements of the point (1 clean first time; 0 not measured)
     noisy: bool = False  # every attempt stayed above measure.max_interference
     calibration: int = None  # index into meta.json calibrations of the denominators of frac_sgemm / frac_peak
+    # group_sgemm.gflops: the sgemm timed in the row's own rounds, which frac_sgemm was divided by (None: the
+    # group ran without it, or the row predates it; frac_sgemm then divides by the calibration)
+    group_sgemm_gflops: float = None
     # interleave.group: the id of the first point of the group this row was timed with, round by round (None:
     # timed alone, or written before it); sample r of every row of one group was taken in round r.
     interleave_group: str = None
@@ -154,9 +157,22 @@ class Row:
                    interference=d.get("interference") if isinstance(d.get("interference"), dict) else None,
                    interference_score=num(_sub(d, "interference", "score")), attempts=_attempts(d),
                    noisy=d.get("noisy") is True, calibration=_int_or_none(d.get("calibration")),
+                   group_sgemm_gflops=num(_sub(d, "group_sgemm", "gflops")),
                    interleave_group=_sub(d, "interleave", "group")
                    if isinstance(_sub(d, "interleave", "group"), str) else None,
                    conditions_recorded=any(k in d for k in CONDITION_FIELDS))
+
+    def sgemm_denominator(self, res):
+        """The sgemm GFLOP/s this row's frac_sgemm is relative to: the sgemm timed in its own rounds, else the
+        calibration it names (meta.json calibrations), else the run's first calibration; None when unknown."""
+        if self.group_sgemm_gflops:
+            return self.group_sgemm_gflops
+        cals = res.calibrations or []
+        if self.calibration is not None and 0 <= self.calibration < len(cals):
+            for c in cals[self.calibration].get("sgemm") or []:
+                if isinstance(c, dict) and c.get("threads") == self.threads and num(c.get("gflops")):
+                    return num(c["gflops"])
+        return res.calibration.get(self.threads)
 
     def time_ci(self):
         """(lo, hi) of the 95% interval of the median time, or None when the row has none (fewer than 6

@@ -891,7 +891,8 @@ def test_roofline(tmp):
     check("Roofline Test CPU 9000" in svg, "[roofline] the figure's title names the CPU")
     check("## Roofline" in md and "| variant | rows | best × bandwidth |" in md and "| `tiled` | 12 | 0.80 |" in md,
           "[roofline] REPORT.md has the Roofline table with the best frac_bandwidth")
-    check("2 thread(s): sgemm 100.0 GFLOP/s, memory bandwidth 32.0 GB/s, ridge at 3.1 FLOP/byte" in md,
+    check("2 thread(s): sgemm 100.0 GFLOP/s (the median of the rows' own sgemm, 0 of 12 timed in their rounds; "
+          "range 100.0–100.0), memory bandwidth 32.0 GB/s, ridge at 3.1 FLOP/byte" in md,
           "[roofline] REPORT.md gives each panel's ceilings")
     check("](plots/roofline.png)" in md and "memory bandwidth, 2 thread(s) | 32.0 GB/s" in md,
           "[roofline] REPORT.md embeds the figure and lists the bandwidth calibration under Machine")
@@ -899,6 +900,38 @@ def test_roofline(tmp):
     check("kv_heads=2, threads=1" in contexts and "threads=1" in contexts,
           f"[roofline] grouped-query rows get their own facet, MHA rows none ({sorted(contexts)})")
     check_stages("roofline", d, summary, md)
+
+    # The ceiling is the sgemm each row was divided by (#18), not the run's first calibration: at 2 threads, half
+    # the rows carry the sgemm timed in their rounds (80 GFLOP/s), the others name calibration 1 (60 GFLOP/s).
+    d3 = os.path.join(tmp, "roofline-own")
+    own_rows, k = [], 0
+    for r in rows:
+        r = json.loads(json.dumps(r))
+        if r["threads"] == 2:
+            if k % 2 == 0:
+                r["group_sgemm"] = {"gflops": 80.0, "reps": 9, "frac_ci_lo": None, "frac_ci_hi": None}
+            else:
+                r["calibration"] = 1
+            k += 1
+        own_rows.append(r)
+    write_rows(d3, own_rows)
+    meta3 = dict(meta, calibrations=[{"index": 0, "sgemm": [{"threads": 1, "gflops": 50.0}, {"threads": 2, "gflops": 100.0}]},
+                                     {"index": 1, "sgemm": [{"threads": 1, "gflops": 50.0}, {"threads": 2, "gflops": 60.0}]}])
+    with open(os.path.join(d3, "meta.json"), "w") as f:
+        json.dump(meta3, f)
+    r = run_plot(d3)
+    if check(r.returncode == 0, f"[roofline, own sgemm] plot.py exits 0 ({r.stderr.strip()[-500:]})"):
+        with open(os.path.join(d3, "summary.json"), encoding="utf-8") as f:
+            p2 = json.load(f)["roofline"]["panels"][1]
+        with open(os.path.join(d3, "REPORT.md"), encoding="utf-8") as f:
+            md3 = f.read()
+        check(p2["sgemm_gflops"] == 70.0 and p2["sgemm_gflops_range"] == [60.0, 80.0]
+              and p2["sgemm_in_group_rows"] == 6,
+              f"[roofline, own sgemm] the panel's ceiling is the median of the rows' own sgemm, with its range ({p2})")
+        check(sorted({q["sgemm_gflops"] for q in p2["points"]}) == [60.0, 80.0],
+              "[roofline, own sgemm] each point carries the sgemm it was divided by")
+        check("2 thread(s): sgemm 70.0 GFLOP/s (the median of the rows' own sgemm, 6 of 12 timed in their rounds; "
+              "range 60.0–80.0)" in md3, "[roofline, own sgemm] REPORT.md names the median and range")
 
     # The same rows, meta.json without memory_bandwidth: still plotted, the report says what is missing.
     d2 = os.path.join(tmp, "roofline-nobw")
