@@ -179,6 +179,8 @@ def _key_figures(res, table_series):
                     "params": last.params_text, "exact": last.exact, "max_n": last.seq_kv,  # the rest: at max_n
                     "time_ms": json_num(last.time_median), "gflops": json_num(last.gflops),
                     "frac_sgemm": json_num(last.frac_sgemm), "frac_peak": json_num(last.frac_peak),
+                    "frac_sgemm_ci": list(last.frac_sgemm_ci) if last.frac_sgemm_ci else None,
+                    "frac_sgemm_in_group": bool(last.group_sgemm_gflops),
                     "memory_bytes": mem, "memory_estimated": estimated, "worst_rel_l2_err": json_num(worst),
                     "noisy": last.noisy})  # the row at max_n stayed above the interference threshold
     return out

@@ -83,7 +83,8 @@ def key_figures(an):
             e["max_n"],
             fmt_num(num(e["time_ms"]), ".4g") + (" (noisy)" if e.get("noisy") else ""),
             fmt_num(num(e["gflops"]), ".3g"),
-            fmt_num(num(e["frac_sgemm"]), ".2f"),
+            fmt_num(num(e["frac_sgemm"]), ".2f") + (f" [{e['frac_sgemm_ci'][0]:.2f}, {e['frac_sgemm_ci'][1]:.2f}]"
+                                                    if e.get("frac_sgemm_ci") else ""),
             fmt_num(num(e["frac_peak"]), ".2f"),
             fmt_bytes(e["memory_bytes"]) + (" (est.)" if e["memory_estimated"] else ""),
             fmt_num(num(e["worst_rel_l2_err"]), ".2e"),
@@ -347,7 +348,8 @@ def render_report(res, an, figure_files):
     md += ["## Key figures", "", key_figures(an), "",
            "*exponent (fit)*: least squares of log(time) on log(n) over the measured sizes; *slope, last 2 n*: "
            "the same between the two largest sizes (the asymptotic regime). *× sgemm*: fraction of the in-run "
-           "sgemm throughput."
+           "sgemm throughput: of the sgemm timed in the row's own rounds where it ran there, with the 95% interval "
+           "of the per-round ratios in brackets, else of the calibration before the row."
            + (" *(noisy)*: the row at max n stayed above the interference threshold on every attempt."
               if any(e.get("noisy") for e in an["key_figures"]) else ""), "",
            "### Key ratios", "", key_ratios_section(an), ""]

@@ -66,6 +66,13 @@ def _attempts(d):
     return 1 if d.get("status") == "ok" or (isinstance(reps, (int, float)) and reps > 0) else 0
 
 
+def _pair(lo, hi):
+    """(lo, hi) when both are finite and ordered, else None."""
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)) or hi < lo:
+        return None
+    return lo, hi
+
+
 def _int_or_none(v):
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
@@ -126,6 +133,7 @@ class Row:
     # group_sgemm.gflops: the sgemm timed in the row's own rounds, which frac_sgemm was divided by (None: the
     # group ran without it, or the row predates it; frac_sgemm then divides by the calibration)
     group_sgemm_gflops: float = None
+    frac_sgemm_ci: tuple = None  # group_sgemm.frac_ci_lo, frac_ci_hi: the 95% interval of frac_sgemm (None: none)
     # interleave.group: the id of the first point of the group this row was timed with, round by round (None:
     # timed alone, or written before it); sample r of every row of one group was taken in round r.
     interleave_group: str = None
@@ -158,6 +166,7 @@ class Row:
                    interference_score=num(_sub(d, "interference", "score")), attempts=_attempts(d),
                    noisy=d.get("noisy") is True, calibration=_int_or_none(d.get("calibration")),
                    group_sgemm_gflops=num(_sub(d, "group_sgemm", "gflops")),
+                   frac_sgemm_ci=_pair(num(_sub(d, "group_sgemm", "frac_ci_lo")), num(_sub(d, "group_sgemm", "frac_ci_hi"))),
                    interleave_group=_sub(d, "interleave", "group")
                    if isinstance(_sub(d, "interleave", "group"), str) else None,
                    conditions_recorded=any(k in d for k in CONDITION_FIELDS))

@@ -909,7 +909,7 @@ def test_roofline(tmp):
         r = json.loads(json.dumps(r))
         if r["threads"] == 2:
             if k % 2 == 0:
-                r["group_sgemm"] = {"gflops": 80.0, "reps": 9, "frac_ci_lo": None, "frac_ci_hi": None}
+                r["group_sgemm"] = {"gflops": 80.0, "reps": 9, "frac_ci_lo": 0.25, "frac_ci_hi": 0.75}
             else:
                 r["calibration"] = 1
             k += 1
@@ -932,6 +932,8 @@ def test_roofline(tmp):
               "[roofline, own sgemm] each point carries the sgemm it was divided by")
         check("2 thread(s): sgemm 70.0 GFLOP/s (the median of the rows' own sgemm, 6 of 12 timed in their rounds; "
               "range 60.0–80.0)" in md3, "[roofline, own sgemm] REPORT.md names the median and range")
+        check(" [0.25, 0.75] |" in md3,
+              "[roofline, own sgemm] Key figures give frac_sgemm's interval where the row has one")
 
     # The same rows, meta.json without memory_bandwidth: still plotted, the report says what is missing.
     d2 = os.path.join(tmp, "roofline-nobw")
