@@ -473,8 +473,8 @@ TEST_CASE("plan expansion: causal points share their non-causal twin's inputs an
   const auto plan = make_plan(parse_sweep_config(j, "cfg.json")).points;
   REQUIRE(plan.size() == 8);
   // Masks in the order of their inputs part, first appearance first: causal, none, pad, causal+pad.
-  const std::vector<std::string> masks{"causal", "causal", "none", "none",
-                                       "pad=0.25", "pad=0.25", "causal+pad=0.25", "causal+pad=0.25"};
+  const std::vector<std::string> masks{"causal",   "causal",          "none",           "none", "pad=0.25",
+                                       "pad=0.25", "causal+pad=0.25", "causal+pad=0.25"};
   for (std::size_t i = 0; i < plan.size(); ++i) CHECK(plan[i].mask.label() == masks[i]);
   CHECK(plan[0].input_key == plan[3].input_key);
   CHECK(plan[0].input_seed == plan[3].input_seed);

@@ -2,6 +2,9 @@
 #include "bench/lib/measure.hpp"
 
 #include <malloc.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
 
 #include <algorithm>
 #include <chrono>
@@ -11,10 +14,6 @@
 #include <numeric>
 #include <string>
 #include <thread>
-
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
-#include <tbb/partitioner.h>
 
 #include "common/aligned.hpp"
 #include "common/random.hpp"
@@ -202,8 +201,8 @@ double SgemmBench::call_ms(int threads) {
       [&](const tbb::blocked_range<int>& r) {
         for (int i = r.begin(); i != r.end(); ++i) {
           const int64_t row0 = size_ * i / slabs, rows = size_ * (i + 1) / slabs - row0;
-          sgemm(false, false, rows, size_, size_, 1.0f, a_.data() + row0 * size_, size_, b_.data(), size_, 0.0f,
-                c_.data() + row0 * size_, size_);
+          sgemm(false, false, rows, size_, size_, 1.0f, a_.data() + row0 * size_, size_, b_.data(), size_,
+                0.0f, c_.data() + row0 * size_, size_);
         }
       },
       tbb::static_partitioner());

@@ -167,7 +167,9 @@ std::optional<ResultRow::Interleave> read_interleave(const Reader& in) {
 // Always an object (null leaves when the group ran without it).
 Json group_sgemm_json(const std::optional<ResultRow::GroupSgemm>& g) {
   if (!g) return {{"gflops", nullptr}, {"reps", nullptr}, {"frac_ci_lo", nullptr}, {"frac_ci_hi", nullptr}};
-  return {{"gflops", g->gflops}, {"reps", g->reps}, {"frac_ci_lo", opt(g->frac_ci_lo)},
+  return {{"gflops", g->gflops},
+          {"reps", g->reps},
+          {"frac_ci_lo", opt(g->frac_ci_lo)},
           {"frac_ci_hi", opt(g->frac_ci_hi)}};
 }
 

@@ -89,9 +89,9 @@ struct ResultRow {
   // Index into meta.json's "calibrations" of the calibration frac_peak (and frac_sgemm, when group_sgemm is
   // null) were divided by.
   std::optional<int64_t> calibration;
-  // The sgemm timed in this row's rounds (measure.group_sgemm), null when the group ran without it: its median
-  // GFLOP/s and repetitions, and the 95% interval of frac_sgemm, which is then the median over the rounds of
-  // (this row's GFLOP/s / the sgemm's GFLOP/s in the same round).
+  // The sgemm timed in this row's rounds (measure.group_sgemm), null when the group ran without it: its
+  // median GFLOP/s and repetitions, and the 95% interval of frac_sgemm, which is then the median over the
+  // rounds of (this row's GFLOP/s / the sgemm's GFLOP/s in the same round).
   struct GroupSgemm {
     double gflops = 0;
     int reps = 0;

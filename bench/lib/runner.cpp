@@ -353,8 +353,9 @@ std::vector<ResultRow> PointRunner::measure_group(const std::vector<SweepPoint>&
       double sgemm_ms = 0;
       for (int th : threads) {
         const auto it = calibration_.sgemm_gflops.find(th);
-        sgemm_ms += it != calibration_.sgemm_gflops.end() && it->second > 0 ? flops / (it->second * 1e6)
-                                                                             : std::numeric_limits<double>::infinity();
+        sgemm_ms += it != calibration_.sgemm_gflops.end() && it->second > 0
+                        ? flops / (it->second * 1e6)
+                        : std::numeric_limits<double>::infinity();
       }
       if (2 * sgemm_ms <= round_ms) {
         if (!sgemm_bench_) sgemm_bench_ = std::make_unique<SgemmBench>(kCalibrationSgemmSize);
@@ -533,8 +534,8 @@ void PointRunner::run_and_check(const SweepPoint& pt, ResultRow& row) {
   reference_rows_ = accuracy_rows(p, config_.accuracy);
   // The input key leaves out causality (causal and non-causal twins share their inputs): the mask is part of
   // the reference's key.
-  const std::string key = pt.input_key + "|" + pt.mask.label() + "|" + mode + "|" + std::to_string(p.dropout) + "|" +
-                          std::to_string(p.seed) + "|" + bias_name(p.bias);
+  const std::string key = pt.input_key + "|" + pt.mask.label() + "|" + mode + "|" +
+                          std::to_string(p.dropout) + "|" + std::to_string(p.seed) + "|" + bias_name(p.bias);
   reference_for(WideInputs::as_fp32(p), inputs_.view(nullptr), mode, key, reference_key_, reference_);
   if (p.dtype == DType::fp32) {
     stored_reference_key_.clear();  // points of one dtype are adjacent: free it for the fp32 points

@@ -110,9 +110,11 @@ void ResultStore::save_meta() {
   write_file_atomic(meta_path(), meta_.dump(2) + "\n");
 }
 
-void ResultStore::append(ResultRow& row) {
+void ResultStore::append(ResultRow& row, const Json& extra) {
   row.timestamp = now_iso8601();
-  jsonl_ << to_json(row).dump() << "\n";
+  Json j = to_json(row);
+  if (extra.is_object()) j.update(extra);
+  jsonl_ << j.dump() << "\n";
   jsonl_.flush();
   if (!jsonl_) throw std::runtime_error("writing '" + jsonl_path() + "' failed");
   if (jsonl_fd_ >= 0) ::fsync(jsonl_fd_);

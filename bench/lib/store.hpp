@@ -32,8 +32,10 @@ class ResultStore {
 
   const std::vector<ResultRow>& existing() const { return existing_; }  // rows of the run being resumed
   Json& meta() { return meta_; }
-  void save_meta();             // atomically
-  void append(ResultRow& row);  // sets its timestamp; one line, flushed and fsynced
+  void save_meta();  // atomically
+  // Sets its timestamp; one line, flushed and fsynced. `extra` (an object) adds fields beside the row's
+  // (attnbench_mpi's ranks and ring report); readers of the row ignore them.
+  void append(ResultRow& row, const Json& extra = Json::object());
   // Closes results.jsonl, writes results.csv from every row and meta.json's end_time/interrupted/rows.
   void finish(bool interrupted);
 

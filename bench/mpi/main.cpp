@@ -10,6 +10,7 @@
 #include <mpi.h>
 #include <sys/resource.h>
 #include <tbb/global_control.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -160,13 +161,39 @@ int run_eval(const EvalOptions& o, int threads) {
   base.scale = o.scale;
   const Zigzag z(shape.n, P);
 
+  // Before anything is allocated: every node must hold what its ranks need (rank 0 with --compare also the
+  // whole tensors and the fp64 reference), or every rank exits 2 with the node that does not.
+  {
+    const RankMemory need = rank_memory(z, shape, rank, base, threads, false);
+    std::size_t extra = 0;
+    if (rank == 0 && o.compare) {
+      const std::size_t q = static_cast<std::size_t>(shape.batch * shape.heads * shape.n * shape.head_dim),
+                        kv =
+                            static_cast<std::size_t>(shape.batch * shape.kv_heads * shape.n * shape.head_dim);
+      extra =
+          sat_add(sat_mul(sat_add(sat_mul(3, q), sat_mul(2, kv)), sizeof(float)), sat_mul(q, sizeof(double)));
+    }
+    std::string why;
+    if (const int worst = agree(check_node_memory(need, extra, "--q '" + o.q + "'", why), why, rank))
+      return worst;
+  }
+
   RankData data;
   SourceFn source;
   if (rank == 0)
     source = [&](int t, int64_t first, int64_t count, float* out) { readers[t]->read(first, count, out); };
   scatter(MPI_COMM_WORLD, z, shape, source, data);
+  // NaN never leaks silently: the inputs' and the output's non-finite values are counted (each value on the
+  // rank that holds it) and reported; a non-finite output gets a warning naming both counts.
+  const RankNonfinite bad_in = count_rank_nonfinite(z, shape, rank, data);
   MPI_Barrier(MPI_COMM_WORLD);
   const RankStats st = ring_attention(MPI_COMM_WORLD, base, causal, z, shape, data, o.faults);
+  const RankNonfinite bad_out = count_rank_nonfinite(z, shape, rank, data);
+  int64_t bad[3] = {bad_in.q, bad_in.kv, bad_out.out}, bad_sum[3] = {0, 0, 0};
+  MPI_Reduce(bad, bad_sum, 3, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
+  if (rank == 0 && bad_sum[2] > 0)
+    std::cerr << "attnbench_mpi: warning: the output holds " << bad_sum[2]
+              << " NaN/Inf values (the inputs held " << bad_sum[0] + bad_sum[1] << ")\n";
   std::unique_ptr<NpyWriter> writer;
   SinkFn sink;
   if (rank == 0) {
@@ -180,6 +207,10 @@ int run_eval(const EvalOptions& o, int threads) {
   if (rank != 0) return 0;
 
   Json j = report;
+  j["nonfinite_inputs"] = bad_sum[0] + bad_sum[1];
+  j["nonfinite_q"] = bad_sum[0];
+  j["nonfinite_kv"] = bad_sum[1];
+  j["nonfinite_output"] = bad_sum[2];
   if (o.compare) {
     // Single-process tiled (the same parameters, this rank's threads) and the fp64 reference, on the whole
     // inputs (rank 0 then holds them all: the memory bound above is the ring's, before this step).

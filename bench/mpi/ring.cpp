@@ -2,12 +2,16 @@
 // per-block calls into tiled's block partials.
 #include "bench/mpi/ring.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 
+#include "common/util.hpp"
 #include "variants/tiled/tiled.hpp"
 
 namespace attn::ring {
@@ -66,6 +70,97 @@ KvBlockLayout kv_layout(const Zigzag& z, const Shape& s, int rank) {
   l.len[1] = z.chunk_len(c[1]);
   l.per_row = s.batch * s.kv_heads * s.head_dim;
   return l;
+}
+
+RankMemory rank_memory(const Zigzag& z, const Shape& s, int rank, const Problem& base, int threads,
+                       bool with_copies) {
+  const std::size_t f = sizeof(float);
+  const std::size_t rows = static_cast<std::size_t>(s.batch * s.heads * z.rows_of(rank));
+  const KvBlockLayout mine = kv_layout(z, s, rank);
+  std::size_t capacity = 0;  // floats of the largest K/V block any rank sends
+  for (int r = 0; r < z.ranks; ++r)
+    capacity = std::max(capacity, static_cast<std::size_t>(kv_layout(z, s, r).floats()));
+  const std::size_t own = static_cast<std::size_t>(mine.floats());
+  RankMemory m;
+  m.inputs = (rows * static_cast<std::size_t>(s.head_dim) + own) * f;
+  m.output = (rows * static_cast<std::size_t>(s.head_dim) + 2 * rows) * f;
+  // The spare buffer the next block arrives in holds `capacity`; an own block smaller than that is grown to
+  // it (reallocated after the spare exists: old and new at once).
+  m.ring = z.ranks > 1 ? (capacity + (own < capacity ? capacity : 0)) * f : 0;
+  int64_t longest = 0;
+  for (int c = 0; c < 2 * z.ranks; ++c) longest = std::max(longest, z.chunk_len(c));
+  Problem block = base;
+  block.seq_q = block.seq_kv = std::max<int64_t>(longest, 1);
+  block.mask = MaskSpec{};
+  m.workspace = tiled::block_workspace_bytes(block, threads);
+  if (with_copies) m.copies = (rows * static_cast<std::size_t>(s.head_dim) + own) * f;
+  return m;
+}
+
+int check_node_memory(const RankMemory& need, std::size_t extra, const std::string& what,
+                      std::string& message) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int node_ranks = 1;
+  MPI_Comm_size(node, &node_ranks);
+  const double mine = static_cast<double>(sat_add(need.total(), extra));
+  double on_node = 0;
+  MPI_Allreduce(&mine, &on_node, 1, MPI_DOUBLE, MPI_SUM, node);
+  MPI_Comm_free(&node);
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  const double physical = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+  // The worst node (the largest need over memory), found collectively; rank 0 writes the message.
+  struct {
+    double ratio;
+    int rank;
+  } local{physical > 0 ? on_node / physical : 0.0, rank}, worst{0, 0};
+  MPI_Allreduce(&local, &worst, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
+  if (worst.ratio <= 1.0) return 0;
+  // The worst rank's figures go to rank 0.
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  int len = 0;
+  MPI_Get_processor_name(host, &len);
+  double figures[8] = {on_node,
+                       physical,
+                       static_cast<double>(node_ranks),
+                       static_cast<double>(need.inputs),
+                       static_cast<double>(need.output),
+                       static_cast<double>(need.ring),
+                       static_cast<double>(need.workspace),
+                       static_cast<double>(extra)};
+  MPI_Bcast(figures, 8, MPI_DOUBLE, worst.rank, MPI_COMM_WORLD);
+  MPI_Bcast(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, worst.rank, MPI_COMM_WORLD);
+  if (rank == 0) {
+    auto b = [](double x) { return format_bytes(x); };
+    message = "attnbench_mpi: not supported: " + what + ": the " +
+              std::to_string(static_cast<int>(figures[2])) + " rank(s) on node '" + host + "' need " +
+              b(figures[0]) + " together, more than its " + b(figures[1]) + " of physical memory (rank " +
+              std::to_string(worst.rank) + ": its inputs share " + b(figures[3]) + ", output " +
+              b(figures[4]) + ", ring buffers " + b(figures[5]) + ", tiled workspace " + b(figures[6]) +
+              (figures[7] > 0 ? ", --compare's whole tensors and fp64 reference " + b(figures[7]) : "") +
+              "); spread the ranks over more nodes or use more ranks";
+  }
+  return 2;
+}
+
+RankNonfinite count_rank_nonfinite(const Zigzag& z, const Shape& s, int rank, const RankData& d) {
+  auto bad = [](const float* x, std::size_t n) {
+    int64_t c = 0;
+    for (std::size_t i = 0; i < n; ++i) c += !std::isfinite(x[i]);
+    return c;
+  };
+  RankNonfinite c;
+  const auto chunks = z.chunks_of(rank);
+  for (int i = 0; i < 2; ++i) {
+    const std::size_t n = static_cast<std::size_t>(
+        s.batch * s.heads * z.chunk_len(chunks[static_cast<std::size_t>(i)]) * s.head_dim);
+    c.q += bad(d.q[i].data(), std::min(n, d.q[i].size()));
+    c.out += bad(d.out[i].data(), std::min(n, d.out[i].size()));
+  }
+  c.kv = bad(d.kv.data(), std::min(d.kv.size(), static_cast<std::size_t>(kv_layout(z, s, rank).floats())));
+  return c;
 }
 
 RankStats ring_attention(MPI_Comm comm, const Problem& base, bool causal, const Zigzag& z, const Shape& s,

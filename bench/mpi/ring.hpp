@@ -20,6 +20,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "common/aligned.hpp"
@@ -105,6 +106,34 @@ void gather(MPI_Comm comm, const Zigzag& z, const Shape& s, const RankData& d, c
 // compute max / mean over ranks (zigzag balance).
 Json rank_report(MPI_Comm comm, const Zigzag& z, const Shape& s, const RankStats& st, int64_t peak_rss_bytes,
                  int threads, bool causal);
+
+// One rank's memory in the ring, in bytes (what eval checks against the node's memory and run reports as
+// the row's estimate): `inputs` its query chunks and own K/V block (held after scatter); `output` its output
+// chunks and the running max / sum per row; `ring` what the rotation adds: the buffer the next block arrives
+// in (the largest block any rank sends) and, when its own block is smaller, that block regrown to it;
+// `workspace` tiled's block workspace (accumulate_block: per-thread scratch and the partial rows) for its
+// largest (query chunk, key chunk) block; `copies` the working copies `attnbench_mpi run` makes of the query
+// chunks and K/V block for each repetition (0 for eval).
+struct RankMemory {
+  std::size_t inputs = 0, output = 0, ring = 0, workspace = 0, copies = 0;
+  std::size_t total() const { return inputs + output + ring + workspace + copies; }
+  std::size_t beyond_inputs() const { return total() - inputs; }
+};
+RankMemory rank_memory(const Zigzag& z, const Shape& s, int rank, const Problem& base, int threads,
+                       bool with_copies);
+
+// Collective: whether every node's physical memory holds what its ranks need (`need` plus `extra` on this
+// rank). 0 when it does; otherwise 2, and on rank 0 `message` names `what`, the node, its ranks' total, its
+// memory and the worst rank's parts.
+int check_node_memory(const RankMemory& need, std::size_t extra, const std::string& what,
+                      std::string& message);
+
+// NaN / Inf among the values of one rank's inputs (its query chunks and own K/V block, which together over
+// the ranks hold every input value once) and of its output chunks.
+struct RankNonfinite {
+  int64_t q = 0, kv = 0, out = 0;
+};
+RankNonfinite count_rank_nonfinite(const Zigzag& z, const Shape& s, int rank, const RankData& d);
 
 // Largest number of floats one MPI message carries: bigger buffers go as several messages (MPI counts are
 // int).

@@ -11,12 +11,15 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <set>
 
 #include "bench/lib/inputs.hpp"
 #include "bench/lib/measure.hpp"
 #include "bench/lib/plan.hpp"
 #include "bench/lib/result_row.hpp"
 #include "bench/lib/store.hpp"
+#include "bench/lib/sysinfo.hpp"
 #include "bench/mpi/ring.hpp"
 #include "common/error.hpp"
 #include "common/mask.hpp"
@@ -24,6 +27,7 @@
 #include "common/reference.hpp"
 #include "common/runtime.hpp"
 #include "common/simd.hpp"
+#include "common/util.hpp"
 
 namespace attn::ring {
 
@@ -32,6 +36,9 @@ void add_sweep_options(CLI::App& sub, SweepOptions& o) {
   sub.add_option("--out", o.out, "results folder (default: results/<config name>-mpi<P>)");
   sub.add_option("--filter", o.filter, "only points whose id contains this text");
   sub.add_flag("--force", o.force, "replace results already in the folder");
+  sub.add_flag("--resume", o.resume,
+               "finish an interrupted run in --out: the points it has rows for are not measured again (the "
+               "config, --isa and the rank count must be the same)");
   sub.add_option("--isa", o.isa, "SIMD target (as attnbench run --isa)");
 }
 
@@ -62,13 +69,6 @@ struct PointMsg {
   double scale = NAN;
 };
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
-
 }  // namespace
 
 int run_sweep(const SweepOptions& o, int threads) {
@@ -78,26 +78,42 @@ int run_sweep(const SweepOptions& o, int threads) {
   MPI_Comm_size(MPI_COMM_WORLD, &P);
   namespace fs = std::filesystem;
 
-  // Set-up on rank 0 (config, plan, folder), its status shared so every rank stops on an error.
+  // Set-up on rank 0 (config, plan, folder), its status shared so every rank stops on an error. The folder is
+  // attnbench run's (ResultStore): meta.json before any row, rows appended, flushed and fsynced one by one,
+  // results.csv at the end, --resume / --force with the same checks, plus the rank count.
   int status = 0;
   std::string message;
   Plan plan;
-  std::string dir;
-  std::ofstream jsonl;
+  std::unique_ptr<ResultStore> store;
+  std::set<std::string> done;
   if (rank == 0) {
     try {
+      if (o.resume && o.force) throw UsageError("--resume and --force exclude each other");
       simd::select_isa(o.isa, "--isa");
       plan = load_plan(o.config, o.isa);
-      dir = o.out.empty() ? "results/" + plan.config.name + "-mpi" + std::to_string(P) : o.out;
-      if (fs::exists(fs::path(dir) / "results.jsonl") && !o.force)
-        throw UsageError("--out '" + dir + "' already holds results.jsonl (use --force to replace it)");
-      fs::create_directories(dir);
-      Json meta = {
-          {"config", plan.config.raw},      {"config_hash", plan.config.hash()}, {"ranks", P},
-          {"program", "attnbench_mpi run"}, {"isa", simd::active_isa()},         {"start_time", utc_now()}};
-      write_file_atomic((fs::path(dir) / "meta.json").string(), meta.dump(1) + "\n");
-      jsonl.open(fs::path(dir) / "results.jsonl", std::ios::trunc);
-      if (!jsonl) throw UsageError("--out '" + dir + "': cannot write results.jsonl");
+      const std::string dir =
+          o.out.empty() ? "results/" + plan.config.name + "-mpi" + std::to_string(P) : o.out;
+      Json machine = {{"system", system_info()},
+                      {"ranks", P},
+                      {"program", "attnbench_mpi run"},
+                      {"isa", simd::active_isa()}};
+      store = std::make_unique<ResultStore>(dir,
+                                            o.resume  ? ResultStore::Mode::resume
+                                            : o.force ? ResultStore::Mode::force
+                                                      : ResultStore::Mode::fresh,
+                                            plan.config, ResultStore::Identity{plan.config.hash(), o.isa},
+                                            machine);
+      if (o.resume) {
+        const Json was = store->meta().value("ranks", Json());
+        if (!was.is_number_integer() || was.get<int>() != P)
+          throw UsageError("--resume: the interrupted run in '" + dir + "' ran with " +
+                           (was.is_number_integer() ? std::to_string(was.get<int>()) : std::string("no")) +
+                           " ranks, this one with " + std::to_string(P) + " (mpirun -np " +
+                           std::to_string(P) +
+                           "); resume with the same rank count, or rerun with --force or another --out");
+        for (const ResultRow& row : store->existing()) done.insert(row.id);
+        std::cout << "attnbench_mpi: resuming '" << dir << "': " << done.size() << " row(s) kept\n";
+      }
     } catch (const UsageError& e) {
       status = 2, message = std::string("attnbench_mpi: error: ") + e.what();
     } catch (const std::exception& e) {
@@ -111,8 +127,7 @@ int run_sweep(const SweepOptions& o, int threads) {
   }
   if (rank != 0) simd::select_isa(o.isa, "--isa");
 
-  std::vector<ResultRow> rows;
-  std::size_t next = 0;
+  std::size_t next = 0, written = 0;
   while (true) {
     // Rank 0: the next point to measure, writing skipped rows on the way.
     PointMsg msg;
@@ -121,6 +136,7 @@ int run_sweep(const SweepOptions& o, int threads) {
       for (; next < plan.points.size(); ++next) {
         const SweepPoint& cand = plan.points[next];
         if (!o.filter.empty() && cand.id.find(o.filter) == std::string::npos) continue;
+        if (done.count(cand.id + ",ranks=" + std::to_string(P))) continue;  // --resume: measured already
         std::string why = ring_skip_reason(cand, P);
         if (why.empty()) why = skip_reason(cand, plan.config);
         if (why.empty()) {
@@ -137,12 +153,10 @@ int run_sweep(const SweepOptions& o, int threads) {
         row.kv_heads = cand.problem.num_kv_heads();
         row.mask = cand.mask.label(), row.regime = cand.regime.label(), row.threads = cand.threads;
         row.dtype = dtype_name(cand.problem.dtype), row.bias = bias_name(cand.problem.bias);
-        row.status = "skipped", row.reason = why, row.timestamp = utc_now();
-        Json j = to_json(row);
-        j["ranks"] = P;
-        j["bytes_sent_per_rank"] = nullptr;
-        jsonl << j.dump() << "\n" << std::flush;
-        rows.push_back(row);
+        row.status = "skipped", row.reason = why;
+        row.memory.peak_note = "not measured: the point was skipped";
+        store->append(row, {{"ranks", P}, {"bytes_sent_per_rank", nullptr}});
+        ++written;
       }
       if (pt) {
         const Problem& p = pt->problem;
@@ -181,6 +195,7 @@ int run_sweep(const SweepOptions& o, int threads) {
         std::copy_n(a.ptr() + first, count, out);
       };
     scatter(MPI_COMM_WORLD, z, shape, source, data);
+    const RankMemory need = rank_memory(z, shape, rank, base, static_cast<int>(msg.threads), true);
     // Memory as `attnbench run` reads it: the resident high-water mark is reset once the rank holds its share
     // of Q, K, V, so the increase is what the ring itself needs (output, the second K/V buffer, tiled's
     // workspace). The row's memory.peak_bytes is the largest rank's; each rank's absolute peak is in `ring`.
@@ -223,6 +238,16 @@ int run_sweep(const SweepOptions& o, int threads) {
     const int64_t increase = memory.supported() ? memory.peak_increase() : -1;
     int64_t max_increase = 0;
     MPI_Allreduce(&increase, &max_increase, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    // The estimate of the rank with the most: what it holds, and what the timed ring adds beyond that.
+    int64_t est[4] = {static_cast<int64_t>(need.beyond_inputs()), static_cast<int64_t>(need.inputs),
+                      static_cast<int64_t>(need.workspace), 0},
+            est_max[4] = {0, 0, 0, 0};
+    MPI_Allreduce(est, est_max, 4, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    // NaN never leaks silently: non-finite outputs (each counted on the rank holding them) fail the point
+    // when the inputs were finite.
+    const RankNonfinite bad_out = count_rank_nonfinite(z, shape, rank, data);
+    int64_t bad_out_sum = 0;
+    MPI_Reduce(&bad_out.out, &bad_out_sum, 1, MPI_INT64_T, MPI_SUM, 0, MPI_COMM_WORLD);
     const Json report =
         rank_report(MPI_COMM_WORLD, z, shape, last, peak_rss_bytes(), static_cast<int>(msg.threads), causal);
     gather(MPI_COMM_WORLD, z, shape, data, sink);
@@ -263,26 +288,35 @@ int run_sweep(const SweepOptions& o, int threads) {
       row.accuracy.inf_count = m.inf_count;
     }
     row.accuracy_e2e = row.accuracy;
+    const int64_t bad_in = count_nonfinite(inputs.q.ptr(), inputs.q.numel()) +
+                           count_nonfinite(inputs.k.ptr(), inputs.k.numel()) +
+                           count_nonfinite(inputs.v.ptr(), inputs.v.numel());
+    row.nonfinite_inputs = bad_in;
+    if (bad_out_sum && !bad_in) {
+      row.status = "failed";
+      row.reason = std::to_string(bad_out_sum) + " NaN/Inf values in the output from finite inputs";
+    }
+    // Per rank (the largest over the ranks): `estimated_bytes` what the timed ring adds to the rank's share
+    // of the inputs (output, ring buffers, tiled's workspace, the per-repetition copies): the bound of
+    // `peak_bytes`; `inputs_bytes` that share. Rank 0 also holds the whole inputs and output of the point.
+    row.memory.estimated_bytes = static_cast<uint64_t>(est_max[0]);
+    row.memory.inputs_bytes = static_cast<uint64_t>(est_max[1]);
+    row.memory.workspace_bytes = static_cast<uint64_t>(est_max[2]);
     if (memory.supported() && max_increase >= 0)
       row.memory.peak_bytes = max_increase;
     else
       row.memory.peak_note =
           "not measured: this kernel cannot reset the resident high-water mark (clear_refs)";
-    row.timestamp = utc_now();
-    Json j = to_json(row);
-    j["ranks"] = P;
     int64_t most = 0;  // the rank that sent the most (ranks differ by at most a position's K/V per step)
     for (const Json& r : report["per_rank"]) most = std::max(most, r["bytes_sent"].get<int64_t>());
-    j["bytes_sent_per_rank"] = most;
-    j["ring"] = report;
-    jsonl << j.dump() << "\n" << std::flush;
-    rows.push_back(row);
+    store->append(row, {{"ranks", P}, {"bytes_sent_per_rank", most}, {"ring", report}});
+    ++written;
     std::cerr << "attnbench_mpi: " << row.id << "  " << t.median_ms << " ms (slowest of " << P << " ranks)\n";
   }
   if (rank == 0) {
-    jsonl.close();
-    write_file_atomic((fs::path(dir) / "results.csv").string(), results_csv(rows));
-    std::cout << "attnbench_mpi: " << rows.size() << " rows in " << dir << "\n";
+    store->finish(false);
+    std::cout << "attnbench_mpi: " << written << " row(s) written, " << done.size() << " kept, in "
+              << store->dir() << "\n";
   }
   return 0;
 }

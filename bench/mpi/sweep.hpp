@@ -12,7 +12,7 @@ namespace attn::ring {
 
 struct SweepOptions {
   std::string config, out, isa = "best", filter;
-  bool force = false;
+  bool force = false, resume = false;
 };
 void add_sweep_options(CLI::App& sub, SweepOptions& o);
 // Collective. `threads` is the --threads value in force (a point's own thread count is set per point).

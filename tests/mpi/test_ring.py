@@ -4,9 +4,11 @@
   accuracy  P = 1..4 ranks, n in {1, 7, 130, 1000}, causal and not: the ring's output against an fp64 numpy
             reference and against single-process tiled (`attnbench eval --variant tiled`), within the fp32
             bound derived in fp32_bound() below; --compare's own report checked on a few runs
-  errors    P > n refused (exit 2, the message names P and n); unsupported flags and shapes refused
+  errors    P > n refused (exit 2, the message names P and n); unsupported flags and shapes refused; inputs
+            too big for the node's memory refused before anything is allocated (sparse .npy files)
   fault     a rank that aborts after its first block makes mpirun exit non-zero, within a bounded time
-  sweep     `attnbench_mpi run` on a small config: tiled rows with ranks and bytes, other variants skipped
+  sweep     `attnbench_mpi run` on a small config: tiled rows with ranks, bytes and a memory estimate,
+            other variants skipped; --resume measures only the rows missing, refuses another rank count
 
 Exit 0 pass, 1 fail, 77 skip (numpy or mpirun missing). Every mpirun runs under a timeout.
 """
@@ -149,6 +151,13 @@ def part_accuracy(args, tmp):
     r, _ = mpirun(args, 3, "eval", "--q", paths["q"], "--k", paths["k"], "--v", paths["v"], "--causal", "--out", out)
     check(r is not None and r.returncode == 0, "NaN input run")
     if r is not None and r.returncode == 0:
+        # Not silent: a warning with both counts, and the counts in the report.
+        rep = json.loads(r.stdout.strip().splitlines()[-1])
+        check(rep.get("nonfinite_inputs") == 1 and rep.get("nonfinite_kv") == 1 and rep.get("nonfinite_q") == 0,
+              f"NaN input run: the report counts the one NaN input ({ {k: rep.get(k) for k in rep if 'nonfinite' in k} })")
+        check((rep.get("nonfinite_output") or 0) > 0 and
+              f"the output holds {rep.get('nonfinite_output')} NaN/Inf values (the inputs held 1)" in r.stderr,
+              f"NaN input run: a warning naming the output's and the inputs' counts ({r.stderr!r})")
         got = np.load(out)
         bad_rows = np.isnan(got).any(-1)  # [B, H, n]
         check(bad_rows[0, :2, 4:].all() and not bad_rows[0, :2, :4].any() and not bad_rows[1].any(),
@@ -181,6 +190,26 @@ def part_errors(args, tmp):
     r, _ = mpirun(args, 2, "eval", "--q", os.path.join(tmp, "missing.npy"), "--k", p7["k"], "--v", p7["v"],
                   "--out", os.path.join(tmp, "o.npy"))
     check(r is not None and r.returncode == 2 and "missing.npy" in r.stderr, "missing file: exit 2 naming it")
+    # Inputs larger than this node's memory (sparse files: nothing is on disk): refused before any allocation,
+    # naming the node's need and memory and the worst rank's parts; no output file.
+    n = 2 ** 27  # [1, 1, n, 64] float32: 32 GiB per tensor, so each of 2 ranks needs well over 24 GiB
+    huge = {}
+    for name in ("q", "k", "v"):
+        huge[name] = os.path.join(tmp, f"huge_{name}.npy")
+        with open(huge[name], "wb") as f:
+            np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (1, 1, n, 64)})
+            f.truncate(f.tell() + n * 64 * 4)
+    with open("/proc/meminfo") as f:
+        mem = int(f.readline().split()[1]) * 1024
+    if mem < 2 * 64 * 2 ** 30:
+        out = os.path.join(tmp, "huge_o.npy")
+        r, _ = mpirun(args, 2, "eval", "--q", huge["q"], "--k", huge["k"], "--v", huge["v"], "--out", out)
+        check(r is not None and r.returncode == 2 and "physical memory" in r.stderr and "2 rank(s) on node" in r.stderr
+              and "ring buffers" in r.stderr and r.stderr.count("not supported") == 1,
+              f"inputs beyond the node's memory: exit 2 with the node's need, once ({r and r.returncode}: {r and r.stderr!r})")
+        check(not os.path.exists(out), "no output file after the refusal")
+    else:
+        print(f"note: {mem} bytes of memory: the memory-fit refusal is not exercised")
 
 
 def part_fault(args, tmp):
@@ -229,7 +258,39 @@ def part_sweep(args, tmp):
         peak = row["memory"].get("peak_bytes")
         check(peak is not None and peak >= out_share and all(r["peak_rss_bytes"] > 0 for r in row["ring"]["per_rank"]),
               f"{row['id']}: memory.peak_bytes {peak} >= the output share {out_share}, per-rank peak RSS > 0")
+        est = row["memory"]["estimated_bytes"]
+        block = 2 * row["batch"] * row["kv_heads"] * (row["seq_kv"] // 2) * row["head_dim"] * 4
+        check(est >= out_share + block and row["memory"]["inputs_bytes"] >= out_share,
+              f"{row['id']}: estimated_bytes {est} covers the output share and a K/V block")
+        # The estimate bounds the measured increase, with 32 MiB for what it leaves out (allocator arenas,
+        # thread stacks, MPI's buffers).
+        check(peak is None or peak <= est + 32 * 2 ** 20, f"{row['id']}: peak {peak} within estimate {est} + 32 MiB")
     check(os.path.exists(os.path.join(out, "results.csv")), "results.csv written")
+
+    # --resume: drop the last two rows (an interrupted run), resume: only those two are measured again, the
+    # others are kept as written.
+    jsonl = os.path.join(out, "results.jsonl")
+    with open(jsonl) as f:
+        lines = f.read().splitlines()
+    with open(jsonl, "w") as f:
+        f.write("".join(line + "\n" for line in lines[:-2]))
+    r, _ = mpirun(args, 2, "run", path, "--out", out, "--resume")
+    check(r is not None and r.returncode == 0 and "6 row(s) kept" in r.stdout and "2 row(s) written" in r.stdout,
+          f"--resume measures the 2 missing rows and keeps 6 ({r and r.returncode}: {r and r.stdout!r} {r and r.stderr!r})")
+    with open(jsonl) as f:
+        again = f.read().splitlines()
+    check(again[:6] == lines[:6], "--resume leaves the kept rows byte for byte")
+    check(sorted(json.loads(x)["id"] for x in again) == sorted(json.loads(x)["id"] for x in lines),
+          "--resume: every planned id once")
+    # Another rank count, or no --resume / --force on a folder with results: refused, naming why.
+    r, _ = mpirun(args, 3, "run", path, "--out", out, "--resume")
+    check(r is not None and r.returncode == 2 and "ran with 2 ranks, this one with 3" in r.stderr,
+          f"--resume with 3 ranks refused ({r and r.returncode}: {r and r.stderr!r})")
+    r, _ = mpirun(args, 2, "run", path, "--out", out)
+    check(r is not None and r.returncode == 2 and "--resume" in r.stderr and "--force" in r.stderr,
+          f"a folder with results needs --resume or --force ({r and r.returncode}: {r and r.stderr!r})")
+    with open(jsonl) as f:
+        check(f.read().splitlines() == again, "the refused runs left results.jsonl untouched")
 
 
 def main():
