@@ -6,6 +6,8 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "common/aligned.hpp"
@@ -15,6 +17,13 @@
 
 namespace attn {
 namespace {
+
+// The engine reads fp32 Q, K, V only; a bf16 / fp16 problem arrives with them null unless widened first.
+void require_fp32_inputs(const AttentionInputs& in, const char* who) {
+  if (!in.q || !in.k || !in.v)
+    throw std::logic_error(std::string(who) +
+                           ": Q, K and V must be fp32 (widen bf16 / fp16 inputs with WideInputs first)");
+}
 
 // φ of `rows` key rows j0.. of K/V block `kv` into `dst` (rows × m); padded keys become zero rows, so they
 // add nothing to any numerator or denominator. Also adds the column sums of the result into `col_sum` (the
@@ -180,6 +189,7 @@ void forward_causal(const Problem& p, const AttentionInputs& in, const FeatureMa
 
 void feature_attention_forward(const Problem& p, const AttentionInputs& in, const FeatureMap& phi, float eps,
                                int64_t chunk) {
+  require_fp32_inputs(in, "feature_attention_forward");
   if (p.mask.any_causal())
     forward_causal(p, in, phi, eps, chunk);
   else
@@ -188,6 +198,7 @@ void feature_attention_forward(const Problem& p, const AttentionInputs& in, cons
 
 void feature_attention_reference(const Problem& p, const AttentionInputs& in, const FeatureMapFp64& phi,
                                  double eps, double* out) {
+  require_fp32_inputs(in, "feature_attention_reference");
   const int64_t D = p.head_dim, M = phi.features(), Lq = p.seq_q, Lkv = p.seq_kv;
   std::vector<double> fq(static_cast<std::size_t>(M)), fk(static_cast<std::size_t>(Lkv * M));
   for (int64_t b = 0; b < p.batch; ++b)

@@ -54,13 +54,16 @@ class FeatureMapFp64 {
   virtual void key(int64_t b, int64_t kv, int64_t j, const float* k, double* dst) const = 0;
 };
 
-// Writes in.out for an fp32 problem with causal / lower-right causal / key padding / grouped-query /
-// cross-attention as `p` says (the caller's capabilities exclude the rest). `chunk`: causal positions per
-// chunk. Deterministic for any thread count (work units fixed by the problem).
+// Writes in.out with causal / lower-right causal / key padding / grouped-query / cross-attention as `p` says
+// (the caller's capabilities exclude the rest). Q, K and V must be fp32 in in.q, in.k, in.v whatever
+// p.dtype says: a bf16 / fp16 caller widens them first (common/half.hpp WideInputs); std::logic_error if one
+// is null. `chunk`: causal positions per chunk. Deterministic for any thread count (work units fixed by the
+// problem).
 void feature_attention_forward(const Problem& p, const AttentionInputs& in, const FeatureMap& phi, float eps,
                                int64_t chunk);
 
-// The fp64 quadratic definition (see FeatureMapFp64) into out [B, H, seq_q, head_dim].
+// The fp64 quadratic definition (see FeatureMapFp64) into out [B, H, seq_q, head_dim]; Q, K, V fp32 as for
+// feature_attention_forward.
 void feature_attention_reference(const Problem& p, const AttentionInputs& in, const FeatureMapFp64& phi,
                                  double eps, double* out);
 

@@ -315,8 +315,9 @@ TEST_CASE("attnbench eval errors exit 2, name the option or file and the value, 
       // Storage dtype, ALiBi and RoPE (#14).
       {Args{"--variant", "naive", "--dtype", "fp8"} + qkv,
        {"--dtype", "unknown dtype 'fp8'", "fp32, bf16, fp16"}},
-      {Args{"--variant", "linear", "--dtype", "bf16"} + qkv,
-       {"--dtype bf16", "variant 'linear'", "does not take dtype bf16", "it takes fp32", "naive"}},
+      // Every variant takes bf16 and fp16 (widened, if not natively): the refusal is the bias's.
+      {Args{"--variant", "linear", "--dtype", "bf16", "--alibi"} + qkv,
+       {"--dtype bf16 with --alibi", "variant 'linear'", "does not support the ALiBi bias", "naive"}},
       {Args{"--variant", "naive", "--alibi-slopes", s3} + qkv,
        {"--alibi-slopes", "slopes3.npy", "needs --alibi"}},
       {Args{"--variant", "naive", "--alibi", "--alibi-slopes", s3} + qkv,

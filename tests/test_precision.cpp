@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "common/alibi.hpp"
+#include "common/attention.hpp"
 #include "common/half.hpp"
 #include "common/random.hpp"
 #include "common/rope.hpp"
@@ -228,4 +230,125 @@ TEST_CASE("RoPE makes q.k depend on the position difference only, and Q/K share 
   CHECK(K == K2);
   REQUIRE_THROWS_WITH(validate_rope({RopeMode::normal, 10000.0}, 7, "inputs.rope"),
                       Catch::Contains("head_dim must be even, got 7"));
+}
+
+namespace {
+
+// Seeded N(0, 1) values, the fp32 inputs a widening variant's 16-bit inputs are rounded from.
+std::vector<float> normal_values(int64_t n, uint64_t seed) {
+  std::vector<float> x(static_cast<std::size_t>(n));
+  fill_normal(x.data(), n, seed, 1.0);
+  return x;
+}
+
+// A variant that takes bf16 but not fp16, registered nowhere: the refusal text of a missing storage dtype
+// (every registered variant takes both).
+class Bf16Only final : public Attention {
+ public:
+  std::string name() const override { return "bf16_only"; }
+  std::string description() const override { return "test stand-in"; }
+  Capabilities capabilities() const override { return {.bf16 = true}; }
+  double flops(const Problem&) const override { return 0; }
+  std::size_t workspace_bytes(const Problem&, int) const override { return 0; }
+
+ protected:
+  void forward(const Problem&, const AttentionInputs&) const override {}
+};
+
+}  // namespace
+
+TEST_CASE("a variant without a storage dtype refuses it by name, with the dtypes it takes",
+          "[precision][dtype]") {
+  const Bf16Only v;
+  Problem p = make_problem("naive");
+  p.variant = v.name();
+  CHECK(v.unsupported_reasons_text(p).empty());
+  p.dtype = DType::bf16;
+  CHECK(v.unsupported_reasons_text(p).empty());
+  p.dtype = DType::fp16;
+  CHECK(v.unsupported_reasons_text(p) == "bf16_only does not take dtype fp16 (it takes fp32, bf16)");
+}
+
+// linear, performer, nystrom, sliding_window, bigbird and linformer take bf16 / fp16 by widening Q, K and V
+// to fp32 once, up front (WideInputs), and running their fp32 kernel: so on 16-bit inputs they must give
+// bitwise the output they give on the fp32 values those inputs widen to, and their fp64 reference and
+// tolerance must read the same values. Their workspace grows by exactly the fp32 copies.
+TEST_CASE("variants that widen bf16 / fp16 up front compute bitwise what they compute on the widened values",
+          "[precision][dtype]") {
+  struct Case {
+    const char* variant;
+    Json params;
+    const char* mask;
+    int64_t heads, kv_heads, seq_q, seq_kv, head_dim;
+  };
+  const Case cases[] = {
+      {"linear", Json::object(), "none", 4, 2, 19, 19, 17},
+      {"linear", {{"chunk", 5}, {"feature_map", "relu"}}, "causal+pad", 2, 0, 33, 33, 16},
+      {"performer", {{"features", 17}, {"chunk", 5}}, "causal", 4, 1, 33, 33, 16},
+      {"performer", Json::object(), "pad", 2, 0, 9, 40, 24},
+      {"nystrom", {{"landmarks", 3}}, "pad", 4, 2, 33, 37, 17},
+      {"sliding_window", {{"window", 3}, {"global_tokens", 2}}, "causal+bool", 2, 0, 37, 37, 16},
+      {"sliding_window", {{"window", 5}, {"dilation", 2}}, "pad", 4, 2, 40, 40, 8},
+      {"bigbird", {{"block", 4}}, "causal+pad", 4, 2, 37, 37, 16},
+      {"linformer", {{"k", 5}}, "pad", 2, 0, 17, 23, 8},
+  };
+  uint64_t seed = 100;
+  for (const Case& c : cases)
+    for (const DType t : {DType::bf16, DType::fp16}) {
+      Problem p32 = make_problem(c.variant, c.params);
+      p32.batch = 2, p32.heads = c.heads, p32.kv_heads = c.kv_heads, p32.seq_q = c.seq_q,
+      p32.seq_kv = c.seq_kv, p32.head_dim = c.head_dim;
+      p32.mask = parse_mask(c.mask, "test");
+      Problem p16 = p32;
+      p16.dtype = t;
+      INFO(p16.repro());
+      const Attention& v = Registry::instance().get(c.variant);
+      REQUIRE(v.unsupported_reasons_text(p16).empty());
+
+      const int64_t nq = p32.q_elements(), nkv = p32.kv_elements();
+      const std::vector<float> q = normal_values(nq, ++seed), k = normal_values(nkv, ++seed),
+                               vv = normal_values(nkv, ++seed);
+      std::vector<uint8_t> mask, pad;
+      if (p32.mask.boolean) {
+        Rng rng(++seed);
+        for (int64_t e = 0; e < p32.seq_q * p32.seq_kv; ++e) mask.push_back(rng.uniform() < 0.7 ? 1 : 0);
+      }
+      if (p32.mask.key_padding)
+        for (int64_t b = 0; b < p32.batch; ++b)
+          for (int64_t j = 0; j < p32.seq_kv; ++j) pad.push_back(j >= p32.seq_kv - 3 * b ? 1 : 0);
+      AttentionInputs in32;
+      in32.mask = mask.empty() ? nullptr : mask.data();
+      in32.key_padding = pad.empty() ? nullptr : pad.data();
+
+      // The 16-bit inputs (rounded from q, k, v) and the fp32 values they widen to.
+      in32.q = q.data(), in32.k = k.data(), in32.v = vv.data();
+      const StoredInputs stored(p16, in32);
+      const std::vector<float> wq = rounded_values(t, q.data(), nq), wk = rounded_values(t, k.data(), nkv),
+                               wv = rounded_values(t, vv.data(), nkv);
+      AttentionInputs wide = in32;
+      wide.q = wq.data(), wide.k = wk.data(), wide.v = wv.data();
+
+      std::vector<float> out16(static_cast<std::size_t>(nq), std::nanf("")), out32(out16), plain(out16);
+      AttentionInputs in16 = stored.get();
+      in16.out = out16.data();
+      v.run(p16, in16);
+      wide.out = out32.data();
+      v.run(p32, wide);
+      CHECK(std::memcmp(out16.data(), out32.data(), out16.size() * sizeof(float)) == 0);
+      CHECK(std::all_of(out16.begin(), out16.end(), [](float x) { return std::isfinite(x); }));
+      // Not vacuous: the rounding to 16 bits changed the inputs, and so the output.
+      in32.out = plain.data();
+      v.run(p32, in32);
+      CHECK(std::memcmp(out16.data(), plain.data(), out16.size() * sizeof(float)) != 0);
+
+      std::vector<double> ref16(out16.size()), ref32(out16.size());
+      v.reference_forward(p16, stored.get(), ref16.data());
+      v.reference_forward(p32, wide, ref32.data());
+      CHECK(std::memcmp(ref16.data(), ref32.data(), ref16.size() * sizeof(double)) == 0);
+      CHECK(v.abs_tolerance(p16, stored.get()) == v.abs_tolerance(p32, wide));
+
+      for (const int threads : {1, 2})
+        CHECK(v.workspace_bytes(p16, threads) - v.workspace_bytes(p32, threads) ==
+              static_cast<std::size_t>(nq + 2 * nkv) * sizeof(float));
+    }
 }

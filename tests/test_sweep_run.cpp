@@ -1076,7 +1076,8 @@ TEST_CASE(
   REQUIRE(rows.size() == 2 * 2 * 2 * 2);  // variants x dtype x bias x rope
   CHECK(id_counts(rows).size() == rows.size());
   check_csv_matches(out, rows);
-  int naive_bf16 = 0;
+  int naive_bf16 = 0, linear_bf16 = 0;
+  std::map<std::string, double> linear_workspace;  // by dtype and rope
   for (const Json& row : rows) {
     INFO(row.dump(2));
     const std::string dtype = row.at("dtype"), bias = row.at("bias"), rope = row.at("rope");
@@ -1086,10 +1087,10 @@ TEST_CASE(
     CHECK((row["id"].get<std::string>().find(",dtype=bf16,") != std::string::npos) == (dtype == "bf16"));
     CHECK((row["id"].get<std::string>().find(",alibi,") != std::string::npos) == (bias == "alibi"));
     CHECK((row["id"].get<std::string>().find("rope=normal") != std::string::npos) == (rope == "normal"));
-    if (row["variant"] == "linear" && (dtype != "fp32" || bias != "none")) {
+    if (row["variant"] == "linear" && bias != "none") {  // linear takes bf16 (widened), not ALiBi
       CHECK(row["status"] == "skipped");
-      if (dtype == "bf16") CHECK_THAT(row["reason"].get<std::string>(), Contains("does not take dtype bf16"));
-      if (bias == "alibi") CHECK_THAT(row["reason"].get<std::string>(), Contains("ALiBi"));
+      CHECK_THAT(row["reason"].get<std::string>(), Contains("ALiBi"));
+      CHECK_THAT(row["reason"].get<std::string>(), !Contains("dtype"));
       CHECK(row["rope_ms"].is_null());
       CHECK(row["accuracy_e2e"]["max_abs_err"].is_null());
       continue;
@@ -1113,6 +1114,7 @@ TEST_CASE(
     CHECK(e["max_abs_err"].get<double>() >= 0);
     // 16-bit inputs: half the bytes of fp32.
     CHECK(row["memory"]["inputs_bytes"] == (dtype == "bf16" ? 2 : 4) * 3 * 2 * 32 * 16);
+    if (row["variant"] == "linear") linear_workspace[dtype + "/" + rope] = row["memory"]["workspace_bytes"];
     if (dtype == "fp32") {
       CHECK(e == a);  // one reference serves both
     } else if (row["variant"] == "naive") {
@@ -1121,9 +1123,19 @@ TEST_CASE(
       // costs far more end to end.
       CHECK(a["max_abs_err"].get<double>() < 1e-5);
       CHECK(e["max_abs_err"].get<double>() > 1e-4);
+    } else {
+      ++linear_bf16;
     }
   }
   CHECK(naive_bf16 == 4);
+  CHECK(linear_bf16 == 2);  // bias none, with and without RoPE
+  // linear widens bf16 to fp32 up front: its workspace holds fp32 copies of Q, K and V (4 bytes each).
+  for (const char* rope : {"none", "normal"}) {
+    INFO("rope " << rope);
+    REQUIRE(linear_workspace.count(std::string("bf16/") + rope) == 1);
+    CHECK(linear_workspace[std::string("bf16/") + rope] - linear_workspace[std::string("fp32/") + rope] ==
+          4 * 3 * 2 * 32 * 16);
+  }
 }
 
 TEST_CASE("RoPE (#14): the sweep's inputs are the fp32 draws rotated, with the same seed as without RoPE",

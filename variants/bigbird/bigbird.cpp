@@ -13,6 +13,7 @@
 #include "common/aligned.hpp"
 #include "common/attention.hpp"
 #include "common/dropout.hpp"
+#include "common/half.hpp"
 #include "common/mask.hpp"
 #include "common/reference.hpp"
 #include "common/runtime.hpp"
@@ -83,7 +84,7 @@ class BigBird final : public Attention {
     // Not exact: exact softmax on a sparse pattern, not full attention (the sweep measures the gap). Blocks
     // are defined on one sequence, so no cross-attention, and so causal_lower_right (offset seq_kv - seq_q =
     // 0) is causal: the kernel applies it through causal_key_end. Positions matter: not permutation
-    // equivariant.
+    // equivariant. bf16 / fp16: widened to fp32 up front (WideInputs, counted in workspace_bytes).
     return {.exact = false,
             .causal = true,
             .causal_lower_right = true,
@@ -92,6 +93,8 @@ class BigBird final : public Attention {
             .key_padding = true,
             .cross = false,
             .dropout = true,
+            .bf16 = true,
+            .fp16 = true,
             .alibi = true,
             .permutation_equivariant = false};
   }
@@ -156,17 +159,24 @@ class BigBird final : public Attention {
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
     const Plan plan(p);
     // Per thread: the score tile with its row max and sum, and the key ranges of one query block (at most
-    // random + 3 runs, a piece per run per step); random_blocks() builds lists of the same length.
+    // random + 3 runs, a piece per run per step); random_blocks() builds lists of the same length. bf16 /
+    // fp16 add fp32 copies of Q, K and V. Saturating (common/util.hpp).
     const std::size_t lists =
         sat_mul(sat_add(to_size(std::min(plan.pattern.randoms, plan.pattern.blocks)), 3),
                 sizeof(bigbird::Range) + sizeof(Piece) + sizeof(bigbird::Range) + 8);
     const std::size_t per_thread = sat_add(sat_mul(to_size(plan.score_floats()), sizeof(float)), lists);
-    return sat_mul(to_size(std::max(threads, 1)), per_thread);
+    const std::size_t widened =
+        p.dtype == DType::fp32
+            ? 0
+            : sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, to_size(p.kv_elements()))), sizeof(float));
+    return sat_add(sat_mul(to_size(std::max(threads, 1)), per_thread), widened);
   }
 
   void reference_forward(const Problem& p, const AttentionInputs& in, double* out) const override {
     // Exact softmax under the equivalent boolean mask: pattern ∧ (the user's mask, if any); the shared
-    // reference applies causal, padding, ALiBi and dropout itself. Quadratic memory, like its time.
+    // reference applies causal, padding, ALiBi and dropout itself, and widens bf16 / fp16 Q, K, V (exactly)
+    // as the kernel does; the default abs_tolerance (exact_abs_tolerance) reads them the same way. Quadratic
+    // memory, like its time.
     const Plan plan(p);
     std::vector<uint8_t> mask = plan.pattern.dense_mask();
     if (p.mask.boolean)
@@ -185,7 +195,9 @@ class BigBird final : public Attention {
     return {};
   }
 
-  void forward(const Problem& p, const AttentionInputs& in) const override {
+  void forward(const Problem& p, const AttentionInputs& stored) const override {
+    const WideInputs wide(p, stored);  // bf16 / fp16: converted to fp32 once, up front
+    const AttentionInputs& in = wide.get();
     const Plan plan(p);
     const bigbird::Pattern& pat = plan.pattern;
     const int64_t n = p.seq_q, D = p.head_dim, T = plan.tile, C = plan.chunk;

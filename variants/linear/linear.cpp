@@ -7,6 +7,8 @@
 #include "common/attention.hpp"
 #include "common/error.hpp"
 #include "common/feature_attention.hpp"
+#include "common/half.hpp"
+#include "common/util.hpp"
 #include "common/vmath.hpp"
 
 namespace attn {
@@ -70,6 +72,7 @@ class Linear final : public Attention {
   Capabilities capabilities() const override {
     // Arbitrary boolean masks would need the quadratic form (the reordering needs a mask that factorises:
     // causal and key padding do), so they are not supported; nor is dropout on weights it never forms.
+    // bf16 / fp16: widened to fp32 up front (WideInputs, counted in workspace_bytes).
     return {.exact = false,
             .causal = true,
             .causal_lower_right = true,
@@ -78,6 +81,8 @@ class Linear final : public Attention {
             .key_padding = true,
             .cross = true,
             .dropout = false,
+            .bf16 = true,
+            .fp16 = true,
             .permutation_equivariant = true};
   }
   std::vector<ParamSpec> param_specs() const override {
@@ -117,19 +122,30 @@ class Linear final : public Attention {
   }
 
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
-    return feature_attention_workspace_bytes(p, p.head_dim, p.param_int("chunk"), threads, false);
+    // The engine's buffers; bf16 / fp16 add fp32 copies of Q, K and V (saturating, common/util.hpp).
+    const std::size_t widened =
+        p.dtype == DType::fp32
+            ? 0
+            : sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, to_size(p.kv_elements()))), sizeof(float));
+    return sat_add(feature_attention_workspace_bytes(p, p.head_dim, p.param_int("chunk"), threads, false),
+                   widened);
   }
 
-  void forward(const Problem& p, const AttentionInputs& in) const override {
+  void forward(const Problem& p, const AttentionInputs& stored) const override {
     if (auto reasons = not_supported_reasons(p); !reasons.empty())
       throw NotSupported("linear: " + reasons.front());
+    const WideInputs wide(p, stored);  // bf16 / fp16: converted to fp32 once, up front
+    const AttentionInputs& in = wide.get();
     feature_attention_forward(p, in, ElementwiseMap(feature_kind_of(p), p.head_dim),
                               static_cast<float>(p.param_number("eps")), p.param_int("chunk"));
   }
 
   // The fp64 quadratic definition: w_ij = φ(q_i)·φ(k_j) over allowed keys (causal, padding), out_i =
   // Σ w_ij v_j / (Σ w_ij + eps). No reordering, so it checks the associativity and the chunking.
-  void reference_forward(const Problem& p, const AttentionInputs& in, double* out) const override {
+  // bf16 / fp16: on the stored values widened (exactly) to fp32, what the kernel computes on.
+  void reference_forward(const Problem& p, const AttentionInputs& stored, double* out) const override {
+    const WideInputs wide(p, stored);
+    const AttentionInputs& in = wide.get();
     feature_attention_reference(p, in, ElementwiseMapFp64(feature_kind_of(p), p.head_dim),
                                 p.param_number("eps"), out);
   }
@@ -147,7 +163,9 @@ class Linear final : public Attention {
   // We allow 4x that, as the softmax bound does, since blocked BLAS orders sums differently from the
   // analysis. A wrong mask, chunk boundary or state update moves outputs by a fraction of max|v|, far above
   // this.
-  double abs_tolerance(const Problem& p, const AttentionInputs& in) const override {
+  double abs_tolerance(const Problem& p, const AttentionInputs& stored) const override {
+    const WideInputs wide(p, stored);  // max|v| of the values the kernel was given
+    const AttentionInputs& in = wide.get();
     double vmax = 0;
     for (int64_t e = 0; e < p.kv_elements(); ++e)
       vmax = std::max(vmax, std::fabs(static_cast<double>(in.v[e])));

@@ -23,6 +23,7 @@
 
 #include "common/aligned.hpp"
 #include "common/attention.hpp"
+#include "common/half.hpp"
 #include "common/runtime.hpp"
 #include "common/util.hpp"
 #include "common/vmath.hpp"
@@ -301,6 +302,7 @@ class Nystrom final : public Attention {
     // paper's method has no causal form). Key padding removes the padded keys before anything else (file
     // comment). No boolean mask (a per-pair mask does not factor through the landmarks), no dropout on
     // weights it never forms. Not permutation-equivariant: landmarks are means of consecutive rows.
+    // bf16 / fp16: widened to fp32 up front (WideInputs, counted in workspace_bytes).
     return {.exact = false,
             .causal = false,
             .causal_lower_right = false,
@@ -309,6 +311,8 @@ class Nystrom final : public Attention {
             .key_padding = true,
             .cross = true,
             .dropout = false,
+            .bf16 = true,
+            .fp16 = true,
             .permutation_equivariant = false};
   }
   std::vector<ParamSpec> param_specs() const override {
@@ -353,7 +357,8 @@ class Nystrom final : public Attention {
 
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
     // K̃ per (batch, K/V head), W per (batch, query head), the key segment boundaries and landmark counts per
-    // batch entry, and one scratch per thread. Saturating (common/util.hpp).
+    // batch entry, and one scratch per thread; bf16 / fp16 add fp32 copies of Q, K and V. Saturating
+    // (common/util.hpp).
     const Shape sh(p);
     const std::size_t D = to_size(p.head_dim), K = to_size(sh.mkv_cap);
     const std::size_t stores = sat_mul(sat_add(sat_mul(to_size(p.batch * p.num_kv_heads()), K, D),
@@ -361,13 +366,20 @@ class Nystrom final : public Attention {
                                        sizeof(float));
     const std::size_t bounds = sat_mul(to_size(p.batch), K + 2, sizeof(int64_t));
     const std::size_t scratch = sat_mul(to_size(std::max(threads, 1)), sh.scratch_floats(p), sizeof(float));
-    return sat_add(stores, bounds, scratch);
+    const std::size_t widened =
+        p.dtype == DType::fp32
+            ? 0
+            : sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, to_size(p.kv_elements()))), sizeof(float));
+    return sat_add(stores, bounds, scratch, widened);
   }
 
   // The fp64 definition, straight from the formula: the same landmarks (segment rule, padding removed), A, B
   // and F as exact softmaxes, and Z by the same number of iterations of the same pinv recurrence (the
-  // variant is defined by the iteration, not by the true pseudo-inverse).
-  void reference_forward(const Problem& p, const AttentionInputs& in, double* out) const override {
+  // variant is defined by the iteration, not by the true pseudo-inverse). bf16 / fp16: on the stored values
+  // widened (exactly) to fp32, what the kernel computes on.
+  void reference_forward(const Problem& p, const AttentionInputs& stored, double* out) const override {
+    const WideInputs wide(p, stored);
+    const AttentionInputs& in = wide.get();
     const int64_t D = p.head_dim, Lq = p.seq_q;
     const double s = p.effective_scale();
     tbb::parallel_for(int64_t{0}, p.batch * p.heads, [&](int64_t bh) {
@@ -391,13 +403,15 @@ class Nystrom final : public Attention {
     });
   }
 
-  double abs_tolerance(const Problem& p, const AttentionInputs& in) const override;
+  double abs_tolerance(const Problem& p, const AttentionInputs& stored) const override;
 
  protected:
-  void forward(const Problem& p, const AttentionInputs& in) const override;
+  void forward(const Problem& p, const AttentionInputs& stored) const override;
 };
 
-void Nystrom::forward(const Problem& p, const AttentionInputs& in) const {
+void Nystrom::forward(const Problem& p, const AttentionInputs& stored) const {
+  const WideInputs wide(p, stored);  // bf16 / fp16: converted to fp32 once, up front
+  const AttentionInputs& in = wide.get();
   const Shape sh(p);
   const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv, H = p.heads, KVH = p.num_kv_heads();
   const int64_t BH = p.batch * H, BKV = p.batch * KVH, mq = sh.mq, M = sh.mkv_cap;
@@ -776,7 +790,9 @@ PinvBound pinv_error_bound(const Problem& p, const HeadFp64& r, const std::vecto
 // We allow 2x the sum for the first-order truncation and the fp64 eigen-decomposition. On the check's inputs
 // the bound is 1e2–1e4 times the actual error, and one pinv iteration fewer, a transposed A, segment
 // boundaries moved by a row or padded keys left in the means exceed it (tests/test_nystrom.cpp).
-double Nystrom::abs_tolerance(const Problem& p, const AttentionInputs& in) const {
+double Nystrom::abs_tolerance(const Problem& p, const AttentionInputs& stored) const {
+  const WideInputs wide(p, stored);  // the values the kernel was given
+  const AttentionInputs& in = wide.get();
   const double u = std::ldexp(1.0, -24), s = p.effective_scale();
   const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv;
   double worst = 0;

@@ -16,6 +16,7 @@
 #include "common/attention.hpp"
 #include "common/error.hpp"
 #include "common/feature_attention.hpp"
+#include "common/half.hpp"
 #include "common/mask.hpp"
 #include "common/runtime.hpp"
 #include "common/util.hpp"
@@ -221,7 +222,8 @@ class Performer final : public Attention {
   }
   Capabilities capabilities() const override {
     // What the shared engine gives (see linear): masks that factorise (causal, key padding), grouped-query
-    // and cross-attention. No boolean mask, dropout or ALiBi (weights are never formed).
+    // and cross-attention. No boolean mask, dropout or ALiBi (weights are never formed). bf16 / fp16:
+    // widened to fp32 up front (WideInputs, counted in workspace_bytes).
     return {.exact = false,
             .causal = true,
             .causal_lower_right = true,
@@ -230,6 +232,8 @@ class Performer final : public Attention {
             .key_padding = true,
             .cross = true,
             .dropout = false,
+            .bf16 = true,
+            .fp16 = true,
             .permutation_equivariant = true};
   }
   std::vector<ParamSpec> param_specs() const override {
@@ -296,19 +300,26 @@ class Performer final : public Attention {
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
     // P (m×d floats, kept in the cache), the key stabilisers (one double per K/V head), and the larger of the
     // stabiliser pass's per-thread block of projections and the engine's own workspace (the pass frees its
-    // buffers before the engine runs). Saturating.
+    // buffers before the engine runs); bf16 / fp16 add fp32 copies of Q, K and V, alive throughout.
+    // Saturating.
     const std::size_t M = to_size(p.param_int("features")), T = to_size(std::max(threads, 1));
     const std::size_t proj = sat_mul(M, to_size(p.head_dim), sizeof(float));
     const std::size_t shifts = sat_mul(to_size(p.batch * p.num_kv_heads()), sizeof(double));
     const std::size_t pass = sat_mul(T, kFeatureKeyRows, M, sizeof(float));
     const std::size_t engine =
         feature_attention_workspace_bytes(p, p.param_int("features"), p.param_int("chunk"), threads, true);
-    return sat_add(proj, shifts, std::max(pass, engine));
+    const std::size_t widened =
+        p.dtype == DType::fp32
+            ? 0
+            : sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, to_size(p.kv_elements()))), sizeof(float));
+    return sat_add(proj, shifts, std::max(pass, engine), widened);
   }
 
-  void forward(const Problem& p, const AttentionInputs& in) const override {
+  void forward(const Problem& p, const AttentionInputs& stored) const override {
     if (auto reasons = not_supported_reasons(p); !reasons.empty())
       throw NotSupported("performer: " + reasons.front());
+    const WideInputs wide(p, stored);  // bf16 / fp16: converted to fp32 once, up front
+    const AttentionInputs& in = wide.get();
     const auto proj = projection(p);
     const std::vector<double> key_shift = key_stabilisers(p, in, proj->data());
     feature_attention_forward(p, in, PositiveRandomFeatures(p, proj->data(), key_shift),
@@ -317,8 +328,11 @@ class Performer final : public Attention {
 
   // The exact quadratic definition in fp64 with the same W (the kernel's fp32 P = √scale·W cast to double):
   // w_ij = φ(q_i)·φ(k_j) over allowed keys, out_i = Σ w_ij v_j / (Σ w_ij + eps), computed with fp64
-  // stabilisers (equal to the unstabilised form, see key_stabilisers, and free of its overflow).
-  void reference_forward(const Problem& p, const AttentionInputs& in, double* out) const override {
+  // stabilisers (equal to the unstabilised form, see key_stabilisers, and free of its overflow). bf16 / fp16:
+  // on the stored values widened (exactly) to fp32, what the kernel computes on.
+  void reference_forward(const Problem& p, const AttentionInputs& stored, double* out) const override {
+    const WideInputs wide(p, stored);
+    const AttentionInputs& in = wide.get();
     feature_attention_reference(p, in, PositiveRandomFeaturesFp64(p, in, *projection(p)),
                                 p.param_number("eps"), out);
   }
@@ -341,7 +355,9 @@ class Performer final : public Attention {
   // update still moves outputs by a fraction of max|v|, far above it at the check's sizes. Assumed: a row's
   // stabilised denominator is far above m·L·2^-126 (exp2 flushes features below 2^-126 to 0), i.e. its
   // allowed keys are not all ~87 e-folds below the head's strongest key.
-  double abs_tolerance(const Problem& p, const AttentionInputs& in) const override {
+  double abs_tolerance(const Problem& p, const AttentionInputs& stored) const override {
+    const WideInputs wide(p, stored);  // the values the kernel was given
+    const AttentionInputs& in = wide.get();
     const int64_t D = p.head_dim, M = p.param_int("features");
     const auto proj = projection(p);
     std::vector<double> abs_proj(proj->size());

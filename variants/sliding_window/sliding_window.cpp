@@ -11,6 +11,7 @@
 #include "common/aligned.hpp"
 #include "common/attention.hpp"
 #include "common/dropout.hpp"
+#include "common/half.hpp"
 #include "common/reference.hpp"
 #include "common/runtime.hpp"
 #include "common/util.hpp"
@@ -105,6 +106,7 @@ class SlidingWindow final : public Attention {
     // Not exact: it is exact softmax on a sparse pattern, not full attention (the sweep measures the gap).
     // Positions matter, so it is not permutation equivariant; the band is defined on one sequence, so no
     // cross-attention, and so causal_lower_right (offset seq_kv - seq_q = 0) is causal: any_causal() below.
+    // bf16 / fp16: widened to fp32 up front (WideInputs, counted in workspace_bytes).
     return {.exact = false,
             .causal = true,
             .causal_lower_right = true,
@@ -113,6 +115,8 @@ class SlidingWindow final : public Attention {
             .key_padding = true,
             .cross = false,
             .dropout = true,
+            .bf16 = true,
+            .fp16 = true,
             .permutation_equivariant = false};
   }
   std::vector<ParamSpec> param_specs() const override {
@@ -165,14 +169,21 @@ class SlidingWindow final : public Attention {
     // Excluded-key flags (band_excluded_keys): one row per batch entry with padding, one shared row for
     // globals.
     const int64_t flags = p.mask.key_padding ? p.batch * p.seq_q : g == 0 ? 0 : p.seq_q;
+    // bf16 / fp16 add fp32 copies of Q, K and V.
     // Saturating (common/util.hpp): threads × per-thread floats exceeds 64 bits for the largest valid sizes.
+    const std::size_t widened =
+        p.dtype == DType::fp32
+            ? 0
+            : sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, to_size(p.kv_elements()))), sizeof(float));
     return sat_add(sat_mul(to_size(std::max(threads, 1)), to_size(per_thread), sizeof(float)), to_size(flags),
-                   sat_mul(to_size(g), sizeof(int64_t)));
+                   sat_mul(to_size(g), sizeof(int64_t)), widened);
   }
 
-  void forward(const Problem& p, const AttentionInputs& in) const override {
+  void forward(const Problem& p, const AttentionInputs& stored) const override {
     if (auto reasons = not_supported_reasons(p); !reasons.empty())
       throw NotSupported("sliding_window: " + reasons.front());
+    const WideInputs wide(p, stored);  // bf16 / fp16: converted to fp32 once, up front
+    const AttentionInputs& in = wide.get();
     const Plan plan(p);
     // Every position global is full attention: the band phase would be overwritten entirely.
     if (plan.globals_count() < plan.seq) band_phase(p, in, plan);
@@ -181,7 +192,9 @@ class SlidingWindow final : public Attention {
 
   void reference_forward(const Problem& p, const AttentionInputs& in, double* out) const override {
     // Exact softmax under the equivalent boolean mask: pattern ∧ (the user's mask, if any); the shared
-    // reference applies causal, padding and dropout itself. Quadratic memory, like the reference's time.
+    // reference applies causal, padding and dropout itself, and widens bf16 / fp16 Q, K, V (exactly) as the
+    // kernel does; the default abs_tolerance (exact_abs_tolerance) reads them the same way. Quadratic memory,
+    // like the reference's time.
     const auto globals = sliding_window::global_positions(p.param("global_tokens"), p.seq_q);
     const sliding_window::Pattern pattern(p.param_int("window"), p.param_int("dilation"), p.mask.any_causal(),
                                           globals, p.seq_q);
