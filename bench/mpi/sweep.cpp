@@ -309,7 +309,13 @@ int run_sweep(const SweepOptions& o, int threads) {
           "not measured: this kernel cannot reset the resident high-water mark (clear_refs)";
     int64_t most = 0;  // the rank that sent the most (ranks differ by at most a position's K/V per step)
     for (const Json& r : report["per_rank"]) most = std::max(most, r["bytes_sent"].get<int64_t>());
-    store->append(row, {{"ranks", P}, {"bytes_sent_per_rank", most}, {"ring", report}});
+    // Rank 0 also makes the point's whole inputs and gathers its whole output (for the accuracy check),
+    // beyond the ring's per-rank memory above.
+    const double rank0_whole = static_cast<double>(inputs.bytes() + out.numel() * sizeof(float));
+    store->append(row, {{"ranks", P},
+                        {"bytes_sent_per_rank", most},
+                        {"rank0_whole_tensors_bytes", rank0_whole},
+                        {"ring", report}});
     ++written;
     std::cerr << "attnbench_mpi: " << row.id << "  " << t.median_ms << " ms (slowest of " << P << " ranks)\n";
   }

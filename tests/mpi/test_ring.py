@@ -258,6 +258,9 @@ def part_sweep(args, tmp):
         peak = row["memory"].get("peak_bytes")
         check(peak is not None and peak >= out_share and all(r["peak_rss_bytes"] > 0 for r in row["ring"]["per_rank"]),
               f"{row['id']}: memory.peak_bytes {peak} >= the output share {out_share}, per-rank peak RSS > 0")
+        whole = 4 * row["batch"] * (2 * row["heads"] + 2 * row["kv_heads"]) * row["seq_q"] * row["head_dim"]
+        check(row.get("rank0_whole_tensors_bytes") == whole,
+              f"{row['id']}: rank0_whole_tensors_bytes {row.get('rank0_whole_tensors_bytes')} = Q, K, V and O = {whole}")
         est = row["memory"]["estimated_bytes"]
         block = 2 * row["batch"] * row["kv_heads"] * (row["seq_kv"] // 2) * row["head_dim"] * 4
         check(est >= out_share + block and row["memory"]["inputs_bytes"] >= out_share,
