@@ -72,14 +72,18 @@ KvBlockLayout kv_layout(const Zigzag& z, const Shape& s, int rank) {
   return l;
 }
 
+int64_t kv_capacity(const Zigzag& z, const Shape& s) {
+  int64_t capacity = 0;
+  for (int r = 0; r < z.ranks; ++r) capacity = std::max(capacity, kv_layout(z, s, r).floats());
+  return capacity;
+}
+
 RankMemory rank_memory(const Zigzag& z, const Shape& s, int rank, const Problem& base, int threads,
                        bool with_copies) {
   const std::size_t f = sizeof(float);
   const std::size_t rows = static_cast<std::size_t>(s.batch * s.heads * z.rows_of(rank));
   const KvBlockLayout mine = kv_layout(z, s, rank);
-  std::size_t capacity = 0;  // floats of the largest K/V block any rank sends
-  for (int r = 0; r < z.ranks; ++r)
-    capacity = std::max(capacity, static_cast<std::size_t>(kv_layout(z, s, r).floats()));
+  const std::size_t capacity = static_cast<std::size_t>(kv_capacity(z, s));
   const std::size_t own = static_cast<std::size_t>(mine.floats());
   RankMemory m;
   m.inputs = (rows * static_cast<std::size_t>(s.head_dim) + own) * f;
@@ -146,11 +150,7 @@ int check_node_memory(const RankMemory& need, std::size_t extra, const std::stri
 }
 
 RankNonfinite count_rank_nonfinite(const Zigzag& z, const Shape& s, int rank, const RankData& d) {
-  auto bad = [](const float* x, std::size_t n) {
-    int64_t c = 0;
-    for (std::size_t i = 0; i < n; ++i) c += !std::isfinite(x[i]);
-    return c;
-  };
+  auto bad = [](const float* x, std::size_t n) { return count_nonfinite(x, n); };  // common/util.hpp
   RankNonfinite c;
   const auto chunks = z.chunks_of(rank);
   for (int i = 0; i < 2; ++i) {
@@ -188,8 +188,7 @@ RankStats ring_attention(MPI_Comm comm, const Problem& base, bool causal, const 
     if (rows > 0) tiled::init_partial_state(qp[i], state[i]);
   }
 
-  int64_t capacity = 0;  // floats of the largest K/V block any rank sends
-  for (int r = 0; r < P; ++r) capacity = std::max(capacity, kv_layout(z, s, r).floats());
+  const int64_t capacity = kv_capacity(z, s);
   AlignedVector<float> spare(static_cast<std::size_t>(P > 1 ? capacity : 0));
   if (static_cast<int64_t>(d.kv.size()) < capacity) d.kv.resize(static_cast<std::size_t>(capacity));
   float* cur = d.kv.data();

@@ -58,6 +58,8 @@ struct KvBlockLayout {
   int64_t floats() const { return 2 * (len[0] + len[1]) * per_row; }
 };
 KvBlockLayout kv_layout(const Zigzag& z, const Shape& s, int rank);
+// Floats of the largest K/V block any rank sends: the size of every rank's ring buffers.
+int64_t kv_capacity(const Zigzag& z, const Shape& s);
 
 // What one rank holds: its two query chunks ([batch][heads][len][head_dim] each) and, on entry, its own K/V
 // block (the buffer is sized for the largest block of any rank). On return out[i] holds the output rows of
