@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "common/error.hpp"
+#include "common/half.hpp"
 #include "common/reference.hpp"
 #include "common/util.hpp"
 
@@ -24,7 +25,8 @@ Json capabilities_json(const Capabilities& c) {
           {"fp16", c.fp16},
           {"alibi", c.alibi},
           {"permutation_equivariant", c.permutation_equivariant},
-          {"baseline", c.baseline}};
+          {"baseline", c.baseline},
+          {"backward", c.backward}};
 }
 
 Json variants_json() {
@@ -35,6 +37,7 @@ Json variants_json() {
     all.push_back({{"name", v->name()},
                    {"description", v->description()},
                    {"capabilities", capabilities_json(v->capabilities())},
+                   {"saved_state", v->saved_description()},
                    {"params", params}});
   }
   return all;
@@ -121,6 +124,98 @@ void Attention::reference_forward(const Problem& p, const AttentionInputs& in, d
 
 double Attention::abs_tolerance(const Problem& p, const AttentionInputs& in) const {
   return exact_abs_tolerance(p, in);
+}
+
+// ---- Training ----
+
+std::vector<std::string> Attention::backward_not_supported_reasons(const Problem& p) const {
+  std::vector<std::string> r = not_supported_reasons(p);
+  if (!capabilities().backward) {
+    r.push_back(name() + " has no backward pass");
+    return r;
+  }
+  for (auto& extra : extra_backward_not_supported_reasons(p)) r.push_back(std::move(extra));
+  return r;
+}
+
+std::string Attention::backward_unsupported_reasons_text(const Problem& p) const {
+  std::string why;
+  for (const auto& r : backward_not_supported_reasons(p)) why += (why.empty() ? "" : "; ") + r;
+  return why;
+}
+
+void Attention::run_saving(const Problem& p, const AttentionInputs& in, float* saved) const {
+  p.validate();
+  if (const std::string why = backward_unsupported_reasons_text(p); !why.empty())
+    throw NotSupported(p.repro() + ": " + why);
+  check_inputs(p, in);
+  if (saved_floats(p) > 0 && !saved)
+    throw UsageError(name() + ": the training forward needs a buffer for its saved state (" +
+                     std::to_string(saved_floats(p)) + " floats: " + saved_description() + ")");
+  forward_saving(p, in, saved);
+}
+
+void Attention::forward_saving(const Problem& p, const AttentionInputs& in, float*) const {
+  forward(p, in);
+}
+
+void Attention::backward(const Problem& p, const AttentionInputs&, const GradientArgs&) const {
+  throw std::logic_error(name() + " claims capabilities().backward but does not override backward() (" +
+                         p.repro() + ")");
+}
+
+void Attention::run_backward(const Problem& p, const AttentionInputs& in, const GradientArgs& g) const {
+  p.validate();
+  if (const std::string why = backward_unsupported_reasons_text(p); !why.empty())
+    throw NotSupported(p.repro() + ": " + why);
+  check_inputs(p, in, /*needs_out=*/false);
+  std::string missing;
+  auto need = [&](const void* ptr, const char* what) {
+    if (!ptr) missing += (missing.empty() ? "" : ", ") + std::string(what);
+  };
+  need(g.d_out, "dO (the gradient of the output)");
+  need(g.out, "O (the forward's output)");
+  if (saved_floats(p) > 0)
+    need(g.saved, ("the forward's saved state (" + std::to_string(saved_floats(p)) +
+                   " floats: " + saved_description() + ")")
+                      .c_str());
+  need(g.dq, "dq");
+  need(g.dk, "dk");
+  need(g.dv, "dv");
+  if (!missing.empty()) throw UsageError(name() + " backward: missing " + missing);
+  if (p.dtype == DType::fp32) {
+    backward(p, in, g);
+    return;
+  }
+  // bf16 / fp16 storage: the gradients are those of the stored (rounded) values, computed in fp32.
+  const WideInputs wide(p, in);
+  backward(WideInputs::as_fp32(p), wide.get(), g);
+}
+
+MemoryEstimate Attention::estimate_backward_memory(const Problem& p, int threads) const {
+  MemoryEstimate m = io_bytes(p);
+  // Besides Q, K, V and the masks: O and dO (fp32, Q's shape) and the saved state.
+  const std::size_t q_bytes = m.output;
+  m.inputs = sat_add(m.inputs, sat_mul(2, q_bytes), sat_mul(saved_floats(p), sizeof(float)));
+  // dQ, dK, dV in fp32.
+  m.output = sat_add(q_bytes, sat_mul(2, to_size(p.kv_elements()), sizeof(float)));
+  // bf16 / fp16: run_backward's fp32 copies of Q, K, V.
+  const std::size_t widened =
+      p.dtype == DType::fp32
+          ? 0
+          : sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, to_size(p.kv_elements()))), sizeof(float));
+  m.workspace = sat_add(backward_workspace_bytes(p, threads), widened);
+  return m;
+}
+
+void Attention::reference_backward(const Problem& p, const AttentionInputs& in, const float* d_out,
+                                   double* dq, double* dk, double* dv) const {
+  reference_attention_backward(p, in, d_out, dq, dk, dv);
+}
+
+GradientTolerance Attention::grad_tolerance(const Problem& p, const AttentionInputs& in,
+                                            const float* d_out) const {
+  return exact_grad_tolerance(p, in, d_out);
 }
 
 Registry& Registry::instance() {

@@ -36,6 +36,10 @@ struct Capabilities {
   // The exact baseline every other variant is compared with (exactly one registered variant sets it): the
   // default of commands that take one variant (`attnbench layer`, the multi-head layer).
   bool baseline = false;
+  // Implements the backward pass (run_backward): dQ, dK, dV of its own definition, i.e. the gradient of
+  // reference_forward, for every problem run() accepts. Without it the harness skips backward points with the
+  // reason.
+  bool backward = false;
 };
 
 Json capabilities_json(const Capabilities& caps);
@@ -62,6 +66,25 @@ struct AttentionInputs {
   const uint16_t* k16 = nullptr;
   const uint16_t* v16 = nullptr;
   const float* alibi_slopes = nullptr;
+};
+
+// The tensors of one backward call (Attention::run_backward). out: the forward's output O and saved: the
+// state the forward kept for the backward (saved_floats(p) floats, written by run_saving; null when the
+// variant keeps none), both from a forward on the same inputs; d_out: dL/dO, [batch, heads, seq_q, head_dim].
+// The gradients are written to dq (Q's shape) and dk, dv (K's and V's shape: [batch, kv_heads, seq_kv,
+// head_dim]; with grouped-query heads each sums over the query heads of its group). All fp32, contiguous.
+struct GradientArgs {
+  const float* out = nullptr;
+  const float* saved = nullptr;
+  const float* d_out = nullptr;
+  float* dq = nullptr;
+  float* dk = nullptr;
+  float* dv = nullptr;
+};
+
+// Bounds on |grad_fp32 - grad_fp64| per gradient tensor (Attention::grad_tolerance).
+struct GradientTolerance {
+  double dq = 0, dk = 0, dv = 0;
 };
 
 // Bytes of one call, from the problem's sizes: every sum saturates at SIZE_MAX instead of wrapping (a
@@ -121,11 +144,65 @@ class Attention {
   // Parameter sets the registry-wide checks run (small values that force multi-tile and tail paths).
   virtual std::vector<Json> test_param_sets() const { return {Json::object()}; }
 
+  // ---- Training: the backward pass (capabilities().backward) ----
+  // A training step is run_saving (the forward, keeping what the backward needs) then run_backward.
+
+  // Floats of state the forward keeps for the backward besides O (e.g. one log-sum-exp per query row, as
+  // FlashAttention keeps). 0: the backward needs only Q, K, V, O and dO (it recomputes what it needs).
+  virtual std::size_t saved_floats(const Problem&) const { return 0; }
+  // What saved holds, for messages and docs ("" when saved_floats is 0), e.g. "log-sum-exp per query row".
+  virtual std::string saved_description() const { return ""; }
+  // The checked training forward: what run() does, and writes the saved state into `saved` (saved_floats(p)
+  // floats; may be null when that is 0). UsageError when the variant has no backward.
+  void run_saving(const Problem& p, const AttentionInputs& in, float* saved) const;
+  // The checked backward: validates as run() does (NotSupported for what the variant cannot run, forward or
+  // backward), refuses a variant without backward and missing tensors (UsageError naming them: dO, O, the
+  // saved state, a gradient), then calls backward(). bf16 / fp16 storage: Q, K, V are widened to fp32
+  // (exactly) and backward() sees an fp32 problem; the gradients are fp32 either way.
+  void run_backward(const Problem& p, const AttentionInputs& in, const GradientArgs& g) const;
+  // Every reason the backward cannot run `p`: not_supported_reasons, no backward capability, and
+  // extra_backward_not_supported_reasons; and those joined with "; " (empty = supported).
+  std::vector<std::string> backward_not_supported_reasons(const Problem& p) const;
+  std::string backward_unsupported_reasons_text(const Problem& p) const;
+
+  // FLOPs of one backward call. Default: the FlashAttention-2 convention, 2.5 x flops(p) (five matmuls
+  // against the forward's two; causal halves both since flops(p) already counts only the unmasked pairs).
+  // Variants whose backward is not that shape override it with their own count.
+  virtual double backward_flops(const Problem& p) const { return 2.5 * flops(p); }
+  // Bytes the backward allocates beyond Q, K, V, O, the saved state, dO and the three gradients.
+  // Default: workspace_bytes(p, threads); override with the backward's own figure.
+  virtual std::size_t backward_workspace_bytes(const Problem& p, int threads) const {
+    return workspace_bytes(p, threads);
+  }
+  // What one run_backward at `threads` threads holds: inputs (Q, K, V, masks, O, saved state, dO), output
+  // (dQ, dK, dV) and the backward's workspace.
+  MemoryEstimate estimate_backward_memory(const Problem& p, int threads) const;
+
+  // The fp64 gradient of reference_forward: with L = sum(d_out * O), dq = dL/dQ, dk = dL/dK, dv = dL/dV
+  // (shapes as in GradientArgs). Default: exact softmax attention (reference_attention_backward in
+  // reference.hpp); variants that override reference_forward override this with the gradient of their
+  // definition. The registry-wide checks hold it against central differences of reference_forward.
+  virtual void reference_backward(const Problem& p, const AttentionInputs& in, const float* d_out, double* dq,
+                                  double* dk, double* dv) const;
+  // Bounds on |backward - reference_backward| for these inputs and this dO. Default: exact_grad_tolerance
+  // (reference.hpp), derived for softmax attention in fp32; override with your own derivation.
+  virtual GradientTolerance grad_tolerance(const Problem& p, const AttentionInputs& in,
+                                           const float* d_out) const;
+
  protected:
   // Computes out = attention(q, k, v) for a problem run() has checked. Must be thread-safe (the registry
   // holds one instance) and use TBB for parallelism; BLAS runs single-threaded inside (common/runtime.hpp).
   virtual void forward(const Problem& p, const AttentionInputs& in) const = 0;
   virtual std::vector<std::string> extra_not_supported_reasons(const Problem&) const { return {}; }
+  // The training forward for a problem run_saving has checked: out as forward() writes it, plus the saved
+  // state. Default (saved_floats 0): forward().
+  virtual void forward_saving(const Problem& p, const AttentionInputs& in, float* saved) const;
+  // dQ, dK, dV for a problem run_backward has checked (fp32 inputs in q, k, v). Must be deterministic as
+  // forward() is: the same inputs give bitwise the same gradients at any thread count. Default: throws
+  // std::logic_error (a variant claiming capabilities().backward must override it).
+  virtual void backward(const Problem& p, const AttentionInputs& in, const GradientArgs& g) const;
+  // Reasons this variant's backward cannot run `p` beyond the forward's (e.g. a mode it has no gradient for).
+  virtual std::vector<std::string> extra_backward_not_supported_reasons(const Problem&) const { return {}; }
 };
 
 class Registry {

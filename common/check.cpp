@@ -288,6 +288,176 @@ class Checker {
                 (same_run ? "bitwise equal" : "DIFFERS")});
   }
 
+  // ---- Backward ----
+
+  bool backward_supported(const std::string& check, const Problem& p) {
+    const std::string why = v_.backward_unsupported_reasons_text(p);
+    if (why.empty()) return true;
+    report({check, p.repro(), CheckStatus::skipped, why});
+    return false;
+  }
+
+  // One training step on `data`: the saving forward (its O must equal run()'s bitwise: training and
+  // inference forwards are one computation), then the backward with `d_out`. Fills out, dq, dk, dv.
+  struct Grads {
+    FloatArray out, dq, dk, dv;
+  };
+  bool train(const Problem& p, CaseData& data, const FloatArray& d_out, Grads& gr, const std::string& check,
+             const Attention& variant) {
+    try {
+      AttentionInputs in = data.inputs(p);
+      gr.out = FloatArray(data.out.shape, std::nanf(""));
+      in.out = gr.out.ptr();
+      std::vector<float> saved(variant.saved_floats(p), std::nanf(""));
+      variant.run_saving(p, in, saved.empty() ? nullptr : saved.data());
+      gr.dq = FloatArray(data.q.shape, std::nanf(""));
+      gr.dk = FloatArray(data.k.shape, std::nanf(""));
+      gr.dv = FloatArray(data.v.shape, std::nanf(""));
+      GradientArgs g;
+      g.out = gr.out.ptr();
+      g.saved = saved.empty() ? nullptr : saved.data();
+      g.d_out = d_out.ptr();
+      g.dq = gr.dq.ptr(), g.dk = gr.dk.ptr(), g.dv = gr.dv.ptr();
+      variant.run_backward(p, in, g);
+      return true;
+    } catch (const std::exception& e) {
+      report({check, p.repro(), CheckStatus::failed, variant.name() + " training step threw: " + e.what()});
+      return false;
+    }
+  }
+
+  static FloatArray make_d_out(const Problem& p, uint64_t seed) {
+    FloatArray d({p.batch, p.heads, p.seq_q, p.head_dim});
+    fill_normal(d.ptr(), d.numel(), seed * 3 + 7);
+    return d;
+  }
+
+  // backward vs the variant's fp64 gradient (reference_backward) with grad_tolerance, for dq, dk, dv; the
+  // saving forward's O bitwise equal to run()'s; exact non-baseline variants also within 2x the baseline's
+  // norm-wise gradient error on the same inputs (the FlashAttention rule).
+  void gradient(const Problem& p, uint64_t seed, double logit_scale, const std::string& check,
+                const std::vector<float>& slopes = {}) {
+    if (!mine() || !backward_supported(check, p)) return;
+    CaseData data(p, seed, logit_scale);
+    data.slopes = slopes;
+    if (!run(p, data, check)) return;
+    const FloatArray d_out = make_d_out(p, seed);
+    Grads gr;
+    if (!train(p, data, d_out, gr, check, v_)) return;
+    if (std::memcmp(gr.out.ptr(), data.out.ptr(), data.out.numel() * sizeof(float)) != 0) {
+      report({check, p.repro(), CheckStatus::failed,
+              "the training forward's O differs from run()'s (they must be bitwise equal)"});
+      return;
+    }
+    const AttentionInputs in = data.inputs(p);
+    DoubleArray wq(data.q.shape), wk(data.k.shape), wv(data.v.shape);
+    v_.reference_backward(p, in, d_out.ptr(), wq.ptr(), wk.ptr(), wv.ptr());
+    const GradientTolerance tol = v_.grad_tolerance(p, in, d_out.ptr());
+    struct Part {
+      const char* name;
+      const FloatArray& got;
+      const DoubleArray& want;
+      double tol;
+    };
+    const Part parts[] = {{"dq", gr.dq, wq, tol.dq}, {"dk", gr.dk, wk, tol.dk}, {"dv", gr.dv, wv, tol.dv}};
+    ErrorMetrics m[3];
+    std::string detail;
+    for (int i = 0; i < 3; ++i) {
+      const Part& pt = parts[i];
+      m[i] = compare_outputs(pt.got.ptr(), pt.want.ptr(), static_cast<int64_t>(pt.got.numel() / p.head_dim),
+                             p.head_dim);
+      detail += std::string(i ? "; " : "") + pt.name + " max_abs_err " + fmt(m[i].max_abs_err) + " (bound " +
+                fmt(pt.tol) + ")";
+    }
+    for (int i = 0; i < 3; ++i) {
+      const Part& pt = parts[i];
+      if (m[i].nan_count || m[i].inf_count || !(m[i].max_abs_err <= pt.tol)) {
+        report({check, p.repro(), CheckStatus::failed,
+                detail + "; " + pt.name + ": " + std::to_string(m[i].nan_count) + " NaN, " +
+                    std::to_string(m[i].inf_count) + " Inf, " +
+                    worst_element(pt.got.ptr(), pt.want.ptr(), pt.got.numel(), p.head_dim)});
+        return;
+      }
+    }
+    if (v_.capabilities().exact && !v_.capabilities().baseline) {
+      const Attention& base = Registry::instance().baseline();
+      if (base.backward_unsupported_reasons_text(p).empty()) {
+        Grads bg;
+        if (!train(p, data, d_out, bg, check, base)) return;
+        const FloatArray* base_parts[] = {&bg.dq, &bg.dk, &bg.dv};
+        for (int i = 0; i < 3; ++i) {
+          const Part& pt = parts[i];
+          const ErrorMetrics mb =
+              compare_outputs(base_parts[i]->ptr(), pt.want.ptr(),
+                              static_cast<int64_t>(pt.got.numel() / p.head_dim), p.head_dim);
+          // The rule on the norm-wise error, plus 2^-22 relative: at these sizes both gradients sit a few
+          // ulps from fp64, where the largest single-element error of two correct implementations differs by
+          // 1.5-2.2x from seed to seed (measured for tiled vs naive over 20 seeds), while the norm-wise
+          // error, summed over every element, is stable (ratio 0.8-1.5). A systematically less accurate
+          // algorithm shows in it; noise does not.
+          const double limit = 2.0 * mb.rel_l2_err + std::ldexp(1.0, -22);
+          if (!(m[i].rel_l2_err <= limit)) {
+            report({check, p.repro(), CheckStatus::failed,
+                    detail + "; " + pt.name + " rel_l2 " + fmt(m[i].rel_l2_err) + " is more than 2x " +
+                        base.name() + "'s " + fmt(mb.rel_l2_err) + " (limit " + fmt(limit) + ")"});
+            return;
+          }
+        }
+        detail += "; rel_l2 within 2x " + base.name() + "'s";
+      }
+    }
+    report({check, p.repro(), CheckStatus::passed, detail});
+  }
+
+  // The backward twice and at 1 and 2 threads: bitwise identical gradients.
+  void gradient_determinism(const Problem& p, uint64_t seed) {
+    const std::string check = "grad-determinism";
+    if (!mine() || !backward_supported(check, p)) return;
+    CaseData data(p, seed);
+    const FloatArray d_out = make_d_out(p, seed);
+    Grads one, two, again;
+    {
+      ThreadScope scope(1);
+      if (!train(p, data, d_out, one, check, v_)) return;
+    }
+    {
+      ThreadScope scope(2);
+      if (!train(p, data, d_out, two, check, v_) || !train(p, data, d_out, again, check, v_)) return;
+    }
+    auto same = [](const Grads& a, const Grads& b) {
+      auto eq = [](const FloatArray& x, const FloatArray& y) {
+        return std::memcmp(x.ptr(), y.ptr(), x.numel() * sizeof(float)) == 0;
+      };
+      return eq(a.dq, b.dq) && eq(a.dk, b.dk) && eq(a.dv, b.dv);
+    };
+    const bool threads_ok = same(one, two), repeat_ok = same(two, again);
+    report({check, p.repro(), threads_ok && repeat_ok ? CheckStatus::passed : CheckStatus::failed,
+            std::string("dq, dk, dv at 1 vs 2 threads ") + (threads_ok ? "bitwise equal" : "DIFFER") +
+                ", repeat " + (repeat_ok ? "bitwise equal" : "DIFFERS")});
+  }
+
+  // reference_backward against central differences of reference_forward (check_reference_gradient): the
+  // fp64 gradient the other backward checks trust is itself the derivative of the definition.
+  void gradient_definition(const Problem& p, uint64_t seed) {
+    const std::string check = "grad-definition";
+    if (!mine() || !backward_supported(check, p)) return;
+    CaseData data(p, seed);
+    const FloatArray d_out = make_d_out(p, seed);
+    try {
+      const DirectionalCheck r = check_reference_gradient(v_, p, data.inputs(p), d_out.ptr(), 3, seed);
+      // Richardson-extrapolated central differences of exact fp32 perturbations agree with a correct gradient
+      // to O(h^4) ~ 1e-8 (h = 2^-7 against unit-scale inputs) plus fp64 rounding amplified by 1/h; 1e-6
+      // leaves room for curvature while any formula error of 1e-6 of the gradient's size fails.
+      const bool ok = r.worst_rel <= 1e-6;
+      report({check, p.repro(), ok ? CheckStatus::passed : CheckStatus::failed,
+              "central difference " + fmt(r.fd) + " vs <reference_backward, U> " + fmt(r.analytic) +
+                  ", relative " + fmt(r.worst_rel) + " (bound 1e-06) over " + std::to_string(r.directions) +
+                  " directions"});
+    } catch (const std::exception& e) {
+      report({check, p.repro(), CheckStatus::failed, std::string("threw: ") + e.what()});
+    }
+  }
+
  private:
   const Attention& v_;
   const std::function<void(const CheckResult&)>& cb_;
@@ -298,6 +468,75 @@ class Checker {
 struct Shape {
   int64_t batch, heads, seq_q, seq_kv, head_dim;
 };
+
+// The backward checks (capabilities().backward): fp32 gradients against reference_backward over the mask,
+// shape, cross, grouped-query, dropout, ALiBi, large-logit, storage and decode cases (a smaller set than
+// the forward's: every kernel path, not every combination), bitwise determinism, and reference_backward
+// itself against central differences of reference_forward.
+void run_gradient_checks(Checker& c, const Problem& base, uint64_t& seed) {
+  auto shaped = [&](Shape s, int64_t kv_heads, const char* mask) {
+    Problem p = base;
+    p.batch = s.batch, p.heads = s.heads, p.kv_heads = kv_heads, p.seq_q = s.seq_q, p.seq_kv = s.seq_kv,
+    p.head_dim = s.head_dim;
+    p.mask = parse_mask(mask, "check");
+    return p;
+  };
+  const Shape shapes[] = {{1, 1, 1, 1, 1}, {1, 2, 7, 7, 17}, {2, 3, 17, 17, 8}, {1, 1, 130, 130, 33}};
+  for (const Shape& s : shapes)
+    for (const char* mask : {"none", "causal", "bool", "pad", "causal+bool+pad"})
+      c.gradient(shaped(s, 0, mask), ++seed, 1.0, "grad");
+  for (const char* mask : {"none", "causal"})
+    for (auto [lq, lkv] : {std::pair<int64_t, int64_t>{7, 19}, {33, 5}})
+      c.gradient(shaped({2, 2, lq, lkv, 16}, 0, mask), ++seed, 1.0, "grad-cross");
+  for (auto [heads, kv_heads] : {std::pair<int64_t, int64_t>{4, 2}, {6, 3}})
+    for (const char* mask : {"causal", "bool", "causal_lower_right+pad"})
+      c.gradient(shaped({2, heads, 19, 19, 12}, kv_heads, mask), ++seed, 1.0, "grad-gqa");
+  for (auto [lq, lkv] : {std::pair<int64_t, int64_t>{5, 37}, {37, 5}})
+    c.gradient(shaped({2, 4, lq, lkv, 16}, 2, "causal_lower_right"), ++seed, 1.0, "grad-lower-right");
+  {
+    Problem p = shaped({1, 2, 40, 40, 24}, 0, "none");
+    p.scale = 0.3;
+    c.gradient(p, ++seed, 1.0, "grad-scale");
+    p.scale.reset();
+    p.dropout = 0.25, p.seed = 1234;
+    c.gradient(p, ++seed, 1.0, "grad-dropout");
+    p.mask.causal = true;
+    c.gradient(p, ++seed, 1.0, "grad-dropout");
+  }
+  for (const char* mask : {"none", "causal"})
+    c.gradient(shaped({1, 2, 65, 65, 16}, 0, mask), ++seed, 4.6, "grad-large-logits");
+  {
+    Problem p = shaped({2, 4, 33, 33, 16}, 2, "causal+pad");
+    p.bias = Bias::alibi;
+    c.gradient(p, ++seed, 1.0, "grad-alibi");
+    p = shaped({2, 2, 7, 19, 16}, 0, "none");
+    p.bias = Bias::alibi;
+    c.gradient(p, ++seed, 1.0, "grad-alibi", {0.25f, 0.5f});
+  }
+  for (DType t : {DType::bf16, DType::fp16}) {
+    Problem p = shaped({1, 4, 130, 130, 32}, 2, "causal");
+    p.dtype = t;
+    c.gradient(p, ++seed, 1.0, "grad-dtype");
+  }
+  c.gradient(shaped({1, 4, 1, 600, 32}, 1, "causal_lower_right"), ++seed, 1.0, "grad-decode");
+  c.gradient_determinism(shaped({1, 3, 300, 300, 64}, 0, "causal"), ++seed);
+  c.gradient_determinism(shaped({2, 4, 150, 150, 24}, 2, "pad"), ++seed);
+  // reference_backward is the derivative of reference_forward: small problems (each direction costs four
+  // fp64 forwards), every mask kind, grouped-query heads, cross shapes, dropout, ALiBi.
+  c.gradient_definition(shaped({1, 2, 7, 7, 5}, 0, "none"), ++seed);
+  c.gradient_definition(shaped({2, 2, 9, 9, 4}, 0, "causal+pad"), ++seed);
+  c.gradient_definition(shaped({1, 1, 9, 9, 6}, 0, "bool"), ++seed);
+  c.gradient_definition(shaped({1, 4, 6, 6, 3}, 2, "causal_lower_right"), ++seed);
+  c.gradient_definition(shaped({1, 2, 5, 8, 4}, 0, "none"), ++seed);
+  {
+    Problem p = shaped({1, 2, 8, 8, 4}, 0, "causal");
+    p.dropout = 0.3, p.seed = 77;
+    c.gradient_definition(p, ++seed);
+    p.dropout = 0;
+    p.bias = Bias::alibi;
+    c.gradient_definition(p, ++seed);
+  }
+}
 
 }  // namespace
 
@@ -465,6 +704,7 @@ std::vector<CheckResult> run_checks(const Attention& variant,
       p.batch = 1, p.heads = 3, p.seq_q = p.seq_kv = 300;
       c.determinism(p, ++seed);
     }
+    run_gradient_checks(c, base, seed);
   }
   return std::move(c.results);
 }

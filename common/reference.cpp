@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 
 #include "common/alibi.hpp"
 #include "common/dropout.hpp"
 #include "common/half.hpp"
 #include "common/mask.hpp"
+#include "common/random.hpp"
 
 namespace attn {
 
@@ -172,6 +174,294 @@ double exact_abs_tolerance(const Problem& p, const AttentionInputs& in16) {
   const double bound =
       u * vmax * (2.0 * p.head_dim * S + 2.0 * p.seq_kv + 16.0 + 2.0 * bias_max) / (1.0 - p.dropout);
   return 4.0 * bound + std::numeric_limits<float>::min();
+}
+
+}  // namespace attn
+
+// ---- The backward pass ----
+
+namespace attn {
+
+void reference_attention_backward(const Problem& p, const AttentionInputs& in16, const float* d_out,
+                                  double* dq, double* dk, double* dv) {
+  check_inputs(p, in16, /*needs_out=*/false);
+  const WideInputs wide(p, in16);
+  const AttentionInputs& in = wide.get();
+  const bool alibi = p.bias == Bias::alibi;
+  const std::vector<double> slopes = alibi ? alibi_slopes(p, in) : std::vector<double>();
+  const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv, G = p.group_size();
+  const double scale = p.effective_scale();
+  const double keep_scale = p.dropout > 0 ? 1.0 / (1.0 - p.dropout) : 1.0;
+  std::fill(dq, dq + p.q_elements(), 0.0);
+  std::fill(dk, dk + p.kv_elements(), 0.0);
+  std::fill(dv, dv + p.kv_elements(), 0.0);
+  // Parallel over (batch, K/V head): the group's query heads all add into that head's dK, dV, in order.
+  tbb::parallel_for(int64_t{0}, p.batch * p.num_kv_heads(), [&](int64_t bkv) {
+    const int64_t b = bkv / p.num_kv_heads(), kvh = bkv % p.num_kv_heads();
+    const float* k = in.k + bkv * Lkv * D;
+    const float* v = in.v + bkv * Lkv * D;
+    double* dkb = dk + bkv * Lkv * D;
+    double* dvb = dv + bkv * Lkv * D;
+    std::vector<double> w(static_cast<std::size_t>(Lkv)), wd(w.size()), dp(w.size()), o(D);
+    for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+      const int64_t bh = b * p.heads + h;
+      const float* q = in.q + bh * Lq * D;
+      const float* g = d_out + bh * Lq * D;
+      double* dqb = dq + bh * Lq * D;
+      for (int64_t i = 0; i < Lq; ++i) {
+        // Weights of row i: w = softmax(s), wd = w after dropout (what multiplies V).
+        double mx = -std::numeric_limits<double>::infinity();
+        bool nan = false;
+        for (int64_t j = 0; j < Lkv; ++j) {
+          if (!key_allowed(p, in, b, i, j)) {
+            w[j] = -std::numeric_limits<double>::infinity();
+            continue;
+          }
+          double acc = 0;
+          for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(q[i * D + d]) * k[j * D + d];
+          w[j] = acc * scale;
+          if (alibi) w[j] -= slopes[static_cast<std::size_t>(h)] * alibi_distance(p, i, j);
+          nan = nan || std::isnan(w[j]);
+          mx = std::max(mx, w[j]);
+        }
+        if (nan) mx = std::numeric_limits<double>::quiet_NaN();
+        if (mx == -std::numeric_limits<double>::infinity()) continue;  // no allowed key: O = 0, no gradient
+        double sum = 0;
+        for (int64_t j = 0; j < Lkv; ++j) sum += (w[j] = std::exp(w[j] - mx));
+        const DropoutRow drop = p.dropout > 0 ? DropoutRow(p.dropout, p.seed, b, h, i) : DropoutRow();
+        std::fill(o.begin(), o.end(), 0.0);
+        for (int64_t j = 0; j < Lkv; ++j) {
+          w[j] /= sum;
+          wd[j] = p.dropout > 0 ? (drop.keep(j) ? w[j] * keep_scale : 0.0) : w[j];
+          for (int64_t d = 0; d < D; ++d) o[d] += wd[j] * v[j * D + d];
+        }
+        // dWd = dO v_j; dW = dWd * keep / (1 - p); delta = sum_j w_j dW_j = dO . O; dS = w (dW - delta).
+        double delta = 0;
+        for (int64_t d = 0; d < D; ++d) delta += static_cast<double>(g[i * D + d]) * o[d];
+        for (int64_t j = 0; j < Lkv; ++j) {
+          if (w[j] == 0) {
+            dp[j] = 0;
+            continue;
+          }
+          double acc = 0;
+          for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(g[i * D + d]) * v[j * D + d];
+          if (p.dropout > 0) acc = drop.keep(j) ? acc * keep_scale : 0.0;
+          dp[j] = w[j] * (acc - delta);  // dS_ij
+        }
+        for (int64_t j = 0; j < Lkv; ++j) {
+          if (w[j] == 0) continue;  // a masked key (weight exactly 0) receives nothing from this row
+          const double ds = scale * dp[j];
+          for (int64_t d = 0; d < D; ++d) {
+            dqb[i * D + d] += ds * k[j * D + d];
+            dkb[j * D + d] += ds * q[i * D + d];
+            dvb[j * D + d] += wd[j] * g[i * D + d];
+          }
+        }
+      }
+    }
+  });
+}
+
+// Why these bounds: a running error analysis of the backward, element by element, in fp64 from the inputs
+// (the magnitudes actually met, not their maxima), with u = 2^-24 and gamma_n = n u the bound of an n-term
+// fp32 sum of products (any order, so any blocking or thread split): |fl(sum a_t b_t) - sum a_t b_t| <=
+// gamma_n sum |a_t b_t|. For row i of query head h and key j (p = dropout, kd = 1 / (1 - p)):
+//  * the logit s_ij = scale q_i . k_j (+ bias): err_s <= (D + 1) u scale sum_d |q_id k_jd| + 2 u |bias|;
+//  * the log-sum-exp lse_i (the forward's, or recomputed): max_j err_s + (L + 2) u (an L-term sum of positive
+//    terms is off by L u relative, so its log by L u absolute) + the exp's few ulps;
+//  * a weight P_ij = exp(s_ij - lse_i) recomputed from them: relative error eps_ij = err_s + err_lse +
+//    2 u (|s_ij| + |lse_i|) (the rounding of the exponent's argument) + 4 u (the exp polynomial);
+//  * dP_ij = dO_i . v_j (times keep kd): err <= (D + 1) u sum_d |dO_id v_jd|; delta_i = dO_i . O_i:
+//    (D + 1) u sum_d |dO_id O_id| + sum_d |dO_id| err(O_id), with err(O_id) <= sum_j P~_ij |v_jd| (eps_ij +
+//    (L + 1) u) the forward's own (P~ = P after dropout);
+//  * dS_ij = P_ij (dP_ij - delta_i): err <= P_ij (err_dP + err_delta + 2 u |dP_ij - delta_i|) + P_ij eps_ij
+//    |dP_ij - delta_i|;
+//  * dQ_id = scale sum_j dS_ij k_jd: sum_j err_dS |k_jd| + (L + 1) u sum_j |dS_ij k_jd|, times scale;
+//    dK_jd = scale sum_{h in group, i} dS_ij q_id and dV_jd = sum P~_ij dO_id likewise over the M' = group *
+//    seq_q rows that feed them (dV: P~_ij eps_ij |dO_id| for the weight's error).
+// Each gradient's tolerance is twice the largest elementwise bound (the analysis counts first-order terms;
+// the factor covers the products of two small errors it drops), plus the smallest normal float. Worst-case
+// accumulation is about sqrt(n) above what random rounding gives, so the bound is tight enough that a wrong
+// weight, mask or scale on a single key, far below the gradient's size, still exceeds it.
+GradientTolerance exact_grad_tolerance(const Problem& p, const AttentionInputs& in16, const float* d_out) {
+  const WideInputs wide(p, in16);
+  const AttentionInputs& in = wide.get();
+  const bool alibi = p.bias == Bias::alibi;
+  const std::vector<double> slopes = alibi ? alibi_slopes(p, in) : std::vector<double>();
+  const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv, G = p.group_size(), Hkv = p.num_kv_heads();
+  const double scale = p.effective_scale(), u = std::ldexp(1.0, -24);
+  const double kd = p.dropout > 0 ? 1.0 / (1.0 - p.dropout) : 1.0;
+  const double rows_in = static_cast<double>(G * Lq);  // terms of one dK / dV sum
+  std::vector<double> worst(static_cast<std::size_t>(3 * p.batch * Hkv), 0.0);
+  tbb::parallel_for(int64_t{0}, p.batch * Hkv, [&](int64_t bkv) {
+    const int64_t b = bkv / Hkv, kvh = bkv % Hkv;
+    const float* k = in.k + bkv * Lkv * D;
+    const float* v = in.v + bkv * Lkv * D;
+    // Per key j and dim d: the bound's two sums for dK and dV.
+    std::vector<double> ek(static_cast<std::size_t>(Lkv * D), 0.0), ev(ek.size(), 0.0);
+    std::vector<double> s(static_cast<std::size_t>(Lkv)), es(s.size()), w(s.size()), dp(s.size()),
+        edp(s.size()), ds(s.size()), eds(s.size()), o(D), eo(D);
+    double wq = 0;
+    for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
+      const float* q = in.q + (b * p.heads + h) * Lq * D;
+      const float* g = d_out + (b * p.heads + h) * Lq * D;
+      for (int64_t i = 0; i < Lq; ++i) {
+        double mx = -std::numeric_limits<double>::infinity(), es_max = 0;
+        for (int64_t j = 0; j < Lkv; ++j) {
+          if (!key_allowed(p, in, b, i, j)) {
+            s[j] = -std::numeric_limits<double>::infinity();
+            continue;
+          }
+          double acc = 0, mag = 0;
+          for (int64_t d = 0; d < D; ++d) {
+            const double t = static_cast<double>(q[i * D + d]) * k[j * D + d];
+            acc += t, mag += std::fabs(t);
+          }
+          s[j] = acc * scale;
+          es[j] = (D + 1) * u * scale * mag;
+          if (alibi) {
+            const double bias = slopes[static_cast<std::size_t>(h)] * alibi_distance(p, i, j);
+            s[j] -= bias;
+            es[j] += 2 * u * std::fabs(bias);
+          }
+          mx = std::max(mx, s[j]);
+          es_max = std::max(es_max, es[j]);
+        }
+        if (!(mx > -std::numeric_limits<double>::infinity())) continue;  // no allowed key (or NaN: no bound)
+        double sum = 0;
+        for (int64_t j = 0; j < Lkv; ++j) sum += std::exp(s[j] - mx);
+        const double lse = mx + std::log(sum), e_lse = es_max + (Lkv + 4) * u;
+        const DropoutRow drop = p.dropout > 0 ? DropoutRow(p.dropout, p.seed, b, h, i) : DropoutRow();
+        std::fill(o.begin(), o.end(), 0.0);
+        std::fill(eo.begin(), eo.end(), 0.0);
+        for (int64_t j = 0; j < Lkv; ++j) {
+          w[j] = std::exp(s[j] - lse);  // 0 for a masked key
+          if (w[j] == 0) continue;
+          es[j] += e_lse + 2 * u * (std::fabs(s[j]) + std::fabs(lse)) + 4 * u;  // eps_ij, relative
+          const double wd = p.dropout > 0 ? (drop.keep(j) ? w[j] * kd : 0.0) : w[j];
+          for (int64_t d = 0; d < D; ++d) {
+            o[d] += wd * v[j * D + d];
+            eo[d] += wd * std::fabs(v[j * D + d]) * (es[j] + (Lkv + 1) * u);
+          }
+        }
+        double delta = 0, e_delta = 0;
+        for (int64_t d = 0; d < D; ++d) {
+          delta += static_cast<double>(g[i * D + d]) * o[d];
+          e_delta += (D + 1) * u * std::fabs(g[i * D + d] * o[d]) + std::fabs(g[i * D + d]) * eo[d];
+        }
+        for (int64_t j = 0; j < Lkv; ++j) {
+          if (w[j] == 0) continue;
+          double acc = 0, mag = 0;
+          for (int64_t d = 0; d < D; ++d) {
+            const double t = static_cast<double>(g[i * D + d]) * v[j * D + d];
+            acc += t, mag += std::fabs(t);
+          }
+          const double keep = p.dropout > 0 ? (drop.keep(j) ? kd : 0.0) : 1.0;
+          const double diff = acc * keep - delta;
+          ds[j] = w[j] * diff;
+          eds[j] = w[j] * ((D + 1) * u * mag * keep + e_delta + 2 * u * std::fabs(diff)) +
+                   w[j] * es[j] * std::fabs(diff);
+        }
+        for (int64_t d = 0; d < D; ++d) {
+          double e = 0;
+          for (int64_t j = 0; j < Lkv; ++j)
+            if (w[j] != 0)
+              e += eds[j] * std::fabs(k[j * D + d]) + (Lkv + 1) * u * std::fabs(ds[j] * k[j * D + d]);
+          wq = std::max(wq, scale * e);
+        }
+        for (int64_t j = 0; j < Lkv; ++j) {
+          if (w[j] == 0) continue;
+          const double wd = p.dropout > 0 ? (drop.keep(j) ? w[j] * kd : 0.0) : w[j];
+          for (int64_t d = 0; d < D; ++d) {
+            const double qa = std::fabs(q[i * D + d]), ga = std::fabs(g[i * D + d]);
+            ek[j * D + d] += scale * (eds[j] * qa + (rows_in + 1) * u * std::fabs(ds[j]) * qa);
+            ev[j * D + d] += wd * ga * (es[j] + (rows_in + 1) * u);
+          }
+        }
+      }
+    }
+    worst[3 * bkv] = wq;
+    for (double e : ek) worst[3 * bkv + 1] = std::max(worst[3 * bkv + 1], e);
+    for (double e : ev) worst[3 * bkv + 2] = std::max(worst[3 * bkv + 2], e);
+  });
+  GradientTolerance t;
+  for (int64_t x = 0; x < p.batch * Hkv; ++x) {
+    t.dq = std::max(t.dq, worst[3 * x]);
+    t.dk = std::max(t.dk, worst[3 * x + 1]);
+    t.dv = std::max(t.dv, worst[3 * x + 2]);
+  }
+  const double tiny = std::numeric_limits<float>::min();
+  t.dq = 2 * t.dq + tiny, t.dk = 2 * t.dk + tiny, t.dv = 2 * t.dv + tiny;
+  return t;
+}
+
+DirectionalCheck check_reference_gradient(const Attention& variant, const Problem& p,
+                                          const AttentionInputs& in, const float* d_out, int directions,
+                                          uint64_t seed) {
+  if (p.dtype != DType::fp32) throw std::logic_error("check_reference_gradient: fp32 problems only");
+  // Multiples of 2^-8 with |x| in [1/8, 16): x +- h U for h = 2^-6, 2^-7 and U a multiple of 2^-8 with |U| <
+  // 8 is a multiple of 2^-15 below 2^5 in magnitude: at most 20 significant bits, exact in fp32.
+  auto quantise = [](const float* x, int64_t n) {
+    std::vector<float> out(static_cast<std::size_t>(n));
+    for (int64_t e = 0; e < n; ++e) {
+      float v = std::nearbyint(std::clamp(x[e], -15.0f, 15.0f) * 256.0f) / 256.0f;
+      if (std::fabs(v) < 0.125f) v = v < 0 ? -0.125f : 0.125f;
+      out[e] = v;
+    }
+    return out;
+  };
+  const int64_t nq = p.q_elements(), nkv = p.kv_elements();
+  std::vector<float> q = quantise(in.q, nq), k = quantise(in.k, nkv), v = quantise(in.v, nkv);
+  AttentionInputs x = in;
+  x.q = q.data(), x.k = k.data(), x.v = v.data(), x.out = nullptr;
+  std::vector<double> gq(static_cast<std::size_t>(nq)), gk(static_cast<std::size_t>(nkv)), gv(gk.size());
+  variant.reference_backward(p, x, d_out, gq.data(), gk.data(), gv.data());
+  std::vector<double> o(static_cast<std::size_t>(nq));
+  auto loss = [&](const AttentionInputs& at) {
+    variant.reference_forward(p, at, o.data());
+    double l = 0;
+    for (int64_t e = 0; e < nq; ++e) l += static_cast<double>(d_out[e]) * o[e];
+    return l;
+  };
+  double gnorm2 = 0;
+  for (double g : gq) gnorm2 += g * g;
+  for (double g : gk) gnorm2 += g * g;
+  for (double g : gv) gnorm2 += g * g;
+  const double n_total = static_cast<double>(nq + 2 * nkv);
+  Rng rng(seed);
+  DirectionalCheck res;
+  std::vector<float> uq(q.size()), uk(k.size()), uv(v.size()), pq(q.size()), pk(k.size()), pv(v.size());
+  for (int dir = 0; dir < directions; ++dir) {
+    auto draw = [&](std::vector<float>& u) {
+      for (float& e : u) e = std::nearbyint(std::clamp(rng.normal(), -7.9, 7.9) * 256.0) / 256.0f;
+    };
+    draw(uq), draw(uk), draw(uv);
+    double analytic = 0, unorm2 = 0;
+    for (std::size_t e = 0; e < uq.size(); ++e) analytic += gq[e] * uq[e], unorm2 += double(uq[e]) * uq[e];
+    for (std::size_t e = 0; e < uk.size(); ++e) analytic += gk[e] * uk[e], unorm2 += double(uk[e]) * uk[e];
+    for (std::size_t e = 0; e < uv.size(); ++e) analytic += gv[e] * uv[e], unorm2 += double(uv[e]) * uv[e];
+    // The central difference at step h: (L(x + hU) - L(x - hU)) / 2h, every perturbed value exact.
+    auto central = [&](float h) {
+      double l[2];
+      for (int side = 0; side < 2; ++side) {
+        const float sh = side == 0 ? h : -h;
+        for (std::size_t e = 0; e < q.size(); ++e) pq[e] = q[e] + sh * uq[e];
+        for (std::size_t e = 0; e < k.size(); ++e) pk[e] = k[e] + sh * uk[e];
+        for (std::size_t e = 0; e < v.size(); ++e) pv[e] = v[e] + sh * uv[e];
+        AttentionInputs at = x;
+        at.q = pq.data(), at.k = pk.data(), at.v = pv.data();
+        l[side] = loss(at);
+      }
+      return (l[0] - l[1]) / (2.0 * h);
+    };
+    // Richardson: the central difference is g.U + c h^2 + O(h^4); (4 D(h/2) - D(h)) / 3 removes the h^2 term.
+    const double fd = (4.0 * central(1.0f / 128) - central(1.0f / 64)) / 3.0;
+    const double typical = std::sqrt(gnorm2 * unorm2 / n_total);  // the size of g.U for a random U
+    const double rel = std::fabs(fd - analytic) / std::max({std::fabs(analytic), typical, 1e-300});
+    if (dir == 0 || !(rel <= res.worst_rel)) res.worst_rel = rel, res.fd = fd, res.analytic = analytic;
+    ++res.directions;
+  }
+  return res;
 }
 
 }  // namespace attn

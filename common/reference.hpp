@@ -40,4 +40,35 @@ std::vector<float> gather_rows(const float* x, int64_t bh, int64_t seq, int64_t 
 // its definition in reference.cpp).
 double exact_abs_tolerance(const Problem& p, const AttentionInputs& in);
 
+// The fp64 gradient of exact softmax attention (reference_attention, same masks, bias, scale and dropout
+// keep decisions) for L = sum(d_out * O): dq [B,H,seq_q,D], dk and dv [B,Hkv,seq_kv,D] (grouped-query: summed
+// over the group's query heads). Computed row by row in double from Q, K, V and dO alone (P recomputed, no
+// state of any variant), parallel over (batch, K/V head), so the result is independent of the thread count.
+// The ALiBi bias depends on neither Q nor K and has no gradient here. A row with no allowed key contributes
+// nothing.
+void reference_attention_backward(const Problem& p, const AttentionInputs& in, const float* d_out, double* dq,
+                                  double* dk, double* dv);
+
+// Derived bounds on |grad_fp32 - grad_fp64| for exact softmax attention's backward in fp32 (derivation next
+// to its definition in reference.cpp). Reads Q, K, V and dO (and computes the fp64 attention weights' largest
+// column sum, which bounds how many rows feed one dK / dV row).
+GradientTolerance exact_grad_tolerance(const Problem& p, const AttentionInputs& in, const float* d_out);
+
+// Central differences of a variant's fp64 definition along random directions, held against its
+// reference_backward (the registry-wide "grad-definition" check). Inputs and directions are quantised so
+// every perturbed tensor is exact in fp32 (reference_forward reads fp32), Richardson extrapolation over two
+// step sizes cancels the h^2 term, and the result is the relative discrepancy of the worst direction (see
+// the .cpp for the definition). A gradient formula off by more than ~1e-6 of its size fails.
+struct DirectionalCheck {
+  double worst_rel = 0;  // |fd - <grad, U>| / max(|<grad, U>|, ||grad|| ||U|| / sqrt(n)), worst direction
+  double fd = 0;         // the worst direction's extrapolated central difference
+  double analytic = 0;   // and its <grad, U>
+  int directions = 0;
+};
+// `p` must be fp32. The inputs (Q, K, V of `in`, masks and slopes as given) are quantised to multiples of
+// 2^-8, kept at least 1/8 from zero (elementwise kinks such as relu's stay off the path), in copies.
+DirectionalCheck check_reference_gradient(const Attention& variant, const Problem& p,
+                                          const AttentionInputs& in, const float* d_out, int directions,
+                                          uint64_t seed);
+
 }  // namespace attn

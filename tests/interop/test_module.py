@@ -80,9 +80,9 @@ def api_and_docs(exe):
     listed = json.loads(cli(exe, "list", "--json").stdout)
     check(attnbench.variants() == listed, "variants() is `attnbench list --json` (%d variants)" % len(listed))
     v = attnbench.variants()[0]
-    check(set(v) == {"name", "description", "capabilities", "params"} and
+    check(set(v) == {"name", "description", "capabilities", "saved_state", "params"} and
           all(set(p) >= {"name", "type", "default", "help"} for x in attnbench.variants() for p in x["params"]),
-          "each variant: name, description, capabilities, params (name, type, default, help)")
+          "each variant: name, description, capabilities, saved_state, params (name, type, default, help)")
     check(attnbench.info() == json.loads(cli(exe, "info", "--json").stdout), "info() is `attnbench info --json`")
     for name in ("variants", "info", "forward", "reference", "run", "load_results"):
         doc = getattr(attnbench, name).__doc__ or ""

@@ -60,6 +60,23 @@ Schedule make_schedule(const Problem& p) {
   return s;
 }
 
+// Backward blocks: the user's tile sizes when set (the checks use tiny ones so the multi-block paths run),
+// else 64 query rows x 128 keys: per thread P and dS (32 KiB each), K^T and V^T (32 KiB each at head_dim
+// 64) and the dK, dV accumulators (32 KiB each) stay in L2, and each GEMM's B panel in L1. Key-block chunks:
+// enough (batch, K/V head, chunk) tasks for load balance (16), at most 8 copies of dQ.
+BackwardSchedule make_backward_schedule(const Problem& p) {
+  BackwardSchedule s;
+  const int64_t tq = p.param_int("tile_q"), tkv = p.param_int("tile_kv");
+  s.tile_q = std::clamp<int64_t>(tq > 0 ? tq : 64, 1, p.seq_q);
+  s.tile_kv = std::clamp<int64_t>(tkv > 0 ? tkv : 128, 1, p.seq_kv);
+  s.dp = round_up(p.head_dim, kLanes);
+  s.kv_blocks = (p.seq_kv + s.tile_kv - 1) / s.tile_kv;
+  constexpr int64_t kTargetTasks = 16, kMaxChunks = 8;
+  const int64_t heads = p.batch * p.num_kv_heads();
+  s.chunks = std::clamp<int64_t>((kTargetTasks + heads - 1) / heads, 1, std::min(kMaxChunks, s.kv_blocks));
+  return s;
+}
+
 class Tiled final : public Attention {
  public:
   std::string name() const override { return "tiled"; }
@@ -78,7 +95,8 @@ class Tiled final : public Attention {
             .bf16 = true,
             .fp16 = true,
             .alibi = true,
-            .permutation_equivariant = true};
+            .permutation_equivariant = true,
+            .backward = true};
   }
   std::vector<ParamSpec> param_specs() const override {
     return {{.name = "tile_q",
@@ -120,7 +138,89 @@ class Tiled final : public Attention {
         sat_mul(s.partial_floats(p), sizeof(float)));
   }
 
-  void forward(const Problem& p, const AttentionInputs& in) const override {
+  void forward(const Problem& p, const AttentionInputs& in) const override { forward_impl(p, in, nullptr); }
+
+  // ---- Training ----
+  std::size_t saved_floats(const Problem& p) const override {
+    return 2 * to_size(p.batch * p.heads * p.seq_q);
+  }
+  std::string saved_description() const override {
+    return "each query row's log-sum-exp of its scale * log2(e) logits in two parts, [2, batch, heads, "
+           "seq_q]: "
+           "the row max (+inf for a row with no allowed key), then log2 of the row's sum of 2^(s - max)";
+  }
+  void forward_saving(const Problem& p, const AttentionInputs& in, float* saved) const override {
+    forward_impl(p, in, saved);
+  }
+  double backward_flops(const Problem& p) const override {
+    // The FlashAttention-2 convention: 2.5x the forward's count (five matmuls per block pair against two).
+    // The recomputed QK^T is one of the five; the exponentials are not counted.
+    return 2.5 * exact_attention_flops(p);
+  }
+  std::size_t backward_workspace_bytes(const Problem& p, int threads) const override {
+    const BackwardSchedule s = make_backward_schedule(p);
+    const std::size_t rows = to_size(p.batch * p.heads * p.seq_q);
+    return sat_add(sat_mul(to_size(std::max(threads, 1)), BackwardScratch::bytes(s, p.head_dim)),
+                   sat_mul(rows, sizeof(float)),                                     // delta
+                   sat_mul(to_size(s.chunks), rows, to_size(s.dp), sizeof(float)));  // dQ copies
+  }
+  void backward(const Problem& p, const AttentionInputs& in, const GradientArgs& g) const override {
+    const BackwardSchedule sched = make_backward_schedule(p);
+    const int64_t rows = p.batch * p.heads * p.seq_q, D = p.head_dim, dp = sched.dp;
+    AlignedVector<float> delta(to_size(rows));
+    AlignedVector<float> dq_part(sat_mul(to_size(sched.chunks), to_size(rows), to_size(dp)));
+    // delta_i = rowsum(dO_i * O_i), and the dQ copies zeroed, in parallel over rows.
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, rows, 256), [&](const tbb::blocked_range<int64_t>& r) {
+      for (int64_t i = r.begin(); i < r.end(); ++i) {
+        float acc = 0;
+        for (int64_t e = 0; e < D; ++e) acc += g.d_out[i * D + e] * g.out[i * D + e];
+        delta[to_size(i)] = acc;
+        for (int64_t c = 0; c < sched.chunks; ++c)
+          std::fill_n(dq_part.data() + (c * rows + i) * dp, dp, 0.0f);
+      }
+    });
+    BackwardContext c{p,
+                      in,
+                      g,
+                      sched,
+                      static_cast<float>(p.effective_scale()),
+                      static_cast<float>(p.effective_scale() * std::numbers::log2e),
+                      delta.data(),
+                      dq_part.data(),
+                      {},
+                      0,
+                      0,
+                      make_schedule(p).tiles.q};
+    if (p.bias == Bias::alibi) {
+      for (double sl : alibi_slopes(p, in))
+        c.alibi_l2e.push_back(static_cast<float>(-sl * std::numbers::log2e));
+      c.bias_kind = p.mask.any_causal() ? 1 : 2;
+      c.alibi_shift = alibi_query_offset(p);
+    }
+    tbb::enumerable_thread_specific<BackwardScratch> scratch;
+    // Tasks are fixed by the problem and each writes only its own key blocks' dK, dV and its chunk's dQ copy.
+    tbb::parallel_for(int64_t{0}, sched.tasks(p), [&](int64_t task) {
+      const simd::ScopedFlushDenormals ftz;
+      run_backward_task(c, task, scratch.local());
+    });
+    // dQ = scale * (sum of the chunks' copies, in chunk order): bitwise the same at any thread count.
+    const float scale = c.scale;
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, rows, 256), [&](const tbb::blocked_range<int64_t>& r) {
+      for (int64_t i = r.begin(); i < r.end(); ++i) {
+        float* dq = g.dq + i * D;
+        const float* part = dq_part.data() + i * dp;
+        for (int64_t e = 0; e < D; ++e) dq[e] = part[e];
+        for (int64_t ch = 1; ch < sched.chunks; ++ch) {
+          const float* more = part + ch * rows * dp;
+          for (int64_t e = 0; e < D; ++e) dq[e] += more[e];
+        }
+        for (int64_t e = 0; e < D; ++e) dq[e] *= scale;
+      }
+    });
+  }
+
+ private:
+  void forward_impl(const Problem& p, const AttentionInputs& in, float* lse) const {
     const Schedule sched = make_schedule(p);
     AlignedVector<float> partials(sched.partial_floats(p));
     Context c{p,
@@ -138,6 +238,7 @@ class Tiled final : public Attention {
       c.bias_kind = p.mask.any_causal() ? 1 : 2;
     }
     c.bf16_dot = p.dtype == DType::bf16 && p.head_dim % 2 == 0 && bf16_dot_supported();
+    c.lse = lse;
     tbb::enumerable_thread_specific<Scratch> scratch;
     // Tasks (unit, split) are fixed by the problem; each writes only its own output (or partial) rows, by
     // the same sequence of operations on any thread, and the merge visits splits in order, so results are

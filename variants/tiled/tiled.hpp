@@ -130,6 +130,10 @@ struct Context {
   bool bf16_dot = false;
   // Every task writes partial rows to `partials` even without splits (accumulate_block).
   bool partial_out = false;
+  // The training forward (forward_saving): each query row's max m of the scale * log2(e) logits at
+  // lse[row] and log2 of its sum of 2^(s - m) at lse[rows + row], row = (b * heads + h) * seq_q + i, rows =
+  // batch * heads * seq_q (m = +inf for a row with no allowed key): the log-sum-exp in two parts.
+  float* lse = nullptr;
 };
 
 // ---- Block partials: attention of a block of queries against one block of keys and values, merged into a
@@ -164,6 +168,83 @@ void finish_partial_state(const Problem& p, const PartialState& st, float* out);
 
 // accumulate_block's workspace at `threads` threads: per-thread scratch and the partial rows.
 std::size_t block_workspace_bytes(const Problem& p, int threads);
+
+// ---- Backward (tiled_backward.cpp): FlashAttention-2, parallel over key blocks. ----
+
+// How one backward call is cut into tasks, fixed by the problem alone (never the thread count).
+struct BackwardSchedule {
+  int64_t tile_q = 64;    // query rows per block (of one query head)
+  int64_t tile_kv = 128;  // keys per block
+  int64_t dp = 16;        // head_dim rounded up to kLanes: the row stride of the padded [rows][dp] buffers
+  int64_t kv_blocks = 1;  // key blocks per K/V head
+  // Key blocks of one (batch, K/V head) are dealt round-robin to `chunks` tasks (block jb to chunk
+  // jb % chunks, which balances causal work); each chunk adds its part of dQ into its own copy.
+  int64_t chunks = 1;
+  int64_t tasks(const Problem& p) const { return p.batch * p.num_kv_heads() * chunks; }
+};
+
+// Everything one backward call shares between its tasks.
+struct BackwardContext {
+  const Problem& p;
+  const AttentionInputs& in;
+  const GradientArgs& g;  // g.saved: the forward's row max and log2 sum per query row (Context::lse)
+  BackwardSchedule sched;
+  float scale;         // the logit scale (dQ and dK carry it)
+  float q_scale;       // scale * log2(e): logits in base 2, as the forward's
+  const float* delta;  // [batch * heads * seq_q]: rowsum(dO * O)
+  float* dq_part;      // [chunks][batch * heads * seq_q][dp], zeroed: each chunk's dQ / scale
+  // ALiBi as the forward's: -slope_h * log2(e) per query head, kind 1 (causal) or 2 (|distance|), and the
+  // query's offset in the key sequence.
+  std::vector<float> alibi_l2e;
+  int bias_kind = 0;
+  int64_t alibi_shift = 0;
+  // The forward's query tiles (positions per tile, Schedule::tiles.q): a tile of at most kDotRows rows ran
+  // the dot-product kernels, whose logits the backward recomputes the same way (forward_dot_row).
+  int64_t forward_tile_q = 1;
+  bool forward_dot_row(int64_t i) const {
+    const int64_t t0 = i / forward_tile_q * forward_tile_q;
+    return std::min(forward_tile_q, p.seq_q - t0) * p.group_size() <= kDotRows;
+  }
+};
+
+// Per-thread scratch of the backward: the block pair's P and dS ([tile_q][tile_kv rounded up]), K^T and V^T
+// of the key block, its dK and dV accumulators ([tile_kv][dp]), the query block scaled by scale * log2(e),
+// padded copies of K, Q and dO rows when head_dim is not a multiple of kLanes, and the key-padding row.
+struct BackwardScratch {
+  AlignedVector<float> s, dp, kt, vt, kpad, dk, dv, qpad, gpad, padv, qs;
+  static int64_t kv_padded(const BackwardSchedule& sc) { return round_up(sc.tile_kv, kLanes); }
+  void ensure(const BackwardSchedule& sc, int64_t dim) {
+    auto grow = [](auto& v, int64_t n) {
+      if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
+    };
+    const int64_t kvp = kv_padded(sc);
+    grow(s, sc.tile_q * kvp);
+    grow(dp, sc.tile_q * kvp);
+    grow(kt, dim * kvp);
+    grow(vt, dim * kvp);
+    grow(dk, sc.tile_kv * sc.dp);
+    grow(dv, sc.tile_kv * sc.dp);
+    grow(padv, kvp);
+    grow(qs, sc.tile_q * dim);
+    if (dim != sc.dp) {
+      grow(kpad, sc.tile_kv * sc.dp);
+      grow(qpad, sc.tile_q * sc.dp);
+      grow(gpad, sc.tile_q * sc.dp);
+    }
+  }
+  static std::size_t bytes(const BackwardSchedule& sc, int64_t dim) {
+    const std::size_t Q = to_size(sc.tile_q), K = to_size(sc.tile_kv), Kp = to_size(kv_padded(sc));
+    const std::size_t D = to_size(dim), Dp = to_size(sc.dp);
+    const std::size_t floats =
+        sat_add(sat_mul(2, Q, Kp), sat_mul(2, D, Kp), sat_mul(2, K, Dp), Kp, sat_mul(Q, D),
+                dim != sc.dp ? sat_add(sat_mul(K, Dp), sat_mul(2, Q, Dp)) : 0);
+    return sat_add(sat_mul(floats, sizeof(float)), sizeof(BackwardScratch));
+  }
+};
+
+// One backward task (key-block chunk `task % chunks` of (batch, K/V head) `task / chunks`) on the selected
+// SIMD target: writes its key blocks' dK and dV and adds into its chunk's dQ copy.
+void run_backward_task(const BackwardContext& c, int64_t task, BackwardScratch& w);
 
 // One task: split `split` of unit `unit` (batch, K/V head, query tile) on the selected SIMD target. Without
 // splits it writes the unit's output rows; with splits, its partial rows.

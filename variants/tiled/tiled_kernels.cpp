@@ -20,6 +20,7 @@
 #include "common/half.hpp"
 #include "common/mask.hpp"
 #include "common/simd-inl.hpp"
+#include "variants/tiled/dot_scores-inl.hpp"
 #include "variants/tiled/tiled.hpp"
 
 HWY_BEFORE_NAMESPACE();
@@ -344,32 +345,7 @@ void TileMaxPass(const float* s, int64_t ld, int64_t nk, float* tile_max) {
 #define ATTN_ACC8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 #define ATTN_DOT_DECLARE(i) VF a##i = hn::Zero(d);
 
-// Scores of KB keys x NR rows (KB * NR <= 8 accumulators, enough independent FMA chains to hide latency):
-// s[r * lds + kk] = qs[r] . k[kk] over head_dim D, vector part in lanes then a scalar tail, summed in a
-// fixed order (so results depend on the SIMD target only).
-template <int NR, int KB>
-HWY_NOINLINE void DotScores(const float* HWY_RESTRICT k, int64_t D, const float* HWY_RESTRICT qs,
-                            float* HWY_RESTRICT s, int64_t lds) {
-  static_assert(NR * KB <= 8);
-  const DF d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d)), Dv = D / N * N;
-  ATTN_ACC8(ATTN_DOT_DECLARE)
-  for (int64_t e = 0; e < Dv; e += N) {
-#define ATTN_DOT_FMA(i)      \
-  if constexpr (i < NR * KB) \
-    a##i = hn::MulAdd(hn::LoadU(d, k + (i / NR) * D + e), hn::LoadU(d, qs + (i % NR) * D + e), a##i);
-    ATTN_ACC8(ATTN_DOT_FMA)
-#undef ATTN_DOT_FMA
-  }
-#define ATTN_DOT_STORE(i)                                                                \
-  if constexpr (i < NR * KB) {                                                           \
-    float tail = 0.0f;                                                                   \
-    for (int64_t e = Dv; e < D; ++e) tail += k[(i / NR) * D + e] * qs[(i % NR) * D + e]; \
-    s[(i % NR) * lds + i / NR] = hn::GetLane(hn::SumOfLanes(d, a##i)) + tail;            \
-  }
-  ATTN_ACC8(ATTN_DOT_STORE)
-#undef ATTN_DOT_STORE
-}
+// DotScores (the scores of KB keys x NR rows) is in dot_scores-inl.hpp, shared with the backward.
 
 // O rows += P V for CV vectors of head_dim starting at e0 (CV * NR <= 8): o[r] = alpha[r] * o[r] +
 // sum_j p[r * lds + j] v[j], keys j = 0..nk-1 in order.
@@ -615,6 +591,18 @@ void GemmRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& s
   }
 }
 
+// The training forward's saved state of a row (Context::lse): its running max m (base 2) and log2 of its
+// sum l, kept apart so the backward's 2^((s - m) - log2 l) never rounds m + log2 l (at |m| ~ 100 that sum
+// would lose the ~1e-6 a near one-hot row's log2 l holds). No allowed key: m = +inf (the backward's weights
+// are 2^-inf = 0); a NaN in the row stays NaN.
+void SaveRowState(const Context& c, const TileRows& t, int64_t r, float m, float l) {
+  const Problem& p = c.p;
+  const int64_t rows = p.batch * p.heads * p.seq_q, row = (t.b * p.heads + t.head(r)) * p.seq_q + t.pos(r);
+  const bool empty = l == 0.0f;
+  c.lse[row] = empty ? std::numeric_limits<float>::infinity() : m;
+  c.lse[rows + row] = empty ? 0.0f : std::log2(l);
+}
+
 TileRows unit_rows(const Context& c, int64_t unit) {
   const Problem& p = c.p;
   const Schedule& sc = c.sched;
@@ -730,6 +718,8 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
   // The one division: O = O / l. A query with no allowed key has l = 0 and gets zeros; a NaN anywhere in
   // its inputs leaves l NaN, and so its output, visible.
   const float keep_scale = dropout ? DropoutRow(p.dropout, p.seed, 0, 0, 0).scale() : 1.0f;
+  if (c.lse)
+    for (int64_t r = 0; r < nr; ++r) SaveRowState(c, t, r, m[r], l[r]);
   for (int64_t r = 0; r < nr; ++r) {
     float* o = out_row(c, t, r);
     const float li = l[r];
@@ -764,10 +754,14 @@ void MergeSplits(const Context& c, int64_t unit) {
     float* o = out_row(c, t, r);
     if (nan) {
       std::fill(o, o + D, std::numeric_limits<float>::quiet_NaN());
+      if (c.lse) SaveRowState(c, t, r, std::numeric_limits<float>::quiet_NaN(), 1.0f);
       continue;
     }
     std::fill(o, o + D, 0.0f);
-    if (mx == kNegInf) continue;  // no split saw an allowed key
+    if (mx == kNegInf) {  // no split saw an allowed key
+      if (c.lse) SaveRowState(c, t, r, mx, 0.0f);
+      continue;
+    }
     float sum = 0.0f;
     for (int64_t s = 0; s < sc.splits; ++s) {
       const float* pr = part + (s * sc.rows + r) * stride;
@@ -780,6 +774,7 @@ void MergeSplits(const Context& c, int64_t unit) {
     for (int64_t e = 0; e < D; ++e) o[e] = sum == 0.0f ? 0.0f : o[e] * inv;
     if (std::isnan(sum))
       for (int64_t e = 0; e < D; ++e) o[e] = std::numeric_limits<float>::quiet_NaN();
+    if (c.lse) SaveRowState(c, t, r, mx, sum);
   }
 }
 
