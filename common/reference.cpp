@@ -183,83 +183,111 @@ double exact_abs_tolerance(const Problem& p, const AttentionInputs& in16) {
 namespace attn {
 
 void reference_attention_backward(const Problem& p, const AttentionInputs& in16, const float* d_out,
-                                  double* dq, double* dk, double* dv) {
+                                  double* dq, double* dk, double* dv, const std::vector<int64_t>* kv_blocks) {
   check_inputs(p, in16, /*needs_out=*/false);
   const WideInputs wide(p, in16);
   const AttentionInputs& in = wide.get();
   const bool alibi = p.bias == Bias::alibi;
   const std::vector<double> slopes = alibi ? alibi_slopes(p, in) : std::vector<double>();
-  const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv, G = p.group_size();
+  const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv, G = p.group_size(), Hkv = p.num_kv_heads();
   const double scale = p.effective_scale();
-  const double keep_scale = p.dropout > 0 ? 1.0 / (1.0 - p.dropout) : 1.0;
-  std::fill(dq, dq + p.q_elements(), 0.0);
-  std::fill(dk, dk + p.kv_elements(), 0.0);
-  std::fill(dv, dv + p.kv_elements(), 0.0);
-  // Parallel over (batch, K/V head): the group's query heads all add into that head's dK, dV, in order.
-  tbb::parallel_for(int64_t{0}, p.batch * p.num_kv_heads(), [&](int64_t bkv) {
-    const int64_t b = bkv / p.num_kv_heads(), kvh = bkv % p.num_kv_heads();
+  const double kd = p.dropout > 0 ? 1.0 / (1.0 - p.dropout) : 1.0;
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::vector<int64_t> blocks;
+  if (kv_blocks)
+    blocks = *kv_blocks;
+  else
+    for (int64_t x = 0; x < p.batch * Hkv; ++x) blocks.push_back(x);
+  // The logit of query row i of head h against key j (bias included), or -inf where masked.
+  auto logit = [&](int64_t b, int64_t h, const float* q, const float* k, int64_t i, int64_t j) {
+    if (!key_allowed(p, in, b, i, j)) return -kInf;
+    double acc = 0;
+    for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(q[i * D + d]) * k[j * D + d];
+    acc *= scale;
+    if (alibi) acc -= slopes[static_cast<std::size_t>(h)] * alibi_distance(p, i, j);
+    return acc;
+  };
+  std::vector<double> lse(static_cast<std::size_t>(G * Lq)), delta(lse.size());
+  std::vector<DropoutRow> drops(p.dropout > 0 ? lse.size() : 0);
+  for (std::size_t n = 0; n < blocks.size(); ++n) {
+    const int64_t bkv = blocks[n], b = bkv / Hkv, kvh = bkv % Hkv;
     const float* k = in.k + bkv * Lkv * D;
     const float* v = in.v + bkv * Lkv * D;
-    double* dkb = dk + bkv * Lkv * D;
-    double* dvb = dv + bkv * Lkv * D;
-    std::vector<double> w(static_cast<std::size_t>(Lkv)), wd(w.size()), dp(w.size()), o(D);
-    for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
-      const int64_t bh = b * p.heads + h;
+    // Outputs: in place for the whole problem, compact per listed block otherwise.
+    double* dqb = kv_blocks ? dq + n * G * Lq * D : dq + (b * p.heads + kvh * G) * Lq * D;
+    double* dkb = (kv_blocks ? dk + n * Lkv * D : dk + bkv * Lkv * D);
+    double* dvb = (kv_blocks ? dv + n * Lkv * D : dv + bkv * Lkv * D);
+    // Pass 1, row by row (parallel): weights w = softmax(s), w~ = w after dropout, O = sum w~ v, delta =
+    // dO . O, dS = w (dP' - delta) with dP' = dO . v (times keep / (1 - p)), and dQ = scale sum dS k.
+    tbb::parallel_for(int64_t{0}, G * Lq, [&](int64_t hi) {
+      const int64_t g = hi / Lq, i = hi % Lq, h = kvh * G + g, bh = b * p.heads + h;
       const float* q = in.q + bh * Lq * D;
-      const float* g = d_out + bh * Lq * D;
-      double* dqb = dq + bh * Lq * D;
-      for (int64_t i = 0; i < Lq; ++i) {
-        // Weights of row i: w = softmax(s), wd = w after dropout (what multiplies V).
-        double mx = -std::numeric_limits<double>::infinity();
-        bool nan = false;
-        for (int64_t j = 0; j < Lkv; ++j) {
-          if (!key_allowed(p, in, b, i, j)) {
-            w[j] = -std::numeric_limits<double>::infinity();
-            continue;
-          }
-          double acc = 0;
-          for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(q[i * D + d]) * k[j * D + d];
-          w[j] = acc * scale;
-          if (alibi) w[j] -= slopes[static_cast<std::size_t>(h)] * alibi_distance(p, i, j);
-          nan = nan || std::isnan(w[j]);
-          mx = std::max(mx, w[j]);
-        }
-        if (nan) mx = std::numeric_limits<double>::quiet_NaN();
-        if (mx == -std::numeric_limits<double>::infinity()) continue;  // no allowed key: O = 0, no gradient
-        double sum = 0;
-        for (int64_t j = 0; j < Lkv; ++j) sum += (w[j] = std::exp(w[j] - mx));
-        const DropoutRow drop = p.dropout > 0 ? DropoutRow(p.dropout, p.seed, b, h, i) : DropoutRow();
-        std::fill(o.begin(), o.end(), 0.0);
-        for (int64_t j = 0; j < Lkv; ++j) {
-          w[j] /= sum;
-          wd[j] = p.dropout > 0 ? (drop.keep(j) ? w[j] * keep_scale : 0.0) : w[j];
-          for (int64_t d = 0; d < D; ++d) o[d] += wd[j] * v[j * D + d];
-        }
-        // dWd = dO v_j; dW = dWd * keep / (1 - p); delta = sum_j w_j dW_j = dO . O; dS = w (dW - delta).
-        double delta = 0;
-        for (int64_t d = 0; d < D; ++d) delta += static_cast<double>(g[i * D + d]) * o[d];
-        for (int64_t j = 0; j < Lkv; ++j) {
-          if (w[j] == 0) {
-            dp[j] = 0;
-            continue;
-          }
-          double acc = 0;
-          for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(g[i * D + d]) * v[j * D + d];
-          if (p.dropout > 0) acc = drop.keep(j) ? acc * keep_scale : 0.0;
-          dp[j] = w[j] * (acc - delta);  // dS_ij
-        }
-        for (int64_t j = 0; j < Lkv; ++j) {
-          if (w[j] == 0) continue;  // a masked key (weight exactly 0) receives nothing from this row
-          const double ds = scale * dp[j];
+      const float* go = d_out + bh * Lq * D;
+      std::vector<double> w(static_cast<std::size_t>(Lkv)), o(static_cast<std::size_t>(D), 0.0);
+      double mx = -kInf;
+      bool nan = false;
+      for (int64_t j = 0; j < Lkv; ++j) {
+        w[j] = logit(b, h, q, k, i, j);
+        nan = nan || std::isnan(w[j]);
+        mx = std::max(mx, w[j]);
+      }
+      if (nan) mx = std::numeric_limits<double>::quiet_NaN();
+      double* dqi = dqb + (g * Lq + i) * D;
+      std::fill(dqi, dqi + D, 0.0);
+      if (p.dropout > 0) drops[hi] = DropoutRow(p.dropout, p.seed, b, h, i);
+      if (mx == -kInf) {  // no allowed key: O = 0 and no gradient; lse = +inf makes every weight 0 in pass 2
+        lse[hi] = kInf, delta[hi] = 0;
+        return;
+      }
+      double sum = 0;
+      for (int64_t j = 0; j < Lkv; ++j) sum += (w[j] = std::exp(w[j] - mx));
+      lse[hi] = mx + std::log(sum);
+      for (int64_t j = 0; j < Lkv; ++j) {
+        w[j] /= sum;
+        const double wd = p.dropout > 0 ? (drops[hi].keep(j) ? w[j] * kd : 0.0) : w[j];
+        if (wd != 0)
+          for (int64_t d = 0; d < D; ++d) o[d] += wd * v[j * D + d];
+      }
+      double dl = 0;
+      for (int64_t d = 0; d < D; ++d) dl += static_cast<double>(go[i * D + d]) * o[d];
+      delta[hi] = dl;
+      for (int64_t j = 0; j < Lkv; ++j) {
+        if (w[j] == 0) continue;  // a masked key (weight exactly 0) receives nothing from this row
+        double dp = 0;
+        for (int64_t d = 0; d < D; ++d) dp += static_cast<double>(go[i * D + d]) * v[j * D + d];
+        if (p.dropout > 0) dp = drops[hi].keep(j) ? dp * kd : 0.0;
+        const double ds = scale * w[j] * (dp - dl);
+        for (int64_t d = 0; d < D; ++d) dqi[d] += ds * k[j * D + d];
+      }
+    });
+    // Pass 2, key by key (parallel): dK_j = scale sum_{h, i} dS_ij q_i and dV_j = sum w~_ij dO_i over the
+    // group's query rows in order, the weights recomputed from the row's log-sum-exp.
+    tbb::parallel_for(int64_t{0}, Lkv, [&](int64_t j) {
+      double* dkj = dkb + j * D;
+      double* dvj = dvb + j * D;
+      std::fill(dkj, dkj + D, 0.0);
+      std::fill(dvj, dvj + D, 0.0);
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t h = kvh * G + g, bh = b * p.heads + h;
+        const float* q = in.q + bh * Lq * D;
+        const float* go = d_out + bh * Lq * D;
+        for (int64_t i = 0; i < Lq; ++i) {
+          const std::size_t hi = static_cast<std::size_t>(g * Lq + i);
+          const double w = std::exp(logit(b, h, q, k, i, j) - lse[hi]);  // 0 if masked or the row is empty
+          if (w == 0) continue;
+          const bool kept = p.dropout == 0 || drops[hi].keep(j);
+          double dp = 0;
+          for (int64_t d = 0; d < D; ++d) dp += static_cast<double>(go[i * D + d]) * v[j * D + d];
+          dp = kept ? dp * kd : 0.0;
+          const double ds = scale * w * (dp - delta[hi]), wd = kept ? w * kd : 0.0;
           for (int64_t d = 0; d < D; ++d) {
-            dqb[i * D + d] += ds * k[j * D + d];
-            dkb[j * D + d] += ds * q[i * D + d];
-            dvb[j * D + d] += wd[j] * g[i * D + d];
+            dkj[d] += ds * q[i * D + d];
+            dvj[d] += wd * go[i * D + d];
           }
         }
       }
-    }
-  });
+    });
+  }
 }
 
 // Why these bounds: a running error analysis of the backward, element by element, in fp64 from the inputs

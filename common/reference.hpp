@@ -42,12 +42,16 @@ double exact_abs_tolerance(const Problem& p, const AttentionInputs& in);
 
 // The fp64 gradient of exact softmax attention (reference_attention, same masks, bias, scale and dropout
 // keep decisions) for L = sum(d_out * O): dq [B,H,seq_q,D], dk and dv [B,Hkv,seq_kv,D] (grouped-query: summed
-// over the group's query heads). Computed row by row in double from Q, K, V and dO alone (P recomputed, no
-// state of any variant), parallel over (batch, K/V head), so the result is independent of the thread count.
-// The ALiBi bias depends on neither Q nor K and has no gradient here. A row with no allowed key contributes
-// nothing.
+// over the group's query heads). Computed in double from Q, K, V and dO alone (P recomputed, no state of any
+// variant): a pass over query rows (dQ, each row's log-sum-exp and dO . O), then a pass over keys (dK, dV),
+// each parallel with every output element summed by one task in a fixed order, so the result is independent
+// of the thread count. The ALiBi bias depends on neither Q nor K and has no gradient. A row with no allowed
+// key contributes nothing.
+// kv_blocks: only those (batch * kv_heads + K/V head) blocks, written compactly in that order: dq
+// [n][group][seq_q][D] (the block's query heads), dk and dv [n][seq_kv][D] (the sweep's sampled gradient
+// accuracy); null: every block, in place.
 void reference_attention_backward(const Problem& p, const AttentionInputs& in, const float* d_out, double* dq,
-                                  double* dk, double* dv);
+                                  double* dk, double* dv, const std::vector<int64_t>* kv_blocks = nullptr);
 
 // Derived bounds on |grad_fp32 - grad_fp64| for exact softmax attention's backward in fp32 (derivation next
 // to its definition in reference.cpp). Reads Q, K, V and dO (and computes the fp64 attention weights' largest

@@ -5,6 +5,7 @@
 // bench/lib/eval.hpp, shared with the Python module's forward().
 #include <tbb/global_control.h>
 
+#include <cmath>
 #include <iostream>
 
 #include "bench/lib/command.hpp"
@@ -31,7 +32,68 @@ struct EvalOptions {
   bool alibi = false;
   double rope_base = 10000.0;
   CLI::Option* rope_base_opt = nullptr;
+  // The backward (--grad-output): dO in, dQ, dK, dV out; the training forward's saved state out
+  // (--save-state), or O and the saved state of an earlier training forward in (--forward-output,
+  // --saved-state) instead of running it.
+  std::string grad_output, dq, dk, dv, save_state, forward_output, saved_state;
+  bool backward() const { return !grad_output.empty(); }
 };
+
+// Refuses option combinations of the backward before any file is read.
+void check_backward_options(const EvalOptions& o) {
+  if (!o.backward()) {
+    for (auto [name, value] : {std::pair<const char*, const std::string*>{"--dq", &o.dq},
+                               {"--dk", &o.dk},
+                               {"--dv", &o.dv},
+                               {"--forward-output", &o.forward_output},
+                               {"--saved-state", &o.saved_state}})
+      if (!value->empty())
+        throw UsageError(
+            std::string(name) + " '" + *value +
+            "' needs --grad-output DO.npy (the gradient of the output the backward starts from)");
+    return;
+  }
+  for (auto [name, value] :
+       {std::pair<const char*, const std::string*>{"--dq", &o.dq}, {"--dk", &o.dk}, {"--dv", &o.dv}})
+    if (value->empty())
+      throw UsageError("--grad-output '" + o.grad_output + "' needs --dq, --dk and --dv (" + name +
+                       " is missing): where the gradients go");
+  if (!o.saved_state.empty() && o.forward_output.empty())
+    throw UsageError("--saved-state '" + o.saved_state +
+                     "' needs --forward-output O.npy: both come from one earlier training forward (without "
+                     "them eval runs the training forward itself)");
+  if (!o.forward_output.empty() && !o.save_state.empty())
+    throw UsageError("--save-state '" + o.save_state + "' with --forward-output '" + o.forward_output +
+                     "': no training forward runs to save a state; drop one of them");
+  if (o.out.empty() && o.forward_output.empty())
+    throw UsageError("--out is required (the forward's output), unless --forward-output gives it");
+}
+
+// A float32/float64 tensor file of exactly `want` shape and finite values, for the backward's inputs: dO,
+// an earlier forward's O or saved state. UsageError naming the option, the file, the shape and the first
+// non-finite value.
+FloatArray read_backward_input(const std::string& option, const std::string& path,
+                               const std::vector<int64_t>& want, const std::string& meaning) {
+  const std::string what = option + " '" + path + "'";
+  FloatArray x;
+  try {
+    x = read_npy_float(path);
+  } catch (const UsageError& e) {
+    throw UsageError(option + ": " + e.what() + "; expected float32/64 of shape " +
+                     FloatArray::shape_to_string(want) + " " + meaning);
+  }
+  require_shape(what, x.shape, want, meaning);
+  for (std::size_t e = 0; e < x.numel(); ++e)
+    if (!std::isfinite(x.data[e])) {
+      std::vector<int64_t> at(x.shape.size());  // the element's index, last dimension fastest
+      for (std::size_t d = at.size(), rest = e; d-- > 0; rest /= static_cast<std::size_t>(x.shape[d]))
+        at[d] = static_cast<int64_t>(rest % static_cast<std::size_t>(x.shape[d]));
+      throw UsageError(what + ": element " + FloatArray::shape_to_string(at) + " of shape " + x.shape_str() +
+                       " is " + (std::isnan(x.data[e]) ? "NaN" : "infinite") +
+                       "; the backward needs finite values (a NaN would reach every gradient it touches)");
+    }
+  return x;
+}
 
 // One of Q, K, V: its values in fp32 (float16 files widened, exactly) and, for a float16 ('<f2') file, its
 // bit patterns as read (used as the fp16 storage unless RoPE has rotated the tensor).
@@ -70,7 +132,61 @@ Json metrics_json(const ErrorMetrics& m, const std::string& reference) {
           {"inf_count", m.inf_count}};
 }
 
+// The gradients of one backward call, kept until every output can be written, and with --compare their
+// errors.
+struct BackwardResult {
+  FloatArray dq, dk, dv;
+  Json compare;
+};
+
+Json gradient_metrics(const FloatArray& got, const DoubleArray& want, int64_t dim) {
+  const ErrorMetrics m = compare_outputs(got.ptr(), want.ptr(), static_cast<int64_t>(got.numel()) / dim, dim);
+  return {{"max_abs_err", json_number(m.max_abs_err)},
+          {"rel_l2_err", json_number(m.rel_l2_err)},
+          {"nan_count", m.nan_count},
+          {"inf_count", m.inf_count}};
+}
+
+// The backward of the training forward whose O (`out`) and state (`saved`) are given: dQ, dK, dV, with
+// --compare their errors against the fp64 gradient of the variant's own definition (reference_backward:
+// what a correct implementation must match) and of exact softmax attention (how far an approximate
+// variant's gradient lands from exact attention's).
+BackwardResult run_backward_step(const EvalOptions& o, const Attention& variant, const Problem& p,
+                                 const AttentionInputs& in, const FloatArray& out,
+                                 const std::vector<float>& saved, const FloatArray& d_out) {
+  BackwardResult r;
+  r.dq = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
+  r.dk = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim});
+  r.dv = FloatArray(r.dk.shape);
+  GradientArgs g;
+  g.out = out.ptr();
+  g.saved = saved.empty() ? nullptr : saved.data();
+  g.d_out = d_out.ptr();
+  g.dq = r.dq.ptr(), g.dk = r.dk.ptr(), g.dv = r.dv.ptr();
+  variant.run_backward(p, in, g);
+  const int64_t bad = count_nonfinite(r.dq.ptr(), r.dq.numel()) + count_nonfinite(r.dk.ptr(), r.dk.numel()) +
+                      count_nonfinite(r.dv.ptr(), r.dv.numel());
+  if (bad) std::cerr << "attnbench: warning: the gradients hold " << bad << " NaN/Inf values\n";
+  if (!o.compare) return r;
+  DoubleArray wq(r.dq.shape), wk(r.dk.shape), wv(r.dv.shape);
+  AttentionInputs ref_in = in;
+  ref_in.out = nullptr;
+  auto metrics = [&](const std::string& reference) {
+    return Json{{"reference", reference},
+                {"dq", gradient_metrics(r.dq, wq, p.head_dim)},
+                {"dk", gradient_metrics(r.dk, wk, p.head_dim)},
+                {"dv", gradient_metrics(r.dv, wv, p.head_dim)}};
+  };
+  variant.reference_backward(p, ref_in, d_out.ptr(), wq.ptr(), wk.ptr(), wv.ptr());
+  r.compare["grad_accuracy"] = metrics("fp64 gradient of " + p.variant + "'s own definition");
+  reference_attention_backward(p, ref_in, d_out.ptr(), wq.ptr(), wk.ptr(), wv.ptr());
+  r.compare["grad_accuracy_exact"] = metrics("fp64 gradient of exact softmax attention");
+  r.compare["nonfinite_gradients"] = bad;
+  return r;
+}
+
 int run_eval(const EvalOptions& o) {
+  check_backward_options(o);
   simd::select_isa(o.isa, "--isa");
   const Attention& variant = Registry::instance().get(o.variant);
   const Json params = parse_cli_params(variant, o.params);
@@ -126,7 +242,36 @@ int run_eval(const EvalOptions& o) {
   }
   const int threads = static_cast<int>(
       tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));  // set by --threads
-  check_runnable(variant, p, threads, o.compare);
+  check_runnable(variant, p, threads, o.compare, o.backward());
+  // The backward's own inputs, read and checked before anything runs or is written.
+  FloatArray d_out, forward_out;
+  std::vector<float> saved;
+  if (o.backward()) {
+    const std::vector<int64_t> q_shape{p.batch, p.heads, p.seq_q, p.head_dim};
+    d_out = read_backward_input("--grad-output", o.grad_output, q_shape,
+                                "(dL/dO has the output's shape [batch, heads, seq_q, head_dim], from --q)");
+    if (!o.forward_output.empty()) {
+      forward_out = read_backward_input("--forward-output", o.forward_output, q_shape,
+                                        "(the training forward's O, [batch, heads, seq_q, head_dim])");
+      const std::size_t n = variant.saved_floats(p);
+      if (n > 0 && o.saved_state.empty())
+        throw UsageError("--forward-output '" + o.forward_output + "': " + o.variant +
+                         "'s backward also needs the forward's saved state (" + std::to_string(n) +
+                         " floats: " + variant.saved_description() +
+                         "): give --saved-state S.npy written by `eval --save-state` with the same inputs");
+      if (n == 0 && !o.saved_state.empty())
+        throw UsageError("--saved-state '" + o.saved_state + "': " + o.variant +
+                         " keeps no state for its backward (it recomputes what it needs); drop the option");
+      if (n > 0) {
+        const FloatArray st = read_backward_input("--saved-state", o.saved_state, {static_cast<int64_t>(n)},
+                                                  "(" + variant.saved_description() + ", flattened)");
+        saved.assign(st.data.begin(), st.data.end());
+      }
+    }
+  } else if (!o.save_state.empty() && !variant.capabilities().backward) {
+    throw UsageError("--save-state '" + o.save_state + "': " + o.variant +
+                     " has no backward pass, so its forward keeps no state for one");
+  }
 
   // RoPE on the fp32 values of Q and K, queries at rope_query_offset (lower-right: the last query at the last
   // key's position). A rotated float16 input is rounded back to fp16 like any other.
@@ -160,11 +305,36 @@ int run_eval(const EvalOptions& o) {
     in.v16 = store(v, v16);
     in.q = in.k = in.v = nullptr;
   }
-  variant.run(p, in);
+  // The forward: the inference forward, or the training forward when its state is wanted (the same O), or
+  // none when an earlier training forward's O and state are given.
+  const bool training = o.backward() || !o.save_state.empty();
+  if (!forward_out.numel()) {
+    if (training) {
+      saved.assign(variant.saved_floats(p), 0.0f);
+      variant.run_saving(p, in, saved.empty() ? nullptr : saved.data());
+    } else {
+      variant.run(p, in);
+    }
+  } else {
+    std::copy(forward_out.data.begin(), forward_out.data.end(), out.data.begin());
+  }
   const NonfiniteCounts bad = count_nonfinite_values(p, in);
   if (const std::string note = nonfinite_output_note(bad); !note.empty())
     std::cerr << "attnbench: warning: " << note << "\n";
-  write_npy(o.out, out);
+  BackwardResult grads;
+  if (o.backward()) grads = run_backward_step(o, variant, p, in, out, saved, d_out);
+  // Every output file only now that everything has run (each written to a temporary and renamed).
+  if (!o.out.empty()) write_npy(o.out, out);
+  if (!o.save_state.empty()) {
+    FloatArray state({static_cast<int64_t>(saved.size())});
+    std::copy(saved.begin(), saved.end(), state.data.begin());
+    write_npy(o.save_state, state);
+  }
+  if (o.backward()) {
+    write_npy(o.dq, grads.dq);
+    write_npy(o.dk, grads.dk);
+    write_npy(o.dv, grads.dv);
+  }
   if (o.compare) {
     const int64_t rows = p.batch * p.heads * p.seq_q;
     DoubleArray want(out.shape);
@@ -208,6 +378,8 @@ int run_eval(const EvalOptions& o) {
       j["rope_query_offset"] = rope_query_offset(p);
     }
     if (dtype == DType::fp16) j["fp16_inputs_as_is"] = stored_as_is;
+    if (o.backward())
+      for (auto it = grads.compare.begin(); it != grads.compare.end(); ++it) j[it.key()] = it.value();
     std::cout << j.dump() << "\n";
   }
   return 0;
@@ -239,10 +411,14 @@ ATTN_REGISTER_COMMAND(
       sub.add_option("--scale", o->scale, "logit scale (default 1/sqrt(head_dim))");
       sub.add_option("--dropout", o->dropout, "dropout probability on the attention weights, in [0, 1)");
       sub.add_option("--seed", o->seed, "dropout seed");
-      sub.add_option("--out", o->out, "output .npy, float32 [batch, heads, seq_q, head_dim]")->required();
+      sub.add_option(
+          "--out", o->out,
+          "output .npy, float32 [batch, heads, seq_q, head_dim] (required unless --forward-output)");
       sub.add_flag("--compare", o->compare,
                    "print accuracy against the fp64 exact reference as JSON: `accuracy` on the inputs as "
-                   "stored, `accuracy_e2e` on the fp32 inputs before rounding to --dtype");
+                   "stored, `accuracy_e2e` on the fp32 inputs before rounding to --dtype; with "
+                   "--grad-output also `grad_accuracy` (dQ, dK, dV against the fp64 gradient of the "
+                   "variant's own definition) and `grad_accuracy_exact` (against exact attention's)");
       sub.add_option("--dtype", o->dtype,
                      "storage of Q, K, V: fp32 (default), bf16 or fp16, rounded from the fp32 inputs "
                      "(round-to-nearest-even); compute and O stay fp32. float16 ('<f2') .npy inputs are "
@@ -259,6 +435,21 @@ ATTN_REGISTER_COMMAND(
                      "seq_q-1, offset by seq_kv - seq_q with --causal-lower-right; head_dim must be even");
       o->rope_base_opt = sub.add_option("--rope-base", o->rope_base,
                                         "with --rope: base of the angles pos * base^(-2i/D) (default 10000)");
+      sub.add_option("--grad-output", o->grad_output,
+                     "the backward: dL/dO .npy, float32/64 [batch, heads, seq_q, head_dim], finite; needs "
+                     "--dq, --dk, --dv (the variant must have a backward: `attnbench list`)");
+      sub.add_option("--dq", o->dq, "with --grad-output: dL/dQ .npy out, float32, Q's shape");
+      sub.add_option("--dk", o->dk,
+                     "with --grad-output: dL/dK .npy out, float32, K's shape (grouped-query heads summed)");
+      sub.add_option("--dv", o->dv, "with --grad-output: dL/dV .npy out, float32, V's shape");
+      sub.add_option("--save-state", o->save_state,
+                     "run the training forward and write the state it keeps for the backward (float32, "
+                     "flattened; `attnbench list --json` says what it holds per variant)");
+      sub.add_option("--forward-output", o->forward_output,
+                     "with --grad-output: O of an earlier training forward on the same inputs (no forward "
+                     "runs); with --saved-state for variants that keep a state");
+      sub.add_option("--saved-state", o->saved_state,
+                     "with --forward-output: the state that forward wrote with --save-state");
       attn::cli::add_isa_option(sub, o->isa);
       return std::function<int()>([o] { return attn::cli::run_eval(*o); });
     })

@@ -331,7 +331,7 @@ void parse_variants(const Json& variants, SweepConfig& c) {
 void parse_sweep_axes(const Json& sweep, SweepConfig& c) {
   check_keys(sweep, "sweep",
              {"batch", "heads", "kv_heads", "head_dim", "seq_len", "seq_q", "seq_kv", "mask", "threads",
-              "isa", "dropout", "dtype", "bias"});
+              "isa", "dropout", "dtype", "bias", "pass"});
   if (sweep.contains("batch")) c.batch = size_axis(sweep["batch"], "sweep.batch");
   if (sweep.contains("heads")) c.heads = size_axis(sweep["heads"], "sweep.heads");
   if (sweep.contains("kv_heads")) {
@@ -389,6 +389,13 @@ void parse_sweep_axes(const Json& sweep, SweepConfig& c) {
     for_axis(sweep["dtype"], "sweep.dtype", [&](const Json& v, const std::string& p) {
       if (!v.is_string()) fail(p, "must be a storage dtype (fp32, bf16, fp16), got " + v.dump());
       c.dtypes.push_back(parse_dtype(v.get<std::string>(), p));
+    });
+  }
+  if (sweep.contains("pass")) {
+    c.passes.clear();
+    for_axis(sweep["pass"], "sweep.pass", [&](const Json& v, const std::string& p) {
+      if (!v.is_string()) fail(p, "must be a pass (forward, backward, forward_backward), got " + v.dump());
+      c.passes.push_back(parse_pass(v.get<std::string>(), p));
     });
   }
   if (sweep.contains("bias")) {
@@ -457,7 +464,7 @@ void parse_measure(const Json& m, MeasureSettings& s) {
 }
 
 void parse_accuracy(const Json& a, AccuracySettings& s) {
-  check_keys(a, "accuracy", {"reference", "rows"});
+  check_keys(a, "accuracy", {"reference", "rows", "grad_max_work"});
   if (a.contains("reference")) {
     const std::vector<std::string> modes{"auto", "full", "sampled", "none"};
     if (!a["reference"].is_string() ||
@@ -467,6 +474,9 @@ void parse_accuracy(const Json& a, AccuracySettings& s) {
   }
   if (a.contains("rows"))
     s.rows = get_int(a["rows"], "accuracy.rows", 1, 1 << 20, "an integer in [1, 1048576]");
+  if (a.contains("grad_max_work"))
+    s.grad_max_work = get_number(a["grad_max_work"], "accuracy.grad_max_work", 0, 1e18,
+                                 "multiply-adds in [0, 1e18] (0: no gradient reference)");
 }
 
 // Counted before any expansion: a cross product of long axes is refused without building it.
@@ -479,7 +489,7 @@ void check_point_count(const SweepConfig& c) {
        {c.regimes.size(), c.batch.size(), c.heads.size(), std::max<std::size_t>(c.kv_heads.size(), 1),
         c.head_dim.size(), c.seq_q.size(), c.self_attention ? std::size_t{1} : c.seq_kv.size(),
         c.masks.size(), std::max<std::size_t>(c.threads.size(), 1), c.isas.size(), c.dtypes.size(),
-        c.biases.size()})
+        c.biases.size(), c.passes.size()})
     points = points_product(points, n);
   if (points > kMaxPoints)
     fail("config", "the cross product of variants, parameters, sweep.*, and inputs has more than " +
@@ -487,6 +497,24 @@ void check_point_count(const SweepConfig& c) {
 }
 
 }  // namespace
+
+const char* pass_name(Pass pass) {
+  switch (pass) {
+    case Pass::forward:
+      return "forward";
+    case Pass::backward:
+      return "backward";
+    case Pass::forward_backward:
+      return "forward_backward";
+  }
+  return "?";
+}
+
+Pass parse_pass(const std::string& text, const std::string& where) {
+  for (Pass p : {Pass::forward, Pass::backward, Pass::forward_backward})
+    if (text == pass_name(p)) return p;
+  throw UsageError(where + ": unknown pass '" + text + "' (allowed: forward, backward, forward_backward)");
+}
 
 SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
   SweepConfig c;

@@ -45,7 +45,18 @@ struct VariantSpec {
 struct AccuracySettings {
   std::string reference = "auto";  // "full" | "sampled" | "auto" (full when seq_q <= rows) | "none"
   int64_t rows = 64;               // sampled query rows per (batch, head)
+  // Backward points: the fp64 gradient reference costs about 3 x 2 x seq_q x seq_kv x head_dim multiply-adds
+  // per query head it covers; the whole problem when that is at most grad_max_work, else the first and last
+  // (batch, K/V head) blocks when those are, else none (the row says which, grad_accuracy.reference).
+  double grad_max_work = 68719476736.0;  // 2^36: n = 8192, d = 64, two blocks of one head (about 10 s)
 };
+
+// Which pass a point times (sweep.pass): the forward; the backward alone (reading the O, saved state and dO
+// an untimed training forward left); or a training step, the training forward then the backward.
+enum class Pass : uint8_t { forward, backward, forward_backward };
+const char* pass_name(Pass pass);  // "forward", "backward", "forward_backward"
+// UsageError naming `where`, the value and the allowed names.
+Pass parse_pass(const std::string& text, const std::string& where);
 
 struct SweepConfig {
   std::string name;
@@ -68,6 +79,7 @@ struct SweepConfig {
   // Storage precisions of Q, K, V (sweep.dtype) and logit biases (sweep.bias): axes crossed with the others.
   std::vector<DType> dtypes{DType::fp32};
   std::vector<Bias> biases{Bias::none};
+  std::vector<Pass> passes{Pass::forward};  // sweep.pass
   MeasureSettings measure;
   AccuracySettings accuracy;
   std::optional<uint64_t> memory_budget_bytes;  // unset: half the physical memory (resolved by the plan)

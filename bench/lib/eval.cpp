@@ -146,17 +146,30 @@ std::vector<float> checked_alibi_slopes(const std::string& what, const std::stri
   return slopes;
 }
 
-void check_runnable(const Attention& variant, const Problem& p, int threads, bool with_reference) {
+void check_runnable(const Attention& variant, const Problem& p, int threads, bool with_reference,
+                    bool backward) {
   p.validate();
-  if (const std::string why = variant.unsupported_reasons_text(p); !why.empty())
+  if (const std::string why =
+          backward ? variant.backward_unsupported_reasons_text(p) : variant.unsupported_reasons_text(p);
+      !why.empty())
     throw NotSupported(p.repro() + ": " + why);
   // Refuses, before anything is allocated, a call whose output, workspace and fp64 reference cannot fit in
   // this machine's physical memory, naming the bytes it would need.
-  const MemoryEstimate m = variant.estimate_memory(p, threads);
+  MemoryEstimate m = variant.estimate_memory(p, threads);
   // The inputs are already in memory; what the call adds is the output, the workspace and the fp64
   // reference (q_elements fit: Problem::validate bounds them).
-  const std::size_t reference =
-      with_reference ? static_cast<std::size_t>(p.q_elements()) * sizeof(double) : 0;
+  std::size_t reference = with_reference ? static_cast<std::size_t>(p.q_elements()) * sizeof(double) : 0;
+  if (backward) {
+    // The training forward's O and saved state, dO, the gradients and the backward's workspace (the larger
+    // of the two passes'), and with --compare two fp64 gradients (the variant's own and exact attention's).
+    const MemoryEstimate b = variant.estimate_backward_memory(p, threads);
+    m.output = sat_add(b.output, sat_mul(2, m.output), sat_mul(variant.saved_floats(p), sizeof(float)));
+    m.workspace = std::max(m.workspace, b.workspace);
+    if (with_reference)
+      reference =
+          sat_add(reference, sat_mul(2 * sizeof(double),
+                                     sat_add(to_size(p.q_elements()), sat_mul(2, to_size(p.kv_elements())))));
+  }
   const std::size_t need = sat_add(m.beyond_inputs(), reference);
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page <= 0) return;

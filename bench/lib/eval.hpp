@@ -39,8 +39,10 @@ std::vector<float> checked_alibi_slopes(const std::string& what, const std::stri
 
 // Problem::validate, then the variant's unsupported reasons (NotSupported: "ID: reasons"), then memory: the
 // output, the workspace at `threads` threads and (with_reference) an fp64 reference must fit in physical
-// memory (NotSupported naming the bytes).
-void check_runnable(const Attention& variant, const Problem& p, int threads, bool with_reference);
+// memory (NotSupported naming the bytes). backward: the backward's reasons and memory too (a training step:
+// O, the saved state, dO, dQ, dK, dV, the larger workspace, and with_reference the fp64 gradients).
+void check_runnable(const Attention& variant, const Problem& p, int threads, bool with_reference,
+                    bool backward = false);
 
 // Non-finite values in the inputs as the variant read them (bf16 / fp16 storage counted as stored: rounding
 // to fp16 turns |x| >= 65520 into Inf) and in the output `in.out` written by a run of `p`.

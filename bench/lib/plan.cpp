@@ -173,35 +173,40 @@ std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
                     for (const VariantSpec& v : c.variants)
                       for (const Json& params : v.param_sets)
                         for (int T : c.threads)
-                          for (const std::string& isa : c.isas) {
-                            SweepPoint pt;
-                            Problem& p = pt.problem;
-                            p = make_problem(v.name,
-                                             params);  // resolved already; this records the spec order
-                            p.batch = B, p.heads = H, p.seq_q = Lq, p.seq_kv = Lkv, p.head_dim = D;
-                            p.kv_heads = KV == H ? 0 : KV;  // 0: multi-head attention (Problem::num_kv_heads)
-                            p.mask = mask.spec;
-                            p.dropout = c.dropout;
-                            p.seed = c.seed;
-                            p.dtype = dtype;
-                            p.bias = bias;
-                            pt.mask = mask;
-                            pt.regime = regime;
-                            pt.threads = T;
-                            pt.isa = isa;
-                            pt.input_key = key.str();
-                            pt.input_seed = seed;
-                            std::ostringstream id;
-                            id << p.repro();
-                            if (mask.spec.key_padding)
-                              id << ",padfrac=" << shortest_double_text(mask.pad_fraction);
-                            id << "," << regime.label() << ",T=" << T;
-                            // "best" adds nothing: configs without sweep.isa keep the ids (and --filter texts
-                            // and resumable folders) they had before the axis existed.
-                            if (isa != "best") id << ",isa=" << isa;
-                            pt.id = id.str();
-                            plan.push_back(std::move(pt));
-                          }
+                          for (const std::string& isa : c.isas)
+                            for (const Pass pass : c.passes) {
+                              SweepPoint pt;
+                              Problem& p = pt.problem;
+                              p = make_problem(v.name,
+                                               params);  // resolved already; this records the spec order
+                              p.batch = B, p.heads = H, p.seq_q = Lq, p.seq_kv = Lkv, p.head_dim = D;
+                              p.kv_heads =
+                                  KV == H ? 0 : KV;  // 0: multi-head attention (Problem::num_kv_heads)
+                              p.mask = mask.spec;
+                              p.dropout = c.dropout;
+                              p.seed = c.seed;
+                              p.dtype = dtype;
+                              p.bias = bias;
+                              pt.mask = mask;
+                              pt.regime = regime;
+                              pt.threads = T;
+                              pt.isa = isa;
+                              pt.pass = pass;
+                              pt.input_key = key.str();
+                              pt.input_seed = seed;
+                              std::ostringstream id;
+                              id << p.repro();
+                              if (mask.spec.key_padding)
+                                id << ",padfrac=" << shortest_double_text(mask.pad_fraction);
+                              id << "," << regime.label() << ",T=" << T;
+                              // "best" adds nothing: configs without sweep.isa keep the ids (and --filter
+                              // texts and resumable folders) they had before the axis existed.
+                              if (isa != "best") id << ",isa=" << isa;
+                              // The forward adds nothing, so ids from before the pass axis stay as they were.
+                              if (pass != Pass::forward) id << ",pass=" << pass_name(pass);
+                              pt.id = id.str();
+                              plan.push_back(std::move(pt));
+                            }
               }
   return plan;
 }
@@ -238,14 +243,56 @@ std::vector<int64_t> accuracy_rows(const Problem& p, const AccuracySettings& a) 
   return sample_rows(p.seq_q, mode == "full" ? p.seq_q : a.rows);
 }
 
+std::string grad_accuracy_mode(const Problem& p, const AccuracySettings& a) {
+  if (a.reference == "none") return "none";
+  // The fp64 gradient's work per query head it covers: two passes of about 3 multiply-adds per (query, key,
+  // dim) (reference_attention_backward).
+  const double per_head =
+      6.0 * static_cast<double>(p.seq_q) * static_cast<double>(p.seq_kv) * static_cast<double>(p.head_dim);
+  const double all = per_head * static_cast<double>(p.batch * p.heads);
+  if (all <= a.grad_max_work && a.reference != "sampled") return "full";
+  const int64_t blocks = std::min<int64_t>(2, p.batch * p.num_kv_heads());
+  if (per_head * static_cast<double>(blocks * p.group_size()) <= a.grad_max_work) return "sampled";
+  return "none";
+}
+
+std::vector<int64_t> grad_reference_blocks(const Problem& p, const AccuracySettings& a) {
+  const std::string mode = grad_accuracy_mode(p, a);
+  const int64_t n = p.batch * p.num_kv_heads();
+  std::vector<int64_t> blocks;
+  if (mode == "full")
+    for (int64_t x = 0; x < n; ++x) blocks.push_back(x);
+  else if (mode == "sampled")
+    blocks = n == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{0, n - 1};  // the first and the last
+  return blocks;
+}
+
 std::size_t PointMemory::need() const {
-  return sat_add(sat_add(call.total(), reference), fp32_inputs);
+  return sat_add(call.total(), reference, fp32_inputs, grad_reference);
 }
 
 PointMemory point_memory(const SweepPoint& pt, const SweepConfig& c) {
   const Problem& p = pt.problem;
   PointMemory m;
-  m.call = Registry::instance().get(p.variant).estimate_memory(p, pt.threads);
+  const Attention& v = Registry::instance().get(p.variant);
+  m.call = v.estimate_memory(p, pt.threads);
+  if (pt.pass != Pass::forward) {
+    // The backward holds Q, K, V, O, the saved state and dO (inputs), dQ, dK, dV (output) and its workspace;
+    // a training step also runs the forward, whose workspace is gone before the backward starts.
+    const std::size_t forward_workspace = m.call.workspace;
+    m.call = v.estimate_backward_memory(p, pt.threads);
+    if (pt.pass == Pass::forward_backward) m.call.workspace = std::max(m.call.workspace, forward_workspace);
+    const std::vector<int64_t> blocks = grad_reference_blocks(p, c.accuracy);
+    if (!blocks.empty()) {
+      // fp64 dQ of the blocks' query heads and dK, dV, plus the per-row statistics, and the fp32 gradients'
+      // gathered copies.
+      const std::size_t n = blocks.size();
+      const std::size_t elems = sat_add(sat_mul(n, to_size(p.group_size() * p.seq_q * p.head_dim)),
+                                        sat_mul(2 * n, to_size(p.seq_kv * p.head_dim)));
+      m.grad_reference = sat_add(sat_mul(elems, sizeof(double) + sizeof(float)),
+                                 sat_mul(to_size(p.group_size() * p.seq_q), 2 * sizeof(double)));
+    }
+  }
   // The accuracy step's fp64 reference rows and the fp32 copy of the compared output rows.
   const std::string mode = accuracy_mode(p, c.accuracy);
   if (mode != "none") {
@@ -261,7 +308,9 @@ PointMemory point_memory(const SweepPoint& pt, const SweepConfig& c) {
 }
 
 std::string skip_reason(const SweepPoint& pt, const SweepConfig& c) {
-  if (std::string why = Registry::instance().get(pt.problem.variant).unsupported_reasons_text(pt.problem);
+  const Attention& v = Registry::instance().get(pt.problem.variant);
+  if (std::string why = pt.pass == Pass::forward ? v.unsupported_reasons_text(pt.problem)
+                                                 : v.backward_unsupported_reasons_text(pt.problem);
       !why.empty())
     return why;
   const PointMemory m = point_memory(pt, c);
@@ -272,15 +321,36 @@ std::string skip_reason(const SweepPoint& pt, const SweepConfig& c) {
          format_bytes(static_cast<double>(m.call.inputs)) + ", output and workspace " +
          format_bytes(static_cast<double>(m.call.beyond_inputs())) + ", accuracy reference " +
          format_bytes(static_cast<double>(m.reference)) +
+         (m.grad_reference ? ", gradient reference " + format_bytes(static_cast<double>(m.grad_reference))
+                           : std::string()) +
          (m.fp32_inputs ? ", fp32 inputs the " + std::string(dtype_name(pt.problem.dtype)) +
                               " ones are rounded from " + format_bytes(static_cast<double>(m.fp32_inputs))
                         : std::string()) +
          ") > memory_budget " + format_bytes(static_cast<double>(budget));
 }
 
+double point_flops(const SweepPoint& pt) {
+  const Attention& v = Registry::instance().get(pt.problem.variant);
+  switch (pt.pass) {
+    case Pass::forward:
+      return v.flops(pt.problem);
+    case Pass::backward:
+      return v.backward_flops(pt.problem);
+    case Pass::forward_backward:
+      return v.flops(pt.problem) + v.backward_flops(pt.problem);
+  }
+  return 0;
+}
+
 std::optional<double> point_bytes(const SweepPoint& pt) {
   try {
-    return Registry::instance().get(pt.problem.variant).bytes_moved(pt.problem);
+    const Attention& v = Registry::instance().get(pt.problem.variant);
+    if (pt.pass == Pass::forward) return v.bytes_moved(pt.problem);
+    // The backward's compulsory traffic: Q, K, V, the masks, O, dO and the saved state read once, dQ, dK, dV
+    // written once (estimate_backward_memory's inputs and output); a training step adds the forward's.
+    const MemoryEstimate m = v.estimate_backward_memory(pt.problem, pt.threads);
+    const double backward = static_cast<double>(m.inputs) + static_cast<double>(m.output);
+    return pt.pass == Pass::backward ? backward : backward + v.bytes_moved(pt.problem);
   } catch (const std::exception&) {
     return std::nullopt;  // a variant whose count refuses a problem it does not support
   }
@@ -303,6 +373,7 @@ ResultRow base_row(const SweepPoint& pt, const SweepConfig& c, const std::string
   r.dtype = dtype_name(p.dtype);
   r.bias = bias_name(p.bias);
   r.rope = pt.regime.rope.str();
+  r.pass = pass_name(pt.pass);
   r.exact = v.capabilities().exact;
   r.accuracy.reference = accuracy_mode(p, c.accuracy);
   r.accuracy_e2e.reference = r.accuracy.reference;
@@ -310,7 +381,8 @@ ResultRow base_row(const SweepPoint& pt, const SweepConfig& c, const std::string
   r.memory.estimated_bytes = m.call.beyond_inputs();
   r.memory.inputs_bytes = m.call.inputs;
   r.memory.workspace_bytes = m.call.workspace;
-  r.memory.reference_bytes = m.reference;
+  r.memory.reference_bytes = sat_add(m.reference, m.grad_reference);
+  if (pt.pass != Pass::forward) r.grad_accuracy.reference = grad_accuracy_mode(p, c.accuracy);
   // From the sizes alone, like the memory estimates: skipped rows carry it too (`run --dry-run --json`).
   r.bytes = point_bytes(pt);
   return r;
@@ -361,10 +433,11 @@ Json point_json(const SweepPoint& pt, const SweepConfig& c) {
         {"rope_query_offset", rope_query_offset(p)},
         {"label", pt.regime.label()}}},
       {"threads", pt.threads},
+      {"pass", pass_name(pt.pass)},
       {"isa_requested", pt.isa},
       {"isa", simd::active_isa()},
       {"accuracy", {{"reference", accuracy_mode(p, c.accuracy)}, {"rows", accuracy_rows(p, c.accuracy)}}},
-      {"flops", v.flops(p)},
+      {"flops", point_flops(pt)},
       {"bytes", json_or_null(point_bytes(pt))},
       {"memory",
        {{"inputs_bytes", m.call.inputs},

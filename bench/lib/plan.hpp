@@ -22,10 +22,11 @@ struct SweepPoint {
   MaskAxis mask;
   Regime regime;
   int threads = 1;
-  std::string isa = "best";  // the requested SIMD target; the row records the one that ran (resolved)
+  std::string isa = "best";   // the requested SIMD target; the row records the one that ran (resolved)
+  Pass pass = Pass::forward;  // what is timed (sweep.pass)
   // problem.repro() (with ",alibi" and ",dtype=bf16" when not the defaults) + pad fraction + regime (with
   // ",rope=MODE" when RoPE is on) + threads (+ ",isa=NAME" unless the requested isa is "best", so configs
-  // without sweep.isa keep their ids): unique within a sweep
+  // without sweep.isa keep their ids) (+ ",pass=NAME" unless the pass is the forward): unique within a sweep
   std::string id;
   // identical for points that share the fp32 inputs (and so the fp32 reference): the dtype and the bias are
   // not in it, RoPE is
@@ -84,6 +85,11 @@ std::string shard_plan_hash(const std::vector<SweepPoint>& points);
 
 // "full" | "sampled" | "none" for this problem under the config's accuracy settings.
 std::string accuracy_mode(const Problem& p, const AccuracySettings& accuracy);
+
+// Backward points' gradient reference (AccuracySettings::grad_max_work): "full", "sampled" (the blocks of
+// grad_reference_blocks) or "none", and the (batch * kv_heads + K/V head) blocks it covers.
+std::string grad_accuracy_mode(const Problem& p, const AccuracySettings& accuracy);
+std::vector<int64_t> grad_reference_blocks(const Problem& p, const AccuracySettings& accuracy);
 // The query rows the accuracy step compares (empty when the mode is "none").
 std::vector<int64_t> accuracy_rows(const Problem& p, const AccuracySettings& accuracy);
 
@@ -93,13 +99,19 @@ struct PointMemory {
   // the fp32 copy of the compared output rows.
   std::size_t reference = 0;
   std::size_t fp32_inputs = 0;  // bf16 / fp16: the fp32 Q, K, V the stored ones are rounded from (kept)
-  std::size_t need() const;     // everything the point holds at once (saturating)
+  // Backward points: the fp64 gradients of the covered blocks and the fp32 copies compared with them.
+  std::size_t grad_reference = 0;
+  std::size_t need() const;  // everything the point holds at once (saturating)
 };
 PointMemory point_memory(const SweepPoint& pt, const SweepConfig& resolved);
 
 // Why the point is not measured ("" = it is): the variant's unsupported reasons, else the memory budget
 // (with the bytes it needs). run, --dry-run, --json and gbench give the same answer, before any allocation.
 std::string skip_reason(const SweepPoint& pt, const SweepConfig& resolved);
+
+// FLOPs of one timed call of the point: the forward's count (Attention::flops), the backward's
+// (Attention::backward_flops: by default the FlashAttention-2 convention, 2.5x the forward's), or their sum.
+double point_flops(const SweepPoint& pt);
 
 // Bytes one call of the point moves, as its variant counts them (Attention::bytes_moved); nullopt when the
 // variant's count throws on this problem.

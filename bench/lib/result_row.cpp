@@ -111,6 +111,37 @@ AccuracySummary read_accuracy(const Reader& in, const std::string& key) {
   return a;
 }
 
+Json grad_part_json(const GradAccuracySummary::Part& g) {
+  return {{"max_abs_err", opt(g.max_abs_err)},
+          {"rel_l2_err", opt(g.rel_l2_err)},
+          {"nan_count", opt(g.nan_count)},
+          {"inf_count", opt(g.inf_count)}};
+}
+
+Json grad_accuracy_json(const GradAccuracySummary& g) {
+  return {{"reference", g.reference},
+          {"blocks", g.blocks},
+          {"dq", grad_part_json(g.dq)},
+          {"dk", grad_part_json(g.dk)},
+          {"dv", grad_part_json(g.dv)}};
+}
+
+GradAccuracySummary read_grad_accuracy(const Reader& in) {
+  GradAccuracySummary g;
+  g.reference = in.str("grad_accuracy.reference");
+  if (g.reference.empty()) g.reference = "none";  // rows from before the backward pass
+  g.blocks = in.integer("grad_accuracy.blocks");
+  for (auto [name, part] :
+       {std::pair<const char*, GradAccuracySummary::Part*>{"dq", &g.dq}, {"dk", &g.dk}, {"dv", &g.dv}}) {
+    const std::string k = std::string("grad_accuracy.") + name;
+    part->max_abs_err = in.opt_number(k + ".max_abs_err");
+    part->rel_l2_err = in.opt_number(k + ".rel_l2_err");
+    part->nan_count = in.opt_integer(k + ".nan_count");
+    part->inf_count = in.opt_integer(k + ".inf_count");
+  }
+  return g;
+}
+
 // Every key is always written (null until measured), like time_ms, so a row's fields never depend on its
 // status.
 Json interference_json(const std::optional<InterferenceSummary>& i) {
@@ -208,6 +239,7 @@ Json to_json(const ResultRow& r) {
           {"bias", r.bias},
           {"rope", r.rope},
           {"rope_ms", opt(r.rope_ms)},
+          {"pass", r.pass},
           {"exact", r.exact},
           {"status", r.status},
           {"reason", r.reason},
@@ -237,6 +269,7 @@ Json to_json(const ResultRow& r) {
           {"frac_bandwidth", opt(r.frac_bandwidth)},
           {"accuracy", accuracy_json(r.accuracy)},
           {"accuracy_e2e", accuracy_json(r.accuracy_e2e)},
+          {"grad_accuracy", grad_accuracy_json(r.grad_accuracy)},
           {"memory",
            {{"estimated_bytes", r.memory.estimated_bytes},
             {"inputs_bytes", r.memory.inputs_bytes},
@@ -282,6 +315,10 @@ ResultRow row_from_json(const Json& j, const std::string& where) {
   r.rope = in.str("rope");
   if (r.rope.empty()) r.rope = "none";
   r.rope_ms = in.opt_number("rope_ms");
+  r.pass = in.str("pass");
+  if (r.pass.empty()) r.pass = "forward";  // rows from before the backward pass
+  if (r.pass != "forward" && r.pass != "backward" && r.pass != "forward_backward")
+    in.fail("pass", "must be forward, backward or forward_backward, got '" + r.pass + "'");
   r.exact = in.boolean("exact");
   r.reason = in.str("reason");
   r.time_ms.median = in.opt_number("time_ms.median");
@@ -317,6 +354,7 @@ ResultRow row_from_json(const Json& j, const std::string& where) {
   r.accuracy = read_accuracy(in, "accuracy");
   // Rows from before the storage dtype: fp32, where the end-to-end error is the kernel's.
   r.accuracy_e2e = in.find("accuracy_e2e") ? read_accuracy(in, "accuracy_e2e") : r.accuracy;
+  r.grad_accuracy = read_grad_accuracy(in);
   r.memory.estimated_bytes = in.bytes("memory.estimated_bytes");
   r.memory.inputs_bytes = in.bytes("memory.inputs_bytes");
   r.memory.workspace_bytes = in.bytes("memory.workspace_bytes");
@@ -333,7 +371,8 @@ const std::vector<RowField>& row_fields() {
       {"id", "string",
        "the point's unique id: the problem's repro string (with `,alibi` and `,dtype=NAME` unless the "
        "defaults), `,padfrac=F` with key padding, the regime (with `,rope=MODE` when RoPE is on), `,T=` "
-       "threads, and `,isa=NAME` unless the requested target is `best`"},
+       "threads, `,isa=NAME` unless the requested target is `best`, and `,pass=NAME` unless the pass is the "
+       "forward"},
       {"variant", "string", "registered variant name"},
       {"params", "object", "the variant's resolved parameters (defaults filled in)"},
       {"batch", "integer", "B"},
@@ -365,6 +404,10 @@ const std::vector<RowField>& row_fields() {
       {"rope_ms", "number|null",
        "median milliseconds of applying RoPE to Q and K once, at the row's threads and target (not part of "
        "`time_ms`); null when `rope` is `none`"},
+      {"pass", "string",
+       "what was timed (sweep.pass): `forward`; `backward` (dQ, dK, dV from the O, saved state and dO an "
+       "untimed training forward left); or `forward_backward` (the training forward then the backward); "
+       "`forward` in rows written before the field existed"},
       {"exact", "boolean", "the variant computes softmax attention exactly"},
       {"status", "string", "`ok`, `skipped` (unsupported or over the memory budget) or `failed`"},
       {"reason", "string", "why skipped or failed (`\"\"` when ok)"},
@@ -428,7 +471,11 @@ const std::vector<RowField>& row_fields() {
       {"group_sgemm.frac_ci_lo", "number|null",
        "95% distribution-free interval of frac_sgemm, over the rounds both were timed in (null below 6)"},
       {"group_sgemm.frac_ci_hi", "number|null", "its upper end"},
-      {"flops", "number|null", "floating-point operations of one call, as the variant counts its work"},
+      {"flops", "number|null",
+       "floating-point operations of one timed call, as the variant counts its work: `flops` for the "
+       "forward, `backward_flops` for the backward (by default the FlashAttention-2 convention, 2.5x the "
+       "forward's, the five matmuls of a backward against the forward's two; causal counts only the "
+       "unmasked pairs in both), their sum for a training step"},
       {"gflops", "number|null", "flops / median time"},
       {"frac_sgemm", "number|null",
        "with `group_sgemm`: the median over the group's rounds of (this row's GFLOP/s / the sgemm's GFLOP/s "
@@ -436,7 +483,9 @@ const std::vector<RowField>& row_fields() {
       {"frac_peak", "number|null", "gflops / the fp32 FMA peak of the row's own SIMD target and threads"},
       {"bytes", "number|null",
        "bytes one call moves to and from memory as the variant counts its traffic (`bytes_moved`; at least "
-       "Q, K, V, O and the masks once), from the sizes, so skipped rows have it too; null in older rows"},
+       "Q, K, V, O and the masks once), from the sizes, so skipped rows have it too; null in older rows. "
+       "Backward rows count the backward's compulsory traffic (Q, K, V, the masks, O, dO and the saved state "
+       "read once, dQ, dK, dV written once), a training step that plus the forward's"},
       {"gbytes_per_s", "number|null", "bytes / median time / 1e9 (achieved bandwidth)"},
       {"frac_bandwidth", "number|null",
        "gbytes_per_s / the in-run memory-bandwidth calibration at the same thread count "
@@ -459,14 +508,42 @@ const std::vector<RowField>& row_fields() {
       {"accuracy_e2e.mean_cosine", "number|string|null", "mean cosine similarity against that reference"},
       {"accuracy_e2e.nan_count", "integer|null", "as `accuracy.nan_count`"},
       {"accuracy_e2e.inf_count", "integer|null", "as `accuracy.inf_count`"},
-      {"memory.estimated_bytes", "integer", "output + the variant's workspace estimate (saturating)"},
-      {"memory.inputs_bytes", "integer", "Q, K, V (at `dtype`'s width) and masks"},
-      {"memory.workspace_bytes", "integer", "the variant's own workspace estimate at `threads`"},
+      {"grad_accuracy.reference", "string",
+       "backward rows: `full`, `sampled` (the first and last (batch, K/V head) blocks) or `none` (forward "
+       "rows, or a reference costing more than accuracy.grad_max_work)"},
+      {"grad_accuracy.blocks", "integer", "(batch, K/V head) blocks whose gradients were compared"},
+      {"grad_accuracy.dq.max_abs_err", "number|string|null",
+       "largest absolute error of dQ against the fp64 gradient of exact softmax attention (same masks, "
+       "bias, scale, dropout) on the inputs the kernel read; for an approximate variant that is the distance "
+       "of its gradient from exact attention's (its own definition's gradient is what `attnbench check` "
+       "tests)"},
+      {"grad_accuracy.dq.rel_l2_err", "number|string|null", "‖dQ − ref‖₂ / ‖ref‖₂ over the compared blocks"},
+      {"grad_accuracy.dq.nan_count", "integer|null", "NaN values in the compared dQ"},
+      {"grad_accuracy.dq.inf_count", "integer|null", "Inf values in the compared dQ"},
+      {"grad_accuracy.dk.max_abs_err", "number|string|null", "as for dQ, of dK"},
+      {"grad_accuracy.dk.rel_l2_err", "number|string|null", "as for dQ, of dK"},
+      {"grad_accuracy.dk.nan_count", "integer|null", "as for dQ, of dK"},
+      {"grad_accuracy.dk.inf_count", "integer|null", "as for dQ, of dK"},
+      {"grad_accuracy.dv.max_abs_err", "number|string|null", "as for dQ, of dV"},
+      {"grad_accuracy.dv.rel_l2_err", "number|string|null", "as for dQ, of dV"},
+      {"grad_accuracy.dv.nan_count", "integer|null", "as for dQ, of dV"},
+      {"grad_accuracy.dv.inf_count", "integer|null", "as for dQ, of dV"},
+      {"memory.estimated_bytes", "integer",
+       "output + the variant's workspace estimate (saturating); backward rows: dQ, dK, dV + the backward's "
+       "workspace"},
+      {"memory.inputs_bytes", "integer",
+       "Q, K, V (at `dtype`'s width) and masks; backward rows add O, dO and the saved state"},
+      {"memory.workspace_bytes", "integer",
+       "the variant's own workspace estimate at `threads` (backward rows: the backward's; a training step: "
+       "the larger of the forward's and the backward's)"},
       {"memory.reference_bytes", "integer",
-       "what the accuracy step allocates (fp64 reference rows, two of them for bf16 / fp16, + copy)"},
+       "what the accuracy steps allocate (fp64 reference rows, two of them for bf16 / fp16, + copy; backward "
+       "rows add the fp64 gradients of the compared blocks)"},
       {"memory.peak_bytes", "integer|null",
        "measured increase of the resident high-water mark during the point's untimed checked call (null: "
-       "not measured)"},
+       "not measured): the forward's for forward rows; for backward rows the backward's, measured from the "
+       "state the training forward left (dQ, dK, dV and the backward's workspace); for a training step both "
+       "passes, from before the forward"},
       {"memory.peak_note", "string",
        "why `peak_bytes` is null (the kernel refused the /proc/self/clear_refs reset, or the point was not "
        "timed); `\"\"` when it was measured"},

@@ -40,6 +40,18 @@ struct AccuracySummary {  // against the fp64 exact softmax reference (metrics n
   std::optional<int64_t> nan_count, inf_count;
 };
 
+// Backward points: the fp32 gradients against the fp64 gradient of exact softmax attention (same masks, bias,
+// dropout; reference_attention_backward) on the inputs the kernel read, per gradient tensor.
+struct GradAccuracySummary {
+  std::string reference = "none";  // "full" | "sampled" (grad_reference_blocks) | "none"
+  int64_t blocks = 0;              // (batch, K/V head) blocks compared
+  struct Part {
+    std::optional<double> max_abs_err, rel_l2_err;  // written as "nan"/"inf" when not finite
+    std::optional<int64_t> nan_count, inf_count;
+  };
+  Part dq, dk, dv;
+};
+
 struct MemorySummary {
   uint64_t estimated_bytes = 0;  // output + workspace (saturating)
   uint64_t inputs_bytes = 0;
@@ -67,6 +79,9 @@ struct ResultRow {
   std::string bias = "none";
   std::string rope = "none";
   std::optional<double> rope_ms;  // median ms of applying RoPE to Q and K once (null: RoPE off, not measured)
+  // The pass timed (sweep.pass): "forward", "backward" or "forward_backward"; rows from before it read as
+  // "forward".
+  std::string pass = "forward";
   bool exact = false;
   std::string status = "ok";  // "ok" | "skipped" | "failed"
   std::string reason;         // why skipped or failed ("" when ok)
@@ -107,6 +122,7 @@ struct ResultRow {
   // Against the fp64 reference on the fp32 inputs before rounding: what a user of `dtype` loses end to end
   // (the same as `accuracy` for fp32 rows).
   AccuracySummary accuracy_e2e;
+  GradAccuracySummary grad_accuracy;  // backward and forward_backward rows (reference "none" otherwise)
   MemorySummary memory;
   std::optional<int64_t> nonfinite_inputs;  // NaN/Inf values in Q, K, V (null until measured)
   std::string timestamp;                    // when the row was written (UTC ISO 8601)

@@ -15,6 +15,7 @@
 #include "bench/lib/bandwidth.hpp"
 #include "bench/lib/interference.hpp"
 #include "bench/lib/sysinfo.hpp"
+#include "common/random.hpp"
 #include "common/reference.hpp"
 #include "common/runtime.hpp"
 #include "common/simd.hpp"
@@ -270,6 +271,8 @@ std::vector<ResultRow> PointRunner::measure_group(const std::vector<SweepPoint>&
   // 1. Per point, in plan order: support and budget, inputs, RoPE timing, and one untimed call whose output
   //    is checked (NaN/Inf, accuracy) and whose resident-memory high-water mark is the row's peak.
   std::vector<std::size_t> timed;  // the points that go on to be timed
+  // Backward points: their training forward's O and saved state, read by every timed round.
+  std::vector<TrainingState> states(group.size());
   {
     // Rounded copies only for the dtypes of this group (the others' memory goes first).
     std::set<DType> dtypes;
@@ -291,7 +294,7 @@ std::vector<ResultRow> PointRunner::measure_group(const std::vector<SweepPoint>&
     try {
       prepare_inputs(pt);
       time_rope(pt, row);
-      run_and_check(pt, row);
+      run_and_check(pt, row, states[i]);
       if (row.status == "ok") {
         timed.push_back(i);
         round_ms += last_check_ms_;
@@ -320,20 +323,49 @@ std::vector<ResultRow> PointRunner::measure_group(const std::vector<SweepPoint>&
   try {
     const Problem& p0 = group[timed[0]].problem;
     FloatArray out({p0.batch, p0.heads, p0.seq_q, p0.head_dim});
+    // The gradients of the group's backward points (one set: they share the input set, so the shapes).
+    FloatArray dq, dk, dv;
+    for (std::size_t j : timed)
+      if (group[j].pass != Pass::forward && dq.numel() == 0) {
+        dq = FloatArray({p0.batch, p0.heads, p0.seq_q, p0.head_dim});
+        dk = FloatArray({p0.batch, p0.num_kv_heads(), p0.seq_kv, p0.head_dim});
+        dv = FloatArray(dk.shape);
+      }
     std::vector<std::function<double()>> calls;
     int max_threads = 1;
     for (std::size_t j = 0; j < timed.size(); ++j) {
       const SweepPoint& pt = group[timed[j]];
+      TrainingState& st = states[timed[j]];
       max_threads = std::max(max_threads, pt.threads);
-      calls.push_back([this, &pt, &out, &errors, j]() -> double {
+      calls.push_back([this, &pt, &out, &st, &dq, &dk, &dv, &errors, j]() -> double {
         const simd::ScopedIsa isa_scope(pt.isa, "sweep.isa");
         const Attention& variant = Registry::instance().get(pt.problem.variant);
         AttentionInputs in = inputs_for(pt.problem);
-        in.out = out.ptr();
+        GradientArgs g;
+        if (pt.pass == Pass::forward) {
+          in.out = out.ptr();
+        } else {
+          in.out = st.out.ptr();
+          g.out = st.out.ptr();
+          g.saved = st.saved.empty() ? nullptr : st.saved.data();
+          g.d_out = d_out_.ptr();
+          g.dq = dq.ptr(), g.dk = dk.ptr(), g.dv = dv.ptr();
+        }
         ThreadScope scope(pt.threads);
         try {
           const auto t0 = std::chrono::steady_clock::now();
-          variant.run(pt.problem, in);
+          switch (pt.pass) {
+            case Pass::forward:
+              variant.run(pt.problem, in);
+              break;
+            case Pass::backward:
+              variant.run_backward(pt.problem, in, g);
+              break;
+            case Pass::forward_backward:
+              variant.run_saving(pt.problem, in, st.saved.empty() ? nullptr : st.saved.data());
+              variant.run_backward(pt.problem, in, g);
+              break;
+          }
           return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         } catch (const std::exception& e) {
           errors[j] = e.what();
@@ -434,8 +466,7 @@ void PointRunner::fill_group_sgemm(const TimingStats& point, const TimingStats& 
 }
 
 void PointRunner::fill_timing(const SweepPoint& pt, const TimingStats& t, ResultRow& row) const {
-  const Attention& variant = Registry::instance().get(pt.problem.variant);
-  const double flops = variant.flops(pt.problem), gflops = flops / (t.median_ms * 1e6);
+  const double flops = point_flops(pt), gflops = flops / (t.median_ms * 1e6);
   row.time_ms.median = t.median_ms;
   row.time_ms.p10 = t.p10_ms;
   row.time_ms.p90 = t.p90_ms;
@@ -489,8 +520,13 @@ void PointRunner::reference_for(const Problem& p, const AttentionInputs& in, con
   have_key = key;
 }
 
-void PointRunner::run_and_check(const SweepPoint& pt, ResultRow& row) {
+void PointRunner::run_and_check(const SweepPoint& pt, ResultRow& row, TrainingState& state) {
   const Problem& p = pt.problem;
+  if (pt.pass != Pass::forward) {
+    check_backward(pt, row, state);
+    if (row.status == "ok") fill_forward_accuracy(pt, state.out, row);
+    return;
+  }
   const Attention& variant = Registry::instance().get(p.variant);
   // What the variant reads: the fp32 inputs, or their bf16 / fp16 rounding.
   AttentionInputs in = inputs_for(p);
@@ -503,29 +539,21 @@ void PointRunner::run_and_check(const SweepPoint& pt, ResultRow& row) {
     variant.run(p, in);
     last_check_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
-  const int64_t peak = probe_.peak_increase();
-  if (peak >= 0)
-    row.memory.peak_bytes = peak;
-  else
-    row.memory.peak_note =
-        "not measured: this kernel refused the resident high-water-mark reset "
-        "(writing 5 to /proc/self/clear_refs), so a peak would include earlier points";
-
-  // NaN never leaks silently: non-finite output from finite inputs fails the point. The inputs counted are
-  // the ones the variant read (fp16 rounds fp32 values beyond 65504 to Inf).
-  const int64_t bad_in = p.dtype == DType::fp32 ? count_nonfinite(inputs_.q.ptr(), inputs_.q.numel()) +
-                                                      count_nonfinite(inputs_.k.ptr(), inputs_.k.numel()) +
-                                                      count_nonfinite(inputs_.v.ptr(), inputs_.v.numel())
-                                                : count_nonfinite16(p.dtype, in.q16, inputs_.q.numel()) +
-                                                      count_nonfinite16(p.dtype, in.k16, inputs_.k.numel()) +
-                                                      count_nonfinite16(p.dtype, in.v16, inputs_.v.numel());
+  record_peak(row);
+  // NaN never leaks silently: non-finite output from finite inputs fails the point.
+  const int64_t bad_in = count_nonfinite_inputs(p, in);
   const int64_t bad_out = count_nonfinite(out.ptr(), out.numel());
   row.nonfinite_inputs = bad_in;
   if (bad_out && !bad_in) {
     row.status = "failed";
     row.reason = std::to_string(bad_out) + " NaN/Inf values in the output from finite inputs";
   }
+  fill_forward_accuracy(pt, out, row);
+}
 
+void PointRunner::fill_forward_accuracy(const SweepPoint& pt, const FloatArray& out, ResultRow& row) {
+  const Problem& p = pt.problem;
+  AttentionInputs in = inputs_for(p);
   // Accuracy against exact softmax attention in fp64 (same masks, bias and dropout), on all or sampled rows:
   // on the inputs the variant read (`accuracy`) and on the fp32 inputs before rounding (`accuracy_e2e`; for
   // fp32 one reference serves both).
@@ -556,6 +584,129 @@ void PointRunner::run_and_check(const SweepPoint& pt, ResultRow& row) {
   else
     fill_accuracy(row.accuracy, compare_outputs(got.data(), stored_reference_.ptr(), nrows, p.head_dim),
                   rows);
+}
+
+const FloatArray& PointRunner::d_out_for(const SweepPoint& pt) {
+  if (d_out_key_ != pt.input_key) {
+    const Problem& p = pt.problem;
+    d_out_ = FloatArray();
+    d_out_ = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
+    // Its own stream of the input seed (Q, K, V use input_seed * 3 + 1 .. 3).
+    fill_normal(d_out_.ptr(), static_cast<int64_t>(d_out_.numel()), pt.input_seed * 3 + 4);
+    d_out_key_ = pt.input_key;
+  }
+  return d_out_;
+}
+
+void PointRunner::check_backward(const SweepPoint& pt, ResultRow& row, TrainingState& state) {
+  const Problem& p = pt.problem;
+  const Attention& variant = Registry::instance().get(p.variant);
+  AttentionInputs in = inputs_for(p);
+  const FloatArray& d_out = d_out_for(pt);
+  // A training step's peak covers both passes (its O and saved state are allocated under the probe);
+  // the backward's starts once the forward's state exists.
+  if (pt.pass == Pass::forward_backward) probe_.reset();
+  state.out = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
+  state.saved.assign(variant.saved_floats(p), 0.0f);
+  in.out = state.out.ptr();
+  double forward_ms = 0;
+  {
+    ThreadScope scope(pt.threads);
+    const auto t0 = std::chrono::steady_clock::now();
+    variant.run_saving(p, in, state.saved.empty() ? nullptr : state.saved.data());
+    forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (pt.pass == Pass::backward) probe_.reset();
+  FloatArray dq({p.batch, p.heads, p.seq_q, p.head_dim});
+  FloatArray dk({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim}), dv(dk.shape);
+  GradientArgs g;
+  g.out = state.out.ptr();
+  g.saved = state.saved.empty() ? nullptr : state.saved.data();
+  g.d_out = d_out.ptr();
+  g.dq = dq.ptr(), g.dk = dk.ptr(), g.dv = dv.ptr();
+  {
+    ThreadScope scope(pt.threads);
+    const auto t0 = std::chrono::steady_clock::now();
+    variant.run_backward(p, in, g);
+    const double backward_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    last_check_ms_ = backward_ms + (pt.pass == Pass::forward_backward ? forward_ms : 0.0);
+  }
+  record_peak(row);
+  // NaN never leaks silently: non-finite O or gradients from finite inputs (and dO, always finite) fail it.
+  const int64_t bad_in = count_nonfinite_inputs(p, in);
+  const int64_t bad_out = count_nonfinite(state.out.ptr(), state.out.numel()) +
+                          count_nonfinite(dq.ptr(), dq.numel()) + count_nonfinite(dk.ptr(), dk.numel()) +
+                          count_nonfinite(dv.ptr(), dv.numel());
+  row.nonfinite_inputs = bad_in;
+  if (bad_out && !bad_in) {
+    row.status = "failed";
+    row.reason = std::to_string(bad_out) + " NaN/Inf values in O, dQ, dK or dV from finite inputs";
+    return;
+  }
+  // The gradients against exact attention's fp64 gradient on the inputs the kernel read, for the blocks
+  // the cost cap allows (grad_reference_blocks), computed once per input set, mask, bias, dropout and dtype.
+  const std::vector<int64_t> blocks = grad_reference_blocks(p, config_.accuracy);
+  row.grad_accuracy.blocks = static_cast<int64_t>(blocks.size());
+  if (blocks.empty()) return;
+  const int64_t G = p.group_size(), n = static_cast<int64_t>(blocks.size());
+  const std::string key = pt.input_key + "|" + pt.mask.label() + "|" + row.grad_accuracy.reference + "|" +
+                          std::to_string(p.dropout) + "|" + std::to_string(p.seed) + "|" + bias_name(p.bias) +
+                          "|" + dtype_name(p.dtype) + "|" + std::to_string(p.effective_scale());
+  if (grad_reference_key_ != key) {
+    grad_reference_key_.clear();
+    grad_dq_ = DoubleArray({n, G, p.seq_q, p.head_dim});
+    grad_dk_ = DoubleArray({n, p.seq_kv, p.head_dim});
+    grad_dv_ = DoubleArray(grad_dk_.shape);
+    AttentionInputs ref_in = in;
+    ref_in.out = nullptr;
+    reference_attention_backward(p, ref_in, d_out.ptr(), grad_dq_.ptr(), grad_dk_.ptr(), grad_dv_.ptr(),
+                                 &blocks);
+    grad_reference_key_ = key;
+  }
+  // The fp32 gradients of the same blocks, in the reference's compact layout.
+  const int64_t qblock = G * p.seq_q * p.head_dim, kvblock = p.seq_kv * p.head_dim;
+  std::vector<float> gq(static_cast<std::size_t>(n * qblock)), gk(static_cast<std::size_t>(n * kvblock)),
+      gv(gk.size());
+  for (int64_t x = 0; x < n; ++x) {
+    const int64_t bkv = blocks[static_cast<std::size_t>(x)], b = bkv / p.num_kv_heads();
+    const int64_t h0 = b * p.heads + (bkv % p.num_kv_heads()) * G;
+    std::copy_n(dq.ptr() + h0 * p.seq_q * p.head_dim, qblock, gq.data() + x * qblock);
+    std::copy_n(dk.ptr() + bkv * kvblock, kvblock, gk.data() + x * kvblock);
+    std::copy_n(dv.ptr() + bkv * kvblock, kvblock, gv.data() + x * kvblock);
+  }
+  auto fill = [&](GradAccuracySummary::Part& part, const std::vector<float>& got, const DoubleArray& want) {
+    const ErrorMetrics m =
+        compare_outputs(got.data(), want.ptr(), static_cast<int64_t>(got.size()) / p.head_dim, p.head_dim);
+    part.max_abs_err = m.max_abs_err;
+    part.rel_l2_err = m.rel_l2_err;
+    part.nan_count = m.nan_count;
+    part.inf_count = m.inf_count;
+  };
+  fill(row.grad_accuracy.dq, gq, grad_dq_);
+  fill(row.grad_accuracy.dk, gk, grad_dk_);
+  fill(row.grad_accuracy.dv, gv, grad_dv_);
+}
+
+void PointRunner::record_peak(ResultRow& row) {
+  const int64_t peak = probe_.peak_increase();
+  if (peak >= 0)
+    row.memory.peak_bytes = peak;
+  else
+    row.memory.peak_note =
+        "not measured: this kernel refused the resident high-water-mark reset "
+        "(writing 5 to /proc/self/clear_refs), so a peak would include earlier points";
+}
+
+int64_t PointRunner::count_nonfinite_inputs(const Problem& p, const AttentionInputs& in) const {
+  // The inputs counted are the ones the variant read (fp16 rounds fp32 values beyond 65504 to Inf).
+  if (p.dtype == DType::fp32)
+    return count_nonfinite(inputs_.q.ptr(), inputs_.q.numel()) +
+           count_nonfinite(inputs_.k.ptr(), inputs_.k.numel()) +
+           count_nonfinite(inputs_.v.ptr(), inputs_.v.numel());
+  return count_nonfinite16(p.dtype, in.q16, inputs_.q.numel()) +
+         count_nonfinite16(p.dtype, in.k16, inputs_.k.numel()) +
+         count_nonfinite16(p.dtype, in.v16, inputs_.v.numel());
 }
 
 }  // namespace attn

@@ -55,6 +55,13 @@ void record_calibration(Json& meta, const ComputeCalibration& c, const std::stri
 // timed, never during one. Stops measuring when `stop()` turns true (the caller's interrupt flag).
 Calibration calibrate(const SweepConfig& resolved, Json& meta, const std::function<bool()>& stop);
 
+// What a backward point keeps between its checked call and its timed rounds: the O and saved state of its
+// training forward (the backward reads them every round; a training step rewrites them).
+struct TrainingState {
+  FloatArray out;
+  std::vector<float> saved;
+};
+
 class PointRunner {
  public:
   explicit PointRunner(const SweepConfig& resolved);
@@ -77,8 +84,20 @@ class PointRunner {
  private:
   void prepare_inputs(const SweepPoint& pt);
   AttentionInputs inputs_for(const Problem& p) const;
-  // The untimed call: peak memory, output sanity and accuracy.
-  void run_and_check(const SweepPoint& pt, ResultRow& row);
+  // The untimed call: peak memory, output sanity and accuracy. Backward passes run the training forward and
+  // the backward (check_backward) and leave the forward's O and saved state in `state`.
+  void run_and_check(const SweepPoint& pt, ResultRow& row, TrainingState& state);
+  // Backward passes: the training forward, then the backward under the memory probe (from before the forward
+  // for a training step), NaN/Inf from finite inputs, and the gradients against the fp64 gradient of exact
+  // attention (grad_accuracy). Returns the forward's output for the forward accuracy.
+  void check_backward(const SweepPoint& pt, ResultRow& row, TrainingState& state);
+  // dO of the current input set, N(0, 1) from its seed (made when a backward point first needs it).
+  const FloatArray& d_out_for(const SweepPoint& pt);
+  // The forward accuracy of `out` (accuracy, accuracy_e2e) against the fp64 references.
+  void fill_forward_accuracy(const SweepPoint& pt, const FloatArray& out, ResultRow& row);
+  void record_peak(ResultRow& row);  // the memory probe's peak into the row (or why it has none)
+  // NaN/Inf in the Q, K, V the variant read (bf16 / fp16 counted as stored).
+  int64_t count_nonfinite_inputs(const Problem& p, const AttentionInputs& in) const;
   void fill_timing(const SweepPoint& pt, const TimingStats& t, ResultRow& row) const;
   // frac_sgemm from the sgemm timed in the same rounds (ResultRow::group_sgemm); after fill_timing.
   void fill_group_sgemm(const TimingStats& point, const TimingStats& sgemm, ResultRow& row) const;
@@ -106,6 +125,11 @@ class PointRunner {
   // On the fp32 inputs (the end-to-end reference; the only one of fp32 points) and on the rounded ones.
   std::string reference_key_, stored_reference_key_;
   DoubleArray reference_, stored_reference_;
+  // Backward points of the current input set: dO, and the fp64 gradient reference of the sampled blocks
+  // (under its key: mask, dropout, bias, dtype).
+  FloatArray d_out_;
+  std::string d_out_key_, grad_reference_key_;
+  DoubleArray grad_dq_, grad_dk_, grad_dv_;
 };
 
 }  // namespace attn
