@@ -57,4 +57,11 @@ PointInputs make_inputs(const SweepPoint& pt) {
   return in;
 }
 
+FloatArray make_d_out(const SweepPoint& pt) {
+  const Problem& p = pt.problem;
+  FloatArray d({p.batch, p.heads, p.seq_q, p.head_dim});
+  fill_normal(d.ptr(), static_cast<int64_t>(d.numel()), pt.input_seed * 3 + 4);
+  return d;
+}
+
 }  // namespace attn

@@ -20,6 +20,11 @@ struct PointInputs {
 // they are returned. Always fp32: a bf16 / fp16 point rounds them (StoredInputs, common/half.hpp).
 PointInputs make_inputs(const SweepPoint& point);
 
+// Backward points' dO, [batch, heads, seq_q, head_dim]: N(0, 1) from its own stream of the input seed (Q, K
+// and V use input_seed * 3 + 1 .. 3, dO input_seed * 3 + 4), so every point of an input set, and the
+// PyTorch peer through `attnbench inputs`, start their backward from the same dO.
+FloatArray make_d_out(const SweepPoint& point);
+
 // The regime's RoPE on fp32 Q and K in place (nothing when off): keys at positions 0 .. seq_kv - 1, queries
 // from rope_query_offset(problem) on. q and k have the point's Q and K shapes (or are copies of them).
 void apply_point_rope(const SweepPoint& point, float* q, float* k);

@@ -15,7 +15,6 @@
 #include "bench/lib/bandwidth.hpp"
 #include "bench/lib/interference.hpp"
 #include "bench/lib/sysinfo.hpp"
-#include "common/random.hpp"
 #include "common/reference.hpp"
 #include "common/runtime.hpp"
 #include "common/simd.hpp"
@@ -588,11 +587,8 @@ void PointRunner::fill_forward_accuracy(const SweepPoint& pt, const FloatArray& 
 
 const FloatArray& PointRunner::d_out_for(const SweepPoint& pt) {
   if (d_out_key_ != pt.input_key) {
-    const Problem& p = pt.problem;
     d_out_ = FloatArray();
-    d_out_ = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
-    // Its own stream of the input seed (Q, K, V use input_seed * 3 + 1 .. 3).
-    fill_normal(d_out_.ptr(), static_cast<int64_t>(d_out_.numel()), pt.input_seed * 3 + 4);
+    d_out_ = make_d_out(pt);
     d_out_key_ = pt.input_key;
   }
   return d_out_;
