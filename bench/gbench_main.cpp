@@ -1,6 +1,7 @@
-// attnbench_gbench: Google Benchmark driver over the registry. Registers one benchmark per (variant, problem)
-// of a sweep config (default configs/gbench.json), named by the point's id (with ",Hkv=N" for grouped-query
-// points), with GFLOP/s and GB/s (the variant's bytes_moved) counters, so
+// attnbench_gbench: Google Benchmark driver over the registry. Registers one benchmark per (variant, problem,
+// pass) of a sweep config (default configs/gbench.json), named by the point's id (with ",Hkv=N" for
+// grouped-query points and ",pass=NAME" for backward passes), with GFLOP/s and GB/s (the variant's
+// bytes_moved) counters, so
 // --benchmark_filter, --benchmark_out and Google Benchmark's compare.py work as usual. --isa NAME (default
 // best) picks the SIMD target, as in `attnbench run`: every point of a config without sweep.isa runs on it;
 // each benchmark's label names the target that ran.
@@ -32,14 +33,37 @@ void run_point(benchmark::State& state, const attn::SweepPoint& pt) {
   in.out = out.ptr();
   const attn::simd::ScopedIsa isa(pt.isa, "sweep.isa");
   attn::ThreadScope scope(pt.threads);
-  state.SetLabel("isa=" + attn::simd::active_isa());
-  for (auto _ : state) {
-    variant.run(pt.problem, in);
-    benchmark::DoNotOptimize(out.ptr());
-    benchmark::ClobberMemory();
+  state.SetLabel("isa=" + attn::simd::active_isa() + ",pass=" + attn::pass_name(pt.pass));
+  if (pt.pass == attn::Pass::forward) {
+    for (auto _ : state) {
+      variant.run(pt.problem, in);
+      benchmark::DoNotOptimize(out.ptr());
+      benchmark::ClobberMemory();
+    }
+  } else {
+    // sweep.pass: the training forward once (untimed) for the backward's O and state, then per iteration
+    // the backward alone, or a whole training step, as `attnbench run` times them.
+    const attn::Problem& p = pt.problem;
+    std::vector<float> saved(variant.saved_floats(p));
+    variant.run_saving(p, in, saved.empty() ? nullptr : saved.data());
+    const attn::FloatArray d_out = attn::make_d_out(pt);
+    attn::FloatArray dq({p.batch, p.heads, p.seq_q, p.head_dim});
+    attn::FloatArray dk({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim}), dv(dk.shape);
+    attn::GradientArgs g;
+    g.out = out.ptr(), g.saved = saved.empty() ? nullptr : saved.data(), g.d_out = d_out.ptr();
+    g.dq = dq.ptr(), g.dk = dk.ptr(), g.dv = dv.ptr();
+    for (auto _ : state) {
+      if (pt.pass == attn::Pass::forward_backward)
+        variant.run_saving(p, in, saved.empty() ? nullptr : saved.data());
+      variant.run_backward(p, in, g);
+      benchmark::DoNotOptimize(dq.ptr());
+      benchmark::ClobberMemory();
+    }
   }
+  // The pass's FLOPs (point_flops: the backward by the FlashAttention-2 convention unless the variant counts
+  // its own).
   state.counters["GFLOP/s"] =
-      benchmark::Counter(variant.flops(pt.problem) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+      benchmark::Counter(attn::point_flops(pt) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   // The variant's own traffic count (bytes_moved, the sweep rows' `bytes`) per second: the roofline's x/y.
   if (const auto bytes = attn::point_bytes(pt))
     state.counters["GB/s"] = benchmark::Counter(*bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
