@@ -26,7 +26,8 @@ Json capabilities_json(const Capabilities& c) {
           {"alibi", c.alibi},
           {"permutation_equivariant", c.permutation_equivariant},
           {"baseline", c.baseline},
-          {"backward", c.backward}};
+          {"backward", c.backward},
+          {"block_partials", c.block_partials}};
 }
 
 Json variants_json() {
@@ -124,6 +125,31 @@ void Attention::reference_forward(const Problem& p, const AttentionInputs& in, d
 
 double Attention::abs_tolerance(const Problem& p, const AttentionInputs& in) const {
   return exact_abs_tolerance(p, in);
+}
+
+// ---- Block partials ----
+
+namespace {
+[[noreturn]] void no_block_partials(const Attention& v) {
+  throw std::logic_error(v.name() + " does not implement block partials (capabilities().block_partials)");
+}
+}  // namespace
+
+std::vector<std::string> Attention::block_not_supported_reasons(const Problem&) const {
+  if (!capabilities().block_partials) return {name() + " does not compute block partials"};
+  return {};
+}
+void Attention::init_block_state(const Problem&, const BlockState&) const {
+  no_block_partials(*this);
+}
+void Attention::accumulate_block(const Problem&, const AttentionInputs&, const BlockState&) const {
+  no_block_partials(*this);
+}
+void Attention::finish_block_state(const Problem&, const BlockState&, float*) const {
+  no_block_partials(*this);
+}
+std::size_t Attention::block_workspace_bytes(const Problem&, int) const {
+  no_block_partials(*this);
 }
 
 // ---- Training ----

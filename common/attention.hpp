@@ -40,6 +40,10 @@ struct Capabilities {
   // reference_forward, for every problem run() accepts. Without it the harness skips backward points with the
   // reason.
   bool backward = false;
+  // Implements block partials (init_block_state, accumulate_block, finish_block_state): attention of a
+  // query block against key blocks one at a time, merged into a running state, for sequence-parallel callers
+  // (attnbench_mpi's ring attention runs any variant that claims it).
+  bool block_partials = false;
 };
 
 Json capabilities_json(const Capabilities& caps);
@@ -80,6 +84,15 @@ struct GradientArgs {
   float* dq = nullptr;
   float* dk = nullptr;
   float* dv = nullptr;
+};
+
+// The running state of a query block's rows [batch][heads][seq_q] under block partials: per row m and l,
+// and o ([rows][head_dim]). What they hold is the variant's (for online softmax: the running max, the sum of
+// exponentials and the unnormalised output); callers only allocate them and pass them back.
+struct BlockState {
+  float* m = nullptr;
+  float* l = nullptr;
+  float* o = nullptr;
 };
 
 // Bounds on |grad_fp32 - grad_fp64| per gradient tensor (Attention::grad_tolerance).
@@ -143,6 +156,22 @@ class Attention {
 
   // Parameter sets the registry-wide checks run (small values that force multi-tile and tail paths).
   virtual std::vector<Json> test_param_sets() const { return {Json::object()}; }
+
+  // ---- Block partials (capabilities().block_partials) ----
+  // A sequence-parallel caller cuts the keys into blocks and feeds them one at a time: init_block_state, then
+  // accumulate_block per (query block, key block), then finish_block_state writes the output rows. A block
+  // problem has the query block's seq_q and the key block's seq_kv; its causal mask is the caller's mapping
+  // of global positions (causal for a diagonal block of equal chunks, none when every key precedes every
+  // query). Results must be bitwise independent of the thread count, as run()'s. Defaults throw
+  // std::logic_error (a variant claiming the capability overrides all five).
+  // What a block problem cannot have for this variant (dtype, bias, masks, dropout ...; empty: it can).
+  virtual std::vector<std::string> block_not_supported_reasons(const Problem& p) const;
+  virtual void init_block_state(const Problem& p, const BlockState& st) const;
+  virtual void accumulate_block(const Problem& p, const AttentionInputs& in, const BlockState& st) const;
+  // The output rows [batch][heads][seq_q][head_dim]; `out` may be st.o.
+  virtual void finish_block_state(const Problem& p, const BlockState& st, float* out) const;
+  // accumulate_block's workspace at `threads` threads.
+  virtual std::size_t block_workspace_bytes(const Problem& p, int threads) const;
 
   // ---- Training: the backward pass (capabilities().backward) ----
   // A training step is run_saving (the forward, keeping what the backward needs) then run_backward.

@@ -7,7 +7,7 @@
 #include <catch2/catch.hpp>
 #include <string>
 
-#include "bench/lib/measure.hpp"
+#include "bench/lib/calibration.hpp"
 #include "common/runtime.hpp"
 #include "common/simd.hpp"
 

@@ -1,39 +1,18 @@
 // `attnbench compare A B`: did B get faster or slower than A, point by point, and is the difference real?
-// The statistics (Mann-Whitney U over the repetitions, the spread of the B/A ratio) and the comparison of two
-// results folders, kept apart from the command so the tests call them without a process.
+// The comparison of two results folders (the statistics it uses are in stats.hpp), kept apart from the
+// command so the tests call them without a process.
 #pragma once
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "bench/lib/result_row.hpp"
+#include "bench/lib/stats.hpp"
 
 namespace attn {
 
 // A difference counts as real (significant) below this two-sided p-value.
 inline constexpr double kCompareAlpha = 0.05;
-// The exact null distribution of U is used up to this many samples on each side (and without ties).
-inline constexpr int kExactMannWhitneyMax = 50;
-
-struct MannWhitney {
-  double u = 0;        // U of the first sample: pairs (x_i, y_j) with x_i > y_j, a tie counting 1/2
-  double p_value = 1;  // two-sided
-  bool exact = false;  // exact null distribution (else the normal approximation)
-};
-
-// The two-sided Mann-Whitney U test of x against y: the p-value of scipy.stats.mannwhitneyu(x, y,
-// method="exact") when no value is tied and neither side has more than kExactMannWhitneyMax values, else of
-// method="asymptotic" (use_continuity=True). Both need at least one value.
-MannWhitney mann_whitney_u(const std::vector<double>& x, const std::vector<double>& y);
-
-// The q-quantile (q in [0, 1]) by linear interpolation between closest ranks (numpy's default, as the rows'
-// p10 / p90 in bench/lib/measure.cpp).
-double percentile_linear(std::vector<double> values, double q);
-
-// The q-quantile (as percentile_linear) of the n1 n2 pairwise ratios b_j / a_i, found without forming them (a
-// point may have up to 100,000 repetitions a side). Every a_i > 0, every b_j >= 0, both finite and non-empty.
-double pairwise_ratio_percentile(const std::vector<double>& a, const std::vector<double>& b, double q);
-
 // One side of a comparison: a results folder as `attnbench run` wrote it.
 struct ResultsFolder {
   std::string dir;

@@ -1,4 +1,4 @@
-// Timing statistics, the sgemm calibration, the per-target FMA peak (common/simd.hpp) and the memory probe.
+// Repetition timing, the sgemm calibration, the per-target FMA peak (common/simd.hpp) and the memory probe.
 #include "bench/lib/measure.hpp"
 
 #include <malloc.h>
@@ -21,86 +21,6 @@
 #include "common/simd.hpp"
 
 namespace attn {
-
-double order_statistic_coverage(int64_t n, int64_t l) {
-  if (n <= 0 || l < 1 || 2 * l > n + 1) return 0;
-  if (n > 4096) {  // normal approximation with continuity correction: P(B <= l - 1)
-    const double z = (static_cast<double>(l) - 0.5 - 0.5 * static_cast<double>(n)) /
-                     (0.5 * std::sqrt(static_cast<double>(n)));
-    return 1.0 - std::erfc(-z / std::sqrt(2.0));
-  }
-  // P(B <= l - 1) = sum_{k < l} C(n, k) 2^-n, each term in log space (2^-n underflows beyond n = 1074).
-  double cdf = 0;
-  const double log_half_n = static_cast<double>(n) * std::log(0.5);
-  for (int64_t k = 0; k < l; ++k)
-    cdf += std::exp(std::lgamma(static_cast<double>(n) + 1) - std::lgamma(static_cast<double>(k) + 1) -
-                    std::lgamma(static_cast<double>(n - k) + 1) + log_half_n);
-  return std::max(0.0, 1.0 - 2.0 * cdf);
-}
-
-MedianInterval median_interval(std::vector<double> samples, double level) {
-  MedianInterval ci;
-  const int64_t n = static_cast<int64_t>(samples.size());
-  if (n == 0) return ci;
-  // Coverage falls as l grows: the largest l whose coverage is still >= level. Up to 4096 samples the
-  // binomial CDF is accumulated term by term (one pass); beyond, a binary search on the normal form.
-  int64_t l = 0;
-  double coverage = 0;
-  if (n <= 4096) {
-    const double log_half_n = static_cast<double>(n) * std::log(0.5);
-    double cdf = 0;  // P(B <= cand - 1)
-    for (int64_t cand = 1; 2 * cand <= n + 1; ++cand) {
-      cdf += std::exp(std::lgamma(static_cast<double>(n) + 1) - std::lgamma(static_cast<double>(cand)) -
-                      std::lgamma(static_cast<double>(n - cand + 1) + 1) + log_half_n);  // C(n, cand-1) 2^-n
-      const double c = std::max(0.0, 1.0 - 2.0 * cdf);
-      if (c < level) break;
-      l = cand;
-      coverage = c;
-    }
-  } else {
-    int64_t good = 0, bad = (n + 1) / 2 + 1;
-    while (bad - good > 1) {
-      const int64_t mid = (good + bad) / 2;
-      (order_statistic_coverage(n, mid) >= level ? good : bad) = mid;
-    }
-    l = good;
-    coverage = l ? order_statistic_coverage(n, l) : 0;
-  }
-  if (l == 0) return ci;
-  std::sort(samples.begin(), samples.end());
-  ci.ok = true;
-  ci.rank = static_cast<int>(l);
-  ci.level = coverage;
-  ci.lo = samples[static_cast<std::size_t>(l - 1)];
-  ci.hi = samples[static_cast<std::size_t>(n - l)];
-  return ci;
-}
-
-TimingStats summarize(std::vector<double> samples) {
-  TimingStats t;
-  t.ci = median_interval(samples);
-  t.reps = static_cast<int>(samples.size());
-  t.samples_ms = samples;
-  if (samples.empty()) return t;
-  std::sort(samples.begin(), samples.end());
-  // Linear interpolation between closest ranks (numpy's default percentile).
-  auto pct = [&](double q) {
-    const double pos = q * static_cast<double>(samples.size() - 1);
-    const std::size_t lo = static_cast<std::size_t>(std::floor(pos)),
-                      hi = std::min(lo + 1, samples.size() - 1);
-    return samples[lo] + (samples[hi] - samples[lo]) * (pos - static_cast<double>(lo));
-  };
-  t.median_ms = pct(0.5);
-  t.p10_ms = pct(0.1);
-  t.p90_ms = pct(0.9);
-  t.mean_ms = std::accumulate(samples.begin(), samples.end(), 0.0) / static_cast<double>(samples.size());
-  double var = 0;
-  for (double s : samples) var += (s - t.mean_ms) * (s - t.mean_ms);
-  t.cv = samples.size() > 1 && t.mean_ms > 0
-             ? std::sqrt(var / static_cast<double>(samples.size() - 1)) / t.mean_ms
-             : 0;
-  return t;
-}
 
 namespace {
 // time_repeated's stopping rule for one call's samples so far.
@@ -209,22 +129,6 @@ double SgemmBench::call_ms(int threads) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-SgemmCalibration calibrate_sgemm(int threads, int64_t size, int reps) {
-  SgemmCalibration c;
-  c.threads = threads;
-  c.size = size;
-  SgemmBench bench(size);
-  MeasureSettings ms;
-  ms.warmup = 1;
-  ms.min_reps = reps;
-  ms.max_reps = reps;
-  ms.min_time_s = 0;
-  ms.max_time_s = 60;
-  c.timing = std::move(time_interleaved({[&] { return bench.call_ms(threads); }}, ms).stats[0]);
-  c.gflops = bench.flops() / (c.timing.median_ms * 1e6);
-  return c;
-}
-
 namespace {
 int64_t status_kib(const char* key) {
   std::ifstream f("/proc/self/status");
@@ -235,39 +139,6 @@ int64_t status_kib(const char* key) {
   return -1;
 }
 }  // namespace
-
-FmaPeak calibrate_fma_peak(int threads) {
-  FmaPeak peak;
-  peak.threads = threads;
-  peak.isa = simd::active_isa();
-  // Size the run on one thread: double until it takes 50 ms, then scale to about 0.1 s.
-  int64_t iterations = 1 << 16;
-  simd::FmaRun probe = simd::fma_chains(iterations);
-  while (probe.seconds < 0.05 && iterations < (int64_t{1} << 40)) {
-    iterations *= 2;
-    probe = simd::fma_chains(iterations);
-  }
-  iterations = std::max<int64_t>(
-      1, static_cast<int64_t>(static_cast<double>(iterations) * 0.1 / std::max(probe.seconds, 1e-9)));
-  peak.lanes = probe.lanes;
-  // Every thread at once (a latch releases them together), twice, keeping the faster round: the first may
-  // include frequency ramp-up.
-  for (int round = 0; round < 2; ++round) {
-    std::vector<simd::FmaRun> runs(static_cast<std::size_t>(threads));
-    std::latch start(threads);
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] {
-        start.arrive_and_wait();
-        runs[static_cast<std::size_t>(t)] = simd::fma_chains(iterations);
-      });
-    for (auto& th : pool) th.join();
-    double gflops = 0;
-    for (const simd::FmaRun& r : runs) gflops += r.flops / (r.seconds * 1e9);
-    peak.gflops = std::max(peak.gflops, gflops);
-  }
-  return peak;
-}
 
 int64_t current_rss_bytes() {
   std::ifstream f("/proc/self/statm");

@@ -1,11 +1,12 @@
-// Measurement primitives: repetition timing with robust statistics, the OpenBLAS sgemm calibration, and the
-// per-point resident-memory high-water mark.
+// Measurement primitives: repetition timing (its statistics are stats.hpp's), the OpenBLAS sgemm yardstick
+// and the FMA peak, and the per-point resident-memory high-water mark.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "bench/lib/stats.hpp"
 #include "common/aligned.hpp"
 
 namespace attn {
@@ -33,29 +34,6 @@ struct MeasureSettings {
   // (ResultRow::group_sgemm): frac_sgemm then follows the machine's speed while the group runs.
   bool group_sgemm = true;
 };
-
-// The distribution-free confidence interval of the median of n samples: [x(l), x(n+1-l)] (1-based order
-// statistics) with l the largest rank whose coverage 1 - 2 P(Binomial(n, 1/2) <= l - 1) is at least
-// `level`. No assumption on the distribution (timings are skewed and heavy-tailed). ok = false below 6
-// samples at 95%, where even [min, max] covers less (1 - 2^(1-n)).
-struct MedianInterval {
-  bool ok = false;
-  double lo = 0, hi = 0;
-  double level = 0;  // the exact coverage of the chosen ranks
-  int rank = 0;      // l
-};
-MedianInterval median_interval(std::vector<double> samples, double level = 0.95);
-// The coverage of ranks [l, n+1-l] for n samples (exact binomial up to n = 4096, normal beyond).
-double order_statistic_coverage(int64_t n, int64_t l);
-
-struct TimingStats {
-  double median_ms = 0, p10_ms = 0, p90_ms = 0, mean_ms = 0, cv = 0;  // cv = stddev / mean
-  int reps = 0;
-  std::vector<double> samples_ms;
-  MedianInterval ci;  // 95%
-};
-
-TimingStats summarize(std::vector<double> samples_ms);
 
 // Runs `fn` settings.warmup times, then repeats until min_reps and min_time_s are both reached (or, with
 // target_rel_ci, min_reps and a tight enough interval), or max_reps or max_time_s is (at least one measured
@@ -103,33 +81,6 @@ class SgemmBench {
   int64_t size_;
   AlignedVector<float> a_, b_, c_;
 };
-
-struct SgemmCalibration {
-  int threads = 1;
-  int64_t size = 0;  // M = N = K
-  double gflops = 0;
-  TimingStats timing;
-};
-
-// The sgemm size of the calibration (and of the groups' sgemm): large enough to run near the BLAS's peak.
-inline constexpr int64_t kCalibrationSgemmSize = 2048;
-
-// SgemmBench on `threads` threads: one warm-up call, then `reps` timed ones; gflops from the median.
-SgemmCalibration calibrate_sgemm(int threads, int64_t size = kCalibrationSgemmSize, int reps = 5);
-
-// The machine's fp32 FMA throughput on `threads` cores for the active SIMD target (simd::active_isa(); run it
-// under simd::ScopedIsa to measure another): each thread runs simd::fma_chains (12 independent chains of the
-// target's full-width FMA, held in registers) for about 0.1 s, all threads at once, twice; gflops is the
-// better round's sum of the threads' rates (2 FLOPs per lane per FMA). It bounds what any fp32 kernel on
-// that target can reach, whichever BLAS is installed: rows report frac_peak = gflops / the peak of their own
-// target and thread count. It does not depend on the compiler's -march flags.
-struct FmaPeak {
-  int threads = 1;
-  std::string isa;  // the target that ran, e.g. "avx3", "avx2", "neon", "scalar"
-  double gflops = 0;
-  int lanes = 0;  // fp32 lanes per vector on that target
-};
-FmaPeak calibrate_fma_peak(int threads);
 
 // Resident memory: the process high-water mark is reset (Linux /proc/self/clear_refs "5") before a point,
 // so the peak read after it belongs to that point alone. malloc_trim(0) first returns the free memory of

@@ -16,6 +16,7 @@
 #include <string>
 #include <utility>
 
+#include "bench/lib/calibration.hpp"
 #include "bench/lib/inputs.hpp"
 #include "bench/lib/interference.hpp"
 #include "bench/lib/measure.hpp"
@@ -25,35 +26,6 @@
 #include "common/tensor.hpp"
 
 namespace attn {
-
-struct Calibration {
-  std::map<int, double> sgemm_gflops;                        // threads -> GFLOP/s
-  std::map<std::pair<int, std::string>, double> fma_gflops;  // (threads, SIMD target that ran) -> GFLOP/s
-  std::map<int, double> bandwidth_gbytes_per_s;              // threads -> GB/s (best streaming read)
-  int64_t index = 0;  // the entry of meta.json "calibrations" the sgemm and FMA figures come from
-};
-
-// One measurement of the compute denominators: sgemm per thread count and the FMA peak per thread count and
-// target, with the interference seen while it ran (a calibration is timed like a point).
-struct ComputeCalibration {
-  std::map<int, double> sgemm_gflops;
-  std::map<std::pair<int, std::string>, double> fma_gflops;
-  Json sgemm = Json::array(), fma = Json::array();  // meta.json's entries
-  std::string best_isa;
-  InterferenceSummary interference;
-};
-ComputeCalibration measure_compute_calibration(const SweepConfig& resolved, const std::function<bool()>& stop,
-                                               bool print);
-// Appends `c` to meta["calibrations"] as {index, timestamp, after_points, reason, used, interference, sgemm,
-// fma_peak}.
-void record_calibration(Json& meta, const ComputeCalibration& c, const std::string& reason,
-                        int64_t after_points, bool used);
-
-// The calibration at the start of a run, for every thread count and target of the config: prints each
-// figure and records it in meta ("calibrations"; the first run's also as "sgemm_calibration" and
-// "fma_peak"; "memory_bandwidth" when not already there; "blas_note"). It runs before the first point is
-// timed, never during one. Stops measuring when `stop()` turns true (the caller's interrupt flag).
-Calibration calibrate(const SweepConfig& resolved, Json& meta, const std::function<bool()>& stop);
 
 // What a backward point keeps between its checked call and its timed rounds: the O and saved state of its
 // training forward (the backward reads them every round; a training step rewrites them).

@@ -1,7 +1,9 @@
 // attnbench_mpi: exact ring attention over MPI (ring.hpp). Subcommands:
 //   eval  Q, K, V from .npy files, O.npy written; the flags and checks of `attnbench eval`
-//   (bench/lib/eval.hpp) run   a sweep config's points (tiled, fp32, no mask or causal) as result rows with
-//   the rank count
+//   (bench/lib/eval.hpp) run   a sweep config's points (variants with block partials, fp32, no mask or
+//   causal) as result rows with the rank count
+// The block kernel is any registered variant that claims capabilities().block_partials (--variant; default
+// the first such variant by name): this file names none.
 // Start it under mpirun (`mpirun -np P attnbench_mpi eval ...`); run alone it is one rank. Rank 0 reads the
 // inputs piece by piece (it never holds a whole tensor), sends every rank its query chunks and K/V block, and
 // writes the output rows it gathers. Exit codes as attnbench: 0 success, 1 failure, 2 usage error or
@@ -38,7 +40,7 @@ namespace attn::ring {
 namespace {
 
 struct EvalOptions {
-  std::string variant = "tiled", q, k, v, out, isa = "best";
+  std::string variant, q, k, v, out, isa = "best";  // variant "": default_block_variant()
   std::vector<std::string> params;
   bool causal = false, causal_lower_right = false, compare = false;
   std::optional<double> scale;
@@ -51,10 +53,12 @@ struct EvalOptions {
 };
 
 // Refuses what the ring does not run (NotSupported naming the flag). Same answer on every rank.
-void refuse_unsupported(const EvalOptions& o) {
-  const std::string what = " (attnbench_mpi runs tiled in fp32 with no mask or a causal one)";
-  if (o.variant != "tiled")
-    throw NotSupported("--variant " + o.variant + ": ring attention runs variant 'tiled' only" + what);
+void refuse_unsupported(const EvalOptions& o, const Attention& variant) {
+  const std::string what = " (attnbench_mpi runs fp32 with no mask or a causal one)";
+  if (!variant.capabilities().block_partials)
+    throw NotSupported("--variant " + o.variant + ": " + variant.name() +
+                       " does not compute block partials, which ring attention runs on (variants that do: " +
+                       join(block_variants()) + ")");
   if (!o.mask.empty()) throw NotSupported("--mask '" + o.mask + "': boolean masks" + what);
   if (!o.key_padding.empty()) throw NotSupported("--key-padding '" + o.key_padding + "'" + what);
   if (o.dropout != 0) throw NotSupported("--dropout " + shortest_double_text(o.dropout) + what);
@@ -108,15 +112,16 @@ int run_eval(const EvalOptions& o, int threads) {
   int rank = 0, P = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &P);
-  std::string message;
+  std::string message, variant;
   Json params;
   Shape shape;
   std::unique_ptr<NpyReader> readers[3];
   const int status = guarded(
       [&] {
         simd::select_isa(o.isa, "--isa");
-        refuse_unsupported(o);
-        params = attn::cli::parse_cli_params(Registry::instance().get("tiled"), o.params);
+        variant = o.variant.empty() ? default_block_variant() : o.variant;
+        refuse_unsupported(o, Registry::instance().get(variant));
+        params = attn::cli::parse_cli_params(Registry::instance().get(variant), o.params);
         if (rank != 0) return;
         const std::string q_what = "--q '" + o.q + "'", k_what = "--k '" + o.k + "'",
                           v_what = "--v '" + o.v + "'";
@@ -128,7 +133,7 @@ int run_eval(const EvalOptions& o, int threads) {
         require_rank4(k_what, ks, "[batch, kv_heads, seq_kv, head_dim]");
         require_rank4(v_what, vs, "[batch, kv_heads, seq_kv, head_dim]");
         check_kv_shapes(q_what, qs, k_what, ks, v_what, vs);
-        Problem p = make_problem("tiled", params);
+        Problem p = make_problem(variant, params);
         set_shape(p, qs, ks);
         p.scale = o.scale;
         p.mask.causal = o.causal;
@@ -152,7 +157,7 @@ int run_eval(const EvalOptions& o, int threads) {
 
   // --causal-lower-right is --causal here: with seq_q == seq_kv the two rules are the same.
   const bool causal = o.causal || o.causal_lower_right;
-  Problem base = make_problem("tiled", params);
+  Problem base = make_problem(variant, params);
   base.batch = shape.batch;
   base.heads = shape.heads;
   base.kv_heads = shape.kv_heads;
@@ -212,42 +217,42 @@ int run_eval(const EvalOptions& o, int threads) {
   j["nonfinite_kv"] = bad_sum[1];
   j["nonfinite_output"] = bad_sum[2];
   if (o.compare) {
-    // Single-process tiled (the same parameters, this rank's threads) and the fp64 reference, on the whole
-    // inputs (rank 0 then holds them all: the memory bound above is the ring's, before this step).
+    // The same variant in one process (the same parameters, this rank's threads) and the fp64 reference, on
+    // the whole inputs (rank 0 then holds them all: the memory bound above is the ring's, before this step).
     const FloatArray q = read_npy_float(o.q), k = read_npy_float(o.k), v = read_npy_float(o.v);
     const FloatArray ring_out = read_npy_float(o.out);
-    FloatArray tiled_out(ring_out.shape);
+    FloatArray single_out(ring_out.shape);
     Problem p = base;
     p.mask.causal = causal;
     AttentionInputs in{};
     in.q = q.ptr();
     in.k = k.ptr();
     in.v = v.ptr();
-    in.out = tiled_out.ptr();
-    Registry::instance().get("tiled").run(p, in);
+    in.out = single_out.ptr();
+    Registry::instance().get(variant).run(p, in);
     DoubleArray want(ring_out.shape);
     reference_attention(p, in, want.ptr());
     const int64_t rows = p.batch * p.heads * p.seq_q;
     // The fp32 bound against fp64 (exact_abs_tolerance, common/reference.cpp) plus the ring's merges: at most
     // 2P (query chunk, key chunk) blocks per row, each merged with an exp2 (1.5 ulp), a multiply and an add
     // on the sum and the output (3u relative), times the same factor 4: 4 * 3 * 2P * u * max|v|. Ring and
-    // tiled are each within it of the exact result, so within twice it of each other.
+    // the single-process run are each within it of the exact result, so within twice it of each other.
     double vmax = 0;
     for (std::size_t e = 0; e < v.numel(); ++e)
       vmax = std::max(vmax, std::fabs(static_cast<double>(v.data[e])));
     const double tolerance = exact_abs_tolerance(p, in) + 4.0 * 3.0 * 2.0 * P * std::ldexp(1.0, -24) * vmax;
     double diff = 0;
     for (std::size_t i = 0; i < ring_out.numel(); ++i) {
-      const double d = std::fabs(static_cast<double>(ring_out.data[i]) - tiled_out.data[i]);
+      const double d = std::fabs(static_cast<double>(ring_out.data[i]) - single_out.data[i]);
       if (std::isnan(d) || d > diff) diff = std::isnan(d) ? std::numeric_limits<double>::infinity() : d;
     }
     j["compare"] = {
         {"id", p.repro()},
-        {"max_abs_diff_vs_tiled", json_number(diff)},
+        {"max_abs_diff_vs_single", json_number(diff)},
         {"tolerance", json_number(tolerance)},
-        {"tolerance_vs_tiled", json_number(2 * tolerance)},
+        {"tolerance_vs_single", json_number(2 * tolerance)},
         {"accuracy", metrics_json(compare_outputs(ring_out.ptr(), want.ptr(), rows, p.head_dim))},
-        {"tiled_accuracy", metrics_json(compare_outputs(tiled_out.ptr(), want.ptr(), rows, p.head_dim))},
+        {"single_accuracy", metrics_json(compare_outputs(single_out.ptr(), want.ptr(), rows, p.head_dim))},
         {"reference", "fp64 exact softmax attention on the fp32 inputs"}};
   }
   std::cout << j.dump() << "\n";
@@ -273,8 +278,10 @@ int main(int argc, char** argv) {
   CLI::App* ev = app.add_subcommand("eval",
                                     "ring attention on Q, K, V .npy files ([batch, heads, n, head_dim]; "
                                     "K and V may have fewer heads); writes O.npy");
-  ev->add_option("--variant", o->variant, "the block kernel: tiled (the only one)");
-  ev->add_option("--param", o->params, "tiled parameter NAME=VALUE (tile_q, tile_kv; repeatable)");
+  ev->add_option("--variant", o->variant,
+                 "the block kernel: a variant with block partials (`attnbench list --json`: block_partials; "
+                 "default the first by name)");
+  ev->add_option("--param", o->params, "variant parameter NAME=VALUE (repeatable)");
   ev->add_option("--q", o->q, "queries .npy, float32/64 [batch, heads, n, head_dim]")->required();
   ev->add_option("--k", o->k, "keys .npy, [batch, kv_heads, n, head_dim], kv_heads dividing heads")
       ->required();
@@ -285,7 +292,8 @@ int main(int argc, char** argv) {
   ev->add_option("--out", o->out, "output .npy, float32 [batch, heads, n, head_dim] (written by rank 0)")
       ->required();
   ev->add_flag("--compare", o->compare,
-               "also run single-process tiled and the fp64 reference on rank 0 and print the differences");
+               "also run the variant in one process and the fp64 reference on rank 0 and print the "
+               "differences");
   ev->add_option("--mask", o->mask, "not supported (refused)");
   ev->add_option("--key-padding", o->key_padding, "not supported (refused)");
   ev->add_option("--dropout", o->dropout, "not supported (refused unless 0)");
@@ -300,8 +308,8 @@ int main(int argc, char** argv) {
 
   SweepOptions so;
   CLI::App* run = app.add_subcommand("run",
-                                     "measure a sweep config's points with ring attention (tiled, fp32, "
-                                     "mask none or causal); rows with the rank count");
+                                     "measure a sweep config's points with ring attention (variants with "
+                                     "block partials, fp32, mask none or causal); rows with the rank count");
   add_sweep_options(*run, so);
 
   try {

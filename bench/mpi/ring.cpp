@@ -1,5 +1,5 @@
 // The ring (ring.hpp): zigzag chunk boundaries, the K/V rotation with non-blocking transfers, and the
-// per-block calls into tiled's block partials.
+// per-block calls into the variant's block partials (Attention::accumulate_block).
 #include "bench/mpi/ring.hpp"
 
 #include <unistd.h>
@@ -11,8 +11,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/error.hpp"
 #include "common/util.hpp"
-#include "variants/tiled/tiled.hpp"
 
 namespace attn::ring {
 namespace {
@@ -96,7 +96,7 @@ RankMemory rank_memory(const Zigzag& z, const Shape& s, int rank, const Problem&
   Problem block = base;
   block.seq_q = block.seq_kv = std::max<int64_t>(longest, 1);
   block.mask = MaskSpec{};
-  m.workspace = tiled::block_workspace_bytes(block, threads);
+  m.workspace = Registry::instance().get(block.variant).block_workspace_bytes(block, threads);
   if (with_copies) m.copies = (rows * static_cast<std::size_t>(s.head_dim) + own) * f;
   return m;
 }
@@ -142,7 +142,7 @@ int check_node_memory(const RankMemory& need, std::size_t extra, const std::stri
               std::to_string(static_cast<int>(figures[2])) + " rank(s) on node '" + host + "' need " +
               b(figures[0]) + " together, more than its " + b(figures[1]) + " of physical memory (rank " +
               std::to_string(worst.rank) + ": its inputs share " + b(figures[3]) + ", output " +
-              b(figures[4]) + ", ring buffers " + b(figures[5]) + ", tiled workspace " + b(figures[6]) +
+              b(figures[4]) + ", ring buffers " + b(figures[5]) + ", block workspace " + b(figures[6]) +
               (figures[7] > 0 ? ", --compare's whole tensors and fp64 reference " + b(figures[7]) : "") +
               "); spread the ranks over more nodes or use more ranks";
   }
@@ -174,7 +174,8 @@ RankStats ring_attention(MPI_Comm comm, const Problem& base, bool causal, const 
 
   // The running state of each query chunk's rows: m, l ([batch][heads][len]) and o (as the output).
   std::vector<float> m[2], l[2];
-  tiled::PartialState state[2];
+  const Attention& variant = Registry::instance().get(base.variant);
+  BlockState state[2];
   Problem qp[2];
   for (int i = 0; i < 2; ++i) {
     const int64_t len = z.chunk_len(my_chunks[static_cast<std::size_t>(i)]);
@@ -185,7 +186,7 @@ RankStats ring_attention(MPI_Comm comm, const Problem& base, bool causal, const 
     l[i].resize(static_cast<std::size_t>(rows));
     d.out[i].assign(static_cast<std::size_t>(rows * s.head_dim), 0.0f);
     state[i] = {m[i].data(), l[i].data(), d.out[i].data()};
-    if (rows > 0) tiled::init_partial_state(qp[i], state[i]);
+    if (rows > 0) variant.init_block_state(qp[i], state[i]);
   }
 
   const int64_t capacity = kv_capacity(z, s);
@@ -222,7 +223,7 @@ RankStats ring_attention(MPI_Comm comm, const Problem& base, bool causal, const 
         in.k = cur + cur_l.k_offset(ki);
         in.v = cur + cur_l.v_offset(ki);
         const double c0 = now_s();
-        tiled::accumulate_block(p, in, state[qi]);
+        variant.accumulate_block(p, in, state[qi]);
         st.compute_s += now_s() - c0;
         ++st.blocks;
         if (faults.abort_rank_after_first_block == rank) std::abort();
@@ -243,7 +244,7 @@ RankStats ring_attention(MPI_Comm comm, const Problem& base, bool causal, const 
   }
   const double f0 = now_s();
   for (int i = 0; i < 2; ++i)
-    if (qp[i].seq_q > 0) tiled::finish_partial_state(qp[i], state[i], d.out[i].data());
+    if (qp[i].seq_q > 0) variant.finish_block_state(qp[i], state[i], d.out[i].data());
   st.compute_s += now_s() - f0;
   st.total_s = now_s() - t0;
   return st;
@@ -377,6 +378,20 @@ Json rank_report(MPI_Comm comm, const Zigzag& z, const Shape& s, const RankStats
           {"expected_bytes_sent_per_rank", kv_bytes * (P - 1) / P},
           {"compute_max_over_mean", compute_sum > 0 ? compute_max / (compute_sum / P) : 1.0},
           {"per_rank", ranks}};
+}
+
+std::vector<std::string> block_variants() {
+  std::vector<std::string> names;
+  for (const Attention* v : Registry::instance().all())
+    if (v->capabilities().block_partials) names.push_back(v->name());
+  return names;
+}
+
+std::string default_block_variant() {
+  const std::vector<std::string> names = block_variants();
+  if (names.empty())
+    throw UsageError("no registered variant computes block partials (capabilities().block_partials)");
+  return names.front();
 }
 
 }  // namespace attn::ring

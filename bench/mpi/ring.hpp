@@ -1,7 +1,8 @@
 // Exact ring attention over MPI (Liu et al. 2023): the sequence is cut into chunks, each rank keeps its query
 // chunks and the running (max, sum, unnormalised output) of their rows, and the K/V blocks travel around the
 // ring of ranks, the transfer of the next block overlapping the compute on the current one. The block compute
-// is tiled's (variants/tiled/tiled.hpp accumulate_block), merged with the online-softmax rule.
+// is the variant's block partials (Attention::accumulate_block: any registered variant that claims
+// capabilities().block_partials), merged into a running state.
 //
 // Zigzag assignment (so that causal work is balanced): the n positions are cut into 2P contiguous chunks,
 // chunk c in [0, 2P) starting where chunk c - 1 ends, and rank r holds chunks r and 2P - 1 - r (one early and
@@ -12,7 +13,7 @@
 // when P <= n; P > n is refused), chunks differ by at most one position, and any n works.
 // Rank r's K/V block (the same chunks of K and V) travels: at step t in [0, P) rank r holds the block of rank
 // (r - t) mod P. A query chunk a against a key chunk b is computed whole (no mask) when the mask is off or
-// a > b, as a causal diagonal block when a == b (equal positions, so tiled's own upper-left causal rule is
+// a > b, as a causal diagonal block when a == b (equal positions, so the block's own upper-left causal rule is
 // exactly "key j <= query i"), and skipped when a < b (every key in the future).
 #pragma once
 #include <mpi.h>
@@ -71,7 +72,7 @@ struct RankData {
 };
 
 struct RankStats {
-  double compute_s = 0;   // in tiled's block compute (accumulate_block) and the final division
+  double compute_s = 0;   // in the variant's block compute (accumulate_block) and the final division
   double wait_s = 0;      // blocked in MPI_Waitall for the ring transfers
   double total_s = 0;     // the ring, from its first block to the last output row
   double bytes_sent = 0;  // K/V bytes this rank sent around the ring
@@ -113,7 +114,7 @@ Json rank_report(MPI_Comm comm, const Zigzag& z, const Shape& s, const RankStats
 // the row's estimate): `inputs` its query chunks and own K/V block (held after scatter); `output` its output
 // chunks and the running max / sum per row; `ring` what the rotation adds: the buffer the next block arrives
 // in (the largest block any rank sends) and, when its own block is smaller, that block regrown to it;
-// `workspace` tiled's block workspace (accumulate_block: per-thread scratch and the partial rows) for its
+// `workspace` the variant's block workspace (block_workspace_bytes) for its
 // largest (query chunk, key chunk) block; `copies` the working copies `attnbench_mpi run` makes of the query
 // chunks and K/V block for each repetition (0 for eval).
 struct RankMemory {
@@ -136,6 +137,11 @@ struct RankNonfinite {
   int64_t q = 0, kv = 0, out = 0;
 };
 RankNonfinite count_rank_nonfinite(const Zigzag& z, const Shape& s, int rank, const RankData& d);
+
+// The registered variants that claim capabilities().block_partials, by name, and the first of them (what
+// attnbench_mpi eval runs without --variant); UsageError when none is registered.
+std::vector<std::string> block_variants();
+std::string default_block_variant();
 
 // Largest number of floats one MPI message carries: bigger buffers go as several messages (MPI counts are
 // int).

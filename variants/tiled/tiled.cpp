@@ -96,7 +96,23 @@ class Tiled final : public Attention {
             .fp16 = true,
             .alibi = true,
             .permutation_equivariant = true,
-            .backward = true};
+            .backward = true,
+            .block_partials = true};
+  }
+
+  // ---- Block partials (tiled.hpp): forward()'s split-KV path merged into a running state ----
+  std::vector<std::string> block_not_supported_reasons(const Problem& p) const override {
+    return block_reasons(p);
+  }
+  void init_block_state(const Problem& p, const BlockState& st) const override { init_partial_state(p, st); }
+  void accumulate_block(const Problem& p, const AttentionInputs& in, const BlockState& st) const override {
+    tiled::accumulate_block(p, in, st);
+  }
+  void finish_block_state(const Problem& p, const BlockState& st, float* out) const override {
+    finish_partial_state(p, st, out);
+  }
+  std::size_t block_workspace_bytes(const Problem& p, int threads) const override {
+    return tiled::block_workspace_bytes(p, threads);
   }
   std::vector<ParamSpec> param_specs() const override {
     return {{.name = "tile_q",
@@ -264,20 +280,19 @@ class Tiled final : public Attention {
 
 namespace {
 void check_block_problem(const Problem& p) {
-  std::string why;
-  if (p.variant != "tiled")
-    why = "the problem is for variant '" + p.variant + "', not tiled";
-  else if (p.dtype != DType::fp32)
-    why = "storage " + std::string(dtype_name(p.dtype)) + " (fp32 only)";
-  else if (p.bias != Bias::none)
-    why = "a logit bias (none only)";
-  else if (p.dropout > 0)
-    why = "dropout (none only)";
-  else if (p.mask.boolean || p.mask.key_padding)
-    why = "a boolean or key-padding mask (causal only)";
-  if (!why.empty()) throw NotSupported("tiled block partials: " + why);
+  const std::vector<std::string> why = block_reasons(p);
+  if (!why.empty()) throw NotSupported("tiled block partials: " + join(why, "; "));
 }
 }  // namespace
+
+std::vector<std::string> block_reasons(const Problem& p) {
+  std::vector<std::string> why;
+  if (p.dtype != DType::fp32) why.push_back("storage " + std::string(dtype_name(p.dtype)) + " (fp32 only)");
+  if (p.bias != Bias::none) why.push_back("a logit bias (none only)");
+  if (p.dropout > 0) why.push_back("dropout (none only)");
+  if (p.mask.boolean || p.mask.key_padding) why.push_back("a boolean or key-padding mask (causal only)");
+  return why;
+}
 
 void init_partial_state(const Problem& p, const PartialState& st) {
   const int64_t rows = p.batch * p.heads * p.seq_q;

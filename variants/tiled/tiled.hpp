@@ -144,11 +144,7 @@ struct Context {
 // The running state of the rows [batch][heads][seq_q] of a query block: m (maximum logit, in base 2: the
 // kernels' logits are scaled by log2(e)), l (sum of 2^(logit - m)) and o ([rows][head_dim], the unnormalised
 // output). Start from m = -inf, l = 0, o = 0 (init_partial_state).
-struct PartialState {
-  float* m = nullptr;
-  float* l = nullptr;
-  float* o = nullptr;
-};
+using PartialState = BlockState;  // common/attention.hpp: the block-partials state every variant shares
 void init_partial_state(const Problem& p, const PartialState& st);
 
 // Merges the block into the state. `p` describes the block: seq_q query rows (in.q, [batch][heads][seq_q]
@@ -161,6 +157,8 @@ void init_partial_state(const Problem& p, const PartialState& st);
 // for forward() and with it the last bits of tiled's outputs, so the kernels keep reading the problem.)
 // Results are bitwise independent of the thread count. NotSupported for what it does not take.
 void accumulate_block(const Problem& p, const AttentionInputs& in, const PartialState& st);
+// Why accumulate_block cannot take `p` (empty: it can): storage, bias, dropout, boolean / padding masks.
+std::vector<std::string> block_reasons(const Problem& p);
 
 // The output rows [batch][heads][seq_q][head_dim] of the state: o / l, zeros for a row that saw no allowed
 // key, NaN for a row whose inputs held a NaN. `out` may be st.o (in place).
