@@ -8,6 +8,7 @@
 #include <string>
 
 #include "bench/lib/plan.hpp"
+#include "bench/lib/rows.hpp"
 #include "common/attention.hpp"
 #include "common/error.hpp"
 #include "common/runtime.hpp"

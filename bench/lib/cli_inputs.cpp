@@ -11,6 +11,7 @@
 
 #include "bench/lib/command.hpp"
 #include "bench/lib/inputs.hpp"
+#include "bench/lib/rows.hpp"
 #include "bench/lib/sweep.hpp"
 #include "common/error.hpp"
 #include "common/half.hpp"

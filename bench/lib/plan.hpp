@@ -62,27 +62,6 @@ void apply_isa_option(SweepConfig& config, const std::string& name);
 // made once.
 std::vector<SweepPoint> expand_plan(const SweepConfig& resolved);
 
-// Sharding a plan (`run --shard I/N`, Slurm array jobs). The plan order is deterministic: expand_plan is
-// nested loops over the config's axes in the order the config lists their values, and nothing in it reads
-// the clock, the environment or a random source; the only machine facts it uses are the ones make_plan
-// resolves (the default sweep.threads and the memory budget, which changes skip reasons, not points). So
-// every shard of one config on machines that resolve it alike computes the same list, and the shards below
-// partition it. shard_plan_hash() lets the merge check that they did (a node with a different core count
-// plans other T= points when the config leaves sweep.threads to the machine).
-//
-// The unit dealt out is the point, or with measure.interleave the input set: the maximal run of adjacent
-// points sharing one input_key, which the runner times together in interleaved rounds. Unit u goes to shard
-// u mod N, so a group is never split across shards and its rows stay paired round by round.
-struct ShardUnits {
-  bool by_input_set = false;  // measure.interleave: units are input sets, else points
-  std::vector<int64_t> unit;  // per point of the plan, its unit's index (in plan order)
-  int64_t units = 0;          // how many units the plan has
-  int shard_of(std::size_t point, int count) const { return static_cast<int>(unit[point] % count); }
-};
-ShardUnits shard_units(const std::vector<SweepPoint>& points, bool by_input_set);
-// FNV-1a over the plan's ids in order (hex), what every shard of one sweep must agree on.
-std::string shard_plan_hash(const std::vector<SweepPoint>& points);
-
 // "full" | "sampled" | "none" for this problem under the config's accuracy settings.
 std::string accuracy_mode(const Problem& p, const AccuracySettings& accuracy);
 
@@ -116,13 +95,5 @@ double point_flops(const SweepPoint& pt);
 // Bytes one call of the point moves, as its variant counts them (Attention::bytes_moved); nullopt when the
 // variant's count throws on this problem.
 std::optional<double> point_bytes(const SweepPoint& pt);
-
-// The row a point starts as (identity and estimates filled, measurements null). `isa` is the target that
-// runs it (simd::active_isa() under the point's simd::ScopedIsa).
-ResultRow base_row(const SweepPoint& pt, const SweepConfig& resolved, const std::string& isa);
-
-// The point as `run --dry-run --json` prints it: id, problem, inputs (regime, seed), mask, threads, isa,
-// accuracy mode and rows, FLOPs, bytes moved, memory, skip reason and its base row.
-Json point_json(const SweepPoint& pt, const SweepConfig& resolved);
 
 }  // namespace attn

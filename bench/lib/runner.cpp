@@ -15,6 +15,7 @@
 
 #include "bench/lib/bandwidth.hpp"
 #include "bench/lib/interference.hpp"
+#include "bench/lib/rows.hpp"
 #include "bench/lib/sysinfo.hpp"
 #include "common/reference.hpp"
 #include "common/runtime.hpp"
@@ -23,7 +24,7 @@
 
 namespace attn {
 
-PointRunner::PointRunner(const SweepConfig& config) : config_(config) {}
+PointRunner::PointRunner(const SweepConfig& config) : config_(config), references_(config.accuracy) {}
 
 bool PointRunner::maybe_recalibrate(Json& meta, int64_t points_done, const std::function<bool()>& stop) {
   const int every = config_.measure.calibrate_every;
@@ -61,15 +62,6 @@ int64_t count_nonfinite16(DType t, const uint16_t* x, std::size_t n) {
   int64_t bad = 0;
   for (std::size_t i = 0; i < n; ++i) bad += (x[i] & exp) == exp;
   return bad;
-}
-
-void fill_accuracy(AccuracySummary& a, const ErrorMetrics& m, int64_t rows) {
-  a.rows = rows;
-  a.max_abs_err = m.max_abs_err;
-  a.rel_l2_err = m.rel_l2_err;
-  a.mean_cosine = m.mean_cosine;
-  a.nan_count = m.nan_count;
-  a.inf_count = m.inf_count;
 }
 
 }  // namespace
@@ -277,7 +269,7 @@ std::vector<ResultRow> PointRunner::measure_group(const std::vector<SweepPoint>&
     if (timed.size() > 1)
       row.interleave = ResultRow::Interleave{group[timed[0]].id, static_cast<int>(timed.size()),
                                              static_cast<int>(j), t.rounds};
-    fill_timing(pt, t.stats[j], row);
+    fill_timing(row, t.stats[j], point_flops(pt), &calibration_);
     if (const auto it = sgemm_call.find(pt.threads);
         it != sgemm_call.end() && it->second < t.stats.size() && !t.stats[it->second].samples_ms.empty())
       fill_group_sgemm(t.stats[j], t.stats[it->second], row);
@@ -300,35 +292,6 @@ void PointRunner::fill_group_sgemm(const TimingStats& point, const TimingStats& 
   row.frac_sgemm = f.median_ms;
 }
 
-void PointRunner::fill_timing(const SweepPoint& pt, const TimingStats& t, ResultRow& row) const {
-  const double flops = point_flops(pt), gflops = flops / (t.median_ms * 1e6);
-  row.time_ms.median = t.median_ms;
-  row.time_ms.p10 = t.p10_ms;
-  row.time_ms.p90 = t.p90_ms;
-  row.time_ms.mean = t.mean_ms;
-  row.time_ms.cv = t.cv;
-  row.time_ms.reps = t.reps;
-  row.time_ms.samples = t.samples_ms;
-  if (t.ci.ok) {
-    row.time_ms.ci_lo = t.ci.lo;
-    row.time_ms.ci_hi = t.ci.hi;
-    row.time_ms.ci_level = t.ci.level;
-  }
-  row.flops = flops;
-  row.gflops = gflops;
-  row.calibration = calibration_.index;
-  row.frac_sgemm = gflops / calibration_.sgemm_gflops.at(pt.threads);
-  if (const auto it = calibration_.fma_gflops.find({pt.threads, row.isa});
-      it != calibration_.fma_gflops.end() && it->second > 0)
-    row.frac_peak = gflops / it->second;
-  if (row.bytes && *row.bytes > 0) {
-    row.gbytes_per_s = *row.bytes / (t.median_ms * 1e6);
-    if (const auto it = calibration_.bandwidth_gbytes_per_s.find(pt.threads);
-        it != calibration_.bandwidth_gbytes_per_s.end() && it->second > 0)
-      row.frac_bandwidth = *row.gbytes_per_s / it->second;
-  }
-}
-
 // RoPE on copies of Q and K (the inputs are rotated once already; rotating a copy again costs the same), with
 // the point's measure settings and threads, before the variant's output and workspace exist.
 void PointRunner::time_rope(const SweepPoint& pt, ResultRow& row) {
@@ -343,16 +306,6 @@ void PointRunner::time_rope(const SweepPoint& pt, ResultRow& row) {
   const TimingStats t = time_repeated([&] { apply_point_rope(pt, q.ptr(), k.ptr()); }, config_.measure);
   rope_ms_[key] = t.median_ms;
   row.rope_ms = t.median_ms;
-}
-
-void PointRunner::reference_for(const Problem& p, const AttentionInputs& in, const std::string& mode,
-                                const std::string& key, std::string& have_key, DoubleArray& ref) {
-  if (have_key == key) return;
-  have_key.clear();
-  ref = DoubleArray();
-  ref = DoubleArray({p.batch, p.heads, static_cast<int64_t>(reference_rows_.size()), p.head_dim});
-  reference_attention(p, in, ref.ptr(), mode == "full" ? nullptr : &reference_rows_);
-  have_key = key;
 }
 
 void PointRunner::run_and_check(const SweepPoint& pt, ResultRow& row, TrainingState& state) {
@@ -387,38 +340,7 @@ void PointRunner::run_and_check(const SweepPoint& pt, ResultRow& row, TrainingSt
 }
 
 void PointRunner::fill_forward_accuracy(const SweepPoint& pt, const FloatArray& out, ResultRow& row) {
-  const Problem& p = pt.problem;
-  AttentionInputs in = inputs_for(p);
-  // Accuracy against exact softmax attention in fp64 (same masks, bias and dropout), on all or sampled rows:
-  // on the inputs the variant read (`accuracy`) and on the fp32 inputs before rounding (`accuracy_e2e`; for
-  // fp32 one reference serves both).
-  const std::string mode = row.accuracy.reference;
-  if (mode == "none") return;
-  reference_rows_ = accuracy_rows(p, config_.accuracy);
-  // The input key leaves out causality (causal and non-causal twins share their inputs): the mask is part of
-  // the reference's key.
-  const std::string key = pt.input_key + "|" + pt.mask.label() + "|" + mode + "|" +
-                          std::to_string(p.dropout) + "|" + std::to_string(p.seed) + "|" + bias_name(p.bias);
-  reference_for(WideInputs::as_fp32(p), inputs_.view(nullptr), mode, key, reference_key_, reference_);
-  if (p.dtype == DType::fp32) {
-    stored_reference_key_.clear();  // points of one dtype are adjacent: free it for the fp32 points
-    stored_reference_ = DoubleArray();
-  } else {
-    in.out = nullptr;
-    reference_for(p, in, mode, key + "|" + dtype_name(p.dtype), stored_reference_key_, stored_reference_);
-  }
-  const auto got = mode == "full"
-                       ? std::vector<float>(out.data.begin(), out.data.end())
-                       : gather_rows(out.ptr(), p.batch * p.heads, p.seq_q, p.head_dim, reference_rows_);
-  const int64_t nrows = p.batch * p.heads * static_cast<int64_t>(reference_rows_.size());
-  const auto rows = static_cast<int64_t>(reference_rows_.size());
-  const ErrorMetrics e2e = compare_outputs(got.data(), reference_.ptr(), nrows, p.head_dim);
-  fill_accuracy(row.accuracy_e2e, e2e, rows);
-  if (p.dtype == DType::fp32)
-    fill_accuracy(row.accuracy, e2e, rows);
-  else
-    fill_accuracy(row.accuracy, compare_outputs(got.data(), stored_reference_.ptr(), nrows, p.head_dim),
-                  rows);
+  references_.fill_forward(pt, inputs_.view(nullptr), inputs_for(pt.problem), out.ptr(), row);
 }
 
 const FloatArray& PointRunner::d_out_for(const SweepPoint& pt) {
@@ -476,48 +398,8 @@ void PointRunner::check_backward(const SweepPoint& pt, ResultRow& row, TrainingS
     row.reason = std::to_string(bad_out) + " NaN/Inf values in O, dQ, dK or dV from finite inputs";
     return;
   }
-  // The gradients against exact attention's fp64 gradient on the inputs the kernel read, for the blocks
-  // the cost cap allows (grad_reference_blocks), computed once per input set, mask, bias, dropout and dtype.
-  const std::vector<int64_t> blocks = grad_reference_blocks(p, config_.accuracy);
-  row.grad_accuracy.blocks = static_cast<int64_t>(blocks.size());
-  if (blocks.empty()) return;
-  const int64_t G = p.group_size(), n = static_cast<int64_t>(blocks.size());
-  const std::string key = pt.input_key + "|" + pt.mask.label() + "|" + row.grad_accuracy.reference + "|" +
-                          std::to_string(p.dropout) + "|" + std::to_string(p.seed) + "|" + bias_name(p.bias) +
-                          "|" + dtype_name(p.dtype) + "|" + std::to_string(p.effective_scale());
-  if (grad_reference_key_ != key) {
-    grad_reference_key_.clear();
-    grad_dq_ = DoubleArray({n, G, p.seq_q, p.head_dim});
-    grad_dk_ = DoubleArray({n, p.seq_kv, p.head_dim});
-    grad_dv_ = DoubleArray(grad_dk_.shape);
-    AttentionInputs ref_in = in;
-    ref_in.out = nullptr;
-    reference_attention_backward(p, ref_in, d_out.ptr(), grad_dq_.ptr(), grad_dk_.ptr(), grad_dv_.ptr(),
-                                 &blocks);
-    grad_reference_key_ = key;
-  }
-  // The fp32 gradients of the same blocks, in the reference's compact layout.
-  const int64_t qblock = G * p.seq_q * p.head_dim, kvblock = p.seq_kv * p.head_dim;
-  std::vector<float> gq(static_cast<std::size_t>(n * qblock)), gk(static_cast<std::size_t>(n * kvblock)),
-      gv(gk.size());
-  for (int64_t x = 0; x < n; ++x) {
-    const int64_t bkv = blocks[static_cast<std::size_t>(x)], b = bkv / p.num_kv_heads();
-    const int64_t h0 = b * p.heads + (bkv % p.num_kv_heads()) * G;
-    std::copy_n(dq.ptr() + h0 * p.seq_q * p.head_dim, qblock, gq.data() + x * qblock);
-    std::copy_n(dk.ptr() + bkv * kvblock, kvblock, gk.data() + x * kvblock);
-    std::copy_n(dv.ptr() + bkv * kvblock, kvblock, gv.data() + x * kvblock);
-  }
-  auto fill = [&](GradAccuracySummary::Part& part, const std::vector<float>& got, const DoubleArray& want) {
-    const ErrorMetrics m =
-        compare_outputs(got.data(), want.ptr(), static_cast<int64_t>(got.size()) / p.head_dim, p.head_dim);
-    part.max_abs_err = m.max_abs_err;
-    part.rel_l2_err = m.rel_l2_err;
-    part.nan_count = m.nan_count;
-    part.inf_count = m.inf_count;
-  };
-  fill(row.grad_accuracy.dq, gq, grad_dq_);
-  fill(row.grad_accuracy.dk, gk, grad_dk_);
-  fill(row.grad_accuracy.dv, gv, grad_dv_);
+  // The gradients against exact attention's fp64 gradient on the inputs the kernel read (accuracy.hpp).
+  references_.fill_backward(pt, in, d_out.ptr(), dq.ptr(), dk.ptr(), dv.ptr(), row);
 }
 
 void PointRunner::record_peak(ResultRow& row) {

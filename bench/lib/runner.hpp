@@ -16,6 +16,7 @@
 #include <string>
 #include <utility>
 
+#include "bench/lib/accuracy.hpp"
 #include "bench/lib/calibration.hpp"
 #include "bench/lib/inputs.hpp"
 #include "bench/lib/interference.hpp"
@@ -70,13 +71,9 @@ class PointRunner {
   void record_peak(ResultRow& row);  // the memory probe's peak into the row (or why it has none)
   // NaN/Inf in the Q, K, V the variant read (bf16 / fp16 counted as stored).
   int64_t count_nonfinite_inputs(const Problem& p, const AttentionInputs& in) const;
-  void fill_timing(const SweepPoint& pt, const TimingStats& t, ResultRow& row) const;
   // frac_sgemm from the sgemm timed in the same rounds (ResultRow::group_sgemm); after fill_timing.
   void fill_group_sgemm(const TimingStats& point, const TimingStats& sgemm, ResultRow& row) const;
   void time_rope(const SweepPoint& pt, ResultRow& row);
-  // The fp64 reference of `p` on `in` under `key` into `ref` (kept while the key stays the same).
-  void reference_for(const Problem& p, const AttentionInputs& in, const std::string& mode,
-                     const std::string& key, std::string& have_key, DoubleArray& ref);
 
   const SweepConfig& config_;
   Calibration calibration_;
@@ -93,15 +90,10 @@ class PointRunner {
   std::map<DType, std::unique_ptr<StoredInputs>> stored_;  // inputs_ rounded to bf16 / fp16
 
   std::map<std::string, double> rope_ms_;  // "threads|isa" -> median ms, for inputs_key_
-  std::vector<int64_t> reference_rows_;
-  // On the fp32 inputs (the end-to-end reference; the only one of fp32 points) and on the rounded ones.
-  std::string reference_key_, stored_reference_key_;
-  DoubleArray reference_, stored_reference_;
-  // Backward points of the current input set: dO, and the fp64 gradient reference of the sampled blocks
-  // (under its key: mask, dropout, bias, dtype).
+  AccuracyReferences references_;          // the fp64 references of the current input set
+  // Backward points of the current input set: dO.
   FloatArray d_out_;
-  std::string d_out_key_, grad_reference_key_;
-  DoubleArray grad_dq_, grad_dk_, grad_dv_;
+  std::string d_out_key_;
 };
 
 }  // namespace attn

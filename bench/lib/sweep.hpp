@@ -5,6 +5,7 @@
 #include <string>
 
 #include "bench/lib/plan.hpp"
+#include "bench/lib/shard.hpp"
 
 namespace attn {
 
@@ -19,18 +20,6 @@ struct SweepOptions {
   std::string isa = "best";  // `run --isa`, already applied to the plan; kept in meta.json for --resume
   std::string shard;         // `run --shard I/N` or `slurm/N` (parse_shard); "" = the whole plan
 };
-
-// One shard of a plan: the units (plan.hpp ShardUnits) whose index is congruent to `index` modulo `count`.
-struct ShardSpec {
-  int index = 0;
-  int count = 1;
-  std::string folder() const;  // "I-of-N", the shard's folder under OUT/shards/
-};
-constexpr int kMaxShards = 100000;
-// `--shard I/N` with 0 <= I < N <= kMaxShards, or `--shard slurm/N`: I is then the environment's
-// SLURM_ARRAY_TASK_ID (`slurm_task_id`, nullptr when unset), so one batch script serves every array task.
-// UsageError naming --shard, the value and what is allowed.
-ShardSpec parse_shard(const std::string& text, const char* slurm_task_id);
 
 // The Slurm job facts of this process (SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID,
 // SLURM_NODELIST, SLURM_CLUSTER_NAME, SLURM_JOB_PARTITION) as strings; an empty object outside Slurm.

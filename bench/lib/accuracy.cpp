@@ -1,0 +1,113 @@
+// Rows' accuracy (accuracy.hpp).
+#include "bench/lib/accuracy.hpp"
+
+#include <algorithm>
+
+#include "common/half.hpp"
+
+namespace attn {
+
+void fill_accuracy(AccuracySummary& a, const ErrorMetrics& m, int64_t rows) {
+  a.rows = rows;
+  a.max_abs_err = m.max_abs_err;
+  a.rel_l2_err = m.rel_l2_err;
+  a.mean_cosine = m.mean_cosine;
+  a.nan_count = m.nan_count;
+  a.inf_count = m.inf_count;
+}
+
+void AccuracyReferences::forward_reference(const Problem& p, const AttentionInputs& in,
+                                           const std::string& mode, const std::string& key,
+                                           std::string& have_key, DoubleArray& ref) {
+  if (have_key == key) return;
+  have_key.clear();
+  ref = DoubleArray();
+  ref = DoubleArray({p.batch, p.heads, static_cast<int64_t>(rows_.size()), p.head_dim});
+  reference_attention(p, in, ref.ptr(), mode == "full" ? nullptr : &rows_);
+  have_key = key;
+}
+
+void AccuracyReferences::fill_forward(const SweepPoint& pt, const AttentionInputs& fp32,
+                                      const AttentionInputs& stored_in, const float* out, ResultRow& row) {
+  const Problem& p = pt.problem;
+  // Against exact softmax attention in fp64 (same masks, bias and dropout), on all or sampled rows: on the
+  // inputs the variant read (`accuracy`) and on the fp32 inputs before rounding (`accuracy_e2e`; for fp32
+  // one reference serves both).
+  const std::string mode = row.accuracy.reference;
+  if (mode == "none") return;
+  rows_ = accuracy_rows(p, settings_);
+  // The input key leaves out causality (causal and non-causal twins share their inputs): the mask is part of
+  // the reference's key.
+  const std::string key = pt.input_key + "|" + pt.mask.label() + "|" + mode + "|" +
+                          std::to_string(p.dropout) + "|" + std::to_string(p.seed) + "|" + bias_name(p.bias);
+  AttentionInputs in32 = fp32;
+  in32.out = nullptr;
+  forward_reference(WideInputs::as_fp32(p), in32, mode, key, key_, reference_);
+  if (p.dtype == DType::fp32) {
+    stored_key_.clear();  // points of one dtype are adjacent: free it for the fp32 points
+    stored_reference_ = DoubleArray();
+  } else {
+    AttentionInputs stored = stored_in;
+    stored.out = nullptr;
+    forward_reference(p, stored, mode, key + "|" + dtype_name(p.dtype), stored_key_, stored_reference_);
+  }
+  const int64_t bh = p.batch * p.heads;
+  const auto got = mode == "full" ? std::vector<float>(out, out + bh * p.seq_q * p.head_dim)
+                                  : gather_rows(out, bh, p.seq_q, p.head_dim, rows_);
+  const auto rows = static_cast<int64_t>(rows_.size());
+  const int64_t nrows = bh * rows;
+  const ErrorMetrics e2e = compare_outputs(got.data(), reference_.ptr(), nrows, p.head_dim);
+  fill_accuracy(row.accuracy_e2e, e2e, rows);
+  if (p.dtype == DType::fp32)
+    fill_accuracy(row.accuracy, e2e, rows);
+  else
+    fill_accuracy(row.accuracy, compare_outputs(got.data(), stored_reference_.ptr(), nrows, p.head_dim),
+                  rows);
+}
+
+void AccuracyReferences::fill_backward(const SweepPoint& pt, const AttentionInputs& stored,
+                                       const float* d_out, const float* dq, const float* dk, const float* dv,
+                                       ResultRow& row) {
+  const Problem& p = pt.problem;
+  const std::vector<int64_t> blocks = grad_reference_blocks(p, settings_);
+  row.grad_accuracy.blocks = static_cast<int64_t>(blocks.size());
+  if (blocks.empty()) return;
+  const int64_t G = p.group_size(), n = static_cast<int64_t>(blocks.size());
+  const std::string key = pt.input_key + "|" + pt.mask.label() + "|" + row.grad_accuracy.reference + "|" +
+                          std::to_string(p.dropout) + "|" + std::to_string(p.seed) + "|" + bias_name(p.bias) +
+                          "|" + dtype_name(p.dtype) + "|" + std::to_string(p.effective_scale());
+  if (grad_key_ != key) {
+    grad_key_.clear();
+    grad_dq_ = DoubleArray({n, G, p.seq_q, p.head_dim});
+    grad_dk_ = DoubleArray({n, p.seq_kv, p.head_dim});
+    grad_dv_ = DoubleArray(grad_dk_.shape);
+    AttentionInputs ref_in = stored;
+    ref_in.out = nullptr;
+    reference_attention_backward(p, ref_in, d_out, grad_dq_.ptr(), grad_dk_.ptr(), grad_dv_.ptr(), &blocks);
+    grad_key_ = key;
+  }
+  // The fp32 gradients of the same blocks, in the reference's compact layout.
+  const int64_t qblock = G * p.seq_q * p.head_dim, kvblock = p.seq_kv * p.head_dim;
+  std::vector<float> gq(static_cast<std::size_t>(n * qblock)), gk(static_cast<std::size_t>(n * kvblock)),
+      gv(gk.size());
+  for (int64_t x = 0; x < n; ++x) {
+    const int64_t bkv = blocks[static_cast<std::size_t>(x)], b = bkv / p.num_kv_heads();
+    const int64_t h0 = b * p.heads + (bkv % p.num_kv_heads()) * G;
+    std::copy_n(dq + h0 * p.seq_q * p.head_dim, qblock, gq.data() + x * qblock);
+    std::copy_n(dk + bkv * kvblock, kvblock, gk.data() + x * kvblock);
+    std::copy_n(dv + bkv * kvblock, kvblock, gv.data() + x * kvblock);
+  }
+  auto fill = [&](GradAccuracySummary::Part& part, const std::vector<float>& got, const DoubleArray& want) {
+    const ErrorMetrics m =
+        compare_outputs(got.data(), want.ptr(), static_cast<int64_t>(got.size()) / p.head_dim, p.head_dim);
+    part.max_abs_err = m.max_abs_err;
+    part.rel_l2_err = m.rel_l2_err;
+    part.nan_count = m.nan_count;
+    part.inf_count = m.inf_count;
+  };
+  fill(row.grad_accuracy.dq, gq, grad_dq_);
+  fill(row.grad_accuracy.dk, gk, grad_dk_);
+  fill(row.grad_accuracy.dv, gv, grad_dv_);
+}
+
+}  // namespace attn

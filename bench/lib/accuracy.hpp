@@ -1,0 +1,51 @@
+// A row's accuracy against fp64 exact softmax attention, the same whoever measured the point (the local
+// runner, attnbench_mpi's ring): the forward's `accuracy` (on the inputs the variant read) and
+// `accuracy_e2e` (on the fp32 inputs before rounding to the storage dtype), and backward rows'
+// `grad_accuracy` (dQ, dK, dV against the fp64 gradient of the blocks grad_reference_blocks names). The
+// references are computed once per input set (and mask, dropout, bias, dtype) and shared by every point on
+// it: the plan keeps those points adjacent.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/lib/config.hpp"
+#include "bench/lib/plan.hpp"
+#include "bench/lib/result_row.hpp"
+#include "common/attention.hpp"
+#include "common/reference.hpp"
+#include "common/tensor.hpp"
+
+namespace attn {
+
+// The metrics of a comparison into a row's summary.
+void fill_accuracy(AccuracySummary& a, const ErrorMetrics& m, int64_t rows);
+
+class AccuracyReferences {
+ public:
+  explicit AccuracyReferences(const AccuracySettings& settings) : settings_(settings) {}
+  // `out` is the point's whole output [B, H, seq_q, D]; `fp32` the input set's fp32 Q, K, V (and masks);
+  // `stored` what the variant read (fp32, or q16 / k16 / v16 of the point's dtype). Does nothing when the
+  // row's accuracy.reference is "none".
+  void fill_forward(const SweepPoint& pt, const AttentionInputs& fp32, const AttentionInputs& stored,
+                    const float* out, ResultRow& row);
+  // The whole dQ, dK, dV of a backward point against the gradient of exact attention on `stored` for dO
+  // `d_out`, on the blocks grad_reference_blocks gives (grad_accuracy.blocks = how many).
+  void fill_backward(const SweepPoint& pt, const AttentionInputs& stored, const float* d_out, const float* dq,
+                     const float* dk, const float* dv, ResultRow& row);
+
+ private:
+  // The fp64 forward reference of `p` on `in` under `key` into `ref` (kept while the key stays the same).
+  void forward_reference(const Problem& p, const AttentionInputs& in, const std::string& mode,
+                         const std::string& key, std::string& have_key, DoubleArray& ref);
+
+  const AccuracySettings& settings_;
+  std::vector<int64_t> rows_;
+  // On the fp32 inputs (the end-to-end reference; the only one of fp32 points) and on the rounded ones.
+  std::string key_, stored_key_;
+  DoubleArray reference_, stored_reference_;
+  std::string grad_key_;
+  DoubleArray grad_dq_, grad_dk_, grad_dv_;
+};
+
+}  // namespace attn
