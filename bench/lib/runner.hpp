@@ -18,6 +18,7 @@
 
 #include "bench/lib/accuracy.hpp"
 #include "bench/lib/calibration.hpp"
+#include "bench/lib/executor.hpp"
 #include "bench/lib/inputs.hpp"
 #include "bench/lib/interference.hpp"
 #include "bench/lib/measure.hpp"
@@ -35,9 +36,27 @@ struct TrainingState {
   std::vector<float> saved;
 };
 
-class PointRunner {
+// The local executor: measures each group on this machine.
+class PointRunner final : public Executor {
  public:
   explicit PointRunner(const SweepConfig& resolved);
+
+  // Executor (executor.hpp).
+  Json machine_facts() const override {
+    return {{"memory_probe", memory_probe_supported() ? "VmHWM reset per point" : "unsupported"}};
+  }
+  void prepare(Json& meta, const std::function<bool()>& stop) override {
+    set_calibration(calibrate(config_, meta, stop));
+  }
+  bool between_groups(Json& meta, int64_t rows_written, const std::function<bool()>& stop) override {
+    return maybe_recalibrate(meta, rows_written, stop);
+  }
+  bool groups_input_sets(const SweepConfig& config) const override { return config.measure.interleave; }
+  std::vector<ResultRow> measure(const std::vector<SweepPoint>& group, const std::function<bool()>& stop,
+                                 bool& interrupted) override {
+    return measure_group(group, stop, interrupted);
+  }
+
   void set_calibration(Calibration calibration) { calibration_ = std::move(calibration); }
   // The point's row: status "ok", "skipped" (with the reason) or "failed" (an exception, NaN/Inf output).
   ResultRow measure(const SweepPoint& pt);

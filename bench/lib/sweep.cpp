@@ -1,4 +1,6 @@
-// The sweep driver: filter, dry run, signals, calibration, the point loop with progress, the summary.
+// The one sweep driver: filter or shard, dry run, signals, the results folder, the executor's preparation
+// (calibration), the groups with progress, the summary. What measures the points is an Executor
+// (executor.hpp): the local PointRunner here, attnbench_mpi's ring there.
 #include "bench/lib/sweep.hpp"
 
 #include <signal.h>
@@ -12,11 +14,13 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
 
 #include "bench/lib/doctor.hpp"
+#include "bench/lib/executor.hpp"
 #include "bench/lib/rows.hpp"
 #include "bench/lib/runner.hpp"
 #include "bench/lib/store.hpp"
@@ -120,63 +124,167 @@ std::vector<SweepPoint> filter_points(const Plan& plan, const std::string& filte
   return points;
 }
 
-int run_sweep(const Plan& plan, const SweepOptions& options) {
-  SweepOptions o = options;
-  const SweepConfig& config = plan.config;
-  if (o.out_dir.empty()) o.out_dir = (fs::path("results") / config.name).string();
+namespace {
+
+// The points this run measures: the plan's, or one shard of it (its folder under OUT/shards/, its meta),
+// or those matching --filter.
+struct Selection {
   std::vector<SweepPoint> points;
   Json shard_meta;  // null unless --shard
   std::string shard_note;
-  if (!o.shard.empty()) {
-    const ShardSpec shard = parse_shard(o.shard, std::getenv("SLURM_ARRAY_TASK_ID"));
-    if (!o.filter.empty())
-      throw UsageError(
-          "--filter and --shard exclude each other: `attnbench merge` checks the shards against "
-          "the whole plan, so a filtered shard would report the filtered-out points missing");
-    points = shard_points(plan, shard, shard_meta);
-    const std::string unit = shard_meta["by"] == "input set" ? "input sets" : "points";
-    shard_note = " (shard " + std::to_string(shard.index) + "/" + std::to_string(shard.count) +
-                 " of the plan's " + std::to_string(plan.points.size()) + " points, " +
-                 shard_meta["plan"]["units"].dump() + " " + unit + " dealt round-robin)";
-    o.out_dir = (fs::path(o.out_dir) / "shards" / shard.folder()).string();
-  } else {
-    points = filter_points(plan, o.filter);
+};
+Selection select_points(const Plan& plan, SweepOptions& o) {
+  Selection sel;
+  if (o.shard.empty()) {
+    sel.points = filter_points(plan, o.filter);
+    return sel;
   }
-  if (o.dry_run) return print_plan(points, config, o.json, shard_note);
+  const ShardSpec shard = parse_shard(o.shard, std::getenv("SLURM_ARRAY_TASK_ID"));
+  if (!o.filter.empty())
+    throw UsageError(
+        "--filter and --shard exclude each other: `attnbench merge` checks the shards against "
+        "the whole plan, so a filtered shard would report the filtered-out points missing");
+  sel.points = shard_points(plan, shard, sel.shard_meta);
+  const std::string unit = sel.shard_meta["by"] == "input set" ? "input sets" : "points";
+  sel.shard_note = " (shard " + std::to_string(shard.index) + "/" + std::to_string(shard.count) +
+                   " of the plan's " + std::to_string(plan.points.size()) + " points, " +
+                   sel.shard_meta["plan"]["units"].dump() + " " + unit + " dealt round-robin)";
+  o.out_dir = (fs::path(o.out_dir) / "shards" / shard.folder()).string();
+  return sel;
+}
 
-  // Handlers first: a Ctrl-C during set-up or calibration also ends in a resumable folder.
-  std::optional<StopSignalScope> stop_signals(std::in_place);
-  PointRunner runner(config);
-  Json machine = {
-      {"system", system_info()},
-      {"memory_probe", runner.memory_probe_supported() ? "VmHWM reset per point" : "unsupported"}};
+// The results folder (fresh, forced or resumed) with the machine facts, and a shard's record of this start.
+std::unique_ptr<ResultStore> open_store(const Plan& plan, const SweepOptions& o, const Selection& sel,
+                                        const Executor& executor) {
+  const SweepConfig& config = plan.config;
+  Json machine = {{"system", system_info()}};
+  machine.update(executor.machine_facts());
   const Json slurm = slurm_environment();
   if (!slurm.empty()) machine["slurm"] = slurm;
-  if (!shard_meta.is_null()) machine["shard"] = shard_meta;
-  ResultStore store(o.out_dir,
-                    o.resume  ? ResultStore::Mode::resume
-                    : o.force ? ResultStore::Mode::force
-                              : ResultStore::Mode::fresh,
-                    config, {config.hash(), o.isa}, machine);
-  if (!shard_meta.is_null()) {
-    if (o.resume) check_resumed_shard(store.meta().value("shard", Json()), shard_meta, o.out_dir);
+  if (!sel.shard_meta.is_null()) machine["shard"] = sel.shard_meta;
+  auto store = std::make_unique<ResultStore>(o.out_dir,
+                                             o.resume  ? ResultStore::Mode::resume
+                                             : o.force ? ResultStore::Mode::force
+                                                       : ResultStore::Mode::fresh,
+                                             config, ResultStore::Identity{config.hash(), o.isa}, machine);
+  if (o.resume) executor.check_resume(store->meta());
+  if (!sel.shard_meta.is_null()) {
+    if (o.resume) check_resumed_shard(store->meta().value("shard", Json()), sel.shard_meta, o.out_dir);
     // Every start of the shard's folder (the first and each --resume, possibly on another node): where it
     // ran, so `merge` can name the machine of every row.
     const Json system = machine["system"];
-    store.meta()["shard"]["runs"].push_back({{"start_time", now_iso8601()},
-                                             {"hostname", system["hostname"]},
-                                             {"cpu_model", system["cpu_model"]},
-                                             {"slurm", slurm}});
-    if (o.resume && !slurm.empty()) store.meta()["slurm"] = slurm;  // the latest task's ids
-    store.save_meta();
+    store->meta()["shard"]["runs"].push_back({{"start_time", now_iso8601()},
+                                              {"hostname", system["hostname"]},
+                                              {"cpu_model", system["cpu_model"]},
+                                              {"slurm", slurm}});
+    if (o.resume && !slurm.empty()) store->meta()["slurm"] = slurm;  // the latest task's ids
+    store->save_meta();
   }
+  return store;
+}
+
+// The points still to do, in the groups the executor measures together: with measure.interleave (when the
+// executor groups input sets), the adjacent points that share one input set (the plan keeps them
+// together); otherwise one point each.
+std::vector<std::vector<SweepPoint>> make_groups(const std::vector<SweepPoint>& points,
+                                                 const std::set<std::string>& done, bool by_input_set,
+                                                 const Executor& executor) {
+  std::vector<std::vector<SweepPoint>> groups;
+  for (const SweepPoint& pt : points) {
+    if (done.count(executor.row_id(pt))) continue;
+    if (by_input_set && !groups.empty() && groups.back().back().input_key == pt.input_key)
+      groups.back().push_back(pt);
+    else
+      groups.push_back({pt});
+  }
+  return groups;
+}
+
+// The counts of the closing summary.
+struct Tally {
+  std::size_t measured = 0;
+  int failed = 0, skipped = 0, ok = 0, remeasured = 0, noisy = 0;
+  void count(const ResultRow& row) {
+    (row.status == "ok" ? ok : row.status == "skipped" ? skipped : failed)++;
+    remeasured += row.attempts > 1;
+    noisy += row.noisy;
+    ++measured;
+  }
+};
+
+// One line per row on a plain stream: status, id, the median with its interval, re-measurements, noise;
+// the group's wall time after its last row.
+void print_row(const ResultRow& row, std::size_t measured, std::size_t todo, bool last,
+               std::size_t group_size, double secs) {
+  std::cout << "[" << measured << "/" << todo << "] " << row.status << " " << row.id;
+  if (row.status == "ok") {
+    std::cout << "  " << std::setprecision(4) << *row.time_ms.median << " ms";
+    if (row.time_ms.ci_lo && row.time_ms.ci_hi)
+      std::cout << " [" << *row.time_ms.ci_lo << ", " << *row.time_ms.ci_hi << "]";
+    if (row.attempts > 1) std::cout << "  measured " << row.attempts << "x";
+    if (row.noisy && row.interference)
+      std::cout << "  NOISY (interference " << std::setprecision(2) << row.interference->score << ")";
+  } else {
+    std::cout << "  (" << row.reason << ")";
+  }
+  if (last)
+    std::cout << "  [" << format_duration(secs)
+              << (group_size > 1 ? " for " + std::to_string(group_size) + " points" : "") << "]";
+  std::cout << "\n";
+}
+
+// The groups, each measured by the executor and its rows appended as they come; stops early (leaving the
+// folder resumable) when `stop()` turns true.
+void measure_groups(const std::vector<std::vector<SweepPoint>>& groups, std::size_t todo,
+                    const SweepOptions& o, ResultStore& store, Executor& executor,
+                    const std::function<bool()>& stop, Tally& tally) {
+  const bool tty = o.progress_tty && isatty(STDERR_FILENO);
+  const auto t_start = std::chrono::steady_clock::now();
+  for (const std::vector<SweepPoint>& group : groups) {
+    if (stop()) break;
+    if (executor.between_groups(store.meta(), static_cast<int64_t>(store.existing().size() + tally.measured),
+                                stop))
+      store.save_meta();
+    const auto t0 = std::chrono::steady_clock::now();
+    if (tty)
+      progress(
+          tally.measured, todo,
+          group.size() > 1 ? std::to_string(group.size()) + " points together: " + group[0].id : group[0].id,
+          t_start);
+    bool interrupted = false;
+    std::vector<ResultRow> rows = executor.measure(group, stop, interrupted);
+    if (interrupted) break;  // none of the group is written: --resume measures it again
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (ResultRow& row : rows) {
+      tally.count(row);
+      store.append(row);
+      if (!tty) print_row(row, tally.measured, todo, &row == &rows.back(), rows.size(), secs);
+    }
+    std::cout << std::flush;
+  }
+  if (tty) std::cerr << "\r\033[K";
+}
+
+}  // namespace
+
+int run_sweep(const Plan& plan, const SweepOptions& options, Executor& executor) {
+  SweepOptions o = options;
+  const SweepConfig& config = plan.config;
+  if (o.out_dir.empty()) o.out_dir = (fs::path("results") / config.name).string();
+  const Selection sel = select_points(plan, o);
+  if (o.dry_run) return print_plan(sel.points, config, o.json, sel.shard_note);
+
+  // Handlers first: a Ctrl-C during set-up or calibration also ends in a resumable folder.
+  std::optional<StopSignalScope> stop_signals(std::in_place);
+  const std::unique_ptr<ResultStore> store = open_store(plan, o, sel, executor);
   std::set<std::string> done;
-  for (const ResultRow& row : store.existing()) done.insert(row.id);
+  for (const ResultRow& row : store->existing()) done.insert(row.id);
   std::size_t todo = 0;
-  for (const auto& pt : points) todo += !done.count(pt.id);
-  std::cout << "attnbench: sweep '" << config.name << "': " << points.size() << " points" << shard_note
-            << (done.empty() ? "" : ", " + std::to_string(points.size() - todo) + " already done") << " -> "
-            << o.out_dir << "\n"
+  for (const auto& pt : sel.points) todo += !done.count(executor.row_id(pt));
+  std::cout << "attnbench: sweep '" << config.name << "': " << sel.points.size() << " points"
+            << sel.shard_note
+            << (done.empty() ? "" : ", " + std::to_string(sel.points.size() - todo) + " already done")
+            << " -> " << o.out_dir << "\n"
             << std::flush;
   // The machine's conditions first (the quick checks: no timed observation), printed and kept in meta.json.
   {
@@ -185,83 +293,39 @@ int run_sweep(const Plan& plan, const SweepOptions& options) {
     d.threads = *std::max_element(config.threads.begin(), config.threads.end());
     const std::vector<DoctorFinding> findings = doctor_checks(d);
     std::cout << doctor_warnings_text(findings) << std::flush;
-    store.meta()["doctor"] = doctor_json(findings);
-  }
-  runner.set_calibration(calibrate(config, store.meta(), [] { return g_stop_signal.load() != 0; }));
-  store.save_meta();
-
-  const bool tty = o.progress_tty && isatty(STDERR_FILENO);
-  const auto t_start = std::chrono::steady_clock::now();
-  std::size_t measured = 0;
-  int failed = 0, skipped = 0, ok = 0, remeasured = 0, noisy = 0;
-  // The points still to do, in groups timed together: with measure.interleave, the adjacent points that
-  // share one input set (the plan keeps them together); otherwise one point each.
-  std::vector<std::vector<SweepPoint>> groups;
-  for (const SweepPoint& pt : points) {
-    if (done.count(pt.id)) continue;
-    if (config.measure.interleave && !groups.empty() && groups.back().back().input_key == pt.input_key)
-      groups.back().push_back(pt);
-    else
-      groups.push_back({pt});
+    store->meta()["doctor"] = doctor_json(findings);
   }
   const auto stop = [] { return g_stop_signal.load() != 0; };
-  for (const std::vector<SweepPoint>& group : groups) {
-    if (stop()) break;
-    if (runner.maybe_recalibrate(store.meta(), static_cast<int64_t>(store.existing().size() + measured),
-                                 stop))
-      store.save_meta();
-    const auto t0 = std::chrono::steady_clock::now();
-    if (tty)
-      progress(
-          measured, todo,
-          group.size() > 1 ? std::to_string(group.size()) + " points together: " + group[0].id : group[0].id,
-          t_start);
-    bool interrupted = false;
-    std::vector<ResultRow> rows = runner.measure_group(group, stop, interrupted);
-    if (interrupted) break;  // none of the group is written: --resume measures it again
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    for (ResultRow& row : rows) {
-      (row.status == "ok" ? ok : row.status == "skipped" ? skipped : failed)++;
-      remeasured += row.attempts > 1;
-      noisy += row.noisy;
-      store.append(row);
-      ++measured;
-      if (tty) continue;
-      std::cout << "[" << measured << "/" << todo << "] " << row.status << " " << row.id;
-      if (row.status == "ok") {
-        std::cout << "  " << std::setprecision(4) << *row.time_ms.median << " ms";
-        if (row.time_ms.ci_lo && row.time_ms.ci_hi)
-          std::cout << " [" << *row.time_ms.ci_lo << ", " << *row.time_ms.ci_hi << "]";
-        if (row.attempts > 1) std::cout << "  measured " << row.attempts << "x";
-        if (row.noisy && row.interference)
-          std::cout << "  NOISY (interference " << std::setprecision(2) << row.interference->score << ")";
-      } else
-        std::cout << "  (" << row.reason << ")";
-      if (&row == &rows.back())
-        std::cout << "  [" << format_duration(secs)
-                  << (rows.size() > 1 ? " for " + std::to_string(rows.size()) + " points" : "") << "]";
-      std::cout << "\n";
-    }
-    std::cout << std::flush;
-  }
-  if (tty) std::cerr << "\r\033[K";
+  executor.prepare(store->meta(), stop);
+  store->save_meta();
+
+  const auto t_start = std::chrono::steady_clock::now();
+  Tally tally;
+  measure_groups(make_groups(sel.points, done, executor.groups_input_sets(config), executor), todo, o, *store,
+                 executor, stop, tally);
   stop_signals.reset();
   const int sig = g_stop_signal.exchange(0);
-  store.finish(sig != 0);
-  std::cout << "attnbench: " << ok << " ok, " << skipped << " skipped, " << failed << " failed in "
+  store->finish(sig != 0);
+  std::cout << "attnbench: " << tally.ok << " ok, " << tally.skipped << " skipped, " << tally.failed
+            << " failed in "
             << format_duration(
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count())
             << "; results in " << o.out_dir << "\n";
-  if (remeasured || noisy)
-    std::cout << "attnbench: interference: " << remeasured << " point(s) measured again, " << noisy
-              << " still noisy (noisy: true in their rows; measure.max_interference "
+  if (tally.remeasured || tally.noisy)
+    std::cout << "attnbench: interference: " << tally.remeasured << " point(s) measured again, "
+              << tally.noisy << " still noisy (noisy: true in their rows; measure.max_interference "
               << config.measure.max_interference << ")\n";
   if (sig) {
-    std::cout << "attnbench: interrupted (signal " << sig << ") after " << measured << " of " << todo
+    std::cout << "attnbench: interrupted (signal " << sig << ") after " << tally.measured << " of " << todo
               << " points; rerun with --resume to finish\n";
     return 130;
   }
-  return failed ? 1 : 0;
+  return tally.failed ? 1 : 0;
+}
+
+int run_sweep(const Plan& plan, const SweepOptions& options) {
+  PointRunner runner(plan.config);
+  return run_sweep(plan, options, runner);
 }
 
 int run_sweep_config(const std::string& config_path, const SweepOptions& options) {

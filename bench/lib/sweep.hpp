@@ -33,6 +33,9 @@ std::vector<SweepPoint> filter_points(const Plan& plan, const std::string& filte
 // previous handlers are restored after exactly as they were (sigaction: handler, mask and flags), so the
 // Python module's run() gives the interpreter its own handler back.
 int run_sweep(const Plan& plan, const SweepOptions& options);
+// The same with the points measured by `executor` (run_sweep above uses the local PointRunner).
+class Executor;
+int run_sweep(const Plan& plan, const SweepOptions& options, Executor& executor);
 
 // What `attnbench run CONFIG` does, for the CLI and the Python module's run(): checks the options (--resume
 // with --force, --json without --dry-run; UsageError), selects options.isa for the duration (restored
