@@ -221,64 +221,71 @@ std::optional<ResultRow::GroupSgemm> read_group_sgemm(const Reader& in) {
 }  // namespace
 
 Json to_json(const ResultRow& r) {
-  return {{"id", r.id},
-          {"variant", r.variant},
-          {"params", r.params},
-          {"batch", r.batch},
-          {"heads", r.heads},
-          {"kv_heads", r.kv_heads},
-          {"seq_q", r.seq_q},
-          {"seq_kv", r.seq_kv},
-          {"head_dim", r.head_dim},
-          {"mask", r.mask},
-          {"regime", r.regime},
-          {"threads", r.threads},
-          {"isa", r.isa},
-          {"dropout", r.dropout},
-          {"dtype", r.dtype},
-          {"bias", r.bias},
-          {"rope", r.rope},
-          {"rope_ms", opt(r.rope_ms)},
-          {"pass", r.pass},
-          {"exact", r.exact},
-          {"status", r.status},
-          {"reason", r.reason},
-          {"time_ms",
-           {{"median", opt(r.time_ms.median)},
-            {"p10", opt(r.time_ms.p10)},
-            {"p90", opt(r.time_ms.p90)},
-            {"mean", opt(r.time_ms.mean)},
-            {"cv", opt(r.time_ms.cv)},
-            {"reps", r.time_ms.reps},
-            {"ci_lo", opt(r.time_ms.ci_lo)},
-            {"ci_hi", opt(r.time_ms.ci_hi)},
-            {"ci_level", opt(r.time_ms.ci_level)},
-            {"samples", r.time_ms.samples}}},
-          {"interference", interference_json(r.interference)},
-          {"attempts", r.attempts},
-          {"noisy", r.noisy},
-          {"interleave", interleave_json(r.interleave)},
-          {"calibration", opt(r.calibration)},
-          {"group_sgemm", group_sgemm_json(r.group_sgemm)},
-          {"flops", opt(r.flops)},
-          {"gflops", opt(r.gflops)},
-          {"frac_sgemm", opt(r.frac_sgemm)},
-          {"frac_peak", opt(r.frac_peak)},
-          {"bytes", opt(r.bytes)},
-          {"gbytes_per_s", opt(r.gbytes_per_s)},
-          {"frac_bandwidth", opt(r.frac_bandwidth)},
-          {"accuracy", accuracy_json(r.accuracy)},
-          {"accuracy_e2e", accuracy_json(r.accuracy_e2e)},
-          {"grad_accuracy", grad_accuracy_json(r.grad_accuracy)},
-          {"memory",
-           {{"estimated_bytes", r.memory.estimated_bytes},
-            {"inputs_bytes", r.memory.inputs_bytes},
-            {"workspace_bytes", r.memory.workspace_bytes},
-            {"reference_bytes", r.memory.reference_bytes},
-            {"peak_bytes", opt(r.memory.peak_bytes)},
-            {"peak_note", r.memory.peak_note}}},
-          {"nonfinite_inputs", opt(r.nonfinite_inputs)},
-          {"timestamp", r.timestamp}};
+  Json j = {{"id", r.id},
+            {"variant", r.variant},
+            {"params", r.params},
+            {"batch", r.batch},
+            {"heads", r.heads},
+            {"kv_heads", r.kv_heads},
+            {"seq_q", r.seq_q},
+            {"seq_kv", r.seq_kv},
+            {"head_dim", r.head_dim},
+            {"mask", r.mask},
+            {"regime", r.regime},
+            {"threads", r.threads},
+            {"isa", r.isa},
+            {"dropout", r.dropout},
+            {"dtype", r.dtype},
+            {"bias", r.bias},
+            {"rope", r.rope},
+            {"rope_ms", opt(r.rope_ms)},
+            {"pass", r.pass},
+            {"exact", r.exact},
+            {"status", r.status},
+            {"reason", r.reason},
+            {"time_ms",
+             {{"median", opt(r.time_ms.median)},
+              {"p10", opt(r.time_ms.p10)},
+              {"p90", opt(r.time_ms.p90)},
+              {"mean", opt(r.time_ms.mean)},
+              {"cv", opt(r.time_ms.cv)},
+              {"reps", r.time_ms.reps},
+              {"ci_lo", opt(r.time_ms.ci_lo)},
+              {"ci_hi", opt(r.time_ms.ci_hi)},
+              {"ci_level", opt(r.time_ms.ci_level)},
+              {"samples", r.time_ms.samples}}},
+            {"interference", interference_json(r.interference)},
+            {"attempts", r.attempts},
+            {"noisy", r.noisy},
+            {"interleave", interleave_json(r.interleave)},
+            {"calibration", opt(r.calibration)},
+            {"group_sgemm", group_sgemm_json(r.group_sgemm)},
+            {"flops", opt(r.flops)},
+            {"gflops", opt(r.gflops)},
+            {"frac_sgemm", opt(r.frac_sgemm)},
+            {"frac_peak", opt(r.frac_peak)},
+            {"bytes", opt(r.bytes)},
+            {"gbytes_per_s", opt(r.gbytes_per_s)},
+            {"frac_bandwidth", opt(r.frac_bandwidth)},
+            {"accuracy", accuracy_json(r.accuracy)},
+            {"accuracy_e2e", accuracy_json(r.accuracy_e2e)},
+            {"grad_accuracy", grad_accuracy_json(r.grad_accuracy)},
+            {"memory",
+             {{"estimated_bytes", r.memory.estimated_bytes},
+              {"inputs_bytes", r.memory.inputs_bytes},
+              {"workspace_bytes", r.memory.workspace_bytes},
+              {"reference_bytes", r.memory.reference_bytes},
+              {"peak_bytes", opt(r.memory.peak_bytes)},
+              {"peak_note", r.memory.peak_note}}},
+            {"nonfinite_inputs", opt(r.nonfinite_inputs)},
+            {"timestamp", r.timestamp}};
+  if (r.ring) {
+    j["ranks"] = r.ring->ranks;
+    j["bytes_sent_per_rank"] = opt(r.ring->bytes_sent_per_rank);
+    j["rank0_whole_tensors_bytes"] = opt(r.ring->rank0_whole_tensors_bytes);
+    j["ring"] = r.ring->report;
+  }
+  return j;
 }
 
 ResultRow row_from_json(const Json& j, const std::string& where) {
@@ -363,6 +370,14 @@ ResultRow row_from_json(const Json& j, const std::string& where) {
   r.memory.peak_note = in.str("memory.peak_note");
   r.nonfinite_inputs = in.opt_integer("nonfinite_inputs");
   r.timestamp = in.str("timestamp");
+  if (in.find("ranks")) {
+    ResultRow::Ring ring;
+    ring.ranks = static_cast<int>(in.integer("ranks"));
+    ring.bytes_sent_per_rank = in.opt_number("bytes_sent_per_rank");
+    ring.rank0_whole_tensors_bytes = in.opt_number("rank0_whole_tensors_bytes");
+    if (const Json* rep = in.find("ring")) ring.report = *rep;
+    r.ring = ring;
+  }
   return r;
 }
 

@@ -125,7 +125,16 @@ struct ResultRow {
   GradAccuracySummary grad_accuracy;  // backward and forward_backward rows (reference "none" otherwise)
   MemorySummary memory;
   std::optional<int64_t> nonfinite_inputs;  // NaN/Inf values in Q, K, V (null until measured)
-  std::string timestamp;                    // when the row was written (UTC ISO 8601)
+  // Rows of attnbench_mpi's ring (absent from single-process rows): the rank count, the most K/V bytes one
+  // rank sent, what rank 0 holds beyond its share (the point's whole Q, K, V and O, for the accuracy check)
+  // and the per-rank report (ring.hpp rank_report).
+  struct Ring {
+    int ranks = 1;
+    std::optional<double> bytes_sent_per_rank, rank0_whole_tensors_bytes;
+    Json report;  // null for a skipped point
+  };
+  std::optional<Ring> ring;
+  std::string timestamp;  // when the row was written (UTC ISO 8601)
 };
 
 // Every field is written (null until known), so readers never test for presence.

@@ -13,8 +13,8 @@
 // when P <= n; P > n is refused), chunks differ by at most one position, and any n works.
 // Rank r's K/V block (the same chunks of K and V) travels: at step t in [0, P) rank r holds the block of rank
 // (r - t) mod P. A query chunk a against a key chunk b is computed whole (no mask) when the mask is off or
-// a > b, as a causal diagonal block when a == b (equal positions, so the block's own upper-left causal rule is
-// exactly "key j <= query i"), and skipped when a < b (every key in the future).
+// a > b, as a causal diagonal block when a == b (equal positions, so the block's own upper-left causal rule
+// is exactly "key j <= query i"), and skipped when a < b (every key in the future).
 #pragma once
 #include <mpi.h>
 

@@ -14,6 +14,7 @@ Exit 0 pass, 1 fail, 77 skip (numpy or mpirun missing). Every mpirun runs under 
 """
 import argparse
 import json
+import re
 import os
 import subprocess
 import sys
@@ -278,7 +279,9 @@ def part_sweep(args, tmp):
     with open(jsonl, "w") as f:
         f.write("".join(line + "\n" for line in lines[:-2]))
     r, _ = mpirun(args, 2, "run", path, "--out", out, "--resume")
-    check(r is not None and r.returncode == 0 and "6 row(s) kept" in r.stdout and "2 row(s) written" in r.stdout,
+    summary = re.search(r"(\d+) ok, (\d+) skipped, (\d+) failed", r.stdout if r is not None else "")
+    check(r is not None and r.returncode == 0 and "8 points, 6 already done" in r.stdout and summary is not None
+          and sum(int(x) for x in summary.groups()) == 2,
           f"--resume measures the 2 missing rows and keeps 6 ({r and r.returncode}: {r and r.stdout!r} {r and r.stderr!r})")
     with open(jsonl) as f:
         again = f.read().splitlines()
