@@ -1,9 +1,10 @@
-// `attnbench_mpi run CONFIG`: a sweep config's points measured with ring attention (ring.hpp). It reuses the
-// config parser and the plan of bench/lib (the same points, ids and inputs as `attnbench run`) and writes its
-// own results folder: results.jsonl (one result_row per point, to_json, plus `ranks`, `bytes_sent_per_rank`
-// and the per-rank statistics under `ring`), results.csv (the result_row columns) and meta.json.
-// Scope: variant tiled, fp32, mask none or causal, self-attention, no RoPE or bias or dropout; any other
-// point is a "skipped" row saying why.
+// `attnbench_mpi run CONFIG`: a sweep config's points measured with ring attention (ring.hpp), through the
+// one sweep driver of bench/lib (run_sweep) with the ring as its executor: the same plan, ids and inputs as
+// `attnbench run`, the same results folder (meta.json, results.jsonl, results.csv, --resume / --force), rows
+// filled the same way plus the ring's figures (`ranks`, `bytes_sent_per_rank`, `rank0_whole_tensors_bytes`,
+// the per-rank statistics under `ring`; ids end in ",ranks=P").
+// Scope: variants claiming block partials, fp32, mask none or causal, self-attention, forward, no RoPE, bias
+// or dropout; any other point is a "skipped" row saying why.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
