@@ -23,7 +23,11 @@ int run_info(bool as_json, bool row_fields) {
     if (as_json) {
       Json fields = Json::array();
       for (const RowField& f : attn::row_fields())
-        fields.push_back({{"field", f.path}, {"type", f.type}, {"meaning", f.meaning}});
+        fields.push_back({{"field", f.path},
+                          {"type", f.type},
+                          {"unit", f.unit},
+                          {"meaning", f.meaning},
+                          {"ring_only", f.ring_only}});
       std::cout << fields.dump(2) << "\n";
     } else {
       std::cout << row_fields_markdown();

@@ -1,9 +1,13 @@
-// The result row's one writer, one reader and field documentation.
+// The result row's one declaration of its fields (below: kFields), and from it its writer, reader and
+// documentation.
 #include "bench/lib/result_row.hpp"
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <sstream>
+#include <string_view>
+#include <type_traits>
 
 #include "common/error.hpp"
 #include "common/util.hpp"
@@ -16,6 +20,22 @@ Json opt(const std::optional<double>& x) {
 }
 Json opt(const std::optional<int64_t>& x) {
   return x ? Json(*x) : Json(nullptr);
+}
+// A leaf of an optional object as JSON (non-finite doubles as "nan" / "inf").
+Json leaf_json(double x) {
+  return json_number(x);
+}
+Json leaf_json(const std::optional<double>& x) {
+  return opt(x);
+}
+Json leaf_json(int64_t x) {
+  return x;
+}
+Json leaf_json(int x) {
+  return x;
+}
+Json leaf_json(const std::string& x) {
+  return x;
 }
 
 // Reading: every accessor names the field's path in its error.
@@ -80,6 +100,45 @@ class Reader {
     fail(path, "must be a number, null, \"nan\", \"inf\" or \"-inf\", got " + v->dump());
   }
   double number(const std::string& path) const { return opt_number(path).value_or(0.0); }
+  bool is_null(const std::string& path) const {
+    const Json* v = find(path);
+    return !v || v->is_null();
+  }
+  std::vector<double> numbers(const std::string& path) const {
+    std::vector<double> out;
+    const Json* v = find(path);
+    if (!v || v->is_null()) return out;
+    if (!v->is_array()) fail(path, "must be a list of numbers, got " + v->dump());
+    for (const Json& x : *v) {
+      if (!x.is_number()) fail(path, "must be a list of numbers, got " + x.dump() + " in it");
+      out.push_back(x.get<double>());
+    }
+    return out;
+  }
+  Json object(const std::string& path) const {
+    const Json* v = find(path);
+    if (!v || v->is_null()) return Json::object();
+    if (!v->is_object()) fail(path, "must be an object, got " + v->dump());
+    return *v;
+  }
+  Json any(const std::string& path) const {
+    const Json* v = find(path);
+    return v ? *v : Json();
+  }
+  // A leaf of the type T it is stored as in ResultRow.
+  template <class T>
+  T as(const std::string& path) const {
+    if constexpr (std::is_same_v<T, double>)
+      return number(path);
+    else if constexpr (std::is_same_v<T, std::optional<double>>)
+      return opt_number(path);
+    else if constexpr (std::is_same_v<T, int64_t>)
+      return integer(path);
+    else if constexpr (std::is_same_v<T, int>)
+      return static_cast<int>(integer(path));
+    else
+      return str(path);
+  }
   bool boolean(const std::string& path) const {
     const Json* v = find(path);
     if (!v || v->is_null()) return false;
@@ -92,487 +151,452 @@ class Reader {
   std::string where_;
 };
 
-Json accuracy_json(const AccuracySummary& a) {
-  return {{"reference", a.reference},          {"rows", a.rows},
-          {"max_abs_err", opt(a.max_abs_err)}, {"rel_l2_err", opt(a.rel_l2_err)},
-          {"mean_cosine", opt(a.mean_cosine)}, {"nan_count", opt(a.nan_count)},
-          {"inf_count", opt(a.inf_count)}};
-}
+// ---- The one declaration of the row's fields ----
+// Each field: its path (nested objects joined by '.'), JSON type, unit, meaning, and how it is read from and
+// written to a ResultRow. to_json, row_from_json, the CSV columns (store.cpp), the documentation table
+// (configs/README.md, `attnbench info --row-fields`) and the schema the Python side reads
+// (scripts/plotlib/row_schema.json, `attnbench info --row-fields --json`) all come from this table.
 
-AccuracySummary read_accuracy(const Reader& in, const std::string& key) {
-  AccuracySummary a;
-  a.reference = in.str(key + ".reference");
-  a.rows = in.integer(key + ".rows");
-  a.max_abs_err = in.opt_number(key + ".max_abs_err");
-  a.rel_l2_err = in.opt_number(key + ".rel_l2_err");
-  a.mean_cosine = in.opt_number(key + ".mean_cosine");
-  a.nan_count = in.opt_integer(key + ".nan_count");
-  a.inf_count = in.opt_integer(key + ".inf_count");
-  return a;
-}
+using Getter = Json (*)(const ResultRow&);
+using Setter = void (*)(const Reader&, const char* path, ResultRow&);
 
-Json grad_part_json(const GradAccuracySummary::Part& g) {
-  return {{"max_abs_err", opt(g.max_abs_err)},
-          {"rel_l2_err", opt(g.rel_l2_err)},
-          {"nan_count", opt(g.nan_count)},
-          {"inf_count", opt(g.inf_count)}};
-}
-
-Json grad_accuracy_json(const GradAccuracySummary& g) {
-  return {{"reference", g.reference},
-          {"blocks", g.blocks},
-          {"dq", grad_part_json(g.dq)},
-          {"dk", grad_part_json(g.dk)},
-          {"dv", grad_part_json(g.dv)}};
-}
-
-GradAccuracySummary read_grad_accuracy(const Reader& in) {
-  GradAccuracySummary g;
-  g.reference = in.str("grad_accuracy.reference");
-  if (g.reference.empty()) g.reference = "none";  // rows from before the backward pass
-  g.blocks = in.integer("grad_accuracy.blocks");
-  for (auto [name, part] :
-       {std::pair<const char*, GradAccuracySummary::Part*>{"dq", &g.dq}, {"dk", &g.dk}, {"dv", &g.dv}}) {
-    const std::string k = std::string("grad_accuracy.") + name;
-    part->max_abs_err = in.opt_number(k + ".max_abs_err");
-    part->rel_l2_err = in.opt_number(k + ".rel_l2_err");
-    part->nan_count = in.opt_integer(k + ".nan_count");
-    part->inf_count = in.opt_integer(k + ".inf_count");
+// Codecs by kind; `member` is an expression in `r`. Leaves of an object that is absent (interference,
+// interleave, group_sgemm before they are measured) are written null and read back as absent.
+#define STR(member)                                  \
+  [](const ResultRow& r) -> Json { return member; }, \
+      [](const Reader& in, const char* path, ResultRow& r) { member = in.str(path); }
+#define INT64(member)                                \
+  [](const ResultRow& r) -> Json { return member; }, \
+      [](const Reader& in, const char* path, ResultRow& r) { member = in.integer(path); }
+#define INT(member)                                  \
+  [](const ResultRow& r) -> Json { return member; }, \
+      [](const Reader& in, const char* path, ResultRow& r) { member = static_cast<int>(in.integer(path)); }
+#define NUM(member)                                  \
+  [](const ResultRow& r) -> Json { return member; }, \
+      [](const Reader& in, const char* path, ResultRow& r) { member = in.number(path); }
+#define BOOL(member)                                 \
+  [](const ResultRow& r) -> Json { return member; }, \
+      [](const Reader& in, const char* path, ResultRow& r) { member = in.boolean(path); }
+#define OPT_NUM(member)                                   \
+  [](const ResultRow& r) -> Json { return opt(member); }, \
+      [](const Reader& in, const char* path, ResultRow& r) { member = in.opt_number(path); }
+#define OPT_INT(member)                                   \
+  [](const ResultRow& r) -> Json { return opt(member); }, \
+      [](const Reader& in, const char* path, ResultRow& r) { member = in.opt_integer(path); }
+// An integer that older rows lack: read as null-able, 0 when absent (complete_and_check gives the meaning).
+#define OPT_DEFAULT(member)                                                                                 \
+  [](const ResultRow& r) -> Json { return member; }, [](const Reader& in, const char* path, ResultRow& r) { \
+    member = static_cast<std::remove_reference_t<decltype(member)>>(in.opt_integer(path).value_or(0));      \
   }
-  return g;
+#define BYTES(member)                                \
+  [](const ResultRow& r) -> Json { return member; }, \
+      [](const Reader& in, const char* path, ResultRow& r) { member = in.bytes(path); }
+#define SAMPLES(member)                              \
+  [](const ResultRow& r) -> Json { return member; }, \
+      [](const Reader& in, const char* path, ResultRow& r) { member = in.numbers(path); }
+#define OBJECT(member)                               \
+  [](const ResultRow& r) -> Json { return member; }, \
+      [](const Reader& in, const char* path, ResultRow& r) { member = in.object(path); }
+// The first leaf of an optional object decides whether it is there (a non-null value), the others follow.
+#define OPTIONAL_LEAF(opt_member, first, leaf, read)                                                       \
+  [](const ResultRow& r) -> Json { return r.opt_member ? leaf_json(r.opt_member->leaf) : Json(nullptr); }, \
+      [](const Reader& in, const char* path, ResultRow& r) {                                               \
+        if (std::string_view(#leaf) == #first) {                                                           \
+          if (in.is_null(path)) return;                                                                    \
+          r.opt_member.emplace();                                                                          \
+        }                                                                                                  \
+        if (r.opt_member) r.opt_member->leaf = read;                                                       \
+      }
+#define INTERFERENCE(leaf) \
+  OPTIONAL_LEAF(interference, window_s, leaf, in.template as<decltype(r.interference->leaf)>(path))
+#define INTERLEAVE(leaf) \
+  OPTIONAL_LEAF(interleave, group, leaf, in.template as<decltype(r.interleave->leaf)>(path))
+#define GROUP_SGEMM(leaf) \
+  OPTIONAL_LEAF(group_sgemm, gflops, leaf, in.template as<decltype(r.group_sgemm->leaf)>(path))
+
+struct Field {
+  const char* path;
+  const char* type;
+  const char* unit;
+  const char* meaning;
+  Getter get;
+  Setter set;
+};
+
+// Constant-initialised (string literals and function pointers), so no order of static initialisation
+// matters.
+constexpr Field kFields[] = {
+    {"id", "string", "",
+     "the point's unique id: the problem's repro string (with `,alibi` and `,dtype=NAME` unless "
+     "the defaults), `,padfrac=F` with key padding, the regime (with `,rope=MODE` when RoPE is "
+     "on), `,T=` threads, `,isa=NAME` unless the requested target is `best`, and `,pass=NAME` "
+     "unless the pass is the forward",
+     STR(r.id)},
+    {"variant", "string", "", "registered variant name", STR(r.variant)},
+    {"params", "object", "", "the variant's resolved parameters (defaults filled in)", OBJECT(r.params)},
+    {"batch", "integer", "", "B", INT64(r.batch)},
+    {"heads", "integer", "", "H (query heads)", INT64(r.heads)},
+    {"kv_heads", "integer", "",
+     "K/V heads (grouped-query attention: query head h reads K/V head h / (heads / kv_heads)); "
+     "equal to `heads` for multi-head attention and in rows written before the field existed",
+     OPT_DEFAULT(r.kv_heads)},
+    {"seq_q", "integer", "positions", "query length", INT64(r.seq_q)},
+    {"seq_kv", "integer", "positions", "key/value length", INT64(r.seq_kv)},
+    {"head_dim", "integer", "", "D", INT64(r.head_dim)},
+    {"mask", "string", "",
+     "`none`, `causal`, `causal_lower_right`, `pad=F`, or `+`-joined (`causal+pad=F`, "
+     "`causal_lower_right+pad=F`)",
+     STR(r.mask)},
+    {"regime", "string", "",
+     "how the inputs were made: `gaussian(std=S)` or `tokens(FILE)`, with `,rope=MODE` inside "
+     "the parentheses when RoPE is on (`gaussian(std=1,rope=normal)`)",
+     STR(r.regime)},
+    {"threads", "integer", "", "TBB threads", INT(r.threads)},
+    {"isa", "string", "", "the SIMD target that ran (e.g. `avx3`, `avx2`, `neon`, `scalar`)", STR(r.isa)},
+    {"dropout", "number", "probability", "dropout probability on the attention weights", NUM(r.dropout)},
+    {"dtype", "string", "",
+     "storage precision of Q, K, V: `fp32`, or `bf16` / `fp16` rounded (nearest even) from the "
+     "fp32 inputs; computation and the output are fp32 (`fp32` in rows written before the field "
+     "existed)",
+     STR(r.dtype)},
+    {"bias", "string", "", "logit bias: `none` or `alibi` (the ALiBi paper's default slopes)", STR(r.bias)},
+    {"rope", "string", "",
+     "RoPE applied to the fp32 Q and K before rounding: `none`, `normal` (adjacent pairs), "
+     "`neox` (halves), with `,base=B` when the base is not 10000",
+     STR(r.rope)},
+    {"rope_ms", "number|null", "ms",
+     "median milliseconds of applying RoPE to Q and K once, at the row's threads and target (not "
+     "part of `time_ms`); null when `rope` is `none`",
+     OPT_NUM(r.rope_ms)},
+    {"pass", "string", "",
+     "what was timed (sweep.pass): `forward`; `backward` (dQ, dK, dV from the O, saved state and "
+     "dO an untimed training forward left); or `forward_backward` (the training forward then the "
+     "backward); `forward` in rows written before the field existed",
+     STR(r.pass)},
+    {"exact", "boolean", "", "the variant computes softmax attention exactly", BOOL(r.exact)},
+    {"status", "string", "", "`ok`, `skipped` (unsupported or over the memory budget) or `failed`",
+     STR(r.status)},
+    {"reason", "string", "", "why skipped or failed (`\"\"` when ok)", STR(r.reason)},
+    {"time_ms.median", "number|null", "ms", "median milliseconds per call", OPT_NUM(r.time_ms.median)},
+    {"time_ms.p10", "number|null", "ms", "10th percentile", OPT_NUM(r.time_ms.p10)},
+    {"time_ms.p90", "number|null", "ms", "90th percentile", OPT_NUM(r.time_ms.p90)},
+    {"time_ms.mean", "number|null", "ms", "mean", OPT_NUM(r.time_ms.mean)},
+    {"time_ms.cv", "number|null", "", "coefficient of variation (stddev / mean)", OPT_NUM(r.time_ms.cv)},
+    {"time_ms.reps", "integer", "", "measured repetitions (0 when not measured)", INT(r.time_ms.reps)},
+    {"time_ms.ci_lo", "number|null", "ms",
+     "lower end of the 95% confidence interval of the median: the order statistic x(l) of the "
+     "distribution-free interval [x(l), x(n+1-l)], l the largest rank whose binomial coverage is "
+     ">= 95%; null below 6 repetitions (no such pair exists)",
+     OPT_NUM(r.time_ms.ci_lo)},
+    {"time_ms.ci_hi", "number|null", "ms", "upper end, x(n+1-l)", OPT_NUM(r.time_ms.ci_hi)},
+    {"time_ms.ci_level", "number|null", "",
+     "the interval's exact coverage, 1 - 2 P(Binomial(n, 1/2) < l) (>= 0.95)", OPT_NUM(r.time_ms.ci_level)},
+    {"time_ms.samples", "array", "ms", "every measured repetition in ms, in order (at most max_reps)",
+     SAMPLES(r.time_ms.samples)},
+    {"interference.window_s", "number|null", "s",
+     "interference while the point was timed (#18; null until measured, for the attempt kept): "
+     "the wall seconds the probe covered (warm-up and timed rounds; an interleaved group shares "
+     "one window)",
+     INTERFERENCE(window_s)},
+    {"interference.steal_frac", "number|null", "",
+     "hypervisor steal over window x the CPUs this process may run on (/proc/stat)",
+     INTERFERENCE(steal_frac)},
+    {"interference.other_cpu_frac", "number|null", "",
+     "other processes' CPU time on those CPUs (their busy ticks minus this process's CPU time) "
+     "over the same; known to about 2 ticks per CPU",
+     INTERFERENCE(other_cpu_frac)},
+    {"interference.runq_wait_frac", "number|null", "",
+     "time this process's runnable threads waited for a core (/proc/self/task/*/schedstat) over "
+     "window x threads",
+     INTERFERENCE(runq_wait_frac)},
+    {"interference.score", "number|null", "",
+     "steal_frac + max(runq_wait_frac, other_cpu_frac - 2 / (HZ x window_s)): compared with "
+     "measure.max_interference",
+     INTERFERENCE(score)},
+    {"interference.ctx_switches_involuntary", "integer|null", "",
+     "this process's involuntary context switches during the window (getrusage)",
+     INTERFERENCE(ctx_switches_involuntary)},
+    {"interference.loadavg_1m", "number|null", "", "/proc/loadavg's 1-minute load at the end of the window",
+     INTERFERENCE(loadavg_1m)},
+    {"interference.freq_mhz", "number|null", "MHz",
+     "mean cpufreq scaling_cur_freq of those CPUs; null where the kernel does not expose it "
+     "(VMs)",
+     INTERFERENCE(freq_mhz)},
+    {"attempts", "integer", "",
+     "timed measurements of the point: 1, plus one per re-measurement after a score above "
+     "measure.max_interference (at most 1 + measure.max_remeasure); the cleanest is kept; 0 when "
+     "not measured",
+     OPT_DEFAULT(r.attempts)},
+    {"noisy", "boolean", "", "every attempt's interference score stayed above measure.max_interference",
+     BOOL(r.noisy)},
+    {"interleave.group", "string|null", "",
+     "the id of the first point of the group this point was timed with in interleaved rounds "
+     "(measure.interleave: the points sharing one input set); null when timed alone",
+     INTERLEAVE(group)},
+    {"interleave.points", "integer|null", "", "the points timed in that group", INTERLEAVE(points)},
+    {"interleave.position", "integer|null", "",
+     "this point's place in the group's rounds (0-based; odd rounds run in reverse order)",
+     INTERLEAVE(position)},
+    {"interleave.rounds", "integer|null", "",
+     "the group's timed rounds; sample r of time_ms.samples was taken in round r, so two rows of "
+     "one group pair up sample by sample (a point that reached max_reps or max_time_s left early "
+     "and has fewer)",
+     INTERLEAVE(rounds)},
+    {"calibration", "integer|null", "",
+     "index into meta.json's `calibrations` of the sgemm / FMA-peak calibration that frac_peak "
+     "(and frac_sgemm when `group_sgemm` is null) were divided by (the latest one measured clean "
+     "before the point)",
+     OPT_INT(r.calibration)},
+    {"group_sgemm.gflops", "number|null", "GFLOP/s",
+     "the median GFLOP/s of the sgemm timed in this row's interleaved rounds "
+     "(measure.group_sgemm: the calibration's sgemm at the row's thread count, one call per "
+     "round); null when the group ran without it (its sgemm would have cost over half a round, "
+     "or measure.group_sgemm is false)",
+     GROUP_SGEMM(gflops)},
+    {"group_sgemm.reps", "integer|null", "", "the sgemm's timed calls in those rounds", GROUP_SGEMM(reps)},
+    {"group_sgemm.frac_ci_lo", "number|null", "",
+     "95% distribution-free interval of frac_sgemm, over the rounds both were timed in (null "
+     "below 6)",
+     GROUP_SGEMM(frac_ci_lo)},
+    {"group_sgemm.frac_ci_hi", "number|null", "", "its upper end", GROUP_SGEMM(frac_ci_hi)},
+    {"flops", "number|null", "FLOP",
+     "floating-point operations of one timed call, as the variant counts its work: `flops` for "
+     "the forward, `backward_flops` for the backward (by default the FlashAttention-2 "
+     "convention, 2.5x the forward's, the five matmuls of a backward against the forward's two; "
+     "causal counts only the unmasked pairs in both), their sum for a training step",
+     OPT_NUM(r.flops)},
+    {"gflops", "number|null", "GFLOP/s", "flops / median time", OPT_NUM(r.gflops)},
+    {"frac_sgemm", "number|null", "",
+     "with `group_sgemm`: the median over the group's rounds of (this row's GFLOP/s / the "
+     "sgemm's GFLOP/s in the same round); without: gflops / the sgemm calibration at the same "
+     "thread count",
+     OPT_NUM(r.frac_sgemm)},
+    {"frac_peak", "number|null", "", "gflops / the fp32 FMA peak of the row's own SIMD target and threads",
+     OPT_NUM(r.frac_peak)},
+    {"bytes", "number|null", "B",
+     "bytes one call moves to and from memory as the variant counts its traffic (`bytes_moved`; "
+     "at least Q, K, V, O and the masks once), from the sizes, so skipped rows have it too; null "
+     "in older rows. Backward rows count the backward's compulsory traffic (Q, K, V, the masks, "
+     "O, dO and the saved state read once, dQ, dK, dV written once), a training step that plus "
+     "the forward's",
+     OPT_NUM(r.bytes)},
+    {"gbytes_per_s", "number|null", "GB/s", "bytes / median time / 1e9 (achieved bandwidth)",
+     OPT_NUM(r.gbytes_per_s)},
+    {"frac_bandwidth", "number|null", "",
+     "gbytes_per_s / the in-run memory-bandwidth calibration at the same thread count "
+     "(`memory_bandwidth` in meta.json)",
+     OPT_NUM(r.frac_bandwidth)},
+    {"accuracy.reference", "string", "", "`full`, `sampled` or `none`", STR(r.accuracy.reference)},
+    {"accuracy.rows", "integer", "", "query rows compared per (batch, head)", INT64(r.accuracy.rows)},
+    {"accuracy.max_abs_err", "number|string|null", "",
+     "largest absolute error against the fp64 exact reference on the inputs the kernel read "
+     "(rounded to `dtype`: the kernel's own error; `\"inf\"` if an output is non-finite)",
+     OPT_NUM(r.accuracy.max_abs_err)},
+    {"accuracy.rel_l2_err", "number|string|null", "", "‖out − ref‖₂ / ‖ref‖₂ over the compared rows",
+     OPT_NUM(r.accuracy.rel_l2_err)},
+    {"accuracy.mean_cosine", "number|string|null", "", "mean cosine similarity of output and reference rows",
+     OPT_NUM(r.accuracy.mean_cosine)},
+    {"accuracy.nan_count", "integer|null", "", "NaN values in the compared output rows",
+     OPT_INT(r.accuracy.nan_count)},
+    {"accuracy.inf_count", "integer|null", "", "Inf values in the compared output rows",
+     OPT_INT(r.accuracy.inf_count)},
+    {"accuracy_e2e.reference", "string", "", "as `accuracy.reference`", STR(r.accuracy_e2e.reference)},
+    {"accuracy_e2e.rows", "integer", "", "as `accuracy.rows`", INT64(r.accuracy_e2e.rows)},
+    {"accuracy_e2e.max_abs_err", "number|string|null", "",
+     "largest absolute error against the fp64 reference on the fp32 inputs before rounding to "
+     "`dtype` (end to end: the rounding of the inputs and the kernel's own error; equal to "
+     "`accuracy` for fp32)",
+     OPT_NUM(r.accuracy_e2e.max_abs_err)},
+    {"accuracy_e2e.rel_l2_err", "number|string|null", "", "‖out − ref_fp32‖₂ / ‖ref_fp32‖₂",
+     OPT_NUM(r.accuracy_e2e.rel_l2_err)},
+    {"accuracy_e2e.mean_cosine", "number|string|null", "", "mean cosine similarity against that reference",
+     OPT_NUM(r.accuracy_e2e.mean_cosine)},
+    {"accuracy_e2e.nan_count", "integer|null", "", "as `accuracy.nan_count`",
+     OPT_INT(r.accuracy_e2e.nan_count)},
+    {"accuracy_e2e.inf_count", "integer|null", "", "as `accuracy.inf_count`",
+     OPT_INT(r.accuracy_e2e.inf_count)},
+    {"grad_accuracy.reference", "string", "",
+     "backward rows: `full`, `sampled` (the first and last (batch, K/V head) blocks) or `none` "
+     "(forward rows, or a reference costing more than accuracy.grad_max_work)",
+     STR(r.grad_accuracy.reference)},
+    {"grad_accuracy.blocks", "integer", "", "(batch, K/V head) blocks whose gradients were compared",
+     INT64(r.grad_accuracy.blocks)},
+    {"grad_accuracy.dq.max_abs_err", "number|string|null", "",
+     "largest absolute error of dQ against the fp64 gradient of exact softmax attention (same "
+     "masks, bias, scale, dropout) on the inputs the kernel read; for an approximate variant "
+     "that is the distance of its gradient from exact attention's (its own definition's gradient "
+     "is what `attnbench check` tests)",
+     OPT_NUM(r.grad_accuracy.dq.max_abs_err)},
+    {"grad_accuracy.dq.rel_l2_err", "number|string|null", "", "‖dQ − ref‖₂ / ‖ref‖₂ over the compared blocks",
+     OPT_NUM(r.grad_accuracy.dq.rel_l2_err)},
+    {"grad_accuracy.dq.nan_count", "integer|null", "", "NaN values in the compared dQ",
+     OPT_INT(r.grad_accuracy.dq.nan_count)},
+    {"grad_accuracy.dq.inf_count", "integer|null", "", "Inf values in the compared dQ",
+     OPT_INT(r.grad_accuracy.dq.inf_count)},
+    {"grad_accuracy.dk.max_abs_err", "number|string|null", "", "as for dQ, of dK",
+     OPT_NUM(r.grad_accuracy.dk.max_abs_err)},
+    {"grad_accuracy.dk.rel_l2_err", "number|string|null", "", "as for dQ, of dK",
+     OPT_NUM(r.grad_accuracy.dk.rel_l2_err)},
+    {"grad_accuracy.dk.nan_count", "integer|null", "", "as for dQ, of dK",
+     OPT_INT(r.grad_accuracy.dk.nan_count)},
+    {"grad_accuracy.dk.inf_count", "integer|null", "", "as for dQ, of dK",
+     OPT_INT(r.grad_accuracy.dk.inf_count)},
+    {"grad_accuracy.dv.max_abs_err", "number|string|null", "", "as for dQ, of dV",
+     OPT_NUM(r.grad_accuracy.dv.max_abs_err)},
+    {"grad_accuracy.dv.rel_l2_err", "number|string|null", "", "as for dQ, of dV",
+     OPT_NUM(r.grad_accuracy.dv.rel_l2_err)},
+    {"grad_accuracy.dv.nan_count", "integer|null", "", "as for dQ, of dV",
+     OPT_INT(r.grad_accuracy.dv.nan_count)},
+    {"grad_accuracy.dv.inf_count", "integer|null", "", "as for dQ, of dV",
+     OPT_INT(r.grad_accuracy.dv.inf_count)},
+    {"memory.estimated_bytes", "integer", "B",
+     "output + the variant's workspace estimate (saturating); backward rows: dQ, dK, dV + the "
+     "backward's workspace",
+     BYTES(r.memory.estimated_bytes)},
+    {"memory.inputs_bytes", "integer", "B",
+     "Q, K, V (at `dtype`'s width) and masks; backward rows add O, dO and the saved state",
+     BYTES(r.memory.inputs_bytes)},
+    {"memory.workspace_bytes", "integer", "B",
+     "the variant's own workspace estimate at `threads` (backward rows: the backward's; a "
+     "training step: the larger of the forward's and the backward's)",
+     BYTES(r.memory.workspace_bytes)},
+    {"memory.reference_bytes", "integer", "B",
+     "what the accuracy steps allocate (fp64 reference rows, two of them for bf16 / fp16, + "
+     "copy; backward rows add the fp64 gradients of the compared blocks)",
+     BYTES(r.memory.reference_bytes)},
+    {"memory.peak_bytes", "integer|null", "B",
+     "measured increase of the resident high-water mark during the point's untimed checked call "
+     "(null: not measured): the forward's for forward rows; for backward rows the backward's, "
+     "measured from the state the training forward left (dQ, dK, dV and the backward's "
+     "workspace); for a training step both passes, from before the forward",
+     OPT_INT(r.memory.peak_bytes)},
+    {"memory.peak_note", "string", "",
+     "why `peak_bytes` is null (the kernel refused the /proc/self/clear_refs reset, or the point "
+     "was not timed); `\"\"` when it was measured",
+     STR(r.memory.peak_note)},
+    {"nonfinite_inputs", "integer|null", "", "NaN/Inf values in Q, K, V (null until measured)",
+     OPT_INT(r.nonfinite_inputs)},
+    {"timestamp", "string", "", "when the row was written (UTC)", STR(r.timestamp)},
+};
+
+// attnbench_mpi's ring figures: written only in its rows (ResultRow::ring), so single-process rows keep
+// exactly the fields above.
+constexpr Field kRingFields[] = {
+    {"ranks", "integer", "", "attnbench_mpi rows only: the MPI rank count (ids end in `,ranks=P`)",
+     [](const ResultRow& r) -> Json { return r.ring->ranks; },
+     [](const Reader& in, const char* path, ResultRow& r) {
+       r.ring->ranks = static_cast<int>(in.integer(path));
+     }},
+    {"bytes_sent_per_rank", "number|null", "B",
+     "attnbench_mpi rows only: the most K/V bytes one rank sent around the ring",
+     [](const ResultRow& r) -> Json { return opt(r.ring->bytes_sent_per_rank); },
+     [](const Reader& in, const char* path, ResultRow& r) {
+       r.ring->bytes_sent_per_rank = in.opt_number(path);
+     }},
+    {"rank0_whole_tensors_bytes", "number|null", "B",
+     "attnbench_mpi rows only: what rank 0 holds beyond its share (the point's whole Q, K, V and O, for "
+     "the "
+     "accuracy check)",
+     [](const ResultRow& r) -> Json { return opt(r.ring->rank0_whole_tensors_bytes); },
+     [](const Reader& in, const char* path, ResultRow& r) {
+       r.ring->rank0_whole_tensors_bytes = in.opt_number(path);
+     }},
+    {"ring", "object|null", "",
+     "attnbench_mpi rows only: the per-rank report (query rows, compute, wait and ring seconds, bytes "
+     "sent, "
+     "blocks, peak RSS) and the balance; null for a skipped point",
+     [](const ResultRow& r) -> Json { return r.ring->report; },
+     [](const Reader& in, const char* path, ResultRow& r) { r.ring->report = in.any(path); }},
+};
+
+#undef GROUP_SGEMM
+#undef INTERLEAVE
+#undef INTERFERENCE
+#undef OPTIONAL_LEAF
+#undef OBJECT
+#undef SAMPLES
+#undef BYTES
+#undef OPT_DEFAULT
+#undef OPT_INT
+#undef OPT_NUM
+#undef BOOL
+#undef NUM
+#undef INT
+#undef INT64
+#undef STR
+
+// Sets `value` at `path` ('.'-separated) in `j`, creating the objects on the way.
+void set_path(Json& j, const char* path, Json value) {
+  Json* cur = &j;
+  std::string_view p(path);
+  for (std::size_t dot; (dot = p.find('.')) != std::string_view::npos; p.remove_prefix(dot + 1))
+    cur = &(*cur)[std::string(p.substr(0, dot))];
+  (*cur)[std::string(p)] = std::move(value);
 }
 
-// Every key is always written (null until measured), like time_ms, so a row's fields never depend on its
-// status.
-Json interference_json(const std::optional<InterferenceSummary>& i) {
-  if (!i)
-    return {{"window_s", nullptr},       {"steal_frac", nullptr}, {"other_cpu_frac", nullptr},
-            {"runq_wait_frac", nullptr}, {"score", nullptr},      {"ctx_switches_involuntary", nullptr},
-            {"loadavg_1m", nullptr},     {"freq_mhz", nullptr}};
-  return {{"window_s", json_number(i->window_s)},
-          {"steal_frac", json_number(i->steal_frac)},
-          {"other_cpu_frac", json_number(i->other_cpu_frac)},
-          {"runq_wait_frac", json_number(i->runq_wait_frac)},
-          {"score", json_number(i->score)},
-          {"ctx_switches_involuntary", i->ctx_switches_involuntary},
-          {"loadavg_1m", json_number(i->loadavg_1m)},
-          {"freq_mhz", opt(i->freq_mhz)}};
-}
-
-std::optional<InterferenceSummary> read_interference(const Reader& in) {
-  const Json* v = in.find("interference");
-  if (!v || v->is_null()) return std::nullopt;  // a row from before the field
-  if (!v->is_object()) in.fail("interference", "must be an object, got " + v->dump());
-  if (!in.opt_number("interference.window_s")) return std::nullopt;  // not measured
-  InterferenceSummary i;
-  i.window_s = in.number("interference.window_s");
-  i.steal_frac = in.number("interference.steal_frac");
-  i.other_cpu_frac = in.number("interference.other_cpu_frac");
-  i.runq_wait_frac = in.number("interference.runq_wait_frac");
-  i.score = in.number("interference.score");
-  i.ctx_switches_involuntary = in.integer("interference.ctx_switches_involuntary");
-  i.loadavg_1m = in.number("interference.loadavg_1m");
-  i.freq_mhz = in.opt_number("interference.freq_mhz");
-  return i;
-}
-
-// Always an object (null leaves when the point was timed alone), like interference.
-Json interleave_json(const std::optional<ResultRow::Interleave>& i) {
-  if (!i) return {{"group", nullptr}, {"points", nullptr}, {"position", nullptr}, {"rounds", nullptr}};
-  return {{"group", i->group}, {"points", i->points}, {"position", i->position}, {"rounds", i->rounds}};
-}
-
-std::optional<ResultRow::Interleave> read_interleave(const Reader& in) {
-  const Json* v = in.find("interleave");
-  if (!v || v->is_null()) return std::nullopt;  // a row from before the field
-  if (!v->is_object()) in.fail("interleave", "must be an object, got " + v->dump());
-  if (in.str("interleave.group").empty()) return std::nullopt;  // timed alone
-  ResultRow::Interleave i;
-  i.group = in.str("interleave.group");
-  i.points = static_cast<int>(in.integer("interleave.points"));
-  i.position = static_cast<int>(in.integer("interleave.position"));
-  i.rounds = static_cast<int>(in.integer("interleave.rounds"));
-  return i;
-}
-
-// Always an object (null leaves when the group ran without it).
-Json group_sgemm_json(const std::optional<ResultRow::GroupSgemm>& g) {
-  if (!g) return {{"gflops", nullptr}, {"reps", nullptr}, {"frac_ci_lo", nullptr}, {"frac_ci_hi", nullptr}};
-  return {{"gflops", g->gflops},
-          {"reps", g->reps},
-          {"frac_ci_lo", opt(g->frac_ci_lo)},
-          {"frac_ci_hi", opt(g->frac_ci_hi)}};
-}
-
-std::optional<ResultRow::GroupSgemm> read_group_sgemm(const Reader& in) {
-  const Json* v = in.find("group_sgemm");
-  if (!v || v->is_null()) return std::nullopt;  // a row from before the field
-  if (!v->is_object()) in.fail("group_sgemm", "must be an object, got " + v->dump());
-  const std::optional<double> g = in.opt_number("group_sgemm.gflops");
-  if (!g) return std::nullopt;  // the group ran without it
-  ResultRow::GroupSgemm out;
-  out.gflops = *g;
-  out.reps = static_cast<int>(in.integer("group_sgemm.reps"));
-  out.frac_ci_lo = in.opt_number("group_sgemm.frac_ci_lo");
-  out.frac_ci_hi = in.opt_number("group_sgemm.frac_ci_hi");
-  return out;
+// What rows from older attnbench versions lack reads as what those versions meant, and the values every
+// reader relies on are checked.
+void complete_and_check(const Reader& in, ResultRow& r) {
+  if (r.id.empty()) in.fail("id", "missing (every row has it)");
+  if (r.variant.empty()) in.fail("variant", "missing (every row has it)");
+  if (!in.find("status")) in.fail("status", "missing (every row has it)");
+  if (r.status != "ok" && r.status != "skipped" && r.status != "failed")
+    in.fail("status", "must be ok, skipped or failed, got '" + r.status + "'");
+  // Before grouped-query attention: K/V had `heads` heads.
+  if (in.is_null("kv_heads")) r.kv_heads = r.heads;
+  // Before precision, position and the backward pass were axes: the defaults.
+  if (r.dtype.empty()) r.dtype = "fp32";
+  if (r.dtype != "fp32" && r.dtype != "bf16" && r.dtype != "fp16")
+    in.fail("dtype", "must be fp32, bf16 or fp16, got '" + r.dtype + "'");
+  if (r.bias.empty()) r.bias = "none";
+  if (r.rope.empty()) r.rope = "none";
+  if (r.pass.empty()) r.pass = "forward";
+  if (r.pass != "forward" && r.pass != "backward" && r.pass != "forward_backward")
+    in.fail("pass", "must be forward, backward or forward_backward, got '" + r.pass + "'");
+  if (r.grad_accuracy.reference.empty()) r.grad_accuracy.reference = "none";
+  // Before re-measurement under interference: one clean attempt when measured.
+  if (in.is_null("attempts")) r.attempts = r.time_ms.reps > 0 ? 1 : 0;
+  // Before the storage dtype: fp32, where the end-to-end error is the kernel's.
+  if (!in.find("accuracy_e2e")) r.accuracy_e2e = r.accuracy;
 }
 
 }  // namespace
 
 Json to_json(const ResultRow& r) {
-  Json j = {{"id", r.id},
-            {"variant", r.variant},
-            {"params", r.params},
-            {"batch", r.batch},
-            {"heads", r.heads},
-            {"kv_heads", r.kv_heads},
-            {"seq_q", r.seq_q},
-            {"seq_kv", r.seq_kv},
-            {"head_dim", r.head_dim},
-            {"mask", r.mask},
-            {"regime", r.regime},
-            {"threads", r.threads},
-            {"isa", r.isa},
-            {"dropout", r.dropout},
-            {"dtype", r.dtype},
-            {"bias", r.bias},
-            {"rope", r.rope},
-            {"rope_ms", opt(r.rope_ms)},
-            {"pass", r.pass},
-            {"exact", r.exact},
-            {"status", r.status},
-            {"reason", r.reason},
-            {"time_ms",
-             {{"median", opt(r.time_ms.median)},
-              {"p10", opt(r.time_ms.p10)},
-              {"p90", opt(r.time_ms.p90)},
-              {"mean", opt(r.time_ms.mean)},
-              {"cv", opt(r.time_ms.cv)},
-              {"reps", r.time_ms.reps},
-              {"ci_lo", opt(r.time_ms.ci_lo)},
-              {"ci_hi", opt(r.time_ms.ci_hi)},
-              {"ci_level", opt(r.time_ms.ci_level)},
-              {"samples", r.time_ms.samples}}},
-            {"interference", interference_json(r.interference)},
-            {"attempts", r.attempts},
-            {"noisy", r.noisy},
-            {"interleave", interleave_json(r.interleave)},
-            {"calibration", opt(r.calibration)},
-            {"group_sgemm", group_sgemm_json(r.group_sgemm)},
-            {"flops", opt(r.flops)},
-            {"gflops", opt(r.gflops)},
-            {"frac_sgemm", opt(r.frac_sgemm)},
-            {"frac_peak", opt(r.frac_peak)},
-            {"bytes", opt(r.bytes)},
-            {"gbytes_per_s", opt(r.gbytes_per_s)},
-            {"frac_bandwidth", opt(r.frac_bandwidth)},
-            {"accuracy", accuracy_json(r.accuracy)},
-            {"accuracy_e2e", accuracy_json(r.accuracy_e2e)},
-            {"grad_accuracy", grad_accuracy_json(r.grad_accuracy)},
-            {"memory",
-             {{"estimated_bytes", r.memory.estimated_bytes},
-              {"inputs_bytes", r.memory.inputs_bytes},
-              {"workspace_bytes", r.memory.workspace_bytes},
-              {"reference_bytes", r.memory.reference_bytes},
-              {"peak_bytes", opt(r.memory.peak_bytes)},
-              {"peak_note", r.memory.peak_note}}},
-            {"nonfinite_inputs", opt(r.nonfinite_inputs)},
-            {"timestamp", r.timestamp}};
-  if (r.ring) {
-    j["ranks"] = r.ring->ranks;
-    j["bytes_sent_per_rank"] = opt(r.ring->bytes_sent_per_rank);
-    j["rank0_whole_tensors_bytes"] = opt(r.ring->rank0_whole_tensors_bytes);
-    j["ring"] = r.ring->report;
-  }
+  Json j = Json::object();
+  for (const Field& f : kFields) set_path(j, f.path, f.get(r));
+  if (r.ring)
+    for (const Field& f : kRingFields) set_path(j, f.path, f.get(r));
   return j;
 }
 
 ResultRow row_from_json(const Json& j, const std::string& where) {
   const Reader in(j, where);
   ResultRow r;
-  r.id = in.str("id", true);
-  r.variant = in.str("variant", true);
-  r.status = in.str("status", true);
-  if (r.status != "ok" && r.status != "skipped" && r.status != "failed")
-    in.fail("status", "must be ok, skipped or failed, got '" + r.status + "'");
-  if (const Json* p = in.find("params"); p && !p->is_null()) {
-    if (!p->is_object()) in.fail("params", "must be an object, got " + p->dump());
-    r.params = *p;
-  }
-  r.batch = in.integer("batch");
-  r.heads = in.integer("heads");
-  // Rows from before grouped-query attention have no kv_heads: K/V had `heads` heads.
-  r.kv_heads = in.opt_integer("kv_heads").value_or(r.heads);
-  r.seq_q = in.integer("seq_q");
-  r.seq_kv = in.integer("seq_kv");
-  r.head_dim = in.integer("head_dim");
-  r.mask = in.str("mask");
-  r.regime = in.str("regime");
-  r.threads = static_cast<int>(in.integer("threads"));
-  r.isa = in.str("isa");
-  r.dropout = in.number("dropout");
-  // Rows from before precision and position were axes (#14) read as the defaults.
-  r.dtype = in.str("dtype");
-  if (r.dtype.empty()) r.dtype = "fp32";
-  if (r.dtype != "fp32" && r.dtype != "bf16" && r.dtype != "fp16")
-    in.fail("dtype", "must be fp32, bf16 or fp16, got '" + r.dtype + "'");
-  r.bias = in.str("bias");
-  if (r.bias.empty()) r.bias = "none";
-  r.rope = in.str("rope");
-  if (r.rope.empty()) r.rope = "none";
-  r.rope_ms = in.opt_number("rope_ms");
-  r.pass = in.str("pass");
-  if (r.pass.empty()) r.pass = "forward";  // rows from before the backward pass
-  if (r.pass != "forward" && r.pass != "backward" && r.pass != "forward_backward")
-    in.fail("pass", "must be forward, backward or forward_backward, got '" + r.pass + "'");
-  r.exact = in.boolean("exact");
-  r.reason = in.str("reason");
-  r.time_ms.median = in.opt_number("time_ms.median");
-  r.time_ms.p10 = in.opt_number("time_ms.p10");
-  r.time_ms.p90 = in.opt_number("time_ms.p90");
-  r.time_ms.mean = in.opt_number("time_ms.mean");
-  r.time_ms.cv = in.opt_number("time_ms.cv");
-  r.time_ms.reps = static_cast<int>(in.integer("time_ms.reps"));
-  // Rows from before the interval (#18) read with null intervals, no samples, one clean attempt.
-  r.time_ms.ci_lo = in.opt_number("time_ms.ci_lo");
-  r.time_ms.ci_hi = in.opt_number("time_ms.ci_hi");
-  r.time_ms.ci_level = in.opt_number("time_ms.ci_level");
-  if (const Json* v = in.find("time_ms.samples"); v && !v->is_null()) {
-    if (!v->is_array()) in.fail("time_ms.samples", "must be a list of numbers, got " + v->dump());
-    for (const Json& x : *v) {
-      if (!x.is_number()) in.fail("time_ms.samples", "must be a list of numbers, got " + x.dump() + " in it");
-      r.time_ms.samples.push_back(x.get<double>());
-    }
-  }
-  r.interference = read_interference(in);
-  r.attempts = static_cast<int>(in.opt_integer("attempts").value_or(r.time_ms.reps > 0 ? 1 : 0));
-  r.noisy = in.boolean("noisy");
-  r.interleave = read_interleave(in);
-  r.calibration = in.opt_integer("calibration");
-  r.group_sgemm = read_group_sgemm(in);
-  r.flops = in.opt_number("flops");
-  r.gflops = in.opt_number("gflops");
-  r.frac_sgemm = in.opt_number("frac_sgemm");
-  r.frac_peak = in.opt_number("frac_peak");
-  r.bytes = in.opt_number("bytes");
-  r.gbytes_per_s = in.opt_number("gbytes_per_s");
-  r.frac_bandwidth = in.opt_number("frac_bandwidth");
-  r.accuracy = read_accuracy(in, "accuracy");
-  // Rows from before the storage dtype: fp32, where the end-to-end error is the kernel's.
-  r.accuracy_e2e = in.find("accuracy_e2e") ? read_accuracy(in, "accuracy_e2e") : r.accuracy;
-  r.grad_accuracy = read_grad_accuracy(in);
-  r.memory.estimated_bytes = in.bytes("memory.estimated_bytes");
-  r.memory.inputs_bytes = in.bytes("memory.inputs_bytes");
-  r.memory.workspace_bytes = in.bytes("memory.workspace_bytes");
-  r.memory.reference_bytes = in.bytes("memory.reference_bytes");
-  r.memory.peak_bytes = in.opt_integer("memory.peak_bytes");
-  r.memory.peak_note = in.str("memory.peak_note");
-  r.nonfinite_inputs = in.opt_integer("nonfinite_inputs");
-  r.timestamp = in.str("timestamp");
+  for (const Field& f : kFields) f.set(in, f.path, r);
   if (in.find("ranks")) {
-    ResultRow::Ring ring;
-    ring.ranks = static_cast<int>(in.integer("ranks"));
-    ring.bytes_sent_per_rank = in.opt_number("bytes_sent_per_rank");
-    ring.rank0_whole_tensors_bytes = in.opt_number("rank0_whole_tensors_bytes");
-    if (const Json* rep = in.find("ring")) ring.report = *rep;
-    r.ring = ring;
+    r.ring.emplace();
+    for (const Field& f : kRingFields) f.set(in, f.path, r);
   }
+  complete_and_check(in, r);
   return r;
 }
 
 const std::vector<RowField>& row_fields() {
-  static const std::vector<RowField> fields{
-      {"id", "string",
-       "the point's unique id: the problem's repro string (with `,alibi` and `,dtype=NAME` unless the "
-       "defaults), `,padfrac=F` with key padding, the regime (with `,rope=MODE` when RoPE is on), `,T=` "
-       "threads, `,isa=NAME` unless the requested target is `best`, and `,pass=NAME` unless the pass is the "
-       "forward"},
-      {"variant", "string", "registered variant name"},
-      {"params", "object", "the variant's resolved parameters (defaults filled in)"},
-      {"batch", "integer", "B"},
-      {"heads", "integer", "H (query heads)"},
-      {"kv_heads", "integer",
-       "K/V heads (grouped-query attention: query head h reads K/V head h / (heads / kv_heads)); equal to "
-       "`heads` for multi-head attention and in rows written before the field existed"},
-      {"seq_q", "integer", "query length"},
-      {"seq_kv", "integer", "key/value length"},
-      {"head_dim", "integer", "D"},
-      {"mask", "string",
-       "`none`, `causal`, `causal_lower_right`, `pad=F`, or `+`-joined (`causal+pad=F`, "
-       "`causal_lower_right+pad=F`)"},
-      {"regime", "string",
-       "how the inputs were made: `gaussian(std=S)` or `tokens(FILE)`, with `,rope=MODE` inside the "
-       "parentheses when RoPE is on (`gaussian(std=1,rope=normal)`)"},
-      {"threads", "integer", "TBB threads"},
-      {"isa", "string", "the SIMD target that ran (e.g. `avx3`, `avx2`, `neon`, `scalar`)"},
-      {"dropout", "number", "dropout probability on the attention weights"},
-      {"dtype", "string",
-       "storage precision of Q, K, V: `fp32`, or `bf16` / `fp16` rounded (nearest even) from the fp32 "
-       "inputs; "
-       "computation and the output are fp32 (`fp32` in rows written before the field existed)"},
-      {"bias", "string", "logit bias: `none` or `alibi` (the ALiBi paper's default slopes)"},
-      {"rope", "string",
-       "RoPE applied to the fp32 Q and K before rounding: `none`, `normal` (adjacent pairs), `neox` "
-       "(halves), "
-       "with `,base=B` when the base is not 10000"},
-      {"rope_ms", "number|null",
-       "median milliseconds of applying RoPE to Q and K once, at the row's threads and target (not part of "
-       "`time_ms`); null when `rope` is `none`"},
-      {"pass", "string",
-       "what was timed (sweep.pass): `forward`; `backward` (dQ, dK, dV from the O, saved state and dO an "
-       "untimed training forward left); or `forward_backward` (the training forward then the backward); "
-       "`forward` in rows written before the field existed"},
-      {"exact", "boolean", "the variant computes softmax attention exactly"},
-      {"status", "string", "`ok`, `skipped` (unsupported or over the memory budget) or `failed`"},
-      {"reason", "string", "why skipped or failed (`\"\"` when ok)"},
-      {"time_ms.median", "number|null", "median milliseconds per call"},
-      {"time_ms.p10", "number|null", "10th percentile"},
-      {"time_ms.p90", "number|null", "90th percentile"},
-      {"time_ms.mean", "number|null", "mean"},
-      {"time_ms.cv", "number|null", "coefficient of variation (stddev / mean)"},
-      {"time_ms.reps", "integer", "measured repetitions (0 when not measured)"},
-      {"time_ms.ci_lo", "number|null",
-       "lower end of the 95% confidence interval of the median: the order statistic x(l) of the "
-       "distribution-free interval [x(l), x(n+1-l)], l the largest rank whose binomial coverage is >= 95%; "
-       "null below 6 repetitions (no such pair exists)"},
-      {"time_ms.ci_hi", "number|null", "upper end, x(n+1-l)"},
-      {"time_ms.ci_level", "number|null",
-       "the interval's exact coverage, 1 - 2 P(Binomial(n, 1/2) < l) (>= 0.95)"},
-      {"time_ms.samples", "array", "every measured repetition in ms, in order (at most max_reps)"},
-      {"interference.window_s", "number|null",
-       "interference while the point was timed (#18; null until measured, for the attempt kept): the wall "
-       "seconds the probe covered (warm-up and timed rounds; an interleaved group shares one window)"},
-      {"interference.steal_frac", "number|null",
-       "hypervisor steal over window x the CPUs this process may run on (/proc/stat)"},
-      {"interference.other_cpu_frac", "number|null",
-       "other processes' CPU time on those CPUs (their busy ticks minus this process's CPU time) over the "
-       "same; known to about 2 ticks per CPU"},
-      {"interference.runq_wait_frac", "number|null",
-       "time this process's runnable threads waited for a core (/proc/self/task/*/schedstat) over window x "
-       "threads"},
-      {"interference.score", "number|null",
-       "steal_frac + max(runq_wait_frac, other_cpu_frac - 2 / (HZ x window_s)): compared with "
-       "measure.max_interference"},
-      {"interference.ctx_switches_involuntary", "integer|null",
-       "this process's involuntary context switches "
-       "during the window (getrusage)"},
-      {"interference.loadavg_1m", "number|null", "/proc/loadavg's 1-minute load at the end of the window"},
-      {"interference.freq_mhz", "number|null",
-       "mean cpufreq scaling_cur_freq of those CPUs; null where the kernel does not expose it (VMs)"},
-      {"attempts", "integer",
-       "timed measurements of the point: 1, plus one per re-measurement after a score above "
-       "measure.max_interference (at most 1 + measure.max_remeasure); the cleanest is kept; 0 when not "
-       "measured"},
-      {"noisy", "boolean", "every attempt's interference score stayed above measure.max_interference"},
-      {"interleave.group", "string|null",
-       "the id of the first point of the group this point was timed with in interleaved rounds "
-       "(measure.interleave: the points sharing one input set); null when timed alone"},
-      {"interleave.points", "integer|null", "the points timed in that group"},
-      {"interleave.position", "integer|null",
-       "this point's place in the group's rounds (0-based; odd rounds run in reverse order)"},
-      {"interleave.rounds", "integer|null",
-       "the group's timed rounds; sample r of time_ms.samples was taken in round r, so two rows of one group "
-       "pair up sample by sample (a point that reached max_reps or max_time_s left early and has fewer)"},
-      {"calibration", "integer|null",
-       "index into meta.json's `calibrations` of the sgemm / FMA-peak calibration that frac_peak (and "
-       "frac_sgemm when `group_sgemm` is null) were divided by (the latest one measured clean before the "
-       "point)"},
-      {"group_sgemm.gflops", "number|null",
-       "the median GFLOP/s of the sgemm timed in this row's interleaved rounds (measure.group_sgemm: the "
-       "calibration's sgemm at the row's thread count, one call per round); null when the group ran without "
-       "it (its sgemm would have cost over half a round, or measure.group_sgemm is false)"},
-      {"group_sgemm.reps", "integer|null", "the sgemm's timed calls in those rounds"},
-      {"group_sgemm.frac_ci_lo", "number|null",
-       "95% distribution-free interval of frac_sgemm, over the rounds both were timed in (null below 6)"},
-      {"group_sgemm.frac_ci_hi", "number|null", "its upper end"},
-      {"flops", "number|null",
-       "floating-point operations of one timed call, as the variant counts its work: `flops` for the "
-       "forward, `backward_flops` for the backward (by default the FlashAttention-2 convention, 2.5x the "
-       "forward's, the five matmuls of a backward against the forward's two; causal counts only the "
-       "unmasked pairs in both), their sum for a training step"},
-      {"gflops", "number|null", "flops / median time"},
-      {"frac_sgemm", "number|null",
-       "with `group_sgemm`: the median over the group's rounds of (this row's GFLOP/s / the sgemm's GFLOP/s "
-       "in the same round); without: gflops / the sgemm calibration at the same thread count"},
-      {"frac_peak", "number|null", "gflops / the fp32 FMA peak of the row's own SIMD target and threads"},
-      {"bytes", "number|null",
-       "bytes one call moves to and from memory as the variant counts its traffic (`bytes_moved`; at least "
-       "Q, K, V, O and the masks once), from the sizes, so skipped rows have it too; null in older rows. "
-       "Backward rows count the backward's compulsory traffic (Q, K, V, the masks, O, dO and the saved state "
-       "read once, dQ, dK, dV written once), a training step that plus the forward's"},
-      {"gbytes_per_s", "number|null", "bytes / median time / 1e9 (achieved bandwidth)"},
-      {"frac_bandwidth", "number|null",
-       "gbytes_per_s / the in-run memory-bandwidth calibration at the same thread count "
-       "(`memory_bandwidth` in meta.json)"},
-      {"accuracy.reference", "string", "`full`, `sampled` or `none`"},
-      {"accuracy.rows", "integer", "query rows compared per (batch, head)"},
-      {"accuracy.max_abs_err", "number|string|null",
-       "largest absolute error against the fp64 exact reference on the inputs the kernel read (rounded to "
-       "`dtype`: the kernel's own error; `\"inf\"` if an output is non-finite)"},
-      {"accuracy.rel_l2_err", "number|string|null", "‖out − ref‖₂ / ‖ref‖₂ over the compared rows"},
-      {"accuracy.mean_cosine", "number|string|null", "mean cosine similarity of output and reference rows"},
-      {"accuracy.nan_count", "integer|null", "NaN values in the compared output rows"},
-      {"accuracy.inf_count", "integer|null", "Inf values in the compared output rows"},
-      {"accuracy_e2e.reference", "string", "as `accuracy.reference`"},
-      {"accuracy_e2e.rows", "integer", "as `accuracy.rows`"},
-      {"accuracy_e2e.max_abs_err", "number|string|null",
-       "largest absolute error against the fp64 reference on the fp32 inputs before rounding to `dtype` "
-       "(end to end: the rounding of the inputs and the kernel's own error; equal to `accuracy` for fp32)"},
-      {"accuracy_e2e.rel_l2_err", "number|string|null", "‖out − ref_fp32‖₂ / ‖ref_fp32‖₂"},
-      {"accuracy_e2e.mean_cosine", "number|string|null", "mean cosine similarity against that reference"},
-      {"accuracy_e2e.nan_count", "integer|null", "as `accuracy.nan_count`"},
-      {"accuracy_e2e.inf_count", "integer|null", "as `accuracy.inf_count`"},
-      {"grad_accuracy.reference", "string",
-       "backward rows: `full`, `sampled` (the first and last (batch, K/V head) blocks) or `none` (forward "
-       "rows, or a reference costing more than accuracy.grad_max_work)"},
-      {"grad_accuracy.blocks", "integer", "(batch, K/V head) blocks whose gradients were compared"},
-      {"grad_accuracy.dq.max_abs_err", "number|string|null",
-       "largest absolute error of dQ against the fp64 gradient of exact softmax attention (same masks, "
-       "bias, scale, dropout) on the inputs the kernel read; for an approximate variant that is the distance "
-       "of its gradient from exact attention's (its own definition's gradient is what `attnbench check` "
-       "tests)"},
-      {"grad_accuracy.dq.rel_l2_err", "number|string|null", "‖dQ − ref‖₂ / ‖ref‖₂ over the compared blocks"},
-      {"grad_accuracy.dq.nan_count", "integer|null", "NaN values in the compared dQ"},
-      {"grad_accuracy.dq.inf_count", "integer|null", "Inf values in the compared dQ"},
-      {"grad_accuracy.dk.max_abs_err", "number|string|null", "as for dQ, of dK"},
-      {"grad_accuracy.dk.rel_l2_err", "number|string|null", "as for dQ, of dK"},
-      {"grad_accuracy.dk.nan_count", "integer|null", "as for dQ, of dK"},
-      {"grad_accuracy.dk.inf_count", "integer|null", "as for dQ, of dK"},
-      {"grad_accuracy.dv.max_abs_err", "number|string|null", "as for dQ, of dV"},
-      {"grad_accuracy.dv.rel_l2_err", "number|string|null", "as for dQ, of dV"},
-      {"grad_accuracy.dv.nan_count", "integer|null", "as for dQ, of dV"},
-      {"grad_accuracy.dv.inf_count", "integer|null", "as for dQ, of dV"},
-      {"memory.estimated_bytes", "integer",
-       "output + the variant's workspace estimate (saturating); backward rows: dQ, dK, dV + the backward's "
-       "workspace"},
-      {"memory.inputs_bytes", "integer",
-       "Q, K, V (at `dtype`'s width) and masks; backward rows add O, dO and the saved state"},
-      {"memory.workspace_bytes", "integer",
-       "the variant's own workspace estimate at `threads` (backward rows: the backward's; a training step: "
-       "the larger of the forward's and the backward's)"},
-      {"memory.reference_bytes", "integer",
-       "what the accuracy steps allocate (fp64 reference rows, two of them for bf16 / fp16, + copy; backward "
-       "rows add the fp64 gradients of the compared blocks)"},
-      {"memory.peak_bytes", "integer|null",
-       "measured increase of the resident high-water mark during the point's untimed checked call (null: "
-       "not measured): the forward's for forward rows; for backward rows the backward's, measured from the "
-       "state the training forward left (dQ, dK, dV and the backward's workspace); for a training step both "
-       "passes, from before the forward"},
-      {"memory.peak_note", "string",
-       "why `peak_bytes` is null (the kernel refused the /proc/self/clear_refs reset, or the point was not "
-       "timed); `\"\"` when it was measured"},
-      {"nonfinite_inputs", "integer|null", "NaN/Inf values in Q, K, V (null until measured)"},
-      {"timestamp", "string", "when the row was written (UTC)"},
-  };
-  return fields;
+  static const std::vector<RowField> documented = [] {
+    std::vector<RowField> out;
+    for (const Field& f : kFields) out.push_back({f.path, f.type, f.unit, f.meaning, false});
+    for (const Field& f : kRingFields) out.push_back({f.path, f.type, f.unit, f.meaning, true});
+    return out;
+  }();
+  return documented;
 }
 
 std::string row_fields_markdown() {
   std::ostringstream o;
-  o << "| field | type | meaning |\n|---|---|---|\n";
+  o << "| field | type | unit | meaning |\n|---|---|---|---|\n";
   for (const RowField& f : row_fields())
-    o << "| `" << f.path << "` | " << f.type << " | " << f.meaning << " |\n";
+    o << "| `" << f.path << "` | " << f.type << " | " << f.unit << " | " << f.meaning << " |\n";
   return o.str();
 }
 

@@ -1,7 +1,8 @@
 // The result row: one measured (or skipped, or failed) sweep point, the one definition of what
-// results.jsonl, results.csv, the PyTorch peer's rows and plot.py read. to_json/row_from_json are its only
-// writer and reader; row_fields() documents every field (configs/README.md's table is generated from it and a
-// test holds the two together, and holds the JSON against tests/data/result_row.json).
+// results.jsonl, results.csv, the PyTorch peer's rows and plot.py read. Its fields are declared once
+// (result_row.cpp kFields): to_json and row_from_json, the CSV columns, row_fields() (configs/README.md's
+// table and scripts/plotlib/row_schema.json are generated from it; tests hold them together, and the JSON
+// against tests/data/result_row.json).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -146,7 +147,9 @@ ResultRow row_from_json(const Json& j, const std::string& where);
 struct RowField {
   std::string path;  // "time_ms.median"
   std::string type;  // "number|null", "string", ...
+  std::string unit;  // "ms", "B", "GFLOP/s", ... ("" when dimensionless or not a quantity)
   std::string meaning;
+  bool ring_only = false;  // written only in attnbench_mpi's rows (ResultRow::ring)
 };
 // Every field of the row in the order the documentation lists them.
 const std::vector<RowField>& row_fields();

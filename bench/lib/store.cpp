@@ -24,16 +24,6 @@ namespace {
 const char* const kDerivedFiles[] = {"results.peers.jsonl", "REPORT.md", "summary.json"};
 const char* const kDerivedFolders[] = {"plots", "patterns"};
 
-void flatten(const Json& j, const std::string& prefix, std::vector<std::pair<std::string, Json>>& out) {
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string k = prefix.empty() ? it.key() : prefix + "." + it.key();
-    if (it.value().is_object() && it.key() != "params")
-      flatten(it.value(), k, out);
-    else
-      out.emplace_back(k, it.value());
-  }
-}
-
 std::string csv_field(const Json& v) {
   std::string s = v.is_string() ? v.get<std::string>() : v.is_null() ? "" : v.dump();
   if (s.find_first_of(",\"\n") == std::string::npos) return s;
@@ -178,23 +168,23 @@ std::vector<ResultRow> read_results_jsonl(const std::string& path, bool repair) 
 }
 
 std::string results_csv(const std::vector<ResultRow>& rows) {
+  // The columns are the declared fields in their order (row_fields()); the ring's only when a row has them.
+  // Arrays and objects (time_ms.samples, params, ring) go in one cell as JSON text.
+  bool ring = false;
+  for (const ResultRow& r : rows) ring = ring || r.ring.has_value();
   std::vector<std::string> columns;
-  std::set<std::string> seen;
-  std::vector<std::vector<std::pair<std::string, Json>>> flat;
-  for (const ResultRow& r : rows) {
-    flat.emplace_back();
-    flatten(to_json(r), "", flat.back());
-    for (const auto& [k, v] : flat.back())
-      if (seen.insert(k).second) columns.push_back(k);
-  }
+  for (const RowField& f : row_fields())
+    if (!f.ring_only || ring) columns.push_back(f.path);
   std::ostringstream out;
   for (std::size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << csv_field(columns[c]);
   out << "\n";
-  for (const auto& f : flat) {
-    std::map<std::string, Json> m(f.begin(), f.end());
+  for (const ResultRow& r : rows) {
+    const Json j = to_json(r);
     for (std::size_t c = 0; c < columns.size(); ++c) {
-      auto it = m.find(columns[c]);
-      out << (c ? "," : "") << (it == m.end() ? "" : csv_field(it->second));
+      std::string pointer = "/" + columns[c];
+      std::replace(pointer.begin(), pointer.end(), '.', '/');
+      const Json::json_pointer at(pointer);
+      out << (c ? "," : "") << (j.contains(at) ? csv_field(j.at(at)) : "");
     }
     out << "\n";
   }
