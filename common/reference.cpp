@@ -182,111 +182,187 @@ double exact_abs_tolerance(const Problem& p, const AttentionInputs& in16) {
 
 namespace attn {
 
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// What the fp64 gradient and its error bound share: the widened inputs, the logits in double, dropout.
+class Fp64Softmax {
+ public:
+  Fp64Softmax(const Problem& p, const AttentionInputs& in16)
+      : p_(p), wide_(p, in16), in_(wide_.get()), scale_(p.effective_scale()) {
+    if (p.bias == Bias::alibi) slopes_ = alibi_slopes(p, in_);
+  }
+  const Problem& p() const { return p_; }
+  const AttentionInputs& in() const { return in_; }
+  double scale() const { return scale_; }
+  double keep_scale() const { return p_.dropout > 0 ? 1.0 / (1.0 - p_.dropout) : 1.0; }
+  // Q rows of query head h of batch entry b, and the K, V rows of K/V block bkv.
+  const float* q(int64_t b, int64_t h) const { return in_.q + (b * p_.heads + h) * p_.seq_q * p_.head_dim; }
+  const float* k(int64_t bkv) const { return in_.k + bkv * p_.seq_kv * p_.head_dim; }
+  const float* v(int64_t bkv) const { return in_.v + bkv * p_.seq_kv * p_.head_dim; }
+  // The logit of query row i of head h against key j (the bias included), or -inf where masked; `mag`, if
+  // given, receives scale * sum_d |q_id k_jd| (the error analysis' magnitude of the sum) and `bias` the bias.
+  double logit(int64_t b, int64_t h, const float* q, const float* k, int64_t i, int64_t j,
+               double* mag = nullptr, double* bias = nullptr) const {
+    if (!key_allowed(p_, in_, b, i, j)) return -kInf;
+    const int64_t D = p_.head_dim;
+    double acc = 0, m = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      const double t = static_cast<double>(q[i * D + d]) * k[j * D + d];
+      acc += t, m += std::fabs(t);
+    }
+    if (mag) *mag = m * scale_;
+    const double bb = slopes_.empty() ? 0.0 : slopes_[static_cast<std::size_t>(h)] * alibi_distance(p_, i, j);
+    if (bias) *bias = bb;
+    return acc * scale_ - bb;
+  }
+  // Row i's weights w = softmax(logits) into `w` (the logits on entry, -inf where masked); returns the row's
+  // log-sum-exp, +inf for a row with no allowed key (w all 0), NaN when a logit is NaN.
+  static double softmax(std::vector<double>& w) {
+    double mx = -kInf;
+    bool nan = false;
+    for (double x : w) nan = nan || std::isnan(x), mx = std::max(mx, x);
+    if (nan) mx = std::numeric_limits<double>::quiet_NaN();
+    if (mx == -kInf) {
+      std::fill(w.begin(), w.end(), 0.0);
+      return kInf;
+    }
+    double sum = 0;
+    for (double& x : w) sum += (x = std::exp(x - mx));
+    for (double& x : w) x /= sum;
+    return mx + std::log(sum);
+  }
+
+ private:
+  const Problem& p_;
+  const WideInputs wide_;
+  const AttentionInputs& in_;
+  double scale_;
+  std::vector<double> slopes_;
+};
+
+// The fp64 gradient of one (batch, K/V head) block: pass 1 over its query rows (dQ, each row's log-sum-exp
+// and delta = dO . O), pass 2 over its keys (dK, dV), each parallel with every output element summed by one
+// task in a fixed order.
+class BlockGradient {
+ public:
+  BlockGradient(const Fp64Softmax& f, const float* d_out, int64_t bkv)
+      : f_(f),
+        p_(f.p()),
+        d_out_(d_out),
+        bkv_(bkv),
+        b_(bkv / p_.num_kv_heads()),
+        kvh_(bkv % p_.num_kv_heads()) {
+    const std::size_t rows = static_cast<std::size_t>(p_.group_size() * p_.seq_q);
+    lse_.resize(rows), delta_.resize(rows);
+    if (p_.dropout > 0) drops_.resize(rows);
+  }
+  // dq: the block's query heads [group][seq_q][D].
+  void query_pass(double* dq) {
+    tbb::parallel_for(int64_t{0}, p_.group_size() * p_.seq_q, [&](int64_t hi) { query_row(hi, dq); });
+  }
+  // dk, dv: the block's [seq_kv][D].
+  void key_pass(double* dk, double* dv) const {
+    tbb::parallel_for(int64_t{0}, p_.seq_kv,
+                      [&](int64_t j) { key_row(j, dk + j * p_.head_dim, dv + j * p_.head_dim); });
+  }
+
+ private:
+  int64_t head(int64_t g) const { return kvh_ * p_.group_size() + g; }
+  const float* d_out(int64_t h) const { return d_out_ + (b_ * p_.heads + h) * p_.seq_q * p_.head_dim; }
+
+  // Row hi = g * seq_q + i: weights w, w~ = w after dropout, O = sum w~ v, delta = dO . O, dS = w (dP' -
+  // delta) with dP' = dO . v (times keep / (1 - p)), and dQ = scale sum dS k.
+  void query_row(int64_t hi, double* dq) {
+    const int64_t D = p_.head_dim, Lkv = p_.seq_kv, g = hi / p_.seq_q, i = hi % p_.seq_q, h = head(g);
+    const float *q = f_.q(b_, h), *k = f_.k(bkv_), *v = f_.v(bkv_), *go = d_out(h) + i * D;
+    double* dqi = dq + hi * D;
+    std::fill(dqi, dqi + D, 0.0);
+    std::vector<double> w(static_cast<std::size_t>(Lkv)), o(static_cast<std::size_t>(D), 0.0);
+    for (int64_t j = 0; j < Lkv; ++j) w[j] = f_.logit(b_, h, q, k, i, j);
+    lse_[hi] = Fp64Softmax::softmax(w);
+    delta_[hi] = 0;
+    if (p_.dropout > 0) drops_[hi] = DropoutRow(p_.dropout, p_.seed, b_, h, i);
+    if (lse_[hi] == kInf) return;  // no allowed key: O = 0 and no gradient
+    for (int64_t j = 0; j < Lkv; ++j)
+      if (const double wd = weight_after_dropout(hi, j, w[j]); wd != 0)
+        for (int64_t d = 0; d < D; ++d) o[d] += wd * v[j * D + d];
+    double dl = 0;
+    for (int64_t d = 0; d < D; ++d) dl += static_cast<double>(go[d]) * o[d];
+    delta_[hi] = dl;
+    for (int64_t j = 0; j < Lkv; ++j) {
+      if (w[j] == 0) continue;  // a masked key (weight exactly 0) receives nothing from this row
+      const double ds = f_.scale() * w[j] * (dp_after_dropout(hi, j, go, v + j * D) - dl);
+      for (int64_t d = 0; d < D; ++d) dqi[d] += ds * k[j * D + d];
+    }
+  }
+
+  // Key j: dK_j = scale sum_{h, i} dS_ij q_i and dV_j = sum w~_ij dO_i over the group's query rows in order,
+  // the weights recomputed from the rows' log-sum-exp.
+  void key_row(int64_t j, double* dkj, double* dvj) const {
+    const int64_t D = p_.head_dim;
+    const float *k = f_.k(bkv_), *v = f_.v(bkv_);
+    std::fill(dkj, dkj + D, 0.0);
+    std::fill(dvj, dvj + D, 0.0);
+    for (int64_t g = 0; g < p_.group_size(); ++g) {
+      const int64_t h = head(g);
+      const float* q = f_.q(b_, h);
+      for (int64_t i = 0; i < p_.seq_q; ++i) {
+        const int64_t hi = g * p_.seq_q + i;
+        const double w = std::exp(f_.logit(b_, h, q, k, i, j) - lse_[hi]);  // 0 if masked or the row is empty
+        if (w == 0) continue;
+        const float* go = d_out(h) + i * D;
+        const double ds = f_.scale() * w * (dp_after_dropout(hi, j, go, v + j * D) - delta_[hi]);
+        const double wd = weight_after_dropout(hi, j, w);
+        for (int64_t d = 0; d < D; ++d) {
+          dkj[d] += ds * q[i * D + d];
+          dvj[d] += wd * go[d];
+        }
+      }
+    }
+  }
+
+  double weight_after_dropout(int64_t hi, int64_t j, double w) const {
+    if (p_.dropout == 0) return w;
+    return drops_[static_cast<std::size_t>(hi)].keep(j) ? w * f_.keep_scale() : 0.0;
+  }
+  double dp_after_dropout(int64_t hi, int64_t j, const float* go, const float* vj) const {
+    double dp = 0;
+    for (int64_t d = 0; d < p_.head_dim; ++d) dp += static_cast<double>(go[d]) * vj[d];
+    return weight_after_dropout(hi, j, dp);
+  }
+
+  const Fp64Softmax& f_;
+  const Problem& p_;
+  const float* d_out_;
+  int64_t bkv_, b_, kvh_;
+  std::vector<double> lse_, delta_;
+  std::vector<DropoutRow> drops_;
+};
+
+}  // namespace
+
 void reference_attention_backward(const Problem& p, const AttentionInputs& in16, const float* d_out,
                                   double* dq, double* dk, double* dv, const std::vector<int64_t>* kv_blocks) {
   check_inputs(p, in16, /*needs_out=*/false);
-  const WideInputs wide(p, in16);
-  const AttentionInputs& in = wide.get();
-  const bool alibi = p.bias == Bias::alibi;
-  const std::vector<double> slopes = alibi ? alibi_slopes(p, in) : std::vector<double>();
-  const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv, G = p.group_size(), Hkv = p.num_kv_heads();
-  const double scale = p.effective_scale();
-  const double kd = p.dropout > 0 ? 1.0 / (1.0 - p.dropout) : 1.0;
-  constexpr double kInf = std::numeric_limits<double>::infinity();
+  const Fp64Softmax f(p, in16);
+  const int64_t D = p.head_dim, G = p.group_size(), Hkv = p.num_kv_heads();
   std::vector<int64_t> blocks;
   if (kv_blocks)
     blocks = *kv_blocks;
   else
     for (int64_t x = 0; x < p.batch * Hkv; ++x) blocks.push_back(x);
-  // The logit of query row i of head h against key j (bias included), or -inf where masked.
-  auto logit = [&](int64_t b, int64_t h, const float* q, const float* k, int64_t i, int64_t j) {
-    if (!key_allowed(p, in, b, i, j)) return -kInf;
-    double acc = 0;
-    for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(q[i * D + d]) * k[j * D + d];
-    acc *= scale;
-    if (alibi) acc -= slopes[static_cast<std::size_t>(h)] * alibi_distance(p, i, j);
-    return acc;
-  };
-  std::vector<double> lse(static_cast<std::size_t>(G * Lq)), delta(lse.size());
-  std::vector<DropoutRow> drops(p.dropout > 0 ? lse.size() : 0);
   for (std::size_t n = 0; n < blocks.size(); ++n) {
     const int64_t bkv = blocks[n], b = bkv / Hkv, kvh = bkv % Hkv;
-    const float* k = in.k + bkv * Lkv * D;
-    const float* v = in.v + bkv * Lkv * D;
     // Outputs: in place for the whole problem, compact per listed block otherwise.
-    double* dqb = kv_blocks ? dq + n * G * Lq * D : dq + (b * p.heads + kvh * G) * Lq * D;
-    double* dkb = (kv_blocks ? dk + n * Lkv * D : dk + bkv * Lkv * D);
-    double* dvb = (kv_blocks ? dv + n * Lkv * D : dv + bkv * Lkv * D);
-    // Pass 1, row by row (parallel): weights w = softmax(s), w~ = w after dropout, O = sum w~ v, delta =
-    // dO . O, dS = w (dP' - delta) with dP' = dO . v (times keep / (1 - p)), and dQ = scale sum dS k.
-    tbb::parallel_for(int64_t{0}, G * Lq, [&](int64_t hi) {
-      const int64_t g = hi / Lq, i = hi % Lq, h = kvh * G + g, bh = b * p.heads + h;
-      const float* q = in.q + bh * Lq * D;
-      const float* go = d_out + bh * Lq * D;
-      std::vector<double> w(static_cast<std::size_t>(Lkv)), o(static_cast<std::size_t>(D), 0.0);
-      double mx = -kInf;
-      bool nan = false;
-      for (int64_t j = 0; j < Lkv; ++j) {
-        w[j] = logit(b, h, q, k, i, j);
-        nan = nan || std::isnan(w[j]);
-        mx = std::max(mx, w[j]);
-      }
-      if (nan) mx = std::numeric_limits<double>::quiet_NaN();
-      double* dqi = dqb + (g * Lq + i) * D;
-      std::fill(dqi, dqi + D, 0.0);
-      if (p.dropout > 0) drops[hi] = DropoutRow(p.dropout, p.seed, b, h, i);
-      if (mx == -kInf) {  // no allowed key: O = 0 and no gradient; lse = +inf makes every weight 0 in pass 2
-        lse[hi] = kInf, delta[hi] = 0;
-        return;
-      }
-      double sum = 0;
-      for (int64_t j = 0; j < Lkv; ++j) sum += (w[j] = std::exp(w[j] - mx));
-      lse[hi] = mx + std::log(sum);
-      for (int64_t j = 0; j < Lkv; ++j) {
-        w[j] /= sum;
-        const double wd = p.dropout > 0 ? (drops[hi].keep(j) ? w[j] * kd : 0.0) : w[j];
-        if (wd != 0)
-          for (int64_t d = 0; d < D; ++d) o[d] += wd * v[j * D + d];
-      }
-      double dl = 0;
-      for (int64_t d = 0; d < D; ++d) dl += static_cast<double>(go[i * D + d]) * o[d];
-      delta[hi] = dl;
-      for (int64_t j = 0; j < Lkv; ++j) {
-        if (w[j] == 0) continue;  // a masked key (weight exactly 0) receives nothing from this row
-        double dp = 0;
-        for (int64_t d = 0; d < D; ++d) dp += static_cast<double>(go[i * D + d]) * v[j * D + d];
-        if (p.dropout > 0) dp = drops[hi].keep(j) ? dp * kd : 0.0;
-        const double ds = scale * w[j] * (dp - dl);
-        for (int64_t d = 0; d < D; ++d) dqi[d] += ds * k[j * D + d];
-      }
-    });
-    // Pass 2, key by key (parallel): dK_j = scale sum_{h, i} dS_ij q_i and dV_j = sum w~_ij dO_i over the
-    // group's query rows in order, the weights recomputed from the row's log-sum-exp.
-    tbb::parallel_for(int64_t{0}, Lkv, [&](int64_t j) {
-      double* dkj = dkb + j * D;
-      double* dvj = dvb + j * D;
-      std::fill(dkj, dkj + D, 0.0);
-      std::fill(dvj, dvj + D, 0.0);
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t h = kvh * G + g, bh = b * p.heads + h;
-        const float* q = in.q + bh * Lq * D;
-        const float* go = d_out + bh * Lq * D;
-        for (int64_t i = 0; i < Lq; ++i) {
-          const std::size_t hi = static_cast<std::size_t>(g * Lq + i);
-          const double w = std::exp(logit(b, h, q, k, i, j) - lse[hi]);  // 0 if masked or the row is empty
-          if (w == 0) continue;
-          const bool kept = p.dropout == 0 || drops[hi].keep(j);
-          double dp = 0;
-          for (int64_t d = 0; d < D; ++d) dp += static_cast<double>(go[i * D + d]) * v[j * D + d];
-          dp = kept ? dp * kd : 0.0;
-          const double ds = scale * w * (dp - delta[hi]), wd = kept ? w * kd : 0.0;
-          for (int64_t d = 0; d < D; ++d) {
-            dkj[d] += ds * q[i * D + d];
-            dvj[d] += wd * go[i * D + d];
-          }
-        }
-      }
-    });
+    const int64_t at = static_cast<int64_t>(n);
+    double* dqb = kv_blocks ? dq + at * G * p.seq_q * D : dq + (b * p.heads + kvh * G) * p.seq_q * D;
+    double* dkb = kv_blocks ? dk + at * p.seq_kv * D : dk + bkv * p.seq_kv * D;
+    double* dvb = kv_blocks ? dv + at * p.seq_kv * D : dv + bkv * p.seq_kv * D;
+    BlockGradient g(f, d_out, bkv);
+    g.query_pass(dqb);
+    g.key_pass(dkb, dvb);
   }
 }
 
@@ -311,113 +387,129 @@ void reference_attention_backward(const Problem& p, const AttentionInputs& in16,
 // the factor covers the products of two small errors it drops), plus the smallest normal float. Worst-case
 // accumulation is about sqrt(n) above what random rounding gives, so the bound is tight enough that a wrong
 // weight, mask or scale on a single key, far below the gradient's size, still exceeds it.
-GradientTolerance exact_grad_tolerance(const Problem& p, const AttentionInputs& in16, const float* d_out) {
-  const WideInputs wide(p, in16);
-  const AttentionInputs& in = wide.get();
-  const bool alibi = p.bias == Bias::alibi;
-  const std::vector<double> slopes = alibi ? alibi_slopes(p, in) : std::vector<double>();
-  const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv, G = p.group_size(), Hkv = p.num_kv_heads();
-  const double scale = p.effective_scale(), u = std::ldexp(1.0, -24);
-  const double kd = p.dropout > 0 ? 1.0 / (1.0 - p.dropout) : 1.0;
-  const double rows_in = static_cast<double>(G * Lq);  // terms of one dK / dV sum
-  std::vector<double> worst(static_cast<std::size_t>(3 * p.batch * Hkv), 0.0);
-  tbb::parallel_for(int64_t{0}, p.batch * Hkv, [&](int64_t bkv) {
-    const int64_t b = bkv / Hkv, kvh = bkv % Hkv;
-    const float* k = in.k + bkv * Lkv * D;
-    const float* v = in.v + bkv * Lkv * D;
-    // Per key j and dim d: the bound's two sums for dK and dV.
-    std::vector<double> ek(static_cast<std::size_t>(Lkv * D), 0.0), ev(ek.size(), 0.0);
-    std::vector<double> s(static_cast<std::size_t>(Lkv)), es(s.size()), w(s.size()), dp(s.size()),
-        edp(s.size()), ds(s.size()), eds(s.size()), o(D), eo(D);
-    double wq = 0;
-    for (int64_t h = kvh * G; h < (kvh + 1) * G; ++h) {
-      const float* q = in.q + (b * p.heads + h) * Lq * D;
-      const float* g = d_out + (b * p.heads + h) * Lq * D;
-      for (int64_t i = 0; i < Lq; ++i) {
-        double mx = -std::numeric_limits<double>::infinity(), es_max = 0;
-        for (int64_t j = 0; j < Lkv; ++j) {
-          if (!key_allowed(p, in, b, i, j)) {
-            s[j] = -std::numeric_limits<double>::infinity();
-            continue;
-          }
-          double acc = 0, mag = 0;
-          for (int64_t d = 0; d < D; ++d) {
-            const double t = static_cast<double>(q[i * D + d]) * k[j * D + d];
-            acc += t, mag += std::fabs(t);
-          }
-          s[j] = acc * scale;
-          es[j] = (D + 1) * u * scale * mag;
-          if (alibi) {
-            const double bias = slopes[static_cast<std::size_t>(h)] * alibi_distance(p, i, j);
-            s[j] -= bias;
-            es[j] += 2 * u * std::fabs(bias);
-          }
-          mx = std::max(mx, s[j]);
-          es_max = std::max(es_max, es[j]);
-        }
-        if (!(mx > -std::numeric_limits<double>::infinity())) continue;  // no allowed key (or NaN: no bound)
-        double sum = 0;
-        for (int64_t j = 0; j < Lkv; ++j) sum += std::exp(s[j] - mx);
-        const double lse = mx + std::log(sum), e_lse = es_max + (Lkv + 4) * u;
-        const DropoutRow drop = p.dropout > 0 ? DropoutRow(p.dropout, p.seed, b, h, i) : DropoutRow();
-        std::fill(o.begin(), o.end(), 0.0);
-        std::fill(eo.begin(), eo.end(), 0.0);
-        for (int64_t j = 0; j < Lkv; ++j) {
-          w[j] = std::exp(s[j] - lse);  // 0 for a masked key
-          if (w[j] == 0) continue;
-          es[j] += e_lse + 2 * u * (std::fabs(s[j]) + std::fabs(lse)) + 4 * u;  // eps_ij, relative
-          const double wd = p.dropout > 0 ? (drop.keep(j) ? w[j] * kd : 0.0) : w[j];
-          for (int64_t d = 0; d < D; ++d) {
-            o[d] += wd * v[j * D + d];
-            eo[d] += wd * std::fabs(v[j * D + d]) * (es[j] + (Lkv + 1) * u);
-          }
-        }
-        double delta = 0, e_delta = 0;
-        for (int64_t d = 0; d < D; ++d) {
-          delta += static_cast<double>(g[i * D + d]) * o[d];
-          e_delta += (D + 1) * u * std::fabs(g[i * D + d] * o[d]) + std::fabs(g[i * D + d]) * eo[d];
-        }
-        for (int64_t j = 0; j < Lkv; ++j) {
-          if (w[j] == 0) continue;
-          double acc = 0, mag = 0;
-          for (int64_t d = 0; d < D; ++d) {
-            const double t = static_cast<double>(g[i * D + d]) * v[j * D + d];
-            acc += t, mag += std::fabs(t);
-          }
-          const double keep = p.dropout > 0 ? (drop.keep(j) ? kd : 0.0) : 1.0;
-          const double diff = acc * keep - delta;
-          ds[j] = w[j] * diff;
-          eds[j] = w[j] * ((D + 1) * u * mag * keep + e_delta + 2 * u * std::fabs(diff)) +
-                   w[j] * es[j] * std::fabs(diff);
-        }
-        for (int64_t d = 0; d < D; ++d) {
-          double e = 0;
-          for (int64_t j = 0; j < Lkv; ++j)
-            if (w[j] != 0)
-              e += eds[j] * std::fabs(k[j * D + d]) + (Lkv + 1) * u * std::fabs(ds[j] * k[j * D + d]);
-          wq = std::max(wq, scale * e);
-        }
-        for (int64_t j = 0; j < Lkv; ++j) {
-          if (w[j] == 0) continue;
-          const double wd = p.dropout > 0 ? (drop.keep(j) ? w[j] * kd : 0.0) : w[j];
-          for (int64_t d = 0; d < D; ++d) {
-            const double qa = std::fabs(q[i * D + d]), ga = std::fabs(g[i * D + d]);
-            ek[j * D + d] += scale * (eds[j] * qa + (rows_in + 1) * u * std::fabs(ds[j]) * qa);
-            ev[j * D + d] += wd * ga * (es[j] + (rows_in + 1) * u);
-          }
-        }
+namespace {
+
+// The running error analysis above for one (batch, K/V head) block: per query row the bound of every dQ
+// element (the largest kept), and per key the sums that bound dK and dV.
+class BlockBound {
+ public:
+  BlockBound(const Fp64Softmax& f, const float* d_out, int64_t bkv)
+      : f_(f),
+        p_(f.p()),
+        d_out_(d_out),
+        bkv_(bkv),
+        b_(bkv / p_.num_kv_heads()),
+        kvh_(bkv % p_.num_kv_heads()),
+        ek_(static_cast<std::size_t>(p_.seq_kv * p_.head_dim), 0.0),
+        ev_(ek_.size(), 0.0) {}
+  // The block's largest bounds on dq, dk, dv (before the safety factor).
+  GradientTolerance run() {
+    for (int64_t g = 0; g < p_.group_size(); ++g)
+      for (int64_t i = 0; i < p_.seq_q; ++i) row(kvh_ * p_.group_size() + g, i);
+    GradientTolerance t;
+    t.dq = wq_;
+    for (double e : ek_) t.dk = std::max(t.dk, e);
+    for (double e : ev_) t.dv = std::max(t.dv, e);
+    return t;
+  }
+
+ private:
+  void row(int64_t h, int64_t i) {
+    const int64_t D = p_.head_dim, Lkv = p_.seq_kv;
+    const double u = std::ldexp(1.0, -24), kd = f_.keep_scale();
+    const float *q = f_.q(b_, h), *k = f_.k(bkv_), *v = f_.v(bkv_);
+    const float* g = d_out_ + ((b_ * p_.heads + h) * p_.seq_q + i) * D;
+    // Logits and their errors (err_s), the log-sum-exp and its error (err_lse), then eps_ij.
+    std::vector<double> w(static_cast<std::size_t>(Lkv)), es(w.size(), 0.0), ds(w.size()), eds(w.size());
+    double es_max = 0;
+    for (int64_t j = 0; j < Lkv; ++j) {
+      double mag = 0, bias = 0;
+      w[j] = f_.logit(b_, h, q, k, i, j, &mag, &bias);
+      if (w[j] == -kInf) continue;
+      es[j] = (D + 1) * u * mag + 2 * u * std::fabs(bias);
+      es_max = std::max(es_max, es[j]);
+    }
+    std::vector<double> s = w;
+    const double lse = Fp64Softmax::softmax(w);
+    if (!std::isfinite(lse)) return;  // no allowed key (nothing to bound) or NaN (no bound)
+    const double e_lse = es_max + (Lkv + 4) * u;
+    const DropoutRow drop = p_.dropout > 0 ? DropoutRow(p_.dropout, p_.seed, b_, h, i) : DropoutRow();
+    auto kept = [&](int64_t j) { return p_.dropout == 0 || drop.keep(j); };
+    std::vector<double> o(static_cast<std::size_t>(D), 0.0), eo(o.size(), 0.0);
+    for (int64_t j = 0; j < Lkv; ++j) {
+      if (w[j] == 0) continue;
+      es[j] += e_lse + 2 * u * (std::fabs(s[j]) + std::fabs(lse)) + 4 * u;  // eps_ij, relative
+      const double wd = kept(j) ? w[j] * kd : 0.0;
+      for (int64_t d = 0; d < D; ++d) {
+        o[d] += wd * v[j * D + d];
+        eo[d] += wd * std::fabs(v[j * D + d]) * (es[j] + (Lkv + 1) * u);
       }
     }
-    worst[3 * bkv] = wq;
-    for (double e : ek) worst[3 * bkv + 1] = std::max(worst[3 * bkv + 1], e);
-    for (double e : ev) worst[3 * bkv + 2] = std::max(worst[3 * bkv + 2], e);
-  });
-  GradientTolerance t;
-  for (int64_t x = 0; x < p.batch * Hkv; ++x) {
-    t.dq = std::max(t.dq, worst[3 * x]);
-    t.dk = std::max(t.dk, worst[3 * x + 1]);
-    t.dv = std::max(t.dv, worst[3 * x + 2]);
+    double delta = 0, e_delta = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      delta += static_cast<double>(g[d]) * o[d];
+      e_delta += (D + 1) * u * std::fabs(g[d] * o[d]) + std::fabs(g[d]) * eo[d];
+    }
+    for (int64_t j = 0; j < Lkv; ++j) {
+      if (w[j] == 0) continue;
+      double acc = 0, mag = 0;
+      for (int64_t d = 0; d < D; ++d) {
+        const double t = static_cast<double>(g[d]) * v[j * D + d];
+        acc += t, mag += std::fabs(t);
+      }
+      const double keep = kept(j) ? kd : 0.0, diff = acc * keep - delta;
+      ds[j] = w[j] * diff;
+      eds[j] = w[j] * ((D + 1) * u * mag * keep + e_delta + 2 * u * std::fabs(diff)) +
+               w[j] * es[j] * std::fabs(diff);
+    }
+    accumulate(w, ds, eds, es, q + i * D, g, [&](int64_t j) { return kept(j) ? w[j] * kd : 0.0; });
   }
+
+  // dQ's bound for this row, and its terms of every key's dK and dV bounds.
+  template <class WeightAfterDropout>
+  void accumulate(const std::vector<double>& w, const std::vector<double>& ds, const std::vector<double>& eds,
+                  const std::vector<double>& es, const float* qi, const float* g, WeightAfterDropout wd) {
+    const int64_t D = p_.head_dim, Lkv = p_.seq_kv;
+    const double u = std::ldexp(1.0, -24), scale = f_.scale();
+    const double rows_in = static_cast<double>(p_.group_size() * p_.seq_q);  // terms of one dK / dV sum
+    const float* k = f_.k(bkv_);
+    for (int64_t d = 0; d < D; ++d) {
+      double e = 0;
+      for (int64_t j = 0; j < Lkv; ++j)
+        if (w[j] != 0)
+          e += eds[j] * std::fabs(k[j * D + d]) + (Lkv + 1) * u * std::fabs(ds[j] * k[j * D + d]);
+      wq_ = std::max(wq_, scale * e);
+    }
+    for (int64_t j = 0; j < Lkv; ++j) {
+      if (w[j] == 0) continue;
+      for (int64_t d = 0; d < D; ++d) {
+        const double qa = std::fabs(qi[d]), ga = std::fabs(g[d]);
+        ek_[j * D + d] += scale * (eds[j] * qa + (rows_in + 1) * u * std::fabs(ds[j]) * qa);
+        ev_[j * D + d] += wd(j) * ga * (es[j] + (rows_in + 1) * u);
+      }
+    }
+  }
+
+  const Fp64Softmax& f_;
+  const Problem& p_;
+  const float* d_out_;
+  int64_t bkv_, b_, kvh_;
+  double wq_ = 0;
+  std::vector<double> ek_, ev_;
+};
+
+}  // namespace
+
+GradientTolerance exact_grad_tolerance(const Problem& p, const AttentionInputs& in16, const float* d_out) {
+  const Fp64Softmax f(p, in16);
+  const int64_t blocks = p.batch * p.num_kv_heads();
+  std::vector<GradientTolerance> per_block(static_cast<std::size_t>(blocks));
+  tbb::parallel_for(int64_t{0}, blocks,
+                    [&](int64_t bkv) { per_block[bkv] = BlockBound(f, d_out, bkv).run(); });
+  GradientTolerance t;
+  for (const GradientTolerance& b : per_block)
+    t.dq = std::max(t.dq, b.dq), t.dk = std::max(t.dk, b.dk), t.dv = std::max(t.dv, b.dv);
+  // Twice the analysis (first-order terms only), plus the smallest normal float.
   const double tiny = std::numeric_limits<float>::min();
   t.dq = 2 * t.dq + tiny, t.dk = 2 * t.dk + tiny, t.dv = 2 * t.dv + tiny;
   return t;
