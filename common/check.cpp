@@ -469,6 +469,176 @@ struct Shape {
   int64_t batch, heads, seq_q, seq_kv, head_dim;
 };
 
+// Forward vs the oracle over sizes that hit SIMD and tile tails and every mask kind; cross-attention both
+// ways, an overridden scale, dropout.
+void run_shape_checks(Checker& c, const Problem& base, uint64_t& seed) {
+  // Sizes that hit SIMD and tile tails: 1, 7, 17, 130; head dims 1, 17, 33 and 64.
+  const Shape shapes[] = {
+      {1, 1, 1, 1, 1}, {1, 2, 7, 7, 17}, {2, 3, 17, 17, 8}, {4, 2, 33, 33, 64}, {1, 1, 130, 130, 33}};
+  const char* masks[] = {"none", "causal", "bool", "pad", "causal+pad", "causal+bool+pad"};
+  for (const Shape& s : shapes) {
+    for (const char* mask : masks) {
+      Problem p = base;
+      p.batch = s.batch, p.heads = s.heads, p.seq_q = s.seq_q, p.seq_kv = s.seq_kv, p.head_dim = s.head_dim;
+      p.mask = parse_mask(mask, "check");
+      c.against_reference(p, ++seed, 1.0, "reference");
+    }
+  }
+  // Cross-attention (seq_q != seq_kv, both ways), an overridden scale, dropout.
+  for (const char* mask : {"none", "pad", "causal"}) {
+    for (auto [lq, lkv] : {std::pair<int64_t, int64_t>{7, 19}, {33, 5}}) {
+      Problem p = base;
+      p.batch = 2, p.heads = 2, p.seq_q = lq, p.seq_kv = lkv, p.head_dim = 16;
+      p.mask = parse_mask(mask, "check");
+      c.against_reference(p, ++seed, 1.0, "cross");
+    }
+  }
+  {
+    Problem p = base;
+    p.batch = 1, p.heads = 2, p.seq_q = p.seq_kv = 40, p.head_dim = 24, p.scale = 0.3;
+    c.against_reference(p, ++seed, 1.0, "scale");
+    p.scale.reset();
+    p.dropout = 0.25, p.seed = 1234;
+    c.against_reference(p, ++seed, 1.0, "dropout");
+    p.mask.causal = true;
+    c.against_reference(p, ++seed, 1.0, "dropout");
+  }
+}
+
+// Logits near the exp overflow point, grouped-query heads, lower-right causal, decode.
+void run_edge_checks(Checker& c, const Problem& base, uint64_t& seed) {
+  // Logits near +-88 (the fp32 exp overflow point): q, k scaled so |scale * q.k| reaches ~90.
+  {
+    Problem p = base;
+    p.batch = 1, p.heads = 2, p.seq_q = p.seq_kv = 65, p.head_dim = 16;
+    for (const char* mask : {"none", "causal"}) {
+      p.mask = parse_mask(mask, "check");
+      c.against_reference(p, ++seed, 4.6, "large-logits");
+    }
+  }
+  // Grouped-query attention: kv_heads = heads, heads / 2 and 1, and an odd group (6 query heads on 3 K/V
+  // heads), with every mask kind; query head h must read K/V head h / (heads / kv_heads).
+  {
+    const char* gqa_masks[] = {"none", "causal",          "causal_lower_right",    "bool",
+                               "pad",  "causal+bool+pad", "causal_lower_right+pad"};
+    for (auto [heads, kv_heads] : {std::pair<int64_t, int64_t>{4, 4}, {4, 2}, {4, 1}, {6, 3}}) {
+      for (const char* mask : gqa_masks) {
+        Problem p = base;
+        p.batch = 2, p.heads = heads, p.kv_heads = kv_heads, p.seq_q = p.seq_kv = 19, p.head_dim = 12;
+        p.mask = parse_mask(mask, "check");
+        c.against_reference(p, ++seed, 1.0, "gqa");
+      }
+    }
+  }
+  // Lower-right causal (j <= i + seq_kv - seq_q) with fewer queries than keys (the decode shape, down to
+  // one query) and more (the first seq_q - seq_kv rows see no key and must be zeros), alone and with
+  // padding, a boolean mask, upper-left causal and grouped-query heads.
+  for (const char* mask : {"causal_lower_right", "causal_lower_right+pad", "causal_lower_right+bool",
+                           "causal+causal_lower_right"}) {
+    for (auto [lq, lkv] : {std::pair<int64_t, int64_t>{5, 37}, {1, 300}, {37, 5}, {4, 4}}) {
+      Problem p = base;
+      p.batch = 2, p.heads = 4, p.kv_heads = 2, p.seq_q = lq, p.seq_kv = lkv, p.head_dim = 16;
+      p.mask = parse_mask(mask, "check");
+      c.against_reference(p, ++seed, 1.0, "lower-right");
+    }
+  }
+  {
+    // Decode: one query per head against a long KV cache, multi-query (the split-KV path of tiled) and
+    // one K/V head per query head.
+    for (int64_t kv_heads : {1, 4}) {
+      Problem p = base;
+      p.batch = 1, p.heads = 4, p.kv_heads = kv_heads, p.seq_q = 1, p.seq_kv = 2500, p.head_dim = 32;
+      p.mask = parse_mask("causal_lower_right", "check");
+      c.against_reference(p, ++seed, 1.0, "decode");
+      c.determinism(p, ++seed);
+    }
+  }
+}
+
+// bf16 / fp16 storage and the ALiBi bias.
+void run_storage_checks(Checker& c, const Problem& base, uint64_t& seed) {
+  // Storage precisions: bf16 and fp16 inputs (the oracle on the rounded values), on the GEMM tiles (head
+  // dims 64 and 32, even: tiled's vdpbf16ps path where the CPU has it), an odd head_dim (converted), masks,
+  // grouped-query heads and the decode shape (dot-product kernels, split-KV).
+  for (DType t : {DType::bf16, DType::fp16}) {
+    struct DtypeCase {
+      Shape s;
+      int64_t kv_heads;
+      const char* mask;
+    };
+    const DtypeCase cases[] = {{{1, 2, 7, 7, 17}, 0, "none"},
+                               {{2, 3, 33, 33, 64}, 0, "none"},
+                               {{2, 3, 33, 33, 64}, 0, "causal+pad"},
+                               {{1, 4, 130, 130, 32}, 2, "causal"},
+                               {{1, 4, 1, 600, 32}, 1, "causal_lower_right"},
+                               {{2, 2, 40, 40, 24}, 0, "bool"}};
+    for (const DtypeCase& dc : cases) {
+      Problem p = base;
+      p.batch = dc.s.batch, p.heads = dc.s.heads, p.kv_heads = dc.kv_heads, p.seq_q = dc.s.seq_q,
+      p.seq_kv = dc.s.seq_kv, p.head_dim = dc.s.head_dim;
+      p.mask = parse_mask(dc.mask, "check");
+      p.dtype = t;
+      c.against_reference(p, ++seed, 1.0, "dtype");
+    }
+  }
+  // ALiBi: default slopes for a power-of-two and an odd head count, given slopes, every causal alignment
+  // (cross shapes both ways), padding, grouped-query heads, decode, and with bf16 storage.
+  {
+    struct AlibiCase {
+      Shape s;
+      int64_t kv_heads;
+      const char* mask;
+      bool given_slopes;
+      DType dtype;
+    };
+    const AlibiCase cases[] = {
+        {{2, 8, 33, 33, 16}, 0, "none", false, DType::fp32},
+        {{2, 3, 33, 33, 16}, 0, "causal", false, DType::fp32},
+        {{1, 4, 19, 19, 12}, 2, "causal+pad", false, DType::fp32},
+        {{1, 4, 130, 130, 32}, 0, "none", true, DType::fp32},
+        {{2, 4, 5, 37, 16}, 2, "causal_lower_right", false, DType::fp32},
+        {{2, 4, 37, 5, 16}, 0, "causal_lower_right", false, DType::fp32},
+        {{2, 2, 7, 19, 16}, 0, "none", false, DType::fp32},
+        {{1, 4, 1, 600, 32}, 1, "causal_lower_right", false, DType::fp32},
+        {{1, 4, 130, 130, 64}, 0, "causal", false, DType::bf16},
+        {{1, 2, 33, 33, 17}, 0, "none", true, DType::fp16},
+    };
+    for (const AlibiCase& ac : cases) {
+      Problem p = base;
+      p.batch = ac.s.batch, p.heads = ac.s.heads, p.kv_heads = ac.kv_heads, p.seq_q = ac.s.seq_q,
+      p.seq_kv = ac.s.seq_kv, p.head_dim = ac.s.head_dim;
+      p.mask = parse_mask(ac.mask, "check");
+      p.bias = Bias::alibi;
+      p.dtype = ac.dtype;
+      std::vector<float> slopes;
+      for (int64_t h = 0; ac.given_slopes && h < p.heads; ++h) slopes.push_back(0.05f + 0.3f * (float)h);
+      c.against_reference(p, ++seed, 1.0, "alibi", slopes);
+    }
+  }
+}
+
+// Permutation equivariance, causal future-independence, bitwise determinism.
+void run_property_checks(Checker& c, const Problem& base, uint64_t& seed) {
+  {
+    Problem p = base;
+    p.batch = 2, p.heads = 2, p.seq_q = p.seq_kv = 37, p.head_dim = 20;
+    c.permutation(p, ++seed);
+    p.heads = 4, p.kv_heads = 2;
+    c.permutation(p, ++seed);
+    p.heads = 2, p.kv_heads = 0;
+    p.mask.causal = true;
+    c.causal_future(p, ++seed);
+    p.mask.causal = false;
+    p.mask.causal_lower_right = true;
+    p.seq_q = 20, p.heads = 4, p.kv_heads = 1;
+    c.causal_future(p, ++seed);
+    p.mask.causal_lower_right = false;
+    p.heads = 2, p.kv_heads = 0, p.seq_q = 37;
+    p.batch = 1, p.heads = 3, p.seq_q = p.seq_kv = 300;
+    c.determinism(p, ++seed);
+  }
+}
+
 // The backward checks (capabilities().backward): fp32 gradients against reference_backward over the mask,
 // shape, cross, grouped-query, dropout, ALiBi, large-logit, storage and decode cases (a smaller set than
 // the forward's: every kernel path, not every combination), bitwise determinism, and reference_backward
@@ -548,162 +718,13 @@ std::vector<CheckResult> run_checks(const Attention& variant,
                                 std::to_string(shard.count) +
                                 ": the index must be in [0, count) and count >= 1");
   Checker c(variant, on_result, shard);
-  // Sizes that hit SIMD and tile tails: 1, 7, 17, 130; head dims 1, 17, 33 and 64.
-  const Shape shapes[] = {
-      {1, 1, 1, 1, 1}, {1, 2, 7, 7, 17}, {2, 3, 17, 17, 8}, {4, 2, 33, 33, 64}, {1, 1, 130, 130, 33}};
-  const char* masks[] = {"none", "causal", "bool", "pad", "causal+pad", "causal+bool+pad"};
   uint64_t seed = 1;
   for (const Json& params : variant.test_param_sets()) {
-    Problem base = make_problem(variant.name(), params);
-    for (const Shape& s : shapes) {
-      for (const char* mask : masks) {
-        Problem p = base;
-        p.batch = s.batch, p.heads = s.heads, p.seq_q = s.seq_q, p.seq_kv = s.seq_kv, p.head_dim = s.head_dim;
-        p.mask = parse_mask(mask, "check");
-        c.against_reference(p, ++seed, 1.0, "reference");
-      }
-    }
-    // Cross-attention (seq_q != seq_kv, both ways), an overridden scale, dropout.
-    for (const char* mask : {"none", "pad", "causal"}) {
-      for (auto [lq, lkv] : {std::pair<int64_t, int64_t>{7, 19}, {33, 5}}) {
-        Problem p = base;
-        p.batch = 2, p.heads = 2, p.seq_q = lq, p.seq_kv = lkv, p.head_dim = 16;
-        p.mask = parse_mask(mask, "check");
-        c.against_reference(p, ++seed, 1.0, "cross");
-      }
-    }
-    {
-      Problem p = base;
-      p.batch = 1, p.heads = 2, p.seq_q = p.seq_kv = 40, p.head_dim = 24, p.scale = 0.3;
-      c.against_reference(p, ++seed, 1.0, "scale");
-      p.scale.reset();
-      p.dropout = 0.25, p.seed = 1234;
-      c.against_reference(p, ++seed, 1.0, "dropout");
-      p.mask.causal = true;
-      c.against_reference(p, ++seed, 1.0, "dropout");
-    }
-    // Logits near +-88 (the fp32 exp overflow point): q, k scaled so |scale * q.k| reaches ~90.
-    {
-      Problem p = base;
-      p.batch = 1, p.heads = 2, p.seq_q = p.seq_kv = 65, p.head_dim = 16;
-      for (const char* mask : {"none", "causal"}) {
-        p.mask = parse_mask(mask, "check");
-        c.against_reference(p, ++seed, 4.6, "large-logits");
-      }
-    }
-    // Grouped-query attention: kv_heads = heads, heads / 2 and 1, and an odd group (6 query heads on 3 K/V
-    // heads), with every mask kind; query head h must read K/V head h / (heads / kv_heads).
-    {
-      const char* gqa_masks[] = {"none", "causal",          "causal_lower_right",    "bool",
-                                 "pad",  "causal+bool+pad", "causal_lower_right+pad"};
-      for (auto [heads, kv_heads] : {std::pair<int64_t, int64_t>{4, 4}, {4, 2}, {4, 1}, {6, 3}}) {
-        for (const char* mask : gqa_masks) {
-          Problem p = base;
-          p.batch = 2, p.heads = heads, p.kv_heads = kv_heads, p.seq_q = p.seq_kv = 19, p.head_dim = 12;
-          p.mask = parse_mask(mask, "check");
-          c.against_reference(p, ++seed, 1.0, "gqa");
-        }
-      }
-    }
-    // Lower-right causal (j <= i + seq_kv - seq_q) with fewer queries than keys (the decode shape, down to
-    // one query) and more (the first seq_q - seq_kv rows see no key and must be zeros), alone and with
-    // padding, a boolean mask, upper-left causal and grouped-query heads.
-    for (const char* mask : {"causal_lower_right", "causal_lower_right+pad", "causal_lower_right+bool",
-                             "causal+causal_lower_right"}) {
-      for (auto [lq, lkv] : {std::pair<int64_t, int64_t>{5, 37}, {1, 300}, {37, 5}, {4, 4}}) {
-        Problem p = base;
-        p.batch = 2, p.heads = 4, p.kv_heads = 2, p.seq_q = lq, p.seq_kv = lkv, p.head_dim = 16;
-        p.mask = parse_mask(mask, "check");
-        c.against_reference(p, ++seed, 1.0, "lower-right");
-      }
-    }
-    {
-      // Decode: one query per head against a long KV cache, multi-query (the split-KV path of tiled) and
-      // one K/V head per query head.
-      for (int64_t kv_heads : {1, 4}) {
-        Problem p = base;
-        p.batch = 1, p.heads = 4, p.kv_heads = kv_heads, p.seq_q = 1, p.seq_kv = 2500, p.head_dim = 32;
-        p.mask = parse_mask("causal_lower_right", "check");
-        c.against_reference(p, ++seed, 1.0, "decode");
-        c.determinism(p, ++seed);
-      }
-    }
-    // Storage precisions: bf16 and fp16 inputs (the oracle on the rounded values), on the GEMM tiles (head
-    // dims 64 and 32, even: tiled's vdpbf16ps path where the CPU has it), an odd head_dim (converted), masks,
-    // grouped-query heads and the decode shape (dot-product kernels, split-KV).
-    for (DType t : {DType::bf16, DType::fp16}) {
-      struct DtypeCase {
-        Shape s;
-        int64_t kv_heads;
-        const char* mask;
-      };
-      const DtypeCase cases[] = {{{1, 2, 7, 7, 17}, 0, "none"},
-                                 {{2, 3, 33, 33, 64}, 0, "none"},
-                                 {{2, 3, 33, 33, 64}, 0, "causal+pad"},
-                                 {{1, 4, 130, 130, 32}, 2, "causal"},
-                                 {{1, 4, 1, 600, 32}, 1, "causal_lower_right"},
-                                 {{2, 2, 40, 40, 24}, 0, "bool"}};
-      for (const DtypeCase& dc : cases) {
-        Problem p = base;
-        p.batch = dc.s.batch, p.heads = dc.s.heads, p.kv_heads = dc.kv_heads, p.seq_q = dc.s.seq_q,
-        p.seq_kv = dc.s.seq_kv, p.head_dim = dc.s.head_dim;
-        p.mask = parse_mask(dc.mask, "check");
-        p.dtype = t;
-        c.against_reference(p, ++seed, 1.0, "dtype");
-      }
-    }
-    // ALiBi: default slopes for a power-of-two and an odd head count, given slopes, every causal alignment
-    // (cross shapes both ways), padding, grouped-query heads, decode, and with bf16 storage.
-    {
-      struct AlibiCase {
-        Shape s;
-        int64_t kv_heads;
-        const char* mask;
-        bool given_slopes;
-        DType dtype;
-      };
-      const AlibiCase cases[] = {
-          {{2, 8, 33, 33, 16}, 0, "none", false, DType::fp32},
-          {{2, 3, 33, 33, 16}, 0, "causal", false, DType::fp32},
-          {{1, 4, 19, 19, 12}, 2, "causal+pad", false, DType::fp32},
-          {{1, 4, 130, 130, 32}, 0, "none", true, DType::fp32},
-          {{2, 4, 5, 37, 16}, 2, "causal_lower_right", false, DType::fp32},
-          {{2, 4, 37, 5, 16}, 0, "causal_lower_right", false, DType::fp32},
-          {{2, 2, 7, 19, 16}, 0, "none", false, DType::fp32},
-          {{1, 4, 1, 600, 32}, 1, "causal_lower_right", false, DType::fp32},
-          {{1, 4, 130, 130, 64}, 0, "causal", false, DType::bf16},
-          {{1, 2, 33, 33, 17}, 0, "none", true, DType::fp16},
-      };
-      for (const AlibiCase& ac : cases) {
-        Problem p = base;
-        p.batch = ac.s.batch, p.heads = ac.s.heads, p.kv_heads = ac.kv_heads, p.seq_q = ac.s.seq_q,
-        p.seq_kv = ac.s.seq_kv, p.head_dim = ac.s.head_dim;
-        p.mask = parse_mask(ac.mask, "check");
-        p.bias = Bias::alibi;
-        p.dtype = ac.dtype;
-        std::vector<float> slopes;
-        for (int64_t h = 0; ac.given_slopes && h < p.heads; ++h) slopes.push_back(0.05f + 0.3f * (float)h);
-        c.against_reference(p, ++seed, 1.0, "alibi", slopes);
-      }
-    }
-    {
-      Problem p = base;
-      p.batch = 2, p.heads = 2, p.seq_q = p.seq_kv = 37, p.head_dim = 20;
-      c.permutation(p, ++seed);
-      p.heads = 4, p.kv_heads = 2;
-      c.permutation(p, ++seed);
-      p.heads = 2, p.kv_heads = 0;
-      p.mask.causal = true;
-      c.causal_future(p, ++seed);
-      p.mask.causal = false;
-      p.mask.causal_lower_right = true;
-      p.seq_q = 20, p.heads = 4, p.kv_heads = 1;
-      c.causal_future(p, ++seed);
-      p.mask.causal_lower_right = false;
-      p.heads = 2, p.kv_heads = 0, p.seq_q = 37;
-      p.batch = 1, p.heads = 3, p.seq_q = p.seq_kv = 300;
-      c.determinism(p, ++seed);
-    }
+    const Problem base = make_problem(variant.name(), params);
+    run_shape_checks(c, base, seed);
+    run_edge_checks(c, base, seed);
+    run_storage_checks(c, base, seed);
+    run_property_checks(c, base, seed);
     run_gradient_checks(c, base, seed);
   }
   return std::move(c.results);
