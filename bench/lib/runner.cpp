@@ -94,23 +94,44 @@ AttentionInputs PointRunner::inputs_for(const Problem& p) const {
 std::vector<ResultRow> PointRunner::measure_group(const std::vector<SweepPoint>& group,
                                                   const std::function<bool()>& stop, bool& interrupted) {
   interrupted = false;
-  std::vector<ResultRow> rows(group.size());
-  // 1. Per point, in plan order: support and budget, inputs, RoPE timing, and one untimed call whose output
-  //    is checked (NaN/Inf, accuracy) and whose resident-memory high-water mark is the row's peak.
-  std::vector<std::size_t> timed;  // the points that go on to be timed
-  // Backward points: their training forward's O and saved state, read by every timed round.
-  std::vector<TrainingState> states(group.size());
+  GroupRun run;
+  run.rows.resize(group.size());
+  run.states.resize(group.size());
+  check_points(group, run);
+  if (run.timed.empty()) return std::move(run.rows);
+  try {
+    GroupBuffers buffers(group[run.timed[0]].problem, group, run.timed);
+    const TimedCalls calls = timed_calls(group, run, buffers);
+    if (!time_rounds(calls, run, stop)) {
+      interrupted = true;
+      return {};
+    }
+  } catch (const std::bad_alloc&) {
+    for (std::string& e : run.errors) e = "out of memory (std::bad_alloc)";
+  }
+  timed_since_calibration_ += static_cast<int64_t>(run.timed.size());
+  const bool noisy = run.noise.score > config_.measure.max_interference;
+  if (noisy || run.attempts > 1)
+    interference_seen_ = true;
+  else if (interference_seen_)
+    clean_after_interference_ = true;  // the episode is over: calibrate before the next point
+  fill_timed_rows(group, run, noisy);
+  return std::move(run.rows);
+}
+
+// Stage 1, per point in plan order: support and budget, inputs, RoPE timing, and one untimed call whose
+// output is checked (NaN/Inf, accuracy) and whose resident-memory high-water mark is the row's peak.
+void PointRunner::check_points(const std::vector<SweepPoint>& group, GroupRun& run) {
   {
     // Rounded copies only for the dtypes of this group (the others' memory goes first).
     std::set<DType> dtypes;
     for (const SweepPoint& pt : group) dtypes.insert(pt.problem.dtype);
     std::erase_if(stored_, [&](const auto& kv) { return !dtypes.count(kv.first); });
   }
-  double round_ms = 0;  // the untimed calls' time: about one round's
   for (std::size_t i = 0; i < group.size(); ++i) {
     const SweepPoint& pt = group[i];
     const simd::ScopedIsa isa_scope(pt.isa, "sweep.isa");  // the plan checked it
-    ResultRow& row = rows[i];
+    ResultRow& row = run.rows[i];
     row = base_row(pt, config_, simd::active_isa());
     if (std::string why = skip_reason(pt, config_); !why.empty()) {
       row.status = "skipped";
@@ -121,10 +142,10 @@ std::vector<ResultRow> PointRunner::measure_group(const std::vector<SweepPoint>&
     try {
       prepare_inputs(pt);
       time_rope(pt, row);
-      run_and_check(pt, row, states[i]);
+      run_and_check(pt, row, run.states[i]);
       if (row.status == "ok") {
-        timed.push_back(i);
-        round_ms += last_check_ms_;
+        run.timed.push_back(i);
+        run.round_ms += last_check_ms_;
       }
     } catch (const std::bad_alloc&) {
       row.status = "failed";
@@ -136,145 +157,142 @@ std::vector<ResultRow> PointRunner::measure_group(const std::vector<SweepPoint>&
     if (!row.memory.peak_bytes && row.memory.peak_note.empty())
       row.memory.peak_note = "not measured: the point failed before it was timed";
   }
-  if (timed.empty()) return rows;
+  run.errors.assign(run.timed.size(), "");
+}
 
-  // 2. The timed rounds (time_interleaved) under the interference probe. Every point writes into one output
-  //    buffer (they share the input set, so the output shape). A score above the threshold is measured
-  //    again, after a pause that lets a short burst pass, up to max_remeasure times; the cleanest is kept.
-  InterleavedTiming t;
-  InterferenceSummary noise;
-  std::vector<std::string> errors(timed.size());
-  int attempts = 0;
-  // The group's sgemm calls (measure.group_sgemm), after the points' calls: thread count -> call index.
-  std::map<int, std::size_t> sgemm_call;
-  try {
-    const Problem& p0 = group[timed[0]].problem;
-    FloatArray out({p0.batch, p0.heads, p0.seq_q, p0.head_dim});
-    // The gradients of the group's backward points (one set: they share the input set, so the shapes).
-    FloatArray dq, dk, dv;
-    for (std::size_t j : timed)
-      if (group[j].pass != Pass::forward && dq.numel() == 0) {
-        dq = FloatArray({p0.batch, p0.heads, p0.seq_q, p0.head_dim});
-        dk = FloatArray({p0.batch, p0.num_kv_heads(), p0.seq_kv, p0.head_dim});
-        dv = FloatArray(dk.shape);
-      }
-    std::vector<std::function<double()>> calls;
-    int max_threads = 1;
-    for (std::size_t j = 0; j < timed.size(); ++j) {
-      const SweepPoint& pt = group[timed[j]];
-      TrainingState& st = states[timed[j]];
-      max_threads = std::max(max_threads, pt.threads);
-      calls.push_back([this, &pt, &out, &st, &dq, &dk, &dv, &errors, j]() -> double {
-        const simd::ScopedIsa isa_scope(pt.isa, "sweep.isa");
-        const Attention& variant = Registry::instance().get(pt.problem.variant);
-        AttentionInputs in = inputs_for(pt.problem);
-        GradientArgs g;
-        if (pt.pass == Pass::forward) {
-          in.out = out.ptr();
-        } else {
-          in.out = st.out.ptr();
-          g.out = st.out.ptr();
-          g.saved = st.saved.empty() ? nullptr : st.saved.data();
-          g.d_out = d_out_.ptr();
-          g.dq = dq.ptr(), g.dk = dk.ptr(), g.dv = dv.ptr();
-        }
-        ThreadScope scope(pt.threads);
-        try {
-          const auto t0 = std::chrono::steady_clock::now();
-          switch (pt.pass) {
-            case Pass::forward:
-              variant.run(pt.problem, in);
-              break;
-            case Pass::backward:
-              variant.run_backward(pt.problem, in, g);
-              break;
-            case Pass::forward_backward:
-              variant.run_saving(pt.problem, in, st.saved.empty() ? nullptr : st.saved.data());
-              variant.run_backward(pt.problem, in, g);
-              break;
-          }
-          return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        } catch (const std::exception& e) {
-          errors[j] = e.what();
-          return -1;
-        }
-      });
+PointRunner::GroupBuffers::GroupBuffers(const Problem& p0, const std::vector<SweepPoint>& group,
+                                        const std::vector<std::size_t>& timed)
+    : out({p0.batch, p0.heads, p0.seq_q, p0.head_dim}) {
+  for (std::size_t j : timed)
+    if (group[j].pass != Pass::forward) {
+      dq = FloatArray({p0.batch, p0.heads, p0.seq_q, p0.head_dim});
+      dk = FloatArray({p0.batch, p0.num_kv_heads(), p0.seq_kv, p0.head_dim});
+      dv = FloatArray(dk.shape);
+      return;
     }
-    // The calibration's sgemm joins the rounds, one call per thread count, as a follower (it never keeps the
-    // rounds going), when its calls cost at most half a round (estimated from the calibration): the rows
-    // divide by the sgemm timed beside them, so frac_sgemm follows the machine's speed while they ran.
-    const MeasureSettings& m = config_.measure;
-    std::vector<bool> followers(calls.size(), false);
-    if (m.group_sgemm) {
-      std::set<int> threads;
-      for (std::size_t j : timed) threads.insert(group[j].threads);
-      const double flops = SgemmBench::flops_of(kCalibrationSgemmSize);
-      double sgemm_ms = 0;
-      for (int th : threads) {
-        const auto it = calibration_.sgemm_gflops.find(th);
-        sgemm_ms += it != calibration_.sgemm_gflops.end() && it->second > 0
-                        ? flops / (it->second * 1e6)
-                        : std::numeric_limits<double>::infinity();
-      }
-      if (2 * sgemm_ms <= round_ms) {
-        if (!sgemm_bench_) sgemm_bench_ = std::make_unique<SgemmBench>(kCalibrationSgemmSize);
-        for (int th : threads) {
-          sgemm_call[th] = calls.size();
-          calls.push_back([this, th] { return sgemm_bench_->call_ms(th); });
-          followers.push_back(true);
-        }
-      }
-    }
-    double last_window_s = 0;
-    for (int attempt = 1; attempt <= 1 + m.max_remeasure; ++attempt) {
-      // The pause: twice the last attempt's window (a burst as long as the points passes), at least 10 ms
-      // and at most 0.25 s per attempt so far.
-      if (attempt > 1)
-        std::this_thread::sleep_for(
-            std::chrono::duration<double>(std::clamp(2 * last_window_s, 0.01, 0.25 * (attempt - 1))));
-      interference_probe_.start();
-      InterleavedTiming ti = time_interleaved(calls, m, stop, followers);
-      const InterferenceSummary ni = interference_probe_.stop(max_threads);
-      if (ti.interrupted) {
-        interrupted = true;
-        return {};
-      }
-      last_window_s = ni.window_s;
-      attempts = attempt;
-      if (attempt == 1 || ni.score < noise.score) t = std::move(ti), noise = ni;
-      if (ni.score <= m.max_interference) break;
-    }
-  } catch (const std::bad_alloc&) {
-    for (std::size_t j = 0; j < timed.size(); ++j) errors[j] = "out of memory (std::bad_alloc)";
+}
+
+// One timed call of a point: its pass on the group's buffers (forward points write the shared O; backward
+// points read their own training forward's O and state and write the shared gradients). Returns the
+// milliseconds, or -1 with the error kept.
+double PointRunner::timed_call(const SweepPoint& pt, TrainingState& st, GroupBuffers& b, std::string& error) {
+  const simd::ScopedIsa isa_scope(pt.isa, "sweep.isa");
+  const Attention& variant = Registry::instance().get(pt.problem.variant);
+  AttentionInputs in = inputs_for(pt.problem);
+  GradientArgs g;
+  if (pt.pass == Pass::forward) {
+    in.out = b.out.ptr();
+  } else {
+    in.out = st.out.ptr();
+    g.out = st.out.ptr();
+    g.saved = st.saved.empty() ? nullptr : st.saved.data();
+    g.d_out = d_out_.ptr();
+    g.dq = b.dq.ptr(), g.dk = b.dk.ptr(), g.dv = b.dv.ptr();
   }
-  timed_since_calibration_ += static_cast<int64_t>(timed.size());
-  const bool noisy = noise.score > config_.measure.max_interference;
-  if (noisy || attempts > 1)
-    interference_seen_ = true;
-  else if (interference_seen_)
-    clean_after_interference_ = true;  // the episode is over: calibrate before the next point
+  ThreadScope scope(pt.threads);
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    switch (pt.pass) {
+      case Pass::forward:
+        variant.run(pt.problem, in);
+        break;
+      case Pass::backward:
+        variant.run_backward(pt.problem, in, g);
+        break;
+      case Pass::forward_backward:
+        variant.run_saving(pt.problem, in, st.saved.empty() ? nullptr : st.saved.data());
+        variant.run_backward(pt.problem, in, g);
+        break;
+    }
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  } catch (const std::exception& e) {
+    error = e.what();
+    return -1;
+  }
+}
 
-  // 3. The rows' timings, the interleaving and the fractions of the calibration.
-  for (std::size_t j = 0; j < timed.size(); ++j) {
-    const SweepPoint& pt = group[timed[j]];
-    ResultRow& row = rows[timed[j]];
-    if (!errors[j].empty() || j >= t.stats.size() || t.failed[j]) {
+// The group's calls: one per timed point, then the calibration's sgemm, one call per thread count, as a
+// follower (it never keeps the rounds going), when its calls cost at most half a round (estimated from the
+// calibration): the rows divide by the sgemm timed beside them, so frac_sgemm follows the machine's speed
+// while they ran.
+PointRunner::TimedCalls PointRunner::timed_calls(const std::vector<SweepPoint>& group, GroupRun& run,
+                                                 GroupBuffers& buffers) {
+  TimedCalls c;
+  for (std::size_t j = 0; j < run.timed.size(); ++j) {
+    const SweepPoint& pt = group[run.timed[j]];
+    TrainingState& st = run.states[run.timed[j]];
+    c.max_threads = std::max(c.max_threads, pt.threads);
+    c.calls.push_back(
+        [this, &pt, &st, &buffers, &run, j] { return timed_call(pt, st, buffers, run.errors[j]); });
+  }
+  c.followers.assign(c.calls.size(), false);
+  if (!config_.measure.group_sgemm) return c;
+  std::set<int> threads;
+  for (std::size_t j : run.timed) threads.insert(group[j].threads);
+  const double flops = SgemmBench::flops_of(kCalibrationSgemmSize);
+  double sgemm_ms = 0;
+  for (int th : threads) {
+    const auto it = calibration_.sgemm_gflops.find(th);
+    sgemm_ms += it != calibration_.sgemm_gflops.end() && it->second > 0
+                    ? flops / (it->second * 1e6)
+                    : std::numeric_limits<double>::infinity();
+  }
+  if (2 * sgemm_ms > run.round_ms) return c;
+  if (!sgemm_bench_) sgemm_bench_ = std::make_unique<SgemmBench>(kCalibrationSgemmSize);
+  for (int th : threads) {
+    run.sgemm_call[th] = c.calls.size();
+    c.calls.push_back([this, th] { return sgemm_bench_->call_ms(th); });
+    c.followers.push_back(true);
+  }
+  return c;
+}
+
+// Stage 2: the timed rounds (time_interleaved) under the interference probe. A score above the threshold is
+// measured again, after a pause that lets a short burst pass, up to max_remeasure times; the cleanest is
+// kept. False when `stop()` interrupted them.
+bool PointRunner::time_rounds(const TimedCalls& calls, GroupRun& run, const std::function<bool()>& stop) {
+  const MeasureSettings& m = config_.measure;
+  double last_window_s = 0;
+  for (int attempt = 1; attempt <= 1 + m.max_remeasure; ++attempt) {
+    // The pause: twice the last attempt's window (a burst as long as the points passes), at least 10 ms
+    // and at most 0.25 s per attempt so far.
+    if (attempt > 1)
+      std::this_thread::sleep_for(
+          std::chrono::duration<double>(std::clamp(2 * last_window_s, 0.01, 0.25 * (attempt - 1))));
+    interference_probe_.start();
+    InterleavedTiming ti = time_interleaved(calls.calls, m, stop, calls.followers);
+    const InterferenceSummary ni = interference_probe_.stop(calls.max_threads);
+    if (ti.interrupted) return false;
+    last_window_s = ni.window_s;
+    run.attempts = attempt;
+    if (attempt == 1 || ni.score < run.noise.score) run.timing = std::move(ti), run.noise = ni;
+    if (ni.score <= m.max_interference) break;
+  }
+  return true;
+}
+
+// Stage 3: the rows' timings, the interleaving and the fractions of the calibration.
+void PointRunner::fill_timed_rows(const std::vector<SweepPoint>& group, GroupRun& run, bool noisy) const {
+  const InterleavedTiming& t = run.timing;
+  for (std::size_t j = 0; j < run.timed.size(); ++j) {
+    const SweepPoint& pt = group[run.timed[j]];
+    ResultRow& row = run.rows[run.timed[j]];
+    if (!run.errors[j].empty() || j >= t.stats.size() || t.failed[j]) {
       row.status = "failed";
-      row.reason = errors[j].empty() ? "the timed calls failed" : errors[j];
+      row.reason = run.errors[j].empty() ? "the timed calls failed" : run.errors[j];
       continue;
     }
-    row.attempts = attempts;
-    row.interference = noise;
+    row.attempts = run.attempts;
+    row.interference = run.noise;
     row.noisy = noisy;
-    if (timed.size() > 1)
-      row.interleave = ResultRow::Interleave{group[timed[0]].id, static_cast<int>(timed.size()),
+    if (run.timed.size() > 1)
+      row.interleave = ResultRow::Interleave{group[run.timed[0]].id, static_cast<int>(run.timed.size()),
                                              static_cast<int>(j), t.rounds};
     fill_timing(row, t.stats[j], point_flops(pt), &calibration_);
-    if (const auto it = sgemm_call.find(pt.threads);
-        it != sgemm_call.end() && it->second < t.stats.size() && !t.stats[it->second].samples_ms.empty())
+    if (const auto it = run.sgemm_call.find(pt.threads);
+        it != run.sgemm_call.end() && it->second < t.stats.size() && !t.stats[it->second].samples_ms.empty())
       fill_group_sgemm(t.stats[j], t.stats[it->second], row);
   }
-  return rows;
 }
 
 void PointRunner::fill_group_sgemm(const TimingStats& point, const TimingStats& sgemm, ResultRow& row) const {

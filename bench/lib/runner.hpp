@@ -74,6 +74,37 @@ class PointRunner final : public Executor {
   bool maybe_recalibrate(Json& meta, int64_t points_done, const std::function<bool()>& stop);
 
  private:
+  // What measuring one group accumulates: its rows, the backward points' training state, the points that go
+  // on to be timed (indices into the group), the untimed calls' time (about one round's), the timing kept,
+  // its interference, attempts and per-call errors, and where the group's sgemm calls are (threads -> call).
+  struct GroupRun {
+    std::vector<ResultRow> rows;
+    std::vector<TrainingState> states;
+    std::vector<std::size_t> timed;
+    double round_ms = 0;
+    InterleavedTiming timing;
+    InterferenceSummary noise;
+    int attempts = 0;
+    std::vector<std::string> errors;
+    std::map<int, std::size_t> sgemm_call;
+  };
+  // The output every forward point of a group writes, and the gradients its backward points write (one set:
+  // they share the input set, so the shapes).
+  struct GroupBuffers {
+    GroupBuffers(const Problem& p0, const std::vector<SweepPoint>& group,
+                 const std::vector<std::size_t>& timed);
+    FloatArray out, dq, dk, dv;
+  };
+  struct TimedCalls {
+    std::vector<std::function<double()>> calls;
+    std::vector<bool> followers;
+    int max_threads = 1;
+  };
+  void check_points(const std::vector<SweepPoint>& group, GroupRun& run);
+  double timed_call(const SweepPoint& pt, TrainingState& st, GroupBuffers& b, std::string& error);
+  TimedCalls timed_calls(const std::vector<SweepPoint>& group, GroupRun& run, GroupBuffers& buffers);
+  bool time_rounds(const TimedCalls& calls, GroupRun& run, const std::function<bool()>& stop);
+  void fill_timed_rows(const std::vector<SweepPoint>& group, GroupRun& run, bool noisy) const;
   void prepare_inputs(const SweepPoint& pt);
   AttentionInputs inputs_for(const Problem& p) const;
   // The untimed call: peak memory, output sanity and accuracy. Backward passes run the training forward and
