@@ -168,38 +168,45 @@ void print_table(const std::vector<VariantRun>& runs, int64_t layers, const std:
   }
 }
 
-int run_drift(const DriftOptions& o) {
-  simd::select_isa(o.isa, "--isa");
-  check_options(o);
-  if (o.variants.empty()) throw UsageError("--variant: give at least one variant name, or all");
-  const auto& reg = Registry::instance();
-  const std::vector<std::string> names = select_variants(o.variants);
-  const std::map<std::string, Json> params = resolve_params(o.params, o.variants, names);
+// The text as tokens, the embedding table and the model the variants run in.
+struct DriftSetup {
+  std::vector<std::string> tokens;
+  TokenEmbedding table;
+  TokenizedText tok;
+  int64_t n = 0, d = 0;
+};
 
+DriftSetup drift_setup(const DriftOptions& o) {
+  DriftSetup s;
   // One past the limit, so a longer text is refused rather than silently cut (unless --max-tokens cuts it).
   const int64_t read_limit = o.max_tokens_opt->count() ? o.max_tokens : DriftLimits::kMaxTokens + 1;
-  const std::vector<std::string> tokens = read_tokens(o.text, read_limit);
-  if (static_cast<int64_t>(tokens.size()) > DriftLimits::kMaxTokens)
+  s.tokens = read_tokens(o.text, read_limit);
+  if (static_cast<int64_t>(s.tokens.size()) > DriftLimits::kMaxTokens)
     throw UsageError("--text '" + o.text + "': more than " + std::to_string(DriftLimits::kMaxTokens) +
                      " tokens; give --max-tokens N (N <= " + std::to_string(DriftLimits::kMaxTokens) +
                      ") to use the first N");
-  TokenEmbedding table = o.embeddings_opt->count() ? TokenEmbedding::load_text(o.embeddings)
-                                                   : TokenEmbedding::seeded(o.vocab_size, o.d_model, o.seed);
-  table.assign_words(tokens);  // seeded tables: the text's words in first-seen order; loaded tables are full
-  const TokenizedText tok = table.tokenize(tokens);
-  const int64_t n = static_cast<int64_t>(tokens.size()), d = table.d_model();
-  if (d % o.heads != 0)
-    throw UsageError("--heads " + std::to_string(o.heads) + ": must divide d_model " + std::to_string(d) +
+  s.table = o.embeddings_opt->count() ? TokenEmbedding::load_text(o.embeddings)
+                                      : TokenEmbedding::seeded(o.vocab_size, o.d_model, o.seed);
+  s.table.assign_words(
+      s.tokens);  // seeded tables: the text's words in first-seen order; loaded tables are full
+  s.tok = s.table.tokenize(s.tokens);
+  s.n = static_cast<int64_t>(s.tokens.size()), s.d = s.table.d_model();
+  if (s.d % o.heads != 0)
+    throw UsageError("--heads " + std::to_string(o.heads) + ": must divide d_model " + std::to_string(s.d) +
                      (o.embeddings_opt->count() ? " (from '" + o.embeddings + "')" : "") +
                      " (head_dim = d_model / heads)");
-  const DriftModel model(table.lookup(tok.ids), o.heads, o.layers, o.seed, o.causal);
-  if (tok.unknown_count == n)
-    std::cerr << "attnbench: warning: none of the " << n << " tokens of '" << o.text
+  if (s.tok.unknown_count == s.n)
+    std::cerr << "attnbench: warning: none of the " << s.n << " tokens of '" << o.text
               << "' is in the vocabulary; every row is the zero unknown row plus its position\n";
+  return s;
+}
 
-  const DriftStates ref = model.reference();
+// Each variant through the stack against the fp64 reference: ok with its per-layer metrics, skipped with
+// the reasons, or nonfinite at the layer where a state stopped being finite.
+std::vector<VariantRun> run_variants(const DriftModel& model, const DriftStates& ref, const DriftOptions& o,
+                                     const std::vector<std::string>& names,
+                                     const std::map<std::string, Json>& params, int64_t n, int64_t d) {
   std::vector<VariantRun> runs;
-  std::string first_failure;
   for (const auto& name : names) {
     VariantRun run;
     run.name = name;
@@ -213,7 +220,7 @@ int run_drift(const DriftOptions& o) {
       p.mask.causal = o.causal;
       run.repro = p.repro();
       run.status = "skipped";
-      run.reason = reg.get(name).unsupported_reasons_text(p);
+      run.reason = Registry::instance().get(name).unsupported_reasons_text(p);
       runs.push_back(std::move(run));
       continue;
     }
@@ -226,94 +233,113 @@ int run_drift(const DriftOptions& o) {
       run.status = "nonfinite";
       run.reason = e.what();
       run.failed_layer = e.layer();
-      if (first_failure.empty()) first_failure = e.what();
     }
     runs.push_back(std::move(run));
   }
+  return runs;
+}
 
+Json drift_json(const DriftOptions& o, const DriftSetup& s, const std::vector<VariantRun>& runs) {
+  const auto& reg = Registry::instance();
+  Json variants = Json::array();
+  for (const auto& r : runs) {
+    Json v = {{"name", r.name},
+              {"params", r.params},
+              {"repro", r.repro},
+              {"exact", reg.get(r.name).capabilities().exact},
+              {"baseline", r.name == reg.baseline().name()},
+              {"status", r.status}};
+    if (r.status == "skipped") v["reason"] = r.reason;
+    if (r.status == "nonfinite") v["error"] = r.reason, v["failed_layer"] = r.failed_layer;
+    Json layers = Json::array();
+    for (const auto& m : r.layers)
+      layers.push_back({{"layer", m.layer},
+                        {"rel_l2", json_number(m.rel_l2)},
+                        {"mean_cosine", json_number(m.mean_cosine)},
+                        {"one_minus_cosine", json_number(m.one_minus_cosine)},
+                        {"max_abs_err", json_number(m.max_abs_err)},
+                        {"ref_rms", json_number(m.ref_rms)}});
+    v["layers"] = layers;
+    variants.push_back(v);
+  }
+  const int64_t d = s.d;
+  return {{"command", "drift"},
+          {"text", o.text},
+          {"tokens", s.n},
+          {"max_tokens", o.max_tokens_opt->count() ? Json(o.max_tokens) : Json(nullptr)},
+          {"embeddings", o.embeddings_opt->count() ? Json(o.embeddings) : Json("seeded")},
+          {"vocab_size", s.table.vocab_size()},
+          {"words_assigned", s.table.words().size()},
+          {"unknown_tokens", s.tok.unknown_count},
+          {"unknown_examples", s.tok.unknown_examples},
+          {"seed", o.seed},
+          {"d_model", d},
+          {"heads", o.heads},
+          {"head_dim", d / o.heads},
+          {"layers", o.layers},
+          {"causal", o.causal},
+          {"model",
+           {{"block", "pre-norm: x += MHA(LN(x)); x += W2 GELU(W1 LN(x) + b1) + b2"},
+            {"ffn_hidden", kDriftFfnMultiplier * d},
+            {"activation", "gelu (exact, erf)"},
+            {"layer_norm", {{"eps", kDriftLayerNormEps}, {"affine", false}}},
+            {"positional", "sinusoidal, added"},
+            {"init",
+             "torch defaults: MHA xavier-uniform in_proj, W_o and every bias and FFN weight uniform "
+             "+-1/sqrt(fan_in)"}}},
+          {"reference", "the same stack in fp64: LayerNorm, GEMMs, GELU and exact softmax attention"},
+          {"baseline", reg.baseline().name()},
+          {"cpu_model", cpu_model()},
+          {"isa", simd::active_isa()},
+          {"threads", tbb::this_task_arena::max_concurrency()},
+          {"variants", variants}};
+}
+
+void print_drift_text(const DriftOptions& o, const DriftSetup& s, const std::vector<VariantRun>& runs) {
   const std::string cpu = cpu_model();
-  const int threads = tbb::this_task_arena::max_concurrency();
-  if (o.json) {
-    Json variants = Json::array();
-    for (const auto& r : runs) {
-      Json v = {{"name", r.name},
-                {"params", r.params},
-                {"repro", r.repro},
-                {"exact", reg.get(r.name).capabilities().exact},
-                {"baseline", r.name == reg.baseline().name()},
-                {"status", r.status}};
-      if (r.status == "skipped") v["reason"] = r.reason;
-      if (r.status == "nonfinite") v["error"] = r.reason, v["failed_layer"] = r.failed_layer;
-      Json layers = Json::array();
-      for (const auto& m : r.layers)
-        layers.push_back({{"layer", m.layer},
-                          {"rel_l2", json_number(m.rel_l2)},
-                          {"mean_cosine", json_number(m.mean_cosine)},
-                          {"one_minus_cosine", json_number(m.one_minus_cosine)},
-                          {"max_abs_err", json_number(m.max_abs_err)},
-                          {"ref_rms", json_number(m.ref_rms)}});
-      v["layers"] = layers;
-      variants.push_back(v);
-    }
-    const Json doc = {
-        {"command", "drift"},
-        {"text", o.text},
-        {"tokens", n},
-        {"max_tokens", o.max_tokens_opt->count() ? Json(o.max_tokens) : Json(nullptr)},
-        {"embeddings", o.embeddings_opt->count() ? Json(o.embeddings) : Json("seeded")},
-        {"vocab_size", table.vocab_size()},
-        {"words_assigned", table.words().size()},
-        {"unknown_tokens", tok.unknown_count},
-        {"unknown_examples", tok.unknown_examples},
-        {"seed", o.seed},
-        {"d_model", d},
-        {"heads", o.heads},
-        {"head_dim", d / o.heads},
-        {"layers", o.layers},
-        {"causal", o.causal},
-        {"model",
-         {{"block", "pre-norm: x += MHA(LN(x)); x += W2 GELU(W1 LN(x) + b1) + b2"},
-          {"ffn_hidden", kDriftFfnMultiplier * d},
-          {"activation", "gelu (exact, erf)"},
-          {"layer_norm", {{"eps", kDriftLayerNormEps}, {"affine", false}}},
-          {"positional", "sinusoidal, added"},
-          {"init",
-           "torch defaults: MHA xavier-uniform in_proj, W_o and every bias and FFN weight uniform "
-           "+-1/sqrt(fan_in)"}}},
-        {"reference", "the same stack in fp64: LayerNorm, GEMMs, GELU and exact softmax attention"},
-        {"baseline", reg.baseline().name()},
-        {"cpu_model", cpu},
-        {"isa", simd::active_isa()},
-        {"threads", threads},
-        {"variants", variants}};
-    std::cout << doc.dump(2) << "\n";
-  } else {
-    std::cout << "attnbench drift: " << o.layers << " pre-norm blocks (d_model " << d << ", " << o.heads
-              << " heads x " << d / o.heads << ", FFN " << d << " -> " << kDriftFfnMultiplier * d << " -> "
-              << d << " GELU), " << (o.causal ? "causal" : "non-causal") << ", seed " << o.seed << "\n"
-              << "text: '" << o.text << "', " << n << " tokens, vocabulary " << table.vocab_size()
-              << " rows (" << (o.embeddings_opt->count() ? "'" + o.embeddings + "'" : std::string("seeded"))
-              << "), " << tok.unknown_count << " unknown\n"
-              << "reference: the same stack in fp64 with exact softmax attention; CPU: "
-              << (cpu.empty() ? "(unknown)" : cpu) << ", " << threads << " thread(s), isa "
-              << simd::active_isa() << "\n\n";
-    print_table(runs, o.layers, "rel_l2 = ||h_l - h_l_ref||_F / ||h_l_ref||_F",
-                [](const DriftLayerMetrics& m) { return sci(m.rel_l2); });
-    std::cout << "\n";
-    print_table(runs, o.layers, "1 - mean cosine(h_l row, h_l_ref row)",
-                [](const DriftLayerMetrics& m) { return sci(m.one_minus_cosine); });
-    for (const auto& r : runs) {
-      if (r.status == "skipped") std::cout << "\nskipped: " << r.name << " (" << r.reason << ")";
-      if (r.status == "nonfinite") std::cout << "\nfailed: " << r.reason;
-      if (!r.params.empty() && r.status != "skipped")
-        std::cout << "\nparams: " << r.name << " " << r.params.dump();
-    }
-    std::cout << "\n";
+  const int64_t d = s.d;
+  std::cout << "attnbench drift: " << o.layers << " pre-norm blocks (d_model " << d << ", " << o.heads
+            << " heads x " << d / o.heads << ", FFN " << d << " -> " << kDriftFfnMultiplier * d << " -> " << d
+            << " GELU), " << (o.causal ? "causal" : "non-causal") << ", seed " << o.seed << "\n"
+            << "text: '" << o.text << "', " << s.n << " tokens, vocabulary " << s.table.vocab_size()
+            << " rows (" << (o.embeddings_opt->count() ? "'" + o.embeddings + "'" : std::string("seeded"))
+            << "), " << s.tok.unknown_count << " unknown\n"
+            << "reference: the same stack in fp64 with exact softmax attention; CPU: "
+            << (cpu.empty() ? "(unknown)" : cpu) << ", " << tbb::this_task_arena::max_concurrency()
+            << " thread(s), isa " << simd::active_isa() << "\n\n";
+  print_table(runs, o.layers, "rel_l2 = ||h_l - h_l_ref||_F / ||h_l_ref||_F",
+              [](const DriftLayerMetrics& m) { return sci(m.rel_l2); });
+  std::cout << "\n";
+  print_table(runs, o.layers, "1 - mean cosine(h_l row, h_l_ref row)",
+              [](const DriftLayerMetrics& m) { return sci(m.one_minus_cosine); });
+  for (const auto& r : runs) {
+    if (r.status == "skipped") std::cout << "\nskipped: " << r.name << " (" << r.reason << ")";
+    if (r.status == "nonfinite") std::cout << "\nfailed: " << r.reason;
+    if (!r.params.empty() && r.status != "skipped")
+      std::cout << "\nparams: " << r.name << " " << r.params.dump();
   }
-  if (!first_failure.empty()) {
-    std::cout.flush();
-    throw std::runtime_error(first_failure);
-  }
+  std::cout << "\n";
+}
+
+int run_drift(const DriftOptions& o) {
+  simd::select_isa(o.isa, "--isa");
+  check_options(o);
+  if (o.variants.empty()) throw UsageError("--variant: give at least one variant name, or all");
+  const std::vector<std::string> names = select_variants(o.variants);
+  const std::map<std::string, Json> params = resolve_params(o.params, o.variants, names);
+  const DriftSetup s = drift_setup(o);
+  const DriftModel model(s.table.lookup(s.tok.ids), o.heads, o.layers, o.seed, o.causal);
+  const DriftStates ref = model.reference();
+  const std::vector<VariantRun> runs = run_variants(model, ref, o, names, params, s.n, s.d);
+  if (o.json)
+    std::cout << drift_json(o, s, runs).dump(2) << "\n";
+  else
+    print_drift_text(o, s, runs);
+  for (const VariantRun& r : runs)
+    if (r.status == "nonfinite") {
+      std::cout.flush();
+      throw std::runtime_error(r.reason);  // the first failure
+    }
   return 0;
 }
 
