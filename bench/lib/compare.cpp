@@ -383,8 +383,10 @@ Json comparison_json(const Comparison& c, std::optional<double> fail_above) {
   return j;
 }
 
-std::string comparison_markdown(const Comparison& c, std::optional<double> fail_above) {
-  std::ostringstream md;
+namespace {
+
+// The header table of the two sides and what differs between them.
+void markdown_sides(std::ostringstream& md, const Comparison& c) {
   const auto side = [](const Json& s, const char* key) { return cell(s.value(key, Json(nullptr))); };
   md << "# attnbench compare\n\n"
      << "| | A | B |\n| --- | --- | --- |\n"
@@ -424,7 +426,10 @@ std::string comparison_markdown(const Comparison& c, std::optional<double> fail_
   for (std::size_t i = 0; i < c.same.size(); ++i)
     md << (i ? "; " : "") << "`" << c.same[i].field << "` = " << abbreviated(cell(c.same[i].a));
   md << "\n\n";
+}
 
+// The points measured on both sides, with their verdicts and summary.
+void markdown_points(std::ostringstream& md, const Comparison& c) {
   md << "## Points measured on both sides (" << c.points.size() << ")\n\n";
   std::map<std::string, int> verdicts;
   if (!c.points.empty()) {
@@ -456,6 +461,10 @@ std::string comparison_markdown(const Comparison& c, std::optional<double> fail_
     if (verdicts["different"]) md << ", " << verdicts["different"] << " different with equal medians";
     md << ".\n\n";
   }
+}
+
+// The points on one side only, the ones not compared, and the regression gate.
+void markdown_rest(std::ostringstream& md, const Comparison& c, std::optional<double> fail_above) {
   const auto id_list = [&](const char* title, const std::vector<std::string>& ids) {
     md << "## " << title << " (" << ids.size() << ")\n\n";
     for (const std::string& id : ids) md << "- `" << id << "`\n";
@@ -486,6 +495,15 @@ std::string comparison_markdown(const Comparison& c, std::optional<double> fail_
     for (const PointComparison& p : c.points) no_p += !p.p_value;
     if (no_p) md << "\n" << no_p << " point(s) without a p-value were not gated.\n";
   }
+}
+
+}  // namespace
+
+std::string comparison_markdown(const Comparison& c, std::optional<double> fail_above) {
+  std::ostringstream md;
+  markdown_sides(md, c);
+  markdown_points(md, c);
+  markdown_rest(md, c, fail_above);
   return md.str();
 }
 
