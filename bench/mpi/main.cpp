@@ -108,32 +108,37 @@ Json metrics_json(const ErrorMetrics& m) {
           {"inf_count", m.inf_count}};
 }
 
-int run_eval(const EvalOptions& o, int threads) {
-  int rank = 0, P = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &P);
-  std::string message, variant;
+// What rank 0 learned from the options and the .npy headers (broadcast where every rank needs it).
+struct EvalSetup {
+  std::string variant;
   Json params;
   Shape shape;
   std::unique_ptr<NpyReader> readers[3];
+};
+
+// The options and (rank 0) the files' headers, checked on every rank; the worst status (0, 1, 2).
+int eval_setup(const EvalOptions& o, EvalSetup& e, std::string& message) {
+  int rank = 0, P = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
   const int status = guarded(
       [&] {
         simd::select_isa(o.isa, "--isa");
-        variant = o.variant.empty() ? default_block_variant() : o.variant;
-        refuse_unsupported(o, Registry::instance().get(variant));
-        params = attn::cli::parse_cli_params(Registry::instance().get(variant), o.params);
+        e.variant = o.variant.empty() ? default_block_variant() : o.variant;
+        refuse_unsupported(o, Registry::instance().get(e.variant));
+        e.params = attn::cli::parse_cli_params(Registry::instance().get(e.variant), o.params);
         if (rank != 0) return;
         const std::string q_what = "--q '" + o.q + "'", k_what = "--k '" + o.k + "'",
                           v_what = "--v '" + o.v + "'";
-        readers[0] = std::make_unique<NpyReader>(o.q, o.q);
-        readers[1] = std::make_unique<NpyReader>(o.k, o.k);
-        readers[2] = std::make_unique<NpyReader>(o.v, o.v);
-        const auto &qs = readers[0]->shape(), &ks = readers[1]->shape(), &vs = readers[2]->shape();
+        e.readers[0] = std::make_unique<NpyReader>(o.q, o.q);
+        e.readers[1] = std::make_unique<NpyReader>(o.k, o.k);
+        e.readers[2] = std::make_unique<NpyReader>(o.v, o.v);
+        const auto &qs = e.readers[0]->shape(), &ks = e.readers[1]->shape(), &vs = e.readers[2]->shape();
         require_rank4(q_what, qs, "[batch, heads, seq_q, head_dim]");
         require_rank4(k_what, ks, "[batch, kv_heads, seq_kv, head_dim]");
         require_rank4(v_what, vs, "[batch, kv_heads, seq_kv, head_dim]");
         check_kv_shapes(q_what, qs, k_what, ks, v_what, vs);
-        Problem p = make_problem(variant, params);
+        Problem p = make_problem(e.variant, e.params);
         set_shape(p, qs, ks);
         p.scale = o.scale;
         p.mask.causal = o.causal;
@@ -147,13 +152,71 @@ int run_eval(const EvalOptions& o, int threads) {
                            " ranks for a sequence of n = " + std::to_string(p.seq_q) + " positions (" +
                            q_what +
                            "): ring attention needs P <= n, every rank holding at least one query row");
-        shape = {p.batch, p.heads, p.num_kv_heads(), p.seq_q, p.head_dim};
+        e.shape = {p.batch, p.heads, p.num_kv_heads(), p.seq_q, p.head_dim};
       },
       message);
-  if (const int worst = agree(status, message, rank)) return worst;
-  int64_t dims[5] = {shape.batch, shape.heads, shape.kv_heads, shape.n, shape.head_dim};
+  const int worst = agree(status, message, rank);
+  if (worst) return worst;
+  int64_t dims[5] = {e.shape.batch, e.shape.heads, e.shape.kv_heads, e.shape.n, e.shape.head_dim};
   MPI_Bcast(dims, 5, MPI_INT64_T, 0, MPI_COMM_WORLD);
-  shape = {dims[0], dims[1], dims[2], dims[3], dims[4]};
+  e.shape = {dims[0], dims[1], dims[2], dims[3], dims[4]};
+  return 0;
+}
+
+// --compare on rank 0: the same variant in one process and the fp64 reference on the whole inputs.
+Json eval_compare(const EvalOptions& o, const Problem& base, bool causal, int P) {
+  Json j;
+  // The same variant in one process (the same parameters, this rank's threads) and the fp64 reference, on
+  // the whole inputs (rank 0 then holds them all: the memory bound above is the ring's, before this step).
+  const FloatArray q = read_npy_float(o.q), k = read_npy_float(o.k), v = read_npy_float(o.v);
+  const FloatArray ring_out = read_npy_float(o.out);
+  FloatArray single_out(ring_out.shape);
+  Problem p = base;
+  p.mask.causal = causal;
+  AttentionInputs in{};
+  in.q = q.ptr();
+  in.k = k.ptr();
+  in.v = v.ptr();
+  in.out = single_out.ptr();
+  Registry::instance().get(base.variant).run(p, in);
+  DoubleArray want(ring_out.shape);
+  reference_attention(p, in, want.ptr());
+  const int64_t rows = p.batch * p.heads * p.seq_q;
+  // The fp32 bound against fp64 (exact_abs_tolerance, common/reference.cpp) plus the ring's merges: at most
+  // 2P (query chunk, key chunk) blocks per row, each merged with an exp2 (1.5 ulp), a multiply and an add
+  // on the sum and the output (3u relative), times the same factor 4: 4 * 3 * 2P * u * max|v|. Ring and
+  // the single-process run are each within it of the exact result, so within twice it of each other.
+  double vmax = 0;
+  for (std::size_t e = 0; e < v.numel(); ++e)
+    vmax = std::max(vmax, std::fabs(static_cast<double>(v.data[e])));
+  const double tolerance = exact_abs_tolerance(p, in) + 4.0 * 3.0 * 2.0 * P * std::ldexp(1.0, -24) * vmax;
+  double diff = 0;
+  for (std::size_t i = 0; i < ring_out.numel(); ++i) {
+    const double d = std::fabs(static_cast<double>(ring_out.data[i]) - single_out.data[i]);
+    if (std::isnan(d) || d > diff) diff = std::isnan(d) ? std::numeric_limits<double>::infinity() : d;
+  }
+  j["compare"] = {
+      {"id", p.repro()},
+      {"max_abs_diff_vs_single", json_number(diff)},
+      {"tolerance", json_number(tolerance)},
+      {"tolerance_vs_single", json_number(2 * tolerance)},
+      {"accuracy", metrics_json(compare_outputs(ring_out.ptr(), want.ptr(), rows, p.head_dim))},
+      {"single_accuracy", metrics_json(compare_outputs(single_out.ptr(), want.ptr(), rows, p.head_dim))},
+      {"reference", "fp64 exact softmax attention on the fp32 inputs"}};
+  return j["compare"];
+}
+
+int run_eval(const EvalOptions& o, int threads) {
+  int rank = 0, P = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  std::string message;
+  EvalSetup e;
+  if (const int worst = eval_setup(o, e, message)) return worst;
+  const Shape& shape = e.shape;
+  const std::string& variant = e.variant;
+  const Json& params = e.params;
+  auto& readers = e.readers;
 
   // --causal-lower-right is --causal here: with seq_q == seq_kv the two rules are the same.
   const bool causal = o.causal || o.causal_lower_right;
@@ -216,45 +279,7 @@ int run_eval(const EvalOptions& o, int threads) {
   j["nonfinite_q"] = bad_sum[0];
   j["nonfinite_kv"] = bad_sum[1];
   j["nonfinite_output"] = bad_sum[2];
-  if (o.compare) {
-    // The same variant in one process (the same parameters, this rank's threads) and the fp64 reference, on
-    // the whole inputs (rank 0 then holds them all: the memory bound above is the ring's, before this step).
-    const FloatArray q = read_npy_float(o.q), k = read_npy_float(o.k), v = read_npy_float(o.v);
-    const FloatArray ring_out = read_npy_float(o.out);
-    FloatArray single_out(ring_out.shape);
-    Problem p = base;
-    p.mask.causal = causal;
-    AttentionInputs in{};
-    in.q = q.ptr();
-    in.k = k.ptr();
-    in.v = v.ptr();
-    in.out = single_out.ptr();
-    Registry::instance().get(variant).run(p, in);
-    DoubleArray want(ring_out.shape);
-    reference_attention(p, in, want.ptr());
-    const int64_t rows = p.batch * p.heads * p.seq_q;
-    // The fp32 bound against fp64 (exact_abs_tolerance, common/reference.cpp) plus the ring's merges: at most
-    // 2P (query chunk, key chunk) blocks per row, each merged with an exp2 (1.5 ulp), a multiply and an add
-    // on the sum and the output (3u relative), times the same factor 4: 4 * 3 * 2P * u * max|v|. Ring and
-    // the single-process run are each within it of the exact result, so within twice it of each other.
-    double vmax = 0;
-    for (std::size_t e = 0; e < v.numel(); ++e)
-      vmax = std::max(vmax, std::fabs(static_cast<double>(v.data[e])));
-    const double tolerance = exact_abs_tolerance(p, in) + 4.0 * 3.0 * 2.0 * P * std::ldexp(1.0, -24) * vmax;
-    double diff = 0;
-    for (std::size_t i = 0; i < ring_out.numel(); ++i) {
-      const double d = std::fabs(static_cast<double>(ring_out.data[i]) - single_out.data[i]);
-      if (std::isnan(d) || d > diff) diff = std::isnan(d) ? std::numeric_limits<double>::infinity() : d;
-    }
-    j["compare"] = {
-        {"id", p.repro()},
-        {"max_abs_diff_vs_single", json_number(diff)},
-        {"tolerance", json_number(tolerance)},
-        {"tolerance_vs_single", json_number(2 * tolerance)},
-        {"accuracy", metrics_json(compare_outputs(ring_out.ptr(), want.ptr(), rows, p.head_dim))},
-        {"single_accuracy", metrics_json(compare_outputs(single_out.ptr(), want.ptr(), rows, p.head_dim))},
-        {"reference", "fp64 exact softmax attention on the fp32 inputs"}};
-  }
+  if (o.compare) j["compare"] = eval_compare(o, base, causal, P);
   std::cout << j.dump() << "\n";
   return 0;
 }
