@@ -27,7 +27,12 @@ Json capabilities_json(const Capabilities& c) {
           {"permutation_equivariant", c.permutation_equivariant},
           {"baseline", c.baseline},
           {"backward", c.backward},
-          {"block_partials", c.block_partials}};
+          {"block_partials", c.block_partials},
+          {"sinks", c.sinks},
+          {"softcap", c.softcap},
+          {"gate", gate_name(c.gate)},
+          {"beta", c.beta},
+          {"state", c.state}};
 }
 
 Json variants_json() {
@@ -92,6 +97,17 @@ std::vector<std::string> Attention::not_supported_reasons(const Problem& p) cons
     r.push_back(name() + " does not take dtype " + dtype_name(p.dtype) + " (it takes " + takes + ")");
   }
   if (p.bias == Bias::alibi && !c.alibi) r.push_back(name() + " does not support the ALiBi bias");
+  if (p.softcap && !c.softcap) r.push_back(name() + " does not support logit soft-capping");
+  if (p.sinks && !c.sinks) r.push_back(name() + " does not take sink logits");
+  if (p.initial_state && !c.state) r.push_back(name() + " does not take an initial state");
+  if (c.gate != Gate::none || c.beta) {
+    // A recurrence runs causally over one sequence.
+    if (!p.mask.any_causal())
+      r.push_back(name() + " is a causal recurrence: it needs the causal mask (got mask " + p.mask.str() + ")");
+    if (p.seq_q != p.seq_kv)
+      r.push_back(name() + " is a recurrence over one sequence: it needs seq_q == seq_kv (got " +
+                  std::to_string(p.seq_q) + " and " + std::to_string(p.seq_kv) + ")");
+  }
   for (auto& extra : extra_not_supported_reasons(p)) r.push_back(std::move(extra));
   return r;
 }
@@ -102,11 +118,30 @@ std::string Attention::unsupported_reasons_text(const Problem& p) const {
   return why;
 }
 
+const char* gate_name(Gate g) {
+  return g == Gate::scalar ? "scalar" : g == Gate::vector ? "vector" : "none";
+}
+
+void Attention::check_extra_inputs(const Problem& p, const AttentionInputs& in) const {
+  const Capabilities c = capabilities();
+  std::string missing;
+  auto need = [&](bool wanted, const void* ptr, const std::string& what) {
+    if (wanted && !ptr) missing += (missing.empty() ? "" : ", ") + what;
+  };
+  need(c.gate == Gate::scalar, in.g, "g [batch, heads, seq] (the decay gate)");
+  need(c.gate == Gate::vector, in.g, "g [batch, heads, seq, head_dim] (the decay gate)");
+  need(c.beta, in.beta, "beta [batch, heads, seq]");
+  need(p.sinks, in.sink_logits, "sink_logits [heads]");
+  need(p.initial_state, in.initial_state, "initial_state [batch, heads, head_dim, head_dim]");
+  if (!missing.empty()) throw UsageError(name() + ": missing " + missing);
+}
+
 void Attention::run(const Problem& p, const AttentionInputs& in) const {
   p.validate();
   if (const std::string why = unsupported_reasons_text(p); !why.empty())
     throw NotSupported(p.repro() + ": " + why);
   check_inputs(p, in);
+  check_extra_inputs(p, in);
   forward(p, in);
 }
 
@@ -175,6 +210,7 @@ void Attention::run_saving(const Problem& p, const AttentionInputs& in, float* s
   if (const std::string why = backward_unsupported_reasons_text(p); !why.empty())
     throw NotSupported(p.repro() + ": " + why);
   check_inputs(p, in);
+  check_extra_inputs(p, in);
   if (saved_floats(p) > 0 && !saved)
     throw UsageError(name() + ": the training forward needs a buffer for its saved state (" +
                      std::to_string(saved_floats(p)) + " floats: " + saved_description() + ")");
@@ -195,6 +231,7 @@ void Attention::run_backward(const Problem& p, const AttentionInputs& in, const 
   if (const std::string why = backward_unsupported_reasons_text(p); !why.empty())
     throw NotSupported(p.repro() + ": " + why);
   check_inputs(p, in, /*needs_out=*/false);
+  check_extra_inputs(p, in);
   std::string missing;
   auto need = [&](const void* ptr, const char* what) {
     if (!ptr) missing += (missing.empty() ? "" : ", ") + std::string(what);

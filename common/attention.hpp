@@ -13,6 +13,11 @@
 
 namespace attn {
 
+// The decay gate a recurrence reads (Capabilities::gate): none; scalar, g [batch, heads, seq] (one decay
+// exp(g) per token and head); vector, g [batch, heads, seq, head_dim] (one per key channel). Every g <= 0.
+enum class Gate : uint8_t { none, scalar, vector };
+const char* gate_name(Gate g);  // "none", "scalar", "vector"
+
 struct Capabilities {
   bool exact = false;   // computes softmax attention exactly (up to fp32 rounding)
   bool causal = false;  // supports the causal mask
@@ -40,6 +45,19 @@ struct Capabilities {
   // reference_forward, for every problem run() accepts. Without it the harness skips backward points with the
   // reason.
   bool backward = false;
+  // ---- Inputs beyond Q, K, V (the 2026 roster) ----
+  // Learned sink logits (Problem::sinks; AttentionInputs::sink_logits, one per query head): every row's softmax
+  // gets one more logit whose weight is dropped (gpt-oss).
+  bool sinks = false;
+  // Logit soft-capping (Problem::softcap = C): s <- C tanh(s / C) after the scale, before bias and masks.
+  bool softcap = false;
+  // A gated or delta-rule linear recurrence (not softmax attention), computed causally over one sequence:
+  // it needs the causal mask and seq_q == seq_kv, and reads these per-token inputs:
+  Gate gate = Gate::none;  // g (AttentionInputs::g): see Gate
+  bool beta = false;       // beta [batch, heads, seq], each in (0, 1]
+  // Takes a starting state (Problem::initial_state, AttentionInputs::initial_state) and can write the final
+  // one (AttentionInputs::final_state), both [batch, heads, head_dim, head_dim] (d_k x d_v per head).
+  bool state = false;
   // Implements block partials (init_block_state, accumulate_block, finish_block_state): attention of a
   // query block against key blocks one at a time, merged into a running state, for sequence-parallel callers
   // (attnbench_mpi's ring attention runs any variant that claims it).
@@ -70,6 +88,14 @@ struct AttentionInputs {
   const uint16_t* k16 = nullptr;
   const uint16_t* v16 = nullptr;
   const float* alibi_slopes = nullptr;
+  // Recurrences (Capabilities::gate, beta, state) and sinks: g ([batch, heads, seq] or [.., head_dim]), beta
+  // ([batch, heads, seq]), sink_logits ([heads]), initial_state (read when Problem::initial_state) and
+  // final_state (written when not null), [batch, heads, head_dim, head_dim]. All fp32.
+  const float* g = nullptr;
+  const float* beta = nullptr;
+  const float* sink_logits = nullptr;
+  const float* initial_state = nullptr;
+  float* final_state = nullptr;
 };
 
 // The tensors of one backward call (Attention::run_backward). out: the forward's output O and saved: the
@@ -84,6 +110,12 @@ struct GradientArgs {
   float* dq = nullptr;
   float* dk = nullptr;
   float* dv = nullptr;
+  // Where they exist (the variant reads g, beta, sink logits, an initial state), their gradients, in their
+  // shapes; null: not wanted.
+  float* dg = nullptr;
+  float* dbeta = nullptr;
+  float* d_sink_logits = nullptr;
+  float* d_initial_state = nullptr;
 };
 
 // The running state of a query block's rows [batch][heads][seq_q] under block partials: per row m and l,
@@ -140,6 +172,10 @@ class Attention {
 
   // not_supported_reasons joined with "; " (empty = supported): the one text every caller shows.
   std::string unsupported_reasons_text(const Problem& p) const;
+
+  // UsageError naming every per-token or per-head input `p` and the capabilities need that `in` lacks (g,
+  // beta, sink logits, the initial state). run, run_saving and run_backward call it.
+  void check_extra_inputs(const Problem& p, const AttentionInputs& in) const;
 
   // The one checked entry point, what every caller uses: validates `p` (sizes, Problem::validate), refuses
   // what this variant cannot run (NotSupported, with unsupported_reasons_text) and inputs missing a tensor

@@ -446,7 +446,7 @@ class Checker {
     try {
       const DirectionalCheck r = check_reference_gradient(v_, p, data.inputs(p), d_out.ptr(), 3, seed);
       // Richardson-extrapolated central differences of exact fp32 perturbations agree with a correct gradient
-      // to O(h^4) ~ 1e-8 (h = 2^-7 against unit-scale inputs) plus fp64 rounding amplified by 1/h; 1e-6
+      // to O(h^4) ~ 1e-10 (h = 2^-10 against unit-scale inputs) plus fp64 rounding amplified by 1/h; 1e-6
       // leaves room for curvature while any formula error of 1e-6 of the gradient's size fails.
       const bool ok = r.worst_rel <= 1e-6;
       report({check, p.repro(), ok ? CheckStatus::passed : CheckStatus::failed,

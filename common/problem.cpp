@@ -137,6 +137,9 @@ std::string Problem::repro() const {
   if (bias != Bias::none) s << "," << bias_name(bias);
   if (dtype != DType::fp32) s << ",dtype=" << dtype_name(dtype);
   if (scale) s << ",scale=" << shortest_double_text(*scale);
+  if (softcap) s << ",softcap=" << shortest_double_text(*softcap);
+  if (sinks) s << ",sinks";
+  if (initial_state) s << ",state0";
   if (dropout > 0) s << ",dropout=" << shortest_double_text(dropout) << ",seed=" << seed;
   return s.str();
 }
@@ -175,6 +178,9 @@ void Problem::validate() const {
   check_elements("seq_kv", seq_kv, "K and V");  // K/V have kv_heads <= heads heads: bounded by this
   if (scale && (!std::isfinite(*scale) || *scale <= 0))
     throw UsageError("scale: must be a finite number > 0, got " + std::to_string(*scale));
+  if (softcap && (!std::isfinite(*softcap) || *softcap <= 0))
+    throw UsageError("softcap: must be a finite number > 0 (the cap C of C tanh(s / C)), got " +
+                     std::to_string(*softcap));
   if (!(dropout >= 0.0 && dropout < 1.0))
     throw UsageError("dropout: must be a probability in [0, 1), got " + std::to_string(dropout));
 }
@@ -187,6 +193,10 @@ void parse_problem_shape(const std::string& tail, const std::string& where, Prob
     if (eq == std::string::npos) {
       if (item == "alibi")
         p.bias = Bias::alibi;
+      else if (item == "sinks")
+        p.sinks = true;
+      else if (item == "state0")
+        p.initial_state = true;
       else
         p.mask = parse_mask(item, where);
       continue;
@@ -233,9 +243,11 @@ void parse_problem_shape(const std::string& tail, const std::string& where, Prob
       whole_int(p.seed);
     else if (k == "dtype")
       p.dtype = parse_dtype(v, where + ": field 'dtype'");
+    else if (k == "softcap")
+      p.softcap = whole_double();
     else
       throw UsageError(where + ": unknown field '" + k +
-                       "' (B, H, Hkv, Lq, Lkv, D, dtype, scale, dropout, seed)");
+                       "' (B, H, Hkv, Lq, Lkv, D, dtype, scale, softcap, dropout, seed)");
   }
   p.validate();
 }

@@ -84,6 +84,10 @@ struct Problem {
   uint64_t seed = 0;            // dropout keep decisions (and nothing else) depend on it
   DType dtype = DType::fp32;    // storage of Q, K, V (AttentionInputs::q16 ... when not fp32)
   Bias bias = Bias::none;       // logit bias (ALiBi)
+  // Logit soft-capping C (Gemma 2): every logit s (after the scale) becomes C tanh(s / C); unset: none.
+  std::optional<double> softcap;
+  bool sinks = false;          // learned sink logits, one per query head (AttentionInputs::sink_logits)
+  bool initial_state = false;  // a recurrence starts from AttentionInputs::initial_state (else from 0)
 
   double effective_scale() const;
   int64_t num_kv_heads() const { return kv_heads > 0 ? kv_heads : heads; }
@@ -111,6 +115,7 @@ struct Problem {
 };
 
 // Reads the shape part of a repro string ("B=1,H=8,Hkv=2,Lq=16,Lkv=16,D=8,causal,alibi,dtype=bf16,scale=0.5";
+// softcap=C, sinks and state0 when set;
 // Hkv only when it differs from H, alibi only with that bias, dtype only when not fp32) into `p` (sizes,
 // mask, scale, dropout, seed), then validates `p`; UsageError naming `where`. parse_problem (attention.hpp)
 // reads a whole repro string, parameters included.
