@@ -39,15 +39,18 @@ int64_t ceil_div(int64_t a, int64_t b) {
 }
 
 // E and F of `p` as fp32 (linformer/projection.hpp), k × seq_kv each.
+// With `into` (2 k n floats: the training forward's saved state), drawn there, E then F.
 struct Projections {
-  AlignedVector<float> e, f;
-  explicit Projections(const Problem& p) {
+  AlignedVector<float> own;
+  float* e = nullptr;
+  float* f = nullptr;
+  explicit Projections(const Problem& p, float* into = nullptr) {
     const int64_t k = p.param_int("k"), n = p.seq_kv;
     const auto seed = static_cast<uint64_t>(p.param_int("seed"));
-    e.resize(static_cast<std::size_t>(k * n));
-    f.resize(static_cast<std::size_t>(k * n));
-    linformer::fill_projection(seed, Stream::keys, k, n, e.data());
-    linformer::fill_projection(seed, Stream::values, k, n, f.data());
+    if (!into) own.resize(static_cast<std::size_t>(2 * k * n)), into = own.data();
+    e = into, f = into + k * n;
+    linformer::fill_projection(seed, Stream::keys, k, n, e);
+    linformer::fill_projection(seed, Stream::values, k, n, f);
   }
 };
 
@@ -309,30 +312,34 @@ class Linformer final : public Attention {
   // ---- Training ----
 
   std::size_t saved_floats(const Problem& p) const override {
-    return sat_mul(2, to_size(p.batch * p.num_kv_heads()), to_size(p.param_int("k")), to_size(p.head_dim));
+    // E and F (drawing them again took the backward as long as half its GEMMs at k 256, n 4096: in a trained
+    // Linformer they are parameters, kept anyway), then K' and V'.
+    const std::size_t k = to_size(p.param_int("k"));
+    return sat_add(sat_mul(2, k, to_size(p.seq_kv)),
+                   sat_mul(2, to_size(p.batch * p.num_kv_heads()), k, to_size(p.head_dim)));
   }
   std::string saved_description() const override {
-    return "the projected keys K' = E K and values V' = F V of every (batch, K/V head), k x head_dim each "
-           "(K' of all, then V' of all)";
+    return "E and F (k x seq_kv each), then the projected keys K' = E K and values V' = F V of every (batch, "
+           "K/V head), k x head_dim each (K' of all, then V' of all)";
   }
 
   double backward_flops(const Problem& p) const override {
     // The backward's GEMMs: per query head S = scale Q K'ᵀ again, dP = dO V'ᵀ, dQ = scale dS K', dK' +=
     // scale dSᵀ Q and dV' += P̃ᵀ dO (2·Lq·k·d each); per K/V head dK = Eᵀ dK' and dV = Fᵀ dV' (2·n·k·d each).
-    // K' and V' come from the forward (saved), so E K and F V are not redone. Not counted: drawing E and F
-    // again, the softmax, the group sums of dK', dV' (k·d per query head).
+    // E, F, K' and V' come from the forward (saved), so E K and F V are not redone. Not counted: the softmax,
+    // the group sums of dK', dV' (k·d per query head).
     const double k = static_cast<double>(p.param_int("k")), D = static_cast<double>(p.head_dim);
     return 10.0 * static_cast<double>(p.seq_q) * k * D * static_cast<double>(p.batch * p.heads) +
            4.0 * static_cast<double>(p.seq_kv) * k * D * static_cast<double>(p.batch * p.num_kv_heads());
   }
 
   std::size_t backward_workspace_bytes(const Problem& p, int threads) const override {
-    // E and F (k × n each), dK' and dV' per query head (k × d each) and, with grouped-query heads, their sums
-    // per K/V head, and per thread a block of P and one of dS (kQueryRows × k each).
-    const std::size_t k = to_size(p.param_int("k")), n = to_size(p.seq_kv), D = to_size(p.head_dim);
+    // dK' and dV' per query head (k × d each) and, with grouped-query heads, their sums per K/V head, and per
+    // thread a block of P and one of dS (kQueryRows × k each). E and F are in the saved state.
+    const std::size_t k = to_size(p.param_int("k")), D = to_size(p.head_dim);
     const std::size_t T = to_size(std::max(threads, 1));
     const std::size_t sums = p.is_gqa() ? sat_mul(2, to_size(p.batch * p.num_kv_heads()), k, D) : 0;
-    const std::size_t floats = sat_add(sat_mul(2, k, n), sat_mul(2, to_size(p.batch * p.heads), k, D), sums,
+    const std::size_t floats = sat_add(sat_mul(2, to_size(p.batch * p.heads), k, D), sums,
                                        sat_mul(T, 2, to_size(std::min(kQueryRows, p.seq_q)), k));
     return sat_mul(floats, sizeof(float));
   }
@@ -396,8 +403,8 @@ class Linformer final : public Attention {
             }
         }
       }
-      const float* e = pr.e.data();
-      const float* f = pr.f.data();
+      const float* e = pr.e;
+      const float* f = pr.f;
       for (int64_t j = 0; j < n; ++j) {
         double* dkj = dk + (kv * n + j) * D;
         double* dvj = dv + (kv * n + j) * D;
@@ -442,12 +449,12 @@ class Linformer final : public Attention {
   void backward(const Problem& p, const AttentionInputs& in, const GradientArgs& g) const override;
 
  private:
-  // The forward, and with `saved` (the training forward) a copy of K' and V' there (saved_floats): one code
-  // path, so the training forward's O is bitwise run()'s.
+  // The forward, and with `saved` (the training forward) E, F and a copy of K', V' there (saved_floats): one
+  // code path, so the training forward's O is bitwise run()'s.
   void forward_impl(const Problem& p, const AttentionInputs& stored, float* saved) const {
     const WideInputs wide(p, stored);  // bf16 / fp16: converted to fp32 once, up front
     const AttentionInputs& in = wide.get();
-    const Projections pr(p);
+    const Projections pr(p, saved);  // the training forward draws E and F into its saved state
     const int64_t k = p.param_int("k"), n = p.seq_kv, D = p.head_dim, Lq = p.seq_q;
     const int64_t BKV = p.batch * p.num_kv_heads(), BH = p.batch * p.heads;
     AlignedVector<float> projected(static_cast<std::size_t>(2 * BKV * k * D));
@@ -468,11 +475,11 @@ class Linformer final : public Attention {
       const int64_t r0 = task % row_blocks * kProjRows, rows = std::min(kProjRows, k - r0);
       const uint8_t* pad = p.mask.key_padding ? in.key_padding + kv / p.num_kv_heads() * n : nullptr;
       float* buf = pad ? local(std::min(kKeyBlock, n) * D) : nullptr;
-      project_rows((values ? pr.f : pr.e).data() + r0 * n, rows, n, (values ? in.v : in.k) + kv * n * D, D,
-                   pad, buf, (values ? vp : kp) + (kv * k + r0) * D);
+      project_rows((values ? pr.f : pr.e) + r0 * n, rows, n, (values ? in.v : in.k) + kv * n * D, D, pad, buf,
+                   (values ? vp : kp) + (kv * k + r0) * D);
     });
 
-    if (saved) std::copy(projected.begin(), projected.end(), saved);
+    if (saved) std::copy(projected.begin(), projected.end(), saved + 2 * k * n);
 
     // Per (batch entry, query head, block of kQueryRows queries): S = scale Q K'ᵀ, softmax over the k
     // columns, O = S V'. A row always has k finite-weight columns (padding zeroes keys, not columns), so no
@@ -501,21 +508,23 @@ class Linformer final : public Attention {
 };
 
 // The backward: exact attention's backward on the k projected keys, then back through E and F.
-//  1. Per (batch entry, query head), blocks of kQueryRows queries in order: S = scale Q K'ᵀ (K' saved by the
-//     forward) and its softmax exactly as the forward computes them (the same GEMM and kernels: the same P),
-//     dP̃ = dO V'ᵀ, dS = P (keep kd dP̃ - delta) with delta = dO · O, then dQ = scale dS K' (the block's own
-//     rows), and this head's dK' += scale dSᵀ Q, dV' += P̃ᵀ dO (P̃ = P after dropout), blocks added in order.
+//  1. Per (batch entry, query head), blocks of kQueryRows queries in order: S = scale Q K'ᵀ (E, F, K' and V'
+//     are the forward's saved state) and its softmax exactly as the forward computes them (the same GEMM and
+//     kernels: the same P), dP̃ = dO V'ᵀ, dS = P (keep kd dP̃ - delta) with delta = dO · O, then dQ = scale dS
+//     K' (the block's own rows), and this head's dK' += scale dSᵀ Q, dV' += P̃ᵀ dO (P̃ = P after dropout),
+//     blocks added in order.
 //  2. Grouped-query heads: dK', dV' of a K/V head are its query heads' summed in head order.
 //  3. Per (batch, K/V head, dK or dV, block of kKeyBlock keys): dK = Eᵀ dK' and dV = Fᵀ dV' for those keys;
 //     a padded key's rows are 0 (it is not in the definition, and E's column there is not zeroed).
 // Every task writes its own outputs and every sum runs in an order fixed by the problem, so the gradients
 // are bitwise the same at any thread count; no atomics.
 void Linformer::backward(const Problem& p, const AttentionInputs& in, const GradientArgs& g) const {
-  const Projections pr(p);
   const int64_t k = p.param_int("k"), n = p.seq_kv, D = p.head_dim, Lq = p.seq_q, G = p.group_size();
   const int64_t BKV = p.batch * p.num_kv_heads(), BH = p.batch * p.heads;
-  const float* kp = g.saved;
-  const float* vp = g.saved + BKV * k * D;
+  const float* e = g.saved;
+  const float* f = e + k * n;
+  const float* kp = f + k * n;
+  const float* vp = kp + BKV * k * D;
   const float scale = static_cast<float>(p.effective_scale());
   // dK' then dV' (k × d each) per query head.
   AlignedVector<float> per_head(static_cast<std::size_t>(BH * 2 * k * D));
@@ -577,7 +586,7 @@ void Linformer::backward(const Problem& p, const AttentionInputs& in, const Grad
       std::copy(first, first + 2 * k * D, dst);
       for (int64_t h = h0 + 1; h < h0 + G; ++h) {
         const float* src = per_head.data() + (b * p.heads + h) * 2 * k * D;
-        for (int64_t e = 0; e < 2 * k * D; ++e) dst[e] += src[e];
+        for (int64_t x = 0; x < 2 * k * D; ++x) dst[x] += src[x];
       }
     });
   const float* dproj = p.is_gqa() ? sums.data() : per_head.data();
@@ -586,7 +595,7 @@ void Linformer::backward(const Problem& p, const AttentionInputs& in, const Grad
   tbb::parallel_for(int64_t{0}, BKV * 2 * key_blocks, [&](int64_t task) {
     const int64_t kv = task / (2 * key_blocks), values = task / key_blocks % 2;
     const int64_t j0 = task % key_blocks * kKeyBlock, len = std::min(kKeyBlock, n - j0);
-    const float* proj = (values ? pr.f : pr.e).data();
+    const float* proj = values ? f : e;
     float* dst = (values ? g.dv : g.dk) + (kv * n + j0) * D;
     sgemm(true, false, len, D, k, 1.0f, proj + j0, n, dproj + (kv * 2 + values) * k * D, D, 0.0f, dst, D);
     if (p.mask.key_padding) {
