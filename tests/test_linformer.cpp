@@ -295,8 +295,8 @@ Grads train(AttentionCase& c, const FloatArray& d_out, const AttentionInputs& in
 }  // namespace
 
 TEST_CASE(
-    "linformer's gradient is naive's on the projected keys pulled back through E and F; the tolerance fails "
-    "a shifted, swapped or unmasked pull-back",
+    "linformer's gradient is naive's on the projected keys pulled back through E and F, and the tolerance "
+    "fails a shifted, swapped or unmasked pull-back",
     "[linformer]") {
   // The registry's gradient checks see no grouped-query or bf16 case of linformer (those cases are causal
   // or masked): here grouped-query heads with padding, dropout, cross shapes both ways and bf16 storage.

@@ -533,9 +533,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "nystrom's gradient tolerance fails a backward one pinv step short, with A for Aᵀ, with segment "
-    "boundaries "
-    "by ceil, or with one pinv iteration fewer",
+    "nystrom's gradient tolerance fails a backward one pinv step short, with A for A^T, with segment "
+    "boundaries by ceil, or with one pinv iteration fewer",
     "[nystrom]") {
   // The fp32 backward against the fp64 gradient with one mistake injected (nystrom::GradientDefect), on the
   // check's shapes and parameter sets. The bound is 1e3-2e5 times the actual error (worst-case sums amplified
