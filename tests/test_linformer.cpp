@@ -7,9 +7,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 
 #include "common/attention.hpp"
 #include "common/error.hpp"
+#include "common/half.hpp"
 #include "common/reference.hpp"
 #include "common/tensor.hpp"
 #include "tests/support/attention_case.hpp"
@@ -263,4 +265,143 @@ TEST_CASE("linformer refuses bad k and seed, causal and boolean masks, with the 
   Problem huge = make_test_problem("linformer", 1, 1, 1, int64_t{1} << 40, 1, "none", {{"k", 1 << 20}});
   CHECK_THAT(v.unsupported_reasons_text(huge), Catch::Contains("2^58"));
   CHECK(static_cast<double>(v.workspace_bytes(huge, 2)) >= 8.0 * std::ldexp(1.0, 60));
+}
+
+// ---- Backward ----
+
+namespace {
+
+struct Grads {
+  FloatArray dq, dk, dv;
+};
+
+// One training step of the variant on `c` (bf16 / fp16 problems on the rounded inputs): run_saving, then
+// run_backward with `d_out`.
+Grads train(AttentionCase& c, const FloatArray& d_out, const AttentionInputs& in) {
+  const Attention& v = Registry::instance().get(c.p.variant);
+  FloatArray out(c.q.shape);
+  AttentionInputs io = in;
+  io.out = out.ptr();
+  std::vector<float> saved(v.saved_floats(c.p));
+  v.run_saving(c.p, io, saved.data());
+  Grads g{FloatArray(c.q.shape), FloatArray(c.k.shape), FloatArray(c.v.shape)};
+  GradientArgs args;
+  args.out = out.ptr(), args.saved = saved.data(), args.d_out = d_out.ptr();
+  args.dq = g.dq.ptr(), args.dk = g.dk.ptr(), args.dv = g.dv.ptr();
+  v.run_backward(c.p, io, args);
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "linformer's gradient is naive's on the projected keys pulled back through E and F, and the tolerance "
+    "fails a shifted, swapped or unmasked pull-back",
+    "[linformer]") {
+  // The registry's gradient checks see no grouped-query or bf16 case of linformer (those cases are causal
+  // or masked): here grouped-query heads with padding, dropout, cross shapes both ways and bf16 storage.
+  struct GradCase {
+    Shape s;
+    double dropout;
+    DType dtype;
+  };
+  const GradCase cases[] = {{{2, 4, 2, 9, 23, 12, 5, true, 0}, 0.2, DType::fp32},
+                            {{1, 6, 3, 21, 7, 8, 16, true, 0}, 0.0, DType::fp32},
+                            {{2, 2, 1, 13, 40, 16, 9, true, 0}, 0.0, DType::bf16}};
+  uint64_t seed = 300;
+  for (const GradCase& gc : cases) {
+    const Shape& s = gc.s;
+    AttentionCase c = linformer_case(s, ++seed);
+    c.p.dropout = gc.dropout, c.p.seed = 5;
+    c.p.dtype = gc.dtype;
+    INFO(c.p.repro());
+    const FloatArray d_out = normal_tensor(c.q.shape, ++seed);
+    std::unique_ptr<StoredInputs> stored;
+    if (gc.dtype != DType::fp32) {
+      stored = std::make_unique<StoredInputs>(c.p, c.inputs(nullptr));
+      // The definition is that of the rounded inputs: compute everything below from them.
+      const AttentionInputs w = stored->get();
+      for (std::size_t e = 0; e < c.q.numel(); ++e) c.q.data[e] = bf16_to_float(w.q16[e]);
+      for (std::size_t e = 0; e < c.k.numel(); ++e)
+        c.k.data[e] = bf16_to_float(w.k16[e]), c.v.data[e] = bf16_to_float(w.v16[e]);
+    }
+    const AttentionInputs in = stored ? stored->get() : c.inputs(nullptr);
+    const Attention& v = Registry::instance().get("linformer");
+    const Grads got = train(c, d_out, in);
+    DoubleArray dq(c.q.shape), dk(c.k.shape), dv(c.v.shape);
+    v.reference_backward(c.p, in, d_out.ptr(), dq.ptr(), dk.ptr(), dv.ptr());
+    const GradientTolerance tol = v.grad_tolerance(c.p, in, d_out.ptr());
+    INFO("tolerance dq " << tol.dq << ", dk " << tol.dk << ", dv " << tol.dv);
+    CHECK(max_abs_diff(got.dq.data, dq.data) <= tol.dq);
+    CHECK(max_abs_diff(got.dk.data, dk.data) <= tol.dk);
+    CHECK(max_abs_diff(got.dv.data, dv.data) <= tol.dv);
+
+    // Independently: naive's exact fp64 gradient on K', V' (projected in fp64 here, rounded to fp32), then
+    // dK = Eᵀ dK', dV = Fᵀ dV' over the unpadded keys.
+    const int64_t k = s.k, n = s.seq_kv, D = s.head_dim, BKV = s.batch * s.kv_heads;
+    std::vector<float> e(k * n), f(k * n);
+    linformer::fill_projection(11, Stream::keys, k, n, e.data());
+    linformer::fill_projection(11, Stream::values, k, n, f.data());
+    Problem np = make_test_problem("naive", s.batch, s.heads, s.seq_q, k, D);
+    np.kv_heads = s.kv_heads, np.dropout = gc.dropout, np.seed = 5;
+    AttentionCase projected(np);
+    projected.q = c.q;
+    std::vector<double> kp, vp;
+    for (int64_t kv = 0; kv < BKV; ++kv) {
+      project(c, e, f, kv, {}, kp, vp);
+      for (int64_t x = 0; x < k * D; ++x) {
+        projected.k.data[kv * k * D + x] = static_cast<float>(kp[x]);
+        projected.v.data[kv * k * D + x] = static_cast<float>(vp[x]);
+      }
+    }
+    DoubleArray nq(c.q.shape), nk(projected.k.shape), nv(projected.v.shape);
+    reference_attention_backward(np, projected.inputs(nullptr), d_out.ptr(), nq.ptr(), nk.ptr(), nv.ptr());
+    // The pull-back, with a defect: 0 none, 1 E's and F's column j + 1 for key j, 2 E and F swapped, 3 padded
+    // keys pulled back like the others.
+    auto pull_back = [&](int defect, DoubleArray& out_k, DoubleArray& out_v) {
+      for (int64_t kv = 0; kv < BKV; ++kv)
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t d = 0; d < D; ++d) {
+            double ak = 0, av = 0;
+            const bool pad = c.pad.data[kv / s.kv_heads * n + j] != 0;
+            if (!pad || defect == 3) {
+              const int64_t col = defect == 1 ? (j + 1) % n : j;
+              const std::vector<float>& ek = defect == 2 ? f : e;
+              const std::vector<float>& fv = defect == 2 ? e : f;
+              for (int64_t r = 0; r < k; ++r) {
+                ak += static_cast<double>(ek[r * n + col]) * nk.data[(kv * k + r) * D + d];
+                av += static_cast<double>(fv[r * n + col]) * nv.data[(kv * k + r) * D + d];
+              }
+            }
+            out_k.data[(kv * n + j) * D + d] = ak;
+            out_v.data[(kv * n + j) * D + d] = av;
+          }
+    };
+    DoubleArray pk(c.k.shape), pv(c.v.shape);
+    pull_back(0, pk, pv);
+    CHECK(max_abs_diff(nq.data, dq.data) <= tol.dq);
+    CHECK(max_abs_diff(pk.data, dk.data) <= tol.dk);
+    CHECK(max_abs_diff(pv.data, dv.data) <= tol.dv);
+    for (int defect = 1; defect <= 3; ++defect) {
+      pull_back(defect, pk, pv);
+      const double moved_k = max_abs_diff(pk.data, dk.data), moved_v = max_abs_diff(pv.data, dv.data);
+      INFO("defect " << defect << ": dk moved " << moved_k << ", dv moved " << moved_v);
+      CHECK(moved_k > 10 * tol.dk);
+      CHECK(moved_v > 10 * tol.dv);
+    }
+  }
+}
+
+TEST_CASE(
+    "linformer's fp64 gradient is the derivative of its definition with grouped-query heads and padding",
+    "[linformer]") {
+  // The registry's grad-definition cases for linformer have no padding nor grouped-query heads.
+  const Shape s{2, 4, 2, 6, 9, 4, 5, true, 0};
+  AttentionCase c = linformer_case(s, 41);
+  c.p.dropout = 0.3, c.p.seed = 9;
+  const FloatArray d_out = normal_tensor(c.q.shape, 42);
+  const DirectionalCheck r = check_reference_gradient(Registry::instance().get("linformer"), c.p,
+                                                      c.inputs(nullptr), d_out.ptr(), 3, 43);
+  INFO("central difference " << r.fd << " vs " << r.analytic << ", relative " << r.worst_rel);
+  CHECK(r.worst_rel <= 1e-6);
 }
