@@ -103,7 +103,8 @@ std::vector<std::string> Attention::not_supported_reasons(const Problem& p) cons
   if (c.gate != Gate::none || c.beta) {
     // A recurrence runs causally over one sequence.
     if (!p.mask.any_causal())
-      r.push_back(name() + " is a causal recurrence: it needs the causal mask (got mask " + p.mask.str() + ")");
+      r.push_back(name() + " is a causal recurrence: it needs the causal mask (got mask " + p.mask.str() +
+                  ")");
     if (p.seq_q != p.seq_kv)
       r.push_back(name() + " is a recurrence over one sequence: it needs seq_q == seq_kv (got " +
                   std::to_string(p.seq_q) + " and " + std::to_string(p.seq_kv) + ")");
@@ -274,6 +275,16 @@ MemoryEstimate Attention::estimate_backward_memory(const Problem& p, int threads
 void Attention::reference_backward(const Problem& p, const AttentionInputs& in, const float* d_out,
                                    double* dq, double* dk, double* dv) const {
   reference_attention_backward(p, in, d_out, dq, dk, dv);
+}
+
+void Attention::reference_gradients(const Problem& p, const AttentionInputs& in, const float* d_out,
+                                    const Fp64Gradients& g) const {
+  if (g.dq && g.dk && g.dv) reference_backward(p, in, d_out, g.dq, g.dk, g.dv);
+  if (p.sinks && g.d_sink_logits) {
+    std::vector<double> dq(static_cast<std::size_t>(p.q_elements())),
+        dk(static_cast<std::size_t>(p.kv_elements())), dv(dk.size());
+    reference_attention_backward(p, in, d_out, dq.data(), dk.data(), dv.data(), nullptr, g.d_sink_logits);
+  }
 }
 
 GradientTolerance Attention::grad_tolerance(const Problem& p, const AttentionInputs& in,

@@ -46,8 +46,8 @@ struct Capabilities {
   // reason.
   bool backward = false;
   // ---- Inputs beyond Q, K, V (the 2026 roster) ----
-  // Learned sink logits (Problem::sinks; AttentionInputs::sink_logits, one per query head): every row's softmax
-  // gets one more logit whose weight is dropped (gpt-oss).
+  // Learned sink logits (Problem::sinks; AttentionInputs::sink_logits, one per query head): every row's
+  // softmax gets one more logit whose weight is dropped (gpt-oss).
   bool sinks = false;
   // Logit soft-capping (Problem::softcap = C): s <- C tanh(s / C) after the scale, before bias and masks.
   bool softcap = false;
@@ -127,9 +127,22 @@ struct BlockState {
   float* o = nullptr;
 };
 
-// Bounds on |grad_fp32 - grad_fp64| per gradient tensor (Attention::grad_tolerance).
+// Bounds on |grad_fp32 - grad_fp64| per gradient tensor (Attention::grad_tolerance); 0 for a gradient the
+// problem does not have.
 struct GradientTolerance {
   double dq = 0, dk = 0, dv = 0;
+  double dg = 0, dbeta = 0, d_sink_logits = 0, d_initial_state = 0;
+};
+
+// The fp64 gradients reference_gradients writes (null: not wanted), shaped as GradientArgs' fp32 ones.
+struct Fp64Gradients {
+  double* dq = nullptr;
+  double* dk = nullptr;
+  double* dv = nullptr;
+  double* dg = nullptr;
+  double* dbeta = nullptr;
+  double* d_sink_logits = nullptr;
+  double* d_initial_state = nullptr;
 };
 
 // Bytes of one call, from the problem's sizes: every sum saturates at SIZE_MAX instead of wrapping (a
@@ -249,6 +262,11 @@ class Attention {
   // definition. The registry-wide checks hold it against central differences of reference_forward.
   virtual void reference_backward(const Problem& p, const AttentionInputs& in, const float* d_out, double* dq,
                                   double* dk, double* dv) const;
+  // Every fp64 gradient of the definition the problem has: dq, dk, dv (reference_backward) and, where they
+  // exist, dg, dbeta, d sink logits, d initial state. Default: reference_backward, and for Problem::sinks
+  // exact attention's sink-logit gradient. Variants with more inputs override it.
+  virtual void reference_gradients(const Problem& p, const AttentionInputs& in, const float* d_out,
+                                   const Fp64Gradients& g) const;
   // Bounds on |backward - reference_backward| for these inputs and this dO. Default: exact_grad_tolerance
   // (reference.hpp), derived for softmax attention in fp32; override with your own derivation.
   virtual GradientTolerance grad_tolerance(const Problem& p, const AttentionInputs& in,

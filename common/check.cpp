@@ -45,6 +45,12 @@ struct CaseData {
     fill_normal(q.ptr(), q.numel(), seed * 3 + 1, logit_scale);
     fill_normal(k.ptr(), k.numel(), seed * 3 + 2, logit_scale);
     fill_normal(v.ptr(), v.numel(), seed * 3 + 3);
+    if (p.sinks) {
+      // One learned sink logit per query head, std 2 against logits of std ~1: some heads' sinks dominate
+      // their rows, others barely take part.
+      sinks.resize(static_cast<std::size_t>(p.heads));
+      fill_normal(sinks.data(), p.heads, seed * 3 + 11, 2.0);
+    }
     if (p.mask.boolean) {
       // Random pattern (70% allowed), with query row 0 fully masked when there are at least 2 rows.
       mask = ByteArray({p.seq_q, p.seq_kv});
@@ -78,9 +84,11 @@ struct CaseData {
     in.mask = mask.numel() ? mask.ptr() : nullptr;
     in.key_padding = key_padding.numel() ? key_padding.ptr() : nullptr;
     in.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
+    in.sink_logits = sinks.empty() ? nullptr : sinks.data();
     return in;
   }
   std::vector<float> slopes;  // ALiBi slopes given by the caller (empty: the defaults)
+  std::vector<float> sinks;   // sink logits [heads] when the problem has them
   std::unique_ptr<StoredInputs> stored;
 };
 
@@ -300,7 +308,7 @@ class Checker {
   // One training step on `data`: the saving forward (its O must equal run()'s bitwise: training and
   // inference forwards are one computation), then the backward with `d_out`. Fills out, dq, dk, dv.
   struct Grads {
-    FloatArray out, dq, dk, dv;
+    FloatArray out, dq, dk, dv, d_sink;  // d_sink: [heads] when the problem has sink logits
   };
   bool train(const Problem& p, CaseData& data, const FloatArray& d_out, Grads& gr, const std::string& check,
              const Attention& variant) {
@@ -318,6 +326,10 @@ class Checker {
       g.saved = saved.empty() ? nullptr : saved.data();
       g.d_out = d_out.ptr();
       g.dq = gr.dq.ptr(), g.dk = gr.dk.ptr(), g.dv = gr.dv.ptr();
+      if (p.sinks) {
+        gr.d_sink = FloatArray({p.heads}, std::nanf(""));
+        g.d_sink_logits = gr.d_sink.ptr();
+      }
       variant.run_backward(p, in, g);
       return true;
     } catch (const std::exception& e) {
@@ -379,6 +391,7 @@ class Checker {
         return;
       }
     }
+    if (p.sinks && !sink_gradient_ok(p, in, d_out, gr, tol, check, detail)) return;
     if (v_.capabilities().exact && !v_.capabilities().baseline) {
       const Attention& base = Registry::instance().baseline();
       if (base.backward_unsupported_reasons_text(p).empty()) {
@@ -409,6 +422,29 @@ class Checker {
     report({check, p.repro(), CheckStatus::passed, detail});
   }
 
+  // d sink logits against reference_gradients' fp64 ones, within grad_tolerance's d_sink_logits.
+  bool sink_gradient_ok(const Problem& p, const AttentionInputs& in, const FloatArray& d_out, const Grads& gr,
+                        const GradientTolerance& tol, const std::string& check, std::string& detail) {
+    std::vector<double> want(static_cast<std::size_t>(p.heads));
+    Fp64Gradients fg;
+    fg.d_sink_logits = want.data();
+    v_.reference_gradients(p, in, d_out.ptr(), fg);
+    double worst = 0;
+    int64_t at = 0;
+    bool finite = true;
+    for (int64_t h = 0; h < p.heads; ++h) {
+      const double e = std::fabs(static_cast<double>(gr.d_sink.data[h]) - want[h]);
+      finite = finite && std::isfinite(gr.d_sink.data[h]);
+      if (e > worst) worst = e, at = h;
+    }
+    detail += "; d_sink max_abs_err " + fmt(worst) + " (bound " + fmt(tol.d_sink_logits) + ")";
+    if (finite && worst <= tol.d_sink_logits) return true;
+    report({check, p.repro(), CheckStatus::failed,
+            detail + "; d_sink[" + std::to_string(at) + "] = " + fmt(gr.d_sink.data[at]) + ", fp64 " +
+                fmt(want[at])});
+    return false;
+  }
+
   // The backward twice and at 1 and 2 threads: bitwise identical gradients.
   void gradient_determinism(const Problem& p, uint64_t seed) {
     const std::string check = "grad-determinism";
@@ -426,14 +462,52 @@ class Checker {
     }
     auto same = [](const Grads& a, const Grads& b) {
       auto eq = [](const FloatArray& x, const FloatArray& y) {
-        return std::memcmp(x.ptr(), y.ptr(), x.numel() * sizeof(float)) == 0;
+        return x.numel() == y.numel() &&
+               (x.numel() == 0 || std::memcmp(x.ptr(), y.ptr(), x.numel() * sizeof(float)) == 0);
       };
-      return eq(a.dq, b.dq) && eq(a.dk, b.dk) && eq(a.dv, b.dv);
+      return eq(a.dq, b.dq) && eq(a.dk, b.dk) && eq(a.dv, b.dv) && eq(a.d_sink, b.d_sink);
     };
     const bool threads_ok = same(one, two), repeat_ok = same(two, again);
     report({check, p.repro(), threads_ok && repeat_ok ? CheckStatus::passed : CheckStatus::failed,
             std::string("dq, dk, dv at 1 vs 2 threads ") + (threads_ok ? "bitwise equal" : "DIFFER") +
                 ", repeat " + (repeat_ok ? "bitwise equal" : "DIFFERS")});
+  }
+
+  // reference_gradients' d sink logits against Richardson-extrapolated central differences of
+  // reference_forward in each head's sink: the worst error relative to the largest |d sink|.
+  double sink_definition_error(const Problem& p, CaseData& data, const FloatArray& d_out) {
+    std::vector<double> want(static_cast<std::size_t>(p.heads));
+    Fp64Gradients fg;
+    fg.d_sink_logits = want.data();
+    AttentionInputs in = data.inputs(p);
+    v_.reference_gradients(p, in, d_out.ptr(), fg);
+    std::vector<float> sinks = data.sinks;
+    in.sink_logits = sinks.data();
+    DoubleArray o(data.out.shape);
+    auto loss = [&] {
+      v_.reference_forward(p, in, o.ptr());
+      double l = 0;
+      for (std::size_t e = 0; e < o.numel(); ++e) l += static_cast<double>(d_out.data[e]) * o.data[e];
+      return l;
+    };
+    // The actual fp32 step (s + h) - (s - h) is the denominator, so rounding the perturbed sink costs
+    // nothing.
+    auto central = [&](int64_t h, float step) {
+      const float s0 = sinks[h], up = s0 + step, down = s0 - step;
+      sinks[h] = up;
+      const double lu = loss();
+      sinks[h] = down;
+      const double ld = loss();
+      sinks[h] = s0;
+      return (lu - ld) / (static_cast<double>(up) - down);
+    };
+    double scale = 0, worst = 0;
+    for (double w : want) scale = std::max(scale, std::fabs(w));
+    for (int64_t h = 0; h < p.heads; ++h) {
+      const double fd = (4.0 * central(h, 0x1p-11f) - central(h, 0x1p-10f)) / 3.0;
+      worst = std::max(worst, std::fabs(fd - want[h]) / std::max(scale, 1e-300));
+    }
+    return worst;
   }
 
   // reference_backward against central differences of reference_forward (check_reference_gradient): the
@@ -448,11 +522,16 @@ class Checker {
       // Richardson-extrapolated central differences of exact fp32 perturbations agree with a correct gradient
       // to O(h^4) ~ 1e-10 (h = 2^-10 against unit-scale inputs) plus fp64 rounding amplified by 1/h; 1e-6
       // leaves room for curvature while any formula error of 1e-6 of the gradient's size fails.
-      const bool ok = r.worst_rel <= 1e-6;
-      report({check, p.repro(), ok ? CheckStatus::passed : CheckStatus::failed,
-              "central difference " + fmt(r.fd) + " vs <reference_backward, U> " + fmt(r.analytic) +
-                  ", relative " + fmt(r.worst_rel) + " (bound 1e-06) over " + std::to_string(r.directions) +
-                  " directions"});
+      bool ok = r.worst_rel <= 1e-6;
+      std::string detail = "central difference " + fmt(r.fd) + " vs <reference_backward, U> " +
+                           fmt(r.analytic) + ", relative " + fmt(r.worst_rel) + " (bound 1e-06) over " +
+                           std::to_string(r.directions) + " directions";
+      if (p.sinks) {
+        const double worst = sink_definition_error(p, data, d_out);
+        ok = ok && worst <= 1e-6;
+        detail += "; d sink logits vs central differences: relative " + fmt(worst) + " (bound 1e-06)";
+      }
+      report({check, p.repro(), ok ? CheckStatus::passed : CheckStatus::failed, detail});
     } catch (const std::exception& e) {
       report({check, p.repro(), CheckStatus::failed, std::string("threw: ") + e.what()});
     }
@@ -617,6 +696,46 @@ void run_storage_checks(Checker& c, const Problem& base, uint64_t& seed) {
   }
 }
 
+// Logit soft-capping and learned sink logits (capabilities softcap, sinks), alone and together: every mask
+// kind (row 0 of "bool" fully masked: the sink is the whole denominator), large logits that the cap bends
+// (std 4.6: |s| up to ~20 against C = 5), grouped-query heads, cross and decode shapes, ALiBi, bf16.
+void run_logit_checks(Checker& c, const Problem& base, uint64_t& seed) {
+  struct LogitCase {
+    Shape s;
+    int64_t kv_heads;
+    const char* mask;
+    double cap;  // 0: no softcap
+    bool sinks;
+    double logit_scale;
+    DType dtype;
+    bool alibi;
+  };
+  const LogitCase cases[] = {
+      {{2, 3, 33, 33, 16}, 0, "none", 5.0, false, 4.6, DType::fp32, false},
+      {{1, 4, 130, 130, 32}, 2, "causal+pad", 5.0, false, 4.6, DType::fp32, false},
+      {{2, 2, 7, 19, 16}, 0, "causal_lower_right", 30.0, false, 1.0, DType::fp32, false},
+      {{1, 4, 1, 600, 32}, 1, "causal_lower_right", 5.0, false, 4.6, DType::fp32, false},
+      {{2, 3, 33, 33, 16}, 0, "none", 0.0, true, 1.0, DType::fp32, false},
+      {{4, 2, 40, 40, 24}, 0, "causal+bool+pad", 0.0, true, 1.0, DType::fp32, false},
+      {{1, 4, 130, 130, 32}, 2, "causal", 0.0, true, 4.6, DType::fp32, false},
+      {{1, 4, 1, 600, 32}, 1, "causal_lower_right", 0.0, true, 1.0, DType::fp32, false},
+      {{2, 4, 33, 33, 16}, 2, "causal+pad", 5.0, true, 4.6, DType::fp32, true},
+      {{1, 4, 130, 130, 64}, 0, "causal", 5.0, true, 1.0, DType::bf16, false},
+  };
+  for (const LogitCase& lc : cases) {
+    Problem p = base;
+    p.batch = lc.s.batch, p.heads = lc.s.heads, p.kv_heads = lc.kv_heads, p.seq_q = lc.s.seq_q,
+    p.seq_kv = lc.s.seq_kv, p.head_dim = lc.s.head_dim;
+    p.mask = parse_mask(lc.mask, "check");
+    if (lc.cap > 0) p.softcap = lc.cap;
+    p.sinks = lc.sinks;
+    p.dtype = lc.dtype;
+    if (lc.alibi) p.bias = Bias::alibi;
+    c.against_reference(p, ++seed, lc.logit_scale,
+                        lc.sinks ? (lc.cap > 0 ? "sinks+softcap" : "sinks") : "softcap");
+  }
+}
+
 // Permutation equivariance, causal future-independence, bitwise determinism.
 void run_property_checks(Checker& c, const Problem& base, uint64_t& seed) {
   {
@@ -689,8 +808,32 @@ void run_gradient_checks(Checker& c, const Problem& base, uint64_t& seed) {
     c.gradient(p, ++seed, 1.0, "grad-dtype");
   }
   c.gradient(shaped({1, 4, 1, 600, 32}, 1, "causal_lower_right"), ++seed, 1.0, "grad-decode");
+  {
+    // Soft-capping (large logits: the cap's derivative 1 - (s/C)^2 far from 1) and sink logits, apart and
+    // together with dropout and ALiBi, grouped-query heads, a fully masked row and a decode row.
+    Problem p = shaped({1, 2, 65, 65, 16}, 0, "causal");
+    p.softcap = 5.0;
+    c.gradient(p, ++seed, 4.6, "grad-softcap");
+    p = shaped({2, 4, 19, 19, 12}, 2, "bool");
+    p.softcap = 5.0;
+    c.gradient(p, ++seed, 4.6, "grad-softcap");
+    p = shaped({4, 2, 40, 40, 24}, 0, "causal+bool+pad");
+    p.sinks = true;
+    c.gradient(p, ++seed, 1.0, "grad-sinks");
+    p = shaped({1, 4, 1, 600, 32}, 1, "causal_lower_right");
+    p.sinks = true;
+    c.gradient(p, ++seed, 1.0, "grad-sinks");
+    p = shaped({2, 4, 33, 33, 16}, 2, "causal+pad");
+    p.sinks = true, p.softcap = 5.0, p.bias = Bias::alibi, p.dropout = 0.25, p.seed = 99;
+    c.gradient(p, ++seed, 4.6, "grad-sinks+softcap");
+  }
   c.gradient_determinism(shaped({1, 3, 300, 300, 64}, 0, "causal"), ++seed);
   c.gradient_determinism(shaped({2, 4, 150, 150, 24}, 2, "pad"), ++seed);
+  {
+    Problem p = shaped({1, 3, 300, 300, 64}, 0, "causal");
+    p.sinks = true, p.softcap = 5.0;
+    c.gradient_determinism(p, ++seed);
+  }
   // reference_backward is the derivative of reference_forward: small problems (each direction costs four
   // fp64 forwards), every mask kind, grouped-query heads, cross shapes, dropout, ALiBi.
   c.gradient_definition(shaped({1, 2, 7, 7, 5}, 0, "none"), ++seed);
@@ -704,6 +847,13 @@ void run_gradient_checks(Checker& c, const Problem& base, uint64_t& seed) {
     c.gradient_definition(p, ++seed);
     p.dropout = 0;
     p.bias = Bias::alibi;
+    c.gradient_definition(p, ++seed);
+    p.bias = Bias::none;
+    p.softcap = 2.0;
+    c.gradient_definition(p, ++seed);
+    p.softcap.reset();
+    p.sinks = true;
+    p.mask = parse_mask("causal+bool+pad", "check");
     c.gradient_definition(p, ++seed);
   }
 }
@@ -724,6 +874,7 @@ std::vector<CheckResult> run_checks(const Attention& variant,
     run_shape_checks(c, base, seed);
     run_edge_checks(c, base, seed);
     run_storage_checks(c, base, seed);
+    run_logit_checks(c, base, seed);
     run_property_checks(c, base, seed);
     run_gradient_checks(c, base, seed);
   }

@@ -46,6 +46,7 @@ void reference_attention(const Problem& p, const AttentionInputs& in16, double* 
         double acc = 0;
         for (int64_t d = 0; d < D; ++d) acc += static_cast<double>(q[i * D + d]) * k[j * D + d];
         s[j] = acc * scale;
+        if (p.softcap) s[j] = *p.softcap * std::tanh(s[j] / *p.softcap);
         if (alibi) s[j] -= slopes[static_cast<std::size_t>(h)] * alibi_distance(p, i, j);
         mx = std::isnan(s[j]) || std::isnan(mx) ? std::numeric_limits<double>::quiet_NaN()
                                                 : std::max(mx, s[j]);
@@ -54,7 +55,10 @@ void reference_attention(const Problem& p, const AttentionInputs& in16, double* 
       // Fully masked row: zeros. (A NaN logit, from a NaN or Inf input, is not a mask: mx is NaN then, and
       // the NaN reaches the output row as it does in every variant.)
       if (mx == -std::numeric_limits<double>::infinity()) continue;
-      double sum = 0;
+      // A sink logit joins the denominator only.
+      const double sink = p.sinks ? static_cast<double>(in.sink_logits[h]) : 0.0;
+      if (p.sinks && !std::isnan(mx)) mx = std::max(mx, sink);
+      double sum = p.sinks ? std::exp(sink - mx) : 0.0;
       for (int64_t j = 0; j < Lkv; ++j) {
         s[j] = std::exp(s[j] - mx);  // exp(-inf) = 0 for masked keys
         sum += s[j];
@@ -171,8 +175,15 @@ double exact_abs_tolerance(const Problem& p, const AttentionInputs& in16) {
   if (p.bias == Bias::alibi)
     for (double sl : alibi_slopes(p, in))
       bias_max = std::max(bias_max, std::fabs(sl) * static_cast<double>(p.seq_q + p.seq_kv));
+  // Soft-capping adds the tanh's and the products' rounding, 8 u C per logit at most; a sink logit (one
+  // rounding in base 2) moves every weight by at most 2 u |sink| relative.
+  const double cap = p.softcap ? 8.0 * *p.softcap : 0.0;
+  double sink_max = 0;
+  if (p.sinks)
+    for (int64_t h = 0; h < p.heads; ++h) sink_max = std::max(sink_max, std::fabs((double)in.sink_logits[h]));
   const double bound =
-      u * vmax * (2.0 * p.head_dim * S + 2.0 * p.seq_kv + 16.0 + 2.0 * bias_max) / (1.0 - p.dropout);
+      u * vmax * (2.0 * p.head_dim * S + 2.0 * p.seq_kv + 16.0 + 2.0 * bias_max + 2 * cap + 2.0 * sink_max) /
+      (1.0 - p.dropout);
   return 4.0 * bound + std::numeric_limits<float>::min();
 }
 
@@ -203,8 +214,9 @@ class Fp64Softmax {
   const float* v(int64_t bkv) const { return in_.v + bkv * p_.seq_kv * p_.head_dim; }
   // The logit of query row i of head h against key j (the bias included), or -inf where masked; `mag`, if
   // given, receives scale * sum_d |q_id k_jd| (the error analysis' magnitude of the sum) and `bias` the bias.
+  // `cap`, if given, receives d(capped logit)/d(raw logit) = 1 - tanh^2 (1 without soft-capping).
   double logit(int64_t b, int64_t h, const float* q, const float* k, int64_t i, int64_t j,
-               double* mag = nullptr, double* bias = nullptr) const {
+               double* mag = nullptr, double* bias = nullptr, double* cap = nullptr) const {
     if (!key_allowed(p_, in_, b, i, j)) return -kInf;
     const int64_t D = p_.head_dim;
     double acc = 0, m = 0;
@@ -213,13 +225,24 @@ class Fp64Softmax {
       acc += t, m += std::fabs(t);
     }
     if (mag) *mag = m * scale_;
+    double s = acc * scale_;
+    if (p_.softcap) {
+      const double t = std::tanh(s / *p_.softcap);
+      s = *p_.softcap * t;
+      if (cap) *cap = 1 - t * t;
+    } else if (cap) {
+      *cap = 1;
+    }
     const double bb = slopes_.empty() ? 0.0 : slopes_[static_cast<std::size_t>(h)] * alibi_distance(p_, i, j);
     if (bias) *bias = bb;
-    return acc * scale_ - bb;
+    return s - bb;
   }
-  // Row i's weights w = softmax(logits) into `w` (the logits on entry, -inf where masked); returns the row's
-  // log-sum-exp, +inf for a row with no allowed key (w all 0), NaN when a logit is NaN.
-  static double softmax(std::vector<double>& w) {
+  // Query head h's sink logit (only with Problem::sinks).
+  double sink(int64_t h) const { return static_cast<double>(in_.sink_logits[h]); }
+  // Row i's weights w = softmax(logits) into `w` (the logits on entry, -inf where masked), with the sink
+  // logit `sink` in the denominator when `with_sink`; returns the row's log-sum-exp (the sink included), +inf
+  // for a row with no allowed key (w all 0), NaN when a logit is NaN.
+  static double softmax(std::vector<double>& w, bool with_sink = false, double sink = 0) {
     double mx = -kInf;
     bool nan = false;
     for (double x : w) nan = nan || std::isnan(x), mx = std::max(mx, x);
@@ -228,7 +251,8 @@ class Fp64Softmax {
       std::fill(w.begin(), w.end(), 0.0);
       return kInf;
     }
-    double sum = 0;
+    if (with_sink && !nan) mx = std::max(mx, sink);
+    double sum = with_sink ? std::exp(sink - mx) : 0.0;
     for (double& x : w) sum += (x = std::exp(x - mx));
     for (double& x : w) x /= sum;
     return mx + std::log(sum);
@@ -255,7 +279,7 @@ class BlockGradient {
         b_(bkv / p_.num_kv_heads()),
         kvh_(bkv % p_.num_kv_heads()) {
     const std::size_t rows = static_cast<std::size_t>(p_.group_size() * p_.seq_q);
-    lse_.resize(rows), delta_.resize(rows);
+    lse_.resize(rows), delta_.resize(rows), sink_grad_.assign(rows, 0.0);
     if (p_.dropout > 0) drops_.resize(rows);
   }
   // dq: the block's query heads [group][seq_q][D].
@@ -263,6 +287,12 @@ class BlockGradient {
     tbb::parallel_for(int64_t{0}, p_.group_size() * p_.seq_q, [&](int64_t hi) { query_row(hi, dq); });
   }
   // dk, dv: the block's [seq_kv][D].
+  // Adds this block's sink-logit gradients into d_sinks[h] (rows in order).
+  void add_sink_gradients(double* d_sinks) const {
+    for (int64_t g = 0; g < p_.group_size(); ++g)
+      for (int64_t i = 0; i < p_.seq_q; ++i)
+        d_sinks[head(g)] += sink_grad_[static_cast<std::size_t>(g * p_.seq_q + i)];
+  }
   void key_pass(double* dk, double* dv) const {
     tbb::parallel_for(int64_t{0}, p_.seq_kv,
                       [&](int64_t j) { key_row(j, dk + j * p_.head_dim, dv + j * p_.head_dim); });
@@ -280,8 +310,9 @@ class BlockGradient {
     double* dqi = dq + hi * D;
     std::fill(dqi, dqi + D, 0.0);
     std::vector<double> w(static_cast<std::size_t>(Lkv)), o(static_cast<std::size_t>(D), 0.0);
-    for (int64_t j = 0; j < Lkv; ++j) w[j] = f_.logit(b_, h, q, k, i, j);
-    lse_[hi] = Fp64Softmax::softmax(w);
+    std::vector<double> cap(static_cast<std::size_t>(Lkv), 1.0);
+    for (int64_t j = 0; j < Lkv; ++j) w[j] = f_.logit(b_, h, q, k, i, j, nullptr, nullptr, &cap[j]);
+    lse_[hi] = Fp64Softmax::softmax(w, p_.sinks, p_.sinks ? f_.sink(h) : 0.0);
     delta_[hi] = 0;
     if (p_.dropout > 0) drops_[hi] = DropoutRow(p_.dropout, p_.seed, b_, h, i);
     if (lse_[hi] == kInf) return;  // no allowed key: O = 0 and no gradient
@@ -291,9 +322,11 @@ class BlockGradient {
     double dl = 0;
     for (int64_t d = 0; d < D; ++d) dl += static_cast<double>(go[d]) * o[d];
     delta_[hi] = dl;
+    // The sink's weight takes no value: its dS is p_sink (0 - delta).
+    if (p_.sinks) sink_grad_[hi] = -std::exp(f_.sink(h) - lse_[hi]) * dl;
     for (int64_t j = 0; j < Lkv; ++j) {
       if (w[j] == 0) continue;  // a masked key (weight exactly 0) receives nothing from this row
-      const double ds = f_.scale() * w[j] * (dp_after_dropout(hi, j, go, v + j * D) - dl);
+      const double ds = f_.scale() * cap[j] * w[j] * (dp_after_dropout(hi, j, go, v + j * D) - dl);
       for (int64_t d = 0; d < D; ++d) dqi[d] += ds * k[j * D + d];
     }
   }
@@ -310,10 +343,12 @@ class BlockGradient {
       const float* q = f_.q(b_, h);
       for (int64_t i = 0; i < p_.seq_q; ++i) {
         const int64_t hi = g * p_.seq_q + i;
-        const double w = std::exp(f_.logit(b_, h, q, k, i, j) - lse_[hi]);  // 0 if masked or the row is empty
+        double cap = 1;
+        const double w =
+            std::exp(f_.logit(b_, h, q, k, i, j, nullptr, nullptr, &cap) - lse_[hi]);  // 0: masked
         if (w == 0) continue;
         const float* go = d_out(h) + i * D;
-        const double ds = f_.scale() * w * (dp_after_dropout(hi, j, go, v + j * D) - delta_[hi]);
+        const double ds = f_.scale() * cap * w * (dp_after_dropout(hi, j, go, v + j * D) - delta_[hi]);
         const double wd = weight_after_dropout(hi, j, w);
         for (int64_t d = 0; d < D; ++d) {
           dkj[d] += ds * q[i * D + d];
@@ -337,17 +372,19 @@ class BlockGradient {
   const Problem& p_;
   const float* d_out_;
   int64_t bkv_, b_, kvh_;
-  std::vector<double> lse_, delta_;
+  std::vector<double> lse_, delta_, sink_grad_;
   std::vector<DropoutRow> drops_;
 };
 
 }  // namespace
 
 void reference_attention_backward(const Problem& p, const AttentionInputs& in16, const float* d_out,
-                                  double* dq, double* dk, double* dv, const std::vector<int64_t>* kv_blocks) {
+                                  double* dq, double* dk, double* dv, const std::vector<int64_t>* kv_blocks,
+                                  double* d_sinks) {
   check_inputs(p, in16, /*needs_out=*/false);
   const Fp64Softmax f(p, in16);
   const int64_t D = p.head_dim, G = p.group_size(), Hkv = p.num_kv_heads();
+  if (d_sinks) std::fill(d_sinks, d_sinks + p.heads, 0.0);
   std::vector<int64_t> blocks;
   if (kv_blocks)
     blocks = *kv_blocks;
@@ -363,6 +400,7 @@ void reference_attention_backward(const Problem& p, const AttentionInputs& in16,
     BlockGradient g(f, d_out, bkv);
     g.query_pass(dqb);
     g.key_pass(dkb, dvb);
+    if (d_sinks && p.sinks) g.add_sink_gradients(d_sinks);
   }
 }
 
@@ -421,18 +459,24 @@ class BlockBound {
     const float* g = d_out_ + ((b_ * p_.heads + h) * p_.seq_q + i) * D;
     // Logits and their errors (err_s), the log-sum-exp and its error (err_lse), then eps_ij.
     std::vector<double> w(static_cast<std::size_t>(Lkv)), es(w.size(), 0.0), ds(w.size()), eds(w.size());
+    std::vector<double> cap(w.size(), 1.0);
     double es_max = 0;
     for (int64_t j = 0; j < Lkv; ++j) {
       double mag = 0, bias = 0;
-      w[j] = f_.logit(b_, h, q, k, i, j, &mag, &bias);
+      w[j] = f_.logit(b_, h, q, k, i, j, &mag, &bias, &cap[j]);
       if (w[j] == -kInf) continue;
-      es[j] = (D + 1) * u * mag + 2 * u * std::fabs(bias);
+      // Soft-capping scales the raw logit's error by its derivative (<= 1) and adds the division by C, the
+      // tanh (a few ulps) and the product by C: 8 u |capped logit| covers them.
+      const double capped = p_.softcap ? 8 * u * std::fabs(w[j] + bias) : 0.0;
+      es[j] = cap[j] * (D + 1) * u * mag + capped + 2 * u * std::fabs(bias);
       es_max = std::max(es_max, es[j]);
     }
     std::vector<double> s = w;
-    const double lse = Fp64Softmax::softmax(w);
+    const double sink = p_.sinks ? f_.sink(h) : 0.0;
+    const double lse = Fp64Softmax::softmax(w, p_.sinks, sink);
     if (!std::isfinite(lse)) return;  // no allowed key (nothing to bound) or NaN (no bound)
-    const double e_lse = es_max + (Lkv + 4) * u;
+    // A sink logit enters in base 2 (one rounding of sink log2(e)).
+    const double e_lse = es_max + (Lkv + 4) * u + 2 * u * std::fabs(sink);
     const DropoutRow drop = p_.dropout > 0 ? DropoutRow(p_.dropout, p_.seed, b_, h, i) : DropoutRow();
     auto kept = [&](int64_t j) { return p_.dropout == 0 || drop.keep(j); };
     std::vector<double> o(static_cast<std::size_t>(D), 0.0), eo(o.size(), 0.0);
@@ -458,11 +502,20 @@ class BlockBound {
         acc += t, mag += std::fabs(t);
       }
       const double keep = kept(j) ? kd : 0.0, diff = acc * keep - delta;
-      ds[j] = w[j] * diff;
-      eds[j] = w[j] * ((D + 1) * u * mag * keep + e_delta + 2 * u * std::fabs(diff)) +
-               w[j] * es[j] * std::fabs(diff);
+      // With soft-capping dS carries the factor 1 - tanh^2, itself off by about 2 |tanh| err(tanh) + u <= 9
+      // u.
+      ds[j] = cap[j] * w[j] * diff;
+      eds[j] = cap[j] * (w[j] * ((D + 1) * u * mag * keep + e_delta + 2 * u * std::fabs(diff)) +
+                         w[j] * es[j] * std::fabs(diff)) +
+               (p_.softcap ? 9 * u * w[j] * std::fabs(diff) : 0.0);
     }
     accumulate(w, ds, eds, es, q + i * D, g, [&](int64_t j) { return kept(j) ? w[j] * kd : 0.0; });
+    if (p_.sinks) {  // d sink_h = -sum over rows of p_sink delta: p_sink's relative error as a weight's
+      const double ps = std::exp(sink - lse);
+      const double eps = e_lse + 2 * u * (std::fabs(sink) + std::fabs(lse)) + 4 * u;
+      sink_err_[static_cast<std::size_t>(h - kvh_ * p_.group_size())] +=
+          ps * (eps * std::fabs(delta) + e_delta) + (p_.batch * p_.seq_q + 1) * u * ps * std::fabs(delta);
+    }
   }
 
   // dQ's bound for this row, and its terms of every key's dK and dV bounds.
@@ -496,6 +549,10 @@ class BlockBound {
   int64_t bkv_, b_, kvh_;
   double wq_ = 0;
   std::vector<double> ek_, ev_;
+
+ public:
+  // Per query head of the group: the bound's terms of that head's sink-logit gradient (summed over blocks).
+  std::vector<double> sink_err_ = std::vector<double>(static_cast<std::size_t>(p_.group_size()), 0.0);
 };
 
 }  // namespace
@@ -504,11 +561,23 @@ GradientTolerance exact_grad_tolerance(const Problem& p, const AttentionInputs& 
   const Fp64Softmax f(p, in16);
   const int64_t blocks = p.batch * p.num_kv_heads();
   std::vector<GradientTolerance> per_block(static_cast<std::size_t>(blocks));
-  tbb::parallel_for(int64_t{0}, blocks,
-                    [&](int64_t bkv) { per_block[bkv] = BlockBound(f, d_out, bkv).run(); });
+  std::vector<std::vector<double>> sink_err(static_cast<std::size_t>(blocks));
+  tbb::parallel_for(int64_t{0}, blocks, [&](int64_t bkv) {
+    BlockBound bound(f, d_out, bkv);
+    per_block[bkv] = bound.run();
+    sink_err[bkv] = bound.sink_err_;
+  });
   GradientTolerance t;
   for (const GradientTolerance& b : per_block)
     t.dq = std::max(t.dq, b.dq), t.dk = std::max(t.dk, b.dk), t.dv = std::max(t.dv, b.dv);
+  if (p.sinks) {  // a head's sink gradient sums its rows over every batch entry
+    std::vector<double> per_head(static_cast<std::size_t>(p.heads), 0.0);
+    for (int64_t bkv = 0; bkv < blocks; ++bkv)
+      for (int64_t g = 0; g < p.group_size(); ++g)
+        per_head[(bkv % p.num_kv_heads()) * p.group_size() + g] += sink_err[bkv][g];
+    for (double e : per_head) t.d_sink_logits = std::max(t.d_sink_logits, 2 * e);
+    t.d_sink_logits += std::numeric_limits<float>::min();
+  }
   // Twice the analysis (first-order terms only), plus the smallest normal float.
   const double tiny = std::numeric_limits<float>::min();
   t.dq = 2 * t.dq + tiny, t.dk = 2 * t.dk + tiny, t.dv = 2 * t.dv + tiny;

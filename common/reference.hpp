@@ -50,8 +50,10 @@ double exact_abs_tolerance(const Problem& p, const AttentionInputs& in);
 // kv_blocks: only those (batch * kv_heads + K/V head) blocks, written compactly in that order: dq
 // [n][group][seq_q][D] (the block's query heads), dk and dv [n][seq_kv][D] (the sweep's sampled gradient
 // accuracy); null: every block, in place.
+// d_sinks (Problem::sinks): dL/d sink_logits [heads], summed over the batch (the covered blocks).
 void reference_attention_backward(const Problem& p, const AttentionInputs& in, const float* d_out, double* dq,
-                                  double* dk, double* dv, const std::vector<int64_t>* kv_blocks = nullptr);
+                                  double* dk, double* dv, const std::vector<int64_t>* kv_blocks = nullptr,
+                                  double* d_sinks = nullptr);
 
 // Derived bounds on |grad_fp32 - grad_fp64| for exact softmax attention's backward in fp32 (derivation next
 // to its definition in reference.cpp). Reads Q, K, V and dO (and computes the fp64 attention weights' largest

@@ -131,12 +131,20 @@ void Relu(const float* src, float* dst, int64_t n) {
   map_row(src, dst, n, 0.0f, [d](auto x) { return hn::IfThenZeroElse(hn::Le(x, hn::Zero(d)), x); });
 }
 
+// x = cap * tanh(x / cap) in place (logit soft-capping); -inf stays -inf (tanh saturates), NaN stays NaN.
+void Softcap(float* x, int64_t n, float cap) {
+  const DF d;
+  const auto c = hn::Set(d, cap), inv = hn::Set(d, 1.0f / cap);
+  map_row(x, x, n, 0.0f, [&](auto v) { return hn::Mul(c, hn::Tanh(d, hn::Mul(v, inv))); });
+}
+
 }  // namespace attn::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace attn {
 HWY_EXPORT(RowMax);
+HWY_EXPORT(Softcap);
 HWY_EXPORT(ExpSubSum);
 HWY_EXPORT(ScaleRow);
 HWY_EXPORT(Exp2Array);
@@ -160,6 +168,9 @@ void elu_plus_one(const float* src, float* dst, int64_t n) {
 }
 void relu(const float* src, float* dst, int64_t n) {
   HWY_DYNAMIC_DISPATCH(Relu)(src, dst, n);
+}
+void softcap(float* x, int64_t n, float cap) {
+  HWY_DYNAMIC_DISPATCH(Softcap)(x, n, cap);
 }
 }  // namespace attn
 #endif  // HWY_ONCE

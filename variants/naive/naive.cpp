@@ -112,7 +112,9 @@ class Naive final : public Attention {
             .alibi = true,
             .permutation_equivariant = true,
             .baseline = true,
-            .backward = true};
+            .backward = true,
+            .sinks = true,
+            .softcap = true};
   }
   double flops(const Problem& p) const override {
     // The shared exact-attention count (common/mask.hpp). Causal GEMMs stop at each row block's last row
@@ -191,6 +193,7 @@ class Naive final : public Attention {
     std::vector<float> delta(static_cast<std::size_t>(group * Lq));
     std::fill(g.dk, g.dk + p.kv_elements(), 0.0f);
     std::fill(g.dv, g.dv + p.kv_elements(), 0.0f);
+    std::vector<float> sink_rows(p.sinks ? static_cast<std::size_t>(BH * Lq) : 0, 0.0f);
     const int64_t Hkv = p.num_kv_heads(), G = p.group_size();
     for (int64_t g0 = 0; g0 < BH; g0 += group) {
       const int64_t heads_here = std::min(group, BH - g0);
@@ -209,6 +212,7 @@ class Naive final : public Attention {
         const float* lse = g.saved + bh * Lq + r0;
         float* dq = g.dq + (bh * Lq + r0) * D;
         const int64_t keys = causal_key_end(p, r1 - 1);
+        std::vector<float> cap_factor(p.softcap ? static_cast<std::size_t>(keys) : 0);
         // Entries past the block's key range stay zero for phase 2's GEMMs over whole columns.
         for (int64_t r = 0; r < nr; ++r) {
           std::fill(pr + r * Lkv + keys, pr + (r + 1) * Lkv, 0.0f);
@@ -227,7 +231,11 @@ class Naive final : public Attention {
           float dl = 0;
           for (int64_t e = 0; e < D; ++e) dl += dout[r * D + e] * o[r * D + e];
           delta[static_cast<std::size_t>((bh - g0) * Lq + i)] = dl;
-          probabilities_row(p, in, b, h, i, prow, keys, slopes.empty() ? 0.0f : slopes[h], lse[r]);
+          probabilities_row(p, in, b, h, i, prow, keys, slopes.empty() ? 0.0f : slopes[h], lse[r],
+                            p.softcap ? cap_factor.data() : nullptr);
+          // The sink's weight takes no value: dL/d sink = -p_sink * delta.
+          if (p.sinks)
+            sink_rows[static_cast<std::size_t>(bh * Lq + i)] = -std::exp(in.sink_logits[h] - lse[r]) * dl;
           if (p.dropout > 0) {
             const DropoutRow drop(p.dropout, p.seed, b, h, i);
             // dS = P (keep * dP / (1 - p) - delta); P keeps dropout's mask and scale for dV.
@@ -239,6 +247,8 @@ class Naive final : public Attention {
           } else {
             for (int64_t j = 0; j < keys; ++j) drow[j] = prow[j] * (drow[j] - dl);
           }
+          if (p.softcap)  // back through s = C tanh(s_raw / C)
+            for (int64_t j = 0; j < keys; ++j) drow[j] *= cap_factor[j];
         }
         sgemm(false, false, nr, D, keys, scale, ds, Lkv, k, D, 0.0f, dq, D);
       });
@@ -264,6 +274,12 @@ class Naive final : public Attention {
           sgemm(true, false, nc, D, Lq - r_start, scale, ds, Lkv, q, D, 1.0f, dk, D);
         }
       });
+    }
+    if (p.sinks && g.d_sink_logits) {  // per query head, over batch entries and rows in order
+      std::fill(g.d_sink_logits, g.d_sink_logits + p.heads, 0.0f);
+      for (int64_t bh = 0; bh < BH; ++bh)
+        for (int64_t i = 0; i < Lq; ++i)
+          g.d_sink_logits[bh % p.heads] += sink_rows[static_cast<std::size_t>(bh * Lq + i)];
     }
   }
 
@@ -312,8 +328,8 @@ class Naive final : public Attention {
   // The logits of one row (scores already scale * q.k, first `Lkv` keys) turned into its softmax weights from
   // the saved log-sum-exp, with the forward's bias and masks: P_j = exp(s_j - lse), 0 where masked.
   static void probabilities_row(const Problem& p, const AttentionInputs& in, int64_t b, int64_t h, int64_t i,
-                                float* s, int64_t Lkv, float slope, float lse) {
-    mask_row(p, in, b, h, i, s, Lkv, slope);
+                                float* s, int64_t Lkv, float slope, float lse, float* cap_factor) {
+    mask_row(p, in, b, h, i, s, Lkv, slope, cap_factor);
     if (lse == std::numeric_limits<float>::infinity()) {  // no allowed key in the forward
       std::fill(s, s + Lkv, 0.0f);
       return;
@@ -321,10 +337,17 @@ class Naive final : public Attention {
     exp_sub_sum(s, Lkv, lse);
   }
 
-  // Adds the ALiBi bias and sets masked logits of one row to -inf.
+  // Soft-caps the logits (cap_factor, if given, receives the derivative 1 - (s/C)^2 of each), adds the ALiBi
+  // bias and sets masked logits of one row to -inf.
   static void mask_row(const Problem& p, const AttentionInputs& in, int64_t b, int64_t, int64_t i, float* s,
-                       int64_t Lkv, float slope) {
+                       int64_t Lkv, float slope, float* cap_factor = nullptr) {
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+    if (p.softcap) {
+      const float cap = static_cast<float>(*p.softcap);
+      softcap(s, Lkv, cap);
+      if (cap_factor)
+        for (int64_t j = 0; j < Lkv; ++j) cap_factor[j] = 1.0f - (s[j] / cap) * (s[j] / cap);
+    }
     if (p.bias == Bias::alibi)
       for (int64_t j = 0; j < Lkv; ++j) s[j] -= slope * static_cast<float>(alibi_distance(p, i, j));
     if (p.mask.any_causal()) std::fill(s + std::min(causal_key_end(p, i), Lkv), s + Lkv, kNegInf);
@@ -349,12 +372,15 @@ class Naive final : public Attention {
                            float* s, int64_t Lkv, float slope) {
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
     mask_row(p, in, b, h, i, s, Lkv, slope);
-    const float mx = row_max(s, Lkv);
+    float mx = row_max(s, Lkv);
     if (mx == kNegInf) {
       std::fill(s, s + Lkv, 0.0f);
       return std::numeric_limits<float>::infinity();
     }
-    const float sum = exp_sub_sum(s, Lkv, mx);
+    // Sink logit: one more term of the denominator, no value.
+    const float sink = p.sinks ? in.sink_logits[h] : 0.0f;
+    if (p.sinks && !std::isnan(mx)) mx = std::max(mx, sink);
+    const float sum = exp_sub_sum(s, Lkv, mx) + (p.sinks ? std::exp(sink - mx) : 0.0f);
     const float lse = mx + std::log(sum);
     if (p.dropout > 0) {
       const DropoutRow drop(p.dropout, p.seed, b, h, i);

@@ -97,6 +97,8 @@ class Tiled final : public Attention {
             .alibi = true,
             .permutation_equivariant = true,
             .backward = true,
+            .sinks = true,
+            .softcap = true,
             .block_partials = true};
   }
 
@@ -180,6 +182,21 @@ class Tiled final : public Attention {
                    sat_mul(rows, sizeof(float)),                                     // delta
                    sat_mul(to_size(s.chunks), rows, to_size(s.dp), sizeof(float)));  // dQ copies
   }
+  // dL/d sink_h = -sum over batch entries and rows of p_sink * delta, p_sink = 2^(sink log2(e) - m - log2 l)
+  // from the saved row state; per row in parallel, then summed per head in order.
+  static void sink_gradients(const Problem& p, const AttentionInputs& in, const GradientArgs& g,
+                             const float* delta) {
+    const int64_t rows = p.batch * p.heads * p.seq_q;
+    std::vector<float> per_row(to_size(rows));
+    tbb::parallel_for(int64_t{0}, rows, [&](int64_t r) {
+      const int64_t h = r / p.seq_q % p.heads;
+      const float sink2 = static_cast<float>(in.sink_logits[h] * std::numbers::log2e);
+      per_row[to_size(r)] = -std::exp2(sink2 - g.saved[r] - g.saved[rows + r]) * delta[r];
+    });
+    std::fill(g.d_sink_logits, g.d_sink_logits + p.heads, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) g.d_sink_logits[r / p.seq_q % p.heads] += per_row[to_size(r)];
+  }
+
   void backward(const Problem& p, const AttentionInputs& in, const GradientArgs& g) const override {
     const BackwardSchedule sched = make_backward_schedule(p);
     const int64_t rows = p.batch * p.heads * p.seq_q, D = p.head_dim, dp = sched.dp;
@@ -213,12 +230,14 @@ class Tiled final : public Attention {
       c.bias_kind = p.mask.any_causal() ? 1 : 2;
       c.alibi_shift = alibi_query_offset(p);
     }
+    if (p.softcap) c.cap2 = static_cast<float>(*p.softcap * std::numbers::log2e);
     tbb::enumerable_thread_specific<BackwardScratch> scratch;
     // Tasks are fixed by the problem and each writes only its own key blocks' dK, dV and its chunk's dQ copy.
     tbb::parallel_for(int64_t{0}, sched.tasks(p), [&](int64_t task) {
       const simd::ScopedFlushDenormals ftz;
       run_backward_task(c, task, scratch.local());
     });
+    if (p.sinks && g.d_sink_logits) sink_gradients(p, in, g, delta.data());
     // dQ = scale * (sum of the chunks' copies, in chunk order): bitwise the same at any thread count.
     const float scale = c.scale;
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, rows, 256), [&](const tbb::blocked_range<int64_t>& r) {
@@ -255,6 +274,10 @@ class Tiled final : public Attention {
     }
     c.bf16_dot = p.dtype == DType::bf16 && p.head_dim % 2 == 0 && bf16_dot_supported();
     c.lse = lse;
+    if (p.softcap) c.cap2 = static_cast<float>(*p.softcap * std::numbers::log2e);
+    if (p.sinks)
+      for (int64_t h = 0; h < p.heads; ++h)
+        c.sink_l2e.push_back(static_cast<float>(in.sink_logits[h] * std::numbers::log2e));
     tbb::enumerable_thread_specific<Scratch> scratch;
     // Tasks (unit, split) are fixed by the problem; each writes only its own output (or partial) rows, by
     // the same sequence of operations on any thread, and the merge visits splits in order, so results are
@@ -291,6 +314,8 @@ std::vector<std::string> block_reasons(const Problem& p) {
   if (p.bias != Bias::none) why.push_back("a logit bias (none only)");
   if (p.dropout > 0) why.push_back("dropout (none only)");
   if (p.mask.boolean || p.mask.key_padding) why.push_back("a boolean or key-padding mask (causal only)");
+  if (p.softcap) why.push_back("logit soft-capping");
+  if (p.sinks) why.push_back("sink logits");
   return why;
 }
 

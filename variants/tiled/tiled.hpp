@@ -130,6 +130,10 @@ struct Context {
   bool bf16_dot = false;
   // Every task writes partial rows to `partials` even without splits (accumulate_block).
   bool partial_out = false;
+  // Logit soft-capping in base 2: C log2(e) (0: none); sink logits times log2(e) per query head (empty:
+  // none).
+  float cap2 = 0;
+  std::vector<float> sink_l2e;
   // The training forward (forward_saving): each query row's max m of the scale * log2(e) logits at
   // lse[row] and log2 of its sum of 2^(s - m) at lse[rows + row], row = (b * heads + h) * seq_q + i, rows =
   // batch * heads * seq_q (m = +inf for a row with no allowed key): the log-sum-exp in two parts.
@@ -203,13 +207,14 @@ struct BackwardContext {
     const int64_t t0 = i / forward_tile_q * forward_tile_q;
     return std::min(forward_tile_q, p.seq_q - t0) * p.group_size() <= kDotRows;
   }
+  float cap2 = 0;  // soft-capping in base 2 (Context::cap2)
 };
 
 // Per-thread scratch of the backward: the block pair's P and dS ([tile_q][tile_kv rounded up]), K^T and V^T
 // of the key block, its dK and dV accumulators ([tile_kv][dp]), the query block scaled by scale * log2(e),
 // padded copies of K, Q and dO rows when head_dim is not a multiple of kLanes, and the key-padding row.
 struct BackwardScratch {
-  AlignedVector<float> s, dp, kt, vt, kpad, dk, dv, qpad, gpad, padv, qs;
+  AlignedVector<float> s, dp, kt, vt, kpad, dk, dv, qpad, gpad, padv, qs, capf;
   static int64_t kv_padded(const BackwardSchedule& sc) { return round_up(sc.tile_kv, kLanes); }
   void ensure(const BackwardSchedule& sc, int64_t dim) {
     auto grow = [](auto& v, int64_t n) {
@@ -223,6 +228,7 @@ struct BackwardScratch {
     grow(dk, sc.tile_kv * sc.dp);
     grow(dv, sc.tile_kv * sc.dp);
     grow(padv, kvp);
+    grow(capf, kvp);
     grow(qs, sc.tile_q * dim);
     if (dim != sc.dp) {
       grow(kpad, sc.tile_kv * sc.dp);
@@ -234,7 +240,7 @@ struct BackwardScratch {
     const std::size_t Q = to_size(sc.tile_q), K = to_size(sc.tile_kv), Kp = to_size(kv_padded(sc));
     const std::size_t D = to_size(dim), Dp = to_size(sc.dp);
     const std::size_t floats =
-        sat_add(sat_mul(2, Q, Kp), sat_mul(2, D, Kp), sat_mul(2, K, Dp), Kp, sat_mul(Q, D),
+        sat_add(sat_mul(2, Q, Kp), sat_mul(2, D, Kp), sat_mul(2, K, Dp), 2 * Kp, sat_mul(Q, D),
                 dim != sc.dp ? sat_add(sat_mul(K, Dp), sat_mul(2, Q, Dp)) : 0);
     return sat_add(sat_mul(floats, sizeof(float)), sizeof(BackwardScratch));
   }

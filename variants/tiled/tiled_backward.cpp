@@ -13,6 +13,7 @@
 // clang-format off
 #include <hwy/foreach_target.h>  // must come first: it re-includes this file once per target
 // clang-format on
+#include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
@@ -154,7 +155,7 @@ void PadRows(const float* src, int64_t rows, int64_t cols, int64_t lds, float* d
 // p); with dropout, s ends as P after dropout (what multiplies dO into dV). Keys [0, seen) of the block
 // starting at j0 pass the causal rule; lanes from `seen` up to nkp are zeroed.
 void BlockRow(const BackwardContext& c, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t nkp,
-              int64_t seen, const float* padv, float* s, float* dp) {
+              int64_t seen, const float* padv, float* s, float* dp, float* capf) {
   const Problem& p = c.p;
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -165,8 +166,18 @@ void BlockRow(const BackwardContext& c, int64_t b, int64_t h, int64_t i, int64_t
   const bool alibi = c.bias_kind != 0, dropout = p.dropout > 0;
   const VF slope = hn::Set(d, alibi ? c.alibi_l2e[static_cast<std::size_t>(h)] : 0.0f);
   const VF pos = hn::Set(d, static_cast<float>(i + c.alibi_shift));
+  const bool capped = c.cap2 > 0;
+  const VF cap = hn::Set(d, c.cap2), inv_cap = hn::Set(d, capped ? 1.0f / c.cap2 : 0.0f),
+           one = hn::Set(d, 1.0f);
   for (int64_t j = 0; j < seen; j += N) {  // may run past `seen` by less than a vector (cleared below)
     VF x = hn::LoadU(d, s + j);
+    VF factor = one;  // d(capped logit) / d(logit)
+    if (capped) {     // the forward's SoftcapValues, then the bias: the same logits bitwise
+      const VF t = hn::Tanh(d, hn::Mul(x, inv_cap));
+      x = hn::Mul(cap, t);
+      factor = hn::NegMulAdd(t, t, one);
+      if (dropout) hn::StoreU(factor, d, capf + j);
+    }
     if (alibi) {
       VF dist = hn::Sub(pos, hn::Iota(d, static_cast<float>(j0 + j)));
       if (c.bias_kind == 2) dist = hn::Abs(dist);
@@ -177,7 +188,8 @@ void BlockRow(const BackwardContext& c, int64_t b, int64_t h, int64_t i, int64_t
     // P <= 1: the exponent is <= 0 but for rounding. A row with no allowed key has m = +inf and gets 0.
     const VF prob = Exp2(d, hn::Min(hn::Sub(hn::Sub(x, vmax), vlog), zero));
     hn::StoreU(prob, d, s + j);
-    if (!dropout) hn::StoreU(hn::Mul(prob, hn::Sub(hn::LoadU(d, dp + j), vdelta)), d, dp + j);
+    if (!dropout)
+      hn::StoreU(hn::Mul(hn::Mul(prob, hn::Sub(hn::LoadU(d, dp + j), vdelta)), factor), d, dp + j);
   }
   std::fill(s + seen, s + nkp, 0.0f);
   std::fill(dp + seen, dp + nkp, 0.0f);
@@ -192,7 +204,7 @@ void BlockRow(const BackwardContext& c, int64_t b, int64_t h, int64_t i, int64_t
     for (int64_t t = 0; t < seen; ++t) {
       const bool kept = drop.keep(j0 + t);
       const float prob = s[t];
-      dp[t] = prob * ((kept ? dp[t] * kd : 0.0f) - delta);
+      dp[t] = prob * ((kept ? dp[t] * kd : 0.0f) - delta) * (capped ? capf[t] : 1.0f);
       s[t] = kept ? prob * kd : 0.0f;
     }
   }
@@ -256,7 +268,7 @@ void BackwardTask(const BackwardContext& c, int64_t task, BackwardScratch& w) {
         for (int64_t r = 0; r < nq; ++r) {
           const int64_t i = i0 + r;
           const int64_t seen = p.mask.any_causal() ? std::clamp<int64_t>(i + off + 1 - j0, 0, nk) : nk;
-          BlockRow(c, b, h, i, j0, nkp, seen, padv, s + r * nkp, dpb + r * nkp);
+          BlockRow(c, b, h, i, j0, nkp, seen, padv, s + r * nkp, dpb + r * nkp, w.capf.data());
         }
         const float *qb = qi, *gb = gi;
         if (padded) {

@@ -8,6 +8,7 @@
 #include <hwy/foreach_target.h>  // must come first: it re-includes this file once per target
 // clang-format on
 #include <hwy/cache_control.h>
+#include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
 #include <algorithm>
@@ -326,6 +327,35 @@ void SoftmaxUpdate(float* s, int64_t ld, int64_t nk, float* m, float* l, const f
   }
 }
 
+// Logit soft-capping of n logits in base 2 (scale log2(e) q.k), in place: x = C2 tanh(x / C2) with C2 = C
+// log2(e), the same map as C tanh(s / C) on natural logits. tiled_backward.cpp applies the identical
+// operations, so the backward's recomputed logits are the forward's bitwise.
+void SoftcapValues(float* x, int64_t n, float cap2) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF c = hn::Set(d, cap2), inv = hn::Set(d, 1.0f / cap2);
+  int64_t j = 0;
+  for (; j + N <= n; j += N) hn::StoreU(hn::Mul(c, hn::Tanh(d, hn::Mul(hn::LoadU(d, x + j), inv))), d, x + j);
+  for (; j < n; ++j) {
+    const VF v = hn::Mul(c, hn::Tanh(d, hn::Mul(hn::Set(d, x[j]), inv)));
+    x[j] = hn::GetLane(v);
+  }
+}
+
+// ALiBi added to a GEMM-path score tile after soft-capping (ScoreKernel adds it itself when there is no
+// cap): rows are keys j0 .. j0 + nk - 1, lanes the tile's queries.
+void AddBiasTile(float* s, int64_t ld, int64_t nk, const LaneBias& bias, int64_t j0) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t j = 0; j < nk; ++j)
+    for (int64_t c0 = 0; c0 < ld; c0 += N) {
+      VF dist = hn::Sub(hn::LoadU(d, bias.pos + c0), hn::Set(d, static_cast<float>(j0 + j)));
+      if (bias.kind == 2) dist = hn::Abs(dist);
+      hn::StoreU(hn::MulAdd(hn::LoadU(d, bias.slope + c0), dist, hn::LoadU(d, s + j * ld + c0)), d,
+                 s + j * ld + c0);
+    }
+}
+
 // Column maxima of a masked score tile (unmasked tiles get them from the score kernel).
 void TileMaxPass(const float* s, int64_t ld, int64_t nk, float* tile_max) {
   const DF d;
@@ -420,6 +450,7 @@ void DotSoftmax(const Context& c, const TileRows& t, int64_t j0, int64_t nk, flo
   const uint8_t* pad = p.mask.key_padding ? c.in.key_padding + t.b * p.seq_kv + j0 : nullptr;
   for (int64_t r = 0; r < t.nr; ++r) {
     float* sr = s + r * lds;
+    if (c.cap2 > 0) SoftcapValues(sr, nk, c.cap2);
     std::fill(sr + nk, sr + nkv, kNegInf);
     if (p.mask.any_causal()) {  // keys j > pos + off are hidden from this row
       const int64_t seen = std::clamp<int64_t>(t.pos(r) + off + 1 - j0, 0, nk);
@@ -568,14 +599,22 @@ void GemmRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& s
   const LaneBias bias{c.bias_kind, w.bias.data(), w.bias.data() + ld};
   for (int64_t j0 = t.ja; j0 < t.jb; j0 += c.sched.tiles.kv) {
     const int64_t nk = std::min(c.sched.tiles.kv, t.jb - j0);
+    // Soft-capping comes between the scores and the bias: the kernels score without the bias, the cap and
+    // the bias follow, and the maxima are taken in a pass of their own.
+    const bool capped = c.cap2 > 0;
     const bool masked =
-        (p.mask.any_causal() && j0 + nk - 1 > t.i0 + off) || p.mask.boolean || p.mask.key_padding;
+        capped || (p.mask.any_causal() && j0 + nk - 1 > t.i0 + off) || p.mask.boolean || p.mask.key_padding;
+    const LaneBias score_bias = capped ? LaneBias{} : bias;
     if (!masked) std::fill(tile_max, tile_max + ld, kNegInf);
     if (native_bf16)
       bf16_score_tile(src.k16 + j0 * D, D, w.qt2.data(), ld, nk, s, masked ? nullptr : tile_max, c.q_scale,
-                      bias, j0);
+                      score_bias, j0);
     else
-      ScoreTile(src.k_rows(j0, nk, w), D, qt, ld, nk, s, masked ? nullptr : tile_max, bias, j0);
+      ScoreTile(src.k_rows(j0, nk, w), D, qt, ld, nk, s, masked ? nullptr : tile_max, score_bias, j0);
+    if (capped) {
+      SoftcapValues(s, nk * ld, c.cap2);
+      if (bias.kind) AddBiasTile(s, ld, nk, bias, j0);
+    }
     if (masked) {
       MaskTile(c, t, j0, nk, s, ld);
       TileMaxPass(s, ld, nk, tile_max);
@@ -682,6 +721,13 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
   std::fill(ot, ot + D * ld, 0.0f);
   std::fill(m, m + ld, kNegInf);
   std::fill(l, l + ld, 0.0f);
+  // Sink logits: each row's softmax starts with its sink (running max the sink, sum 2^0 = 1, no value); with
+  // split-KV only the first split carries it.
+  if (p.sinks && split == 0)
+    for (int64_t r = 0; r < nr; ++r) {
+      m[r] = c.sink_l2e[static_cast<std::size_t>(t.head(r))];
+      l[r] = 1.0f;
+    }
   if (dropout)
     for (int64_t r = 0; r < nr; ++r) w.drop[r] = DropoutRow(p.dropout, p.seed, t.b, t.head(r), t.pos(r));
 
