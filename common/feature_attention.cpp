@@ -781,7 +781,7 @@ std::size_t feature_attention_workspace_bytes(const Problem& p, int64_t m, int64
 // per inner dimension, as feature_attention_flops):
 //  * non-causal: kv: the state [φ(K)ᵀV | φ(K)ᵀ1] rebuilt (2·L·m·d, counted as the forward counts it),
 //    dφ(K) = Ṽ Uᵀ (2·L·m·(d+1)) and dV = G U (2·L·m·d); h: dφ(Q) = Ẽ Sᵀ and U += F Ẽ (2·n_q·m·(d+1) each).
-//    With one K/V head per query head and n_q = L: n·m·(10d + 6) against the forward's n·m·(4d + 2), 2.5x;
+//    With one K/V head per query head and n_q = L: n·m·(10d + 6) against the forward's n·m·(4d + 2), ~2.5x;
 //  * causal, phase A (h): the state over L' keys (2·L'·m·(d+1)), Ẽ Sᵀ (2·n_q·m·(d+1)), the chunk's Ẽ Ṽᵀ
 //    (n_q·(C+1)·(d+1)) and its product with G (n_q·(C+1)·m); phase B (h): F Gᵀ and Ẽ Ṽᵀ again, their products
 //    with F and Ẽ (n_q·(C+1)·(2m + 2d + 1)) and U += F Ẽ (2·n_q·m·(d+1)); (kv): Ṽ Uᵀ and G U over L' keys

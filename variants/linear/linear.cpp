@@ -177,9 +177,9 @@ class Linear final : public Attention {
   std::string saved_description() const override { return kFeatureSavedDescription; }
   double backward_flops(const Problem& p) const override {
     // The engine's backward matmuls with m = d (feature_attention_backward_flops: the state rebuilt, dφ(Q),
-    // U, dφ(K), dV and, causal, the chunks' masked products over their lower triangles): 2.5x the forward's
-    // count without a causal mask. The map, its derivative and the elementwise work are not counted, as in
-    // flops().
+    // U, dφ(K), dV and, causal, the chunks' masked products over their lower triangles): without a causal
+    // mask n·d·(10d + 6) per head against the forward's n·d·(4d + 2), about 2.5x. The map, its derivative and
+    // the elementwise work are not counted, as in flops().
     return feature_attention_backward_flops(p, p.head_dim, p.param_int("chunk"));
   }
   std::size_t backward_workspace_bytes(const Problem& p, int threads) const override {
