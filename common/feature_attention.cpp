@@ -798,7 +798,7 @@ double feature_attention_backward_flops(const Problem& p, int64_t m, int64_t chu
   return bh * per_head + bkv * 2 * seen * M * (2 * D + 1);
 }
 
-FeatureBackwardRows feature_attention_backward_rows(const Problem& p, int64_t) {
+FeatureBackwardRows feature_attention_backward_rows(const Problem& p) {
   const double bh = static_cast<double>(p.batch * p.heads),
                bkv = static_cast<double>(p.batch * p.num_kv_heads());
   const double Lq = static_cast<double>(p.seq_q), Lkv = static_cast<double>(p.seq_kv),

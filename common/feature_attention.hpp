@@ -145,7 +145,7 @@ double feature_attention_backward_flops(const Problem& p, int64_t m, int64_t chu
 struct FeatureBackwardRows {
   double query_features = 0, key_features = 0, query_gradients = 0, key_gradients = 0;
 };
-FeatureBackwardRows feature_attention_backward_rows(const Problem& p, int64_t chunk);
+FeatureBackwardRows feature_attention_backward_rows(const Problem& p);
 
 // Bytes the engine allocates at `threads` threads for m features (per_row_eps: the map scales_eps()).
 // Saturating: also the estimate of problems far too large to run.

@@ -378,7 +378,7 @@ class Performer final : public Attention {
     // feature_attention_backward_rows counts them. The exp, the norms and the elementwise work are not
     // counted, as in flops().
     const int64_t M = p.param_int("features"), chunk = p.param_int("chunk");
-    const FeatureBackwardRows rows = feature_attention_backward_rows(p, chunk);
+    const FeatureBackwardRows rows = feature_attention_backward_rows(p);
     const double md2 = 2.0 * static_cast<double>(M) * static_cast<double>(p.head_dim);
     const double pass = static_cast<double>(p.batch * p.num_kv_heads()) * static_cast<double>(seen_keys(p));
     return feature_attention_backward_flops(p, M, chunk) +
