@@ -1,5 +1,7 @@
 // linear attention against its own definitions: the chunked causal form against the step-by-step fp64
-// recurrence, causality under future perturbation, feature maps, padding, and parameter errors.
+// recurrence, causality under future perturbation, feature maps, padding, and parameter errors; the backward
+// where the registry-wide gradient checks do not reach (several query and key blocks, a long lower-right
+// prefix, rows and batch entries with no weight) and its cost model.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -72,13 +74,49 @@ std::vector<double> recurrence(const AttentionCase& c) {
   return out;
 }
 
-double max_abs_diff(const FloatArray& got, const std::vector<double>& want) {
+template <class Want>
+double max_abs_diff(const FloatArray& got, const Want& want) {
   double worst = 0;
   for (std::size_t e = 0; e < got.numel(); ++e) {
     const double d = std::fabs(got.data[e] - want[e]);
     worst = std::max(worst, std::isnan(d) ? INFINITY : d);
   }
   return worst;
+}
+
+// One training step on the case: run_saving, then run_backward with upstream gradient d_out.
+struct Grads {
+  FloatArray out, dq, dk, dv;
+};
+Grads train(const AttentionCase& c, const FloatArray& d_out) {
+  const Attention& v = Registry::instance().get(c.p.variant);
+  Grads g{FloatArray(c.q.shape, std::nanf("")), FloatArray(c.q.shape, std::nanf("")),
+          FloatArray(c.k.shape, std::nanf("")), FloatArray(c.v.shape, std::nanf(""))};
+  std::vector<float> saved(v.saved_floats(c.p), std::nanf(""));
+  const AttentionInputs in = c.inputs(g.out.ptr());
+  v.run_saving(c.p, in, saved.data());
+  v.run_backward(c.p, in,
+                 {.out = g.out.ptr(),
+                  .saved = saved.data(),
+                  .d_out = d_out.ptr(),
+                  .dq = g.dq.ptr(),
+                  .dk = g.dk.ptr(),
+                  .dv = g.dv.ptr()});
+  return g;
+}
+
+// The training step's dQ, dK, dV against reference_backward, each within grad_tolerance.
+void require_reference_gradients(const AttentionCase& c, uint64_t seed) {
+  const Attention& v = Registry::instance().get(c.p.variant);
+  const FloatArray d_out = normal_tensor(c.q.shape, seed);
+  const Grads g = train(c, d_out);
+  DoubleArray wq(c.q.shape), wk(c.k.shape), wv(c.v.shape);
+  v.reference_backward(c.p, c.inputs(nullptr), d_out.ptr(), wq.ptr(), wk.ptr(), wv.ptr());
+  const GradientTolerance tol = v.grad_tolerance(c.p, c.inputs(nullptr), d_out.ptr());
+  INFO(c.p.repro());
+  REQUIRE(max_abs_diff(g.dq, wq.data) <= tol.dq);
+  REQUIRE(max_abs_diff(g.dk, wk.data) <= tol.dk);
+  REQUIRE(max_abs_diff(g.dv, wv.data) <= tol.dv);
 }
 
 }  // namespace
@@ -217,4 +255,72 @@ TEST_CASE("linear rejects bad parameters and unsupported problems with the reaso
   reasons = v.not_supported_reasons(p);
   REQUIRE(reasons.size() == 1);
   REQUIRE_THAT(reasons[0], Contains("scale"));
+}
+
+// The registry's gradient checks stop at 130 positions; these shapes take the paths they do not: several
+// query blocks split into slabs whose partial states are summed over a grouped-query head's group, several
+// key blocks, many causal chunks, and a lower-right prefix of keys every query sees longer than one key
+// block.
+TEST_CASE("linear backward past one block matches the fp64 gradient", "[linear]") {
+  uint64_t seed = 300;
+  for (const char* map : {"elu", "relu"}) {
+    Problem p = make_test_problem("linear", 1, 4, 600, 600, 24, "pad", {{"feature_map", map}});
+    p.kv_heads = 2;
+    AttentionCase full(p, ++seed);
+    full.pad_keys([](int64_t, int64_t j) { return j % 7 == 3; });
+    require_reference_gradients(full, ++seed);
+
+    AttentionCase causal(make_test_problem("linear", 1, 2, 600, 600, 16, "causal", {{"feature_map", map}}),
+                         ++seed);
+    require_reference_gradients(causal, ++seed);
+
+    p = make_test_problem("linear", 1, 4, 40, 1200, 16, "causal_lower_right+pad",
+                          {{"feature_map", map}, {"chunk", 16}});
+    p.kv_heads = 1;
+    AttentionCase prefix(p, ++seed);
+    prefix.pad_keys([](int64_t, int64_t j) { return j % 5 == 0; });
+    require_reference_gradients(prefix, ++seed);
+  }
+}
+
+TEST_CASE("linear backward: rows with no weight and fully padded batch entries get zero gradients",
+          "[linear]") {
+  for (bool causal : {false, true}) {
+    // relu with a query whose features are all 0 (every coordinate negative): its row has numerator and
+    // denominator 0 and r = 1/eps, and φ' = 0 must give an exact zero dQ row, not 0 · huge or NaN. Batch
+    // entry 1 pads every key: its O and all its gradients are exactly 0.
+    AttentionCase c = linear_case({{"feature_map", "relu"}, {"chunk", 4}}, 2, 2, 10, 10, 8, causal, true, 17);
+    for (int64_t d = 0; d < 8; ++d) c.q.data[3 * 8 + d] = -1.0f - (float)d;  // batch 0, head 0, row 3
+    const Grads g = train(c, normal_tensor(c.q.shape, 5));
+    for (const FloatArray* t : {&g.dq, &g.dk, &g.dv})
+      for (float x : t->data) REQUIRE(std::isfinite(x));
+    for (int64_t d = 0; d < 8; ++d) REQUIRE(g.dq.data[3 * 8 + d] == 0.0f);
+    const int64_t q_half = g.dq.numel() / 2, kv_half = g.dk.numel() / 2;
+    for (int64_t e = q_half; e < 2 * q_half; ++e) REQUIRE(g.dq.data[e] == 0.0f);
+    for (int64_t e = kv_half; e < 2 * kv_half; ++e) REQUIRE((g.dk.data[e] == 0.0f && g.dv.data[e] == 0.0f));
+    // Batch 0's padded keys (j % 4 == 0) have no gradient either.
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t j = 0; j < 10; j += 4)
+        for (int64_t d = 0; d < 8; ++d) {
+          const std::size_t e = (h * 10 + j) * 8 + d;
+          REQUIRE((g.dk.data[e] == 0.0f && g.dv.data[e] == 0.0f));
+        }
+  }
+}
+
+TEST_CASE("linear backward is O(n): workspace independent of n, FLOPs linear in n", "[linear]") {
+  const Attention& v = Registry::instance().get("linear");
+  for (bool causal : {false, true}) {
+    Problem p = make_problem("linear");
+    p.batch = 1, p.heads = 8, p.head_dim = 64, p.mask.causal = causal;
+    p.seq_q = p.seq_kv = 2048;
+    const std::size_t small = v.backward_workspace_bytes(p, 2);
+    const double small_flops = v.backward_flops(p);
+    // Non-causal, one K/V head per query head: n·d·(10d + 6) per head against the forward's n·d·(4d + 2).
+    if (!causal) REQUIRE(small_flops == Approx(v.flops(p) * (10.0 * 64 + 6) / (4.0 * 64 + 2)).epsilon(1e-12));
+    p.seq_q = p.seq_kv = 32768;
+    REQUIRE(v.backward_workspace_bytes(p, 2) == small);
+    REQUIRE(v.backward_flops(p) == Approx(16 * small_flops).epsilon(1e-12));
+    REQUIRE(v.saved_floats(p) == static_cast<std::size_t>(8 * 32768));
+  }
 }

@@ -29,6 +29,29 @@ class ElementwiseMap final : public FeatureMap {
   int64_t features() const override { return head_dim_; }
   void queries(const FeatureRows& rows, float* dst, float*) const override { apply(rows, dst); }
   void keys(const FeatureRows& rows, float* dst) const override { apply(rows, dst); }
+  // φ' is 1 above 0 for both maps; at or below 0 it is exp(x) = φ(x) itself for elu + 1 (so the feature the
+  // forward computed serves) and 0 for relu. Selects, not branches: the signs of x are random, and a branch
+  // per element mispredicted half the time cost a quarter of the backward.
+  void input_gradient(const FeatureRows& rows, const float* features, float* d_features,
+                      float* dx) const override {
+    const float* __restrict x = rows.src;
+    const float* __restrict f = features;
+    const float* __restrict dphi = d_features;
+    float* __restrict out = dx;
+    const int64_t n = rows.rows * head_dim_;
+    // Every operand loaded unconditionally, so the compiler can if-convert (compare and blend) and vectorise.
+    if (kind_ == FeatureKind::relu) {
+      for (int64_t e = 0; e < n; ++e) {
+        const float d = dphi[e];
+        out[e] = x[e] > 0 ? d : 0.0f;
+      }
+    } else {
+      for (int64_t e = 0; e < n; ++e) {
+        const float phi = f[e], slope = x[e] > 0 ? 1.0f : phi;  // a select, then an unconditional multiply
+        out[e] = dphi[e] * slope;
+      }
+    }
+  }
 
  private:
   void apply(const FeatureRows& rows, float* dst) const {
@@ -50,6 +73,22 @@ class ElementwiseMapFp64 final : public FeatureMapFp64 {
     return eps;
   }
   void key(int64_t, int64_t, int64_t, const float* k, double* dst) const override { apply(k, dst); }
+  void input_gradient(const float* x, const double* features, const double* d_features,
+                      double* dx) const override {
+    for (int64_t d = 0; d < head_dim_; ++d)
+      dx[d] = x[d] > 0 ? d_features[d] : (kind_ == FeatureKind::relu ? 0.0 : d_features[d] * features[d]);
+  }
+  // The fp32 input_gradient: above 0 it passes dφ through (exactly); at or below 0, relu gives exactly 0 and
+  // elu + 1 one product dφ·φ of the fp32 feature (within feature_err) and dφ, rounded once.
+  void input_gradient_error(const float* x, const double* features, const double* d_features,
+                            const double* d_err, double feature_err, double* err) const override {
+    const double u = std::ldexp(1.0, -24);
+    for (int64_t d = 0; d < head_dim_; ++d)
+      err[d] = x[d] > 0 ? d_err[d]
+                        : (kind_ == FeatureKind::relu
+                               ? 0.0
+                               : features[d] * (d_err[d] + std::fabs(d_features[d]) * (feature_err + u)));
+  }
 
  private:
   void apply(const float* x, double* dst) const {
@@ -83,7 +122,8 @@ class Linear final : public Attention {
             .dropout = false,
             .bf16 = true,
             .fp16 = true,
-            .permutation_equivariant = true};
+            .permutation_equivariant = true,
+            .backward = true};
   }
   std::vector<ParamSpec> param_specs() const override {
     return {{.name = "feature_map",
@@ -131,13 +171,31 @@ class Linear final : public Attention {
                    widened);
   }
 
+  // ---- Training ----
+  // The engine's state: 1 / (denominator + eps) per query row (feature_attention.hpp).
+  std::size_t saved_floats(const Problem& p) const override { return feature_attention_saved_floats(p); }
+  std::string saved_description() const override { return kFeatureSavedDescription; }
+  double backward_flops(const Problem& p) const override {
+    // The engine's backward matmuls with m = d (feature_attention_backward_flops: the state rebuilt, dφ(Q),
+    // U, dφ(K), dV and, causal, the chunks' masked products over their lower triangles): without a causal
+    // mask n·d·(10d + 6) per head against the forward's n·d·(4d + 2), about 2.5x. The map, its derivative and
+    // the elementwise work are not counted, as in flops().
+    return feature_attention_backward_flops(p, p.head_dim, p.param_int("chunk"));
+  }
+  std::size_t backward_workspace_bytes(const Problem& p, int threads) const override {
+    // The engine's buffers only: run_backward widens bf16 / fp16 itself (and counts it).
+    return feature_attention_backward_workspace_bytes(p, p.head_dim, p.param_int("chunk"), threads, false);
+  }
+
   void forward(const Problem& p, const AttentionInputs& stored) const override {
-    if (auto reasons = not_supported_reasons(p); !reasons.empty())
-      throw NotSupported("linear: " + reasons.front());
-    const WideInputs wide(p, stored);  // bf16 / fp16: converted to fp32 once, up front
-    const AttentionInputs& in = wide.get();
-    feature_attention_forward(p, in, ElementwiseMap(feature_kind_of(p), p.head_dim),
-                              static_cast<float>(p.param_number("eps")), p.param_int("chunk"));
+    forward_impl(p, stored, nullptr);
+  }
+  void forward_saving(const Problem& p, const AttentionInputs& stored, float* saved) const override {
+    forward_impl(p, stored, saved);
+  }
+  void backward(const Problem& p, const AttentionInputs& in, const GradientArgs& g) const override {
+    feature_attention_backward(p, in, g, ElementwiseMap(feature_kind_of(p), p.head_dim),
+                               p.param_int("chunk"));
   }
 
   // The fp64 quadratic definition: w_ij = φ(q_i)·φ(k_j) over allowed keys (causal, padding), out_i =
@@ -173,6 +231,28 @@ class Linear final : public Attention {
     return 4.0 * 2.0 * static_cast<double>(p.head_dim + p.seq_kv + 8) * u * vmax + 1e-30;
   }
 
+  // The gradient of the quadratic definition above (feature_attention_reference_backward): dL/dw_ij over the
+  // allowed pairs, through φ' (1 above 0; exp(x) for elu + 1 and 0 for relu at or below). relu's kink at 0
+  // is not differentiable; the check's inputs stay away from it.
+  void reference_backward(const Problem& p, const AttentionInputs& stored, const float* d_out, double* dq,
+                          double* dk, double* dv) const override {
+    const WideInputs wide(p, stored);
+    feature_attention_reference_backward(p, wide.get(), ElementwiseMapFp64(feature_kind_of(p), p.head_dim),
+                                         p.param_number("eps"), d_out, dq, dk, dv);
+  }
+
+  // Why this bound: the engine's running error analysis (feature_attention_grad_tolerance, derived there)
+  // with the fp32 features within 2u relative of the fp64 ones, the same fact abs_tolerance starts from (one
+  // rounding for x + 1, Highway's exp within 1 ulp, relu exact); φ' adds its own rounding in the map's
+  // input_gradient_error.
+  GradientTolerance grad_tolerance(const Problem& p, const AttentionInputs& stored,
+                                   const float* d_out) const override {
+    const WideInputs wide(p, stored);
+    const double u = std::ldexp(1.0, -24);
+    return feature_attention_grad_tolerance(p, wide.get(), ElementwiseMapFp64(feature_kind_of(p), p.head_dim),
+                                            p.param_number("eps"), d_out, {.query = 2 * u, .key = 2 * u});
+  }
+
  protected:
   std::vector<std::string> extra_not_supported_reasons(const Problem& p) const override {
     // φ(q)·φ(k) is not a logit, so there is no temperature to set; ignoring a requested scale would hide it.
@@ -180,6 +260,16 @@ class Linear final : public Attention {
       return {
           "linear attention has no logit scale (phi(q).phi(k) is not a softmax logit); leave scale unset"};
     return {};
+  }
+
+ private:
+  void forward_impl(const Problem& p, const AttentionInputs& stored, float* saved) const {
+    if (auto reasons = not_supported_reasons(p); !reasons.empty())
+      throw NotSupported("linear: " + reasons.front());
+    const WideInputs wide(p, stored);  // bf16 / fp16: converted to fp32 once, up front
+    const AttentionInputs& in = wide.get();
+    feature_attention_forward(p, in, ElementwiseMap(feature_kind_of(p), p.head_dim),
+                              static_cast<float>(p.param_number("eps")), p.param_int("chunk"), saved);
   }
 };
 

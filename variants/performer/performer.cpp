@@ -150,6 +150,22 @@ class PositiveRandomFeatures final : public FeatureMap {
                   static_cast<float>(half_scale_ * squared_norm(rows.src + r * D, D) + key_shift_[rows.kv]));
   }
 
+  // φ_e(x) = exp(P_e·x − scale‖x‖²/2 − s) with the stabiliser s held fixed, so ∂φ_e/∂x = φ_e (P_e − scale·x)
+  // and dx = (dφ ⊙ φ) P − scale·x Σ_e dφ_e φ_e: one GEMM per block (the same for queries and keys).
+  void input_gradient(const FeatureRows& rows, const float* features, float* d_features,
+                      float* dx) const override {
+    const int64_t D = p_.head_dim, n = rows.rows * m_;
+    const float scale = static_cast<float>(2.0 * half_scale_);
+    for (int64_t e = 0; e < n; ++e) d_features[e] *= features[e];
+    sgemm(false, false, rows.rows, D, m_, 1.0f, d_features, m_, proj_, D, 0.0f, dx, D);
+    for (int64_t r = 0; r < rows.rows; ++r) {
+      float sum = 0;
+      for (int64_t e = 0; e < m_; ++e) sum += d_features[r * m_ + e];
+      const float* x = rows.src + r * D;
+      for (int64_t c = 0; c < D; ++c) dx[r * D + c] -= scale * x[c] * sum;
+    }
+  }
+
  private:
   const Problem& p_;
   const float* proj_;
@@ -189,6 +205,38 @@ class PositiveRandomFeaturesFp64 final : public FeatureMapFp64 {
   void key(int64_t, int64_t kv, int64_t, const float* k, double* dst) const override {
     exponents(k, dst);
     for (int64_t e = 0; e < m_; ++e) dst[e] = std::exp(dst[e] - key_shift_[kv]);
+  }
+
+  // dx = Σ_e dφ_e φ_e (P_e − scale·x), the stabilisers held fixed (the definition does not depend on them).
+  void input_gradient(const float* x, const double* features, const double* d_features,
+                      double* dx) const override {
+    const int64_t D = p_.head_dim;
+    std::fill(dx, dx + D, 0.0);
+    double sum = 0;
+    for (int64_t e = 0; e < m_; ++e) {
+      const double t = d_features[e] * features[e];
+      sum += t;
+      for (int64_t c = 0; c < D; ++c) dx[c] += t * proj_[e * D + c];
+    }
+    for (int64_t c = 0; c < D; ++c) dx[c] -= 2.0 * half_scale_ * static_cast<double>(x[c]) * sum;
+  }
+  // The fp32 input_gradient: t_e = dφ_e φ_e rounded once (|Δt_e| ≤ d_err_e φ_e + |dφ_e| φ_e (feature_err +
+  // u)), then Σ_e t_e P_ec (m terms; P is the same fp32 P in both) and scale·x_c·Σ_e t_e (m terms, the fp32
+  // scale, two products), then their difference: |Δdx_c| ≤ Σ_e (|Δt_e| + (m + 4) u |t_e|)(|P_ec| +
+  // scale|x_c|).
+  void input_gradient_error(const float* x, const double* features, const double* d_features,
+                            const double* d_err, double feature_err, double* err) const override {
+    const int64_t D = p_.head_dim;
+    const double u = std::ldexp(1.0, -24), scale = 2.0 * half_scale_;
+    std::fill(err, err + D, 0.0);
+    double sum = 0;
+    for (int64_t e = 0; e < m_; ++e) {
+      const double a = features[e] * (d_err[e] + std::fabs(d_features[e]) *
+                                                     (feature_err + static_cast<double>(m_ + 5) * u));
+      sum += a;
+      for (int64_t c = 0; c < D; ++c) err[c] += a * std::fabs(proj_[e * D + c]);
+    }
+    for (int64_t c = 0; c < D; ++c) err[c] += scale * std::fabs(static_cast<double>(x[c])) * sum;
   }
 
  private:
@@ -234,7 +282,8 @@ class Performer final : public Attention {
             .dropout = false,
             .bf16 = true,
             .fp16 = true,
-            .permutation_equivariant = true};
+            .permutation_equivariant = true,
+            .backward = true};
   }
   std::vector<ParamSpec> param_specs() const override {
     return {
@@ -315,15 +364,50 @@ class Performer final : public Attention {
     return sat_add(proj, shifts, std::max(pass, engine), widened);
   }
 
+  // ---- Training ----
+  // The engine's state: 1 / (denominator + eps) per query row, in the stabilised units of the row's own eps
+  // (feature_attention.hpp). The key stabilisers are recomputed by the backward (the same pass, the same
+  // bits), so the features it rebuilds are bitwise the forward's.
+  std::size_t saved_floats(const Problem& p) const override { return feature_attention_saved_floats(p); }
+  std::string saved_description() const override { return kFeatureSavedDescription; }
+
+  double backward_flops(const Problem& p) const override {
+    // The engine's backward matmuls with m features (feature_attention_backward_flops) plus this map's GEMMs,
+    // 2·m·d per row: the stabiliser pass again (the keys any query sees, once per K/V head), every row the
+    // backward recomputes features for and every row it passes through input_gradient ((dφ ⊙ φ) P), as
+    // feature_attention_backward_rows counts them. The exp, the norms and the elementwise work are not
+    // counted, as in flops().
+    const int64_t M = p.param_int("features"), chunk = p.param_int("chunk");
+    const FeatureBackwardRows rows = feature_attention_backward_rows(p);
+    const double md2 = 2.0 * static_cast<double>(M) * static_cast<double>(p.head_dim);
+    const double pass = static_cast<double>(p.batch * p.num_kv_heads()) * static_cast<double>(seen_keys(p));
+    return feature_attention_backward_flops(p, M, chunk) +
+           md2 * (pass + rows.query_features + rows.key_features + rows.query_gradients + rows.key_gradients);
+  }
+
+  std::size_t backward_workspace_bytes(const Problem& p, int threads) const override {
+    // As workspace_bytes with the engine's backward buffers, and no fp32 copies (run_backward widens bf16 /
+    // fp16 itself and counts them).
+    const std::size_t M = to_size(p.param_int("features")), T = to_size(std::max(threads, 1));
+    const std::size_t proj = sat_mul(M, to_size(p.head_dim), sizeof(float));
+    const std::size_t shifts = sat_mul(to_size(p.batch * p.num_kv_heads()), sizeof(double));
+    const std::size_t pass = sat_mul(T, kFeatureKeyRows, M, sizeof(float));
+    const std::size_t engine = feature_attention_backward_workspace_bytes(
+        p, p.param_int("features"), p.param_int("chunk"), threads, true);
+    return sat_add(proj, shifts, std::max(pass, engine));
+  }
+
   void forward(const Problem& p, const AttentionInputs& stored) const override {
-    if (auto reasons = not_supported_reasons(p); !reasons.empty())
-      throw NotSupported("performer: " + reasons.front());
-    const WideInputs wide(p, stored);  // bf16 / fp16: converted to fp32 once, up front
-    const AttentionInputs& in = wide.get();
+    forward_impl(p, stored, nullptr);
+  }
+  void forward_saving(const Problem& p, const AttentionInputs& stored, float* saved) const override {
+    forward_impl(p, stored, saved);
+  }
+  void backward(const Problem& p, const AttentionInputs& in, const GradientArgs& g) const override {
     const auto proj = projection(p);
     const std::vector<double> key_shift = key_stabilisers(p, in, proj->data());
-    feature_attention_forward(p, in, PositiveRandomFeatures(p, proj->data(), key_shift),
-                              static_cast<float>(p.param_number("eps")), p.param_int("chunk"));
+    feature_attention_backward(p, in, g, PositiveRandomFeatures(p, proj->data(), key_shift),
+                               p.param_int("chunk"));
   }
 
   // The exact quadratic definition in fp64 with the same W (the kernel's fp32 P = √scale·W cast to double):
@@ -358,6 +442,56 @@ class Performer final : public Attention {
   double abs_tolerance(const Problem& p, const AttentionInputs& stored) const override {
     const WideInputs wide(p, stored);  // the values the kernel was given
     const AttentionInputs& in = wide.get();
+    double vmax = 0;
+    for (int64_t e = 0; e < p.kv_elements(); ++e)
+      vmax = std::max(vmax, std::fabs(static_cast<double>(in.v[e])));
+    const FeatureErrors fe = feature_errors(p, in);
+    const double u = std::ldexp(1.0, -24);
+    return 4.0 * 2.0 * (fe.query + fe.key + static_cast<double>(p.param_int("features") + p.seq_kv + 8) * u) *
+               vmax +
+           1e-30;
+  }
+
+  // The gradient of the quadratic definition (feature_attention_reference_backward) through ∂φ_e/∂x = φ_e
+  // (P_e − scale·x): the stabilisers get none (the definition does not depend on them) and neither does W
+  // (fixed by the seed).
+  void reference_backward(const Problem& p, const AttentionInputs& stored, const float* d_out, double* dq,
+                          double* dk, double* dv) const override {
+    const WideInputs wide(p, stored);
+    const AttentionInputs& in = wide.get();
+    feature_attention_reference_backward(p, in, PositiveRandomFeaturesFp64(p, in, *projection(p)),
+                                         p.param_number("eps"), d_out, dq, dk, dv);
+  }
+
+  // Why this bound: the engine's running error analysis (feature_attention_grad_tolerance, derived there)
+  // with the features' relative errors ε_q and ε_k derived for abs_tolerance (feature_errors: the projection
+  // GEMM, the stabiliser's rounding for keys, exp2), and the map's input_gradient_error for (dφ ⊙ φ) P −
+  // scale·x Σ dφ φ. The query stabiliser's rounding is common to the row and cancels in the gradients too
+  // (it scales φ(q_i) by c and r_i by 1/c), as does a K/V head's s_k.
+  GradientTolerance grad_tolerance(const Problem& p, const AttentionInputs& stored,
+                                   const float* d_out) const override {
+    const WideInputs wide(p, stored);
+    const AttentionInputs& in = wide.get();
+    return feature_attention_grad_tolerance(p, in, PositiveRandomFeaturesFp64(p, in, *projection(p)),
+                                            p.param_number("eps"), d_out, feature_errors(p, in));
+  }
+
+ private:
+  void forward_impl(const Problem& p, const AttentionInputs& stored, float* saved) const {
+    if (auto reasons = not_supported_reasons(p); !reasons.empty())
+      throw NotSupported("performer: " + reasons.front());
+    const WideInputs wide(p, stored);  // bf16 / fp16: converted to fp32 once, up front
+    const AttentionInputs& in = wide.get();
+    const auto proj = projection(p);
+    const std::vector<double> key_shift = key_stabilisers(p, in, proj->data());
+    feature_attention_forward(p, in, PositiveRandomFeatures(p, proj->data(), key_shift),
+                              static_cast<float>(p.param_number("eps")), p.param_int("chunk"), saved);
+  }
+
+  // The relative errors of the fp32 stabilised features (the derivation above abs_tolerance): ε_q = u ((d +
+  // 4) S_q + 2) and ε_k = u ((d + 5) S_k + 3 scale K² + 2), with S the largest Σ_c |P_ec||x_c| over the
+  // rows and features and K the largest key norm. fp32 inputs.
+  static FeatureErrors feature_errors(const Problem& p, const AttentionInputs& in) {
     const int64_t D = p.head_dim, M = p.param_int("features");
     const auto proj = projection(p);
     std::vector<double> abs_proj(proj->size());
@@ -375,15 +509,12 @@ class Performer final : public Attention {
     };
     const double s_q = max_abs_projection(in.q, p.batch * p.heads * p.seq_q);
     const double s_k = max_abs_projection(in.k, p.batch * p.num_kv_heads() * p.seq_kv);
-    double k2 = 0, vmax = 0;
+    double k2 = 0;
     for (int64_t j = 0; j < p.batch * p.num_kv_heads() * p.seq_kv; ++j)
       k2 = std::max(k2, squared_norm(in.k + j * D, D));
-    for (int64_t e = 0; e < p.kv_elements(); ++e)
-      vmax = std::max(vmax, std::fabs(static_cast<double>(in.v[e])));
-    const double dd = static_cast<double>(D);
-    const double eps_q = (dd + 4) * s_q + 2, eps_k = (dd + 5) * s_k + 3 * p.effective_scale() * k2 + 2;
-    const double u = std::ldexp(1.0, -24);
-    return 4.0 * 2.0 * (eps_q + eps_k + static_cast<double>(M + p.seq_kv + 8)) * u * vmax + 1e-30;
+    const double dd = static_cast<double>(D), u = std::ldexp(1.0, -24);
+    return {.query = u * ((dd + 4) * s_q + 2),
+            .key = u * ((dd + 5) * s_k + 3 * p.effective_scale() * k2 + 2)};
   }
 };
 
