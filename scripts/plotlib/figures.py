@@ -4,6 +4,11 @@ over the best exact variant, the Pareto front). None of them writes into the ana
 any order, or not at all. draw_results saves them as plots/<stem>.png and .svg, draw_patterns the heatmaps of
 an `attnbench patterns` folder. SVGs are byte-stable (fixed hash salt, no date), so committed reports diff
 cleanly.
+
+Results of several passes (sweep.pass, #27: forward, backward, forward_backward) give every faceted figure one
+column per pass (pass_grid; the passes of a row share its y axis where that compares them), and the time figure
+a last column with each variant's backward / forward and training step / forward time ratios. Titles name the
+CPU (meta.json) and the pass.
 """
 import math
 import os
@@ -19,7 +24,8 @@ from matplotlib import colors as mcolors, ticker  # noqa: E402
 
 from .analysis import ERR_FLOOR  # noqa: E402
 from .common import FIGURES, PATTERNS, PROG, ROOFLINE, fmt_bytes, num  # noqa: E402
-from .results import PASSES, load_patterns, mask_order, params_text, pass_order, pass_title, passes_text  # noqa: E402
+from .results import (PASSES, load_patterns, mask_order, params_text, pass_order, pass_short, pass_title,  # noqa: E402
+                      passes_text)
 
 matplotlib.rcParams["svg.hashsalt"] = "attnbench"
 matplotlib.rcParams["font.size"] = 9
@@ -52,6 +58,17 @@ def on_cpu(res):
     """" on <CPU model>" for a figure's title, "" when meta.json does not name it."""
     model = (res.meta.get("system") or {}).get("cpu_model")
     return f" on {model}" if model else ""
+
+
+def pass_phrase(res):
+    """What a figure's rows time, in brackets after its title: "(forward)", "(backward (dQ, dK, dV))", "(one
+    column per pass)"."""
+    return f" ({'one column per pass' if res.by_pass() else ', '.join(pass_short(p) for p in res.passes)})"
+
+
+def has_backward(res):
+    """Some measured row times a backward (alone or in a training step): its error is the gradient's."""
+    return any(p != "forward" for p in res.passes)
 
 
 def what_timed(res):
@@ -233,12 +250,12 @@ def draw_pass_ratios(res, an, extras, colors):
                     color="gray")
         ax.set_ylim(bottom=0, top=max([1.0] + [y * 1.25 for line in ax.get_lines() for y in line.get_ydata()]))
         ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}×"))
-        ax.legend(fontsize=7, loc="lower right", framealpha=0.85)
+        ax.legend(fontsize=7, loc="best", framealpha=0.85)
 
 
 def fig_memory(res, an):
-    fig, cells = facet_grid(res, f"Peak memory{' per pass' if res.by_pass() else ''} vs sequence length"
-                            f"{on_cpu(res)}: measured (solid) and estimated (dashed)", share_y=True)
+    fig, cells = facet_grid(res, f"Peak memory vs sequence length{pass_phrase(res)}{on_cpu(res)}: measured (solid) "
+                            "and estimated (dashed)", share_y=True)
     colors = series_colors(res)
     for (label, mask, rk), rows in res.sorted_series():
         ax = cells.get((mask, rk))
@@ -257,15 +274,19 @@ def fig_memory(res, an):
         ax.set_yscale("log", base=2)
         ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda b, _: fmt_bytes(b)))
     finish_axes(cells, "sequence length n (tokens)", "peak memory above the inputs (bytes, log₂)"
-                if res.by_pass() else "peak memory: output + workspace (bytes, log₂)")
+                if has_backward(res) else "peak memory: output + workspace (bytes, log₂)")
     return fig
 
 
 def fig_accuracy(res, an):
-    fig, cells = facet_grid(res, ("Error vs exact fp64 softmax attention (rel. L2): the output (forward), the worst "
-                                  "of dQ, dK, dV (backward passes)" if res.by_pass() else
-                                  "Error vs exact fp64 softmax attention (rel. L2), approximate variants")
-                            + on_cpu(res), share_y=True)
+    if res.by_pass():
+        title = ("Error vs exact fp64 softmax attention (rel. L2): the output (forward), the worst of dQ, dK, dV "
+                 "(backward passes)")
+    elif has_backward(res):
+        title = "Gradient error vs exact fp64 softmax attention's (rel. L2, worst of dQ, dK, dV)"
+    else:
+        title = "Error vs exact fp64 softmax attention (rel. L2), approximate variants"
+    fig, cells = facet_grid(res, title + pass_phrase(res) + on_cpu(res), share_y=True)
     colors = series_colors(res)
     for (label, mask, rk), rows in res.sorted_series():
         ax = cells.get((mask, rk))
@@ -287,13 +308,13 @@ def fig_accuracy(res, an):
         log2_axis(ax)
         ax.set_yscale("log")
     finish_axes(cells, "sequence length n (tokens)", "rel_l2_err = ‖X − X_ref‖₂ / ‖X_ref‖₂ (X: O, or worst of dQ, dK, dV)"
-                if res.by_pass() else "rel_l2_err = ‖O − O_ref‖₂ / ‖O_ref‖₂")
+                if has_backward(res) else "rel_l2_err = ‖O − O_ref‖₂ / ‖O_ref‖₂")
     return fig
 
 
 def fig_pareto(res, an):
     fig, cells = facet_grid(res, "Speed vs accuracy: speed-up over the fastest exact variant at the same point"
-                            + (" and pass" if res.by_pass() else "") + on_cpu(res)
+                            + (" and pass" if res.by_pass() else "") + pass_phrase(res) + on_cpu(res)
                             + ("\n(marker size grows with n, labels = n)" if res.by_pass() else ""))
     colors = series_colors(res)
     by_title = {(m, res.rest_title(rk)): ax for (m, rk), ax in cells.items()}
@@ -321,14 +342,14 @@ def fig_pareto(res, an):
         ax.set_xscale("log")
         ax.set_yscale("log", base=2)
         ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}×"))
-    finish_axes(cells, "rel_l2_err of O, or worst of dQ, dK, dV (log)" if res.by_pass() else
+    finish_axes(cells, "rel_l2_err of O, or worst of dQ, dK, dV (log)" if has_backward(res) else
                 "rel_l2_err (log; marker size grows with n, labels = n)", "speed-up over fastest exact (×)")
     return fig
 
 
 def fig_throughput(res, an):
     cal = ", ".join(f"{t} thread{'s' if t > 1 else ''}: {g:.1f} GFLOP/s" for t, g in sorted(res.calibration.items()))
-    fig, cells = facet_grid(res, "Throughput as a fraction of the in-run sgemm calibration" + on_cpu(res)
+    fig, cells = facet_grid(res, "Throughput as a fraction of the in-run sgemm calibration" + pass_phrase(res) + on_cpu(res)
                             + (f"\n({cal})" if cal else ""), share_y=True)
     colors = series_colors(res)
     for (label, mask, rk), rows in res.sorted_series():
@@ -341,7 +362,7 @@ def fig_throughput(res, an):
         log2_axis(ax)
         ax.set_ylim(bottom=0)
     finish_axes(cells, "sequence length n (tokens)", "GFLOP/s ÷ sgemm GFLOP/s (each variant's own FLOP count)"
-                if not res.by_pass() else "GFLOP/s ÷ sgemm GFLOP/s (each pass's own FLOP count)")
+                if not has_backward(res) else "GFLOP/s ÷ sgemm GFLOP/s (each pass's own FLOP count)")
     return fig
 
 
@@ -356,7 +377,8 @@ def fig_roofline(res, an):
     roof = an["roofline"]
     panels = roof["panels"][:MAX_ROOFLINE_PANELS] or [None]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels) + 0.6, 4.6), squeeze=False)
-    fig.suptitle(f"Roofline on {cpu_name(res)}: achieved GFLOP/s vs arithmetic intensity", fontsize=11)
+    fig.suptitle(f"Roofline on {cpu_name(res)}: achieved GFLOP/s vs arithmetic intensity ("
+                 + ("every pass, coloured apart" if res.by_pass() else pass_short(res.passes[0])) + ")", fontsize=11)
     # Several passes (#27): each variant's passes are their own points (their own FLOPs and bytes), coloured apart.
     several = len({p.get("pass") for pan in roof["panels"] for p in pan["points"]}) > 1
 

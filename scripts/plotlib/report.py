@@ -72,9 +72,18 @@ PASS_BLURBS = {
 }
 
 
-def figure_blurb(stem, an, by_pass):
+def figure_blurb(stem, an, res):
+    """A figure's caption; with several passes (#27) how its columns split them, with one pass other than the
+    forward what its rows time."""
     text = time_blurb(an) if stem == "time_vs_seq" else BLURBS[stem]
-    return text + (PASS_BLURBS.get(stem, "") if by_pass else "")
+    if res.by_pass():
+        return text + PASS_BLURBS.get(stem, "")
+    if res.passes != ["forward"] and stem in PASS_BLURBS:
+        text = text.replace("one forward call", "one call")
+        return text + (f" The rows time the {' and the '.join(pass_title(p) for p in res.passes)}: times, FLOPs and "
+                       "memory are that pass's, and the error is the gradient's (the worst rel_l2_err of dQ, dK, dV "
+                       "against exact softmax attention's fp64 gradient).")
+    return text
 
 
 def time_blurb(an):
@@ -499,7 +508,7 @@ def render_report(res, an, figure_files):
         md += ["## Relative to exact attention (LRA Table 2 layout)", "", lra]
     for stem in FIGURES:
         if stem in drawn and stem != ROOFLINE:
-            blurb = figure_blurb(stem, an, res.by_pass())
+            blurb = figure_blurb(stem, an, res)
             md += [f"## {TITLES[stem]}", "", f"![{TITLES[stem]}](plots/{stem}.png)", "",
                    blurb + f" ([SVG](plots/{stem}.svg))", ""]
     md += ["## Accuracy by dtype", "", accuracy_by_dtype_section(an), ""]

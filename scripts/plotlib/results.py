@@ -28,6 +28,11 @@ def pass_order(p):
     return (PASSES.index(p), "") if p in PASSES else (len(PASSES), str(p))
 
 
+def pass_short(p):
+    """A pass's name for a bracket in a title: "forward", "backward", "forward + backward"."""
+    return {"forward_backward": "forward + backward"}.get(p, str(p))
+
+
 def pass_title(p):
     return PASS_TITLES.get(p, str(p))
 
