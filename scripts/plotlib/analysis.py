@@ -8,7 +8,10 @@ a plain dict of JSON values, which plot.py writes as summary.json (adding "files
                                 between its two largest sizes
     nonfinite_accuracy_points   measured rows whose rel_l2_err is inf/nan
     crossover                   per approximate attnbench series: where it becomes faster / smaller than the
-                                best exact attnbench variant at the same point, and by how much at its max n
+                                best exact attnbench variant at the same point, and by how much at its max n.
+                                With backward passes among the rows (#27) one entry per series and pass-less
+                                facet: these fields for the forward (inference), and `training` (the forward +
+                                backward step) and `backward`, each against the best exact row of its pass
     excluded                    {status: rows} of the rows left out of the curves
     excluded_reasons            those rows grouped by status, variant and the shape of their reason
     key_figures                 per series: its figures at its largest n (and whether that row is noisy) and its
@@ -37,6 +40,14 @@ a plain dict of JSON values, which plot.py writes as summary.json (adding "files
                                 20), the interference score median / max over rows, why peak memory is missing,
                                 and meta.json's `calibrations` (None before them) with the spread max / min of
                                 sgemm GFLOP/s per thread count across the used ones
+    training                    None for forward-only results; else (#27) per series that timed a backward and
+                                each n: the forward's, backward's and training step's time, GFLOP/s, frac_peak and
+                                peak memory, backward / forward and step / forward time ratios, the gradient error
+                                (worst rel_l2_err of dQ, dK, dV, its reference kind); the passes' FLOP ratios to
+                                the forward; the backward rows left out, once per variant and reason
+
+With several passes (sweep.pass, #27) the pass is a context dimension: every series, facet, point and
+comparison is within one pass, and key_ratios gains a "pass" kind (backward and training step vs forward).
 
 Series, facets and rows come in the order the figures and tables show them. Non-finite values in the lists
 added for the figures and tables (key_figures, best_exact, pareto) are written as the rows write them,
@@ -49,7 +60,7 @@ import re
 import numpy as np
 
 from .common import json_num, num
-from .results import CONTEXT_DIMS, context_value, facet_order, mask_order
+from .results import CONTEXT_DIMS, context_value, facet_order, mask_order, pass_order, worst
 
 ERR_FLOOR = 1e-12  # errors below this are drawn (log axes) and ranked for the Pareto front as this
 
@@ -83,13 +94,14 @@ def crossover(ns, ratios):
     return n, f"n ≈ {n:.0f} (between {n1} and {n2})"
 
 
-POINT_FIELDS = ["mask", "regime", "batch", "heads", "kv_heads", "head_dim", "threads", "seq_q", "seq_kv", "isa", "dtype",
-                "bias"]
+POINT_FIELDS = ["mask", "regime", "batch", "heads", "kv_heads", "head_dim", "threads", "seq_q", "seq_kv", "pass", "isa",
+                "dtype", "bias"]
 
 
 def point_key(r):
-    """One measured point; variants are compared within it (on the same SIMD target when the sweep has several)."""
-    return tuple(getattr(r, f) for f in POINT_FIELDS)
+    """One measured point; variants are compared within it (on the same SIMD target when the sweep has several,
+    and in the same pass: a backward row against the exact variants' backward rows)."""
+    return tuple(r.pass_ if f == "pass" else getattr(r, f) for f in POINT_FIELDS)
 
 
 def best_exact(res):
@@ -121,35 +133,81 @@ def _fits(res, series):
 
 
 def _nonfinite_accuracy(series):
-    return sum(1 for _, rows in series for r in rows if r.rel_l2_err is not None and not math.isfinite(r.rel_l2_err))
+    # The error each row's pass is judged by: the output's (forward), the gradient's (backward, training step).
+    return sum(1 for _, rows in series for r in rows if r.pass_error() is not None and not math.isfinite(r.pass_error()))
+
+
+def _cross_rows(rows, fastest, least_mem):
+    """Where the rows of one series (one pass) become faster / smaller than the best exact row at each point
+    of the same pass, and by how much at their largest n."""
+    ns, t_ratio, m_ratio, est_used = [], [], [], False
+    for r in rows:
+        k = point_key(r)
+        if k not in fastest:
+            continue
+        ns.append(r.seq_kv)
+        t_ratio.append(r.time_median / fastest[k].time_median)
+        mem, est = r.memory()
+        base = least_mem.get(k)
+        est_used |= est or (base is not None and base[1].memory()[1])
+        m_ratio.append(mem / base[0] if mem is not None and base is not None else None)
+    n_t, t_text = crossover(ns, t_ratio)
+    n_m, m_text = crossover(ns, m_ratio)
+    t_text = "faster " + t_text if t_text == "at every measured n" else t_text
+    m_text = "less memory " + m_text if m_text == "at every measured n" else m_text
+    return {"faster_from_n": n_t, "faster": t_text, "less_memory_from_n": n_m, "less_memory": m_text,
+            "speedup_at_max_n": 1 / t_ratio[-1] if t_ratio else None,
+            "memory_ratio_at_max_n": m_ratio[-1] if m_ratio else None,
+            "n_range": [min(ns), max(ns)] if ns else None,
+            "memory_estimated": est_used}  # some memory figure was an estimate (no peak measured)
+
+
+def _not_measured(res, label, mask, base, p):
+    """Why a series has no measured rows in pass p: the reasons of its rows left out ("skipped: linear has no
+    backward pass"), else "not measured"."""
+    reasons = []
+    for r in res.excluded:
+        if r.label == label and r.mask == mask and r.pass_ == p and res.split_pass(res.rest_key(r))[1] == base:
+            text = f"{r.status}: {r.reason}" if r.reason else str(r.status)
+            if text not in reasons:
+                reasons.append(text)
+    return "; ".join(reasons) if reasons else "not measured"
 
 
 def _crossovers(res, table_series, fastest, least_mem):
-    out = []
+    """Per approximate attnbench series: its crossover against the best exact variant. With backward passes
+    among the results (#27) a series is one per pass-less facet: the forward (inference) crossover as before,
+    and `training` (the forward + backward step) and `backward` (the backward alone) beside it, each against
+    the best exact row of the same pass."""
+    groups, order = {}, []
     for (label, mask, rk), rows in table_series:
         if rows[0].exact or rows[0].source != "attnbench":
             continue
-        ns, t_ratio, m_ratio, est_used = [], [], [], False
-        for r in rows:
-            k = point_key(r)
-            if k not in fastest:
-                continue
-            ns.append(r.seq_kv)
-            t_ratio.append(r.time_median / fastest[k].time_median)
-            mem, est = r.memory()
-            base = least_mem.get(k)
-            est_used |= est or (base is not None and base[1].memory()[1])
-            m_ratio.append(mem / base[0] if mem is not None and base is not None else None)
-        n_t, t_text = crossover(ns, t_ratio)
-        n_m, m_text = crossover(ns, m_ratio)
-        t_text = "faster " + t_text if t_text == "at every measured n" else t_text
-        m_text = "less memory " + m_text if m_text == "at every measured n" else m_text
-        out.append({"series": label, "mask": mask, "context": res.rest_title(rk), "faster_from_n": n_t,
-                    "faster": t_text, "less_memory_from_n": n_m, "less_memory": m_text,
-                    "speedup_at_max_n": 1 / t_ratio[-1] if t_ratio else None,
-                    "memory_ratio_at_max_n": m_ratio[-1] if m_ratio else None,
-                    "n_range": [min(ns), max(ns)] if ns else None,
-                    "memory_estimated": est_used})  # some memory figure was an estimate (no peak measured)
+        key = (label, mask, res.split_pass(rk)[1])
+        if key not in groups:
+            groups[key] = {}
+            order.append(key)
+        groups[key][rows[0].pass_] = rows
+    training = any(p != "forward" for p in res.all_passes)
+    out = []
+    for label, mask, base in order:
+        by = groups[(label, mask, base)]
+        entry = {"series": label, "mask": mask, "context": res.base_title(base)}
+        if by.get("forward"):
+            entry.update(_cross_rows(by["forward"], fastest, least_mem))
+        else:  # a sweep of backward passes only
+            note = "no forward rows (" + _not_measured(res, label, mask, base, "forward") + ")"
+            entry.update(faster_from_n=None, faster=note, less_memory_from_n=None, less_memory=note,
+                         speedup_at_max_n=None, memory_ratio_at_max_n=None, n_range=None, memory_estimated=False)
+        if training:
+            for p, name in (("forward_backward", "training"), ("backward", "backward")):
+                if by.get(p):
+                    c = _cross_rows(by[p], fastest, least_mem)
+                    entry[name] = {k: c[k] for k in ("faster_from_n", "faster", "speedup_at_max_n", "n_range")}
+                else:
+                    entry[name] = {"faster_from_n": None, "faster": "— (" + _not_measured(res, label, mask, base, p) + ")",
+                                   "speedup_at_max_n": None, "n_range": None}
+        out.append(entry)
     return out
 
 
@@ -172,8 +230,8 @@ def _key_figures(res, table_series):
     out = []
     for (label, mask, rk), rows in table_series:
         last = rows[-1]
-        errs = [r.rel_l2_err for r in rows if r.rel_l2_err is not None]
-        worst = max(errs, key=lambda e: (not math.isfinite(e), e)) if errs else None
+        # The output's error for a forward series, the gradient's (worst of dQ, dK, dV) for a backward one
+        worst_err = worst([r.pass_error() for r in rows])
         mem, estimated = last.memory()
         out.append({"series": label, "mask": mask, "context": res.rest_title(rk), "source": last.source,
                     "params": last.params_text, "exact": last.exact, "max_n": last.seq_kv,  # the rest: at max_n
@@ -181,7 +239,7 @@ def _key_figures(res, table_series):
                     "frac_sgemm": json_num(last.frac_sgemm), "frac_peak": json_num(last.frac_peak),
                     "frac_sgemm_ci": list(last.frac_sgemm_ci) if last.frac_sgemm_ci else None,
                     "frac_sgemm_in_group": bool(last.group_sgemm_gflops),
-                    "memory_bytes": mem, "memory_estimated": estimated, "worst_rel_l2_err": json_num(worst),
+                    "memory_bytes": mem, "memory_estimated": estimated, "worst_rel_l2_err": json_num(worst_err),
                     "noisy": last.noisy})  # the row at max_n stayed above the interference threshold
     return out
 
@@ -199,10 +257,11 @@ def _pareto(res, fastest):
     cells = {}
     for r in res.ok:
         base = fastest.get(point_key(r))
-        if base is None or r.rel_l2_err is None or not math.isfinite(r.rel_l2_err):
+        err = r.pass_error()  # a backward row's is its gradient's (worst of dQ, dK, dV)
+        if base is None or err is None or not math.isfinite(err):
             continue
         cells.setdefault((r.mask, res.rest_key(r)), []).append(
-            {"series": r.label, "seq_kv": r.seq_kv, "exact": r.exact, "rel_l2_err": r.rel_l2_err,
+            {"series": r.label, "seq_kv": r.seq_kv, "exact": r.exact, "rel_l2_err": err,
              "speedup": base.time_median / r.time_median})
     out = []
     for (mask, rk), pts in cells.items():
@@ -245,7 +304,7 @@ def _roofline(res):
         own = {id(r): r.sgemm_denominator(res) for r in mine}
         dens = sorted(v for v in own.values() if v)
         sg = _median(dens)
-        pts = [{"id": r.id, "series": r.label, "variant": r.variant, "kv_heads": r.kv_heads, "heads": r.heads,
+        pts = [{"id": r.id, "series": r.label, "variant": r.variant, "pass": r.pass_, "kv_heads": r.kv_heads, "heads": r.heads,
                 "mask": r.mask, "seq_q": r.seq_q, "seq_kv": r.seq_kv, "intensity": r.flops / r.bytes,
                 "gflops": json_num(r.gflops), "gbytes_per_s": json_num(r.gbytes_per_s),
                 "frac_bandwidth": json_num(r.frac_bandwidth), "frac_sgemm": json_num(r.frac_sgemm),
@@ -260,13 +319,13 @@ def _roofline(res):
                        "bandwidth_gbytes_per_s": bw,
                        "ridge_intensity": sg / bw if sg and bw else None, "points": pts})
     best = []
-    for variant in sorted({r.variant for r in rows}):
-        mine = [r for r in rows if r.variant == variant]
+    for variant, p in sorted({(r.variant, r.pass_) for r in rows}, key=lambda vp: (vp[0], pass_order(vp[1]))):
+        mine = [r for r in rows if r.variant == variant and r.pass_ == p]
         fb = [r for r in mine if r.frac_bandwidth is not None and math.isfinite(r.frac_bandwidth)]
         fs = [r for r in mine if r.frac_sgemm is not None and math.isfinite(r.frac_sgemm)]
         b = max(fb, key=lambda r: r.frac_bandwidth) if fb else None
         s = max(fs, key=lambda r: r.frac_sgemm) if fs else None
-        best.append({"variant": variant, "rows": len(mine),
+        best.append({"variant": variant, "pass": p, "rows": len(mine),
                      "best_frac_bandwidth": b.frac_bandwidth if b else None, "at_bandwidth": b.id if b else None,
                      "gbytes_per_s": b.gbytes_per_s if b else None,
                      "best_frac_sgemm": s.frac_sgemm if s else None, "at_sgemm": s.id if s else None,
@@ -288,6 +347,9 @@ def _accuracy_by_dtype(res):
     time ratio against the same variant's fp32 row at the same point (same parameters, shape, mask, regime,
     bias, threads, target), where the results have one."""
     rows = [r for r in res.ok if r.source == "attnbench"]
+    # accuracy / accuracy_e2e are the forward's output errors: the forward rows' (a backward row repeats its
+    # training forward's), unless the sweep timed no forward
+    rows = [r for r in rows if r.pass_ == "forward"] or rows
     several_regimes = len({r.regime for r in rows}) > 1
     several_biases = len({r.bias for r in rows}) > 1
     fp32 = {}
@@ -416,6 +478,8 @@ def _key_ratios(res):
     series (mask), each thread count against the smallest for the same series and point (threads)."""
     rows = [r for r in res.ok if r.source == "attnbench" and r.time_median and r.time_median > 0]
     found = {"variants": [], "mask": [], "threads": []}
+    if res.by_pass():  # several passes (#27): each against the forward of the same series and point
+        found["pass"] = []
     by = {}
     for r in rows:
         by.setdefault((_setting(r), r.seq_kv), {})[r.label] = r
@@ -423,24 +487,31 @@ def _key_ratios(res):
         for i, la in enumerate(sorted(cell)):
             for lb in sorted(cell)[i + 1:]:
                 a, b = sorted((cell[la], cell[lb]), key=_baseline_rank, reverse=True)
-                order = (mask_order(a.mask), facet_order(res.rest_key(a)), _baseline_rank(b), _baseline_rank(a))
+                order = (mask_order(a.mask), res.facet_key_order(res.rest_key(a)), _baseline_rank(b), _baseline_rank(a))
                 found["variants"].append(((a.label, b.label, setting), order, a, b))
-    for drop, kind in (("mask", "mask"), ("threads", "threads")):
+    for drop, kind in (("mask", "mask"), ("threads", "threads"), ("pass", "pass")):
+        if kind not in found:
+            continue
         by = {}
         for r in rows:
-            by.setdefault((r.label, _setting(r, drop), r.seq_kv), {})[getattr(r, drop)] = r
+            by.setdefault((r.label, _setting(r, drop), r.seq_kv), {})[context_value(r, drop)] = r
         for (label, setting, _), cell in by.items():
             if drop == "mask":
                 base = cell.get("none")
                 others = [m for m in sorted(cell, key=mask_order) if m != "none"]
+            elif drop == "pass":
+                base = cell.get("forward")
+                others = [p for p in sorted(cell, key=pass_order) if p != "forward"]
             else:
                 t0 = min((t for t in cell if t is not None), default=None)
                 base = cell.get(t0)
                 others = sorted(t for t in cell if t is not None and t != t0)
             for v in (others if base is not None else []):
                 a = cell[v]
-                order = (facet_order(tuple(context_value(a, d) for d in res.varying if d != drop)), label,
-                         mask_order(a.mask) if drop == "threads" else mask_order(v), v if drop == "threads" else 0)
+                order = (facet_order(tuple(pass_order(a.pass_) if d == "pass" else context_value(a, d)
+                                           for d in res.varying if d != drop)), label,
+                         mask_order(v) if drop == "mask" else mask_order(a.mask),
+                         v if drop == "threads" else pass_order(v) if drop == "pass" else 0)
                 found[kind].append(((label, v, setting), order, a, base))
     out, counts = [], {}
     for kind, pairs in found.items():
@@ -451,11 +522,96 @@ def _key_ratios(res):
                 out.append(_ratio(kind, a, b, {}, {}, a.mask, _context_text(res, a)))
             elif kind == "mask":
                 out.append(_ratio(kind, a, b, {"mask": a.mask}, {"mask": b.mask}, None, _context_text(res, a)))
+            elif kind == "pass":
+                out.append(_ratio(kind, a, b, {"pass": a.pass_}, {"pass": b.pass_}, a.mask,
+                                  _context_text(res, a, "pass")))
             else:
                 out.append(_ratio(kind, a, b, {"threads": a.threads}, {"threads": b.threads}, a.mask,
                                   _context_text(res, a, "threads")))
     return {"limit_per_kind": MAX_RATIOS_PER_KIND, "counts": counts,
             "shown": {k: min(c, MAX_RATIOS_PER_KIND) for k, c in counts.items()}, "rows": out}
+
+
+def _pass_side(r):
+    """One pass's figures at a point for the training table: None when the pass was not measured there."""
+    if r is None:
+        return None
+    mem, est = r.memory()
+    return {"id": r.id, "time_ms": json_num(r.time_median), "gflops": json_num(r.gflops),
+            "frac_peak": json_num(r.frac_peak), "frac_sgemm": json_num(r.frac_sgemm), "flops": r.flops,
+            "memory_bytes": mem, "memory_estimated": est, "noisy": r.noisy}
+
+
+def _pass_ratio(a, b):
+    """a's time over b's (b the forward at the same point): paired round by round when they were timed in one
+    interleaved group, else the ratio of the medians (see _ratio)."""
+    if a is None or b is None or not a.time_median or not b.time_median:
+        return None
+    full = _ratio("pass", a, b, {}, {}, a.mask, "")
+    return {k: full[k] for k in ("ratio", "interval", "method", "pairs", "significant")}
+
+
+def _grad_error(rows):
+    """The gradient errors of a point: the worst rel_l2_err of dQ, dK, dV over its backward and training-step
+    rows that compared one, with the reference kind; else the reference kind they name ("none") and no error."""
+    compared = [r for r in rows if r is not None and r.grad_rel_l2()[0] is not None]
+    if not compared:
+        refs = sorted({r.grad_reference for r in rows if r is not None and r.grad_reference})
+        return {"reference": refs[0] if refs else None, "blocks": None, "rel_l2_err": None, "part": None,
+                "max_abs_err": None, "nonfinite": None, "pass": None}
+    r = max(compared, key=lambda r: (not math.isfinite(r.grad_rel_l2()[0]),
+                                     r.grad_rel_l2()[0] if math.isfinite(r.grad_rel_l2()[0]) else 0.0))
+    err, part = r.grad_rel_l2()
+    nonfinite = [x.grad_nonfinite() for x in compared if x.grad_nonfinite() is not None]
+    return {"reference": r.grad_reference, "blocks": r.grad_blocks, "rel_l2_err": json_num(err), "part": part,
+            "max_abs_err": json_num(worst([x.grad[p]["max_abs_err"] for x in compared for p in x.grad])),
+            "nonfinite": max(nonfinite) if nonfinite else None, "pass": r.pass_}
+
+
+def _ratio_stats(xs):
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return {"median": _median(xs), "min": min(xs), "max": max(xs), "points": len(xs)} if xs else None
+
+
+def _training(res):
+    """The training view (#27), None when every row is a forward row: per series (one pass-less facet) and n
+    that timed a backward or a training step, each pass's figures, the backward's and the training step's time
+    over the forward's, the gradient errors and each pass's peak memory; the passes' FLOP ratios to the
+    forward (the FLOP convention, as measured); and the rows of backward passes left out, once per variant and
+    reason."""
+    if all(p == "forward" for p in res.all_passes):
+        return None
+    cells = {}
+    for r in res.ok:
+        if r.source != "attnbench":
+            continue
+        base = res.split_pass(res.rest_key(r))[1]
+        cells.setdefault((r.label, r.mask, base), {}).setdefault(r.seq_kv, {})[r.pass_] = r
+    trained = {k: v for k, v in cells.items() if any(p != "forward" for cell in v.values() for p in cell)}
+    out, flops = [], {"backward": [], "forward_backward": []}
+    for (label, mask, base) in sorted(trained, key=lambda k: (mask_order(k[1]), k[0], facet_order(k[2]))):
+        for n, cell in sorted(trained[(label, mask, base)].items()):
+            f, b, fb = cell.get("forward"), cell.get("backward"), cell.get("forward_backward")
+            for p, r in (("backward", b), ("forward_backward", fb)):
+                if r is not None and f is not None and r.flops and f.flops:
+                    flops[p].append(r.flops / f.flops)
+            any_row = f or b or fb
+            out.append({"series": label, "variant": any_row.variant, "exact": any_row.exact, "mask": mask,
+                        "context": res.base_title(base), "seq_kv": n, "forward": _pass_side(f),
+                        "backward": _pass_side(b), "forward_backward": _pass_side(fb),
+                        "backward_over_forward": _pass_ratio(b, f), "step_over_forward": _pass_ratio(fb, f),
+                        "grad": _grad_error([b, fb])})
+    left = {}
+    for r in res.excluded:
+        if r.pass_ == "forward" or r.source != "attnbench":
+            continue
+        reason = re.sub(r"\d+(\.\d+)?", "#", r.reason or "(no reason given)")
+        left.setdefault((r.variant, r.status or "?", reason), []).append(r)
+    left_out = [{"variant": v, "status": st, "reason": (rs[0].reason or "(no reason given)")[:200], "rows": len(rs),
+                 "passes": sorted({r.pass_ for r in rs}, key=pass_order), "n": sorted({r.seq_kv for r in rs})}
+                for (v, st, _), rs in sorted(left.items(), key=lambda kv: kv[0])]
+    return {"passes": res.all_passes, "measured_passes": res.passes, "rows": out,
+            "flops_ratio": {p: _ratio_stats(xs) for p, xs in flops.items()}, "left_out": left_out}
 
 
 def _max_interference(meta):
@@ -545,7 +701,7 @@ def analyse(res):
     """Everything the figures and the report show, from the results alone (see the module docstring)."""
     series = res.sorted_series()  # the figures' order: by label, mask, facet
     # The tables' order: masks none, causal, then the rest; then by label and facet.
-    table_series = sorted(series, key=lambda kv: (mask_order(kv[0][1]), facet_order(kv[0])))
+    table_series = sorted(series, key=lambda kv: (mask_order(kv[0][1]), res.series_order(kv[0])))
     fastest, least_mem = best_exact(res)
     counts, groups = _excluded(res)
     return {
@@ -564,4 +720,5 @@ def analyse(res):
         "accuracy_by_dtype": _accuracy_by_dtype(res),
         "key_ratios": _key_ratios(res),
         "measurement": _measurement(res),
+        "training": _training(res),
     }

@@ -4,6 +4,11 @@ over the best exact variant, the Pareto front). None of them writes into the ana
 any order, or not at all. draw_results saves them as plots/<stem>.png and .svg, draw_patterns the heatmaps of
 an `attnbench patterns` folder. SVGs are byte-stable (fixed hash salt, no date), so committed reports diff
 cleanly.
+
+Results of several passes (sweep.pass, #27: forward, backward, forward_backward) give every faceted figure one
+column per pass (pass_grid; the passes of a row share its y axis where that compares them), and the time figure
+a last column with each variant's backward / forward and training step / forward time ratios. Titles name the
+CPU (meta.json) and the pass.
 """
 import math
 import os
@@ -19,7 +24,8 @@ from matplotlib import colors as mcolors, ticker  # noqa: E402
 
 from .analysis import ERR_FLOOR  # noqa: E402
 from .common import FIGURES, PATTERNS, PROG, ROOFLINE, fmt_bytes, num  # noqa: E402
-from .results import load_patterns, params_text  # noqa: E402
+from .results import (PASSES, load_patterns, mask_order, params_text, pass_order, pass_short, pass_title,  # noqa: E402
+                      passes_text)
 
 matplotlib.rcParams["svg.hashsalt"] = "attnbench"
 matplotlib.rcParams["font.size"] = 9
@@ -43,15 +49,48 @@ def line_style(rows):
     return "-" if rows[0].exact else "--"
 
 
-def facet_grid(res, title):
-    """One column per mask, one row per setting of the other context dimensions that vary."""
+def cpu_name(res):
+    """The CPU model as the report's machine table names it (meta.json system.cpu_model)."""
+    return (res.meta.get("system") or {}).get("cpu_model") or "unknown CPU"
+
+
+def on_cpu(res):
+    """" on <CPU model>" for a figure's title, "" when meta.json does not name it."""
+    model = (res.meta.get("system") or {}).get("cpu_model")
+    return f" on {model}" if model else ""
+
+
+def pass_phrase(res):
+    """What a figure's rows time, in brackets after its title: "(forward)", "(backward (dQ, dK, dV))", "(one
+    column per pass)"."""
+    return f" ({'one column per pass' if res.by_pass() else ', '.join(pass_short(p) for p in res.passes)})"
+
+
+def has_backward(res):
+    """Some measured row times a backward (alone or in a training step): its error is the gradient's."""
+    return any(p != "forward" for p in res.passes)
+
+
+def what_timed(res):
+    """What a figure's rows time, for its title: "forward call", "backward (dQ, dK, dV) call"; "one column per
+    pass" when there are several (#27)."""
+    return "one column per pass" if res.by_pass() else f"{passes_text(res.passes)} call"
+
+
+def facet_grid(res, title, share_y=False):
+    """One column per mask, one row per setting of the other context dimensions that vary; with several passes
+    (#27) one column per pass instead (pass_grid)."""
+    if res.by_pass():
+        fig, cells, _ = pass_grid(res, title, share_y)
+        return fig, cells
     rows_keys = res.rest[:max(1, MAX_FACETS // max(1, len(res.masks)))]
     if len(rows_keys) < len(res.rest):
         title += f" (first {len(rows_keys)} of {len(res.rest)} settings)"
         print(f"{PROG}: warning: {len(res.rest)} settings x {len(res.masks)} masks: drawing the first "
               f"{len(rows_keys)} settings only", file=sys.stderr)
     nr, nc = len(rows_keys), len(res.masks)
-    fig, axes = plt.subplots(nr, nc, figsize=(4.8 * nc + 0.6, 3.9 * nr + 0.7), squeeze=False)
+    # Constrained layout: two-line panel titles never run into the x labels of the row above.
+    fig, axes = plt.subplots(nr, nc, figsize=(4.8 * nc + 0.6, 3.9 * nr + 0.7), squeeze=False, layout="constrained")
     fig.suptitle(title, fontsize=11)
     cells = {}
     for i, rk in enumerate(rows_keys):
@@ -64,10 +103,50 @@ def facet_grid(res, title):
     return fig, cells
 
 
+def pass_grid(res, title, share_y=False, extra=None):
+    """Several passes (#27): one column per pass (forward, backward, forward + backward), one row per mask and
+    setting of the other context dimensions that vary, the passes of a row sharing its y axis when share_y; and
+    with `extra` (a panel title) one more column, not shared. (fig, {(mask, rest_key): ax}, {(mask, key without
+    the pass): the extra column's ax})."""
+    bases = sorted({(r.mask, res.split_pass(res.rest_key(r))[1]) for r in res.ok},
+                   key=lambda mb: (mask_order(mb[0]), str(mb[1])))
+    npass = len(res.passes)
+    nc = npass + (1 if extra else 0)
+    rows_keys = bases[:max(1, MAX_FACETS // nc)]
+    if len(rows_keys) < len(bases):
+        title += f" (first {len(rows_keys)} of {len(bases)} settings)"
+        print(f"{PROG}: warning: {len(bases)} masks and settings x {npass} passes: drawing the first "
+              f"{len(rows_keys)} only", file=sys.stderr)
+    nr = len(rows_keys)
+    fig = plt.figure(figsize=(4.6 * nc + 0.6, 3.7 * nr + 0.9), layout="constrained")
+    gs = fig.add_gridspec(nr, nc)
+    fig.suptitle(title, fontsize=11)
+    cells, extras = {}, {}
+    for i, (m, base) in enumerate(rows_keys):
+        where = f"mask={m}" + (f", {res.base_title(base)}" if res.base_title(base) else "")
+        first = None
+        for j, p in enumerate(res.passes):
+            ax = fig.add_subplot(gs[i, j], sharey=first if share_y else None)
+            if share_y and first is not None:
+                ax.tick_params(labelleft=False)
+                ax._attnbench_inner = True  # finish_axes: the y label once per row
+            first = first or ax
+            ax.set_title(f"{pass_title(p)}\n{where}", fontsize=9)
+            ax.grid(True, which="both", alpha=0.25)
+            cells[(m, res.with_pass(base, p))] = ax
+        if extra:
+            ax = fig.add_subplot(gs[i, nc - 1])
+            ax.set_title(f"{extra}\n{where}", fontsize=9)
+            ax.grid(True, which="both", alpha=0.25)
+            extras[(m, base)] = ax
+    return fig, cells, extras
+
+
 def finish_axes(cells, xlabel, ylabel, legend=True):
     for ax in cells.values():
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
+        if not getattr(ax, "_attnbench_inner", False):
+            ax.set_ylabel(ylabel)
         if not ax.has_data():
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
         elif legend:
@@ -94,7 +173,13 @@ def slope_guides(ax, ns, ts):
 
 
 def fig_time(res, an):
-    fig, cells = facet_grid(res, "Time per forward call vs sequence length (slope = fitted exponent)")
+    title = f"Time per {what_timed(res)} vs sequence length{on_cpu(res)} (slope = fitted exponent)" \
+        if not res.by_pass() else f"Time vs sequence length{on_cpu(res)}: {what_timed(res)} (slope = fitted exponent)"
+    extras = {}
+    if res.by_pass():
+        fig, cells, extras = pass_grid(res, title, share_y=True, extra="time ÷ forward time, same point")
+    else:
+        fig, cells = facet_grid(res, title)
     colors = series_colors(res)
     fits = {(f["series"], f["mask"], f["context"]): f for f in an["fits"]}
     noisy_cells = set()
@@ -128,13 +213,49 @@ def fig_time(res, an):
             ax.plot([], [], ls="none", marker="o", ms=7, mfc="white", mec="black", mew=1.3,
                     label="hollow: noisy (interference on every attempt)")
     bars = {"ci95": "bars 95% CI of the median", "mixed": "bars 95% CI of the median, else p10–p90"}
-    finish_axes(cells, "sequence length n",
+    finish_axes(cells, "sequence length n (tokens)",
                 f"time (ms, median; {bars.get(an['measurement']['error_bars'], 'bars p10–p90')})")
+    if extras:
+        draw_pass_ratios(res, an, extras, colors)
     return fig
 
 
+def draw_pass_ratios(res, an, extras, colors):
+    """The time figure's last column with several passes: per series, its backward time over its forward time
+    at each n (solid) and its training step's over its forward's (dashed), from the analysis's training rows;
+    dotted grey: the backward's FLOP ratio (2.5 by the FlashAttention-2 convention)."""
+    by_title = {(m, res.base_title(base)): ax for (m, base), ax in extras.items()}
+    lines = {}
+    for e in an["training"]["rows"] if an.get("training") else []:
+        ax = by_title.get((e["mask"], e["context"]))
+        for what, ratio in (("bwd", e["backward_over_forward"]), ("step", e["step_over_forward"])):
+            if ax is not None and ratio is not None and num(ratio["ratio"]) is not None:
+                lines.setdefault((ax, e["series"], what), []).append((e["seq_kv"], num(ratio["ratio"])))
+    for (ax, label, what), pts in sorted(lines.items(), key=lambda kv: (id(kv[0][0]), kv[0][1], kv[0][2])):
+        pts.sort()
+        ax.plot(*zip(*pts), marker="o" if what == "bwd" else "s", ms=3.5 if what == "bwd" else 3,
+                lw=1.4 if what == "bwd" else 1.0, ls="-" if what == "bwd" else "--", color=colors.get(label, "gray"),
+                label=f"{label}: backward ÷ forward" if what == "bwd" else f"{label}: (fwd+bwd) ÷ forward")
+    fr = an["training"]["flops_ratio"] if an.get("training") else {}
+    for ax in extras.values():
+        log2_axis(ax)
+        ax.set_xlabel("sequence length n (tokens)")
+        ax.set_ylabel("time ratio to the forward (×)")
+        for p, ls, name in (("backward", ":", "backward"), ("forward_backward", (0, (5, 2, 1, 2)), "fwd+bwd")):
+            if (fr.get(p) or {}).get("median"):
+                ax.axhline(fr[p]["median"], color="gray", lw=0.9, ls=ls,
+                           label=f"{name} FLOPs ÷ forward FLOPs = {fr[p]['median']:.2g}")
+        if not any(line.get_label()[:1] != "_" and "FLOPs" not in line.get_label() for line in ax.get_lines()):
+            ax.text(0.5, 0.5, "no series with both passes", ha="center", va="center", transform=ax.transAxes,
+                    color="gray")
+        ax.set_ylim(bottom=0, top=max([1.0] + [y * 1.25 for line in ax.get_lines() for y in line.get_ydata()]))
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}×"))
+        ax.legend(fontsize=7, loc="best", framealpha=0.85)
+
+
 def fig_memory(res, an):
-    fig, cells = facet_grid(res, "Peak memory vs sequence length: measured (solid) and estimated (dashed)")
+    fig, cells = facet_grid(res, f"Peak memory vs sequence length{pass_phrase(res)}{on_cpu(res)}: measured (solid) "
+                            "and estimated (dashed)", share_y=True)
     colors = series_colors(res)
     for (label, mask, rk), rows in res.sorted_series():
         ax = cells.get((mask, rk))
@@ -152,18 +273,26 @@ def fig_memory(res, an):
         log2_axis(ax)
         ax.set_yscale("log", base=2)
         ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda b, _: fmt_bytes(b)))
-    finish_axes(cells, "sequence length n", "bytes (output + workspace)")
+    finish_axes(cells, "sequence length n (tokens)", "peak memory above the inputs (bytes, log₂)"
+                if has_backward(res) else "peak memory: output + workspace (bytes, log₂)")
     return fig
 
 
 def fig_accuracy(res, an):
-    fig, cells = facet_grid(res, "Error vs exact fp64 softmax attention (rel. L2), approximate variants")
+    if res.by_pass():
+        title = ("Error vs exact fp64 softmax attention (rel. L2): the output (forward), the worst of dQ, dK, dV "
+                 "(backward passes)")
+    elif has_backward(res):
+        title = "Gradient error vs exact fp64 softmax attention's (rel. L2, worst of dQ, dK, dV)"
+    else:
+        title = "Error vs exact fp64 softmax attention (rel. L2), approximate variants"
+    fig, cells = facet_grid(res, title + pass_phrase(res) + on_cpu(res), share_y=True)
     colors = series_colors(res)
     for (label, mask, rk), rows in res.sorted_series():
         ax = cells.get((mask, rk))
         if ax is None:
             continue
-        pts = [(r.seq_kv, r.rel_l2_err) for r in rows]
+        pts = [(r.seq_kv, r.pass_error()) for r in rows]  # backward rows: the gradient's
         bad = [n for n, e in pts if e is not None and not math.isfinite(e)]
         good = [(n, max(e, ERR_FLOOR)) for n, e in pts if e is not None and math.isfinite(e)]
         exact = rows[0].exact
@@ -178,12 +307,15 @@ def fig_accuracy(res, an):
     for ax in cells.values():
         log2_axis(ax)
         ax.set_yscale("log")
-    finish_axes(cells, "sequence length n", "rel_l2_err = ‖O − O_ref‖₂ / ‖O_ref‖₂")
+    finish_axes(cells, "sequence length n (tokens)", "rel_l2_err = ‖X − X_ref‖₂ / ‖X_ref‖₂ (X: O, or worst of dQ, dK, dV)"
+                if has_backward(res) else "rel_l2_err = ‖O − O_ref‖₂ / ‖O_ref‖₂")
     return fig
 
 
 def fig_pareto(res, an):
-    fig, cells = facet_grid(res, "Speed vs accuracy: speed-up over the fastest exact variant at the same point")
+    fig, cells = facet_grid(res, "Speed vs accuracy: speed-up over the fastest exact variant at the same point"
+                            + (" and pass" if res.by_pass() else "") + pass_phrase(res) + on_cpu(res)
+                            + ("\n(marker size grows with n, labels = n)" if res.by_pass() else ""))
     colors = series_colors(res)
     by_title = {(m, res.rest_title(rk)): ax for (m, rk), ax in cells.items()}
     ns_all = sorted({r.seq_kv for r in res.ok})
@@ -210,14 +342,15 @@ def fig_pareto(res, an):
         ax.set_xscale("log")
         ax.set_yscale("log", base=2)
         ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}×"))
-    finish_axes(cells, "rel_l2_err (log; marker size grows with n, labels = n)", "speed-up over fastest exact (×)")
+    finish_axes(cells, "rel_l2_err of O, or worst of dQ, dK, dV (log)" if has_backward(res) else
+                "rel_l2_err (log; marker size grows with n, labels = n)", "speed-up over fastest exact (×)")
     return fig
 
 
 def fig_throughput(res, an):
     cal = ", ".join(f"{t} thread{'s' if t > 1 else ''}: {g:.1f} GFLOP/s" for t, g in sorted(res.calibration.items()))
-    fig, cells = facet_grid(res, "Throughput as a fraction of the in-run sgemm calibration"
-                            + (f" ({cal})" if cal else ""))
+    fig, cells = facet_grid(res, "Throughput as a fraction of the in-run sgemm calibration" + pass_phrase(res) + on_cpu(res)
+                            + (f"\n({cal})" if cal else ""), share_y=True)
     colors = series_colors(res)
     for (label, mask, rk), rows in res.sorted_series():
         ax = cells.get((mask, rk))
@@ -228,17 +361,13 @@ def fig_throughput(res, an):
     for ax in cells.values():
         log2_axis(ax)
         ax.set_ylim(bottom=0)
-    finish_axes(cells, "sequence length n", "GFLOP/s ÷ sgemm GFLOP/s (each variant's own FLOP count)")
+    finish_axes(cells, "sequence length n (tokens)", "GFLOP/s ÷ sgemm GFLOP/s (each variant's own FLOP count)"
+                if not has_backward(res) else "GFLOP/s ÷ sgemm GFLOP/s (each pass's own FLOP count)")
     return fig
 
 
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">"]
 MAX_ROOFLINE_PANELS = 4
-
-
-def cpu_name(res):
-    """The CPU model as the report's machine table names it (meta.json system.cpu_model)."""
-    return (res.meta.get("system") or {}).get("cpu_model") or "unknown CPU"
 
 
 def fig_roofline(res, an):
@@ -248,8 +377,17 @@ def fig_roofline(res, an):
     roof = an["roofline"]
     panels = roof["panels"][:MAX_ROOFLINE_PANELS] or [None]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels) + 0.6, 4.6), squeeze=False)
-    fig.suptitle(f"Roofline on {cpu_name(res)}: achieved GFLOP/s vs arithmetic intensity", fontsize=11)
-    colors = color_map(sorted({p["variant"] for pan in roof["panels"] for p in pan["points"]}))
+    fig.suptitle(f"Roofline on {cpu_name(res)}: achieved GFLOP/s vs arithmetic intensity ("
+                 + ("every pass, coloured apart" if res.by_pass() else pass_short(res.passes[0])) + ")", fontsize=11)
+    # Several passes (#27): each variant's passes are their own points (their own FLOPs and bytes), coloured apart.
+    several = len({p.get("pass") for pan in roof["panels"] for p in pan["points"]}) > 1
+
+    def who(p):  # a legend entry's sort key: the variant, then its pass in PASSES order
+        return (p["variant"], pass_order(p.get("pass")) if several else ())
+
+    def name(w):
+        return f"{w[0]} [{PASSES[w[1][0]] if w[1][0] < len(PASSES) else w[1][1]}]" if several else w[0]
+    colors = color_map(sorted({who(p) for pan in roof["panels"] for p in pan["points"]}))
     kvs = sorted({p["kv_heads"] for pan in roof["panels"] for p in pan["points"]}, key=lambda k: (k is None, k))
     marker = {k: MARKERS[i % len(MARKERS)] for i, k in enumerate(kvs)}
     for ax, pan in zip(axes[0], panels):
@@ -285,15 +423,15 @@ def fig_roofline(res, an):
                 ax.axhspan(rng[0], rng[1], color="black", alpha=0.07, lw=0)
         if bw and sg:
             ax.axvline(sg / bw, color="gray", lw=0.6, ls=":", alpha=0.7)
-        for variant in sorted({p["variant"] for p in pan["points"]}):
+        for variant in sorted({who(p) for p in pan["points"]}):
             for k in kvs:
-                mine = [p for p in pan["points"] if p["variant"] == variant and p["kv_heads"] == k]
+                mine = [p for p in pan["points"] if who(p) == variant and p["kv_heads"] == k]
                 if not mine:
                     continue
                 heads = mine[0]["heads"]
                 ax.scatter([p["intensity"] for p in mine], [num(p["gflops"]) for p in mine], s=26,
                            marker=marker[k], color=colors[variant], edgecolors="black", linewidths=0.4, alpha=0.85,
-                           label=f"{variant}, kv_heads={k}" + (" (MHA)" if k == heads else ""))
+                           label=f"{name(variant)}, kv_heads={k}" + (" (MHA)" if k == heads else ""))
         ax.set_xlim(lo, hi)
         top = max([y for y in ys if y] + [sg or 0])
         bottom = min(y for y in ys if y)

@@ -43,7 +43,9 @@ def lra_data(res):
     """The section's numbers, or None when the results have no approximate series measured beside `naive` with
     no mask. {"setting": the shapes, "ns": [n], "rows": [{"label", "variant", "exact", "model", "cells":
     {n: {"speed", "memory", "paper_speed", "paper_memory"}}}], "order": {"ours": [...], "paper": [...]}}."""
-    rows = [r for r in res.ok if r.source == "attnbench" and r.mask == "none" and r.seq_q == r.seq_kv]
+    # The forward pass only (the backward and training-step rows of #27 have their own section)
+    rows = [r for r in res.ok if r.source == "attnbench" and r.mask == "none" and r.seq_q == r.seq_kv
+            and r.pass_ == "forward"]
     base = {}
     for r in rows:
         if r.variant == BASELINE:

@@ -1,4 +1,5 @@
-"""REPORT.md: the key figures and ratios, crossover, roofline and left-out tables, the measurement conditions,
+"""REPORT.md: the key figures and ratios, crossover, training (when the results time backward passes), roofline
+and left-out tables, the measurement conditions,
 the machine and the config, from the Results and the analysis (analysis.analyse) alone, plus a section
 embedding each figure file that was written. Nothing here draws or imports matplotlib, and nothing depends on
 whether (or in which order) the figures were drawn: with no figure files the report has every table and no
@@ -9,6 +10,7 @@ import os
 
 from .lra import lra_section
 from .common import FIGURES, PATTERNS, ROOFLINE, atomic_write_text, fmt_bytes, fmt_num, num
+from .results import pass_title
 
 TITLES = {"time_vs_seq": "Time vs sequence length", "memory_vs_seq": "Peak memory vs sequence length",
           "accuracy_vs_seq": "Accuracy vs sequence length", "pareto": "Speed–accuracy trade-off",
@@ -52,6 +54,38 @@ def _where(entry):
     return entry["mask"] + (f"; {entry['context']}" if entry["context"] else "")
 
 
+PASS_BLURBS = {
+    "time_vs_seq": " Columns: the forward (inference), the backward alone (dQ, dK, dV from the state an untimed "
+                   "training forward left) and the whole training step (forward + backward), on one time axis per "
+                   "row; the last column is each variant's backward time over its forward time (solid) and the "
+                   "training step's over the forward's (dashed) at the same point, with the FLOP ratio of the "
+                   "backward (dotted grey) for reference.",
+    "memory_vs_seq": " One column per pass, sharing the memory axis: the backward's peak is measured from the "
+                     "state the training forward left (dQ, dK, dV and its workspace), the training step's from "
+                     "before its forward.",
+    "accuracy_vs_seq": " One column per pass: the forward's output error, and for the backward and the training "
+                       "step the gradient's: the worst rel_l2_err of dQ, dK and dV against exact softmax "
+                       "attention's fp64 gradient.",
+    "pareto": " One column per pass, each against the fastest exact variant in the same pass; the backward's and "
+              "the training step's error is the gradient's (worst of dQ, dK, dV).",
+    "throughput": " One column per pass, each with its own FLOP count (the backward 2.5× the forward's).",
+}
+
+
+def figure_blurb(stem, an, res):
+    """A figure's caption; with several passes (#27) how its columns split them, with one pass other than the
+    forward what its rows time."""
+    text = time_blurb(an) if stem == "time_vs_seq" else BLURBS[stem]
+    if res.by_pass():
+        return text + PASS_BLURBS.get(stem, "")
+    if res.passes != ["forward"] and stem in PASS_BLURBS:
+        text = text.replace("one forward call", "one call")
+        return text + (f" The rows time the {' and the '.join(pass_title(p) for p in res.passes)}: times, FLOPs and "
+                       "memory are that pass's, and the error is the gradient's (the worst rel_l2_err of dQ, dK, dV "
+                       "against exact softmax attention's fp64 gradient).")
+    return text
+
+
 def time_blurb(an):
     """The time figure's caption: which bars it draws (the 95% interval of the median where the rows have one)
     and the hollow markers of noisy rows."""
@@ -93,7 +127,7 @@ def key_figures(an):
                      "GFLOP/s", "× sgemm", "× FMA peak", "memory at max n", "worst rel_l2_err"], table)
 
 
-RATIO_KINDS = {"variants": "variants", "mask": "mask vs none", "threads": "threads"}
+RATIO_KINDS = {"variants": "variants", "mask": "mask vs none", "threads": "threads", "pass": "pass vs forward"}
 
 
 def _ratio_side(kind, s):
@@ -102,6 +136,8 @@ def _ratio_side(kind, s):
         text += f", {s['mask']}"
     elif kind == "threads":
         text += f", {s['threads']} thread{'s' if s['threads'] != 1 else ''}"
+    elif kind == "pass":
+        text += f", {s['pass']}"
     return text + (" (noisy)" if s["noisy"] else "")
 
 
@@ -125,7 +161,9 @@ def key_ratios_section(an):
         "*A / B*, at the largest n both rows were measured at (attnbench rows; *variants*: every pair of series "
         "at the same point, B the exact one, then the one without parameters; *mask vs none*: the same series "
         "and point with and without the mask; *threads*: the same series and point against its smallest thread "
-        "count). *from paired*: both rows were timed in one interleaved group (`measure.interleave`), so their "
+        "count"
+        + ("; *pass vs forward*: the same series and point, its backward or training step against its forward"
+           if "pass" in kr["counts"] else "") + "). *from paired*: both rows were timed in one interleaved group (`measure.interleave`), so their "
         "repetitions pair up round by round; A / B is the median of the per-round ratios and *interval* its 95% "
         "distribution-free interval (a drift of the machine's speed during the group reaches both sides of every "
         "ratio and cancels); *significant*: yes when the interval leaves out 1. *from medians*: the ratio of the "
@@ -139,20 +177,117 @@ def key_ratios_section(an):
         f"comparison, in the order above ({bound}); summary.json `key_ratios` holds the same rows."])
 
 
+def _speedup_cell(speed, n_range):
+    return f"{fmt_num(speed, '.2f')}× at n={n_range[1]}" if n_range else "—"
+
+
 def crossover_table(an):
+    """The crossover table; with backward passes among the results (#27) a training column (the forward +
+    backward step's crossover and its speed-up at max n) beside the inference (forward) one."""
+    training = any("training" in c for c in an["crossover"])
     rows_md = []
     for c in an["crossover"]:
         n_range = c["n_range"]
         speed, mem = c["speedup_at_max_n"], c["memory_ratio_at_max_n"]
-        rows_md.append([f"`{c['series']}`", _where(c),
-                        f"{n_range[0]}–{n_range[1]}" if n_range else "—", c["faster"],
-                        f"{fmt_num(speed, '.2f')}× at n={n_range[1]}" if n_range else "—",
-                        c["less_memory"] + (" (some estimated)" if c["memory_estimated"] else ""),
-                        f"{fmt_num(mem, '.3f')}× at n={n_range[1]}" if n_range and mem is not None else "—"])
+        row = [f"`{c['series']}`", _where(c), f"{n_range[0]}–{n_range[1]}" if n_range else "—", c["faster"],
+               _speedup_cell(speed, n_range)]
+        if training:
+            t = c["training"]
+            row += [t["faster"], _speedup_cell(t["speedup_at_max_n"], t["n_range"])]
+        rows_md.append(row + [c["less_memory"] + (" (some estimated)" if c["memory_estimated"] else ""),
+                              f"{fmt_num(mem, '.3f')}× at n={n_range[1]}" if n_range and mem is not None else "—"])
     if not rows_md:
         return "No approximate variant among the results: nothing to cross over."
+    if training:
+        return md_table(["approximate variant", "mask", "measured n", "inference (forward): faster than best exact from",
+                         "speed-up at max n", "training (fwd+bwd): faster than best exact from",
+                         "training speed-up at max n", "less memory than best exact from (forward)",
+                         "memory ratio at max n"], rows_md)
     return md_table(["approximate variant", "mask", "measured n", "faster than best exact from",
                      "speed-up at max n", "less memory than best exact from", "memory ratio at max n"], rows_md)
+
+
+FLOP_CONVENTION = ("FLOPs: each pass counts its own (`flops`): the backward by default 2.5× the forward's (the "
+                   "FlashAttention-2 convention: five matmuls against the forward's two; causal halves both), the "
+                   "training step the sum (3.5×)")
+
+
+def _ratio_text(r):
+    if r is None:
+        return "—"
+    iv = r["interval"]
+    return fmt_num(num(r["ratio"]), ".2f") + "×" + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "")
+
+
+def _grad_text(g):
+    if g["rel_l2_err"] is None:
+        return f"— (reference {g['reference']})" if g["reference"] else "—"
+    where = g["reference"] + (f", {g['blocks']} blocks" if g["reference"] == "sampled" and g["blocks"] else "")
+    text = f"{fmt_num(num(g['rel_l2_err']), '.2e')} (d{g['part'][1:].upper()}; {where})"
+    return text + (f", {g['nonfinite']} non-finite" if g["nonfinite"] else "")
+
+
+def _pass_cells(side):
+    if side is None:
+        return ["—", "—"]
+    return [fmt_num(num(side["time_ms"]), ".4g") + (" (noisy)" if side["noisy"] else ""),
+            f"{fmt_num(num(side['gflops']), '.3g')} ({fmt_num(num(side['frac_peak']), '.2f')})"]
+
+
+def _mem(side):
+    if side is None or side["memory_bytes"] is None:
+        return "—"
+    return fmt_bytes(side["memory_bytes"]) + (" (est.)" if side["memory_estimated"] else "")
+
+
+def _flops_measured(fr):
+    parts = []
+    for p, name in (("backward", "backward"), ("forward_backward", "training step")):
+        st = fr.get(p)
+        if not st:
+            continue
+        same = abs(st["max"] - st["min"]) <= 1e-9 * st["max"]
+        parts.append(f"{name} {st['median']:.2f}× the forward's" + (f" at all {st['points']} points" if same else
+                     f" (median over {st['points']} points; {st['min']:.2f}–{st['max']:.2f}×)"))
+    return "; here " + ", ".join(parts) if parts else ""
+
+
+def training_section(an):
+    """REPORT.md's "Training (forward + backward)" section (without its heading), or None for results of
+    forward passes only."""
+    t = an.get("training")
+    if t is None:
+        return None
+    md = []
+    if t["rows"]:
+        table = []
+        for e in t["rows"]:
+            table.append([f"`{e['series']}`", _where(e), e["seq_kv"]] + _pass_cells(e["forward"])
+                         + _pass_cells(e["backward"]) + _pass_cells(e["forward_backward"])
+                         + [_ratio_text(e["backward_over_forward"]), _grad_text(e["grad"]),
+                            " / ".join(_mem(e[p]) for p in ("forward", "backward", "forward_backward"))])
+        md += [md_table(["series", "mask", "n", "forward (ms)", "GFLOP/s (× peak)", "backward (ms)",
+                         "GFLOP/s (× peak)", "fwd+bwd (ms)", "GFLOP/s (× peak)", "bwd / fwd",
+                         "gradient rel_l2_err (worst of dQ, dK, dV; reference)",
+                         "peak memory fwd / bwd / fwd+bwd"], table), ""]
+        md.append(f"{FLOP_CONVENTION}{_flops_measured(t['flops_ratio'])}. *GFLOP/s*: the pass's FLOPs over its "
+                  "median time; *× peak*: over the fp32 FMA peak (`frac_peak`). *bwd / fwd*: the backward's median "
+                  "time over the forward's at the same point (paired round by round, with its 95% interval, when "
+                  "both were timed in one interleaved group). *gradient rel_l2_err*: ‖dX − ref‖₂ / ‖ref‖₂ against "
+                  "exact softmax attention's fp64 gradient (for an approximate variant, the distance of its "
+                  "gradient from exact attention's), the worst of dQ, dK and dV; *full*: the whole problem, "
+                  "*sampled*: the first and last (batch, K/V head) blocks, *none*: not compared "
+                  "(accuracy.grad_max_work). *peak memory*: each pass's own peak, the backward's from the state "
+                  "the training forward left, the training step's from before its forward.")
+    else:
+        md.append("No backward pass or training step was measured.")
+    if t["left_out"]:
+        md += ["", "Backward points left out, once per variant:", ""]
+        for g in t["left_out"]:
+            n = g["n"]
+            md.append(f"- `{g['variant']}` ({g['status']}): {g['reason']} ({g['rows']} points: "
+                      f"{', '.join(pass_title(p) for p in g['passes'])}; n = {', '.join(map(str, n))})")
+    return "\n".join(md)
 
 
 def excluded_section(an):
@@ -212,7 +347,8 @@ def roofline_section(an, drawn):
     if roof["missing"]:
         md.append("- missing: " + "; ".join(roof["missing"]))
     md.append("")
-    table = [[f"`{b['variant']}`", b["rows"], fmt_num(b["best_frac_bandwidth"], ".2f"),
+    several = len({b.get("pass") for b in roof["best"]}) > 1
+    table = [[f"`{b['variant']}`" + (f" ({b['pass']})" if several else ""), b["rows"], fmt_num(b["best_frac_bandwidth"], ".2f"),
               fmt_num(b["gbytes_per_s"], ".3g"), f"`{b['at_bandwidth']}`" if b["at_bandwidth"] else "—",
               fmt_num(b["best_frac_sgemm"], ".2f"), fmt_num(b["gflops"], ".3g"),
               f"`{b['at_sgemm']}`" if b["at_sgemm"] else "—"] for b in roof["best"]]
@@ -351,19 +487,28 @@ def render_report(res, an, figure_files):
            "sgemm throughput: of the sgemm timed in the row's own rounds where it ran there, with the 95% interval "
            "of the per-round ratios in brackets, else of the calibration before the row."
            + (" *(noisy)*: the row at max n stayed above the interference threshold on every attempt."
-              if any(e.get("noisy") for e in an["key_figures"]) else ""), "",
+              if any(e.get("noisy") for e in an["key_figures"]) else "")
+           + (" Series of the backward or the training step (pass=...): times, GFLOP/s and memory are that "
+              "pass's; *worst rel_l2_err* is the gradient's (worst of dQ, dK, dV against exact attention's fp64 "
+              "gradient)." if res.by_pass() else ""), "",
            "### Key ratios", "", key_ratios_section(an), ""]
     md += ["## Crossover", "", crossover_table(an), "",
            "Against the fastest (and the least memory-hungry) exact attnbench variant at each point; the size "
            "where an approximate variant becomes faster (or smaller) for good is interpolated in log–log between "
            "the bracketing measured sizes. Memory is the measured peak, or the estimate where no peak was "
-           "measured.", ""]
+           "measured."
+           + (" *Training*: the same for the whole training step, each variant's forward + backward time against "
+              "the fastest exact variant's forward + backward time at the same point."
+              if any("training" in c for c in an["crossover"]) else ""), ""]
+    training = training_section(an)
+    if training is not None:
+        md += ["## Training (forward + backward)", "", training, ""]
     lra = lra_section(res)
     if lra:
         md += ["## Relative to exact attention (LRA Table 2 layout)", "", lra]
     for stem in FIGURES:
         if stem in drawn and stem != ROOFLINE:
-            blurb = time_blurb(an) if stem == "time_vs_seq" else BLURBS[stem]
+            blurb = figure_blurb(stem, an, res)
             md += [f"## {TITLES[stem]}", "", f"![{TITLES[stem]}](plots/{stem}.png)", "",
                    blurb + f" ([SVG](plots/{stem}.svg))", ""]
     md += ["## Accuracy by dtype", "", accuracy_by_dtype_section(an), ""]

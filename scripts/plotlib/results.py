@@ -13,7 +13,35 @@ from dataclasses import dataclass, field
 
 from .common import PROG, InputError, num
 
-CONTEXT_DIMS = ["regime", "batch", "heads", "kv_heads", "head_dim", "threads", "seq_q"]  # besides mask and n
+# Besides mask and n. "pass" (forward, backward, forward_backward: #27) comes first: when a sweep has several,
+# every curve, facet and comparison is within one pass, and the figures give each pass its own column.
+CONTEXT_DIMS = ["pass", "regime", "batch", "heads", "kv_heads", "head_dim", "threads", "seq_q"]
+# The passes a row can time (sweep.pass), in the order the figures and tables show them; rows written before
+# the field are forward rows.
+PASSES = ["forward", "backward", "forward_backward"]
+PASS_TITLES = {"forward": "forward", "backward": "backward (dQ, dK, dV)",
+               "forward_backward": "forward + backward (training step)"}
+GRAD_PARTS = ("dq", "dk", "dv")
+
+
+def pass_order(p):
+    return (PASSES.index(p), "") if p in PASSES else (len(PASSES), str(p))
+
+
+def pass_short(p):
+    """A pass's name for a bracket in a title: "forward", "backward", "forward + backward"."""
+    return {"forward_backward": "forward + backward"}.get(p, str(p))
+
+
+def pass_title(p):
+    return PASS_TITLES.get(p, str(p))
+
+
+def passes_text(passes):
+    """'forward', 'forward and backward (dQ, dK, dV)', 'forward, backward (dQ, dK, dV) and forward + backward
+    (training step)': what a figure's title says its rows time."""
+    names = [pass_title(p) for p in sorted(passes, key=pass_order)] or ["forward"]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def read_jsonl(path):
@@ -77,6 +105,32 @@ def _int_or_none(v):
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+def _grad(d):
+    """grad_accuracy as (reference, blocks, {part: {max_abs_err, rel_l2_err, nan_count, inf_count}}); the
+    reference is None when the row has no grad_accuracy (forward rows from before #27), "none" when no
+    gradient was compared."""
+    g = d.get("grad_accuracy")
+    if not isinstance(g, dict):
+        return None, None, {}
+    parts = {}
+    for part in GRAD_PARTS:
+        e = g.get(part) if isinstance(g.get(part), dict) else {}
+        parts[part] = {"max_abs_err": num(e.get("max_abs_err")), "rel_l2_err": num(e.get("rel_l2_err")),
+                       "nan_count": _int_or_none(e.get("nan_count")), "inf_count": _int_or_none(e.get("inf_count"))}
+    ref = g.get("reference") if isinstance(g.get("reference"), str) else None
+    return ref, _int_or_none(g.get("blocks")), parts
+
+
+def _badness(e):
+    return (not math.isfinite(e), e if math.isfinite(e) else 0.0)
+
+
+def worst(xs):
+    """The largest of xs with non-finite values (inf, nan) worst of all; None when xs is empty."""
+    xs = [x for x in xs if x is not None]
+    return max(xs, key=_badness) if xs else None
+
+
 @dataclass(eq=False)
 class Row:
     """One result row. Shape fields keep their JSON values (None when absent); metrics are floats (None when
@@ -138,11 +192,20 @@ class Row:
     # timed alone, or written before it); sample r of every row of one group was taken in round r.
     interleave_group: str = None
     conditions_recorded: bool = False  # the row has interference / attempts / noisy (written since #18)
+    # What was timed (sweep.pass, #27): "forward", "backward" or "forward_backward"; rows from before it are
+    # forward rows. ("pass" is a Python keyword.) flops, peak_bytes, time are the pass's own.
+    pass_: str = "forward"
+    # grad_accuracy (#27): the reference kind ("full", "sampled", "none"; None: the row has no grad_accuracy),
+    # the (batch, K/V head) blocks compared and, per dq / dk / dv, max_abs_err, rel_l2_err, nan_count, inf_count.
+    grad_reference: str = None
+    grad_blocks: int = None
+    grad: dict = field(default_factory=dict)
     label: str = ""  # the series it belongs to: the variant, the parameters that vary, [isa] over several targets
     params_text: str = ""  # every parameter, "k=v,k=v"
 
     @classmethod
     def from_json(cls, d, source):
+        grad = _grad(d)
         return cls(id=d["id"], status=d.get("status"), variant=d["variant"], seq_kv=d["seq_kv"], mask=d["mask"],
                    source=source, params=d.get("params") or {}, batch=d.get("batch"), heads=d.get("heads"),
                    kv_heads=d.get("kv_heads") if d.get("kv_heads") is not None else d.get("heads"),
@@ -169,7 +232,9 @@ class Row:
                    frac_sgemm_ci=_pair(num(_sub(d, "group_sgemm", "frac_ci_lo")), num(_sub(d, "group_sgemm", "frac_ci_hi"))),
                    interleave_group=_sub(d, "interleave", "group")
                    if isinstance(_sub(d, "interleave", "group"), str) else None,
-                   conditions_recorded=any(k in d for k in CONDITION_FIELDS))
+                   conditions_recorded=any(k in d for k in CONDITION_FIELDS),
+                   pass_=d.get("pass") if isinstance(d.get("pass"), str) and d.get("pass") else "forward",
+                   grad_reference=grad[0], grad_blocks=grad[1], grad=grad[2])
 
     def sgemm_denominator(self, res):
         """The sgemm GFLOP/s this row's frac_sgemm is relative to: the sgemm timed in its own rounds, else the
@@ -191,6 +256,24 @@ class Row:
             return None
         return lo, hi
 
+    def grad_rel_l2(self):
+        """(the worst rel_l2_err of dQ, dK, dV, which of them: "dq", "dk" or "dv") against exact attention's fp64
+        gradient; (None, None) when no gradient was compared."""
+        if self.grad_reference in (None, "none"):
+            return None, None
+        errs = [(e["rel_l2_err"], part) for part, e in self.grad.items() if e.get("rel_l2_err") is not None]
+        return max(errs, key=lambda t: _badness(t[0])) if errs else (None, None)
+
+    def grad_nonfinite(self):
+        """NaN + Inf values counted in the compared dQ, dK, dV (None when not counted)."""
+        counts = [e.get(k) for e in self.grad.values() for k in ("nan_count", "inf_count") if e.get(k) is not None]
+        return sum(counts) if counts else None
+
+    def pass_error(self):
+        """The error a row's pass is judged by: the output's rel_l2_err for a forward row, the worst gradient
+        rel_l2_err (dQ, dK, dV) for a backward or training-step row (None when no gradient was compared)."""
+        return self.rel_l2_err if self.pass_ == "forward" else self.grad_rel_l2()[0]
+
     def memory(self):
         """Peak bytes measured, else the estimate; and whether it was estimated."""
         if self.peak_bytes is not None and self.peak_bytes > 0:
@@ -211,6 +294,8 @@ def value_text(v):
 
 
 def context_value(r, dim):
+    if dim == "pass":
+        return r.pass_
     if dim == "seq_q":  # cross-attention: n on the x axis is seq_kv, each seq_q is its own facet
         return r.seq_q if r.seq_q != r.seq_kv else None
     if dim == "kv_heads":  # grouped-query attention: its own facet; multi-head rows (kv_heads = heads) have none
@@ -297,6 +382,9 @@ class Results:
         self.masks = sorted({r.mask for r in self.ok}, key=mask_order) or ["none"]
         self.varying = [d for d in CONTEXT_DIMS if len({context_value(r, d) for r in self.ok}) > 1]
         self.rest = sorted({self.rest_key(r) for r in self.ok}, key=str) or [()]
+        # The passes (sweep.pass) among the measured rows and among all rows (skipped backward points included).
+        self.passes = sorted({r.pass_ for r in self.ok}, key=pass_order) or ["forward"]
+        self.all_passes = sorted({r.pass_ for r in all_rows}, key=pass_order)
 
     def _label_rows(self, rows):
         # A series label names the variant and only the parameters that vary for it in these results (the
@@ -328,6 +416,41 @@ class Results:
     def rest_title(self, key):
         return ", ".join(f"{d}={v}" for d, v in zip(self.varying, key) if v is not None)
 
+    def by_pass(self):
+        """Several passes among the measured rows: the figures give each its own column."""
+        return "pass" in self.varying
+
+    def split_pass(self, key):
+        """A facet key as (its pass, the key without it); the pass is None when passes do not vary."""
+        if "pass" not in self.varying:
+            return None, key
+        i = self.varying.index("pass")
+        return key[i], key[:i] + key[i + 1:]
+
+    def with_pass(self, base, p):
+        """The facet key of `base` (a key without the pass, from split_pass) in pass p."""
+        if "pass" not in self.varying:
+            return base
+        i = self.varying.index("pass")
+        return base[:i] + (p,) + base[i:]
+
+    def base_title(self, base):
+        """rest_title of a facet key without its pass (split_pass)."""
+        dims = [d for d in self.varying if d != "pass"]
+        return ", ".join(f"{d}={v}" for d, v in zip(dims, base) if v is not None)
+
+    def facet_key_order(self, rk):
+        """Sort key of a facet key (rest_key): facet_order with the passes in PASSES order (forward, backward,
+        forward_backward) rather than alphabetical."""
+        if "pass" in self.varying:
+            i = self.varying.index("pass")
+            rk = rk[:i] + (pass_order(rk[i]),) + rk[i + 1:]
+        return facet_order(rk)
+
+    def series_order(self, key):
+        """Sort key of a series key (label, mask, rest_key), the passes in PASSES order."""
+        return facet_order(key[:2]) + ((1, self.facet_key_order(key[2])),)  # as facet_order(key) forward-only
+
     def series(self, rows):
         """{(label, mask, rest_key): rows sorted by n}."""
         out = {}
@@ -339,7 +462,7 @@ class Results:
 
     def sorted_series(self, rows=None):
         """series(rows or ok) as (key, rows) pairs sorted by (label, mask, facet): the order of the legends."""
-        return sorted(self.series(self.ok if rows is None else rows).items(), key=lambda kv: facet_order(kv[0]))
+        return sorted(self.series(self.ok if rows is None else rows).items(), key=lambda kv: self.series_order(kv[0]))
 
 
 def load_patterns(pdir):

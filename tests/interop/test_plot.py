@@ -264,6 +264,16 @@ def test_synthetic(tmp):
     check(cross.get("approx_15", {}).get("less_memory", "").startswith("less memory at every measured n"),
           f"memory crossover: less memory at every measured n (got {cross.get('approx_15', {}).get('less_memory')})")
     check(summary.get("nonfinite_accuracy_points") == 2, "the 'inf' and 'nan' accuracy strings are counted as non-finite")
+    # Rows without `pass` (written before #27) are forward rows: no training section, no training column.
+    check(summary.get("training") is None and "## Training" not in md and all("training" not in c for c in
+                                                                            summary["crossover"]),
+          "rows without pass: no Training section, no training crossover (summary.json training is null)")
+    check("| approximate variant | mask | measured n | faster than best exact from | speed-up at max n |" in md,
+          "rows without pass: the crossover table has its forward-only columns")
+    with open(os.path.join(d, "plots", "time_vs_seq.svg"), encoding="utf-8") as f:
+        svg = f.read()
+    check("Time per forward call vs sequence length on synthetic CPU" in svg and "sequence length n (tokens)" in svg,
+          "the time figure's title names the pass and the CPU, its x axis the unit")
     check(summary["rows_excluded"] == 2 and "out of memory" in md and "memory_budget" in md,
           "the skipped and failed rows are left out and their reasons summarised")
     st = check_stages("synthetic", d, summary, md)
@@ -951,6 +961,189 @@ def test_roofline(tmp):
           "[roofline, no bandwidth] the figure is still drawn (sgemm ceiling only)")
 
 
+def pass_row(variant, n, p, time_ms, exact, grad=None, peak=None, status="ok", reason="", samples=None):
+    """A row of pass p (#27) in the schema of attnbench's: the forward's flops 4 n^2 d, the backward's 2.5x, the
+    training step's 3.5x; frac_peak against a 100 GFLOP/s peak; grad_accuracy (reference, blocks, {part:
+    rel_l2_err}) on backward rows, reference none on forward ones. Forward rows are written without `pass`, as
+    before the field: they must read as forward rows."""
+    r = row(variant, n, time_ms, exact, 1e-7 if exact else 0.1, status=status, reason=reason, peak=peak)
+    if p != "forward":
+        r.update(id=r["id"] + f",pass={p}", **{"pass": p})
+    ref, blocks, errs = grad or ("none", 0, {})
+    r["grad_accuracy"] = {"reference": ref, "blocks": blocks,
+                          **{part: {"max_abs_err": errs[part] * 2 if part in errs else None,
+                                    "rel_l2_err": errs.get(part), "nan_count": 0 if part in errs else None,
+                                    "inf_count": 0 if part in errs else None} for part in ("dq", "dk", "dv")}}
+    if status == "ok":
+        flops = 4.0 * n * n * 16 * {"forward": 1.0, "backward": 2.5, "forward_backward": 3.5}[p]
+        r.update(flops=flops, gflops=flops / (time_ms * 1e6), frac_peak=flops / (time_ms * 1e6) / 100.0)
+        if samples:
+            r["time_ms"].update(reps=len(samples), samples=samples)
+            r["interleave"] = {"group": f"{variant}:{n}", "points": 3, "position": 0, "rounds": len(samples)}
+    return r
+
+
+# Draws the time and memory figures of a results folder (argv: scripts folder, results folder) and prints, per
+# panel, its title, y label, whether it shares its y axis with the panel before, and its labelled lines.
+FIGURE_PANELS = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from plotlib.results import Results
+from plotlib.analysis import analyse
+from plotlib import figures
+res = Results(sys.argv[2])
+an = analyse(res)
+out = {}
+for stem in ("time_vs_seq", "memory_vs_seq"):
+    fig = figures.FIGURE_FUNCTIONS[stem](res, an)
+    panels, prev = [], None
+    for ax in fig.axes:
+        lines = {}
+        for line in ax.get_lines():
+            if not line.get_label().startswith("_"):
+                lines[line.get_label()] = [[float(x), float(y)] for x, y in zip(line.get_xdata(), line.get_ydata())]
+        for c in ax.containers:  # the time figure's error bars: label -> (n, median)
+            if c.get_label() and not c.get_label().startswith("_"):
+                x, y = c.lines[0].get_data()
+                lines[c.get_label()] = [[float(a), float(b)] for a, b in zip(x, y)]
+        panels.append({"title": ax.get_title(), "ylabel": ax.get_ylabel(), "lines": lines,
+                       "shares_y_with_previous": bool(prev is not None and ax.get_shared_y_axes().joined(ax, prev))})
+        prev = ax
+    out[stem] = {"suptitle": fig._suptitle.get_text() if fig._suptitle else "", "panels": panels}
+print(json.dumps(out))
+"""
+
+
+def test_passes(tmp):
+    """Forward, backward and training-step rows (#27) with known answers. exact_sq: forward 1e-5 n^2 ms, backward
+    2.5x, training step 3.5x; approx: forward 1.6e-4 n^1.5 (crosses exact_sq at n = 256, as in test_synthetic),
+    backward 64 x 2.5e-5 n^1.5 (crosses at 4096: never within the sizes) and training step 32 x 3.5e-5 n^1.5
+    (crosses at n = 1024, between 800 and 1600); fwd_only has a forward and no backward (its 12 backward points
+    skipped: listed once). Gradient errors: exact_sq dK 3e-7 worst (full), approx dQ 0.2 (sampled, 2 blocks).
+    exact_sq's passes are interleaved with 7 samples each, the backward's 2.5x the forward's in every round."""
+    d = os.path.join(tmp, "passes")
+    ns = [100, 200, 400, 800, 1600, 3200]
+    rows = []
+    for n in ns:
+        t = 1e-5 * n ** 2
+        spread = [1 + 0.01 * (k - 3) for k in range(7)]
+        for p, f, peak in (("forward", 1.0, 64 * n * n), ("backward", 2.5, 128 * n * n),
+                           ("forward_backward", 3.5, 160 * n * n)):
+            grad = None if p == "forward" else ("full", 1, {"dq": 1e-7, "dk": 3e-7, "dv": 2e-7})
+            rows.append(pass_row("exact_sq", n, p, f * t, True, grad, peak=peak, samples=[f * t * x for x in spread]))
+        a = 1.6e-4 * n ** 1.5
+        grad = ("sampled", 2, {"dq": 0.2, "dk": 0.1, "dv": 0.05})
+        rows.append(pass_row("approx", n, "forward", a, False, peak=64 * n))
+        rows.append(pass_row("approx", n, "backward", 64 * 2.5e-5 * n ** 1.5, False, grad, peak=128 * n))
+        rows.append(pass_row("approx", n, "forward_backward", 32 * 3.5e-5 * n ** 1.5, False, grad,
+                             peak=160 * n))
+        rows.append(pass_row("fwd_only", n, "forward", 0.5 * a, False, peak=32 * n))
+        for p in ("backward", "forward_backward"):
+            rows.append(pass_row("fwd_only", n, p, 0, False, status="skipped", reason="fwd_only has no backward pass"))
+    write_rows(d, rows)
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump({"config_name": "passes", "system": {"cpu_model": "synthetic CPU", "cores_available": 1},
+                   "sgemm_calibration": [{"threads": 1, "gflops": 50.0, "size": 2048, "cv": 0.01}]}, f)
+    r = run_plot(d)
+    if not check(r.returncode == 0, f"plot.py on rows of three passes exits 0 (got {r.returncode}: {r.stderr.strip()[-500:]})"):
+        return
+    with open(os.path.join(d, "summary.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    with open(os.path.join(d, "REPORT.md"), encoding="utf-8") as f:
+        md = f.read()
+
+    # Curves: one per series and pass, each over its 6 sizes with its own exponent.
+    fits = {(f["series"], f["context"]): f for f in summary["fits"]}
+    check(sorted(fits) == sorted([(v, f"pass={p}") for v in ("exact_sq", "approx")
+                                  for p in ("forward", "backward", "forward_backward")] + [("fwd_only", "pass=forward")]),
+          f"one series per variant and pass ({sorted(fits)})")
+    check(all(f["points"] == 6 for f in fits.values()), "every series has its own 6 sizes (no pass joins another's)")
+    check(all(abs(fits[(v, f"pass={p}")]["exponent"] - k) < 0.01 for v, k in (("exact_sq", 2.0), ("approx", 1.5))
+              for p in ("forward", "backward", "forward_backward")),
+          "each pass's fitted exponent is its own (exact_sq 2.00, approx 1.50)")
+
+    # The crossover: inference as before, the training column beside it, the backward in summary.json.
+    cross = {c["series"]: c for c in summary["crossover"]}
+    c = cross.get("approx", {})
+    check(abs((c.get("faster_from_n") or 0) - 256) < 0.5 and c.get("context") == "",
+          f"inference crossover of approx at n = 256, one entry for its passes (got {c.get('faster_from_n')})")
+    t = c.get("training", {})
+    check(abs((t.get("faster_from_n") or 0) - 1024) < 0.5 and t.get("faster") == "n ≈ 1024 (between 800 and 1600)",
+          f"training crossover of approx at n = 1024 (got {t})")
+    check(abs(t.get("speedup_at_max_n", 0) - 1 / (32 * 3.5e-5 * 3200 ** 1.5 / (3.5e-5 * 3200 ** 2))) < 1e-9,
+          "training speed-up at max n: exact_sq's step time over approx's at 3200")
+    check(c.get("backward", {}).get("faster") == "never within measured range",
+          f"backward crossover of approx: never (4096 > 3200) ({c.get('backward')})")
+    check(cross.get("fwd_only", {}).get("training", {}).get("faster") == "— (skipped: fwd_only has no backward pass)",
+          f"fwd_only's training crossover gives the reason ({cross.get('fwd_only', {}).get('training')})")
+    sec = md.split("## Crossover")[-1].split("\n## ")[0]
+    check("| inference (forward): faster than best exact from | speed-up at max n | training (fwd+bwd): faster than "
+          "best exact from | training speed-up at max n |" in sec, "the crossover table has the training column")
+    check("| `approx` | none | 100–3200 | n ≈ 256 (between 200 and 400) | " in sec
+          and "| n ≈ 1024 (between 800 and 1600) | " in sec, "the approx row: n ≈ 256 inference, n ≈ 1024 training")
+
+    # The training section.
+    tr = summary.get("training") or {}
+    check(tr.get("passes") == ["forward", "backward", "forward_backward"] and len(tr.get("rows", [])) == 12,
+          f"summary.json training: the 3 passes, a row per series with a backward and n (got {len(tr.get('rows', []))})")
+    check(tr.get("flops_ratio", {}).get("backward", {}).get("median") == 2.5
+          and tr["flops_ratio"].get("forward_backward", {}).get("median") == 3.5, "the FLOP ratios 2.5 and 3.5")
+    sec = md.split("## Training (forward + backward)")[-1].split("\n## ")[0]
+    check("## Training (forward + backward)" in md and md.index("## Training") > md.index("## Crossover"),
+          "REPORT.md has the Training section after the crossover")
+    # exact_sq at 400: 1.6, 4, 5.6 ms; 6.4 GFLOP/s (0.064 of the peak) each; paired ratio 2.5 in every round;
+    # peaks 64, 128, 160 n^2 bytes = 9.77, 19.5, 24.4 MiB.
+    check("| `exact_sq` | none | 400 | 1.6 | 6.4 (0.06) | 4 | 6.4 (0.06) | 5.6 | 6.4 (0.06) | 2.50× [2.50, 2.50] | "
+          "3.00e-07 (dK; full) | 9.77 MiB / 19.5 MiB / 24.4 MiB |" in sec,
+          "the training row of exact_sq at n=400: times, GFLOP/s (× peak), paired bwd/fwd, gradient error, memory")
+    check("| `approx` | none | 3200 | " in sec and "| 2.00e-01 (dQ; sampled, 2 blocks) | " in sec,
+          "approx's gradient error: the worst of dQ, dK, dV with its reference")
+    check("FLOPs: each pass counts its own" in sec and "backward 2.50× the forward's at all 12 points" in sec,
+          "the FLOP convention is stated, with the ratio measured")
+    check(sec.count("fwd_only has no backward pass") == 1 and "`fwd_only` (skipped): fwd_only has no backward pass "
+          "(12 points: backward (dQ, dK, dV), forward + backward (training step); n = 100, 200, 400, 800, 1600, 3200)"
+          in sec, "the skipped backward points are listed once per variant")
+    check("`fwd_only` | none | " not in sec, "a variant without a backward has no training row")
+    kr = summary["key_ratios"]
+    check(kr["counts"].get("pass") == 4 and any(e["kind"] == "pass" and e["method"] == "paired"
+                                                and e["ratio"] == 2.5 for e in kr["rows"]),
+          f"key ratios: backward and step vs forward per series, paired for exact_sq ({kr['counts']})")
+    check("| `exact_sq` | — | none; pass=backward | yes | 2.00 (n=100–3200) |" in md,
+          "the key figures have a row per series and pass, naming the pass")
+
+    # The figures: one column per pass (sharing y) and the ratio column; no curve mixes passes.
+    r = subprocess.run([sys.executable, "-c", FIGURE_PANELS, SCRIPTS, d], capture_output=True, text=True,
+                       timeout=300, cwd=tempfile.gettempdir())
+    if not check(r.returncode == 0, f"the figures' panels are read back (rc {r.returncode}: {r.stderr.strip()[-500:]})"):
+        return
+    figs = json.loads(r.stdout)
+    tp = figs["time_vs_seq"]["panels"]
+    check([p["title"].split("\n")[0] for p in tp] == ["forward", "backward (dQ, dK, dV)",
+                                                      "forward + backward (training step)", "time ÷ forward time, same point"],
+          f"time figure: forward, backward, training step side by side, then the ratio ({[p['title'] for p in tp]})")
+    check("synthetic CPU" in figs["time_vs_seq"]["suptitle"] and "one column per pass" in figs["time_vs_seq"]["suptitle"],
+          f"the time figure's title names the CPU and the passes ({figs['time_vs_seq']['suptitle']!r})")
+    check([p["shares_y_with_previous"] for p in tp] == [False, True, True, False],
+          "the three pass panels share their time axis, the ratio panel has its own")
+    def series_in(panel):
+        return sorted(label.split()[0] for label in panel["lines"] if "$n^" in label)
+    check(series_in(tp[0]) == ["approx", "exact_sq", "fwd_only"] and series_in(tp[1]) == ["approx", "exact_sq"]
+          and series_in(tp[2]) == ["approx", "exact_sq"], "fwd_only is drawn in the forward panel only")
+    fwd = next(v for k, v in tp[0]["lines"].items() if k.startswith("exact_sq"))
+    bwd = next(v for k, v in tp[1]["lines"].items() if k.startswith("exact_sq"))
+    check(len(fwd) == 6 and len(bwd) == 6 and all(abs(b[1] / f[1] - 2.5) < 1e-9 for f, b in zip(fwd, bwd)),
+          "exact_sq's forward and backward curves have 6 points each, the backward's 2.5x the forward's")
+    ratio = tp[3]["lines"].get("exact_sq: backward ÷ forward", [])
+    check(len(ratio) == 6 and all(abs(y - 2.5) < 1e-9 for _, y in ratio) and "time ratio" in tp[3]["ylabel"],
+          f"the ratio panel draws exact_sq's backward / forward = 2.5 at every n ({ratio})")
+    mp = figs["memory_vs_seq"]["panels"]
+    check(len(mp) == 3 and [p["shares_y_with_previous"] for p in mp] == [False, True, True]
+          and "bytes" in mp[0]["ylabel"], "memory figure: one panel per pass on one memory axis, in bytes")
+    peaks = mp[1]["lines"].get("exact_sq measured", [])
+    check(len(peaks) == 6 and all(y == 128 * x * x for x, y in peaks), "the backward panel draws the backward's peak")
+    check_stages("passes", d, summary, md)
+
+
 def test_errors(tmp):
     missing = os.path.join(tmp, "does-not-exist")
     r = run_plot(missing)
@@ -1048,7 +1241,7 @@ def main():
         return 77
     cases = [test_fixture, test_synthetic, test_never_and_always, test_isa, test_dtype, test_many_facets,
              test_cross_attention, test_measurement, test_paired, test_measurement_odd_values, test_roofline, test_errors,
-             test_peer, test_lra]
+             test_peer, test_lra, test_passes]
     with tempfile.TemporaryDirectory(prefix="attnbench-test-plot-") as tmp:
         # Longest first: the fixture's and the peer's plot.py runs take most of the time.
         order = [test_fixture, test_peer] + [c for c in cases if c not in (test_fixture, test_peer)]
