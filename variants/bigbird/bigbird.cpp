@@ -593,11 +593,13 @@ class BigBird final : public Attention {
   }
   std::size_t backward_workspace_bytes(const Problem& p, int threads) const override {
     const Plan plan(p);
-    // Per thread: backward_floats and the query or key ranges of one tile (at most one per block). Shared:
-    // delta (one float per query row) and the pattern's inverse (Inverse::bytes, an upper bound). Saturating.
-    const std::size_t per_thread =
-        sat_add(sat_mul(to_size(backward_floats(plan)), sizeof(float)),
-                sat_mul(to_size(plan.pattern.blocks), sizeof(bigbird::Range)), sizeof(Piece) * 4);
+    // Per thread: backward_floats and the lists of one tile, each at most one entry per block: its query or
+    // key ranges, the pieces of one score step and key_block_runs' temporaries (as workspace_bytes counts
+    // them). Shared: delta (one float per query row) and the pattern's inverse (Inverse::bytes, an upper
+    // bound). Saturating.
+    const std::size_t lists = sat_mul(to_size(plan.pattern.blocks),
+                                      sizeof(bigbird::Range) + sizeof(Piece) + sizeof(bigbird::Range) + 8);
+    const std::size_t per_thread = sat_add(sat_mul(to_size(backward_floats(plan)), sizeof(float)), lists);
     return sat_add(sat_mul(to_size(std::max(threads, 1)), per_thread),
                    sat_mul(to_size(p.batch * p.heads * p.seq_q), sizeof(float)),
                    Inverse::bytes(plan.pattern));
