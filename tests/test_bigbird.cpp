@@ -276,3 +276,92 @@ TEST_CASE("bigbird: rows longer than one score step (online softmax over several
     }
   }
 }
+
+// ---- Backward ----
+
+namespace {
+
+struct Grads {
+  FloatArray dq, dk, dv;
+};
+
+// One training step of bigbird on c's inputs: run_saving, then run_backward with `d_out`.
+Grads train(const AttentionCase& c, const FloatArray& d_out) {
+  const Attention& v = Registry::instance().get("bigbird");
+  FloatArray out(c.q.shape);
+  const AttentionInputs io = c.inputs(out.ptr());
+  std::vector<float> saved(v.saved_floats(c.p));
+  v.run_saving(c.p, io, saved.data());
+  Grads g{FloatArray(c.q.shape), FloatArray(c.k.shape), FloatArray(c.v.shape)};
+  GradientArgs args;
+  args.out = out.ptr(), args.saved = saved.data(), args.d_out = d_out.ptr();
+  args.dq = g.dq.ptr(), args.dk = g.dk.ptr(), args.dv = g.dv.ptr();
+  v.run_backward(c.p, io, args);
+  return g;
+}
+
+double max_abs_diff(const FloatArray& a, const DoubleArray& b) {
+  double worst = 0;
+  for (std::size_t e = 0; e < a.numel(); ++e) {
+    const double d = std::fabs(static_cast<double>(a.data[e]) - b.data[e]);
+    worst = std::max(worst, std::isnan(d) ? INFINITY : d);
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("bigbird backward at sizes the registry checks do not reach", "[bigbird]") {
+  // The registry's gradient checks run seq <= 130: here 64-row blocks with random blocks beyond the window,
+  // global query rows longer than one 512-column score step, global key blocks whose columns take two
+  // 512-row query steps, a partial last block, grouped-query heads, every mask kind, dropout and ALiBi,
+  // against the fp64 gradient of the definition.
+  const Attention& v = Registry::instance().get("bigbird");
+  const int64_t n = 600, D = 16;
+  uint64_t seed = 900;
+  for (const Json& params : {bigbird_params(64, 3, 2, 3, 1), bigbird_params(48, 1, 3, 2, 4)}) {
+    for (const char* mask : {"none", "causal+pad", "bool"}) {
+      Problem p = make_test_problem("bigbird", 2, 4, n, n, D, mask, params);
+      p.kv_heads = 2;
+      AttentionCase c(p, ++seed);
+      if (c.p.mask.key_padding) c.pad_keys([](int64_t b, int64_t j) { return b == 1 && j % 5 == 0; });
+      if (c.p.mask.boolean) c.random_mask(++seed, 0.7, {0, 550});
+      if (c.p.mask.any_causal()) c.p.dropout = 0.2, c.p.seed = 3, c.p.bias = Bias::alibi;
+      const FloatArray d_out = normal_tensor(c.q.shape, ++seed);
+      const Grads got = train(c, d_out);
+      const AttentionInputs in = c.inputs(nullptr);
+      DoubleArray dq(c.q.shape), dk(c.k.shape), dv(c.v.shape);
+      v.reference_backward(c.p, in, d_out.ptr(), dq.ptr(), dk.ptr(), dv.ptr());
+      const GradientTolerance tol = v.grad_tolerance(c.p, in, d_out.ptr());
+      INFO(c.p.repro() << ": tolerance dq " << tol.dq << ", dk " << tol.dk << ", dv " << tol.dv);
+      CHECK(max_abs_diff(got.dq, dq) <= tol.dq);
+      CHECK(max_abs_diff(got.dk, dk) <= tol.dk);
+      CHECK(max_abs_diff(got.dv, dv) <= tol.dv);
+    }
+  }
+}
+
+TEST_CASE("bigbird backward: keys nothing attends and rows that attend nothing get exact zeros",
+          "[bigbird]") {
+  // Blocks of 4, block 0 global, no random blocks. Key 21 is masked out of every row, key 22 is padded in
+  // batch 1, and rows 2 (a global row) and 17 attend nothing: their gradients are exactly 0, not merely
+  // small.
+  const int64_t n = 48, D = 8;
+  AttentionCase c(make_test_problem("bigbird", 2, 2, n, n, D, "bool+pad", bigbird_params(4, 3, 1, 0)), 41);
+  c.random_mask(5, 1.0, {2, 17});
+  for (int64_t i = 0; i < n; ++i) c.mask.data[i * n + 21] = 0;
+  c.pad_keys([](int64_t b, int64_t j) { return b == 1 && j == 22; });
+  const Grads g = train(c, normal_tensor(c.q.shape, 42));
+  auto row_is_zero = [&](const FloatArray& x, int64_t bh, int64_t i) {
+    for (int64_t d = 0; d < D; ++d)
+      if (x.data[(bh * n + i) * D + d] != 0.0f) return false;
+    return true;
+  };
+  for (int64_t bh = 0; bh < 4; ++bh) {
+    INFO("batch " << bh / 2 << " head " << bh % 2);
+    CHECK((row_is_zero(g.dk, bh, 21) && row_is_zero(g.dv, bh, 21)));
+    if (bh >= 2) CHECK((row_is_zero(g.dk, bh, 22) && row_is_zero(g.dv, bh, 22)));
+    for (int64_t i : {2, 17}) CHECK(row_is_zero(g.dq, bh, i));
+    CHECK_FALSE(row_is_zero(g.dk, bh, 20));  // a key that rows do attend
+  }
+}

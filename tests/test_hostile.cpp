@@ -867,6 +867,20 @@ TEST_CASE_PER_VARIANT("{} size estimates saturate on the largest valid problems"
               smaller.head_dim = s.D / 2;
               CHECK(variant.estimate_memory(smaller, 2).total() <= variant.estimate_memory(p, 2).total());
             }
+            if (variant.capabilities().backward && variant.backward_unsupported_reasons_text(p).empty()) {
+              const MemoryEstimate b1 = variant.estimate_backward_memory(p, 1),
+                                   b256 = variant.estimate_backward_memory(p, 256);
+              CHECK(b1.total() >= b1.inputs);
+              CHECK(b256.workspace >= b1.workspace);
+              if (s.D > 2) {
+                Problem smaller = p;
+                smaller.head_dim = s.D / 2;
+                CHECK(variant.estimate_backward_memory(smaller, 2).total() <=
+                      variant.estimate_backward_memory(p, 2).total());
+              }
+              const double bflops = variant.backward_flops(p);
+              CHECK((std::isfinite(bflops) && bflops >= 0));
+            }
             ++estimated;
           }
   }

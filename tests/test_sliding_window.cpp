@@ -49,7 +49,8 @@ std::vector<uint8_t> definition_mask(int64_t n, int64_t w, int64_t dilation,
   return m;
 }
 
-double max_abs_diff(const FloatArray& a, const FloatArray& b) {
+template <class Array>
+double max_abs_diff(const FloatArray& a, const Array& b) {
   double worst = 0;
   for (std::size_t e = 0; e < a.numel(); ++e) {
     const double d = std::fabs(static_cast<double>(a.data[e]) - b.data[e]);
@@ -312,4 +313,117 @@ TEST_CASE("sliding_window rejects bad parameters with the reason", "[sliding_win
   reasons = v.not_supported_reasons(p);
   REQUIRE(!reasons.empty());
   REQUIRE_THAT(reasons[0], Contains("cross-attention"));
+}
+
+// ---- Backward ----
+
+namespace {
+
+struct Grads {
+  FloatArray dq, dk, dv;
+};
+
+// One training step of c.p's variant on c's inputs: run_saving, then run_backward with `d_out`.
+Grads train(const AttentionCase& c, const FloatArray& d_out) {
+  const Attention& v = Registry::instance().get(c.p.variant);
+  FloatArray out(c.q.shape);
+  const AttentionInputs io = c.inputs(out.ptr());
+  std::vector<float> saved(v.saved_floats(c.p));
+  v.run_saving(c.p, io, saved.data());
+  Grads g{FloatArray(c.q.shape), FloatArray(c.k.shape), FloatArray(c.v.shape)};
+  GradientArgs args;
+  args.out = out.ptr(), args.saved = saved.data(), args.d_out = d_out.ptr();
+  args.dq = g.dq.ptr(), args.dk = g.dk.ptr(), args.dv = g.dv.ptr();
+  v.run_backward(c.p, io, args);
+  return g;
+}
+
+// Asserts the training step's gradients are within grad_tolerance of the variant's fp64 gradient.
+void require_gradients_match(const AttentionCase& c, uint64_t seed) {
+  const Attention& v = Registry::instance().get(c.p.variant);
+  const FloatArray d_out = normal_tensor(c.q.shape, seed);
+  const Grads got = train(c, d_out);
+  const AttentionInputs in = c.inputs(nullptr);
+  DoubleArray dq(c.q.shape), dk(c.k.shape), dv(c.v.shape);
+  v.reference_backward(c.p, in, d_out.ptr(), dq.ptr(), dk.ptr(), dv.ptr());
+  const GradientTolerance tol = v.grad_tolerance(c.p, in, d_out.ptr());
+  INFO(c.p.repro() << ": tolerance dq " << tol.dq << ", dk " << tol.dk << ", dv " << tol.dv);
+  CHECK(max_abs_diff(got.dq, dq) <= tol.dq);
+  CHECK(max_abs_diff(got.dk, dk) <= tol.dk);
+  CHECK(max_abs_diff(got.dv, dv) <= tol.dv);
+}
+
+}  // namespace
+
+TEST_CASE("sliding_window backward at sizes the registry checks do not reach", "[sliding_window]") {
+  // The registry's gradient checks run seq <= 130 with windows <= 5 (or covering the sequence) and at most 2
+  // global tokens: here several 32-row tiles per residue class, 40 global tokens (global rows and keys in
+  // three 16-wide tasks each, global key columns over three 256-row query steps), dilation with globals,
+  // grouped-query heads, padding and dropout, against the fp64 gradient of the definition.
+  struct Setting {
+    Json params;
+    const char* mask;
+    int64_t heads, kv_heads;
+    double dropout;
+  };
+  const Setting settings[] = {
+      {{{"window", 40}, {"global_tokens", 40}}, "pad", 4, 2, 0.0},
+      {{{"window", 20}, {"dilation", 3}, {"global_tokens", Json::array({0, 5, 77, 299, 300, 519})}},
+       "causal",
+       2,
+       1,
+       0.1},
+      {{{"window", 64}, {"dilation", 2}}, "causal+bool", 2, 2, 0.0},
+  };
+  uint64_t seed = 500;
+  for (const Setting& s : settings) {
+    Problem p = make_test_problem("sliding_window", 2, s.heads, 520, 520, 16, s.mask, s.params);
+    p.kv_heads = s.kv_heads;
+    AttentionCase c(p, ++seed);
+    c.p.dropout = s.dropout, c.p.seed = 9;
+    if (c.p.mask.key_padding)
+      c.pad_keys([](int64_t b, int64_t j) { return b == 1 && (j % 7 == 0 || j > 480); });
+    if (c.p.mask.boolean) c.random_mask(++seed, 0.8, {3});
+    require_gradients_match(c, ++seed);
+  }
+}
+
+TEST_CASE("sliding_window backward: keys nothing attends and rows that attend nothing get exact zeros",
+          "[sliding_window]") {
+  // Key 7 (a band key) and key 20 (a global key) are masked out of every row, key 11 and the global key 0
+  // are padded in batch 1, and rows 3 (band) and 0 (global) attend nothing: their gradients are exactly 0,
+  // not merely small.
+  const int64_t n = 40, D = 8;
+  const Json params = {{"window", 2}, {"dilation", 2}, {"global_tokens", Json::array({0, 20})}};
+  AttentionCase c(make_test_problem("sliding_window", 2, 2, n, n, D, "bool+pad", params), 71);
+  c.random_mask(5, 1.0, {0, 3});
+  for (int64_t i = 0; i < n; ++i) c.mask.data[i * n + 7] = c.mask.data[i * n + 20] = 0;
+  c.pad_keys([](int64_t b, int64_t j) { return b == 1 && (j == 11 || j == 0); });
+  const Grads g = train(c, normal_tensor(c.q.shape, 72));
+  auto row_is_zero = [&](const FloatArray& x, int64_t bh, int64_t i) {
+    for (int64_t d = 0; d < D; ++d)
+      if (x.data[(bh * n + i) * D + d] != 0.0f) return false;
+    return true;
+  };
+  for (int64_t bh = 0; bh < 4; ++bh) {
+    INFO("batch " << bh / 2 << " head " << bh % 2);
+    for (int64_t j : {7, 20}) CHECK((row_is_zero(g.dk, bh, j) && row_is_zero(g.dv, bh, j)));
+    if (bh >= 2)
+      for (int64_t j : {11, 0}) CHECK((row_is_zero(g.dk, bh, j) && row_is_zero(g.dv, bh, j)));
+    for (int64_t i : {0, 3}) CHECK(row_is_zero(g.dq, bh, i));
+    CHECK_FALSE(row_is_zero(g.dk, bh, 8));  // a key that rows do attend
+  }
+}
+
+TEST_CASE("sliding_window backward memory is linear in n", "[sliding_window]") {
+  // Per-thread scratch O(tile·(w+g)) plus one float per query row (delta): never seq x seq.
+  const Attention& v = Registry::instance().get("sliding_window");
+  Problem p = make_problem("sliding_window", {{"window", 256}, {"global_tokens", 4}});
+  p.batch = 1, p.heads = 8, p.head_dim = 64;
+  p.seq_q = p.seq_kv = 4096;
+  const std::size_t small = v.backward_workspace_bytes(p, 2);
+  p.seq_q = p.seq_kv = 32768;
+  const std::size_t large = v.backward_workspace_bytes(p, 2);
+  CHECK(large < 10 * small);
+  CHECK(large < 32768u * 32768u);
 }
