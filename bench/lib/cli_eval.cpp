@@ -69,9 +69,10 @@ void check_backward_options(const EvalOptions& o) {
 
 // A float32/float64 tensor file of exactly `want` shape and finite values, for the backward's inputs: dO,
 // an earlier forward's O or saved state. UsageError naming the option, the file, the shape and the first
-// non-finite value (check_backward_input).
+// non-finite value (check_backward_input; allow_infinite: only NaN, for the saved state).
 FloatArray read_backward_input(const std::string& option, const std::string& path,
-                               const std::vector<int64_t>& want, const std::string& meaning) {
+                               const std::vector<int64_t>& want, const std::string& meaning,
+                               bool allow_infinite = false) {
   FloatArray x;
   try {
     x = read_npy_float(path);
@@ -79,7 +80,7 @@ FloatArray read_backward_input(const std::string& option, const std::string& pat
     throw UsageError(option + ": " + e.what() + "; expected float32/64 of shape " +
                      FloatArray::shape_to_string(want) + " " + meaning);
   }
-  check_backward_input(option + " '" + path + "'", x.shape, x.ptr(), want, meaning);
+  check_backward_input(option + " '" + path + "'", x.shape, x.ptr(), want, meaning, allow_infinite);
   return x;
 }
 
@@ -253,8 +254,10 @@ void read_backward_inputs(const EvalOptions& o, EvalCall& c) {
       "--saved-state '" + o.saved_state + "'",
       "give --saved-state S.npy written by `eval --save-state` with the same inputs", "drop the option");
   if (n > 0) {
+    // The state may hold +inf (the log-sum-exp of a query row with no allowed key, as `eval --save-state`
+    // writes it): only NaN is refused.
     const FloatArray st = read_backward_input("--saved-state", o.saved_state, {static_cast<int64_t>(n)},
-                                              saved_state_meaning(*c.variant));
+                                              saved_state_meaning(*c.variant), /*allow_infinite=*/true);
     c.saved.assign(st.data.begin(), st.data.end());
   }
 }
