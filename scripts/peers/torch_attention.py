@@ -481,7 +481,7 @@ def measure(torch, pt, row, data, settings, probe, calibration, interference):
             if noise["score"] <= settings.get("max_interference", 0.05):
                 break
         row["memory"]["peak_bytes"] = probe.peak_increase()
-        del graph_out
+        graph_out = None  # the backward point's graph goes before the row is filled in
     t, out, noise, _ = best
     if pass_ != "forward":
         out, grads = out
