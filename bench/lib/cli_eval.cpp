@@ -59,9 +59,7 @@ void check_backward_options(const EvalOptions& o) {
       throw UsageError("--grad-output '" + o.grad_output + "' needs --dq, --dk and --dv (" + name +
                        " is missing): where the gradients go");
   if (!o.saved_state.empty() && o.forward_output.empty())
-    throw UsageError("--saved-state '" + o.saved_state +
-                     "' needs --forward-output O.npy: both come from one earlier training forward (without "
-                     "them eval runs the training forward itself)");
+    check_state_needs_out("--saved-state '" + o.saved_state + "'", "--forward-output O.npy", "eval");
   if (!o.forward_output.empty() && !o.save_state.empty())
     throw UsageError("--save-state '" + o.save_state + "' with --forward-output '" + o.forward_output +
                      "': no training forward runs to save a state; drop one of them");
@@ -71,10 +69,10 @@ void check_backward_options(const EvalOptions& o) {
 
 // A float32/float64 tensor file of exactly `want` shape and finite values, for the backward's inputs: dO,
 // an earlier forward's O or saved state. UsageError naming the option, the file, the shape and the first
-// non-finite value.
+// non-finite value (check_backward_input; allow_infinite: only NaN, for the saved state).
 FloatArray read_backward_input(const std::string& option, const std::string& path,
-                               const std::vector<int64_t>& want, const std::string& meaning) {
-  const std::string what = option + " '" + path + "'";
+                               const std::vector<int64_t>& want, const std::string& meaning,
+                               bool allow_infinite = false) {
   FloatArray x;
   try {
     x = read_npy_float(path);
@@ -82,16 +80,7 @@ FloatArray read_backward_input(const std::string& option, const std::string& pat
     throw UsageError(option + ": " + e.what() + "; expected float32/64 of shape " +
                      FloatArray::shape_to_string(want) + " " + meaning);
   }
-  require_shape(what, x.shape, want, meaning);
-  for (std::size_t e = 0; e < x.numel(); ++e)
-    if (!std::isfinite(x.data[e])) {
-      std::vector<int64_t> at(x.shape.size());  // the element's index, last dimension fastest
-      for (std::size_t d = at.size(), rest = e; d-- > 0; rest /= static_cast<std::size_t>(x.shape[d]))
-        at[d] = static_cast<int64_t>(rest % static_cast<std::size_t>(x.shape[d]));
-      throw UsageError(what + ": element " + FloatArray::shape_to_string(at) + " of shape " + x.shape_str() +
-                       " is " + (std::isnan(x.data[e]) ? "NaN" : "infinite") +
-                       "; the backward needs finite values (a NaN would reach every gradient it touches)");
-    }
+  check_backward_input(option + " '" + path + "'", x.shape, x.ptr(), want, meaning, allow_infinite);
   return x;
 }
 
@@ -139,249 +128,269 @@ struct BackwardResult {
   Json compare;
 };
 
-Json gradient_metrics(const FloatArray& got, const DoubleArray& want, int64_t dim) {
-  const ErrorMetrics m = compare_outputs(got.ptr(), want.ptr(), static_cast<int64_t>(got.numel()) / dim, dim);
-  return {{"max_abs_err", json_number(m.max_abs_err)},
-          {"rel_l2_err", json_number(m.rel_l2_err)},
-          {"nan_count", m.nan_count},
-          {"inf_count", m.inf_count}};
-}
+// One eval call, filled in stage by stage: the variant and problem, the tensors as read, the backward's
+// inputs, then what ran.
+struct EvalCall {
+  const Attention* variant = nullptr;
+  Json params;
+  Problem p;
+  DType dtype = DType::fp32;
+  Bias bias = Bias::none;
+  RopeSpec rope;
+  InputTensor q, k, v;
+  ByteArray mask, pad;
+  std::vector<float> slopes;
+  FloatArray d_out, forward_out;  // the backward's dO, and an earlier training forward's O
+  std::vector<float> saved;       // that forward's saved state, or the one the training forward writes
+  FloatArray out;
+  // The fp32 inputs (before any rounding to the storage dtype) and the inputs the variant reads.
+  AttentionInputs fp32_in, in;
+  std::vector<uint16_t> q16, k16, v16;
+  NonfiniteCounts bad;
+  BackwardResult grads;
+};
 
-// The backward of the training forward whose O (`out`) and state (`saved`) are given: dQ, dK, dV, with
-// --compare their errors against the fp64 gradient of the variant's own definition (reference_backward:
-// what a correct implementation must match) and of exact softmax attention (how far an approximate
-// variant's gradient lands from exact attention's).
-BackwardResult run_backward_step(const EvalOptions& o, const Attention& variant, const Problem& p,
-                                 const AttentionInputs& in, const FloatArray& out,
-                                 const std::vector<float>& saved, const FloatArray& d_out) {
+// The backward of the training forward whose O (`c.out`) and state (`c.saved`) are given: dQ, dK, dV, with
+// --compare their errors (gradient_comparison).
+BackwardResult run_backward_step(const EvalOptions& o, const EvalCall& c) {
+  const Problem& p = c.p;
   BackwardResult r;
   r.dq = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
   r.dk = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim});
   r.dv = FloatArray(r.dk.shape);
   GradientArgs g;
-  g.out = out.ptr();
-  g.saved = saved.empty() ? nullptr : saved.data();
-  g.d_out = d_out.ptr();
+  g.out = c.out.ptr();
+  g.saved = c.saved.empty() ? nullptr : c.saved.data();
+  g.d_out = c.d_out.ptr();
   g.dq = r.dq.ptr(), g.dk = r.dk.ptr(), g.dv = r.dv.ptr();
-  variant.run_backward(p, in, g);
-  const int64_t bad = count_nonfinite(r.dq.ptr(), r.dq.numel()) + count_nonfinite(r.dk.ptr(), r.dk.numel()) +
-                      count_nonfinite(r.dv.ptr(), r.dv.numel());
-  if (bad) std::cerr << "attnbench: warning: the gradients hold " << bad << " NaN/Inf values\n";
-  if (!o.compare) return r;
-  DoubleArray wq(r.dq.shape), wk(r.dk.shape), wv(r.dv.shape);
-  AttentionInputs ref_in = in;
-  ref_in.out = nullptr;
-  auto metrics = [&](const std::string& reference) {
-    return Json{{"reference", reference},
-                {"dq", gradient_metrics(r.dq, wq, p.head_dim)},
-                {"dk", gradient_metrics(r.dk, wk, p.head_dim)},
-                {"dv", gradient_metrics(r.dv, wv, p.head_dim)}};
-  };
-  variant.reference_backward(p, ref_in, d_out.ptr(), wq.ptr(), wk.ptr(), wv.ptr());
-  r.compare["grad_accuracy"] = metrics("fp64 gradient of " + p.variant + "'s own definition");
-  reference_attention_backward(p, ref_in, d_out.ptr(), wq.ptr(), wk.ptr(), wv.ptr());
-  r.compare["grad_accuracy_exact"] = metrics("fp64 gradient of exact softmax attention");
-  r.compare["nonfinite_gradients"] = bad;
+  c.variant->run_backward(p, c.in, g);
+  const std::string note =
+      nonfinite_gradients_note(count_nonfinite_gradients(p, r.dq.ptr(), r.dk.ptr(), r.dv.ptr()));
+  if (!note.empty()) std::cerr << "attnbench: warning: " << note << "\n";
+  if (o.compare)
+    r.compare = gradient_comparison(*c.variant, p, c.in, c.d_out.ptr(), r.dq.ptr(), r.dk.ptr(), r.dv.ptr());
   return r;
 }
 
-int run_eval(const EvalOptions& o) {
+// The variant, its parameters and the storage options, checked before any file is read (as --isa): names,
+// combinations, and whether the variant takes them.
+EvalCall check_call_options(const EvalOptions& o) {
   check_backward_options(o);
   simd::select_isa(o.isa, "--isa");
-  const Attention& variant = Registry::instance().get(o.variant);
-  const Json params = parse_cli_params(variant, o.params);
-  Problem p = make_problem(o.variant, params);
-  // The storage options, checked before any file is read (as --isa): names, combinations, and whether the
-  // variant takes them.
-  const DType dtype = parse_dtype(o.dtype, "--dtype");
-  RopeSpec rope;
-  rope.mode = parse_rope_mode(o.rope, "--rope");
-  rope.base = o.rope_base;
-  validate_rope(rope, 2, "--rope-base");  // the base; head_dim is checked once Q is read
-  if (o.rope_base_opt->count() && !rope.on())
+  EvalCall c;
+  c.variant = &Registry::instance().get(o.variant);
+  c.params = parse_cli_params(*c.variant, o.params);
+  c.p = make_problem(o.variant, c.params);
+  c.dtype = parse_dtype(o.dtype, "--dtype");
+  c.rope.mode = parse_rope_mode(o.rope, "--rope");
+  c.rope.base = o.rope_base;
+  validate_rope(c.rope, 2, "--rope-base");  // the base; head_dim is checked once Q is read
+  if (o.rope_base_opt->count() && !c.rope.on())
     throw UsageError("--rope-base " + shortest_double_text(o.rope_base) +
                      " needs --rope normal or --rope neox (it is the base of the rotary angles)");
   if (!o.alibi_slopes.empty() && !o.alibi)
     throw UsageError(
         "--alibi-slopes '" + o.alibi_slopes +
         "' needs --alibi (the slopes are those of the ALiBi bias; without --alibi there is none)");
-  const Bias bias = o.alibi ? Bias::alibi : Bias::none;
-  check_storage(variant, params, dtype, bias, "--dtype " + std::string(dtype_name(dtype)), "--alibi");
+  c.bias = o.alibi ? Bias::alibi : Bias::none;
+  check_storage(*c.variant, c.params, c.dtype, c.bias, "--dtype " + std::string(dtype_name(c.dtype)),
+                "--alibi");
+  return c;
+}
 
-  InputTensor q = read_input("--q", o.q, dtype), k = read_input("--k", o.k, dtype),
-              v = read_input("--v", o.v, dtype);
+// Q, K, V, the masks and the slopes, read and checked; the problem's sizes and options from them.
+void read_call_tensors(const EvalOptions& o, EvalCall& c) {
+  Problem& p = c.p;
+  c.q = read_input("--q", o.q, c.dtype);
+  c.k = read_input("--k", o.k, c.dtype);
+  c.v = read_input("--v", o.v, c.dtype);
   const std::string q_what = "--q '" + o.q + "'", k_what = "--k '" + o.k + "'", v_what = "--v '" + o.v + "'";
-  require_rank4(q_what, q.values.shape, "[batch, heads, seq_q, head_dim]");
-  require_rank4(k_what, k.values.shape, "[batch, kv_heads, seq_kv, head_dim]");
-  require_rank4(v_what, v.values.shape, "[batch, kv_heads, seq_kv, head_dim]");
-  check_kv_shapes(q_what, q.values.shape, k_what, k.values.shape, v_what, v.values.shape);
-  set_shape(p, q.values.shape, k.values.shape);
+  require_rank4(q_what, c.q.values.shape, "[batch, heads, seq_q, head_dim]");
+  require_rank4(k_what, c.k.values.shape, "[batch, kv_heads, seq_kv, head_dim]");
+  require_rank4(v_what, c.v.values.shape, "[batch, kv_heads, seq_kv, head_dim]");
+  check_kv_shapes(q_what, c.q.values.shape, k_what, c.k.values.shape, v_what, c.v.values.shape);
+  set_shape(p, c.q.values.shape, c.k.values.shape);
   p.mask.causal = o.causal;
   p.mask.causal_lower_right = o.causal_lower_right;
   p.scale = o.scale;
   p.dropout = o.dropout;
   p.seed = o.seed;
-  p.dtype = dtype;
-  p.bias = bias;
-  if (rope.on()) validate_rope(rope, p.head_dim, "--rope " + o.rope + " (--q '" + o.q + "')");
-  ByteArray mask, pad;
+  p.dtype = c.dtype;
+  p.bias = c.bias;
+  if (c.rope.on()) validate_rope(c.rope, p.head_dim, "--rope " + o.rope + " (--q '" + o.q + "')");
   if (!o.mask.empty()) {
-    mask = read_npy_mask(o.mask);
-    require_shape("--mask '" + o.mask + "'", mask.shape, {p.seq_q, p.seq_kv}, "[seq_q, seq_kv]");
+    c.mask = read_npy_mask(o.mask);
+    require_shape("--mask '" + o.mask + "'", c.mask.shape, {p.seq_q, p.seq_kv}, "[seq_q, seq_kv]");
     p.mask.boolean = true;
   }
   if (!o.key_padding.empty()) {
-    pad = read_npy_mask(o.key_padding);
-    require_shape("--key-padding '" + o.key_padding + "'", pad.shape, {p.batch, p.seq_kv}, "[batch, seq_kv]");
+    c.pad = read_npy_mask(o.key_padding);
+    require_shape("--key-padding '" + o.key_padding + "'", c.pad.shape, {p.batch, p.seq_kv},
+                  "[batch, seq_kv]");
     p.mask.key_padding = true;
   }
-  std::vector<float> slopes;
   if (!o.alibi_slopes.empty()) {
     const DoubleArray s = read_npy_double(o.alibi_slopes);
-    slopes = checked_alibi_slopes("--alibi-slopes '" + o.alibi_slopes + "'", "--q", s.shape, s.ptr(), p);
+    c.slopes = checked_alibi_slopes("--alibi-slopes '" + o.alibi_slopes + "'", "--q", s.shape, s.ptr(), p);
   }
-  const int threads = static_cast<int>(
-      tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));  // set by --threads
-  check_runnable(variant, p, threads, o.compare, o.backward());
-  // The backward's own inputs, read and checked before anything runs or is written.
-  FloatArray d_out, forward_out;
-  std::vector<float> saved;
-  if (o.backward()) {
-    const std::vector<int64_t> q_shape{p.batch, p.heads, p.seq_q, p.head_dim};
-    d_out = read_backward_input("--grad-output", o.grad_output, q_shape,
-                                "(dL/dO has the output's shape [batch, heads, seq_q, head_dim], from --q)");
-    if (!o.forward_output.empty()) {
-      forward_out = read_backward_input("--forward-output", o.forward_output, q_shape,
-                                        "(the training forward's O, [batch, heads, seq_q, head_dim])");
-      const std::size_t n = variant.saved_floats(p);
-      if (n > 0 && o.saved_state.empty())
-        throw UsageError("--forward-output '" + o.forward_output + "': " + o.variant +
-                         "'s backward also needs the forward's saved state (" + std::to_string(n) +
-                         " floats: " + variant.saved_description() +
-                         "): give --saved-state S.npy written by `eval --save-state` with the same inputs");
-      if (n == 0 && !o.saved_state.empty())
-        throw UsageError("--saved-state '" + o.saved_state + "': " + o.variant +
-                         " keeps no state for its backward (it recomputes what it needs); drop the option");
-      if (n > 0) {
-        const FloatArray st = read_backward_input("--saved-state", o.saved_state, {static_cast<int64_t>(n)},
-                                                  "(" + variant.saved_description() + ", flattened)");
-        saved.assign(st.data.begin(), st.data.end());
-      }
-    }
-  } else if (!o.save_state.empty() && !variant.capabilities().backward) {
-    throw UsageError("--save-state '" + o.save_state + "': " + o.variant +
-                     " has no backward pass, so its forward keeps no state for one");
-  }
+}
 
+// The backward's own inputs (dO, an earlier training forward's O and state), read and checked before
+// anything runs or is written; or the refusal of --save-state for a variant without a backward.
+void read_backward_inputs(const EvalOptions& o, EvalCall& c) {
+  const Problem& p = c.p;
+  if (!o.backward()) {
+    if (!o.save_state.empty())
+      check_save_state_has_backward(*c.variant, "--save-state '" + o.save_state + "'");
+    return;
+  }
+  const std::vector<int64_t> q_shape{p.batch, p.heads, p.seq_q, p.head_dim};
+  c.d_out = read_backward_input("--grad-output", o.grad_output, q_shape, d_out_meaning("--q"));
+  if (o.forward_output.empty()) return;
+  c.forward_out =
+      read_backward_input("--forward-output", o.forward_output, q_shape, forward_output_meaning());
+  const std::size_t n = check_saved_state_given(
+      *c.variant, p, !o.saved_state.empty(), "--forward-output '" + o.forward_output + "'",
+      "--saved-state '" + o.saved_state + "'",
+      "give --saved-state S.npy written by `eval --save-state` with the same inputs", "drop the option");
+  if (n > 0) {
+    // The state may hold +inf (the log-sum-exp of a query row with no allowed key, as `eval --save-state`
+    // writes it): only NaN is refused.
+    const FloatArray st = read_backward_input("--saved-state", o.saved_state, {static_cast<int64_t>(n)},
+                                              saved_state_meaning(*c.variant), /*allow_infinite=*/true);
+    c.saved.assign(st.data.begin(), st.data.end());
+  }
+}
+
+// RoPE, the storage rounding, then the forward (the inference forward, or the training forward when its
+// state is wanted: the same O; none when an earlier training forward's O and state are given) and the
+// backward.
+void run_call(const EvalOptions& o, EvalCall& c) {
+  const Problem& p = c.p;
   // RoPE on the fp32 values of Q and K, queries at rope_query_offset (lower-right: the last query at the last
   // key's position). A rotated float16 input is rounded back to fp16 like any other.
-  if (rope.on()) {
-    apply_rope_qk(rope, p, q.values.ptr(), k.values.ptr());
-    q.from_fp16 = k.from_fp16 = false;
+  if (c.rope.on()) {
+    apply_rope_qk(c.rope, p, c.q.values.ptr(), c.k.values.ptr());
+    c.q.from_fp16 = c.k.from_fp16 = false;
   }
-  FloatArray out({p.batch, p.heads, p.seq_q, p.head_dim});
-  // The fp32 inputs (before any rounding to the storage dtype) and the inputs the variant reads.
-  const AttentionInputs fp32_in{q.values.ptr(),
-                                k.values.ptr(),
-                                v.values.ptr(),
-                                mask.numel() ? mask.ptr() : nullptr,
-                                pad.numel() ? pad.ptr() : nullptr,
-                                out.ptr(),
-                                nullptr,
-                                nullptr,
-                                nullptr,
-                                slopes.empty() ? nullptr : slopes.data()};
-  AttentionInputs in = fp32_in;
-  std::vector<uint16_t> q16, k16, v16;
-  if (dtype != DType::fp32) {
+  c.out = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
+  c.fp32_in = AttentionInputs{c.q.values.ptr(),
+                              c.k.values.ptr(),
+                              c.v.values.ptr(),
+                              c.mask.numel() ? c.mask.ptr() : nullptr,
+                              c.pad.numel() ? c.pad.ptr() : nullptr,
+                              c.out.ptr(),
+                              nullptr,
+                              nullptr,
+                              nullptr,
+                              c.slopes.empty() ? nullptr : c.slopes.data()};
+  c.in = c.fp32_in;
+  if (c.dtype != DType::fp32) {
     auto store = [&](InputTensor& t, std::vector<uint16_t>& bits) -> const uint16_t* {
       if (t.from_fp16) return t.fp16_bits.ptr();  // float16 file, used as it is
       bits.resize(t.values.numel());
-      round_tensor(dtype, t.values.ptr(), static_cast<int64_t>(bits.size()), bits.data());
+      round_tensor(c.dtype, t.values.ptr(), static_cast<int64_t>(bits.size()), bits.data());
       return bits.data();
     };
-    in.q16 = store(q, q16);
-    in.k16 = store(k, k16);
-    in.v16 = store(v, v16);
-    in.q = in.k = in.v = nullptr;
+    c.in.q16 = store(c.q, c.q16);
+    c.in.k16 = store(c.k, c.k16);
+    c.in.v16 = store(c.v, c.v16);
+    c.in.q = c.in.k = c.in.v = nullptr;
   }
-  // The forward: the inference forward, or the training forward when its state is wanted (the same O), or
-  // none when an earlier training forward's O and state are given.
   const bool training = o.backward() || !o.save_state.empty();
-  if (!forward_out.numel()) {
+  if (!c.forward_out.numel()) {
     if (training) {
-      saved.assign(variant.saved_floats(p), 0.0f);
-      variant.run_saving(p, in, saved.empty() ? nullptr : saved.data());
+      c.saved.assign(c.variant->saved_floats(p), 0.0f);
+      c.variant->run_saving(p, c.in, c.saved.empty() ? nullptr : c.saved.data());
     } else {
-      variant.run(p, in);
+      c.variant->run(p, c.in);
     }
   } else {
-    std::copy(forward_out.data.begin(), forward_out.data.end(), out.data.begin());
+    std::copy(c.forward_out.data.begin(), c.forward_out.data.end(), c.out.data.begin());
   }
-  const NonfiniteCounts bad = count_nonfinite_values(p, in);
-  if (const std::string note = nonfinite_output_note(bad); !note.empty())
+  c.bad = count_nonfinite_values(p, c.in);
+  if (const std::string note = nonfinite_output_note(c.bad); !note.empty())
     std::cerr << "attnbench: warning: " << note << "\n";
-  BackwardResult grads;
-  if (o.backward()) grads = run_backward_step(o, variant, p, in, out, saved, d_out);
-  // Every output file only now that everything has run (each written to a temporary and renamed).
-  if (!o.out.empty()) write_npy(o.out, out);
+  if (o.backward()) c.grads = run_backward_step(o, c);
+}
+
+// Every output file only now that everything has run (each written to a temporary and renamed).
+void write_outputs(const EvalOptions& o, const EvalCall& c) {
+  if (!o.out.empty()) write_npy(o.out, c.out);
   if (!o.save_state.empty()) {
-    FloatArray state({static_cast<int64_t>(saved.size())});
-    std::copy(saved.begin(), saved.end(), state.data.begin());
+    FloatArray state({static_cast<int64_t>(c.saved.size())});
+    std::copy(c.saved.begin(), c.saved.end(), state.data.begin());
     write_npy(o.save_state, state);
   }
   if (o.backward()) {
-    write_npy(o.dq, grads.dq);
-    write_npy(o.dk, grads.dk);
-    write_npy(o.dv, grads.dv);
+    write_npy(o.dq, c.grads.dq);
+    write_npy(o.dk, c.grads.dk);
+    write_npy(o.dv, c.grads.dv);
   }
-  if (o.compare) {
-    const int64_t rows = p.batch * p.heads * p.seq_q;
-    DoubleArray want(out.shape);
-    reference_attention(p, in, want.ptr());
-    const ErrorMetrics m = compare_outputs(out.ptr(), want.ptr(), rows, p.head_dim);
-    const std::string stored = dtype == DType::fp32 ? "fp32" : dtype_name(dtype);
-    Json accuracy = metrics_json(m, "fp64 on the inputs as stored (" + stored + ")");
-    // End to end: fp64 on the fp32 inputs before rounding to the storage dtype (after RoPE, which is applied
-    // in fp32 either way); the same as `accuracy` for fp32 storage and for float16 files used as they are.
-    Json accuracy_e2e = accuracy;
-    if (dtype != DType::fp32) {
-      reference_attention(WideInputs::as_fp32(p), fp32_in, want.ptr());
-      accuracy_e2e = metrics_json(compare_outputs(out.ptr(), want.ptr(), rows, p.head_dim),
-                                  std::string("fp64 on the fp32 inputs before rounding to ") + stored);
-    } else {
-      accuracy_e2e["reference"] = "fp64 on the fp32 inputs (the same as accuracy: fp32 storage)";
-    }
-    Json stored_as_is = Json::array();
-    if (q.from_fp16) stored_as_is.push_back("q");
-    if (k.from_fp16) stored_as_is.push_back("k");
-    if (v.from_fp16) stored_as_is.push_back("v");
-    Json j = {{"id", p.repro()},
-              {"isa", simd::active_isa()},
-              {"dtype", dtype_name(dtype)},
-              {"bias", bias_name(bias)},
-              {"rope", rope_mode_name(rope.mode)},
-              {"max_abs_err", json_number(m.max_abs_err)},
-              {"rel_l2_err", json_number(m.rel_l2_err)},
-              {"mean_cosine", json_number(m.mean_cosine)},
-              {"nan_count", m.nan_count},
-              {"inf_count", m.inf_count},
-              {"accuracy", accuracy},
-              {"accuracy_e2e", accuracy_e2e},
-              {"nonfinite_inputs", bad.inputs()},
-              {"nonfinite_q", bad.q},
-              {"nonfinite_k", bad.k},
-              {"nonfinite_v", bad.v}};
-    if (bias == Bias::alibi) j["alibi_slopes"] = o.alibi_slopes.empty() ? "default" : o.alibi_slopes;
-    if (rope.on()) {
-      j["rope_base"] = json_number(rope.base);
-      j["rope_query_offset"] = rope_query_offset(p);
-    }
-    if (dtype == DType::fp16) j["fp16_inputs_as_is"] = stored_as_is;
-    if (o.backward())
-      for (auto it = grads.compare.begin(); it != grads.compare.end(); ++it) j[it.key()] = it.value();
-    std::cout << j.dump() << "\n";
+}
+
+// --compare: the output's errors against the fp64 exact reference (and the gradients', with --grad-output)
+// as one JSON line on stdout.
+void print_comparison(const EvalOptions& o, const EvalCall& c) {
+  const Problem& p = c.p;
+  const DType dtype = c.dtype;
+  const int64_t rows = p.batch * p.heads * p.seq_q;
+  DoubleArray want(c.out.shape);
+  reference_attention(p, c.in, want.ptr());
+  const ErrorMetrics m = compare_outputs(c.out.ptr(), want.ptr(), rows, p.head_dim);
+  const std::string stored = dtype == DType::fp32 ? "fp32" : dtype_name(dtype);
+  Json accuracy = metrics_json(m, "fp64 on the inputs as stored (" + stored + ")");
+  // End to end: fp64 on the fp32 inputs before rounding to the storage dtype (after RoPE, which is applied
+  // in fp32 either way); the same as `accuracy` for fp32 storage and for float16 files used as they are.
+  Json accuracy_e2e = accuracy;
+  if (dtype != DType::fp32) {
+    reference_attention(WideInputs::as_fp32(p), c.fp32_in, want.ptr());
+    accuracy_e2e = metrics_json(compare_outputs(c.out.ptr(), want.ptr(), rows, p.head_dim),
+                                std::string("fp64 on the fp32 inputs before rounding to ") + stored);
+  } else {
+    accuracy_e2e["reference"] = "fp64 on the fp32 inputs (the same as accuracy: fp32 storage)";
   }
+  Json stored_as_is = Json::array();
+  if (c.q.from_fp16) stored_as_is.push_back("q");
+  if (c.k.from_fp16) stored_as_is.push_back("k");
+  if (c.v.from_fp16) stored_as_is.push_back("v");
+  Json j = {{"id", p.repro()},
+            {"isa", simd::active_isa()},
+            {"dtype", dtype_name(dtype)},
+            {"bias", bias_name(c.bias)},
+            {"rope", rope_mode_name(c.rope.mode)},
+            {"max_abs_err", json_number(m.max_abs_err)},
+            {"rel_l2_err", json_number(m.rel_l2_err)},
+            {"mean_cosine", json_number(m.mean_cosine)},
+            {"nan_count", m.nan_count},
+            {"inf_count", m.inf_count},
+            {"accuracy", accuracy},
+            {"accuracy_e2e", accuracy_e2e},
+            {"nonfinite_inputs", c.bad.inputs()},
+            {"nonfinite_q", c.bad.q},
+            {"nonfinite_k", c.bad.k},
+            {"nonfinite_v", c.bad.v}};
+  if (c.bias == Bias::alibi) j["alibi_slopes"] = o.alibi_slopes.empty() ? "default" : o.alibi_slopes;
+  if (c.rope.on()) {
+    j["rope_base"] = json_number(c.rope.base);
+    j["rope_query_offset"] = rope_query_offset(p);
+  }
+  if (dtype == DType::fp16) j["fp16_inputs_as_is"] = stored_as_is;
+  if (o.backward())
+    for (auto it = c.grads.compare.begin(); it != c.grads.compare.end(); ++it) j[it.key()] = it.value();
+  std::cout << j.dump() << "\n";
+}
+
+int run_eval(const EvalOptions& o) {
+  EvalCall c = check_call_options(o);
+  read_call_tensors(o, c);
+  const int threads = static_cast<int>(
+      tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));  // set by --threads
+  check_runnable(*c.variant, c.p, threads, o.compare, o.backward());
+  read_backward_inputs(o, c);
+  run_call(o, c);
+  write_outputs(o, c);
+  if (o.compare) print_comparison(o, c);
   return 0;
 }
 

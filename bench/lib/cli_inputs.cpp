@@ -2,9 +2,13 @@
 // `attnbench run` makes them (same regime, seed and mask), with the point's plan entry and the fp64 exact
 // reference rows its accuracy is measured against. Q, K, V are fp32 (after RoPE, before any rounding to a
 // bf16 / fp16 point's dtype: round them to point.json's problem.dtype to get what the kernel read);
-// reference.npy is on the rounded inputs, reference_e2e.npy (bf16 / fp16 only) on the fp32 ones. The PyTorch
-// peer (scripts/peers/torch_attention.py) and anyone reproducing a row outside attnbench start from these
-// files.
+// reference.npy is on the rounded inputs, reference_e2e.npy (bf16 / fp16 only) on the fp32 ones. A backward
+// point (`,pass=backward` / `,pass=forward_backward`) also gets its dO (d_out.npy, make_d_out) and the fp64
+// gradient of exact attention its grad_accuracy is measured against: the (batch, K/V head) blocks of
+// grad_reference_blocks (grad_blocks.npy) in reference_attention_backward's compact layout (grad_dq.npy
+// [n, group, seq_q, head_dim], grad_dk.npy and grad_dv.npy [n, seq_kv, head_dim]), on the inputs rounded to
+// the point's dtype as the runner's. The PyTorch peer (scripts/peers/torch_attention.py) and anyone
+// reproducing a row outside attnbench start from these files.
 #include <filesystem>
 #include <iostream>
 #include <set>
@@ -30,6 +34,29 @@ struct InputsOptions {
   bool reference = true;
 };
 
+// A backward point's dO and, for `blocks` (empty: none), the fp64 gradient of exact attention (same masks,
+// bias, scale, dropout) on the inputs the kernel reads (rounded to the point's dtype), as the runner's
+// grad_accuracy (AccuracyReferences::fill_backward): compact, the blocks in order.
+void write_backward_files(const SweepPoint& pt, const PointInputs& in, const std::vector<int64_t>& blocks,
+                          const fs::path& dir) {
+  const Problem& p = pt.problem;
+  const FloatArray d_out = make_d_out(pt);
+  write_npy((dir / "d_out.npy").string(), d_out);
+  if (blocks.empty()) return;
+  const auto n = static_cast<int64_t>(blocks.size());
+  DoubleArray dq({n, p.group_size(), p.seq_q, p.head_dim}), dk({n, p.seq_kv, p.head_dim}), dv(dk.shape);
+  {
+    const StoredInputs stored(p, in.view(nullptr));
+    reference_attention_backward(p, stored.get(), d_out.ptr(), dq.ptr(), dk.ptr(), dv.ptr(), &blocks);
+  }
+  write_npy((dir / "grad_dq.npy").string(), dq);
+  write_npy((dir / "grad_dk.npy").string(), dk);
+  write_npy((dir / "grad_dv.npy").string(), dv);
+  NdArray<int64_t> b({n});
+  std::copy(blocks.begin(), blocks.end(), b.data.begin());
+  write_npy((dir / "grad_blocks.npy").string(), b);
+}
+
 int write_inputs(const InputsOptions& o) {
   simd::select_isa(o.isa, "--isa");
   const Plan plan = load_plan(o.config, o.isa);
@@ -48,10 +75,14 @@ int write_inputs(const InputsOptions& o) {
   const Problem& p = pt.problem;
 
   const PointMemory need = point_memory(pt, plan.config);
-  const std::size_t inputs_need = sat_add(need.call.inputs, need.fp32_inputs);
-  if (sat_add(inputs_need, o.reference ? need.reference : 0) > *plan.config.memory_budget_bytes)
+  const bool backward = pt.pass != Pass::forward;
+  // A backward point's inputs hold dO too (Q's size, fp32) beside Q, K, V; its reference the gradients'.
+  const std::size_t inputs_need = sat_add(need.call.inputs, need.fp32_inputs,
+                                          backward ? sat_mul(to_size(p.q_elements()), sizeof(float)) : 0);
+  const std::size_t reference_need = sat_add(need.reference, need.grad_reference);
+  if (sat_add(inputs_need, o.reference ? reference_need : 0) > *plan.config.memory_budget_bytes)
     throw NotSupported(pt.id + ": its inputs" + std::string(o.reference ? " and reference rows" : "") +
-                       " need " + format_bytes(static_cast<double>(sat_add(inputs_need, need.reference))) +
+                       " need " + format_bytes(static_cast<double>(sat_add(inputs_need, reference_need))) +
                        ", more than the config's memory_budget " +
                        format_bytes(static_cast<double>(*plan.config.memory_budget_bytes)));
   const fs::path dir = o.out;
@@ -82,12 +113,20 @@ int write_inputs(const InputsOptions& o) {
     std::copy(rows.begin(), rows.end(), r.data.begin());
     write_npy((dir / "rows.npy").string(), r);
   }
+  const std::vector<int64_t> blocks =
+      backward && o.reference ? grad_reference_blocks(p, plan.config.accuracy) : std::vector<int64_t>{};
+  if (backward) write_backward_files(pt, in, blocks, dir);
   Json j = point_json(pt, plan.config);
   j["files"] = {{"q", "q.npy"}, {"k", "k.npy"}, {"v", "v.npy"}};
   if (p.mask.key_padding) j["files"]["key_padding"] = "key_padding.npy";
   if (o.reference && !rows.empty()) {
     j["files"]["reference"] = "reference.npy", j["files"]["rows"] = "rows.npy";
     if (p.dtype != DType::fp32) j["files"]["reference_e2e"] = "reference_e2e.npy";
+  }
+  if (backward) j["files"]["d_out"] = "d_out.npy";
+  if (!blocks.empty()) {
+    j["files"]["grad_dq"] = "grad_dq.npy", j["files"]["grad_dk"] = "grad_dk.npy";
+    j["files"]["grad_dv"] = "grad_dv.npy", j["files"]["grad_blocks"] = "grad_blocks.npy";
   }
   j["points_sharing_these_inputs"] = Json::array();
   for (const SweepPoint& q : plan.points)
@@ -101,7 +140,9 @@ int write_inputs(const InputsOptions& o) {
 }  // namespace attn::cli
 
 ATTN_REGISTER_COMMAND(
-    "inputs", "write one sweep point's inputs (q/k/v .npy), its plan entry and fp64 reference rows",
+    "inputs",
+    "write one sweep point's inputs (q/k/v .npy, dO for backward points), its plan entry and fp64 reference "
+    "rows (and gradients)",
     [](CLI::App& sub) {
       auto o = std::make_shared<attn::cli::InputsOptions>();
       sub.add_option("config", o->config, "sweep config (JSON), see configs/README.md")->required();
@@ -111,7 +152,7 @@ ATTN_REGISTER_COMMAND(
       sub.add_option("--out", o->out, "output folder (created; files in it are replaced)")->required();
       sub.add_flag(
           "--no-reference", [o](int64_t) { o->reference = false; },
-          "skip the fp64 reference rows (reference.npy, rows.npy)");
+          "skip the fp64 reference rows (reference.npy, rows.npy) and gradients (grad_*.npy)");
       attn::cli::add_isa_option(sub, o->isa);
       return std::function<int()>([o] { return attn::cli::write_inputs(*o); });
     })

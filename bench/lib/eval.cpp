@@ -10,6 +10,7 @@
 
 #include "common/error.hpp"
 #include "common/half.hpp"
+#include "common/reference.hpp"
 #include "common/tensor.hpp"
 #include "common/util.hpp"
 
@@ -200,6 +201,102 @@ std::string nonfinite_output_note(const NonfiniteCounts& counts) {
   if (!counts.out) return "";
   return "the output holds " + std::to_string(counts.out) + " NaN/Inf values (the inputs held " +
          std::to_string(counts.inputs()) + ")";
+}
+
+void check_backward_input(const std::string& what, const std::vector<int64_t>& shape, const float* values,
+                          const std::vector<int64_t>& want, const std::string& meaning, bool allow_infinite) {
+  require_shape(what, shape, want, meaning);
+  const std::size_t n = NdArray<float>::count(shape);
+  for (std::size_t e = 0; e < n; ++e)
+    if (allow_infinite ? std::isnan(values[e]) : !std::isfinite(values[e])) {
+      std::vector<int64_t> at(shape.size());  // the element's index, last dimension fastest
+      for (std::size_t d = at.size(), rest = e; d-- > 0; rest /= static_cast<std::size_t>(shape[d]))
+        at[d] = static_cast<int64_t>(rest % static_cast<std::size_t>(shape[d]));
+      throw UsageError(what + ": element " + shape_text(at) + " of shape " + shape_text(shape) + " is " +
+                       (std::isnan(values[e]) ? "NaN" : "infinite") +
+                       "; the backward needs finite values (a NaN would reach every gradient it touches)");
+    }
+}
+
+std::string d_out_meaning(const std::string& q_what) {
+  return "(dL/dO has the output's shape [batch, heads, seq_q, head_dim], from " + q_what + ")";
+}
+
+std::string forward_output_meaning() {
+  return "(the training forward's O, [batch, heads, seq_q, head_dim])";
+}
+
+std::string saved_state_meaning(const Attention& variant) {
+  return "(" + variant.saved_description() + ", flattened)";
+}
+
+void check_state_needs_out(const std::string& state_what, const std::string& out_text,
+                           const std::string& caller) {
+  throw UsageError(state_what + " needs " + out_text +
+                   ": both come from one earlier training forward (without them " + caller +
+                   " runs the training forward itself)");
+}
+
+std::size_t check_saved_state_given(const Attention& variant, const Problem& p, bool state_given,
+                                    const std::string& out_what, const std::string& state_what,
+                                    const std::string& give_state, const std::string& drop_state) {
+  const std::size_t n = variant.saved_floats(p);
+  if (n > 0 && !state_given)
+    throw UsageError(out_what + ": " + variant.name() + "'s backward also needs the forward's saved state (" +
+                     std::to_string(n) + " floats: " + variant.saved_description() + "): " + give_state);
+  if (n == 0 && state_given)
+    throw UsageError(state_what + ": " + variant.name() +
+                     " keeps no state for its backward (it recomputes what it needs); " + drop_state);
+  return n;
+}
+
+void check_save_state_has_backward(const Attention& variant, const std::string& what) {
+  if (!variant.capabilities().backward)
+    throw UsageError(what + ": " + variant.name() +
+                     " has no backward pass, so its forward keeps no state for one");
+}
+
+int64_t count_nonfinite_gradients(const Problem& p, const float* dq, const float* dk, const float* dv) {
+  const auto nq = static_cast<std::size_t>(p.q_elements()), nkv = static_cast<std::size_t>(p.kv_elements());
+  return count_nonfinite(dq, nq) + count_nonfinite(dk, nkv) + count_nonfinite(dv, nkv);
+}
+
+std::string nonfinite_gradients_note(int64_t count) {
+  if (!count) return "";
+  return "the gradients hold " + std::to_string(count) + " NaN/Inf values";
+}
+
+namespace {
+
+Json gradient_metrics(const float* got, const double* want, int64_t elements, int64_t dim) {
+  const ErrorMetrics m = compare_outputs(got, want, elements / dim, dim);
+  return {{"max_abs_err", json_number(m.max_abs_err)},
+          {"rel_l2_err", json_number(m.rel_l2_err)},
+          {"nan_count", m.nan_count},
+          {"inf_count", m.inf_count}};
+}
+
+}  // namespace
+
+Json gradient_comparison(const Attention& variant, const Problem& p, const AttentionInputs& in,
+                         const float* d_out, const float* dq, const float* dk, const float* dv) {
+  const int64_t nq = p.q_elements(), nkv = p.kv_elements();
+  DoubleArray wq({nq}), wk({nkv}), wv({nkv});
+  AttentionInputs ref_in = in;
+  ref_in.out = nullptr;
+  auto metrics = [&](const std::string& reference) {
+    return Json{{"reference", reference},
+                {"dq", gradient_metrics(dq, wq.ptr(), nq, p.head_dim)},
+                {"dk", gradient_metrics(dk, wk.ptr(), nkv, p.head_dim)},
+                {"dv", gradient_metrics(dv, wv.ptr(), nkv, p.head_dim)}};
+  };
+  Json j;
+  variant.reference_backward(p, ref_in, d_out, wq.ptr(), wk.ptr(), wv.ptr());
+  j["grad_accuracy"] = metrics("fp64 gradient of " + p.variant + "'s own definition");
+  reference_attention_backward(p, ref_in, d_out, wq.ptr(), wk.ptr(), wv.ptr());
+  j["grad_accuracy_exact"] = metrics("fp64 gradient of exact softmax attention");
+  j["nonfinite_gradients"] = count_nonfinite_gradients(p, dq, dk, dv);
+  return j;
 }
 
 }  // namespace attn

@@ -1,7 +1,7 @@
 // The checks of one attention call on caller-given tensors, shared by `attnbench eval` (tensors from .npy
-// files) and the Python module's forward() and reference() (numpy arrays): the same rules and the same
-// messages. Each message names the input as the caller calls it: `what` is "--k 'k.npy'" for the CLI (option
-// and file) and "k" for the module (the argument).
+// files) and the Python module's forward(), backward(), reference() and reference_backward() (numpy arrays):
+// the same rules and the same messages. Each message names the input as the caller calls it: `what` is "--k
+// 'k.npy'" for the CLI (option and file) and "k" for the module (the argument).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -53,5 +53,48 @@ struct NonfiniteCounts {
 NonfiniteCounts count_nonfinite_values(const Problem& p, const AttentionInputs& in);
 // "the output holds N NaN/Inf values (the inputs held M)" when the output holds any, else "".
 std::string nonfinite_output_note(const NonfiniteCounts& counts);
+
+// ---- The backward (`eval --grad-output`, the module's backward()) ----
+
+// A backward input (dO, an earlier training forward's O or its saved state): `shape` must be `want`
+// (require_shape's message, with `meaning`) and every value finite, else a UsageError naming `what`, the
+// first non-finite element's index and the shape. allow_infinite: only NaN is refused (a saved state holds
+// +inf for a query row with no allowed key: naive's and tiled's log-sum-exp).
+void check_backward_input(const std::string& what, const std::vector<int64_t>& shape, const float* values,
+                          const std::vector<int64_t>& want, const std::string& meaning,
+                          bool allow_infinite = false);
+// The `meaning` of dO (`q_what` names where Q's shape came from: "--q", "q"), of the forward's O and of
+// the variant's saved state.
+std::string d_out_meaning(const std::string& q_what);
+std::string forward_output_meaning();
+std::string saved_state_meaning(const Attention& variant);
+
+// A saved state given without the O of its forward (`state_what` names the state, `out_text` the O it
+// needs, `caller` who runs the training forward without them: "eval", "backward()"): UsageError.
+void check_state_needs_out(const std::string& state_what, const std::string& out_text,
+                           const std::string& caller);
+// With an earlier training forward's O (`out_what`), the state must be given exactly when the variant keeps
+// one: UsageError naming what is missing (and `give_state`: how to give it) or what is not needed (and
+// `drop_state`: "drop the option"). Returns saved_floats(p).
+std::size_t check_saved_state_given(const Attention& variant, const Problem& p, bool state_given,
+                                    const std::string& out_what, const std::string& state_what,
+                                    const std::string& give_state, const std::string& drop_state);
+// Asking for the training forward's state (`what`: "--save-state 'S.npy'", "save_state=True") of a variant
+// without a backward: UsageError.
+void check_save_state_has_backward(const Attention& variant, const std::string& what);
+
+// NaN/Inf values in dQ (Q's shape), dK and dV (K's shape) of a backward of `p`, and the warning text
+// ("the gradients hold N NaN/Inf values"; "" when there are none).
+int64_t count_nonfinite_gradients(const Problem& p, const float* dq, const float* dk, const float* dv);
+std::string nonfinite_gradients_note(int64_t count);
+
+// The errors `eval --grad-output --compare` prints for fp32 gradients dq, dk, dv of a backward of `p` on
+// `in` (the inputs the variant read) and `d_out`: "grad_accuracy" against the fp64 gradient of the variant's
+// own definition (reference_backward: what a correct implementation must match), "grad_accuracy_exact"
+// against exact softmax attention's (how far an approximate variant's gradient lands from exact
+// attention's), each with "reference" and per gradient max_abs_err, rel_l2_err, nan_count, inf_count; and
+// "nonfinite_gradients" (count_nonfinite_gradients).
+Json gradient_comparison(const Attention& variant, const Problem& p, const AttentionInputs& in,
+                         const float* d_out, const float* dq, const float* dk, const float* dv);
 
 }  // namespace attn

@@ -20,6 +20,7 @@
 #include "bench/lib/store.hpp"
 #include "bench/lib/sweep.hpp"
 #include "bench/lib/sysinfo.hpp"
+#include "bench/python/autograd.hpp"
 #include "common/error.hpp"
 #include "common/half.hpp"
 #include "common/reference.hpp"
@@ -244,89 +245,285 @@ Call prepare(Problem p, py::handle q, py::handle k, py::handle v, const CallOpti
   return c;
 }
 
-py::array_t<float> forward(const std::string& variant_name, py::object q, py::object k, py::object v,
-                           const CallOptions& o, py::object params, std::optional<int> threads,
-                           std::optional<std::string> isa, const std::string& dtype_text) {
+// The process-wide settings of one kernel call (`threads`, `isa`) for as long as it lives: exclusive use of
+// them when the call sets either, else shared (calls without them run concurrently). Made with the GIL
+// released.
+class KernelScope {
+ public:
+  KernelScope(const std::optional<int>& threads, const std::optional<std::string>& isa) {
+    if (isa || threads)
+      exclusive_ = std::unique_lock<std::shared_mutex>(g_process_state);
+    else
+      shared_ = std::shared_lock<std::shared_mutex>(g_process_state);
+    if (isa) isa_scope_.emplace(*isa, "isa");
+    if (threads) thread_scope_.emplace(*threads);
+  }
+
+ private:
+  std::unique_lock<std::shared_mutex> exclusive_;  // declared first: released after the settings are undone
+  std::shared_lock<std::shared_mutex> shared_;
+  std::optional<simd::ScopedIsa> isa_scope_;
+  std::optional<ThreadScope> thread_scope_;
+};
+
+void check_kernel_settings(const std::optional<int>& threads, const std::optional<std::string>& isa) {
   if (isa) simd::validate_isa(*isa, "isa");
   if (threads && (*threads < 0 || *threads > kMaxThreads))
     throw UsageError("threads: " + std::to_string(*threads) + " is not in [0, " +
                      std::to_string(kMaxThreads) + "] (0 or None: every available core)");
-  const Attention& variant = Registry::instance().get(variant_name);
-  const std::string where = "params for variant '" + variant.name() + "'";
+}
+
+// The threads a call's memory estimate assumes: the ones it asks for, else the process's limit.
+int estimate_threads(const std::optional<int>& threads) {
+  return threads && *threads > 0 ? *threads
+                                 : static_cast<int>(tbb::global_control::active_value(
+                                       tbb::global_control::max_allowed_parallelism));
+}
+
+// A registered variant with its parameters resolved (UsageError naming `params` otherwise).
+struct ResolvedVariant {
+  const Attention* variant = nullptr;
+  Json params;
+};
+
+ResolvedVariant resolve_variant(const std::string& variant_name, py::object params) {
+  ResolvedVariant r;
+  r.variant = &Registry::instance().get(variant_name);
+  const std::string where = "params for variant '" + r.variant->name() + "'";
   const Json given = params.is_none() ? Json::object() : from_python(params, "params");
   if (!given.is_object())
     throw UsageError("params: expected a dict of parameter values, got " + given.dump());
-  const Json resolved = resolve_params(variant.param_specs(), given, where);
-  Problem p = make_problem(variant.name(), resolved);
-  const DType dtype = parse_dtype(dtype_text, "dtype");
+  r.params = resolve_params(r.variant->param_specs(), given, where);
+  return r;
+}
+
+// A variant's call on q, k, v: the variant, the storage dtype and bias checked against it, then the arrays
+// (prepare), in eval's order and words.
+struct VariantCall {
+  ResolvedVariant v;
+  DType dtype = DType::fp32;
+  Call call;
+};
+
+VariantCall prepare_variant_call(const std::string& variant_name, py::handle q, py::handle k, py::handle v,
+                                 const CallOptions& o, py::object params, const std::string& dtype_text) {
+  VariantCall c;
+  c.v = resolve_variant(variant_name, params);
+  Problem p = make_problem(c.v.variant->name(), c.v.params);
+  c.dtype = parse_dtype(dtype_text, "dtype");
   check_slopes_need_alibi(o);
   const Bias bias = o.alibi ? Bias::alibi : Bias::none;
-  check_storage(variant, resolved, dtype, bias, "dtype='" + dtype_text + "'", "alibi=True");
-  p.dtype = dtype;
+  check_storage(*c.v.variant, c.v.params, c.dtype, bias, "dtype='" + dtype_text + "'", "alibi=True");
+  p.dtype = c.dtype;
   p.bias = bias;
-  Call c = prepare(std::move(p), q, k, v, o);
-  const Problem& pr = c.problem;
-  const int estimate_threads =
-      threads && *threads > 0
-          ? *threads
-          : static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
-  check_runnable(variant, pr, estimate_threads, false);
+  c.call = prepare(std::move(p), q, k, v, o);
+  return c;
+}
 
-  py::array_t<float> out(std::vector<py::ssize_t>{pr.batch, pr.heads, pr.seq_q, pr.head_dim});
-  AttentionInputs in = c.inputs();
+// Q, K, V rounded to nearest even from their fp32 values to a bf16 / fp16 problem's storage, as `eval
+// --dtype` does (nothing for fp32): `in` then points at the 16-bit copies. Run with the GIL released.
+struct StoredCopies {
+  std::vector<uint16_t> q16, k16, v16;
+  void apply(const Problem& p, AttentionInputs& in) {
+    if (p.dtype == DType::fp32) return;
+    auto store = [&](const float* x, int64_t n, std::vector<uint16_t>& bits) {
+      bits.resize(static_cast<std::size_t>(n));
+      round_tensor(p.dtype, x, n, bits.data());
+      return bits.data();
+    };
+    in.q16 = store(in.q, p.q_elements(), q16);
+    in.k16 = store(in.k, p.kv_elements(), k16);
+    in.v16 = store(in.v, p.kv_elements(), v16);
+    in.q = in.k = in.v = nullptr;
+  }
+};
+
+void warn(const std::string& note) {
+  if (!note.empty() && PyErr_WarnEx(PyExc_RuntimeWarning, note.c_str(), 1) != 0)
+    throw py::error_already_set();
+}
+
+py::array_t<float> float_array(const std::vector<int64_t>& shape) {
+  return py::array_t<float>(std::vector<py::ssize_t>(shape.begin(), shape.end()));
+}
+
+py::object forward(const std::string& variant_name, py::object q, py::object k, py::object v,
+                   const CallOptions& o, py::object params, std::optional<int> threads,
+                   std::optional<std::string> isa, const std::string& dtype_text, bool save_state) {
+  check_kernel_settings(threads, isa);
+  VariantCall vc = prepare_variant_call(variant_name, q, k, v, o, params, dtype_text);
+  const Attention& variant = *vc.v.variant;
+  const Problem& pr = vc.call.problem;
+  check_runnable(variant, pr, estimate_threads(threads), false);
+  if (save_state) check_save_state_has_backward(variant, "save_state=True");
+
+  py::array_t<float> out = float_array({pr.batch, pr.heads, pr.seq_q, pr.head_dim});
+  py::array_t<float> state = float_array({save_state ? static_cast<int64_t>(variant.saved_floats(pr)) : 0});
+  AttentionInputs in = vc.call.inputs();
   in.out = out.mutable_data();
+  float* saved = state.size() ? state.mutable_data() : nullptr;
   std::string note;
   {
     py::gil_scoped_release release;
-    std::vector<uint16_t> q16, k16, v16;
-    if (dtype != DType::fp32) {  // rounded to nearest even from the fp32 values, as `eval --dtype`
-      auto store = [&](const float* x, int64_t n, std::vector<uint16_t>& bits) {
-        bits.resize(static_cast<std::size_t>(n));
-        round_tensor(dtype, x, n, bits.data());
-        return bits.data();
-      };
-      in.q16 = store(in.q, pr.q_elements(), q16);
-      in.k16 = store(in.k, pr.kv_elements(), k16);
-      in.v16 = store(in.v, pr.kv_elements(), v16);
-      in.q = in.k = in.v = nullptr;
-    }
-    const bool sets_state = isa || threads;
-    std::unique_lock<std::shared_mutex> exclusive(g_process_state, std::defer_lock);
-    std::shared_lock<std::shared_mutex> shared(g_process_state, std::defer_lock);
-    if (sets_state)
-      exclusive.lock();
+    StoredCopies stored;
+    stored.apply(pr, in);
+    const KernelScope scope(threads, isa);
+    if (save_state)
+      variant.run_saving(pr, in, saved);
     else
-      shared.lock();
-    std::optional<simd::ScopedIsa> isa_scope;
-    if (isa) isa_scope.emplace(*isa, "isa");
-    std::optional<ThreadScope> thread_scope;
-    if (threads) thread_scope.emplace(*threads);
-    variant.run(pr, in);
+      variant.run(pr, in);
     if (count_nonfinite(in.out, static_cast<std::size_t>(pr.q_elements())))
       note = nonfinite_output_note(count_nonfinite_values(pr, in));
   }
-  if (!note.empty() && PyErr_WarnEx(PyExc_RuntimeWarning, note.c_str(), 1) != 0)
-    throw py::error_already_set();
+  warn(note);
+  if (save_state) return py::make_tuple(out, state);
   return out;
 }
 
-py::array_t<double> reference(py::object q, py::object k, py::object v, const CallOptions& o) {
+// backward()'s earlier training forward, when given: O (`out`) and its saved state, checked as `eval
+// --forward-output --saved-state` checks them. An empty state counts as none.
+struct GivenForward {
+  std::optional<FloatArg> out, state;
+};
+
+GivenForward checked_forward_output(const Attention& variant, const Problem& pr, py::object out,
+                                    py::object state) {
+  GivenForward f;
+  if (out.is_none()) return f;
+  const std::vector<int64_t> q_shape{pr.batch, pr.heads, pr.seq_q, pr.head_dim};
+  f.out = numeric_array<FloatArg>(out, "out");
+  check_backward_input("out", shape_of(*f.out), f.out->data(), q_shape, forward_output_meaning());
+  std::optional<FloatArg> s;
+  if (!state.is_none()) s = numeric_array<FloatArg>(state, "state");
+  const bool given = s && s->size() > 0;
+  const std::size_t n = check_saved_state_given(
+      variant, pr, given, "out", "state", "give state= from forward(..., save_state=True) on the same inputs",
+      "drop the argument");
+  if (n > 0) {
+    // The state may hold +inf (the log-sum-exp of a query row with no allowed key): only NaN is refused.
+    check_backward_input("state", shape_of(*s), s->data(), {static_cast<int64_t>(n)},
+                         saved_state_meaning(variant), /*allow_infinite=*/true);
+    f.state = std::move(s);
+  }
+  return f;
+}
+
+py::object backward(const std::string& variant_name, py::object q, py::object k, py::object v,
+                    py::object d_out, py::object out, py::object state, const CallOptions& o,
+                    py::object params, std::optional<int> threads, std::optional<std::string> isa,
+                    const std::string& dtype_text, bool compare) {
+  if (!state.is_none() && out.is_none()) check_state_needs_out("state", "out", "backward()");
+  check_kernel_settings(threads, isa);
+  VariantCall vc = prepare_variant_call(variant_name, q, k, v, o, params, dtype_text);
+  const Attention& variant = *vc.v.variant;
+  const Problem& pr = vc.call.problem;
+  check_runnable(variant, pr, estimate_threads(threads), compare, /*backward=*/true);
+  const std::vector<int64_t> q_shape{pr.batch, pr.heads, pr.seq_q, pr.head_dim},
+      kv_shape{pr.batch, pr.num_kv_heads(), pr.seq_kv, pr.head_dim};
+  const FloatArg d = numeric_array<FloatArg>(d_out, "d_out");
+  check_backward_input("d_out", shape_of(d), d.data(), q_shape, d_out_meaning("q"));
+  const GivenForward given = checked_forward_output(variant, pr, out, state);
+
+  // O and the state of the training forward run here, when none is given.
+  py::array_t<float> o_run = float_array(given.out ? std::vector<int64_t>{0} : q_shape);
+  std::vector<float> saved(given.out ? 0 : variant.saved_floats(pr));
+  py::array_t<float> dq = float_array(q_shape), dk = float_array(kv_shape), dv = float_array(kv_shape);
+  AttentionInputs in = vc.call.inputs();
+  in.out = given.out ? nullptr : o_run.mutable_data();
+  GradientArgs g;
+  g.out = given.out ? given.out->data() : o_run.data();
+  g.saved = given.state ? given.state->data() : saved.empty() ? nullptr : saved.data();
+  g.d_out = d.data();
+  g.dq = dq.mutable_data(), g.dk = dk.mutable_data(), g.dv = dv.mutable_data();
+  std::string forward_note, gradient_note;
+  Json comparison;
+  {
+    py::gil_scoped_release release;
+    StoredCopies stored;
+    stored.apply(pr, in);
+    const KernelScope scope(threads, isa);
+    if (!given.out) {
+      variant.run_saving(pr, in, saved.empty() ? nullptr : saved.data());
+      forward_note = nonfinite_output_note(count_nonfinite_values(pr, in));
+    }
+    variant.run_backward(pr, in, g);
+    gradient_note = nonfinite_gradients_note(count_nonfinite_gradients(pr, g.dq, g.dk, g.dv));
+    if (compare) comparison = gradient_comparison(variant, pr, in, g.d_out, g.dq, g.dk, g.dv);
+  }
+  warn(forward_note);
+  warn(gradient_note);
+  if (compare) return py::make_tuple(dq, dk, dv, to_python(comparison));
+  return py::make_tuple(dq, dk, dv);
+}
+
+py::array_t<double> reference(py::object q, py::object k, py::object v, const CallOptions& o,
+                              std::optional<std::string> variant_name, py::object params) {
   check_slopes_need_alibi(o);
-  Problem p;
-  p.variant = "reference";  // in messages only (repro strings)
-  p.bias = o.alibi ? Bias::alibi : Bias::none;
-  Call c = prepare(std::move(p), q, k, v, o);
-  const Problem& pr = c.problem;
+  if (!variant_name) {
+    if (!params.is_none())
+      throw UsageError(
+          "params needs variant=NAME (the parameters are a variant's; without variant reference() "
+          "is exact softmax attention)");
+    Problem p;
+    p.variant = "reference";  // in messages only (repro strings)
+    p.bias = o.alibi ? Bias::alibi : Bias::none;
+    Call c = prepare(std::move(p), q, k, v, o);
+    const Problem& pr = c.problem;
+    pr.validate();
+    py::array_t<double> out(std::vector<py::ssize_t>{pr.batch, pr.heads, pr.seq_q, pr.head_dim});
+    const AttentionInputs in = c.inputs();
+    double* dst = out.mutable_data();
+    {
+      py::gil_scoped_release release;
+      std::shared_lock<std::shared_mutex> shared(g_process_state);
+      reference_attention(pr, in, dst);
+    }
+    return out;
+  }
+  // The variant's own fp64 definition (Attention::reference_forward) on a problem it can run.
+  VariantCall vc = prepare_variant_call(*variant_name, q, k, v, o, params, "fp32");
+  const Attention& variant = *vc.v.variant;
+  const Problem& pr = vc.call.problem;
   pr.validate();
+  if (const std::string why = variant.unsupported_reasons_text(pr); !why.empty())
+    throw NotSupported(pr.repro() + ": " + why);
   py::array_t<double> out(std::vector<py::ssize_t>{pr.batch, pr.heads, pr.seq_q, pr.head_dim});
-  const AttentionInputs in = c.inputs();
+  const AttentionInputs in = vc.call.inputs();
   double* dst = out.mutable_data();
   {
     py::gil_scoped_release release;
     std::shared_lock<std::shared_mutex> shared(g_process_state);
-    reference_attention(pr, in, dst);
+    variant.reference_forward(pr, in, dst);
   }
   return out;
+}
+
+py::tuple reference_backward(const std::string& variant_name, py::object q, py::object k, py::object v,
+                             py::object d_out, const CallOptions& o, py::object params) {
+  VariantCall vc = prepare_variant_call(variant_name, q, k, v, o, params, "fp32");
+  const Attention& variant = *vc.v.variant;
+  const Problem& pr = vc.call.problem;
+  pr.validate();
+  if (const std::string why = variant.backward_unsupported_reasons_text(pr); !why.empty())
+    throw NotSupported(pr.repro() + ": " + why);
+  const std::vector<int64_t> q_shape{pr.batch, pr.heads, pr.seq_q, pr.head_dim};
+  const FloatArg d = numeric_array<FloatArg>(d_out, "d_out");
+  check_backward_input("d_out", shape_of(d), d.data(), q_shape, d_out_meaning("q"));
+  auto doubles = [](const std::vector<int64_t>& shape) {
+    return py::array_t<double>(std::vector<py::ssize_t>(shape.begin(), shape.end()));
+  };
+  py::array_t<double> dq = doubles(q_shape),
+                      dk = doubles({pr.batch, pr.num_kv_heads(), pr.seq_kv, pr.head_dim}),
+                      dv = doubles({pr.batch, pr.num_kv_heads(), pr.seq_kv, pr.head_dim});
+  const AttentionInputs in = vc.call.inputs();
+  const float* dop = d.data();
+  double *gq = dq.mutable_data(), *gk = dk.mutable_data(), *gv = dv.mutable_data();
+  {
+    py::gil_scoped_release release;
+    std::shared_lock<std::shared_mutex> shared(g_process_state);
+    variant.reference_backward(pr, in, dop, gq, gk, gv);
+  }
+  return py::make_tuple(dq, dk, dv);
 }
 
 // Rows of a results.jsonl as dicts (the last row per id, a torn last line dropped, as every reader does).
@@ -398,10 +595,13 @@ py::object load_results(py::object dir) {
 constexpr const char* kForwardDoc =
     R"(forward(variant, q, k, v, *, causal=False, causal_lower_right=False, mask=None,
         key_padding=None, scale=None, dropout=0.0, seed=0, params=None, threads=None, isa=None,
-        dtype="fp32", alibi=False, alibi_slopes=None) -> numpy.ndarray
+        dtype="fp32", alibi=False, alibi_slopes=None, save_state=False) -> numpy.ndarray | tuple
 
 Runs one registered variant, as `attnbench eval` does, and returns O, a new float32 array
-[batch, heads, seq_q, head_dim].
+[batch, heads, seq_q, head_dim]. save_state=True runs the training forward instead (`eval --save-state`;
+the variant must have a backward: variants()'s capabilities["backward"]) and returns (O, state): the same O,
+and state, a new 1-D float32 array of what the variant keeps for its backward (variants()'s "saved_state"
+says what; empty when it keeps nothing), for backward(..., out=O, state=state).
 
 q: [batch, heads, seq_q, head_dim]; k, v: [batch, kv_heads, seq_kv, head_dim], kv_heads dividing heads
 (grouped-query attention: query head h reads K/V head h // (heads // kv_heads)). Any array-like numpy can
@@ -422,14 +622,55 @@ The GIL is released while the kernel runs. Bad arguments raise ValueError with t
 argument (a combination the variant cannot run: attnbench.NotSupported, a ValueError). An output holding
 NaN/Inf gives a RuntimeWarning.)";
 
+constexpr const char* kBackwardDoc =
+    R"(backward(variant, q, k, v, d_out, out=None, state=None, *, causal=False, causal_lower_right=False,
+         mask=None, key_padding=None, scale=None, dropout=0.0, seed=0, params=None, threads=None, isa=None,
+         dtype="fp32", alibi=False, alibi_slopes=None, compare=False) -> tuple
+
+The backward pass of one registered variant with a backward (variants()'s capabilities["backward"]), as
+`attnbench eval --grad-output` runs it: returns (dq, dk, dv), new float32 arrays, dq of q's shape, dk and dv
+of k's shape [batch, kv_heads, seq_kv, head_dim] (grouped-query heads: each sums over its group's query
+heads). The gradients are those of L = sum(d_out * O) for O = forward(variant, q, k, v, ...).
+
+d_out: dL/dO, [batch, heads, seq_q, head_dim], finite (converted to float32 as q is). Without out, the
+training forward runs first (the same O as forward()). out, state: O and the state of an earlier
+forward(..., save_state=True) on the same inputs and options (`eval --forward-output --saved-state`): no
+forward runs; state is needed exactly when the variant keeps one (an empty array counts as none), and may
+hold +inf (the log-sum-exp of a query row with no allowed key), never NaN. The other arguments are
+forward()'s. dtype bf16 / fp16: the gradients of the rounded inputs, computed in fp32.
+compare=True: returns (dq, dk, dv, metrics), metrics the dict `eval --grad-output --compare` prints for the
+gradients: "grad_accuracy" (against the fp64 gradient of the variant's own definition, reference_backward:
+what a correct backward must match), "grad_accuracy_exact" (against exact softmax attention's fp64
+gradient: how far an approximate variant's gradient lands from it), each with "reference" and per gradient
+"dq", "dk", "dv": max_abs_err, rel_l2_err, nan_count, inf_count; and "nonfinite_gradients".
+The GIL is released while the kernels run. Bad arguments raise ValueError with the CLI's message, naming
+the argument (a missing state: what the variant keeps; a variant without backward or a combination its
+backward cannot run: attnbench.NotSupported). Gradients holding NaN/Inf give a RuntimeWarning.)";
+
 constexpr const char* kReferenceDoc =
     R"(reference(q, k, v, *, causal=False, causal_lower_right=False, mask=None,
-          key_padding=None, scale=None, dropout=0.0, seed=0, alibi=False, alibi_slopes=None) -> numpy.ndarray
+          key_padding=None, scale=None, dropout=0.0, seed=0, alibi=False, alibi_slopes=None,
+          variant=None, params=None) -> numpy.ndarray
 
 The fp64 oracle (common/reference.hpp): exact softmax attention in double on the float32 values of q, k, v
 (converted as forward() converts them), with the same masks, scale, dropout decisions and ALiBi bias as
 forward(). Returns a new float64 array [batch, heads, seq_q, head_dim]; a query row with no allowed key is
-zeros. The GIL is released while it runs. Bad arguments raise ValueError.)";
+zeros. variant (with its params): that variant's own fp64 definition instead (Attention::reference_forward:
+exact attention for the exact variants, e.g. linformer's projections for linformer), on a problem the variant
+can run (attnbench.NotSupported otherwise). The GIL is released while it runs. Bad arguments raise
+ValueError.)";
+
+constexpr const char* kReferenceBackwardDoc =
+    R"(reference_backward(variant, q, k, v, d_out, *, causal=False, causal_lower_right=False, mask=None,
+                   key_padding=None, scale=None, dropout=0.0, seed=0, params=None, alibi=False,
+                   alibi_slopes=None) -> tuple
+
+The fp64 gradients (dq, dk, dv) of the variant's own definition (Attention::reference_backward, the gradient
+of reference(..., variant=variant)) for L = sum(d_out * O): what backward()'s float32 gradients are tested
+against. New float64 arrays, dq of q's shape, dk and dv of k's (grouped-query: summed over the group). Like
+reference(), it reads the float32 values of q, k, v and d_out (float64 inputs are rounded to float32 first).
+The variant must have a backward and be able to run the problem (attnbench.NotSupported otherwise); d_out
+is checked as backward() checks it. The GIL is released while it runs. Bad arguments raise ValueError.)";
 
 constexpr const char* kRunDoc =
     R"(run(config_path, out, *, resume=False, force=False, filter=None) -> list[dict]
@@ -449,6 +690,72 @@ The rows of dir/results.jsonl (the last row per id): a pandas DataFrame flattene
 (columns "time_ms.median", "accuracy.max_abs_err", ...) when pandas can be imported, else a list of dicts.
 A missing file raises FileNotFoundError; a malformed one ValueError naming the file and line.)";
 
+// forward() and backward(): the variants' fp32 kernels.
+void def_kernel_calls(py::module_& m) {
+  m.def(
+      "forward",
+      [](const std::string& variant, py::object q, py::object k, py::object v, bool causal,
+         bool causal_lower_right, py::object mask, py::object key_padding, std::optional<double> scale,
+         double dropout, uint64_t seed, py::object params, std::optional<int> threads,
+         std::optional<std::string> isa, const std::string& dtype, bool alibi, py::object alibi_slopes,
+         bool save_state) {
+        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale, dropout, seed,
+                            alibi,  alibi_slopes};
+        return forward(variant, q, k, v, o, params, threads, isa, dtype, save_state);
+      },
+      kForwardDoc, "variant"_a, "q"_a, "k"_a, "v"_a, py::kw_only(), "causal"_a = false,
+      "causal_lower_right"_a = false, "mask"_a = py::none(), "key_padding"_a = py::none(),
+      "scale"_a = py::none(), "dropout"_a = 0.0, "seed"_a = 0, "params"_a = py::none(),
+      "threads"_a = py::none(), "isa"_a = py::none(), "dtype"_a = "fp32", "alibi"_a = false,
+      "alibi_slopes"_a = py::none(), "save_state"_a = false);
+  m.def(
+      "backward",
+      [](const std::string& variant, py::object q, py::object k, py::object v, py::object d_out,
+         py::object out, py::object state, bool causal, bool causal_lower_right, py::object mask,
+         py::object key_padding, std::optional<double> scale, double dropout, uint64_t seed,
+         py::object params, std::optional<int> threads, std::optional<std::string> isa,
+         const std::string& dtype, bool alibi, py::object alibi_slopes, bool compare) {
+        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale, dropout, seed,
+                            alibi,  alibi_slopes};
+        return backward(variant, q, k, v, d_out, out, state, o, params, threads, isa, dtype, compare);
+      },
+      kBackwardDoc, "variant"_a, "q"_a, "k"_a, "v"_a, "d_out"_a, "out"_a = py::none(), "state"_a = py::none(),
+      py::kw_only(), "causal"_a = false, "causal_lower_right"_a = false, "mask"_a = py::none(),
+      "key_padding"_a = py::none(), "scale"_a = py::none(), "dropout"_a = 0.0, "seed"_a = 0,
+      "params"_a = py::none(), "threads"_a = py::none(), "isa"_a = py::none(), "dtype"_a = "fp32",
+      "alibi"_a = false, "alibi_slopes"_a = py::none(), "compare"_a = false);
+}
+
+// reference() and reference_backward(): the fp64 definitions.
+void def_references(py::module_& m) {
+  m.def(
+      "reference",
+      [](py::object q, py::object k, py::object v, bool causal, bool causal_lower_right, py::object mask,
+         py::object key_padding, std::optional<double> scale, double dropout, uint64_t seed, bool alibi,
+         py::object alibi_slopes, std::optional<std::string> variant, py::object params) {
+        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale, dropout, seed,
+                            alibi,  alibi_slopes};
+        return reference(q, k, v, o, variant, params);
+      },
+      kReferenceDoc, "q"_a, "k"_a, "v"_a, py::kw_only(), "causal"_a = false, "causal_lower_right"_a = false,
+      "mask"_a = py::none(), "key_padding"_a = py::none(), "scale"_a = py::none(), "dropout"_a = 0.0,
+      "seed"_a = 0, "alibi"_a = false, "alibi_slopes"_a = py::none(), "variant"_a = py::none(),
+      "params"_a = py::none());
+  m.def(
+      "reference_backward",
+      [](const std::string& variant, py::object q, py::object k, py::object v, py::object d_out, bool causal,
+         bool causal_lower_right, py::object mask, py::object key_padding, std::optional<double> scale,
+         double dropout, uint64_t seed, py::object params, bool alibi, py::object alibi_slopes) {
+        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale, dropout, seed,
+                            alibi,  alibi_slopes};
+        return reference_backward(variant, q, k, v, d_out, o, params);
+      },
+      kReferenceBackwardDoc, "variant"_a, "q"_a, "k"_a, "v"_a, "d_out"_a, py::kw_only(), "causal"_a = false,
+      "causal_lower_right"_a = false, "mask"_a = py::none(), "key_padding"_a = py::none(),
+      "scale"_a = py::none(), "dropout"_a = 0.0, "seed"_a = 0, "params"_a = py::none(), "alibi"_a = false,
+      "alibi_slopes"_a = py::none());
+}
+
 }  // namespace
 }  // namespace attn::python
 
@@ -457,7 +764,8 @@ PYBIND11_MODULE(attnbench, m) {
   namespace a = attn;
   m.doc() =
       "attnbench: benchmark and research harness for attention variants on the CPU, from Python: variants(), "
-      "info(), forward(), reference(), run(), load_results(). See bench/python/README.md.";
+      "info(), forward(), backward(), reference(), reference_backward(), run(), load_results(), and "
+      "attnbench.autograd (a torch.autograd.Function). See bench/python/README.md.";
   m.attr("__version__") = ATTN_VERSION;
   // Never destroyed: a Python object must not be released after the interpreter has finalised.
   static auto* not_supported = new py::exception<a::NotSupported>(m, "NotSupported", PyExc_ValueError);
@@ -482,33 +790,9 @@ PYBIND11_MODULE(attnbench, m) {
       "(compiled, supported, best), blas (library, core, coretype_env, note), tbb (version, headers), "
       "threads "
       "and cores_available.");
-  m.def(
-      "forward",
-      [](const std::string& variant, py::object q, py::object k, py::object v, bool causal,
-         bool causal_lower_right, py::object mask, py::object key_padding, std::optional<double> scale,
-         double dropout, uint64_t seed, py::object params, std::optional<int> threads,
-         std::optional<std::string> isa, const std::string& dtype, bool alibi, py::object alibi_slopes) {
-        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale, dropout, seed,
-                            alibi,  alibi_slopes};
-        return forward(variant, q, k, v, o, params, threads, isa, dtype);
-      },
-      kForwardDoc, "variant"_a, "q"_a, "k"_a, "v"_a, py::kw_only(), "causal"_a = false,
-      "causal_lower_right"_a = false, "mask"_a = py::none(), "key_padding"_a = py::none(),
-      "scale"_a = py::none(), "dropout"_a = 0.0, "seed"_a = 0, "params"_a = py::none(),
-      "threads"_a = py::none(), "isa"_a = py::none(), "dtype"_a = "fp32", "alibi"_a = false,
-      "alibi_slopes"_a = py::none());
-  m.def(
-      "reference",
-      [](py::object q, py::object k, py::object v, bool causal, bool causal_lower_right, py::object mask,
-         py::object key_padding, std::optional<double> scale, double dropout, uint64_t seed, bool alibi,
-         py::object alibi_slopes) {
-        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale, dropout, seed,
-                            alibi,  alibi_slopes};
-        return reference(q, k, v, o);
-      },
-      kReferenceDoc, "q"_a, "k"_a, "v"_a, py::kw_only(), "causal"_a = false, "causal_lower_right"_a = false,
-      "mask"_a = py::none(), "key_padding"_a = py::none(), "scale"_a = py::none(), "dropout"_a = 0.0,
-      "seed"_a = 0, "alibi"_a = false, "alibi_slopes"_a = py::none());
+  def_kernel_calls(m);
+  def_references(m);
+  add_autograd_submodule(m);  // attnbench.autograd, also importable as `import attnbench.autograd`
   m.def("run", &run, kRunDoc, "config_path"_a, "out"_a, py::kw_only(), "resume"_a = false, "force"_a = false,
         "filter"_a = py::none());
   m.def("load_results", &load_results, kLoadResultsDoc, "dir"_a);

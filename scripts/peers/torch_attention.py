@@ -10,7 +10,8 @@ The sweep is defined once, in C++; attnbench (--attnbench PATH, else $ATTNBENCH,
   Each (shape, mask, regime, threads) is run once, whatever the variants and SIMD targets, with the id
   "peer/torch_naive" + the point's id from ":B=" on (without ",isa=NAME");
 - the inputs: `attnbench inputs CONFIG --filter ID --out TMP`, once per input set: Q, K, V and the key padding
-  exactly as `run` makes them, and the fp64 exact reference on the rows `run` compares;
+  exactly as `run` makes them, and the fp64 exact reference on the rows `run` compares (for backward points
+  also dO and the fp64 gradient reference);
 - the row: the `row` of an exact variant's point there (bench/lib/result_row.hpp) with its flops (4·d per
   attended pair), filled in with the measurements; isa is "" (PyTorch picks its own kernels) and the workspace
   is PyTorch's (two score-sized tensors at a time, plus the additive mask).
@@ -28,6 +29,19 @@ Skipped: dropout (PyTorch cannot draw attnbench's keep decisions), bf16 / fp16 s
 over memory_budget) and points whose PyTorch memory exceeds memory_budget. A point the plan skips because its
 variant lacks a capability (a mask kind, GQA, cross-attention) is still run: PyTorch computes it. Rows are appended to DIR/results.peers.jsonl (DIR: results/<config name>,
 as `attnbench run`); frac_sgemm and frac_peak use DIR/meta.json's calibrations when a C++ run wrote it.
+Backward points (sweep.pass `backward` / `forward_backward`, ids ending ",pass=NAME", kept on the peer's id)
+time autograd through the same expression: out = softmax(q k^T * scale + mask) v with q, k, v requiring
+gradients, then torch.autograd.grad(out, (q, k, v), d_out), dO (d_out.npy) from `attnbench inputs`.
+forward_backward times both in one call (a fresh graph per repetition). backward times the grad alone: one
+untimed forward per measurement builds the graph, and each timed repetition is
+torch.autograd.grad(..., retain_graph=True) on it (as attnbench's backward rows read the O and state one
+untimed training forward left); memory.peak_bytes is the timed pass's (the backward's from the graph the
+forward left, a training step's from before its forward). flops is the plan's (the C++ row's: a backward is
+2.5x the forward, a step the sum), the workspace PyTorch's (the softmax output autograd keeps and three more
+score-sized tensors in the backward, the repeated K/V and their gradients with GQA), accuracy the O of the
+timed pass against the reference rows, and grad_accuracy dQ, dK, dV against the fp64 gradient of exact
+attention on the blocks `attnbench inputs` lists (grad_blocks.npy, grad_dq/dk/dv.npy), with attnbench's metrics
+(grouped-query: dK, dV summed over the group, as repeat_interleave's gradient gives).
 Without torch (Debian's python3-torch) it prints "torch not available: ..." and exits 0.
 Exit codes: 0 done (or torch missing), 1 some point failed, 2 bad config or option.
 """
@@ -79,12 +93,19 @@ def peer_points(plan):
     chosen = {}
     for pt in plan:
         pid = pt["id"][pt["id"].index(":B=", len(pt["variant"])):]
+        suffix = "" if point_pass(pt) == "forward" else ",pass=" + point_pass(pt)  # the id's last part
+        pid = pid.removesuffix(suffix)
         if pt["isa_requested"] != "best":
             pid = pid.removesuffix(",isa=" + pt["isa_requested"])
-        pid = ID_PREFIX + VARIANT + pid
+        pid = ID_PREFIX + VARIANT + pid + suffix
         if pid not in chosen or (pt["row"]["exact"] and not chosen[pid]["row"]["exact"]):
             chosen[pid] = pt
     return list(chosen.items())
+
+
+def point_pass(pt):
+    """The pass the point times: "forward" (plans from before the pass axis), "backward", "forward_backward"."""
+    return pt.get("pass") or "forward"
 
 
 def id_shape_tokens(pid):
@@ -136,7 +157,8 @@ def inputs_key(pt):
 
 
 def fetch_inputs(exe, config, pt, tmp):
-    """The point's files from `attnbench inputs` as arrays: q, k, v, [key_padding], [reference, rows]."""
+    """The point's files from `attnbench inputs` as arrays: q, k, v, [key_padding], [reference, rows]; a backward
+    point's also d_out, [grad_dq, grad_dk, grad_dv, grad_blocks]."""
     d = tempfile.mkdtemp(dir=tmp)
     try:
         attnbench(exe, "inputs", config, "--filter", pt["id"], "--out", d)
@@ -145,6 +167,20 @@ def fetch_inputs(exe, config, pt, tmp):
         return {name: np.load(os.path.join(d, file)) for name, file in files.items()}
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def fetch_point(points, i):
+    """The point whose `attnbench inputs` serve the peer points from i on that share points[i]'s inputs: the
+    first backward one among them of the same dtype, bias and dropout (its files are a superset), else
+    points[i]."""
+    first = points[i][1]
+    same = lambda pt: all(pt["problem"].get(f) == first["problem"].get(f) for f in ("dtype", "bias", "dropout"))
+    for _, pt in points[i:]:
+        if inputs_key(pt) != inputs_key(first):
+            break
+        if point_pass(pt) != "forward" and same(pt):  # the references are on the same (fp32) inputs
+            return pt
+    return first
 
 
 def start_row(pid, pt):
@@ -160,6 +196,12 @@ def start_row(pid, pt):
         workspace += 4 * cells * (p["batch"] if p["key_padding"] else 1)
     if p["kv_heads"] != p["heads"]:
         workspace += 2 * 4 * p["batch"] * p["heads"] * p["seq_kv"] * p["head_dim"]
+    if point_pass(pt) != "forward":
+        # autograd keeps the softmax output P for the backward, which makes dP, dS and the scaled dS (four
+        # score-sized tensors at a time, two more than the forward's); with GQA, the repeated K/V's gradients.
+        workspace += 2 * 4 * cells * p["batch"] * p["heads"]
+        if p["kv_heads"] != p["heads"]:
+            workspace += 2 * 4 * p["batch"] * p["heads"] * p["seq_kv"] * p["head_dim"]
     mem = row["memory"]
     mem.update(workspace_bytes=workspace, estimated_bytes=pt["memory"]["output_bytes"] + workspace)
     need, budget = mem["inputs_bytes"] + mem["estimated_bytes"] + mem["reference_bytes"], pt["memory"]["budget_bytes"]
@@ -358,9 +400,21 @@ def compare_outputs(got, want):
             "nan_count": int(np.isnan(got).sum()), "inf_count": int(np.isinf(got).sum())}
 
 
+def gathered_gradients(grads, blocks, kv_heads):
+    """dQ, dK, dV of the (batch * kv_heads + K/V head) blocks in attnbench's compact layout
+    (reference_attention_backward with kv_blocks): dq [n, group, Lq, D] (the block's query heads), dk and dv
+    [n, Lkv, D]."""
+    dq, dk, dv = grads
+    group = dq.shape[1] // kv_heads
+    gq = np.stack([dq[b // kv_heads, (b % kv_heads) * group:(b % kv_heads + 1) * group] for b in blocks])
+    return gq, np.stack([dk[b // kv_heads, b % kv_heads] for b in blocks]), \
+        np.stack([dv[b // kv_heads, b % kv_heads] for b in blocks])
+
+
 def measure(torch, pt, row, data, settings, probe, calibration, interference):
-    """Times the PyTorch expression on the point's inputs and fills `row` in."""
-    p, T = point_problem(pt), pt["threads"]
+    """Times the PyTorch expression (a backward point: its pass through autograd) on the point's inputs and
+    fills `row` in."""
+    p, T, pass_ = point_problem(pt), pt["threads"], point_pass(pt)
     B, H, Lq, Lkv, D = p["batch"], p["heads"], p["seq_q"], p["seq_kv"], p["head_dim"]
     if H % p["kv_heads"]:
         raise RuntimeError(f"kv_heads {p['kv_heads']} does not divide heads {H}")
@@ -368,35 +422,58 @@ def measure(torch, pt, row, data, settings, probe, calibration, interference):
         if data[x].shape != (B, p["kv_heads"], Lkv, D):
             raise RuntimeError(f"attnbench inputs gave {x} of shape {list(data[x].shape)}, the point has "
                                f"[batch, kv_heads, seq_kv, head_dim] = {[B, p['kv_heads'], Lkv, D]}")
+    if pass_ != "forward" and "d_out" not in data:
+        raise RuntimeError(f"attnbench inputs gave no d_out.npy for the {pass_} point {pt['id']}")
     group = H // p["kv_heads"]
     allowed = allowed_keys(p, data.get("key_padding"))
     torch.set_num_threads(T)
     tq, tk, tv = (torch.from_numpy(data[x]) for x in ("q", "k", "v"))
-    tmask = None if allowed is None else torch.zeros(allowed.shape).masked_fill_(torch.from_numpy(~allowed), -math.inf)
-    # Rows with no allowed key: softmax over all -inf is NaN in PyTorch, zeros in attnbench.
-    empty = None if allowed is None or allowed.any(-1).all() else torch.from_numpy(~allowed.any(-1, keepdims=True))
+    # Rows with no allowed key: softmax over all -inf is NaN in PyTorch, zeros in attnbench. Their mask row
+    # allows every key instead (finite weights, no NaN in a gradient either) and their output is set to zero,
+    # so no gradient flows back from them.
+    empty = None if allowed is None or allowed.any(-1).all() else ~allowed.any(-1, keepdims=True)
+    tmask = None
+    if allowed is not None:
+        blocked = ~allowed if empty is None else ~(allowed | empty)
+        tmask = torch.zeros(allowed.shape).masked_fill_(torch.from_numpy(blocked), -math.inf)
+    tempty = None if empty is None else torch.from_numpy(empty)
     scale = p["scale"]
 
-    def forward():
-        k, v = (tk, tv) if group == 1 else (tk.repeat_interleave(group, dim=1), tv.repeat_interleave(group, dim=1))
-        s = tq @ k.transpose(-2, -1) * scale
+    def forward(q=tq, k=tk, v=tv):
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        s = q @ k.transpose(-2, -1) * scale
         if tmask is not None:
             s = s + tmask
         o = torch.softmax(s, dim=-1) @ v
-        return o if empty is None else o.masked_fill_(empty, 0.0)
+        return o if tempty is None else o.masked_fill_(tempty, 0.0)
 
     # As attnbench's runner: a window whose interference score is above measure.max_interference is measured
     # again after a pause (twice the last window, 10 ms to 0.25 s per attempt so far), up to max_remeasure
     # times; the cleanest attempt is kept and the row is noisy when none was clean.
-    best = None
-    with torch.no_grad():
+    best, grads = None, None
+    with torch.set_grad_enabled(pass_ != "forward"):
+        leaves = tuple(x.detach().requires_grad_(pass_ != "forward") for x in (tq, tk, tv))
+        d_out = torch.from_numpy(data["d_out"]) if pass_ != "forward" else None
+        graph_out = None
+        if pass_ == "forward":
+            fn = forward
+        elif pass_ == "forward_backward":
+            def fn():
+                o = forward(*leaves)
+                return o.detach(), torch.autograd.grad(o, leaves, d_out)
+        else:  # backward: the graph of one untimed forward, the grad alone timed (retain_graph keeps it)
+            graph_out = forward(*leaves)
+
+            def fn():
+                return graph_out.detach(), torch.autograd.grad(graph_out, leaves, d_out, retain_graph=True)
         probe.reset()
         last_window = 0.0
         for attempt in range(1, 2 + int(settings.get("max_remeasure", 2))):
             if attempt > 1:
                 time.sleep(min(max(2 * last_window, 0.01), 0.25 * (attempt - 1)))
             interference.start()
-            t, out = time_repeated(forward, settings)
+            t, out = time_repeated(fn, settings)
             noise = interference.stop(T)
             last_window = noise["window_s"]
             if best is None or noise["score"] < best[2]["score"]:
@@ -404,27 +481,41 @@ def measure(torch, pt, row, data, settings, probe, calibration, interference):
             if noise["score"] <= settings.get("max_interference", 0.05):
                 break
         row["memory"]["peak_bytes"] = probe.peak_increase()
+        graph_out = None  # the backward point's graph goes before the row is filled in
     t, out, noise, _ = best
+    if pass_ != "forward":
+        out, grads = out
+        grads = [g.numpy() for g in grads]
     out = out.numpy()
     row["time_ms"] = t
     row["attempts"] = attempt
     row["interference"] = noise
     row["noisy"] = noise["score"] > settings.get("max_interference", 0.05)
-    if pt["row"]["exact"]:  # an exact variant's count of the work
+    if pt["row"]["exact"]:  # an exact variant's count of the work (the pass's: point_flops)
         row["flops"] = pt["flops"]
         row["gflops"] = gflops = pt["flops"] / (t["median"] * 1e6)
         row["frac_sgemm"] = gflops / calibration["sgemm"][T] if calibration["sgemm"].get(T) else None
         row["frac_peak"] = gflops / calibration["peak"][T] if calibration["peak"].get(T) else None
     row["nonfinite_inputs"] = sum(int((~np.isfinite(data[x])).sum()) for x in ("q", "k", "v"))
+    bad = 0
     if row["accuracy"]["reference"] != "none":
         rows = data["rows"]
         row["accuracy"].update(rows=len(rows), **compare_outputs(out[:, :, rows, :].reshape(-1, D),
                                                                  data["reference"].reshape(-1, D)))
         if "accuracy_e2e" in row:  # fp32 inputs only (start_row): the end-to-end error is the same
             row["accuracy_e2e"] = dict(row["accuracy"])
-        # Fully masked rows are zeros (forward); NaN/Inf left come from non-finite inputs: reported, not failed.
-        if bad := row["accuracy"]["nan_count"] + row["accuracy"]["inf_count"]:
-            row["reason"] = f"{bad} NaN/Inf values in the output ({row['nonfinite_inputs']} non-finite inputs)"
+        bad += row["accuracy"]["nan_count"] + row["accuracy"]["inf_count"]
+    if grads is not None and "grad_blocks" in data:
+        ga = row["grad_accuracy"]
+        ga["blocks"] = len(data["grad_blocks"])
+        for name, got in zip(("dq", "dk", "dv"), gathered_gradients(grads, data["grad_blocks"], p["kv_heads"])):
+            m = compare_outputs(got.reshape(-1, D), data["grad_" + name].reshape(-1, D))
+            ga[name] = {k: m[k] for k in ("max_abs_err", "rel_l2_err", "nan_count", "inf_count")}
+            bad += m["nan_count"] + m["inf_count"]
+    # Fully masked rows are zeros (forward); NaN/Inf left come from non-finite inputs: reported, not failed.
+    if bad:
+        row["reason"] = f"{bad} NaN/Inf values in the output{' or gradients' if grads is not None else ''} " \
+                        f"({row['nonfinite_inputs']} non-finite inputs)"
 
 
 def read_calibration(out_dir):
@@ -493,9 +584,11 @@ def main(argv):
                 row.update(status="skipped", reason=skip)
             else:
                 try:
-                    if key != inputs_key(pt):  # points sharing inputs are adjacent in the plan
+                    if key != inputs_key(pt) or (point_pass(pt) != "forward" and "d_out" not in data):
+                        # Points sharing inputs are adjacent in the plan: fetched once, from a backward point
+                        # among them when there is one (its files are the forward's and dO, the gradients').
                         key, data = None, None  # the old inputs go before the new ones are loaded
-                        data = fetch_inputs(exe, a.config, pt, tmp)
+                        data = fetch_inputs(exe, a.config, fetch_point(points, i - 1), tmp)
                         key = inputs_key(pt)
                     measure(torch, pt, row, data, settings, probe, calibration, interference)
                 except AttnbenchError as e:

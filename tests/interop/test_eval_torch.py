@@ -3,7 +3,8 @@
 shapes and every mask kind; then every exact variant (`attnbench list`: naive, tiled, tiled with small tiles, ...)
 on grouped-query attention (K/V with fewer heads, repeated per group with repeat_interleave on the torch side)
 and the lower-right causal mask (torch.tril(diagonal=Lkv - Lq)), alone and together, with seq_q <, = 1 and >
-seq_kv. Exit 0 pass, 1 fail, 77 skip (numpy or torch missing)."""
+seq_kv. The backward (`eval --grad-output`) of every exact variant with one against torch's float64 autograd.
+Exit 0 pass, 1 fail, 77 skip (numpy or torch missing)."""
 import argparse
 import json
 import os
@@ -156,6 +157,82 @@ def gqa_lower_right(exe, tmp):
                   label + ": --compare id %s, max_abs_err %s <= %.3g" % (ident, j["max_abs_err"], tol))
 
 
+def torch_gradients(q, k, v, d_out, scale, allowed):
+    """float64 dQ, dK, dV of torch_reference's attention by torch autograd (K/V repeated per group inside the
+    graph, so dK and dV sum over it); a row with no allowed key attends every key in the graph and is zeroed
+    after (NaN-free: it contributes no gradient)."""
+    B, H, LQ, _ = q.shape
+    LKV, group = k.shape[2], H // k.shape[1]
+    tq, tk, tv = (torch.from_numpy(x).double().requires_grad_() for x in (q, k, v))
+    ok = torch.from_numpy(np.broadcast_to(allowed, (B, 1, LQ, LKV)).copy())
+    empty = ~ok.any(-1, keepdim=True)
+    s = (tq @ tk.repeat_interleave(group, 1).transpose(-2, -1) * scale).masked_fill(~(ok | empty), float("-inf"))
+    o = (torch.softmax(s, dim=-1) @ tv.repeat_interleave(group, 1)).masked_fill(empty, 0.0)
+    return [g.numpy() for g in torch.autograd.grad(o, (tq, tk, tv), torch.from_numpy(d_out).double())]
+
+
+def backward_vs_torch(exe, tmp):
+    """`eval --grad-output` of every exact variant with a backward (`attnbench list --json` capabilities)
+    against torch's float64 autograd: the gradients' error against torch is the error `--compare` reports
+    against attnbench's own fp64 gradient of exact attention (the two references agree to 1e-12 relative), and
+    both are fp32-small. GQA, lower-right causal, padding, a boolean mask with an empty row."""
+    path = lambda name: os.path.join(tmp, "bwd_" + name)
+    r = subprocess.run([exe, "list", "--json"], capture_output=True, text=True)
+    names = [x["name"] for x in json.loads(r.stdout) if x["capabilities"]["exact"] and x["capabilities"]["backward"]]
+    check({"naive", "tiled"} <= set(names), "naive and tiled have a backward (%s)" % names)
+    rng = np.random.RandomState(29)
+    cases = [(2, 4, 2, 9, 13, 16, "lr+pad"), (1, 2, 2, 11, 11, 8, "causal"), (1, 6, 3, 7, 10, 24, "bool"),
+             (2, 8, 1, 33, 5, 8, "causal+lr")]
+    for (B, H, HKV, LQ, LKV, D, mask) in cases:
+        parts = mask.split("+")
+        q = rng.standard_normal((B, H, LQ, D)).astype(np.float32)
+        k = rng.standard_normal((B, HKV, LKV, D)).astype(np.float32)
+        v = rng.standard_normal((B, HKV, LKV, D)).astype(np.float32)
+        d_out = rng.standard_normal((B, H, LQ, D)).astype(np.float32)
+        for name, x in (("q", q), ("k", k), ("v", v), ("do", d_out)):
+            np.save(path(name + ".npy"), x)
+        args, allowed = [], np.ones((B, 1, LQ, LKV), bool)
+        if "causal" in parts:
+            args.append("--causal")
+            allowed &= np.tril(np.ones((LQ, LKV), bool))
+        if "lr" in parts:
+            args.append("--causal-lower-right")
+            allowed &= np.tril(np.ones((LQ, LKV), bool), LKV - LQ)
+        if "bool" in parts:
+            m = rng.uniform(size=(LQ, LKV)) < 0.6
+            m[2, :] = False  # a row with no allowed key
+            np.save(path("mask.npy"), m)
+            args += ["--mask", path("mask.npy")]
+            allowed &= m
+        if "pad" in parts:
+            padded = rng.uniform(size=(B, LKV)) < 0.3
+            np.save(path("pad.npy"), padded)
+            args += ["--key-padding", path("pad.npy")]
+            allowed &= ~padded[:, None, None, :]
+        want = torch_gradients(q, k, v, d_out, 1 / np.sqrt(D), allowed)
+        for variant in names:
+            label = "%s backward B=%d H=%d Hkv=%d Lq=%d Lkv=%d D=%d %s" % (variant, B, H, HKV, LQ, LKV, D, mask)
+            r = subprocess.run([exe, "eval", "--variant", variant, "--q", path("q.npy"), "--k", path("k.npy"), "--v",
+                                path("v.npy"), *args, "--out", path("o.npy"), "--grad-output", path("do.npy"),
+                                "--dq", path("dq.npy"), "--dk", path("dk.npy"), "--dv", path("dv.npy"), "--compare"],
+                               capture_output=True, text=True)
+            if r.returncode == 2 and "not supported" in r.stderr and variant not in ("naive", "tiled"):
+                print("note  %s: refused (%s)" % (label, r.stderr.strip()[-120:]))
+                continue
+            if r.returncode != 0:
+                check(False, label + ": eval exited %d: %s" % (r.returncode, r.stderr.strip()))
+                continue
+            exact = json.loads(r.stdout)["grad_accuracy_exact"]
+            for n, w in zip(("dq", "dk", "dv"), want):
+                got = np.load(path(n + ".npy")).astype(np.float64)
+                err = float(np.abs(got - w).max())
+                rel = float(np.sqrt(((got - w) ** 2).sum() / (w ** 2).sum()))
+                reported = float(exact[n]["max_abs_err"])
+                check(got.shape == w.shape and rel < 1e-5 and abs(err - reported) <= 1e-9 * max(err, 1e-30) + 1e-15,
+                      "%s: %s %s max |attnbench - torch fp64| %.3g (--compare against attnbench's fp64: %.3g), "
+                      "relative L2 %.2g" % (label, n, list(got.shape), err, reported, rel))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--attnbench", required=True)
@@ -213,6 +290,7 @@ def main():
                 # torch gives NaN for a row with no allowed key; we give zeros: compare checks those rows apart.
                 compare(label, got, torch_reference(q, k, v, scale, ok_mask), ok_mask, q, k, v, scale)
         gqa_lower_right(exe, tmp)
+        backward_vs_torch(exe, tmp)
     if FAILURES:
         print("%d check(s) failed" % len(FAILURES))
         return 1

@@ -6,7 +6,11 @@ errors carry eval's messages with the argument named instead of the file; torch 
 offset and float64 inputs give the float32 C-contiguous result (and float32 ones are read without a copy);
 reference() is the fp64 oracle; run() gives `attnbench run`'s rows but for the timing fields, stops on SIGINT
 after the current point with KeyboardInterrupt and Python's handler back, and resume=True finishes; the GIL is
-released while a kernel runs.
+released while a kernel runs. The backward: forward(save_state=True) and backward() equal `attnbench eval
+--save-state / --grad-output [--compare]` bitwise for every variant with a backward (variants()'s capabilities),
+their refusals carry eval's messages, reference_backward() is the fp64 gradient of the variant's definition, and
+attnbench.autograd's Function gives backward()'s gradients in float32 and passes torch.autograd.gradcheck in
+float64 (the fp64 definition).
 
 Run by ctest as `/usr/bin/python3 test_module.py --attnbench PATH`, the module's folder in ATTNBENCH_PYTHON_DIR
 (set by CMakeLists.txt where the module is built). Exit 0 pass, 1 fail, 77 skip (no module here, or no numpy)."""
@@ -23,6 +27,7 @@ import threading
 import time
 import tracemalloc
 import types
+import warnings
 
 try:
     import numpy as np
@@ -84,7 +89,8 @@ def api_and_docs(exe):
           all(set(p) >= {"name", "type", "default", "help"} for x in attnbench.variants() for p in x["params"]),
           "each variant: name, description, capabilities, saved_state, params (name, type, default, help)")
     check(attnbench.info() == json.loads(cli(exe, "info", "--json").stdout), "info() is `attnbench info --json`")
-    for name in ("variants", "info", "forward", "reference", "run", "load_results"):
+    for name in ("variants", "info", "forward", "backward", "reference", "reference_backward", "run", "load_results",
+                 "attention_function"):
         doc = getattr(attnbench, name).__doc__ or ""
         check(name + "(" in doc and len(doc) > 200, "%s has a docstring with its signature" % name)
 
@@ -511,6 +517,432 @@ def gil_released():
           "outputs each gives alone")
 
 
+GRAD_KEYS = ("grad_accuracy", "grad_accuracy_exact", "nonfinite_gradients")
+
+
+_skipped_extra_inputs = set()
+
+
+def extra_inputs_reason(v):
+    """Why the module cannot run variant `v` yet ("" when it can): a recurrence reads per-token inputs (gate g,
+    beta) that forward() and backward() do not take."""
+    caps = v["capabilities"]
+    wanted = (["g (gate %s)" % caps["gate"]] if caps.get("gate", "none") != "none" else []) + \
+        (["beta"] if caps.get("beta") else [])
+    if not wanted:
+        return ""
+    return "%s reads %s, which the module's forward()/backward() do not take yet" % (v["name"], " and ".join(wanted))
+
+
+def module_variants(pred=lambda v: True):
+    """The registered variants with `pred`, from their capabilities (never a fixed list), without those needing
+    inputs the module does not take (each skipped once, with the reason)."""
+    chosen = []
+    for v in attnbench.variants():
+        if not pred(v):
+            continue
+        why = extra_inputs_reason(v)
+        if why:
+            if v["name"] not in _skipped_extra_inputs:
+                _skipped_extra_inputs.add(v["name"])
+                print("SKIP  %s" % why)
+            continue
+        chosen.append(v)
+    return chosen
+
+
+def backward_variants():
+    """The registered variants with a backward pass (capabilities["backward"]) the module can run."""
+    return module_variants(lambda v: v["capabilities"]["backward"])
+
+
+def cli_options(inputs, options):
+    """`attnbench eval` arguments and module keyword arguments for the same options (as eval_case)."""
+    args, kwargs = [], {}
+    for key, value in options.items():
+        if key in ("mask", "key_padding"):
+            args += ["--" + key.replace("_", "-"), inputs.path(key)]
+            kwargs[key] = getattr(inputs, key)
+        elif key == "alibi_slopes":
+            args += ["--alibi-slopes", inputs.path("slopes")]
+            kwargs[key] = inputs.slopes
+        elif key == "params":
+            for name, val in value.items():
+                args += ["--param", "%s=%s" % (name, val)]
+            kwargs[key] = value
+        elif key == "threads":
+            args = ["--threads", str(value)] + args  # a global option: before the subcommand
+            kwargs[key] = value
+        elif value is True:
+            args.append("--" + key.replace("_", "-"))
+            kwargs[key] = True
+        else:
+            args += ["--" + key.replace("_", "-"), str(value)]
+            kwargs[key] = value
+    return args, kwargs
+
+
+def cli_refusal(stderr):
+    """eval's "attnbench: error: MSG" / "attnbench: not supported: MSG" as the module words MSG."""
+    message = stderr.strip().split(": ", 2)[-1]
+    return re.sub(r"--dtype (\w+)", r"dtype='\1'", re.sub(r"--alibi(?!-)", "alibi=True", message))
+
+
+def backward_case(exe, inputs, variant, label, **options):
+    """forward(save_state=True) and backward(compare=True), then backward(out=, state=), against `attnbench
+    eval --save-state --grad-output --compare` on the same files: O, the state, dQ, dK, dV bitwise equal and
+    the gradient metrics equal; or the same refusal."""
+    files = {n: inputs.path(n) for n in ("out", "state", "dq", "dk", "dv")}
+    for f in files.values():
+        if os.path.exists(f):
+            os.remove(f)
+    extra, kwargs = cli_options(inputs, options)
+    globals_ = extra[:2] if extra[:1] == ["--threads"] else []
+    extra = extra[len(globals_):]
+    r = cli(exe, *globals_, "eval", "--variant", variant, "--q", inputs.path("q"), "--k", inputs.path("k"), "--v",
+            inputs.path("v"), "--out", files["out"], "--save-state", files["state"], "--grad-output",
+            inputs.path("d_out"), "--dq", files["dq"], "--dk", files["dk"], "--dv", files["dv"], "--compare", *extra)
+    label = "%s backward %s" % (variant, label)
+    try:
+        out, state = attnbench.forward(variant, inputs.q, inputs.k, inputs.v, save_state=True, **kwargs)
+        dq, dk, dv, metrics = attnbench.backward(variant, inputs.q, inputs.k, inputs.v, inputs.d_out, compare=True,
+                                                 **kwargs)
+        error = None
+    except ValueError as e:
+        error = e
+    if r.returncode != 0:
+        check(error is not None and str(error) == cli_refusal(r.stderr),
+              "%s: refused by both with the same message (%s)" % (label, cli_refusal(r.stderr)[:90]))
+        return
+    if not check(error is None, "%s: the module runs what eval runs (%s)" % (label, error)):
+        return
+    want = {n: np.load(f) for n, f in files.items()}
+    cli_json = json.loads(r.stdout)
+    same = all(bitwise_equal(got, want[n]) for n, got in
+               (("out", out), ("state", state), ("dq", dq), ("dk", dk), ("dv", dv)))
+    check(same and dk.shape == inputs.k.shape and dq.shape == inputs.q.shape,
+          "%s: forward(save_state=True) and backward() equal `eval --save-state --grad-output` bitwise "
+          "(O, state of %d floats, dQ, dK, dV)" % (label, state.size))
+    check(metrics == {k: cli_json[k] for k in GRAD_KEYS},
+          "%s: backward(compare=True)'s metrics are eval --compare's gradient metrics" % label)
+    again = attnbench.backward(variant, inputs.q, inputs.k, inputs.v, inputs.d_out, out, state, **kwargs)
+    check(all(bitwise_equal(a, b) for a, b in zip(again, (dq, dk, dv))),
+          "%s: backward(out=, state=) from forward(save_state=True) gives the same gradients" % label)
+    # eval's own round trip: --forward-output and --saved-state from `eval --save-state` (a state holding +inf,
+    # the log-sum-exp of a row with no allowed key, is taken as the module takes it).
+    given = {n: inputs.path("given_" + n) for n in ("dq", "dk", "dv")}
+    r = cli(exe, *globals_, "eval", "--variant", variant, "--q", inputs.path("q"), "--k", inputs.path("k"), "--v",
+            inputs.path("v"), "--forward-output", files["out"], *(["--saved-state", files["state"]] if state.size else []),
+            "--grad-output", inputs.path("d_out"), "--dq", given["dq"], "--dk", given["dk"], "--dv", given["dv"], *extra)
+    check(r.returncode == 0 and all(bitwise_equal(np.load(given[n]), want[n]) for n in given),
+          "%s: eval --forward-output --saved-state (%d of %d state values infinite) gives the same gradients (%s)"
+          % (label, int(np.isinf(state).sum()), state.size, r.stderr.strip()[-150:]))
+
+
+def backward_cli_equivalence(exe, tmp):
+    rng = np.random.default_rng(23)
+    for name in ("bmha", "bgqa", "bcross"):
+        os.makedirs(os.path.join(tmp, name))
+    mha = Inputs(os.path.join(tmp, "bmha"), rng, 2, 4, 4, 33, 33, 24)
+    gqa = Inputs(os.path.join(tmp, "bgqa"), rng, 1, 4, 2, 33, 33, 24)
+    cross = Inputs(os.path.join(tmp, "bcross"), rng, 1, 2, 2, 9, 40, 16)
+    for x in (mha, gqa, cross):
+        x.d_out = rng.standard_normal(x.q.shape).astype(np.float32)
+        np.save(x.path("d_out"), x.d_out)
+    variants = backward_variants()
+    check(len(variants) >= 2, "variants() lists variants with a backward: %s" % [v["name"] for v in variants])
+    for v in variants:
+        name, caps = v["name"], v["capabilities"]
+        backward_case(exe, mha, name, "no mask")
+        backward_case(exe, mha, name, "causal", causal=True)
+        if caps["causal_lower_right"]:
+            backward_case(exe, cross if caps["cross"] else mha, name, "causal_lower_right", causal_lower_right=True)
+        if caps["boolean_mask"]:
+            backward_case(exe, mha, name, "mask (a row with no allowed key: +inf in the state)", mask=True)
+        if caps["key_padding"]:
+            backward_case(exe, mha, name, "key_padding + causal", key_padding=True, causal=True)
+        if caps["dropout"]:
+            backward_case(exe, mha, name, "dropout", dropout=0.25, seed=5)
+        if caps["gqa"]:
+            backward_case(exe, gqa, name, "grouped-query causal", causal=True)
+        if caps["cross"]:
+            backward_case(exe, cross, name, "cross-attention", scale=0.3)
+        backward_case(exe, mha, name, "dtype bf16", dtype="bf16")  # refused alike where not taken
+        backward_case(exe, mha, name, "alibi with slopes", alibi=True, alibi_slopes=True)
+        backward_case(exe, mha, name, "threads 1", threads=1)
+        int_params = [p for p in v["params"] if p["type"] == "integer"]
+        if int_params:
+            p = int_params[0]
+            backward_case(exe, mha, name, "params %s=3" % p["name"], params={p["name"]: 3})
+
+
+def bad_backward_inputs(exe, tmp):
+    """Hostile backward inputs: refused with eval's message, the argument named where eval names the option and
+    its file."""
+    rng = np.random.default_rng(31)
+    q, k, v, d = (rng.standard_normal((1, 4, 8, 16)).astype(np.float32) for _ in range(4))
+    variant = backward_variants()[0]["name"]
+    out, state = attnbench.forward(variant, q, k, v, save_state=True)
+    folder = os.path.join(tmp, "bad_backward")
+    os.makedirs(folder)
+    path = lambda n: os.path.join(folder, n + ".npy")
+
+    def both(label, cli_args, fn, replace, files=(), name=None):
+        """The module's ValueError message is eval's after `replace` (CLI words -> module words); the CLI runs
+        `name` (default: the first variant with a backward)."""
+        for n, x in files:
+            np.save(path(n), x)
+        for n, x in (("q", q), ("k", k), ("v", v)):
+            np.save(path(n), x)
+        r = cli(exe, "eval", "--variant", name or variant, "--q", path("q"), "--k", path("k"), "--v", path("v"),
+                *cli_args)
+        message = r.stderr.strip().split(": ", 2)[-1]
+        for a, b in replace:
+            message = message.replace(a, b)
+        e = raises(fn)
+        check(r.returncode != 0 and e is not None and str(e) == message,
+              "%s: ValueError with eval's message (%s)" % (label, e))
+        return e
+
+    dqkv = ["--dq", path("dq"), "--dk", path("dk"), "--dv", path("dv")]
+    grad = ["--grad-output", path("d_out"), "--out", path("o")] + dqkv
+    d_name = [("--grad-output '%s'" % path("d_out"), "d_out"), ("from --q)", "from q)")]
+    both("d_out of another shape", grad, lambda: attnbench.backward(variant, q, k, v, d[..., :8]), d_name,
+         [("d_out", d[..., :8])])
+    for bad, what in ((np.nan, "NaN"), (np.inf, "infinite")):
+        x = d.copy()
+        x[0, 1, 2, 3] = bad
+        e = both("d_out with a %s" % what, grad, lambda: attnbench.backward(variant, q, k, v, x), d_name,
+                 [("d_out", x)])
+        check(e is not None and "element [0, 1, 2, 3]" in str(e), "d_out %s: the element named (%s)" % (what, e))
+    e = raises(lambda: attnbench.backward(variant, q, k, v, np.full(d.shape, "x")))
+    check(e is not None and str(e).startswith("d_out: cannot be read as a float32 array"),
+          "d_out of strings: ValueError naming d_out (%s)" % e)
+    e = raises(lambda: attnbench.backward(variant, q, k, v, d.astype(np.float64)), Exception)
+    check(e is None, "d_out as float64: converted, as q is (%s)" % e)
+    fwd_given = ["--grad-output", path("d_out"), "--forward-output", path("o")] + dqkv
+    names = [("--forward-output '%s'" % path("o"), "out"), ("--saved-state '%s'" % path("s"), "state"),
+             ("give --saved-state S.npy written by `eval --save-state` with the same inputs",
+              "give state= from forward(..., save_state=True) on the same inputs"),
+             ("drop the option", "drop the argument")]
+    if state.size:
+        both("out without the state %s keeps" % variant, fwd_given,
+             lambda: attnbench.backward(variant, q, k, v, d, out), names, [("d_out", d), ("o", out)])
+        e = raises(lambda: attnbench.backward(variant, q, k, v, d, out, np.zeros(0, np.float32)))
+        check(e is not None and "also needs the forward's saved state" in str(e),
+              "an empty state for a variant that keeps one: the state is missing (%s)" % e)
+        bad_state = state.copy()
+        bad_state[3] = np.nan
+        both("a state with a NaN", fwd_given + ["--saved-state", path("s")],
+             lambda: attnbench.backward(variant, q, k, v, d, out, bad_state), names,
+             [("d_out", d), ("o", out), ("s", bad_state)])
+        both("a state of another size", fwd_given + ["--saved-state", path("s")],
+             lambda: attnbench.backward(variant, q, k, v, d, out, state[:5]), names,
+             [("d_out", d), ("o", out), ("s", state[:5])])
+    bad_out = out.copy()
+    bad_out[0, 0, 0, 0] = np.nan
+    both("out with a NaN", fwd_given + ["--saved-state", path("s")],
+         lambda: attnbench.backward(variant, q, k, v, d, bad_out, state), names,
+         [("d_out", d), ("o", bad_out), ("s", state)])
+    e = both("state without out", grad + ["--saved-state", path("s")],
+             lambda: attnbench.backward(variant, q, k, v, d, state=state),
+             [("--saved-state '%s'" % path("s"), "state"), ("--forward-output O.npy", "out"),
+              ("eval runs", "backward() runs")], [("d_out", d), ("s", state)])
+    stateless = [x["name"] for x in backward_variants() if not x["saved_state"]]
+    if stateless:
+        x = stateless[0]
+        o2 = attnbench.forward(x, q, k, v)
+        both("a state for %s, which keeps none" % x, fwd_given + ["--saved-state", path("s")],
+             lambda: attnbench.backward(x, q, k, v, d, o2, state), names, [("d_out", d), ("o", o2), ("s", state)],
+             name=x)
+    else:
+        print("SKIP  a state for a variant that keeps none: every registered variant with a backward keeps one (%s)"
+              % ", ".join(v["name"] for v in backward_variants()))
+    no_backward = [x["name"] for x in module_variants(lambda x: not x["capabilities"]["backward"])]
+    if no_backward:
+        x = no_backward[0]
+        np.save(path("d_out"), d)
+        r = cli(exe, "eval", "--variant", x, "--q", path("q"), "--k", path("k"), "--v", path("v"), "--out",
+                path("o"), "--grad-output", path("d_out"), "--dq", path("dq"), "--dk", path("dk"), "--dv", path("dv"))
+        e = raises(lambda: attnbench.backward(x, q, k, v, d))
+        check(isinstance(e, attnbench.NotSupported) and "has no backward pass" in str(e) and
+              str(e) == r.stderr.strip().split(": ", 2)[-1],
+              "%s, a variant without backward: attnbench.NotSupported with eval's message (%s)" % (x, e))
+        both("save_state=True for %s" % x, ["--out", path("o"), "--save-state", path("s")],
+             lambda: attnbench.forward(x, q, k, v, save_state=True),
+             [("--save-state '%s'" % path("s"), "save_state=True")], name=x)
+        e = raises(lambda: attnbench.reference_backward(x, q, k, v, d))
+        check(isinstance(e, attnbench.NotSupported) and "has no backward pass" in str(e),
+              "reference_backward of %s: attnbench.NotSupported (%s)" % (x, e))
+    else:
+        print("SKIP  a variant without backward: every registered variant has one")
+    e = raises(lambda: attnbench.reference(q, k, v, params={"k": 3}))
+    check(e is not None and str(e).startswith("params needs variant="), "reference(params=) without variant (%s)" % e)
+
+
+def numpy_attention_gradients(q, k, v, d_out, scale, allowed):
+    """fp64 dQ, dK, dV of softmax attention written out apart from attnbench (grouped-query: K/V head h // G)."""
+    G = q.shape[1] // k.shape[1]
+    q, d_out = q.astype(np.float64), d_out.astype(np.float64)
+    kk, vv = np.repeat(k, G, axis=1).astype(np.float64), np.repeat(v, G, axis=1).astype(np.float64)
+    s = np.where(allowed, q @ kk.transpose(0, 1, 3, 2) * scale, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    p = w / w.sum(-1, keepdims=True)
+    dp = d_out @ vv.transpose(0, 1, 3, 2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    dq = ds @ kk * scale
+    dk, dv = ds.transpose(0, 1, 3, 2) @ q * scale, p.transpose(0, 1, 3, 2) @ d_out
+    fold = lambda x: x.reshape(x.shape[0], k.shape[1], G, *x.shape[2:]).sum(2)
+    return dq, fold(dk), fold(dv)
+
+
+def reference_gradients():
+    rng = np.random.default_rng(12)
+    q = rng.standard_normal((2, 4, 9, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 2, 13, 8)).astype(np.float32) for _ in range(2))  # cross: 9 queries, 13 keys
+    d = rng.standard_normal(q.shape).astype(np.float32)
+    allowed = np.arange(13)[None, :] <= np.arange(9)[:, None] + 4  # lower-right causal
+    want = numpy_attention_gradients(q, k, v, d, 0.5, allowed)
+    for name in [x["name"] for x in backward_variants() if x["capabilities"]["exact"]]:
+        got = attnbench.reference_backward(name, q, k, v, d, causal_lower_right=True, scale=0.5)
+        err = max(float(np.abs(g - w).max()) for g, w in zip(got, want))
+        check(all(g.dtype == np.float64 and g.shape == w.shape for g, w in zip(got, want)) and err < 1e-12,
+              "reference_backward(%s): float64, equal to numpy's fp64 attention gradient (GQA, lower-right causal) "
+              "to %.1e < 1e-12" % (name, err))
+        check(bitwise_equal(attnbench.reference(q, k, v, causal=True, variant=name), attnbench.reference(q, k, v, causal=True)),
+              "reference(variant=%s), an exact variant's definition, is reference()" % name)
+    # Each variant's fp32 gradients against its own definition: backward(compare=True)'s grad_accuracy is the
+    # distance to reference_backward(), and approximate variants' definitions are not exact attention's.
+    for x in backward_variants():
+        name, opts = x["name"], {"causal": True} if x["capabilities"]["causal"] else {}
+        args = (q[:, :2], k[:, :2, :9], v[:, :2, :9], d[:, :2])  # multi-head self-attention: every variant's
+        got = attnbench.backward(name, *args, compare=True, **opts)
+        ref = attnbench.reference_backward(name, *args, **opts)
+        errs = [float(np.abs(g.astype(np.float64) - r).max()) for g, r in zip(got[:3], ref)]
+        metric = [got[3]["grad_accuracy"][n]["max_abs_err"] for n in ("dq", "dk", "dv")]
+        check(errs == metric, "%s: backward(compare=True)'s grad_accuracy max_abs_err is the distance to "
+                              "reference_backward() (%s)" % (name, errs))
+        exact = x["capabilities"]["exact"]
+        differs = not np.array_equal(attnbench.reference(*args[:3], variant=name, **opts),
+                                     attnbench.reference(*args[:3], **opts))
+        check(exact or differs, "%s: reference(variant=) is its own definition (%s)" %
+              (name, "exact attention" if exact else "not exact attention's"))
+
+
+def autograd_without_torch():
+    code = ("import sys; sys.modules['torch'] = None; sys.path.insert(0, sys.argv[1]); import attnbench; "
+            "import attnbench.autograd as ag; print('imported', ag.attention_function is attnbench.attention_function)\n"
+            "try:\n    ag.Attention\nexcept ImportError as e:\n    print('ImportError on use')")
+    r = subprocess.run([sys.executable, "-c", code, MODULE_DIR], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0 and r.stdout.split("\n")[:2] == ["imported True", "ImportError on use"],
+          "without torch: attnbench and attnbench.autograd import; the Function needs torch only when used (%s%s)"
+          % (r.stdout.strip(), r.stderr.strip()[-200:]))
+
+
+def autograd_function():
+    if torch is None:
+        print("SKIP  attnbench.autograd: torch is not importable (python3-torch)")
+        return
+    from attnbench.autograd import Attention, attention_function
+    check(issubclass(Attention, torch.autograd.Function) and "fp64 definition" in Attention.__doc__,
+          "attnbench.autograd.Attention is a torch.autograd.Function whose doc names the fp64 definition")
+    g = torch.Generator().manual_seed(7)
+    B, H, HKV, L, D = 2, 4, 2, 11, 8
+    pad = torch.zeros(B, L, dtype=torch.bool)
+    pad[1, -3:] = True
+    cases = [("plain", {}), ("causal + padding", {"causal": True, "key_padding": pad}),
+             ("dropout", {"dropout": 0.2, "seed": 3})]
+    # float32: the Function's O and gradients are forward()'s and backward()'s, bit for bit; against the float64
+    # path (the fp64 definition on the same values) within the fp32 tolerance: relative L2 error < 1e-5 for the
+    # exact variants, < 1e-3 for the approximate ones (their definitions' fp32 errors grow with the
+    # projections and iterations; the registry's grad_tolerance bounds them per problem).
+    for x in backward_variants():
+        name, caps = x["name"], x["capabilities"]
+        for label, opts in cases:
+            if ("causal" in opts and not caps["causal"]) or ("key_padding" in opts and not caps["key_padding"]) or \
+                    ("dropout" in opts and not caps["dropout"]):
+                continue
+            kv = HKV if caps["gqa"] else H
+            q = torch.randn(B, H, L, D, generator=g, requires_grad=True)
+            k, v = (torch.randn(B, kv, L, D, generator=g, requires_grad=True) for _ in range(2))
+            d = torch.randn(B, H, L, D, generator=g)
+            o = attention_function(name, q, k, v, **opts)
+            o.backward(d)
+            arrays = [t.detach().numpy() for t in (q, k, v)]
+            want_o = attnbench.forward(name, *arrays, **opts)
+            want = attnbench.backward(name, *arrays, d.numpy(), **opts)
+            got = [t.grad.numpy() for t in (q, k, v)]
+            check(bitwise_equal(o.detach().numpy(), want_o) and all(bitwise_equal(a, b) for a, b in zip(got, want)),
+                  "%s %s (K/V heads %d): the float32 Function's O and dQ, dK, dV equal forward() and backward() "
+                  "bitwise" % (name, label, kv))
+            q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+            attention_function(name, q64, k64, v64, **opts).backward(d.double())
+            rel = max(float(np.linalg.norm(a - b.grad.numpy()) / np.linalg.norm(b.grad.numpy()))
+                      for a, b in zip(got, (q64, k64, v64)))
+            bound = 1e-5 if caps["exact"] else 1e-3
+            check(rel < bound, "%s %s: the float32 gradients agree with the float64 path's (the fp64 definition): "
+                               "relative L2 error %.2e < %g" % (name, label, rel, bound))
+    # float64: gradcheck of the fp64 definition for the exact variants with a backward, on inputs and steps exact
+    # in float32 (multiples of 2^-5, eps 2^-10).
+    exact = [x["name"] for x in backward_variants() if x["capabilities"]["exact"]]
+    pad5 = torch.zeros(2, 5, dtype=torch.bool)
+    pad5[1, 3:] = True
+    for name in [n for n in ("naive", "tiled") if n in exact] or exact[:1]:
+        for label, opts, kv in [("plain", {}, 2), ("causal", {"causal": True}, 2),
+                                ("padding + causal_lower_right", {"key_padding": pad5, "causal_lower_right": True}, 2),
+                                ("GQA (2 heads, 1 K/V head)", {"causal": True}, 1),
+                                ("dropout", {"dropout": 0.3, "seed": 11}, 2)]:
+            q = (torch.randint(-64, 64, (2, 2, 4, 3), generator=g) / 32.0).double().requires_grad_()
+            k, v = ((torch.randint(-64, 64, (2, kv, 5, 3), generator=g) / 32.0).double().requires_grad_()
+                    for _ in range(2))
+            fn = lambda a, b, c: attention_function(name, a, b, c, **opts)
+            try:
+                ok = torch.autograd.gradcheck(fn, (q, k, v), eps=2 ** -10)  # default atol 1e-5, rtol 1e-3
+                why = ""
+            except Exception as e:  # gradcheck raises GradcheckError with the mismatching Jacobians
+                ok, why = False, str(e)[:300]
+            check(ok, "%s %s: torch.autograd.gradcheck in float64 passes (eps 2^-10) %s"
+                  % (name, label, why))
+    q = torch.randn(1, 2, 4, 3, dtype=torch.float64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        attention_function("naive", q, q, q)
+    check(any("not exact in float32" in str(w.message) for w in caught),
+          "float64 inputs not exact in float32: a RuntimeWarning says the definition reads them rounded")
+    e = raises(lambda: attention_function("naive", q.float(), q, q))
+    check(e is not None and "the same for all three" in str(e), "mixed float32 / float64 inputs: ValueError (%s)" % e)
+    e = raises(lambda: attention_function("naive", q, q, q, window=3), TypeError)
+    check(e is not None and "window" in str(e), "an unknown option: TypeError naming it (%s)" % e)
+
+
+def backward_releases_gil():
+    rng = np.random.default_rng(4)
+    q, k, v, d = (rng.standard_normal((1, 4, 256, 32)).astype(np.float32) for _ in range(4))
+    name = backward_variants()[0]["name"]
+    state = {"count": 0, "stop": False}
+    started = threading.Event()
+
+    def counter():
+        started.set()
+        while not state["stop"]:
+            state["count"] += 1
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    worker = threading.Thread(target=counter)
+    worker.start()
+    try:
+        started.wait()
+        c0 = state["count"]
+        attnbench.backward(name, q, k, v, d)
+        steps = state["count"] - c0
+    finally:
+        state["stop"] = True
+        worker.join()
+        sys.setswitchinterval(old)
+    check(steps >= 1000, "backward() releases the GIL: the counter made %d steps meanwhile (>= 1000)" % steps)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--attnbench", required=True)
@@ -522,6 +954,12 @@ def main():
         layouts_and_dtypes()
         bad_inputs(exe, tmp)
         reference_oracle()
+        backward_cli_equivalence(exe, tmp)
+        bad_backward_inputs(exe, tmp)
+        reference_gradients()
+        autograd_without_torch()
+        autograd_function()
+        backward_releases_gil()
         sweep(exe, tmp)
         interrupt(tmp)
         gil_released()

@@ -5,7 +5,11 @@ rows have exactly the C++ row's fields and types, its accuracy against the fp64 
 skips what the plan skips for memory (and dropout, and what PyTorch's memory would exceed) but computes what a
 variant lacks a capability for, and its errors name the config field or the missing attnbench. Grouped-query
 attention (K/V repeated per group) and the lower-right causal mask (rows with no key: zeros) match an
-independent fp64 NumPy reference, in process and through attnbench's plan and inputs.
+independent fp64 NumPy reference, in process and through attnbench's plan and inputs. Backward points
+(sweep.pass): one peer row per C++ row with its ",pass=" id, the C++ row's flops (2.5x the forward's for the
+backward), every field, gradients within fp32 of the fp64 gradient reference `attnbench inputs` writes (which is
+the runner's: naive's gradients on those files have the sweep row's grad_accuracy exactly, and an independent
+NumPy gradient agrees), rows that attnbench's row reader (`attnbench compare`) reads.
 
 Run by ctest as `/usr/bin/python3 test_peer_torch.py --attnbench PATH`. Exit 0 pass, 1 fail, 77 skip (numpy or
 torch missing). Tiny shapes: a few seconds, most of it importing torch and attnbench's sgemm calibration."""
@@ -16,6 +20,7 @@ import io
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -423,6 +428,190 @@ def test_sweep_gqa_lower_right(exe, mod, tmp):
               f"GQA points present, 'Hkv=' in exactly their ids ({gqa})")
 
 
+def numpy_gradients(q, k, v, d_out, scale, allowed):
+    """fp64 dQ, dK, dV of softmax attention written out apart from the peer and attnbench: query head h reads
+    K/V head h // G; a row with no allowed key contributes nothing; dK, dV summed over the group."""
+    G = q.shape[1] // k.shape[1]
+    q, d_out = q.astype(np.float64), d_out.astype(np.float64)
+    kk, vv = np.repeat(k, G, axis=1).astype(np.float64), np.repeat(v, G, axis=1).astype(np.float64)
+    s = np.where(allowed, q @ kk.transpose(0, 1, 3, 2) * scale, -np.inf)
+    m = s.max(-1, keepdims=True)
+    w = np.where(allowed, np.exp(s - np.where(np.isfinite(m), m, 0)), 0.0)
+    tot = w.sum(-1, keepdims=True)
+    p = np.divide(w, tot, out=np.zeros_like(w), where=tot > 0)
+    dp = d_out @ vv.transpose(0, 1, 3, 2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    dq = ds @ kk * scale
+    dk, dv = ds.transpose(0, 1, 3, 2) @ q * scale, p.transpose(0, 1, 3, 2) @ d_out
+    fold = lambda x: x.reshape(x.shape[0], k.shape[1], G, *x.shape[2:]).sum(2)
+    return dq, fold(dk), fold(dv)
+
+
+def test_backward_sweep(exe, mod, tmp):
+    """sweep.pass forward / backward / forward_backward, MHA and GQA, no mask and causal + padding, the gradient
+    reference sampled (the first and last (batch, K/V head) blocks)."""
+    cfg = write_config(tmp, "peer-backward", inputs={"regime": "gaussian"}, variants=["naive", "tiled"],
+                       sweep={"batch": 2, "heads": 4, "kv_heads": [4, 2], "head_dim": 8, "seq_len": 16,
+                              "mask": ["none", "causal+pad=0.25"], "pass": ["forward", "backward", "forward_backward"],
+                              "threads": 1},
+                       accuracy={"reference": "full", "grad_max_work": 50000})
+    plan = mod.load_plan(exe, cfg)
+    naive = {p["id"]: p for p in plan if p["variant"] == "naive"}
+    out = os.path.join(tmp, "backward-out")
+    r = subprocess.run([exe, "run", cfg, "--out", out, "--filter", "naive:"], capture_output=True, text=True, timeout=300)
+    if not check(r.returncode == 0, f"attnbench run (naive, three passes) exits 0 ({r.stderr.strip()[-300:]})"):
+        return
+    with open(os.path.join(out, "results.jsonl")) as f:
+        cpp = {row["id"]: row for row in map(json.loads, f)}
+    fed, fetched = {}, []
+    real_fetch, real_measure = mod.fetch_inputs, mod.measure
+
+    def fetch(exe_, config, pt, tmp_):
+        fetched.append(pt["id"])
+        return real_fetch(exe_, config, pt, tmp_)
+
+    def measure(torch_, pt, row, data, *rest):
+        fed[row["id"]] = (pt, {k: a.copy() for k, a in data.items()})
+        return real_measure(torch_, pt, row, data, *rest)
+
+    mod.fetch_inputs, mod.measure = fetch, measure
+    try:
+        rc, err = run_peer_inprocess(mod, cfg, "--out", out, "--attnbench", exe)
+    finally:
+        mod.fetch_inputs, mod.measure = real_fetch, real_measure
+    if not check(rc == 0, f"peer on the backward sweep exits 0 ({err.strip()[-300:]})"):
+        return
+    with open(os.path.join(out, "results.peers.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    want_ids = ["peer/torch_" + i for i in naive]
+    check([r["id"] for r in rows] == want_ids and all(r["status"] == "ok" and r["reason"] == "" for r in rows),
+          f"one ok peer row per naive point, ids with their ',pass=' part, in plan order ({len(rows)} rows; "
+          f"{[r['id'][-30:] for r in rows if r['status'] != 'ok'][:3]})")
+    sets = {p["inputs"]["key"] for p in naive.values()}
+    check(len(fetched) == len(sets) and all(",pass=backward" in i for i in fetched),
+          f"inputs fetched once per input set, from its backward point ({len(fetched)} fetches, {len(sets)} sets)")
+    table = {f["field"]: f["type"] for f in json.loads(subprocess.run(
+        [exe, "info", "--row-fields", "--json"], capture_output=True, text=True, timeout=60).stdout)
+        if not f.get("ring_only")}
+    wrong = {"fields": [], "types": [], "identity": [], "grad": [], "flops": []}
+    same = ("pass", "batch", "heads", "kv_heads", "seq_q", "seq_kv", "mask", "flops", "memory.inputs_bytes",
+            "memory.reference_bytes", "grad_accuracy.reference", "grad_accuracy.blocks", "accuracy.rows")
+    for r in rows:
+        c = cpp[r["id"].removeprefix("peer/torch_")]
+        f, fc = fields(r, table), fields(c, table)
+        if not set(f) == set(fc) == set(table):
+            wrong["fields"].append((r["id"], sorted(set(f) ^ set(table))))
+        wrong["types"] += [(r["id"], k, v) for k, v in f.items() if k in table and not type_ok(v, table[k])]
+        wrong["identity"] += [(r["id"], k, f.get(k), fc.get(k)) for k in same if f.get(k) != fc.get(k)]
+        g = r["grad_accuracy"]
+        if r["pass"] == "forward":
+            ok = g["reference"] == "none" and g["blocks"] == 0 and g["dq"]["max_abs_err"] is None
+        else:
+            ok = g["reference"] == "sampled" and g["blocks"] == 2 and all(
+                g[n]["nan_count"] == 0 and g[n]["inf_count"] == 0 and float(g[n]["rel_l2_err"]) < 1e-5
+                and float(g[n]["max_abs_err"]) < 1e-5 for n in ("dq", "dk", "dv"))
+            ok &= float(r["accuracy"]["max_abs_err"]) < 1e-5 and r["accuracy"]["nan_count"] == 0
+            fwd = next(x for x in rows if x["id"] == r["id"].rsplit(",pass=", 1)[0])
+            want = 2.5 * fwd["flops"] if r["pass"] == "backward" else 3.5 * fwd["flops"]
+            if abs(r["flops"] - want) > 1e-9 * want:
+                wrong["flops"].append((r["id"], r["flops"], want))
+        if not ok:
+            wrong["grad"].append((r["id"], g))
+    check(not wrong["fields"], f"every backward-sweep peer row has exactly the field table's fields ({wrong['fields']})")
+    check(not wrong["types"], f"every field has the field table's type ({wrong['types'][:3]})")
+    check(not wrong["identity"], f"pass, sizes, flops, memory and grad_accuracy reference/blocks as the C++ row's "
+                                 f"({wrong['identity'][:3]})")
+    check(not wrong["flops"], f"flops: a backward row 2.5x the forward's, a training step 3.5x ({wrong['flops']})")
+    check(not wrong["grad"], f"backward rows: dQ, dK, dV within fp32 of the sampled fp64 gradient blocks (rel L2, "
+                             f"max abs < 1e-5), O's accuracy too; forward rows: grad_accuracy none ({wrong['grad'][:2]})")
+    # The files are the runner's: naive (attnbench eval --grad-output) on the peer's Q, K, V, padding and dO has
+    # the sweep row's grad_accuracy exactly against the peer's gradient blocks; an independent NumPy gradient of
+    # exact attention agrees with those blocks.
+    pid = next(i for i in want_ids if "Hkv=2" in i and "causal+pad" in i and i.endswith(",pass=backward"))
+    pt, data = fed[pid]
+    c = cpp[pid.removeprefix("peer/torch_")]
+    paths = {}
+    for n in ("q", "k", "v", "key_padding", "d_out"):
+        paths[n] = os.path.join(tmp, f"bw_{n}.npy")
+        np.save(paths[n], data[n])
+    grads = [os.path.join(tmp, f"bw_d{n}.npy") for n in "qkv"]
+    r = subprocess.run([exe, "eval", "--variant", "naive", "--q", paths["q"], "--k", paths["k"], "--v", paths["v"],
+                        "--key-padding", paths["key_padding"], "--causal", "--out", os.path.join(tmp, "bw_o.npy"),
+                        "--grad-output", paths["d_out"], "--dq", grads[0], "--dk", grads[1], "--dv", grads[2]],
+                       capture_output=True, text=True, timeout=60)
+    if not check(r.returncode == 0, f"attnbench eval --grad-output on the peer's inputs exits 0 ({r.stderr.strip()})"):
+        return
+    got = mod.gathered_gradients([np.load(x) for x in grads], data["grad_blocks"], pt["problem"]["kv_heads"])
+    errs = [float(np.abs(a.astype(np.float64) - data["grad_" + n]).max()) for a, n in zip(got, ("dq", "dk", "dv"))]
+    check(errs == [c["grad_accuracy"][n]["max_abs_err"] for n in ("dq", "dk", "dv")] and list(data["grad_blocks"]) == [0, 3],
+          f"{c['id']}: naive's gradients on the peer's files have the sweep row's grad_accuracy max_abs_err exactly "
+          f"({errs} vs {[c['grad_accuracy'][n]['max_abs_err'] for n in ('dq', 'dk', 'dv')]}; blocks "
+          f"{list(data['grad_blocks'])})")
+    p = mod.point_problem(pt)
+    allowed = mod.allowed_keys(p, data["key_padding"])
+    want = numpy_gradients(data["q"], data["k"], data["v"], data["d_out"], p["scale"], allowed)
+    want = mod.gathered_gradients(want, data["grad_blocks"], p["kv_heads"])
+    err = max(float(np.abs(w - data["grad_" + n]).max()) for w, n in zip(want, ("dq", "dk", "dv")))
+    check(err < 1e-12, f"`attnbench inputs`' gradient blocks equal an independent NumPy fp64 gradient ({err:.1e})")
+    # attnbench's own row reader takes the peer's rows (`attnbench compare` reads both folders' rows).
+    as_run = os.path.join(tmp, "peer-as-run")
+    os.makedirs(as_run)
+    shutil.copy(os.path.join(out, "meta.json"), as_run)
+    shutil.copy(os.path.join(out, "results.peers.jsonl"), os.path.join(as_run, "results.jsonl"))
+    r = subprocess.run([exe, "compare", out, as_run], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0, f"`attnbench compare` reads the peer's backward rows ({r.stderr.strip()[-300:]})")
+
+
+def test_backward_inprocess(exe, mod, tmp):
+    """measure() on synthetic backward points: GQA, lower-right causal with rows that see no key, padding, against
+    an independent NumPy gradient (no NaN: the empty rows' gradients are zero)."""
+    cfg = write_config(tmp, "peer-bw-synthetic", inputs={"regime": "gaussian"},
+                       sweep={"seq_len": 4, "heads": 2, "head_dim": 8, "pass": "backward"})
+    template = mod.load_plan(exe, cfg)[0]
+    rng = np.random.RandomState(8)
+    wrong = []
+    for H, Hkv, Lq, Lkv, mask, pass_ in ((4, 2, 7, 7, "causal", "backward"), (4, 1, 9, 5, "causal_lower_right", "forward_backward"),
+                                         (2, 2, 6, 6, "pad", "backward"), (6, 3, 9, 4, "causal_lower_right+pad", "backward")):
+        B, D, parts = 2, 8, mask.split("+")
+        q = rng.standard_normal((B, H, Lq, D)).astype(np.float32)
+        k, v = (rng.standard_normal((B, Hkv, Lkv, D)).astype(np.float32) for _ in range(2))
+        d_out = rng.standard_normal((B, H, Lq, D)).astype(np.float32)
+        pad = None
+        if "pad" in parts:
+            pad = np.zeros((B, Lkv), np.uint8)
+            pad[0, :] = 1  # batch 0: every key padded
+            pad[1, -1] = 1
+        scale = 1 / math.sqrt(D)
+        pt = json.loads(json.dumps(template))
+        shape = f":B={B},H={H}" + (f",Hkv={Hkv}" if Hkv != H else "") + f",Lq={Lq},Lkv={Lkv},D={D}"
+        pt["id"] = "naive" + shape + "," + mask + ",gaussian(std=1),T=1,pass=" + pass_
+        pt["pass"], pt["threads"], pt["skip"] = pass_, 1, None
+        pt["problem"] = {"batch": B, "heads": H, "kv_heads": Hkv, "seq_q": Lq, "seq_kv": Lkv, "head_dim": D,
+                         "scale": scale, "causal": "causal" in parts, "causal_lower_right": "causal_lower_right" in parts,
+                         "key_padding": pad is not None, "dropout": 0.0, "seed": 0}
+        pt["row"]["accuracy"]["reference"] = "full"
+        pt["row"]["grad_accuracy"]["reference"] = "full"
+        p = mod.point_problem(pt)
+        allowed = mod.allowed_keys(p, pad)
+        allowed = np.ones((1, 1, Lq, Lkv), bool) if allowed is None else allowed
+        blocks = np.arange(B * Hkv)
+        want = mod.gathered_gradients(numpy_gradients(q, k, v, d_out, scale, allowed), blocks, Hkv)
+        data = {"q": q, "k": k, "v": v, "d_out": d_out, "reference": reference_np(q, k, v, scale, "causal" in parts,
+                "causal_lower_right" in parts, pad), "rows": np.arange(Lq), "grad_blocks": blocks,
+                "grad_dq": want[0], "grad_dk": want[1], "grad_dv": want[2]}
+        if pad is not None:
+            data["key_padding"] = pad
+        row, skip = mod.start_row("peer/torch_naive" + shape + ",pass=" + pass_, pt)
+        mod.measure(torch, pt, row, data, MEASURE, mod.MemoryProbe(), {"sgemm": {}, "peak": {}}, mod.InterferenceProbe())
+        g = row["grad_accuracy"]
+        ok = skip == "" and row["reason"] == "" and g["blocks"] == B * Hkv and all(
+            g[n]["nan_count"] == 0 and float(g[n]["max_abs_err"]) < 1e-5 for n in ("dq", "dk", "dv"))
+        if not ok:
+            wrong.append((pt["id"], skip, row["reason"], g))
+    check(not wrong, f"synthetic backward points (GQA, rows with no key, a fully padded batch): gradients within "
+                     f"fp32 of an independent NumPy gradient, no NaN ({wrong})")
+
+
 def test_errors(exe, tmp):
     def peer(*args, env=None, pre=()):
         return subprocess.run([sys.executable, *pre, PEER, *args], capture_output=True, text=True, timeout=120,
@@ -482,6 +671,8 @@ def main():
         test_gqa_lower_right_inprocess(exe, mod, tmp)
         test_interference_probe(mod)
         test_sweep_gqa_lower_right(exe, mod, tmp)
+        test_backward_sweep(exe, mod, tmp)
+        test_backward_inprocess(exe, mod, tmp)
         test_errors(exe, tmp)
     print(f"{len(failures)} failure(s)" if failures else "all passed")
     return 1 if failures else 0
