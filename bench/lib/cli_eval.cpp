@@ -25,7 +25,7 @@ struct EvalOptions {
   std::string variant, q, k, v, mask, key_padding, out, isa = "best";
   std::vector<std::string> params;
   bool causal = false, causal_lower_right = false, compare = false;
-  std::optional<double> scale;
+  std::optional<double> scale, softcap;
   double dropout = 0;
   uint64_t seed = 0;
   std::string dtype = "fp32", rope = "none", alibi_slopes;
@@ -36,6 +36,8 @@ struct EvalOptions {
   // (--save-state), or O and the saved state of an earlier training forward in (--forward-output,
   // --saved-state) instead of running it.
   std::string grad_output, dq, dk, dv, save_state, forward_output, saved_state;
+  // Learned sink logits in ([heads]) and, with the backward, their gradient out.
+  std::string sink_logits, d_sink_logits;
   bool backward() const { return !grad_output.empty(); }
 };
 
@@ -46,7 +48,8 @@ void check_backward_options(const EvalOptions& o) {
                                {"--dk", &o.dk},
                                {"--dv", &o.dv},
                                {"--forward-output", &o.forward_output},
-                               {"--saved-state", &o.saved_state}})
+                               {"--saved-state", &o.saved_state},
+                               {"--d-sink-logits", &o.d_sink_logits}})
       if (!value->empty())
         throw UsageError(
             std::string(name) + " '" + *value +
@@ -58,6 +61,9 @@ void check_backward_options(const EvalOptions& o) {
     if (value->empty())
       throw UsageError("--grad-output '" + o.grad_output + "' needs --dq, --dk and --dv (" + name +
                        " is missing): where the gradients go");
+  if (!o.d_sink_logits.empty() && o.sink_logits.empty())
+    throw UsageError("--d-sink-logits '" + o.d_sink_logits +
+                     "' needs --sink-logits S.npy (it is the gradient of those logits)");
   if (!o.saved_state.empty() && o.forward_output.empty())
     check_state_needs_out("--saved-state '" + o.saved_state + "'", "--forward-output O.npy", "eval");
   if (!o.forward_output.empty() && !o.save_state.empty())
@@ -124,7 +130,7 @@ Json metrics_json(const ErrorMetrics& m, const std::string& reference) {
 // The gradients of one backward call, kept until every output can be written, and with --compare their
 // errors.
 struct BackwardResult {
-  FloatArray dq, dk, dv;
+  FloatArray dq, dk, dv, d_sink;  // d_sink: [heads], with --d-sink-logits
   Json compare;
 };
 
@@ -139,7 +145,7 @@ struct EvalCall {
   RopeSpec rope;
   InputTensor q, k, v;
   ByteArray mask, pad;
-  std::vector<float> slopes;
+  std::vector<float> slopes, sinks;
   FloatArray d_out, forward_out;  // the backward's dO, and an earlier training forward's O
   std::vector<float> saved;       // that forward's saved state, or the one the training forward writes
   FloatArray out;
@@ -163,12 +169,17 @@ BackwardResult run_backward_step(const EvalOptions& o, const EvalCall& c) {
   g.saved = c.saved.empty() ? nullptr : c.saved.data();
   g.d_out = c.d_out.ptr();
   g.dq = r.dq.ptr(), g.dk = r.dk.ptr(), g.dv = r.dv.ptr();
+  if (!o.d_sink_logits.empty()) {
+    r.d_sink = FloatArray({p.heads});
+    g.d_sink_logits = r.d_sink.ptr();
+  }
   c.variant->run_backward(p, c.in, g);
   const std::string note =
       nonfinite_gradients_note(count_nonfinite_gradients(p, r.dq.ptr(), r.dk.ptr(), r.dv.ptr()));
   if (!note.empty()) std::cerr << "attnbench: warning: " << note << "\n";
   if (o.compare)
-    r.compare = gradient_comparison(*c.variant, p, c.in, c.d_out.ptr(), r.dq.ptr(), r.dk.ptr(), r.dv.ptr());
+    r.compare = gradient_comparison(*c.variant, p, c.in, c.d_out.ptr(), r.dq.ptr(), r.dk.ptr(), r.dv.ptr(),
+                                    r.d_sink.numel() ? r.d_sink.ptr() : nullptr);
   return r;
 }
 
@@ -213,6 +224,7 @@ void read_call_tensors(const EvalOptions& o, EvalCall& c) {
   p.mask.causal = o.causal;
   p.mask.causal_lower_right = o.causal_lower_right;
   p.scale = o.scale;
+  p.softcap = o.softcap;
   p.dropout = o.dropout;
   p.seed = o.seed;
   p.dtype = c.dtype;
@@ -232,6 +244,12 @@ void read_call_tensors(const EvalOptions& o, EvalCall& c) {
   if (!o.alibi_slopes.empty()) {
     const DoubleArray s = read_npy_double(o.alibi_slopes);
     c.slopes = checked_alibi_slopes("--alibi-slopes '" + o.alibi_slopes + "'", "--q", s.shape, s.ptr(), p);
+  }
+  if (!o.sink_logits.empty()) {
+    const DoubleArray s = read_npy_double(o.sink_logits);
+    c.sinks = checked_head_values("--sink-logits '" + o.sink_logits + "'", "--q", "sink logit", s.shape,
+                                  s.ptr(), p);
+    p.sinks = true;
   }
 }
 
@@ -284,6 +302,7 @@ void run_call(const EvalOptions& o, EvalCall& c) {
                               nullptr,
                               nullptr,
                               c.slopes.empty() ? nullptr : c.slopes.data()};
+  c.fp32_in.sink_logits = c.sinks.empty() ? nullptr : c.sinks.data();
   c.in = c.fp32_in;
   if (c.dtype != DType::fp32) {
     auto store = [&](InputTensor& t, std::vector<uint16_t>& bits) -> const uint16_t* {
@@ -326,6 +345,7 @@ void write_outputs(const EvalOptions& o, const EvalCall& c) {
     write_npy(o.dq, c.grads.dq);
     write_npy(o.dk, c.grads.dk);
     write_npy(o.dv, c.grads.dv);
+    if (!o.d_sink_logits.empty()) write_npy(o.d_sink_logits, c.grads.d_sink);
   }
 }
 
@@ -418,6 +438,15 @@ ATTN_REGISTER_COMMAND(
       sub.add_option("--mask", o->mask, "boolean mask .npy [seq_q, seq_kv], nonzero = may attend");
       sub.add_option("--key-padding", o->key_padding, "key padding .npy [batch, seq_kv], nonzero = padded");
       sub.add_option("--scale", o->scale, "logit scale (default 1/sqrt(head_dim))");
+      sub.add_option("--softcap", o->softcap,
+                     "logit soft-capping: s <- C tanh(s / C) after scaling, before bias, masks and softmax "
+                     "(Gemma 2); C > 0, the variant must support it (`attnbench list`: softcap)");
+      sub.add_option("--sink-logits", o->sink_logits,
+                     "learned sink logits .npy, float32/64 [heads], finite: each row's softmax gets one more "
+                     "logit sink_h whose weight takes no value (the variant must support it: sinks)");
+      sub.add_option("--d-sink-logits", o->d_sink_logits,
+                     "with --grad-output and --sink-logits: dL/d sink_logits .npy out, float32 [heads] "
+                     "(summed over batch and rows)");
       sub.add_option("--dropout", o->dropout, "dropout probability on the attention weights, in [0, 1)");
       sub.add_option("--seed", o->seed, "dropout seed");
       sub.add_option(

@@ -130,21 +130,27 @@ void require_shape(const std::string& what, const std::vector<int64_t>& got, con
                      meaning);
 }
 
-std::vector<float> checked_alibi_slopes(const std::string& what, const std::string& q_option,
-                                        const std::vector<int64_t>& shape, const double* values,
-                                        const Problem& p) {
-  require_shape(
-      what, shape, {p.heads},
-      "[heads] (one slope per query head; heads = " + std::to_string(p.heads) + " from " + q_option + ")");
-  std::vector<float> slopes;
+std::vector<float> checked_head_values(const std::string& what, const std::string& q_option,
+                                       const std::string& noun, const std::vector<int64_t>& shape,
+                                       const double* values, const Problem& p) {
+  require_shape(what, shape, {p.heads},
+                "[heads] (one " + noun + " per query head; heads = " + std::to_string(p.heads) + " from " +
+                    q_option + ")");
+  std::vector<float> out;
   for (int64_t h = 0; h < p.heads; ++h) {
     const double s = values[h];
     if (!std::isfinite(s) || std::fabs(s) > std::numeric_limits<float>::max())
-      throw UsageError(what + ": slope " + std::to_string(h) + " = " + std::to_string(s) +
+      throw UsageError(what + ": " + noun + " " + std::to_string(h) + " = " + std::to_string(s) +
                        " is not a finite float32");
-    slopes.push_back(static_cast<float>(s));
+    out.push_back(static_cast<float>(s));
   }
-  return slopes;
+  return out;
+}
+
+std::vector<float> checked_alibi_slopes(const std::string& what, const std::string& q_option,
+                                        const std::vector<int64_t>& shape, const double* values,
+                                        const Problem& p) {
+  return checked_head_values(what, q_option, "slope", shape, values, p);
 }
 
 void check_runnable(const Attention& variant, const Problem& p, int threads, bool with_reference,
@@ -279,7 +285,8 @@ Json gradient_metrics(const float* got, const double* want, int64_t elements, in
 }  // namespace
 
 Json gradient_comparison(const Attention& variant, const Problem& p, const AttentionInputs& in,
-                         const float* d_out, const float* dq, const float* dk, const float* dv) {
+                         const float* d_out, const float* dq, const float* dk, const float* dv,
+                         const float* d_sink) {
   const int64_t nq = p.q_elements(), nkv = p.kv_elements();
   DoubleArray wq({nq}), wk({nkv}), wv({nkv});
   AttentionInputs ref_in = in;
@@ -293,6 +300,13 @@ Json gradient_comparison(const Attention& variant, const Problem& p, const Atten
   Json j;
   variant.reference_backward(p, ref_in, d_out, wq.ptr(), wk.ptr(), wv.ptr());
   j["grad_accuracy"] = metrics("fp64 gradient of " + p.variant + "'s own definition");
+  if (d_sink && p.sinks) {
+    std::vector<double> ws(static_cast<std::size_t>(p.heads));
+    Fp64Gradients fg;
+    fg.d_sink_logits = ws.data();
+    variant.reference_gradients(p, ref_in, d_out, fg);
+    j["grad_accuracy"]["d_sink_logits"] = gradient_metrics(d_sink, ws.data(), p.heads, p.heads);
+  }
   reference_attention_backward(p, ref_in, d_out, wq.ptr(), wk.ptr(), wv.ptr());
   j["grad_accuracy_exact"] = metrics("fp64 gradient of exact softmax attention");
   j["nonfinite_gradients"] = count_nonfinite_gradients(p, dq, dk, dv);

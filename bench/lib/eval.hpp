@@ -33,6 +33,11 @@ void require_shape(const std::string& what, const std::vector<int64_t>& got, con
 
 // The ALiBi slopes as float32, one per query head: `values` must be [p.heads] finite float32 values
 // (UsageError naming `what`; `q_option` names where heads came from, "--q").
+// One finite float32 value per query head ([heads]) from a float64 array read from a file (ALiBi slopes,
+// sink logits), or a UsageError naming `what`, the shape or the value.
+std::vector<float> checked_head_values(const std::string& what, const std::string& q_option,
+                                       const std::string& noun, const std::vector<int64_t>& shape,
+                                       const double* values, const Problem& p);
 std::vector<float> checked_alibi_slopes(const std::string& what, const std::string& q_option,
                                         const std::vector<int64_t>& shape, const double* values,
                                         const Problem& p);
@@ -93,8 +98,10 @@ std::string nonfinite_gradients_note(int64_t count);
 // own definition (reference_backward: what a correct implementation must match), "grad_accuracy_exact"
 // against exact softmax attention's (how far an approximate variant's gradient lands from exact
 // attention's), each with "reference" and per gradient max_abs_err, rel_l2_err, nan_count, inf_count; and
-// "nonfinite_gradients" (count_nonfinite_gradients).
+// "nonfinite_gradients" (count_nonfinite_gradients). d_sink (sink logits' gradient, [heads]; null: none)
+// adds grad_accuracy.d_sink_logits.
 Json gradient_comparison(const Attention& variant, const Problem& p, const AttentionInputs& in,
-                         const float* d_out, const float* dq, const float* dk, const float* dv);
+                         const float* d_out, const float* dq, const float* dk, const float* dv,
+                         const float* d_sink = nullptr);
 
 }  // namespace attn

@@ -233,6 +233,84 @@ def backward_vs_torch(exe, tmp):
                       "relative L2 %.2g" % (label, n, list(got.shape), err, reported, rel))
 
 
+def sinks_softcap_vs_torch(exe, tmp):
+    """`eval --softcap C --sink-logits S.npy` forward and backward (--d-sink-logits) of every variant claiming
+    both capabilities against torch float64 autograd of the definition: s = C tanh(scale q.k / C), then the
+    masks, then softmax over the allowed logits plus one sink logit per head whose weight takes no value. A
+    fully masked row (bool) is all sink: output 0. Logits of std ~4 so that the cap bends them."""
+    path = lambda name: os.path.join(tmp, "sink_" + name)
+    r = subprocess.run([exe, "list", "--json"], capture_output=True, text=True)
+    names = [x["name"] for x in json.loads(r.stdout)
+             if x["capabilities"]["sinks"] and x["capabilities"]["softcap"] and x["capabilities"]["backward"]]
+    check({"naive", "tiled"} <= set(names), "naive and tiled take sink logits and softcap (%s)" % names)
+    rng = np.random.RandomState(31)
+    for (B, H, HKV, LQ, LKV, D, mask, cap) in [(2, 4, 2, 19, 19, 16, "causal", 5.0),
+                                               (1, 2, 2, 9, 13, 8, "bool+pad", 3.0)]:
+        q = (2 * rng.standard_normal((B, H, LQ, D))).astype(np.float32)
+        k = (2 * rng.standard_normal((B, HKV, LKV, D))).astype(np.float32)
+        v = rng.standard_normal((B, HKV, LKV, D)).astype(np.float32)
+        d_out = rng.standard_normal((B, H, LQ, D)).astype(np.float32)
+        sinks = (2 * rng.standard_normal(H)).astype(np.float32)
+        for name, x in (("q", q), ("k", k), ("v", v), ("do", d_out), ("s", sinks)):
+            np.save(path(name + ".npy"), x)
+        args, allowed = [], np.ones((B, 1, LQ, LKV), bool)
+        if "causal" in mask:
+            args.append("--causal")
+            allowed &= np.tril(np.ones((LQ, LKV), bool))
+        if "bool" in mask:
+            m = rng.uniform(size=(LQ, LKV)) < 0.6
+            m[2, :] = False
+            np.save(path("mask.npy"), m)
+            args += ["--mask", path("mask.npy")]
+            allowed &= m
+        if "pad" in mask:
+            padded = rng.uniform(size=(B, LKV)) < 0.3
+            np.save(path("pad.npy"), padded)
+            args += ["--key-padding", path("pad.npy")]
+            allowed &= ~padded[:, None, None, :]
+        group = H // HKV
+        tq, tk, tv, ts = (torch.from_numpy(x).double().requires_grad_() for x in (q, k, v, sinks))
+        logits = tq @ tk.repeat_interleave(group, 1).transpose(-2, -1) / np.sqrt(D)
+        logits = cap * torch.tanh(logits / cap)
+        logits = logits.masked_fill(~torch.from_numpy(np.broadcast_to(allowed, logits.shape).copy()), float("-inf"))
+        sink_col = ts.view(1, H, 1, 1).expand(B, H, LQ, 1)
+        weights = torch.softmax(torch.cat([logits, sink_col], -1), -1)[..., :LKV]
+        o = weights @ tv.repeat_interleave(group, 1)
+        want = [o.detach().numpy()] + [g.numpy() for g in torch.autograd.grad(o, (tq, tk, tv, ts),
+                                                                             torch.from_numpy(d_out).double())]
+        for variant in names:
+            label = "%s sinks+softcap=%g B=%d H=%d Hkv=%d Lq=%d Lkv=%d D=%d %s" % (variant, cap, B, H, HKV, LQ, LKV,
+                                                                                 D, mask)
+            r = subprocess.run([exe, "eval", "--variant", variant, "--q", path("q.npy"), "--k", path("k.npy"),
+                                "--v", path("v.npy"), *args, "--softcap", repr(cap), "--sink-logits", path("s.npy"),
+                                "--out", path("o.npy"), "--grad-output", path("do.npy"), "--dq", path("dq.npy"),
+                                "--dk", path("dk.npy"), "--dv", path("dv.npy"), "--d-sink-logits", path("ds.npy"),
+                                "--compare"], capture_output=True, text=True)
+            if r.returncode != 0:
+                check(False, label + ": eval exited %d: %s" % (r.returncode, r.stderr.strip()))
+                continue
+            for n, w in zip(("o", "dq", "dk", "dv", "ds"), want):
+                got = np.load(path(n + ".npy")).astype(np.float64)
+                rel = float(np.sqrt(((got - w) ** 2).sum() / (w ** 2).sum()))
+                # fp32 against float64 over <= 20 keys: a few ulps relative; 1e-5 fails any formula error.
+                check(got.shape == w.shape and np.all(np.isfinite(got)) and rel < 1e-5,
+                      "%s: %s relative L2 against torch fp64 %.2g" % (label, n, rel))
+            reported = json.loads(r.stdout)["grad_accuracy"]
+            check("d_sink_logits" in reported, label + ": --compare reports d_sink_logits")
+    # Refusals: a variant without sink logits, a sink file of the wrong shape, --d-sink-logits alone.
+    base = [exe, "eval", "--q", path("q.npy"), "--k", path("k.npy"), "--v", path("v.npy"), "--out", path("x.npy")]
+    np.save(path("s_bad.npy"), np.zeros(H + 1, np.float32))
+    for extra, needle in ((["--variant", "linear", "--sink-logits", path("s.npy")], "sink"),
+                          (["--variant", "naive", "--sink-logits", path("s_bad.npy")], "[heads]"),
+                          (["--variant", "naive", "--softcap", "0"], "softcap"),
+                          (["--variant", "naive", "--grad-output", path("do.npy"), "--dq", path("a.npy"), "--dk",
+                            path("b.npy"), "--dv", path("c.npy"), "--d-sink-logits", path("d.npy")], "--sink-logits")):
+        r = subprocess.run(base + extra, capture_output=True, text=True)
+        check(r.returncode == 2 and needle in r.stderr and not os.path.exists(path("x.npy")),
+              "refused with exit 2 naming %s: %s -> %d %s" % (needle, " ".join(extra[:2] + extra[2:3]), r.returncode,
+                                                             r.stderr.strip()[-160:]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--attnbench", required=True)
@@ -291,6 +369,7 @@ def main():
                 compare(label, got, torch_reference(q, k, v, scale, ok_mask), ok_mask, q, k, v, scale)
         gqa_lower_right(exe, tmp)
         backward_vs_torch(exe, tmp)
+        sinks_softcap_vs_torch(exe, tmp)
     if FAILURES:
         print("%d check(s) failed" % len(FAILURES))
         return 1
