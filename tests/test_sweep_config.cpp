@@ -1049,3 +1049,55 @@ TEST_CASE("inputs.rope and inputs.rope_base: RoPE in either regime, in the label
     CHECK(point_json(plan.points[0], plan.config)["inputs"]["rope_query_offset"] == 28);
   }
 }
+
+TEST_CASE("sweep.softcap and sweep.sinks: axes of logit soft-capping and learned sink logits (#32)",
+          "[sweep][config]") {
+  SECTION("defaults: neither, and the ids they had before the axes existed") {
+    const SweepConfig c = parse_sweep_config(base_config(), "cfg.json");
+    CHECK(c.softcaps == std::vector<double>{0.0});
+    CHECK(c.sinks == std::vector<bool>{false});
+    CHECK(make_plan(c).points[0].id == "naive:B=1,H=1,Lq=16,Lkv=16,D=16,gaussian(std=1),T=1");
+  }
+  SECTION("every combination is a point with one input key; ids read back; skips name the capability") {
+    Json j = base_config();
+    j["variants"] = {"naive", "linear"};
+    j["sweep"]["softcap"] = {0, 30};
+    j["sweep"]["sinks"] = {false, true};
+    const Plan plan = make_plan(parse_sweep_config(j, "cfg.json"));
+    CHECK(plan.points.size() == 2 * 2 * 2 * 2);
+    std::set<std::string> ids, keys;
+    for (const SweepPoint& pt : plan.points) {
+      ids.insert(pt.id);
+      keys.insert(pt.input_key);
+      const Problem& p = pt.problem;
+      CHECK((pt.id.find(",softcap=30,") != std::string::npos) == p.softcap.has_value());
+      CHECK((pt.id.find(",sinks,") != std::string::npos) == p.sinks);
+      const Problem back = parse_problem(pt.id.substr(0, pt.id.find(",gaussian")));
+      CHECK(back.softcap == p.softcap);
+      CHECK(back.sinks == p.sinks);
+      const std::string why = skip_reason(pt, plan.config);
+      if (p.variant == "linear" && p.softcap) CHECK_THAT(why, Contains("soft-capping"));
+      if (p.variant == "linear" && p.sinks) CHECK_THAT(why, Contains("sink logits"));
+      if (p.variant == "naive") CHECK(why.empty());
+      const Json pj = point_json(pt, plan.config);
+      CHECK(pj["problem"]["sinks"] == p.sinks);
+      CHECK(pj["row"]["sinks"] == p.sinks);
+      CHECK(pj["row"]["softcap"] == (p.softcap ? Json(*p.softcap) : Json(nullptr)));
+    }
+    CHECK(ids.size() == plan.points.size());
+    CHECK(keys.size() == 2);  // the two lengths: the cap and the sinks leave Q, K, V as they are
+  }
+  SECTION("bad values name the path, the value and what is allowed") {
+    Json j = base_config();
+    j["sweep"]["softcap"] = {30, -1};
+    std::string e = config_error(j);
+    CHECK_THAT(e, Contains("sweep.softcap[1]"));
+    CHECK_THAT(e, Contains("-1"));
+    CHECK_THAT(e, Contains("or 0 for no soft-capping"));
+    j = base_config();
+    j["sweep"]["sinks"] = "yes";
+    e = config_error(j);
+    CHECK_THAT(e, Contains("sweep.sinks: must be true"));
+    CHECK_THAT(e, Contains("\"yes\""));
+  }
+}

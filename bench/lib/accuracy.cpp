@@ -16,6 +16,15 @@ void fill_accuracy(AccuracySummary& a, const ErrorMetrics& m, int64_t rows) {
   a.inf_count = m.inf_count;
 }
 
+namespace {
+// What soft-capping and sink logits add to a reference's cache key (the sinks themselves come with the
+// inputs).
+std::string logit_key(const Problem& p) {
+  return (p.softcap ? "softcap=" + std::to_string(*p.softcap) : std::string("nocap")) +
+         (p.sinks ? ",sinks" : "");
+}
+}  // namespace
+
 void AccuracyReferences::forward_reference(const Problem& p, const AttentionInputs& in,
                                            const std::string& mode, const std::string& key,
                                            std::string& have_key, DoubleArray& ref) {
@@ -39,7 +48,8 @@ void AccuracyReferences::fill_forward(const SweepPoint& pt, const AttentionInput
   // The input key leaves out causality (causal and non-causal twins share their inputs): the mask is part of
   // the reference's key.
   const std::string key = pt.input_key + "|" + pt.mask.label() + "|" + mode + "|" +
-                          std::to_string(p.dropout) + "|" + std::to_string(p.seed) + "|" + bias_name(p.bias);
+                          std::to_string(p.dropout) + "|" + std::to_string(p.seed) + "|" + bias_name(p.bias) +
+                          "|" + logit_key(p);
   AttentionInputs in32 = fp32;
   in32.out = nullptr;
   forward_reference(WideInputs::as_fp32(p), in32, mode, key, key_, reference_);
@@ -75,7 +85,8 @@ void AccuracyReferences::fill_backward(const SweepPoint& pt, const AttentionInpu
   const int64_t G = p.group_size(), n = static_cast<int64_t>(blocks.size());
   const std::string key = pt.input_key + "|" + pt.mask.label() + "|" + row.grad_accuracy.reference + "|" +
                           std::to_string(p.dropout) + "|" + std::to_string(p.seed) + "|" + bias_name(p.bias) +
-                          "|" + dtype_name(p.dtype) + "|" + std::to_string(p.effective_scale());
+                          "|" + dtype_name(p.dtype) + "|" + std::to_string(p.effective_scale()) + "|" +
+                          logit_key(p);
   if (grad_key_ != key) {
     grad_key_.clear();
     grad_dq_ = DoubleArray({n, G, p.seq_q, p.head_dim});

@@ -331,7 +331,7 @@ void parse_variants(const Json& variants, SweepConfig& c) {
 void parse_sweep_axes(const Json& sweep, SweepConfig& c) {
   check_keys(sweep, "sweep",
              {"batch", "heads", "kv_heads", "head_dim", "seq_len", "seq_q", "seq_kv", "mask", "threads",
-              "isa", "dropout", "dtype", "bias", "pass"});
+              "isa", "dropout", "dtype", "bias", "pass", "softcap", "sinks"});
   if (sweep.contains("batch")) c.batch = size_axis(sweep["batch"], "sweep.batch");
   if (sweep.contains("heads")) c.heads = size_axis(sweep["heads"], "sweep.heads");
   if (sweep.contains("kv_heads")) {
@@ -396,6 +396,21 @@ void parse_sweep_axes(const Json& sweep, SweepConfig& c) {
     for_axis(sweep["pass"], "sweep.pass", [&](const Json& v, const std::string& p) {
       if (!v.is_string()) fail(p, "must be a pass (forward, backward, forward_backward), got " + v.dump());
       c.passes.push_back(parse_pass(v.get<std::string>(), p));
+    });
+  }
+  if (sweep.contains("softcap")) {
+    c.softcaps.clear();
+    for_axis(sweep["softcap"], "sweep.softcap", [&](const Json& v, const std::string& p) {
+      c.softcaps.push_back(
+          get_number(v, p, 0, 1e6, "a cap C in (0, 1e6] for s <- C tanh(s / C), or 0 for no soft-capping"));
+    });
+  }
+  if (sweep.contains("sinks")) {
+    c.sinks.clear();
+    for_axis(sweep["sinks"], "sweep.sinks", [&](const Json& v, const std::string& p) {
+      if (!v.is_boolean())
+        fail(p, "must be true (learned sink logits, one per head) or false, got " + v.dump());
+      c.sinks.push_back(v.get<bool>());
     });
   }
   if (sweep.contains("bias")) {

@@ -80,6 +80,10 @@ struct SweepConfig {
   std::vector<DType> dtypes{DType::fp32};
   std::vector<Bias> biases{Bias::none};
   std::vector<Pass> passes{Pass::forward};  // sweep.pass
+  // Logit soft-capping C (sweep.softcap; 0: none) and learned sink logits (sweep.sinks): axes crossed with
+  // the others. Sink logits are drawn per point from the input seed, N(0, 1) per head (inputs.hpp).
+  std::vector<double> softcaps{0.0};
+  std::vector<bool> sinks{false};
   MeasureSettings measure;
   AccuracySettings accuracy;
   std::optional<uint64_t> memory_budget_bytes;  // unset: half the physical memory (resolved by the plan)

@@ -19,6 +19,7 @@ AttentionInputs PointInputs::view(float* out) const {
   in.k = k.ptr();
   in.v = v.ptr();
   in.key_padding = key_padding.numel() ? key_padding.ptr() : nullptr;
+  in.sink_logits = sink_logits.numel() ? sink_logits.ptr() : nullptr;
   in.out = out;
   return in;
 }
@@ -48,6 +49,10 @@ PointInputs make_inputs(const SweepPoint& pt) {
   }
   validate_rope(pt.regime.rope, p.head_dim, "inputs.rope");  // the config checked it; a direct caller too
   apply_point_rope(pt, in.q.ptr(), in.k.ptr());
+  // From their own stream of the input seed (Q, K, V: * 3 + 1 .. 3, dO: * 3 + 4), so points with and without
+  // sinks read the same Q, K, V.
+  in.sink_logits = FloatArray({p.heads});
+  fill_normal(in.sink_logits.ptr(), p.heads, pt.input_seed * 3 + 5, 1.0);
   if (p.mask.key_padding) {
     in.key_padding = ByteArray({p.batch, p.seq_kv});
     const int64_t padded = std::llround(pt.mask.pad_fraction * static_cast<double>(p.seq_kv));

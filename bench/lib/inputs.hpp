@@ -8,7 +8,8 @@ namespace attn {
 
 struct PointInputs {
   FloatArray q, k, v;
-  ByteArray key_padding;  // [batch, seq_kv] when the mask pads keys
+  ByteArray key_padding;   // [batch, seq_kv] when the mask pads keys
+  FloatArray sink_logits;  // [heads], N(0, 1): read only by points with sink logits (Problem::sinks)
   std::size_t bytes() const;
   AttentionInputs view(float* out) const;
 };

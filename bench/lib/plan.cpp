@@ -169,44 +169,49 @@ std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
                 // The storage dtype and the bias leave the fp32 inputs as they are: points differing only in
                 // them share the input key (and the fp32 reference of the end-to-end accuracy).
                 for (const Bias bias : c.biases)
-                  for (const DType dtype : c.dtypes)
-                    for (const VariantSpec& v : c.variants)
-                      for (const Json& params : v.param_sets)
-                        for (int T : c.threads)
-                          for (const std::string& isa : c.isas)
-                            for (const Pass pass : c.passes) {
-                              SweepPoint pt;
-                              Problem& p = pt.problem;
-                              p = make_problem(v.name,
-                                               params);  // resolved already; this records the spec order
-                              p.batch = B, p.heads = H, p.seq_q = Lq, p.seq_kv = Lkv, p.head_dim = D;
-                              p.kv_heads =
-                                  KV == H ? 0 : KV;  // 0: multi-head attention (Problem::num_kv_heads)
-                              p.mask = mask.spec;
-                              p.dropout = c.dropout;
-                              p.seed = c.seed;
-                              p.dtype = dtype;
-                              p.bias = bias;
-                              pt.mask = mask;
-                              pt.regime = regime;
-                              pt.threads = T;
-                              pt.isa = isa;
-                              pt.pass = pass;
-                              pt.input_key = key.str();
-                              pt.input_seed = seed;
-                              std::ostringstream id;
-                              id << p.repro();
-                              if (mask.spec.key_padding)
-                                id << ",padfrac=" << shortest_double_text(mask.pad_fraction);
-                              id << "," << regime.label() << ",T=" << T;
-                              // "best" adds nothing: configs without sweep.isa keep the ids (and --filter
-                              // texts and resumable folders) they had before the axis existed.
-                              if (isa != "best") id << ",isa=" << isa;
-                              // The forward adds nothing, so ids from before the pass axis stay as they were.
-                              if (pass != Pass::forward) id << ",pass=" << pass_name(pass);
-                              pt.id = id.str();
-                              plan.push_back(std::move(pt));
-                            }
+                  for (const double cap : c.softcaps)
+                    for (const bool sinks : c.sinks)
+                      for (const DType dtype : c.dtypes)
+                        for (const VariantSpec& v : c.variants)
+                          for (const Json& params : v.param_sets)
+                            for (int T : c.threads)
+                              for (const std::string& isa : c.isas)
+                                for (const Pass pass : c.passes) {
+                                  SweepPoint pt;
+                                  Problem& p = pt.problem;
+                                  p = make_problem(v.name,
+                                                   params);  // resolved already; this records the spec order
+                                  p.batch = B, p.heads = H, p.seq_q = Lq, p.seq_kv = Lkv, p.head_dim = D;
+                                  p.kv_heads =
+                                      KV == H ? 0 : KV;  // 0: multi-head attention (Problem::num_kv_heads)
+                                  p.mask = mask.spec;
+                                  p.dropout = c.dropout;
+                                  p.seed = c.seed;
+                                  p.dtype = dtype;
+                                  p.bias = bias;
+                                  if (cap > 0) p.softcap = cap;
+                                  p.sinks = sinks;
+                                  pt.mask = mask;
+                                  pt.regime = regime;
+                                  pt.threads = T;
+                                  pt.isa = isa;
+                                  pt.pass = pass;
+                                  pt.input_key = key.str();
+                                  pt.input_seed = seed;
+                                  std::ostringstream id;
+                                  id << p.repro();
+                                  if (mask.spec.key_padding)
+                                    id << ",padfrac=" << shortest_double_text(mask.pad_fraction);
+                                  id << "," << regime.label() << ",T=" << T;
+                                  // "best" adds nothing: configs without sweep.isa keep the ids (and --filter
+                                  // texts and resumable folders) they had before the axis existed.
+                                  if (isa != "best") id << ",isa=" << isa;
+                                  // The forward adds nothing, so ids from before the pass axis stay as they
+                                  // were.
+                                  if (pass != Pass::forward) id << ",pass=" << pass_name(pass);
+                                  pt.id = id.str();
+                                  plan.push_back(std::move(pt));
+                                }
               }
   return plan;
 }

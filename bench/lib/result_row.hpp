@@ -78,6 +78,8 @@ struct ResultRow {
   // defaults.
   std::string dtype = "fp32";
   std::string bias = "none";
+  std::optional<double> softcap;  // logit soft-capping C (null: none)
+  bool sinks = false;             // learned sink logits, one per head
   std::string rope = "none";
   std::optional<double> rope_ms;  // median ms of applying RoPE to Q and K once (null: RoPE off, not measured)
   // The pass timed (sweep.pass): "forward", "backward" or "forward_backward"; rows from before it read as

@@ -22,6 +22,8 @@ ResultRow base_row(const SweepPoint& pt, const SweepConfig& c, const std::string
   r.dropout = p.dropout;
   r.dtype = dtype_name(p.dtype);
   r.bias = bias_name(p.bias);
+  r.softcap = p.softcap;
+  r.sinks = p.sinks;
   r.rope = pt.regime.rope.str();
   r.pass = pass_name(pt.pass);
   r.exact = v.capabilities().exact;
@@ -68,7 +70,9 @@ Json point_json(const SweepPoint& pt, const SweepConfig& c) {
         {"dropout", p.dropout},
         {"seed", p.seed},
         {"dtype", dtype_name(p.dtype)},
-        {"bias", bias_name(p.bias)}}},
+        {"bias", bias_name(p.bias)},
+        {"softcap", p.softcap ? Json(*p.softcap) : Json(nullptr)},
+        {"sinks", p.sinks}}},
       {"mask", {{"label", pt.mask.label()}, {"pad_fraction", pt.mask.pad_fraction}}},
       {"inputs",
        {{"key", pt.input_key},
