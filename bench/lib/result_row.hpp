@@ -62,6 +62,26 @@ struct MemorySummary {
   std::string peak_note;              // why peak_bytes is null ("" when it is measured)
 };
 
+// Parts of ResultRow held in std::optional, declared at namespace scope: nested in ResultRow, clang 14 sees
+// them as not default-constructible inside the enclosing class (their member initialisers are not parsed
+// yet), and optional<T>::emplace() then fails to compile. Documented at their members below.
+struct RowInterleave {
+  std::string group;
+  int points = 0;
+  int position = 0;
+  int rounds = 0;
+};
+struct RowGroupSgemm {
+  double gflops = 0;
+  int reps = 0;
+  std::optional<double> frac_ci_lo, frac_ci_hi;
+};
+struct RowRing {
+  int ranks = 1;
+  std::optional<double> bytes_sent_per_rank, rank0_whole_tensors_bytes;
+  Json report;  // null for a skipped point
+};
+
 struct ResultRow {
   std::string id;
   std::string variant;
@@ -97,12 +117,7 @@ struct ResultRow {
   // The interleaved group the point was timed in (null when timed alone): the id of the group's first timed
   // point, the number of points timed together, this point's place among them and the timed rounds. Sample r
   // of every row of a group was taken in round r, so two rows' samples pair up round by round.
-  struct Interleave {
-    std::string group;
-    int points = 0;
-    int position = 0;
-    int rounds = 0;
-  };
+  using Interleave = RowInterleave;
   std::optional<Interleave> interleave;
   // Index into meta.json's "calibrations" of the calibration frac_peak (and frac_sgemm, when group_sgemm is
   // null) were divided by.
@@ -110,11 +125,7 @@ struct ResultRow {
   // The sgemm timed in this row's rounds (measure.group_sgemm), null when the group ran without it: its
   // median GFLOP/s and repetitions, and the 95% interval of frac_sgemm, which is then the median over the
   // rounds of (this row's GFLOP/s / the sgemm's GFLOP/s in the same round).
-  struct GroupSgemm {
-    double gflops = 0;
-    int reps = 0;
-    std::optional<double> frac_ci_lo, frac_ci_hi;
-  };
+  using GroupSgemm = RowGroupSgemm;
   std::optional<GroupSgemm> group_sgemm;
   std::optional<double> flops, gflops, frac_sgemm, frac_peak;
   // Bytes one call moves (Attention::bytes_moved, from the sizes: set on skipped rows too), the achieved
@@ -131,11 +142,7 @@ struct ResultRow {
   // Rows of attnbench_mpi's ring (absent from single-process rows): the rank count, the most K/V bytes one
   // rank sent, what rank 0 holds beyond its share (the point's whole Q, K, V and O, for the accuracy check)
   // and the per-rank report (ring.hpp rank_report).
-  struct Ring {
-    int ranks = 1;
-    std::optional<double> bytes_sent_per_rank, rank0_whole_tensors_bytes;
-    Json report;  // null for a skipped point
-  };
+  using Ring = RowRing;
   std::optional<Ring> ring;
   std::string timestamp;  // when the row was written (UTC ISO 8601)
 };
