@@ -260,7 +260,7 @@ constexpr Field kFields[] = {
      "existed)",
      STR(r.dtype)},
     {"bias", "string", "", "logit bias: `none` or `alibi` (the ALiBi paper's default slopes)", STR(r.bias)},
-    {"softcap", "number", "", "logit soft-capping C of s <- C tanh(s / C) (null: none)", OPT_NUM(r.softcap)},
+    {"softcap", "number|null", "", "logit soft-capping C of s <- C tanh(s / C) (null: none)", OPT_NUM(r.softcap)},
     {"sinks", "boolean", "",
      "learned sink logits, one per head, in every row's softmax denominator (drawn N(0, 1) per point)",
      BOOL(r.sinks)},
