@@ -10,7 +10,7 @@
 namespace attn {
 
 std::size_t PointInputs::bytes() const {
-  return (q.numel() + k.numel() + v.numel()) * sizeof(float) + key_padding.numel();
+  return (q.numel() + k.numel() + v.numel() + g.numel() + beta.numel()) * sizeof(float) + key_padding.numel();
 }
 
 AttentionInputs PointInputs::view(float* out) const {
@@ -19,6 +19,8 @@ AttentionInputs PointInputs::view(float* out) const {
   in.k = k.ptr();
   in.v = v.ptr();
   in.key_padding = key_padding.numel() ? key_padding.ptr() : nullptr;
+  in.g = g.numel() ? g.ptr() : nullptr;
+  in.beta = beta.numel() ? beta.ptr() : nullptr;
   in.out = out;
   return in;
 }
@@ -31,6 +33,29 @@ void apply_point_rope(const SweepPoint& pt, float* q, float* k) {
   if (!r.on()) return;
   apply_rope_qk(r, p, q, k);
 }
+
+namespace {
+// g and beta for a variant that reads them (PointInputs::g, beta), from their own streams
+// (input_seed * 3 + 1 or + 2 offset by a constant, apart from every seed's Q, K, V and dO streams).
+constexpr uint64_t kGateStream = 0x9e3779b97f4a7c15ULL;
+void fill_recurrence_inputs(const SweepPoint& pt, PointInputs& in) {
+  const Problem& p = pt.problem;
+  const Attention* variant = Registry::instance().find(p.variant);
+  if (!variant) return;
+  const Capabilities caps = variant->capabilities();
+  if (caps.gate != Gate::none) {
+    in.g = caps.gate == Gate::vector ? FloatArray({p.batch, p.heads, p.seq_q, p.head_dim})
+                                     : FloatArray({p.batch, p.heads, p.seq_q});
+    fill_normal(in.g.ptr(), static_cast<int64_t>(in.g.numel()), pt.input_seed * 3 + 1 + kGateStream);
+    for (float& x : in.g.data) x = static_cast<float>(-std::log1p(std::exp(-static_cast<double>(x))));
+  }
+  if (caps.beta) {
+    in.beta = FloatArray({p.batch, p.heads, p.seq_q});
+    fill_normal(in.beta.ptr(), static_cast<int64_t>(in.beta.numel()), pt.input_seed * 3 + 2 + kGateStream);
+    for (float& x : in.beta.data) x = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x))));
+  }
+}
+}  // namespace
 
 PointInputs make_inputs(const SweepPoint& pt) {
   const Problem& p = pt.problem;
@@ -54,6 +79,7 @@ PointInputs make_inputs(const SweepPoint& pt) {
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t j = p.seq_kv - padded; j < p.seq_kv; ++j) in.key_padding.data[b * p.seq_kv + j] = 1;
   }
+  fill_recurrence_inputs(pt, in);
   return in;
 }
 

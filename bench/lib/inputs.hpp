@@ -9,6 +9,10 @@ namespace attn {
 struct PointInputs {
   FloatArray q, k, v;
   ByteArray key_padding;  // [batch, seq_kv] when the mask pads keys
+  // A recurrence's per-token inputs (Capabilities::gate, beta), only for a variant that reads them: the
+  // documented default distributions g = logsigmoid(N(0, 1)) ([batch, heads, seq] or [.., head_dim]) and
+  // beta = sigmoid(N(0, 1)) ([batch, heads, seq]), from their own streams of the input seed.
+  FloatArray g, beta;
   std::size_t bytes() const;
   AttentionInputs view(float* out) const;
 };
