@@ -518,12 +518,13 @@ double recurrence_flops(const Problem& p, const RecurrenceConfig& cfg) {
   // Per chunk of L tokens: Q S (2 L d^2), the lower triangle of Q K^T and of A U (L (L + 1) d each), the
   // state's decay (d^2) and K^T U (2 L d^2); the delta rule adds K S (2 L d^2), the strict lower triangle
   // of K K^T (L (L - 1) d) and the solve (L (L - 1) d). The gates' exponentials are not counted.
-  double total = 0;
-  for (double t0 = 0; t0 < n; t0 += static_cast<double>(cfg.chunk)) {
-    const double L = std::min(static_cast<double>(cfg.chunk), n - t0);
-    total += 4 * L * d * d + 2 * L * (L + 1) * d + d * d;
-    if (cfg.kind.delta) total += 2 * L * d * d + 2 * L * (L - 1) * d;
-  }
+  auto chunk_flops = [&](double L) {
+    return 4 * L * d * d + 2 * L * (L + 1) * d + d * d +
+           (cfg.kind.delta ? 2 * L * d * d + 2 * L * (L - 1) * d : 0);
+  };
+  // Closed form over the full chunks and the last one (a loop over chunks would not end for n near 2^40).
+  const double C = static_cast<double>(cfg.chunk), full = std::floor(n / C), rest = n - full * C;
+  const double total = full * chunk_flops(C) + (rest > 0 ? chunk_flops(rest) : 0);
   return heads_of(p) * total;
 }
 
