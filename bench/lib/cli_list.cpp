@@ -16,7 +16,8 @@ int list_variants(bool as_json) {
     std::cout << v["name"].get<std::string>() << ": " << v["description"].get<std::string>()
               << "\n  supports:";
     for (auto it = v["capabilities"].begin(); it != v["capabilities"].end(); ++it)
-      if (it.value().get<bool>()) std::cout << " " << it.key();
+      if (it.value().is_boolean() ? it.value().get<bool>() : it.value() != "none")
+        std::cout << " " << it.key() << (it.value().is_boolean() ? "" : "=" + it.value().get<std::string>());
     std::cout << "\n";
     for (const auto& p : v["params"])
       std::cout << "  --param " << p["name"].get<std::string>() << "=<" << p["type"].get<std::string>()
