@@ -168,7 +168,7 @@ TEST_CASE("recurrences: n = 4096 chunk form and n = 1024 recurrent form within 1
   }
 }
 
-TEST_CASE("recurrences: chunk sizes 1, 7 and larger than the sequence; initial state in, final state out",
+TEST_CASE("recurrences: chunk sizes 1, 7 and larger than the sequence, initial state in and final state out",
           "[recurrent]") {
   for (const char* name : kVariants)
     for (int64_t chunk : {1, 7, 512}) {
