@@ -159,9 +159,10 @@ TEST_CASE("recurrences: both forms match an independent fp64 recurrence, uneven 
     }
 }
 
-TEST_CASE("recurrences: n = 4096 chunk form and n = 1024 recurrent form within 1e-5", "[recurrent]") {
+TEST_CASE("recurrences: n = 4096 chunk form and n = 1024 recurrent form within 1e-5 of the fp64 recurrence",
+          "[recurrent]") {
   for (const char* name : kVariants) {
-    RecCase c(name, Json::object(), 1, 1, 0, 4096, 64, 21);
+    RecCase c(name, Json::object(), 1, 1, 0, 4096, 32, 21);  // d 32: the fp64 loops stay fast
     expect_matches(c);
     RecCase r(name, {{"form", "recurrent"}}, 1, 2, 0, 1024, 64, 23);
     expect_matches(r);
