@@ -36,6 +36,7 @@ namespace {
 struct CaseData {
   FloatArray q, k, v, out;
   ByteArray mask, key_padding;
+  FloatArray g, beta;  // recurrences only (fill_recurrence_inputs)
 
   CaseData(const Problem& p, uint64_t seed, double logit_scale = 1.0) {
     q = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
@@ -66,6 +67,26 @@ struct CaseData {
         for (int64_t j = p.seq_kv - padded; j < p.seq_kv; ++j) key_padding.data[b * p.seq_kv + j] = 1;
       }
     }
+    fill_recurrence_inputs(p, seed);
+  }
+  // The per-token inputs of a recurrence, only for a variant whose capabilities read them: g =
+  // logsigmoid(N(0, 1)) ([b, h, n] or [b, h, n, d] by Capabilities::gate) and beta = sigmoid(N(0, 1)).
+  void fill_recurrence_inputs(const Problem& p, uint64_t seed) {
+    const Attention* variant = Registry::instance().find(p.variant);
+    if (!variant) return;
+    const Capabilities caps = variant->capabilities();
+    const int64_t tokens = p.batch * p.heads * p.seq_q;
+    if (caps.gate != Gate::none) {
+      g = caps.gate == Gate::vector ? FloatArray({p.batch, p.heads, p.seq_q, p.head_dim})
+                                    : FloatArray({p.batch, p.heads, p.seq_q});
+      fill_normal(g.ptr(), static_cast<int64_t>(g.numel()), seed * 11 + 3);
+      for (float& x : g.data) x = static_cast<float>(-std::log1p(std::exp(-static_cast<double>(x))));
+    }
+    if (caps.beta) {
+      beta = FloatArray({p.batch, p.heads, p.seq_q});
+      fill_normal(beta.ptr(), tokens, seed * 11 + 4);
+      for (float& x : beta.data) x = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x))));
+    }
   }
   // The fp32 tensors as the problem's storage: for bf16 / fp16, Q, K and V rounded (common/half.hpp) when
   // first asked for; the tensors must not change after that.
@@ -85,6 +106,8 @@ struct CaseData {
     in.key_padding = key_padding.numel() ? key_padding.ptr() : nullptr;
     in.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
     in.sink_logits = sinks.empty() ? nullptr : sinks.data();
+    in.g = g.numel() ? g.ptr() : nullptr;
+    in.beta = beta.numel() ? beta.ptr() : nullptr;
     return in;
   }
   std::vector<float> slopes;  // ALiBi slopes given by the caller (empty: the defaults)

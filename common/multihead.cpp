@@ -240,6 +240,13 @@ FloatArray MultiHeadLayer::output_projection(const FloatArray& heads_out) const 
   return y;
 }
 
+namespace {
+// The multi-head layer makes no g / beta (no projection produces them yet).
+std::string recurrence_inputs_reason(const Attention& variant) {
+  return variant.name() + " reads per-token gates (g / beta), which the multi-head layer does not produce";
+}
+}  // namespace
+
 Problem MultiHeadLayer::core_problem(const MultiHeadCall& call, int64_t batch, int64_t seq_q,
                                      int64_t seq_kv) const {
   const Attention& variant =
@@ -256,6 +263,8 @@ Problem MultiHeadLayer::core_problem(const MultiHeadCall& call, int64_t batch, i
   p.validate();
   if (const std::string why = variant.unsupported_reasons_text(p); !why.empty())
     throw NotSupported(p.repro() + ": " + why);
+  if (const Capabilities caps = variant.capabilities(); caps.gate != Gate::none || caps.beta)
+    throw NotSupported(p.repro() + ": " + recurrence_inputs_reason(variant));
   return p;
 }
 

@@ -121,6 +121,10 @@ TEST_CASE("eval --isa scalar matches the fp64 reference and --isa best, for ever
   ScratchDir dir("isa-eval");
   const std::string best = simd::isa_info().best;
   for (const Attention* variant : Registry::instance().all()) {
+    const Capabilities caps = variant->capabilities();
+    // The recurrences (gate / beta / state) need g and beta, which eval cannot pass yet (its --g / --beta
+    // flags are issue 32's next step): attnbench check and tests/test_recurrent.cpp cover them.
+    if (caps.state || caps.gate != Gate::none || caps.beta) continue;
     for (const bool causal : {false, true}) {
       const std::string name = variant->name();
       // Odd sizes: every kernel's vector tails and remainders run.

@@ -213,7 +213,7 @@ std::vector<VariantRun> run_variants(const DriftModel& model, const DriftStates&
     run.params = params.at(name);
     try {
       run.repro = model.core_problem(name, run.params).repro();
-    } catch (const NotSupported&) {
+    } catch (const NotSupported& e) {
       // core_problem refuses with the repro and every reason; list the reasons alone.
       Problem p = make_problem(name, run.params);
       p.batch = 1, p.heads = o.heads, p.seq_q = p.seq_kv = n, p.head_dim = d / o.heads;
@@ -221,6 +221,7 @@ std::vector<VariantRun> run_variants(const DriftModel& model, const DriftStates&
       run.repro = p.repro();
       run.status = "skipped";
       run.reason = Registry::instance().get(name).unsupported_reasons_text(p);
+      if (run.reason.empty()) run.reason = e.what();  // a refusal of the layer's (e.g. a recurrence's gates)
       runs.push_back(std::move(run));
       continue;
     }

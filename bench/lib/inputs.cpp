@@ -10,7 +10,8 @@
 namespace attn {
 
 std::size_t PointInputs::bytes() const {
-  return (q.numel() + k.numel() + v.numel()) * sizeof(float) + key_padding.numel();
+  return (q.numel() + k.numel() + v.numel() + g.numel() + g_vector.numel() + beta.numel()) * sizeof(float) +
+         key_padding.numel();
 }
 
 AttentionInputs PointInputs::view(float* out) const {
@@ -20,6 +21,8 @@ AttentionInputs PointInputs::view(float* out) const {
   in.v = v.ptr();
   in.key_padding = key_padding.numel() ? key_padding.ptr() : nullptr;
   in.sink_logits = sink_logits.numel() ? sink_logits.ptr() : nullptr;
+  in.g = g.numel() ? g.ptr() : nullptr;
+  in.beta = beta.numel() ? beta.ptr() : nullptr;
   in.out = out;
   return in;
 }
@@ -31,6 +34,43 @@ void apply_point_rope(const SweepPoint& pt, float* q, float* k) {
   const RopeSpec& r = pt.regime.rope;
   if (!r.on()) return;
   apply_rope_qk(r, p, q, k);
+}
+
+namespace {
+// g and beta come from their own streams (input_seed * 3 + 1 or + 2 offset by a constant, apart from every
+// seed's Q, K, V and dO streams): g = logsigmoid(N(0, 1)), beta = sigmoid(N(0, 1)).
+constexpr uint64_t kGateStream = 0x9e3779b97f4a7c15ULL;
+
+void draw_into(FloatArray& x, std::vector<int64_t> shape, uint64_t seed, bool logsigmoid) {
+  x = FloatArray(std::move(shape));
+  fill_normal(x.ptr(), static_cast<int64_t>(x.numel()), seed);
+  for (float& e : x.data) {
+    const double z = e;
+    e = static_cast<float>(logsigmoid ? -std::log1p(std::exp(-z)) : 1.0 / (1.0 + std::exp(-z)));
+  }
+}
+}  // namespace
+
+void fill_recurrence_inputs(const SweepPoint& pt, PointInputs& in) {
+  const Problem& p = pt.problem;
+  const Attention* variant = Registry::instance().find(p.variant);
+  if (!variant) return;
+  const Capabilities caps = variant->capabilities();
+  const std::vector<int64_t> tokens{p.batch, p.heads, p.seq_q};
+  if (caps.gate == Gate::scalar && in.g.shape != tokens)
+    draw_into(in.g, tokens, pt.input_seed * 3 + 1 + kGateStream, true);
+  const std::vector<int64_t> channels{p.batch, p.heads, p.seq_q, p.head_dim};
+  if (caps.gate == Gate::vector && in.g_vector.shape != channels)
+    draw_into(in.g_vector, channels, pt.input_seed * 3 + 1 + kGateStream, true);
+  if (caps.beta && in.beta.shape != tokens)
+    draw_into(in.beta, tokens, pt.input_seed * 3 + 2 + kGateStream, false);
+}
+
+const float* PointInputs::gate_for(const Problem& p) const {
+  const Attention* variant = Registry::instance().find(p.variant);
+  const Gate gate = variant ? variant->capabilities().gate : Gate::none;
+  const FloatArray& x = gate == Gate::vector ? g_vector : g;
+  return gate != Gate::none && x.numel() ? x.ptr() : nullptr;
 }
 
 PointInputs make_inputs(const SweepPoint& pt) {
@@ -59,6 +99,7 @@ PointInputs make_inputs(const SweepPoint& pt) {
     for (int64_t b = 0; b < p.batch; ++b)
       for (int64_t j = p.seq_kv - padded; j < p.seq_kv; ++j) in.key_padding.data[b * p.seq_kv + j] = 1;
   }
+  fill_recurrence_inputs(pt, in);
   return in;
 }
 

@@ -8,7 +8,15 @@ namespace attn {
 
 struct PointInputs {
   FloatArray q, k, v;
-  ByteArray key_padding;   // [batch, seq_kv] when the mask pads keys
+  ByteArray key_padding;  // [batch, seq_kv] when the mask pads keys
+  // A recurrence's per-token inputs (Capabilities::gate, beta), only for a variant that reads them: the
+  // documented default distributions g = logsigmoid(N(0, 1)) ([batch, heads, seq] or [.., head_dim]) and
+  // beta = sigmoid(N(0, 1)) ([batch, heads, seq]), from their own streams of the input seed.
+  // g_vector is the per-channel gate ([.., head_dim]); view() passes the scalar g, gate_for() picks by
+  // variant.
+  FloatArray g, g_vector, beta;
+  // The gate `p`'s variant reads (g, g_vector or null).
+  const float* gate_for(const Problem& p) const;
   FloatArray sink_logits;  // [heads], N(0, 1): read only by points with sink logits (Problem::sinks)
   std::size_t bytes() const;
   AttentionInputs view(float* out) const;
@@ -20,6 +28,11 @@ struct PointInputs {
 // * seq_kv) keys of every batch. With the regime's RoPE on, Q and K are rotated (apply_point_rope) before
 // they are returned. Always fp32: a bf16 / fp16 point rounds them (StoredInputs, common/half.hpp).
 PointInputs make_inputs(const SweepPoint& point);
+
+// Draws in.g, in.g_vector and in.beta where the point's variant reads them and they are not there yet (points
+// sharing inputs may be variants with a scalar and a per-channel gate); the draws depend on the input seed
+// alone, so every point of an input set sees the same g and beta.
+void fill_recurrence_inputs(const SweepPoint& point, PointInputs& in);
 
 // Backward points' dO, [batch, heads, seq_q, head_dim]: N(0, 1) from its own stream of the input seed (Q, K
 // and V use input_seed * 3 + 1 .. 3, dO input_seed * 3 + 4), so every point of an input set, and the

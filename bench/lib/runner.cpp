@@ -82,13 +82,19 @@ void PointRunner::prepare_inputs(const SweepPoint& pt) {
     inputs_ = make_inputs(pt);
     inputs_key_ = pt.input_key;
   }
+  fill_recurrence_inputs(pt, inputs_);  // g / beta in the shape this point's variant reads
   const DType t = pt.problem.dtype;
   if (t != DType::fp32 && !stored_.count(t))
     stored_[t] = std::make_unique<StoredInputs>(pt.problem, inputs_.view(nullptr));
 }
 
 AttentionInputs PointRunner::inputs_for(const Problem& p) const {
-  return p.dtype == DType::fp32 ? inputs_.view(nullptr) : stored_.at(p.dtype)->get();
+  AttentionInputs in = p.dtype == DType::fp32 ? inputs_.view(nullptr) : stored_.at(p.dtype)->get();
+  // The gate this variant reads (scalar or per channel), and beta as drawn now (the rounded copies were made
+  // at their first point).
+  in.g = inputs_.gate_for(p);
+  in.beta = inputs_.beta.numel() ? inputs_.beta.ptr() : nullptr;
+  return in;
 }
 
 std::vector<ResultRow> PointRunner::measure_group(const std::vector<SweepPoint>& group,

@@ -226,7 +226,10 @@ def torch_tensors(tmp):
 def layouts_and_dtypes():
     rng = np.random.default_rng(5)
     q, k, v = (rng.standard_normal((2, 3, 19, 20)).astype(np.float32) for _ in range(3))
-    for variant in [x["name"] for x in attnbench.variants()]:
+    # The recurrences (gate / beta / state) take no g / beta from forward() yet (issue 32's keyword arguments
+    # are a next step); their layouts are the same code path as every other variant's.
+    recurrence = lambda c: c["state"] or c["gate"] != "none" or c["beta"]
+    for variant in [x["name"] for x in attnbench.variants() if not recurrence(x["capabilities"])]:
         want = attnbench.forward(variant, q, k, v)
         transposed = np.ascontiguousarray(q.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)  # same values
         fortran = np.asfortranarray(k)

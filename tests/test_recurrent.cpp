@@ -1,0 +1,372 @@
+// The gated / delta-rule recurrences (variants/recurrent, common/recurrence.*): both forms against an
+// independent fp64 recurrence written here, uneven last chunks, grouped-query heads, gates down to -30 and
+// at 0, beta near 0 and at 1, state carry-over, gradients (dg, dbeta, d_initial_state included) and hostile
+// inputs. d_k == d_v throughout: the interface has one head_dim for K and V.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/attention.hpp"
+#include "common/error.hpp"
+#include "common/random.hpp"
+#include "common/recurrence.hpp"
+#include "common/tensor.hpp"
+
+using namespace attn;
+
+namespace {
+
+const char* const kVariants[] = {"retention", "simple_gla", "gla", "delta_rule", "gated_delta_rule"};
+
+bool is_delta(const std::string& v) {
+  return v == "delta_rule" || v == "gated_delta_rule";
+}
+
+// One problem with its tensors: g = logsigmoid(N(0, 1)), beta = sigmoid(N(0, 1)) unless changed.
+struct RecCase {
+  const Attention& variant;
+  Problem p;
+  FloatArray q, k, v, g, beta, s0, out, fin;
+
+  RecCase(const std::string& name, const Json& params, int64_t batch, int64_t heads, int64_t kv_heads,
+          int64_t n, int64_t d, uint64_t seed)
+      : variant(Registry::instance().get(name)), p(make_problem(name, params)) {
+    p.batch = batch, p.heads = heads, p.kv_heads = kv_heads, p.seq_q = p.seq_kv = n, p.head_dim = d;
+    p.mask.causal = true;
+    q = FloatArray({batch, heads, n, d});
+    k = FloatArray({batch, p.num_kv_heads(), n, d});
+    v = FloatArray(k.shape);
+    fill_normal(q.ptr(), static_cast<int64_t>(q.numel()), seed);
+    fill_normal(k.ptr(), static_cast<int64_t>(k.numel()), seed + 1);
+    fill_normal(v.ptr(), static_cast<int64_t>(v.numel()), seed + 2);
+    const Gate gate = variant.capabilities().gate;
+    if (gate != Gate::none) {
+      g = gate == Gate::vector ? FloatArray({batch, heads, n, d}) : FloatArray({batch, heads, n});
+      fill_normal(g.ptr(), static_cast<int64_t>(g.numel()), seed + 3);
+      for (float& x : g.data) x = static_cast<float>(-std::log1p(std::exp(-double(x))));
+    }
+    if (variant.capabilities().beta) {
+      beta = FloatArray({batch, heads, n});
+      fill_normal(beta.ptr(), static_cast<int64_t>(beta.numel()), seed + 4);
+      for (float& x : beta.data) x = static_cast<float>(1 / (1 + std::exp(-double(x))));
+    }
+    out = FloatArray(q.shape, std::nanf(""));
+    fin = FloatArray({batch, heads, d, d}, std::nanf(""));
+  }
+  void with_initial_state(uint64_t seed) {
+    s0 = FloatArray({p.batch, p.heads, p.head_dim, p.head_dim});
+    fill_normal(s0.ptr(), static_cast<int64_t>(s0.numel()), seed, 0.5);
+    p.initial_state = true;
+  }
+  AttentionInputs inputs() {
+    AttentionInputs in;
+    in.q = q.ptr(), in.k = k.ptr(), in.v = v.ptr(), in.out = out.ptr(), in.final_state = fin.ptr();
+    in.g = g.numel() ? g.ptr() : nullptr;
+    in.beta = beta.numel() ? beta.ptr() : nullptr;
+    in.initial_state = s0.numel() ? s0.ptr() : nullptr;
+    return in;
+  }
+  void run() { variant.run(p, inputs()); }
+};
+
+// The definitions of issue 32, written out independently of common/recurrence.*: out and the final state.
+struct Naive {
+  std::vector<double> out, fin;
+};
+Naive naive(const RecCase& c) {
+  const Problem& p = c.p;
+  const std::string name = p.variant;
+  const int64_t n = p.seq_q, d = p.head_dim;
+  const bool normalize = is_delta(name) && p.param_int("normalize_keys") != 0;
+  Naive r{std::vector<double>(c.q.numel()), std::vector<double>(c.fin.numel())};
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads; ++h) {
+      const int64_t bh = b * p.heads + h, kv = b * p.num_kv_heads() + h / (p.heads / p.num_kv_heads());
+      std::vector<double> S(d * d, 0.0), kt(d), pred(d), decay(d);
+      if (p.initial_state)
+        for (int64_t e = 0; e < d * d; ++e) S[e] = c.s0.data[bh * d * d + e];
+      for (int64_t t = 0; t < n; ++t) {
+        double norm = 0;
+        for (int64_t i = 0; i < d; ++i) kt[i] = c.k.data[(kv * n + t) * d + i], norm += kt[i] * kt[i];
+        if (normalize)
+          for (double& x : kt) x /= std::sqrt(norm);
+        for (int64_t i = 0; i < d; ++i) {
+          if (name == "retention") decay[i] = 1 - std::pow(2.0, -5.0 - double(h));
+          if (name == "simple_gla" || name == "gated_delta_rule")
+            decay[i] = std::exp(double(c.g.data[bh * n + t]));
+          if (name == "gla") decay[i] = std::exp(double(c.g.data[(bh * n + t) * d + i]));
+          if (name == "delta_rule") decay[i] = 1;
+        }
+        for (int64_t i = 0; i < d; ++i)
+          for (int64_t j = 0; j < d; ++j) S[i * d + j] *= decay[i];
+        const float* vt = c.v.ptr() + (kv * n + t) * d;
+        const double beta = is_delta(name) ? double(c.beta.data[bh * n + t]) : 1.0;
+        for (int64_t j = 0; j < d; ++j) {
+          pred[j] = 0;
+          if (is_delta(name))
+            for (int64_t i = 0; i < d; ++i) pred[j] += kt[i] * S[i * d + j];
+        }
+        for (int64_t i = 0; i < d; ++i)
+          for (int64_t j = 0; j < d; ++j) S[i * d + j] += beta * kt[i] * (vt[j] - pred[j]);
+        for (int64_t j = 0; j < d; ++j) {
+          double o = 0;
+          for (int64_t i = 0; i < d; ++i) o += double(c.q.data[(bh * n + t) * d + i]) * S[i * d + j];
+          r.out[(bh * n + t) * d + j] = p.effective_scale() * o;
+        }
+      }
+      for (int64_t e = 0; e < d * d; ++e) r.fin[bh * d * d + e] = S[e];
+    }
+  return r;
+}
+
+double rel_l2(const float* got, const double* want, std::size_t n) {
+  double num = 0, den = 0;
+  for (std::size_t e = 0; e < n; ++e) {
+    if (!std::isfinite(got[e])) return INFINITY;
+    num += (got[e] - want[e]) * (got[e] - want[e]), den += want[e] * want[e];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+double max_abs(const float* got, const double* want, std::size_t n) {
+  double m = 0;
+  for (std::size_t e = 0; e < n; ++e)
+    m = std::max(m, std::isfinite(got[e]) ? std::fabs(got[e] - want[e]) : INFINITY);
+  return m;
+}
+
+// Runs `c` and holds out and the final state against the independent recurrence.
+void expect_matches(RecCase& c, double rel = 1e-5) {
+  c.run();
+  const Naive want = naive(c);
+  INFO(c.p.repro());
+  CHECK(rel_l2(c.out.ptr(), want.out.data(), c.out.numel()) <= rel);
+  CHECK(rel_l2(c.fin.ptr(), want.fin.data(), c.fin.numel()) <= rel);
+  CHECK(max_abs(c.out.ptr(), want.out.data(), c.out.numel()) <= c.variant.abs_tolerance(c.p, c.inputs()));
+}
+
+const Json kForms[] = {{{"form", "chunk"}}, {{"form", "chunk"}, {"chunk", 16}}, {{"form", "recurrent"}}};
+
+}  // namespace
+
+TEST_CASE("recurrences: both forms match an independent fp64 recurrence, uneven last chunk, GQA",
+          "[recurrent]") {
+  for (const char* name : kVariants)
+    for (const Json& form : kForms) {
+      RecCase c(name, form, 2, 4, 2, 300, 24, 11);  // 300 = 4 * 64 + 44: an uneven last chunk
+      expect_matches(c);
+    }
+}
+
+TEST_CASE("recurrences: n = 4096 chunk form and n = 1024 recurrent form within 1e-5 of the fp64 recurrence",
+          "[recurrent]") {
+  for (const char* name : kVariants) {
+    RecCase c(name, Json::object(), 1, 1, 0, 4096, 32, 21);  // d 32: the fp64 loops stay fast
+    expect_matches(c);
+    RecCase r(name, {{"form", "recurrent"}}, 1, 2, 0, 1024, 64, 23);
+    expect_matches(r);
+  }
+}
+
+TEST_CASE("recurrences: chunk sizes 1, 7 and larger than the sequence, initial state in and final state out",
+          "[recurrent]") {
+  for (const char* name : kVariants)
+    for (int64_t chunk : {1, 7, 512}) {
+      RecCase c(name, {{"chunk", chunk}}, 1, 2, 0, 100, 16, 31);
+      c.with_initial_state(77);
+      expect_matches(c);
+    }
+}
+
+TEST_CASE("recurrences: gates at -30 and at 0, beta near 0 and at 1", "[recurrent]") {
+  for (const char* name : {"simple_gla", "gla", "gated_delta_rule", "delta_rule"})
+    for (const Json& form : kForms) {
+      RecCase c(name, form, 1, 2, 0, 200, 16, 41);
+      // The first 64 tokens at g = -30 (cumulative -1920 over a chunk of 64), then g = -30, 0 and random
+      // by turns.
+      const std::size_t per_token = c.g.numel() / 400;
+      for (std::size_t e = 0; e < c.g.numel(); ++e) {
+        const std::size_t t = (e / std::max<std::size_t>(per_token, 1)) % 200;
+        if (t < 64 || t % 3 == 0) c.g.data[e] = -30.0f;
+        if (t >= 64 && t % 3 == 1) c.g.data[e] = 0.0f;
+      }
+      for (std::size_t e = 0; e < c.beta.numel(); ++e)
+        c.beta.data[e] = e % 3 == 0 ? 1e-6f : e % 3 == 1 ? 1.0f : c.beta.data[e];
+      expect_matches(c);
+      for (float x : c.out.data) REQUIRE(std::isfinite(x));
+    }
+}
+
+TEST_CASE("recurrences: two calls carrying the final state equal one call", "[recurrent]") {
+  for (const char* name : kVariants)
+    for (const Json& form : kForms) {
+      const int64_t n = 200, first = 77, d = 16;  // 77: mid-chunk for every chunk size
+      RecCase whole(name, form, 1, 2, 0, n, d, 51);
+      whole.run();
+      auto part = [&](int64_t t0, int64_t len, const FloatArray* state) {
+        RecCase c(name, form, 1, 2, 0, len, d, 51);
+        auto slice = [&](const FloatArray& src, FloatArray& dst, int64_t w) {
+          for (int64_t bh = 0; bh < 2; ++bh)
+            std::copy_n(src.ptr() + (bh * n + t0) * w, len * w, dst.ptr() + bh * len * w);
+        };
+        slice(whole.q, c.q, d), slice(whole.k, c.k, d), slice(whole.v, c.v, d);
+        if (whole.g.numel()) slice(whole.g, c.g, whole.g.numel() / (2 * n));
+        if (whole.beta.numel()) slice(whole.beta, c.beta, 1);
+        if (state) c.s0 = *state, c.p.initial_state = true;
+        c.run();
+        return c;
+      };
+      const RecCase a = part(0, first, nullptr);
+      const RecCase b = part(first, n - first, &a.fin);
+      std::vector<double> joined(whole.out.numel());
+      for (int64_t bh = 0; bh < 2; ++bh)
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t j = 0; j < d; ++j)
+            joined[(bh * n + t) * d + j] = t < first ? a.out.data[(bh * first + t) * d + j]
+                                                     : b.out.data[(bh * (n - first) + t - first) * d + j];
+      INFO(std::string(name) + " " + form.dump());
+      CHECK(rel_l2(whole.out.ptr(), joined.data(), joined.size()) <= 1e-5);
+      std::vector<double> bfin(b.fin.data.begin(), b.fin.data.end());
+      CHECK(rel_l2(whole.fin.ptr(), bfin.data(), bfin.size()) <= 1e-5);
+    }
+}
+
+namespace {
+
+// One training step of `c` (forward keeping nothing, then the backward with every gradient asked for).
+struct Trained {
+  FloatArray dq, dk, dv, dg, dbeta, ds0;
+};
+Trained train(RecCase& c, const FloatArray& d_out) {
+  Trained t{FloatArray(c.q.shape), FloatArray(c.k.shape),    FloatArray(c.v.shape),
+            FloatArray(c.g.shape), FloatArray(c.beta.shape), FloatArray(c.s0.shape)};
+  c.variant.run_saving(c.p, c.inputs(), nullptr);
+  GradientArgs g;
+  g.out = c.out.ptr(), g.d_out = d_out.ptr();
+  g.dq = t.dq.ptr(), g.dk = t.dk.ptr(), g.dv = t.dv.ptr();
+  g.dg = c.g.numel() ? t.dg.ptr() : nullptr;
+  g.dbeta = c.beta.numel() ? t.dbeta.ptr() : nullptr;
+  g.d_initial_state = c.s0.numel() ? t.ds0.ptr() : nullptr;
+  c.variant.run_backward(c.p, c.inputs(), g);
+  return t;
+}
+
+double loss(RecCase& c, const FloatArray& d_out) {
+  const Naive r = naive(c);
+  double l = 0;
+  for (std::size_t e = 0; e < r.out.size(); ++e) l += r.out[e] * d_out.data[e];
+  return l;
+}
+
+// Central difference of the independent definition along element e of x (x quantised to 2^-12 so x +- h,
+// h = 2^-10, is exact in fp32), held against the fp64 gradient.
+void expect_derivative(RecCase& c, FloatArray& x, std::size_t e, double grad, const FloatArray& d_out,
+                       const char* what) {
+  const float x0 = x.data[e];
+  const float h = 1.0f / 1024;
+  x.data[e] = x0 + h;
+  const double lp = loss(c, d_out);
+  x.data[e] = x0 - h;
+  const double lm = loss(c, d_out);
+  x.data[e] = x0;
+  const double fd = (lp - lm) / (2 * h);
+  INFO(std::string(what) + "[" + std::to_string(e) + "] " + c.p.repro() + ": fd " + std::to_string(fd) +
+       " vs " + std::to_string(grad));
+  CHECK(std::fabs(fd - grad) <= 1e-4 * std::max(1.0, std::fabs(grad)));
+}
+
+void quantise(FloatArray& x) {
+  for (float& v : x.data) v = std::nearbyint(v * 4096.0f) / 4096.0f;
+}
+
+}  // namespace
+
+TEST_CASE("recurrences: gradients (dq, dk, dv, dg, dbeta, d_initial_state) against fp64, both forms",
+          "[recurrent]") {
+  for (const char* name : kVariants)
+    for (const Json& form :
+         {Json{{"form", "chunk"}, {"chunk", 16}}, Json{{"form", "recurrent"}, {"chunk", 7}}}) {
+      RecCase c(name, form, 1, 4, 2, 90, 12, 61);
+      c.with_initial_state(62);
+      for (float& x : c.g.data) x = std::min(x, -1.0f / 256);  // keep g - h <= 0 for the differences
+      quantise(c.g), quantise(c.beta), quantise(c.s0);
+      for (float& x : c.beta.data) x = std::clamp(x, 1.0f / 256, 1.0f - 1.0f / 256);
+      const FloatArray d_out = [&] {
+        FloatArray d(c.q.shape);
+        fill_normal(d.ptr(), static_cast<int64_t>(d.numel()), 63);
+        return d;
+      }();
+      const Trained got = train(c, d_out);
+      const AttentionInputs in = c.inputs();
+      RecurrenceKind kind;
+      kind.gate = c.variant.capabilities().gate;
+      kind.retention = std::string(name) == "retention";
+      kind.delta = is_delta(name);
+      kind.normalize_keys = kind.delta;
+      DoubleArray wq(c.q.shape), wk(c.k.shape), wv(c.v.shape), wg(c.g.shape), wb(c.beta.shape),
+          ws(c.s0.shape);
+      RecurrenceGrads<double> want{
+          wq.ptr(), wk.ptr(), wv.ptr(), c.g.numel() ? wg.ptr() : nullptr, c.beta.numel() ? wb.ptr() : nullptr,
+          ws.ptr()};
+      recurrence_reference_backward(c.p, in, kind, d_out.ptr(), want);
+      INFO(c.p.repro());
+      CHECK(rel_l2(got.dq.ptr(), wq.ptr(), wq.numel()) <= 1e-5);
+      CHECK(rel_l2(got.dk.ptr(), wk.ptr(), wk.numel()) <= 1e-5);
+      CHECK(rel_l2(got.dv.ptr(), wv.ptr(), wv.numel()) <= 1e-5);
+      CHECK(rel_l2(got.ds0.ptr(), ws.ptr(), ws.numel()) <= 1e-5);
+      if (c.g.numel()) CHECK(rel_l2(got.dg.ptr(), wg.ptr(), wg.numel()) <= 1e-5);
+      if (c.beta.numel()) CHECK(rel_l2(got.dbeta.ptr(), wb.ptr(), wb.numel()) <= 1e-5);
+      // The fp64 gradients of the per-token inputs are derivatives of the independent definition.
+      for (std::size_t e : {std::size_t{0}, std::size_t{37}, std::size_t{171}}) {
+        if (c.g.numel()) expect_derivative(c, c.g, e % c.g.numel(), wg.data[e % c.g.numel()], d_out, "dg");
+        if (c.beta.numel())
+          expect_derivative(c, c.beta, e % c.beta.numel(), wb.data[e % c.beta.numel()], d_out, "dbeta");
+        expect_derivative(c, c.s0, e % c.s0.numel(), ws.data[e % c.s0.numel()], d_out, "d_initial_state");
+      }
+    }
+}
+
+TEST_CASE("recurrences: hostile inputs are clear errors", "[recurrent]") {
+  auto throws_usage = [](RecCase& c, const std::string& has) {
+    INFO(c.p.repro() + " expecting '" + has + "'");
+    try {
+      c.run();
+      FAIL("no error");
+    } catch (const UsageError& e) {
+      CHECK(std::string(e.what()).find(has) != std::string::npos);
+    }
+  };
+  {
+    RecCase c("simple_gla", Json::object(), 1, 2, 0, 20, 8, 1);
+    c.g.data[5] = 0.5f;
+    throws_usage(c, "<= 0");
+    c.g.data[5] = std::nanf("");
+    throws_usage(c, "finite");
+    c.g = FloatArray();
+    throws_usage(c, "missing g");
+  }
+  {
+    RecCase c("gated_delta_rule", {{"form", "recurrent"}}, 1, 2, 0, 20, 8, 1);
+    c.beta.data[3] = 0.0f;
+    throws_usage(c, "(0, 1]");
+    c.beta.data[3] = 1.5f;
+    throws_usage(c, "(0, 1]");
+    c.beta.data[3] = std::nanf("");
+    throws_usage(c, "(0, 1]");
+  }
+  {
+    RecCase c("delta_rule", Json::object(), 1, 2, 0, 20, 8, 1);
+    c.with_initial_state(3);
+    c.s0.data[7] = INFINITY;
+    throws_usage(c, "initial_state");
+  }
+  {
+    RecCase c("retention", Json::object(), 1, 2, 0, 20, 8, 1);
+    c.p.mask.causal = false;
+    CHECK_THROWS_AS(c.run(), NotSupported);
+    c.p.mask.causal = true;
+    c.p.seq_kv = 10;
+    CHECK_THROWS_WITH(c.run(), Catch::Contains("seq_q == seq_kv"));
+  }
+}
