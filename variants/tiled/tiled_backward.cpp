@@ -63,16 +63,6 @@ HWY_NOINLINE void GemmKernel(const float* HWY_RESTRICT a, int64_t sa_m, int64_t 
   (void)a##r;
   ATTN_BW_ROWS(ATTN_BW_DECLARE)
 #undef ATTN_BW_DECLARE
-  if constexpr (ACC) {
-#define ATTN_BW_LOAD(r)                                                   \
-  if constexpr (r < MR) {                                                 \
-    acc##r##_0 = hn::LoadU(d, c + r * ldc);                               \
-    if constexpr (NV > 1) acc##r##_1 = hn::LoadU(d, c + r * ldc + N);     \
-    if constexpr (NV > 2) acc##r##_2 = hn::LoadU(d, c + r * ldc + 2 * N); \
-  }
-    ATTN_BW_ROWS(ATTN_BW_LOAD)
-#undef ATTN_BW_LOAD
-  }
   for (int64_t t = 0; t < depth; ++t) {
     const float* bt = b + t * ldb;
     const VF b0 = hn::LoadU(d, bt);
@@ -91,14 +81,21 @@ HWY_NOINLINE void GemmKernel(const float* HWY_RESTRICT a, int64_t sa_m, int64_t 
 #undef ATTN_BW_FMA
   }
   const VF va = hn::Set(d, alpha);
-#define ATTN_BW_STORE(r)                                                                                  \
-  if constexpr (r < MR) {                                                                                 \
-    hn::StoreU(ACC ? acc##r##_0 : hn::Mul(acc##r##_0, va), d, c + r * ldc);                               \
-    if constexpr (NV > 1) hn::StoreU(ACC ? acc##r##_1 : hn::Mul(acc##r##_1, va), d, c + r * ldc + N);     \
-    if constexpr (NV > 2) hn::StoreU(ACC ? acc##r##_2 : hn::Mul(acc##r##_2, va), d, c + r * ldc + 2 * N); \
+  // ACC: C += this call's sum, added once at the end (not C loaded into the accumulators): dK and dV sum over
+  // every query row of a K/V head's group (G * seq_q terms) one query tile per call, so each element is a
+  // chain of tile_q products plus one add per tile instead of one chain of G * seq_q, and its rounding error
+  // grows with tile_q + tiles rather than G * seq_q (measured: 3.3x naive's at n 2048, GQA 8 -> 2, before).
+#define ATTN_BW_OUT(r, v, off) \
+  hn::StoreU(ACC ? hn::Add(hn::LoadU(d, c + r * ldc + off), v) : hn::Mul(v, va), d, c + r * ldc + off)
+#define ATTN_BW_STORE(r)                                     \
+  if constexpr (r < MR) {                                    \
+    ATTN_BW_OUT(r, acc##r##_0, 0);                           \
+    if constexpr (NV > 1) ATTN_BW_OUT(r, acc##r##_1, N);     \
+    if constexpr (NV > 2) ATTN_BW_OUT(r, acc##r##_2, 2 * N); \
   }
   ATTN_BW_ROWS(ATTN_BW_STORE)
 #undef ATTN_BW_STORE
+#undef ATTN_BW_OUT
 }
 #undef ATTN_BW_ROWS
 
