@@ -649,9 +649,10 @@ TEST_CASE("Problem::validate refuses size products that overflow 64 bits instead
 
 TEST_CASE("eval --compare with NaN/Inf inputs: counts reported, no crash, the poison stays where documented",
           "[hostile]") {
-  // docs/numerics.md, "Non-finite inputs": a NaN/Inf in query row i makes output row i NaN and nothing else; in key j,
-  // exactly the rows that may attend j (causal: rows >= j; a padded key: none); in value j, rows of its own
-  // (batch, head) only. Every registered variant, unmasked, causal and with key padding where supported.
+  // docs/numerics.md, "Non-finite inputs": a NaN/Inf in query row i makes output row i NaN and nothing else;
+  // in key j, exactly the rows that may attend j (causal: rows >= j; a padded key: none); in value j, rows of
+  // its own (batch, head) only. Every registered variant, unmasked, causal and with key padding where
+  // supported.
   ScratchDir dir("hostile-nan");
   const int64_t B = 2, H = 2, L = 40, D = 16, kPadded = 35;  // batch 0 pads keys 35..39
   AttentionCase base(make_test_problem("naive", B, H, L, L, D), 21);
