@@ -39,8 +39,8 @@ class Executor {
   virtual std::string row_id(const SweepPoint& pt) const { return pt.id; }
   // The rows of `group` (points in plan order; each ends ok, skipped with the reason, or failed). `stop()`
   // is asked between timed rounds: when it turns true, `interrupted` is set and no rows are returned.
-  virtual std::vector<ResultRow> measure(const std::vector<SweepPoint>& group, const std::function<bool()>& stop,
-                                         bool& interrupted) = 0;
+  virtual std::vector<ResultRow> measure(const std::vector<SweepPoint>& group,
+                                         const std::function<bool()>& stop, bool& interrupted) = 0;
 };
 
 }  // namespace attn
