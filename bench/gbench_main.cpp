@@ -15,10 +15,10 @@
 
 #include "bench/lib/inputs.hpp"
 #include "bench/lib/plan.hpp"
-#include "common/error.hpp"
-#include "common/half.hpp"
-#include "common/runtime.hpp"
-#include "common/simd.hpp"
+#include "common/interface/half.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/support/error.hpp"
+#include "common/support/runtime.hpp"
 
 namespace {
 

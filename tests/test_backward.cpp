@@ -1,8 +1,8 @@
-// The backward pass (issue #27) beyond what the registry-wide gradient checks (common/check.cpp) hold for
-// every variant: the checked entry points' refusals, storage widening, O(n) memory of tiled's backward by its
-// own estimate, `attnbench eval --grad-output` (bitwise what the API computes, the saved-state round trip,
-// hostile inputs: exit 2, a message naming the file and shape, no output file), and a sweep with the pass
-// axis (rows per pass, ids, the FLOP convention, gradient errors).
+// The backward pass (issue #27) beyond what the registry-wide gradient checks (common/reference/check.cpp)
+// hold for every variant: the checked entry points' refusals, storage widening, O(n) memory of tiled's
+// backward by its own estimate, `attnbench eval --grad-output` (bitwise what the API computes, the
+// saved-state round trip, hostile inputs: exit 2, a message naming the file and shape, no output file), and a
+// sweep with the pass axis (rows per pass, ids, the FLOP convention, gradient errors).
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
@@ -12,12 +12,12 @@
 
 #include "bench/lib/config.hpp"
 #include "bench/lib/plan.hpp"
-#include "common/attention.hpp"
-#include "common/error.hpp"
-#include "common/half.hpp"
-#include "common/mask.hpp"
-#include "common/npy.hpp"
-#include "common/util.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/half.hpp"
+#include "common/interface/util.hpp"
+#include "common/io/npy.hpp"
+#include "common/kernels/mask.hpp"
+#include "common/support/error.hpp"
 #include "tests/support/attention_case.hpp"
 #include "tests/support/process.hpp"
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "bench/lib/bandwidth.hpp"
-#include "common/simd.hpp"
+#include "common/kernels/simd.hpp"
 
 using namespace attn;
 

@@ -7,11 +7,11 @@
 #include <cmath>
 #include <set>
 
-#include "common/attention.hpp"
-#include "common/error.hpp"
-#include "common/mask.hpp"
-#include "common/reference.hpp"
-#include "common/tensor.hpp"
+#include "common/interface/attention.hpp"
+#include "common/kernels/mask.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/error.hpp"
+#include "common/support/tensor.hpp"
 #include "tests/support/attention_case.hpp"
 #include "variants/bigbird/pattern.hpp"
 

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "common/attention.hpp"
-#include "common/npy.hpp"
-#include "common/reference.hpp"
-#include "common/util.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/util.hpp"
+#include "common/io/npy.hpp"
+#include "common/reference/reference.hpp"
 #include "tests/support/attention_case.hpp"
 #include "tests/support/process.hpp"
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "bench/lib/compare.hpp"
-#include "common/error.hpp"
-#include "common/util.hpp"
+#include "common/interface/util.hpp"
+#include "common/support/error.hpp"
 #include "tests/support/process.hpp"
 
 using namespace attn;

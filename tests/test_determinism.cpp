@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "bench/lib/plan.hpp"
-#include "common/attention.hpp"
-#include "common/npy.hpp"
-#include "common/runtime.hpp"
+#include "common/interface/attention.hpp"
+#include "common/io/npy.hpp"
+#include "common/support/runtime.hpp"
 #include "tests/support/attention_case.hpp"
 #include "tests/support/process.hpp"
 

@@ -9,10 +9,10 @@
 #include <set>
 
 #include "bench/lib/drift.hpp"
-#include "common/embedding.hpp"
-#include "common/npy.hpp"
-#include "common/positional.hpp"
-#include "common/runtime.hpp"
+#include "common/frontends/embedding.hpp"
+#include "common/frontends/positional.hpp"
+#include "common/io/npy.hpp"
+#include "common/support/runtime.hpp"
 #include "tests/support/process.hpp"
 
 using namespace attn;

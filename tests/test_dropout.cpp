@@ -7,11 +7,11 @@
 #include <cstring>
 #include <vector>
 
-#include "common/attention.hpp"
-#include "common/dropout.hpp"
-#include "common/random.hpp"
-#include "common/reference.hpp"
-#include "common/tensor.hpp"
+#include "common/interface/attention.hpp"
+#include "common/kernels/dropout.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/random.hpp"
+#include "common/support/tensor.hpp"
 #include "tests/support/attention_case.hpp"
 
 using namespace attn;

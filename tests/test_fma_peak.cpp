@@ -8,8 +8,8 @@
 #include <string>
 
 #include "bench/lib/calibration.hpp"
-#include "common/runtime.hpp"
-#include "common/simd.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/support/runtime.hpp"
 
 using namespace attn;
 

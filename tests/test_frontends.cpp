@@ -1,19 +1,20 @@
 // The shared front ends: token embeddings and tokenisation, positional encodings, and the multi-head layer
-// (checked against a straightforward fp64 implementation written here, independent of common/multihead.cpp).
+// (checked against a straightforward fp64 implementation written here, independent of
+// common/frontends/multihead.cpp).
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
 #include <limits>
 
-#include "common/attention.hpp"
-#include "common/embedding.hpp"
-#include "common/error.hpp"
-#include "common/multihead.hpp"
-#include "common/npy.hpp"
-#include "common/positional.hpp"
-#include "common/random.hpp"
-#include "common/rope.hpp"
-#include "common/runtime.hpp"
+#include "common/frontends/embedding.hpp"
+#include "common/frontends/multihead.hpp"
+#include "common/frontends/positional.hpp"
+#include "common/interface/attention.hpp"
+#include "common/io/npy.hpp"
+#include "common/kernels/rope.hpp"
+#include "common/support/error.hpp"
+#include "common/support/random.hpp"
+#include "common/support/runtime.hpp"
 #include "tests/support/scratch_dir.hpp"
 
 using namespace attn;

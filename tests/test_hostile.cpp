@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "bench/lib/plan.hpp"
-#include "common/attention.hpp"
-#include "common/error.hpp"
-#include "common/npy.hpp"
-#include "common/runtime.hpp"
+#include "common/interface/attention.hpp"
+#include "common/io/npy.hpp"
+#include "common/support/error.hpp"
+#include "common/support/runtime.hpp"
 #include "tests/support/attention_case.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/variant_tests.hpp"

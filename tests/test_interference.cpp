@@ -23,7 +23,7 @@
 #include "bench/lib/measure.hpp"
 #include "bench/lib/plan.hpp"
 #include "bench/lib/runner.hpp"
-#include "common/runtime.hpp"
+#include "common/support/runtime.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/scratch_dir.hpp"
 

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "common/attention.hpp"
-#include "common/npy.hpp"
-#include "common/reference.hpp"
-#include "common/simd.hpp"
-#include "common/util.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/util.hpp"
+#include "common/io/npy.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/reference/reference.hpp"
 #include "tests/support/attention_case.hpp"
 #include "tests/support/process.hpp"
 

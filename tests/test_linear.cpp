@@ -7,10 +7,10 @@
 #include <cmath>
 #include <cstring>
 
-#include "common/attention.hpp"
-#include "common/error.hpp"
-#include "common/random.hpp"
-#include "common/tensor.hpp"
+#include "common/interface/attention.hpp"
+#include "common/support/error.hpp"
+#include "common/support/random.hpp"
+#include "common/support/tensor.hpp"
 #include "tests/support/attention_case.hpp"
 
 using namespace attn;

@@ -9,11 +9,11 @@
 #include <limits>
 #include <memory>
 
-#include "common/attention.hpp"
-#include "common/error.hpp"
-#include "common/half.hpp"
-#include "common/reference.hpp"
-#include "common/tensor.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/half.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/error.hpp"
+#include "common/support/tensor.hpp"
 #include "tests/support/attention_case.hpp"
 #include "variants/linformer/projection.hpp"
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "common/error.hpp"
-#include "common/npy.hpp"
+#include "common/io/npy.hpp"
+#include "common/support/error.hpp"
 #include "tests/support/scratch_dir.hpp"
 
 using namespace attn;

@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "common/attention.hpp"
-#include "common/error.hpp"
-#include "common/half.hpp"
-#include "common/random.hpp"
-#include "common/reference.hpp"
-#include "common/tensor.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/half.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/error.hpp"
+#include "common/support/random.hpp"
+#include "common/support/tensor.hpp"
 #include "tests/support/attention_case.hpp"
 #include "variants/nystrom/nystrom.hpp"
 
@@ -181,7 +181,7 @@ AttentionCase nystrom_case(int64_t m, int64_t iterations, int64_t batch, int64_t
 }  // namespace
 
 namespace {
-// The check's shapes (common/check.cpp: reference, cross) with the variant's test parameter sets.
+// The check's shapes (common/reference/check.cpp: reference, cross) with the variant's test parameter sets.
 struct CaseShape {
   int64_t batch, heads, seq_q, seq_kv, dim;
 };

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "common/attention.hpp"
-#include "common/error.hpp"
-#include "common/params.hpp"
-#include "common/problem.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/params.hpp"
+#include "common/interface/problem.hpp"
+#include "common/support/error.hpp"
 
 using namespace attn;
 

@@ -10,9 +10,9 @@
 #include <numeric>
 #include <vector>
 
-#include "common/attention.hpp"
-#include "common/error.hpp"
-#include "common/reference.hpp"
+#include "common/interface/attention.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/error.hpp"
 #include "tests/support/attention_case.hpp"
 #include "variants/performer/random_features.hpp"
 

@@ -1,5 +1,5 @@
-// Storage precisions, ALiBi slopes and RoPE (#14) beyond the registry-wide checks (common/check.cpp runs
-// every dtype- and ALiBi-capable variant against the fp64 oracle and the 2x-naive rule).
+// Storage precisions, ALiBi slopes and RoPE (#14) beyond the registry-wide checks (common/reference/check.cpp
+// runs every dtype- and ALiBi-capable variant against the fp64 oracle and the 2x-naive rule).
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "common/alibi.hpp"
-#include "common/attention.hpp"
-#include "common/half.hpp"
-#include "common/random.hpp"
-#include "common/rope.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/half.hpp"
+#include "common/kernels/alibi.hpp"
+#include "common/kernels/rope.hpp"
+#include "common/support/random.hpp"
 
 using namespace attn;
 

@@ -1,4 +1,4 @@
-// The gated / delta-rule recurrences (variants/recurrent, common/recurrence.*): both forms against an
+// The gated / delta-rule recurrences (variants/recurrent, common/kernels/recurrence.*): both forms against an
 // independent fp64 recurrence written here, uneven last chunks, grouped-query heads, gates down to -30 and
 // at 0, beta near 0 and at 1, state carry-over, gradients (dg, dbeta, d_initial_state included) and hostile
 // inputs. d_k == d_v throughout: the interface has one head_dim for K and V.
@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "common/attention.hpp"
-#include "common/error.hpp"
-#include "common/random.hpp"
-#include "common/recurrence.hpp"
-#include "common/tensor.hpp"
+#include "common/interface/attention.hpp"
+#include "common/kernels/recurrence.hpp"
+#include "common/support/error.hpp"
+#include "common/support/random.hpp"
+#include "common/support/tensor.hpp"
 
 using namespace attn;
 
@@ -71,7 +71,8 @@ struct RecCase {
   void run() { variant.run(p, inputs()); }
 };
 
-// The definitions of issue 32, written out independently of common/recurrence.*: out and the final state.
+// The definitions of issue 32, written out independently of common/kernels/recurrence.*: out and the final
+// state.
 struct Naive {
   std::vector<double> out, fin;
 };

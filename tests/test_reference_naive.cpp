@@ -1,6 +1,7 @@
 // The fp64 reference and the naive variant on hand-computed cases (the textbook softmax example, two keys
 // with known weights), fully masked rows, logits far beyond the fp32 exp overflow point, and the comparison
-// metrics and tolerance every other check relies on. The shape/mask sweep itself is in common/check.cpp.
+// metrics and tolerance every other check relies on. The shape/mask sweep itself is in
+// common/reference/check.cpp.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -9,10 +10,10 @@
 #include <tuple>
 #include <vector>
 
-#include "common/attention.hpp"
-#include "common/mask.hpp"
-#include "common/reference.hpp"
-#include "common/tensor.hpp"
+#include "common/interface/attention.hpp"
+#include "common/kernels/mask.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/tensor.hpp"
 #include "tests/support/attention_case.hpp"
 
 using namespace attn;
@@ -213,7 +214,8 @@ TEST_CASE("logits near and far beyond the fp32 exp overflow point (88.7) stay fi
 }
 
 TEST_CASE("naive matches the reference for cross-attention with a boolean mask", "[naive]") {
-  // common/check.cpp sweeps self-attention with every mask; cross-attention there uses none/pad/causal only.
+  // common/reference/check.cpp sweeps self-attention with every mask; cross-attention there uses
+  // none/pad/causal only.
   for (auto [lq, lkv, d] : {std::tuple<int64_t, int64_t, int64_t>{7, 19, 17}, {17, 5, 33}, {1, 130, 3}}) {
     for (const char* mask : {"bool", "causal+bool", "causal+bool+pad"}) {
       AttentionCase c(problem(2, 2, lq, lkv, d, mask));

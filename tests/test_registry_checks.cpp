@@ -1,13 +1,14 @@
-// The generic contract: every registered variant passes the registry-wide checks (common/check.cpp) on every
-// SIMD target this CPU supports, so a new variant, and a new target, is tested with no new test code. One
-// test case per variant (tests/support/variant_tests.hpp): `ctest -R tiled` runs tiled's checks alone.
+// The generic contract: every registered variant passes the registry-wide checks (common/reference/check.cpp)
+// on every SIMD target this CPU supports, so a new variant, and a new target, is tested with no new test
+// code. One test case per variant (tests/support/variant_tests.hpp): `ctest -R tiled` runs tiled's checks
+// alone.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
 
-#include "common/check.hpp"
-#include "common/simd.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/reference/check.hpp"
 #include "tests/support/variant_tests.hpp"
 
 using namespace attn;

@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "bench/lib/result_row.hpp"
-#include "common/error.hpp"
-#include "common/npy.hpp"
+#include "common/io/npy.hpp"
+#include "common/support/error.hpp"
 
 using namespace attn;
 using Catch::Matchers::Contains;

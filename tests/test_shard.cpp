@@ -16,7 +16,7 @@
 
 #include "bench/lib/plan.hpp"
 #include "bench/lib/sweep.hpp"
-#include "common/error.hpp"
+#include "common/support/error.hpp"
 #include "tests/support/process.hpp"
 
 using namespace attn;

@@ -9,11 +9,11 @@
 
 #include "bench/lib/plan.hpp"
 #include "bench/lib/rows.hpp"
-#include "common/attention.hpp"
-#include "common/error.hpp"
-#include "common/runtime.hpp"
-#include "common/simd.hpp"
-#include "common/util.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/support/error.hpp"
+#include "common/support/runtime.hpp"
 #include "tests/support/scratch_dir.hpp"
 
 using namespace attn;

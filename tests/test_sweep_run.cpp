@@ -21,9 +21,9 @@
 
 #include "bench/lib/inputs.hpp"
 #include "bench/lib/plan.hpp"
-#include "common/attention.hpp"
-#include "common/npy.hpp"
-#include "common/simd.hpp"
+#include "common/interface/attention.hpp"
+#include "common/io/npy.hpp"
+#include "common/kernels/simd.hpp"
 #include "tests/support/process.hpp"
 
 using namespace attn;

@@ -7,14 +7,14 @@
 #include <string>
 #include <vector>
 
-#include "common/attention.hpp"
-#include "common/random.hpp"
-#include "common/reference.hpp"
-#include "common/runtime.hpp"
-#include "common/simd.hpp"
-#include "common/tensor.hpp"
-#include "common/util.hpp"
-#include "common/vmath.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/kernels/vmath.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/random.hpp"
+#include "common/support/runtime.hpp"
+#include "common/support/tensor.hpp"
 #include "tests/support/attention_case.hpp"
 
 using namespace attn;
@@ -262,7 +262,8 @@ TEST_CASE("the exp2 polynomial is within its documented error bound on every sup
           "[tiled][simd]") {
   // Every logit difference in [-88, 0] (exp domain) is x in [-127, 0] once log2(e) is folded into the scale.
   // Bound: 1.5 ulp of the exact 2^x while the result is normal (x >= -126); below, results are flushed to 0,
-  // an absolute error under 2^-126 (common/simd-inl.hpp says why that is harmless for softmax weights).
+  // an absolute error under 2^-126 (common/kernels/simd-inl.hpp says why that is harmless for softmax
+  // weights).
   std::vector<float> x;
   for (double t = -127.0; t <= 0.0; t += 1.0 / 4099) x.push_back(static_cast<float>(t));  // ~520k points
   for (float t = -150.0f; t <= -120.0f; t += 0.01f) x.push_back(t);

@@ -1,13 +1,14 @@
-// The row kernels of common/vmath.hpp on every SIMD target this CPU supports: every length from 0 to 40 (so
-// every vector-tail size of every target runs), against fp64 on the same inputs, with NaN kept visible.
+// The row kernels of common/kernels/vmath.hpp on every SIMD target this CPU supports: every length from 0 to
+// 40 (so every vector-tail size of every target runs), against fp64 on the same inputs, with NaN kept
+// visible.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <vector>
 
-#include "common/simd.hpp"
-#include "common/vmath.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/kernels/vmath.hpp"
 
 using namespace attn;
 

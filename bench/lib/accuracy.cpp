@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "common/half.hpp"
+#include "common/interface/half.hpp"
 
 namespace attn {
 

@@ -12,9 +12,9 @@
 #include "bench/lib/config.hpp"
 #include "bench/lib/plan.hpp"
 #include "bench/lib/result_row.hpp"
-#include "common/attention.hpp"
-#include "common/reference.hpp"
-#include "common/tensor.hpp"
+#include "common/interface/attention.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/tensor.hpp"
 
 namespace attn {
 

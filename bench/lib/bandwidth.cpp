@@ -1,5 +1,6 @@
 // The memory-bandwidth calibration (bandwidth.hpp): a Highway kernel compiled once per target
-// (foreach_target.h) and dispatched at run time to the target common/simd.hpp selected, and the TBB driver.
+// (foreach_target.h) and dispatched at run time to the target common/kernels/simd.hpp selected, and the TBB
+// driver.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "bench/lib/bandwidth.cpp"
 // clang-format off
@@ -7,7 +8,7 @@
 // clang-format on
 #include <hwy/highway.h>
 
-#include "common/simd-inl.hpp"
+#include "common/kernels/simd-inl.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::bandwidth::HWY_NAMESPACE {
@@ -57,7 +58,7 @@ HWY_AFTER_NAMESPACE();
 #include <vector>
 
 #include "bench/lib/bandwidth.hpp"
-#include "common/runtime.hpp"
+#include "common/support/runtime.hpp"
 
 namespace attn {
 namespace bandwidth {

@@ -13,9 +13,9 @@
 #include "bench/lib/bandwidth.hpp"
 #include "bench/lib/result_row.hpp"
 #include "bench/lib/sysinfo.hpp"
-#include "common/runtime.hpp"
-#include "common/simd.hpp"
-#include "common/util.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/support/runtime.hpp"
 
 namespace attn {
 

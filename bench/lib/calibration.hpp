@@ -11,7 +11,7 @@
 #include "bench/lib/config.hpp"
 #include "bench/lib/interference.hpp"
 #include "bench/lib/measure.hpp"
-#include "common/params.hpp"
+#include "common/interface/params.hpp"
 
 namespace attn {
 

@@ -4,14 +4,14 @@
 #include <string>
 
 #include "bench/lib/command.hpp"
-#include "common/check.hpp"
-#include "common/error.hpp"
-#include "common/simd.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/reference/check.hpp"
+#include "common/support/error.hpp"
 
 namespace attn::cli {
 namespace {
 
-// "I/N" with 0 <= I < N: the cases k with k % N == I (common/check.hpp CheckShard).
+// "I/N" with 0 <= I < N: the cases k with k % N == I (common/reference/check.hpp CheckShard).
 CheckShard parse_shard(const std::string& text) {
   CheckShard s;
   const auto slash = text.find('/');

@@ -5,7 +5,7 @@
 
 #include "bench/lib/command.hpp"
 #include "bench/lib/compare.hpp"
-#include "common/util.hpp"
+#include "common/interface/util.hpp"
 
 namespace attn::cli {
 namespace {

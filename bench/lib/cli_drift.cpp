@@ -13,10 +13,10 @@
 #include "bench/lib/command.hpp"
 #include "bench/lib/drift.hpp"
 #include "bench/lib/sysinfo.hpp"
-#include "common/embedding.hpp"
-#include "common/error.hpp"
-#include "common/simd.hpp"
-#include "common/util.hpp"
+#include "common/frontends/embedding.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/support/error.hpp"
 
 namespace attn::cli {
 namespace {

@@ -3,10 +3,10 @@
 #include <iostream>
 
 #include "bench/lib/command.hpp"
-#include "common/embedding.hpp"
-#include "common/error.hpp"
-#include "common/npy.hpp"
-#include "common/positional.hpp"
+#include "common/frontends/embedding.hpp"
+#include "common/frontends/positional.hpp"
+#include "common/io/npy.hpp"
+#include "common/support/error.hpp"
 
 namespace attn::cli {
 namespace {

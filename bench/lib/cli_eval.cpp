@@ -10,13 +10,13 @@
 
 #include "bench/lib/command.hpp"
 #include "bench/lib/eval.hpp"
-#include "common/error.hpp"
-#include "common/half.hpp"
-#include "common/npy.hpp"
-#include "common/reference.hpp"
-#include "common/rope.hpp"
-#include "common/simd.hpp"
-#include "common/util.hpp"
+#include "common/interface/half.hpp"
+#include "common/interface/util.hpp"
+#include "common/io/npy.hpp"
+#include "common/kernels/rope.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/error.hpp"
 
 namespace attn::cli {
 namespace {

@@ -7,7 +7,7 @@
 #include "bench/lib/command.hpp"
 #include "bench/lib/result_row.hpp"
 #include "bench/lib/sysinfo.hpp"
-#include "common/runtime.hpp"
+#include "common/support/runtime.hpp"
 
 namespace attn::cli {
 namespace {

@@ -17,12 +17,12 @@
 #include "bench/lib/inputs.hpp"
 #include "bench/lib/rows.hpp"
 #include "bench/lib/sweep.hpp"
-#include "common/error.hpp"
-#include "common/half.hpp"
-#include "common/npy.hpp"
-#include "common/reference.hpp"
-#include "common/simd.hpp"
-#include "common/util.hpp"
+#include "common/interface/half.hpp"
+#include "common/interface/util.hpp"
+#include "common/io/npy.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/error.hpp"
 
 namespace fs = std::filesystem;
 

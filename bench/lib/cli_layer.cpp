@@ -4,10 +4,10 @@
 #include <iostream>
 
 #include "bench/lib/command.hpp"
-#include "common/error.hpp"
-#include "common/multihead.hpp"
-#include "common/npy.hpp"
-#include "common/simd.hpp"
+#include "common/frontends/multihead.hpp"
+#include "common/io/npy.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/support/error.hpp"
 
 namespace attn::cli {
 namespace {

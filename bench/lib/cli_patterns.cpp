@@ -13,13 +13,13 @@
 #include <set>
 
 #include "bench/lib/command.hpp"
-#include "common/embedding.hpp"
-#include "common/error.hpp"
-#include "common/multihead.hpp"
-#include "common/npy.hpp"
-#include "common/positional.hpp"
-#include "common/random.hpp"
-#include "common/util.hpp"
+#include "common/frontends/embedding.hpp"
+#include "common/frontends/multihead.hpp"
+#include "common/frontends/positional.hpp"
+#include "common/interface/util.hpp"
+#include "common/io/npy.hpp"
+#include "common/support/error.hpp"
+#include "common/support/random.hpp"
 
 namespace fs = std::filesystem;
 

@@ -5,9 +5,9 @@
 #include <iostream>
 #include <map>
 
-#include "common/error.hpp"
-#include "common/runtime.hpp"
-#include "common/simd.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/support/error.hpp"
+#include "common/support/runtime.hpp"
 
 namespace attn::cli {
 

@@ -12,9 +12,9 @@
 #include <stdexcept>
 
 #include "bench/lib/store.hpp"
-#include "common/error.hpp"
-#include "common/npy.hpp"
-#include "common/util.hpp"
+#include "common/interface/util.hpp"
+#include "common/io/npy.hpp"
+#include "common/support/error.hpp"
 
 namespace fs = std::filesystem;
 

@@ -10,12 +10,12 @@
 #include <regex>
 #include <sstream>
 
-#include "common/attention.hpp"
-#include "common/error.hpp"
-#include "common/hash.hpp"
-#include "common/npy.hpp"
-#include "common/simd.hpp"
-#include "common/util.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/util.hpp"
+#include "common/io/npy.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/support/error.hpp"
+#include "common/support/hash.hpp"
 
 namespace attn {
 namespace {

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "bench/lib/measure.hpp"
-#include "common/problem.hpp"
-#include "common/rope.hpp"
+#include "common/interface/problem.hpp"
+#include "common/kernels/rope.hpp"
 
 namespace attn {
 

@@ -16,11 +16,11 @@
 #include <thread>
 
 #include "bench/lib/measure.hpp"
-#include "common/aligned.hpp"
-#include "common/random.hpp"
-#include "common/runtime.hpp"
-#include "common/simd.hpp"
-#include "common/util.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/support/aligned.hpp"
+#include "common/support/random.hpp"
+#include "common/support/runtime.hpp"
 
 namespace attn {
 

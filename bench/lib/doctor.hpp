@@ -1,4 +1,4 @@
-// `attnbench doctor` (issue #18): what on this machine makes timings move, each with a one-line fix, in the
+// `attnbench doctor`: what on this machine makes timings move, each with a one-line fix, in the
 // spirit of pyperf's `system show` and Google Benchmark's CPU-scaling warning. `attnbench run` prints the
 // quick checks' warnings at its start and keeps every finding in meta.json ("doctor").
 // The readers take the /sys and /proc roots as arguments so tests run them on made-up trees.
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "bench/lib/interference.hpp"
-#include "common/params.hpp"
+#include "common/interface/params.hpp"
 
 namespace attn {
 

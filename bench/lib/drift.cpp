@@ -9,13 +9,13 @@
 #include <cmath>
 #include <limits>
 
-#include "common/attention.hpp"
-#include "common/error.hpp"
-#include "common/hash.hpp"
-#include "common/positional.hpp"
-#include "common/random.hpp"
-#include "common/reference.hpp"
-#include "common/runtime.hpp"
+#include "common/frontends/positional.hpp"
+#include "common/interface/attention.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/error.hpp"
+#include "common/support/hash.hpp"
+#include "common/support/random.hpp"
+#include "common/support/runtime.hpp"
 
 namespace attn {
 namespace {

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "common/attention.hpp"
-#include "common/multihead.hpp"
-#include "common/tensor.hpp"
+#include "common/frontends/multihead.hpp"
+#include "common/interface/attention.hpp"
+#include "common/support/tensor.hpp"
 
 namespace attn {
 

@@ -8,11 +8,11 @@
 #include <cmath>
 #include <limits>
 
-#include "common/error.hpp"
-#include "common/half.hpp"
-#include "common/reference.hpp"
-#include "common/tensor.hpp"
-#include "common/util.hpp"
+#include "common/interface/half.hpp"
+#include "common/interface/util.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/error.hpp"
+#include "common/support/tensor.hpp"
 
 namespace attn {
 namespace {

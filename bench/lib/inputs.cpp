@@ -3,9 +3,9 @@
 
 #include <cmath>
 
-#include "common/error.hpp"
-#include "common/random.hpp"
-#include "common/rope.hpp"
+#include "common/kernels/rope.hpp"
+#include "common/support/error.hpp"
+#include "common/support/random.hpp"
 
 namespace attn {
 
@@ -80,7 +80,8 @@ PointInputs make_inputs(const SweepPoint& pt) {
     in = make_token_inputs(pt);
   } else {
     in.q = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
-    // K and V hold kv_heads heads (grouped-query attention; = heads otherwise, the same draws as before).
+    // K and V hold kv_heads heads (grouped-query attention; = heads otherwise, so the draws do not depend on
+    // it).
     in.k = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim});
     in.v = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim});
     fill_normal(in.q.ptr(), static_cast<int64_t>(in.q.numel()), pt.input_seed * 3 + 1, pt.regime.std);

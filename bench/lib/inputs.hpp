@@ -1,8 +1,8 @@
 // Input tensors for a sweep point, made from its regime and seed: the same point always gets the same inputs.
 #pragma once
 #include "bench/lib/plan.hpp"
-#include "common/attention.hpp"
-#include "common/tensor.hpp"
+#include "common/interface/attention.hpp"
+#include "common/support/tensor.hpp"
 
 namespace attn {
 
@@ -26,7 +26,7 @@ struct PointInputs {
 // (Problem::num_kv_heads). gaussian: Q, K ~ N(0, std^2), V ~ N(0, 1). A larger std makes attention more
 // peaked (logit spread ~ std^2). tokens: see make_token_inputs. Key padding pads the trailing round(fraction
 // * seq_kv) keys of every batch. With the regime's RoPE on, Q and K are rotated (apply_point_rope) before
-// they are returned. Always fp32: a bf16 / fp16 point rounds them (StoredInputs, common/half.hpp).
+// they are returned. Always fp32: a bf16 / fp16 point rounds them (StoredInputs, common/interface/half.hpp).
 PointInputs make_inputs(const SweepPoint& point);
 
 // Draws in.g, in.g_vector and in.beta where the point's variant reads them and they are not there yet (points

@@ -9,10 +9,10 @@
 #include <unordered_set>
 
 #include "bench/lib/inputs.hpp"
-#include "common/embedding.hpp"
-#include "common/error.hpp"
-#include "common/multihead.hpp"
-#include "common/positional.hpp"
+#include "common/frontends/embedding.hpp"
+#include "common/frontends/multihead.hpp"
+#include "common/frontends/positional.hpp"
+#include "common/support/error.hpp"
 
 namespace attn {
 

@@ -1,4 +1,4 @@
-// What else ran on the machine while a point was timed (issue #18): a probe read before and after the timed
+// What else ran on the machine while a point was timed: a probe read before and after the timed
 // repetitions. Sources, all Linux:
 // - /proc/stat, the lines of the CPUs this process may run on (sched_getaffinity): busy and steal ticks;
 // - getrusage(RUSAGE_SELF): this process's CPU time (subtracted from the busy ticks, leaving other

@@ -1,4 +1,5 @@
-// Repetition timing, the sgemm calibration, the per-target FMA peak (common/simd.hpp) and the memory probe.
+// Repetition timing, the sgemm calibration, the per-target FMA peak (common/kernels/simd.hpp) and the memory
+// probe.
 #include "bench/lib/measure.hpp"
 
 #include <malloc.h>
@@ -15,10 +16,10 @@
 #include <string>
 #include <thread>
 
-#include "common/aligned.hpp"
-#include "common/random.hpp"
-#include "common/runtime.hpp"
-#include "common/simd.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/support/aligned.hpp"
+#include "common/support/random.hpp"
+#include "common/support/runtime.hpp"
 
 namespace attn {
 

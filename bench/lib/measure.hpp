@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "bench/lib/stats.hpp"
-#include "common/aligned.hpp"
+#include "common/support/aligned.hpp"
 
 namespace attn {
 
@@ -40,7 +40,7 @@ struct MeasureSettings {
 // repetition always). time_interleaved with one call timed by the clock around `fn`.
 TimingStats time_repeated(const std::function<void()>& fn, const MeasureSettings& settings);
 
-// Several calls timed together (#18), each returning the milliseconds it measured itself (so set-up such as
+// Several calls timed together, each returning the milliseconds it measured itself (so set-up such as
 // a thread-count scope stays outside the time) or a negative value when it failed. `settings.warmup` untimed
 // rounds, then timed rounds: each round makes one call of every call still taking part, in alternating order
 // (0 .. k-1, then k-1 .. 0), so a change in the machine's speed during the rounds reaches every call alike

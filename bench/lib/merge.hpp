@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "common/params.hpp"
+#include "common/interface/params.hpp"
 
 namespace attn {
 

@@ -7,12 +7,12 @@
 #include <map>
 #include <sstream>
 
-#include "common/error.hpp"
-#include "common/hash.hpp"
-#include "common/reference.hpp"
-#include "common/runtime.hpp"
-#include "common/simd.hpp"
-#include "common/util.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/error.hpp"
+#include "common/support/hash.hpp"
+#include "common/support/runtime.hpp"
 
 namespace attn {
 namespace {
@@ -159,8 +159,7 @@ std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
                 if (KV != H) key << ",Hkv=" << KV;
                 // The mask's part of the key is what it adds to the inputs (the key-padding flags), not
                 // causality: a causal point and its non-causal twin read the same Q, K, V (the non-causal
-                // point's draws, as before causality left the key), so they are one input set, timed
-                // together and compared round by round (#18).
+                // point's draws), so they are one input set, timed together and compared round by round.
                 key << ",Lq=" << Lq << ",Lkv=" << Lkv << ",D=" << D << "," << mask_inputs_label(mask) << ",";
                 // The seed comes from the regime without RoPE: a point with RoPE rotates the very draws (or
                 // projections) the same point without it uses. The key has the RoPE part: other inputs.

@@ -12,7 +12,7 @@
 
 #include "bench/lib/config.hpp"
 #include "bench/lib/result_row.hpp"
-#include "common/attention.hpp"
+#include "common/interface/attention.hpp"
 
 namespace attn {
 

@@ -9,8 +9,8 @@
 #include <string_view>
 #include <type_traits>
 
-#include "common/error.hpp"
-#include "common/util.hpp"
+#include "common/interface/util.hpp"
+#include "common/support/error.hpp"
 
 namespace attn {
 namespace {

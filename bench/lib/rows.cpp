@@ -1,8 +1,8 @@
 // Rows (rows.hpp).
 #include "bench/lib/rows.hpp"
 
-#include "common/simd.hpp"
-#include "common/util.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/simd.hpp"
 
 namespace attn {
 

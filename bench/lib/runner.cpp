@@ -17,10 +17,10 @@
 #include "bench/lib/interference.hpp"
 #include "bench/lib/rows.hpp"
 #include "bench/lib/sysinfo.hpp"
-#include "common/reference.hpp"
-#include "common/runtime.hpp"
-#include "common/simd.hpp"
-#include "common/util.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/runtime.hpp"
 
 namespace attn {
 

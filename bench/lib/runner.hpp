@@ -24,8 +24,8 @@
 #include "bench/lib/measure.hpp"
 #include "bench/lib/plan.hpp"
 #include "bench/lib/result_row.hpp"
-#include "common/half.hpp"
-#include "common/tensor.hpp"
+#include "common/interface/half.hpp"
+#include "common/support/tensor.hpp"
 
 namespace attn {
 

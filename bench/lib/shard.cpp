@@ -4,8 +4,8 @@
 #include <optional>
 #include <sstream>
 
-#include "common/error.hpp"
-#include "common/hash.hpp"
+#include "common/support/error.hpp"
+#include "common/support/hash.hpp"
 
 namespace attn {
 namespace {

@@ -25,9 +25,9 @@
 #include "bench/lib/runner.hpp"
 #include "bench/lib/store.hpp"
 #include "bench/lib/sysinfo.hpp"
-#include "common/error.hpp"
-#include "common/simd.hpp"
-#include "common/util.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/support/error.hpp"
 
 namespace fs = std::filesystem;
 

@@ -14,8 +14,8 @@
 #include <sstream>
 #include <string>
 
-#include "common/runtime.hpp"
-#include "common/simd.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/support/runtime.hpp"
 
 namespace attn {
 

@@ -29,12 +29,12 @@
 #include "bench/mpi/npy_stream.hpp"
 #include "bench/mpi/ring.hpp"
 #include "bench/mpi/sweep.hpp"
-#include "common/error.hpp"
-#include "common/npy.hpp"
-#include "common/reference.hpp"
-#include "common/runtime.hpp"
-#include "common/simd.hpp"
-#include "common/util.hpp"
+#include "common/interface/util.hpp"
+#include "common/io/npy.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/error.hpp"
+#include "common/support/runtime.hpp"
 
 namespace attn::ring {
 namespace {
@@ -182,9 +182,9 @@ Json eval_compare(const EvalOptions& o, const Problem& base, bool causal, int P)
   DoubleArray want(ring_out.shape);
   reference_attention(p, in, want.ptr());
   const int64_t rows = p.batch * p.heads * p.seq_q;
-  // The fp32 bound against fp64 (exact_abs_tolerance, common/reference.cpp) plus the ring's merges: at most
-  // 2P (query chunk, key chunk) blocks per row, each merged with an exp2 (1.5 ulp), a multiply and an add
-  // on the sum and the output (3u relative), times the same factor 4: 4 * 3 * 2P * u * max|v|. Ring and
+  // The fp32 bound against fp64 (exact_abs_tolerance, common/reference/reference.cpp) plus the ring's merges:
+  // at most 2P (query chunk, key chunk) blocks per row, each merged with an exp2 (1.5 ulp), a multiply and an
+  // add on the sum and the output (3u relative), times the same factor 4: 4 * 3 * 2P * u * max|v|. Ring and
   // the single-process run are each within it of the exact result, so within twice it of each other.
   double vmax = 0;
   for (std::size_t e = 0; e < v.numel(); ++e)

@@ -11,8 +11,8 @@
 #include <cstring>
 #include <limits>
 
-#include "common/error.hpp"
-#include "common/tensor.hpp"
+#include "common/support/error.hpp"
+#include "common/support/tensor.hpp"
 
 namespace attn::ring {
 namespace {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "common/npy.hpp"
+#include "common/io/npy.hpp"
 
 namespace attn::ring {
 

@@ -11,8 +11,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "common/error.hpp"
-#include "common/util.hpp"
+#include "common/interface/util.hpp"
+#include "common/support/error.hpp"
 
 namespace attn::ring {
 namespace {
@@ -150,7 +150,8 @@ int check_node_memory(const RankMemory& need, std::size_t extra, const std::stri
 }
 
 RankNonfinite count_rank_nonfinite(const Zigzag& z, const Shape& s, int rank, const RankData& d) {
-  auto bad = [](const float* x, std::size_t n) { return count_nonfinite(x, n); };  // common/util.hpp
+  // count_nonfinite: common/interface/util.hpp
+  auto bad = [](const float* x, std::size_t n) { return count_nonfinite(x, n); };
   RankNonfinite c;
   const auto chunks = z.chunks_of(rank);
   for (int i = 0; i < 2; ++i) {

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "common/aligned.hpp"
-#include "common/attention.hpp"
+#include "common/interface/attention.hpp"
+#include "common/support/aligned.hpp"
 
 namespace attn::ring {
 

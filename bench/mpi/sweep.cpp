@@ -20,10 +20,10 @@
 #include "bench/lib/rows.hpp"
 #include "bench/lib/sweep.hpp"
 #include "bench/mpi/ring.hpp"
-#include "common/error.hpp"
-#include "common/runtime.hpp"
-#include "common/simd.hpp"
-#include "common/util.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/support/error.hpp"
+#include "common/support/runtime.hpp"
 
 namespace attn::ring {
 

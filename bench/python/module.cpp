@@ -21,12 +21,12 @@
 #include "bench/lib/sweep.hpp"
 #include "bench/lib/sysinfo.hpp"
 #include "bench/python/autograd.hpp"
-#include "common/error.hpp"
-#include "common/half.hpp"
-#include "common/reference.hpp"
-#include "common/runtime.hpp"
-#include "common/simd.hpp"
-#include "common/util.hpp"
+#include "common/interface/half.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/error.hpp"
+#include "common/support/runtime.hpp"
 
 namespace py = pybind11;
 using namespace py::literals;
@@ -652,7 +652,7 @@ constexpr const char* kReferenceDoc =
           key_padding=None, scale=None, dropout=0.0, seed=0, alibi=False, alibi_slopes=None,
           variant=None, params=None) -> numpy.ndarray
 
-The fp64 oracle (common/reference.hpp): exact softmax attention in double on the float32 values of q, k, v
+The fp64 oracle (common/reference/reference.hpp): exact softmax attention in double on the float32 values of q, k, v
 (converted as forward() converts them), with the same masks, scale, dropout decisions and ALiBi bias as
 forward(). Returns a new float64 array [batch, heads, seq_q, head_dim]; a query row with no allowed key is
 zeros. variant (with its params): that variant's own fp64 definition instead (Attention::reference_forward:

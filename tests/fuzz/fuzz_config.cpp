@@ -19,8 +19,8 @@
 
 #include "bench/lib/plan.hpp"
 #include "bench/lib/sweep.hpp"
-#include "common/error.hpp"
-#include "common/params.hpp"
+#include "common/interface/params.hpp"
+#include "common/support/error.hpp"
 
 #ifndef ATTN_FUZZ_DATA_DIR
 #error "ATTN_FUZZ_DATA_DIR (tests/fuzz/data) must be defined by the build"

@@ -1,7 +1,7 @@
-// libFuzzer target: the .npy reader (common/npy.cpp) on arbitrary bytes, through every public parse function
-// (float32, float64-as-double, mask). A UsageError is the expected answer to a bad file; any other exception,
-// a crash, a sanitizer report or an allocation beyond -malloc_limit_mb is a finding. A file that parses as
-// float must also survive a write/read round trip unchanged.
+// libFuzzer target: the .npy reader (common/io/npy.cpp) on arbitrary bytes, through every public parse
+// function (float32, float64-as-double, mask). A UsageError is the expected answer to a bad file; any other
+// exception, a crash, a sanitizer report or an allocation beyond -malloc_limit_mb is a finding. A file that
+// parses as float must also survive a write/read round trip unchanged.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -9,8 +9,8 @@
 #include <cstring>
 #include <string>
 
-#include "common/error.hpp"
-#include "common/npy.hpp"
+#include "common/io/npy.hpp"
+#include "common/support/error.hpp"
 
 namespace {
 

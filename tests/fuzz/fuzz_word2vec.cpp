@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "common/embedding.hpp"
-#include "common/error.hpp"
+#include "common/frontends/embedding.hpp"
+#include "common/support/error.hpp"
 
 namespace {
 

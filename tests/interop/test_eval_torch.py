@@ -29,7 +29,7 @@ def check(ok, what):
 
 
 def tolerance(q, k, v, scale):
-    """The bound derived in common/reference.cpp (exact_abs_tolerance), recomputed here: with u = 2^-24 and
+    """The bound derived in common/reference/reference.cpp (exact_abs_tolerance), recomputed here: with u = 2^-24 and
     S = scale * max_i |q_i| * max_j |k_j|, fp32 logits carry D u S error, the exp about twice that plus a few
     ulps, and the two Lkv-term sums Lkv u each (weights sum to 1), so |O - O_exact| <= u max|v| (2 D S + 2 Lkv
     + 16); 4x that covers reordered (blocked BLAS) sums. A wrong mask or scale is off by O(max|v|)."""

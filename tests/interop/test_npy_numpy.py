@@ -47,7 +47,7 @@ def header_fortran_order(filename):
 
 
 def tolerance(q, k, v, scale):
-    """The bound of common/reference.cpp (exact_abs_tolerance): fp32 rounding of the D-term logits, the exp,
+    """The bound of common/reference/reference.cpp (exact_abs_tolerance): fp32 rounding of the D-term logits, the exp,
     and the Lkv-term sums, u * max|v| * (2 D S + 2 Lkv + 16) with S = scale * max|q_i| * max|k_j|, times 4."""
     u = 2.0 ** -24
     qn = np.sqrt((q.astype(np.float64) ** 2).sum(-1)).max()

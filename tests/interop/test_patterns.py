@@ -149,7 +149,7 @@ def check_plot(out, tokens_out):
         check(os.path.isfile(os.path.join(d, "patterns.svg")), f"[{what}] and patterns.svg")
 
 
-# bigbird's pattern from its definition (variants/bigbird/pattern.hpp), random draws included: common/random.hpp's
+# bigbird's pattern from its definition (variants/bigbird/pattern.hpp), random draws included: common/support/random.hpp's
 # Rng (splitmix64) seeded per query block, each draw a uniform rank among the candidates not yet taken.
 U64 = (1 << 64) - 1
 

@@ -73,7 +73,7 @@ def reference(q, k, v, causal):
 
 
 def fp32_bound(q, k, v, P):
-    """Absolute error bound of fp32 exact attention against fp64, as common/reference.cpp
+    """Absolute error bound of fp32 exact attention against fp64, as common/reference/reference.cpp
     exact_abs_tolerance: with u = 2^-24 and S = scale * max||q_i|| * max||k_j||, a logit carries D*u*S, exp
     doubles it, the normaliser and the weighted sum of Lkv values add Lkv*u*max|v|, plus 16 ulps slack for
     the exp polynomial and the per-tile rescales: u*max|v|*(2*D*S + 2*Lkv + 16), times 4 for accumulation

@@ -10,11 +10,11 @@
 #include <utility>
 #include <vector>
 
-#include "common/attention.hpp"
-#include "common/npy.hpp"
-#include "common/random.hpp"
-#include "common/reference.hpp"
-#include "common/tensor.hpp"
+#include "common/interface/attention.hpp"
+#include "common/io/npy.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/random.hpp"
+#include "common/support/tensor.hpp"
 #include "tests/support/scratch_dir.hpp"
 
 namespace attn::test {

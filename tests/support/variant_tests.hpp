@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "common/attention.hpp"
+#include "common/interface/attention.hpp"
 
 namespace attn::test {
 

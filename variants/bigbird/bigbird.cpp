@@ -10,16 +10,16 @@
 #include <cmath>
 #include <limits>
 
-#include "common/alibi.hpp"
-#include "common/aligned.hpp"
-#include "common/attention.hpp"
-#include "common/dropout.hpp"
-#include "common/half.hpp"
-#include "common/mask.hpp"
-#include "common/reference.hpp"
-#include "common/runtime.hpp"
-#include "common/util.hpp"
-#include "common/vmath.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/half.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/alibi.hpp"
+#include "common/kernels/dropout.hpp"
+#include "common/kernels/mask.hpp"
+#include "common/kernels/vmath.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/aligned.hpp"
+#include "common/support/runtime.hpp"
 #include "variants/bigbird/pattern.hpp"
 
 namespace attn {
@@ -569,7 +569,7 @@ class BigBird final : public Attention {
     const Plan plan(p);
     // Per thread: the score tile with its row max and sum, and the key ranges of one query block (at most
     // random + 3 runs, a piece per run per step); random_blocks() builds lists of the same length. bf16 /
-    // fp16 add fp32 copies of Q, K and V. Saturating (common/util.hpp).
+    // fp16 add fp32 copies of Q, K and V. Saturating (common/interface/util.hpp).
     const std::size_t lists =
         sat_mul(sat_add(to_size(std::min(plan.pattern.randoms, plan.pattern.blocks)), 3),
                 sizeof(bigbird::Range) + sizeof(Piece) + sizeof(bigbird::Range) + 8);

@@ -11,7 +11,8 @@
 //  * random: random_blocks blocks drawn, without replacement and uniformly, from the blocks not already
 //    chosen (all of them if fewer remain). Without a causal mask from every block; under a causal mask only
 //    from the blocks strictly before the diagonal block qb. The draw is a pure function of (seed, qb) and the
-//    candidates, through common/random.hpp. Global query blocks draw none (they see every block anyway).
+//    candidates, through common/support/random.hpp. Global query blocks draw none (they see every block
+//    anyway).
 // A causal mask then applies key j <= query i inside the chosen blocks (blocks after qb drop out).
 #pragma once
 #include <algorithm>
@@ -20,9 +21,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/error.hpp"
-#include "common/hash.hpp"
-#include "common/random.hpp"
+#include "common/support/error.hpp"
+#include "common/support/hash.hpp"
+#include "common/support/random.hpp"
 
 namespace attn::bigbird {
 

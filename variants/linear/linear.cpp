@@ -1,15 +1,16 @@
 // linear: kernelised attention (Katharopoulos et al. 2020), φ(Q)(φ(K)ᵀV) / (φ(Q)(φ(K)ᵀ1) + eps) in O(n·d²)
 // time by associativity; causal runs in chunks with a running d×d state. The engine is shared with performer
-// (common/feature_attention.hpp); this file is the feature map (m = d, elementwise) and the parameters.
+// (common/kernels/feature_attention.hpp); this file is the feature map (m = d, elementwise) and the
+// parameters.
 #include <algorithm>
 #include <cmath>
 
-#include "common/attention.hpp"
-#include "common/error.hpp"
-#include "common/feature_attention.hpp"
-#include "common/half.hpp"
-#include "common/util.hpp"
-#include "common/vmath.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/half.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/feature_attention.hpp"
+#include "common/kernels/vmath.hpp"
+#include "common/support/error.hpp"
 
 namespace attn {
 namespace {
@@ -20,9 +21,9 @@ FeatureKind feature_kind_of(const Problem& p) {
   return p.param_string("feature_map") == "relu" ? FeatureKind::relu : FeatureKind::elu;
 }
 
-// φ applied elementwise (m = d), one vectorised pass on the selected SIMD target (common/vmath.hpp). elu(x) +
-// 1 is x + 1 for x > 0 and exp(x) for x <= 0 (so φ > 0 always); relu(x) = max(x, 0) can be 0 for a whole row,
-// which eps then guards. A NaN input stays NaN in both.
+// φ applied elementwise (m = d), one vectorised pass on the selected SIMD target (common/kernels/vmath.hpp).
+// elu(x) + 1 is x + 1 for x > 0 and exp(x) for x <= 0 (so φ > 0 always); relu(x) = max(x, 0) can be 0 for a
+// whole row, which eps then guards. A NaN input stays NaN in both.
 class ElementwiseMap final : public FeatureMap {
  public:
   ElementwiseMap(FeatureKind kind, int64_t head_dim) : kind_(kind), head_dim_(head_dim) {}
@@ -162,7 +163,8 @@ class Linear final : public Attention {
   }
 
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
-    // The engine's buffers; bf16 / fp16 add fp32 copies of Q, K and V (saturating, common/util.hpp).
+    // The engine's buffers; bf16 / fp16 add fp32 copies of Q, K and V (saturating,
+    // common/interface/util.hpp).
     const std::size_t widened =
         p.dtype == DType::fp32
             ? 0

@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
-#include "common/aligned.hpp"
-#include "common/attention.hpp"
-#include "common/dropout.hpp"
-#include "common/half.hpp"
-#include "common/runtime.hpp"
-#include "common/util.hpp"
-#include "common/vmath.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/half.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/dropout.hpp"
+#include "common/kernels/vmath.hpp"
+#include "common/support/aligned.hpp"
+#include "common/support/runtime.hpp"
 #include "variants/linformer/projection.hpp"
 
 namespace attn {
@@ -192,7 +192,8 @@ class Linformer final : public Attention {
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
     // E and F (k × n each), K' and V' (k × d per K/V head), and per thread the larger of a scores block
     // (kQueryRows × k) and, with key padding, a block of zeroed keys (kKeyBlock × d); bf16 / fp16 add fp32
-    // copies of Q, K and V. Saturating (common/util.hpp): k × n alone can exceed 64 bits for valid sizes.
+    // copies of Q, K and V. Saturating (common/interface/util.hpp): k × n alone can exceed 64 bits for valid
+    // sizes.
     const std::size_t k = to_size(p.param_int("k")), n = to_size(p.seq_kv), D = to_size(p.head_dim);
     const std::size_t T = to_size(std::max(threads, 1));
     const std::size_t ef = sat_mul(2, k, n);
@@ -255,7 +256,8 @@ class Linformer final : public Attention {
   //  * a logit s_ir = scale Σ_c q_ic K'_rc then moves by scale Σ_c |q_ic| |ΔK'_rc| <= n u M from K', plus its
   //    own d-term dot product, the scale multiply and the scale's rounding to fp32, <= (d + 2) u M since
   //    |K'_rc| <= A_rc: |Δs| <= (n + d + 2) u M;
-  //  * as in exact_abs_tolerance (common/reference.cpp), logits moved by at most Δs change each softmax
+  //  * as in exact_abs_tolerance (common/reference/reference.cpp), logits moved by at most Δs change each
+  //  softmax
   //    weight by a relative 2 Δs (the row's normaliser moves too), so Σ_r |Δw_r| <= 2 Δs. Those weights sum
   //    to 1 before and after, so the changes sum to 0 and move the output by |Σ_r Δw_r (V'_rc - m_c)| <= 2 Δs
   //    R for the midpoint m_c of column c, with R = max_c (max_r V'_rc - min_r V'_rc) / 2 (k = 1: R = 0, the
@@ -607,14 +609,14 @@ void Linformer::backward(const Problem& p, const AttentionInputs& in, const Grad
 }
 
 // Why these bounds: a running error analysis of the backward above, element by element in fp64 from the
-// inputs, as exact_grad_tolerance (common/reference.cpp) does for softmax attention, with u = 2^-24 and
-// gamma_m = m u for an m-term fp32 sum of products in any order. Linformer's backward is exact attention's
-// on the projected K', V' (k keys) with two additions: K' and V' carry the forward's projection error,
-// |ΔK'_rc| <= n u (|E| |K|)_rc and |ΔV'_rc| <= n u (|F| |V|)_rc (as in abs_tolerance), and the gradients of
-// K', V' are pulled back through E, F (k-term sums). Those projection errors are large next to rounding (n u
-// worst cases), so where they cancel exactly to first order the bound keeps the cancellation (else k = 1,
-// where the one weight is exactly 1 whatever the logits, got a bound 1e3 times the gradient). Per query row
-// of head h (kk_r = keep_r / (1 - p), or 1 without dropout):
+// inputs, as exact_grad_tolerance (common/reference/reference.cpp) does for softmax attention, with u = 2^-24
+// and gamma_m = m u for an m-term fp32 sum of products in any order. Linformer's backward is exact
+// attention's on the projected K', V' (k keys) with two additions: K' and V' carry the forward's projection
+// error, |ΔK'_rc| <= n u (|E| |K|)_rc and |ΔV'_rc| <= n u (|F| |V|)_rc (as in abs_tolerance), and the
+// gradients of K', V' are pulled back through E, F (k-term sums). Those projection errors are large next to
+// rounding (n u worst cases), so where they cancel exactly to first order the bound keeps the cancellation
+// (else k = 1, where the one weight is exactly 1 whatever the logits, got a bound 1e3 times the gradient).
+// Per query row of head h (kk_r = keep_r / (1 - p), or 1 without dropout):
 //  * logit s_r = scale q · K'_r: es_r = scale ((d + 2) u Σ_c |q_c K'_rc| + Σ_c |q_c| ΔK'_rc) (the dot, the
 //    scale multiply and its rounding to fp32, K''s error);
 //  * weight P_r = exp(s_r - max) / sum moves by P_r (Δs_r - Σ_l P_l Δs_l) from the logits, so relative

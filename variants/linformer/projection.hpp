@@ -1,14 +1,14 @@
 // linformer's fixed random projections E, F ∈ R^(k×n): entries N(0, 1/k) (the paper's experiments), drawn
-// with common/random.hpp from the variant's `seed`. Shared by the variant, its fp64 reference and its tests,
-// so all three see the same fp32 values.
+// with common/support/random.hpp from the variant's `seed`. Shared by the variant, its fp64 reference and its
+// tests, so all three see the same fp32 values.
 #pragma once
 #include <tbb/parallel_for.h>
 
 #include <cmath>
 #include <cstdint>
 
-#include "common/hash.hpp"
-#include "common/random.hpp"
+#include "common/support/hash.hpp"
+#include "common/support/random.hpp"
 
 namespace attn::linformer {
 

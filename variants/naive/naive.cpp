@@ -1,9 +1,9 @@
 // naive: exact softmax attention, the baseline. Materialises the [seq_q, seq_kv] score matrix of each head
 // (quadratic memory), with BLAS GEMMs for Q K^T and P V and a max-subtracted softmax in between. The softmax
-// exponential is the exp2 polynomial tiled uses (common/vmath.hpp exp_sub_sum, <= 1.5 ulp), so a tiled-vs-
-// naive speed-up measures the tiling, not a faster exp. Causal runs a lower-trapezoid schedule: each block of
-// query rows multiplies only the key columns up to its last row, so no GEMM work is spent on the masked
-// upper triangle beyond the diagonal blocks.
+// exponential is the exp2 polynomial tiled uses (common/kernels/vmath.hpp exp_sub_sum, <= 1.5 ulp), so a
+// tiled-vs- naive speed-up measures the tiling, not a faster exp. Causal runs a lower-trapezoid schedule:
+// each block of query rows multiplies only the key columns up to its last row, so no GEMM work is spent on
+// the masked upper triangle beyond the diagonal blocks.
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
@@ -18,15 +18,15 @@
 #include <sys/mman.h>
 #endif
 
-#include "common/alibi.hpp"
-#include "common/aligned.hpp"
-#include "common/attention.hpp"
-#include "common/dropout.hpp"
-#include "common/half.hpp"
-#include "common/mask.hpp"
-#include "common/runtime.hpp"
-#include "common/util.hpp"
-#include "common/vmath.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/half.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/alibi.hpp"
+#include "common/kernels/dropout.hpp"
+#include "common/kernels/mask.hpp"
+#include "common/kernels/vmath.hpp"
+#include "common/support/aligned.hpp"
+#include "common/support/runtime.hpp"
 
 namespace attn {
 namespace {
@@ -117,8 +117,8 @@ class Naive final : public Attention {
             .softcap = true};
   }
   double flops(const Problem& p) const override {
-    // The shared exact-attention count (common/mask.hpp). Causal GEMMs stop at each row block's last row
-    // (the lower trapezoid); the masked pairs inside the diagonal blocks are computed but not counted.
+    // The shared exact-attention count (common/kernels/mask.hpp). Causal GEMMs stop at each row block's last
+    // row (the lower trapezoid); the masked pairs inside the diagonal blocks are computed but not counted.
     return exact_attention_flops(p);
   }
   double bytes_moved(const Problem& p) const override {

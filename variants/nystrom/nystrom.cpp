@@ -23,12 +23,12 @@
 #include <limits>
 #include <string>
 
-#include "common/aligned.hpp"
-#include "common/attention.hpp"
-#include "common/half.hpp"
-#include "common/runtime.hpp"
-#include "common/util.hpp"
-#include "common/vmath.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/half.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/vmath.hpp"
+#include "common/support/aligned.hpp"
+#include "common/support/runtime.hpp"
 
 namespace attn {
 namespace nystrom {
@@ -687,7 +687,7 @@ class Nystrom final : public Attention {
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
     // K̃ per (batch, K/V head), W per (batch, query head), the key segment boundaries and landmark counts per
     // batch entry, and one scratch per thread; bf16 / fp16 add fp32 copies of Q, K and V. Saturating
-    // (common/util.hpp).
+    // (common/interface/util.hpp).
     const Shape sh(p);
     const std::size_t D = to_size(p.head_dim), K = to_size(sh.mkv_cap);
     const std::size_t stores = sat_mul(sat_add(sat_mul(to_size(p.batch * p.num_kv_heads()), K, D),

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/attention.hpp"
+#include "common/interface/attention.hpp"
 
 namespace attn::nystrom {
 

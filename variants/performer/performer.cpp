@@ -1,6 +1,6 @@
 // performer: FAVOR+ (Choromanski et al. 2020) — softmax attention approximated by positive random features
 // φ(x) = exp(W x' − ‖x'‖²/2) / √m with x' = x·√scale, so E[φ(q)·φ(k)] = exp(scale · q·k), then computed in
-// O(n·m·d) by linear attention's engine (common/feature_attention.hpp) with m features instead of d.
+// O(n·m·d) by linear attention's engine (common/kernels/feature_attention.hpp) with m features instead of d.
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 
@@ -12,15 +12,15 @@
 #include <mutex>
 #include <tuple>
 
-#include "common/aligned.hpp"
-#include "common/attention.hpp"
-#include "common/error.hpp"
-#include "common/feature_attention.hpp"
-#include "common/half.hpp"
-#include "common/mask.hpp"
-#include "common/runtime.hpp"
-#include "common/util.hpp"
-#include "common/vmath.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/half.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/feature_attention.hpp"
+#include "common/kernels/mask.hpp"
+#include "common/kernels/vmath.hpp"
+#include "common/support/aligned.hpp"
+#include "common/support/error.hpp"
+#include "common/support/runtime.hpp"
 #include "variants/performer/random_features.hpp"
 
 namespace attn {
@@ -117,7 +117,7 @@ float scaled_eps(double e) {
 }
 
 // φ in fp32 for the engine: one GEMM per block of rows (P x for every feature), then per row one vectorised
-// exp(z − shift) pass (common/vmath.hpp: exp_sub_sum, ≤ 1.5 ulp plus the rounding of z − shift).
+// exp(z − shift) pass (common/kernels/vmath.hpp: exp_sub_sum, ≤ 1.5 ulp plus the rounding of z − shift).
 class PositiveRandomFeatures final : public FeatureMap {
  public:
   PositiveRandomFeatures(const Problem& p, const float* proj, const std::vector<double>& key_shift)

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "common/random.hpp"
+#include "common/support/random.hpp"
 
 namespace attn {
 namespace {

@@ -11,7 +11,7 @@ namespace attn {
 // matrix of N(0, 1) draws is orthonormalised row by row (modified Gram-Schmidt, run twice, in fp64), and
 // each row is rescaled to the norm of a fresh d-dim N(0, I) vector (a chi(d) draw), so every row is
 // marginally N(0, I_d) and rows within a block are exactly orthogonal. Otherwise every entry is an
-// independent N(0, 1) draw. All draws come from Rng(seed) (common/random.hpp) in a fixed order.
+// independent N(0, 1) draw. All draws come from Rng(seed) (common/support/random.hpp) in a fixed order.
 std::vector<double> draw_random_features(int64_t m, int64_t d, bool orthogonal, uint64_t seed);
 
 }  // namespace attn

@@ -1,16 +1,16 @@
-// The gated and delta-rule linear recurrences of issue 32 ("route 2"), five variants on one engine
-// (common/recurrence.hpp): retention (RetNet), simple_gla (Mamba-2's SSD, a scalar gate), gla (a gate per key
-// channel), delta_rule (DeltaNet) and gated_delta_rule (Gated DeltaNet). Each takes form=chunk|recurrent and
-// chunk=C; the delta rules also normalize_keys. They are not softmax attention: their exact baseline is their
-// own fp64 recurrence (reference_forward), and they need causal self-attention.
+// The gated and delta-rule linear recurrences ("route 2" around the quadratic cost), five variants on one
+// engine (common/kernels/recurrence.hpp): retention (RetNet), simple_gla (Mamba-2's SSD, a scalar gate), gla
+// (a gate per key channel), delta_rule (DeltaNet) and gated_delta_rule (Gated DeltaNet). Each takes
+// form=chunk|recurrent and chunk=C; the delta rules also normalize_keys. They are not softmax attention:
+// their exact baseline is their own fp64 recurrence (reference_forward), and they need causal self-attention.
 #include <cmath>
 #include <string>
 #include <vector>
 
-#include "common/attention.hpp"
-#include "common/half.hpp"
-#include "common/recurrence.hpp"
-#include "common/util.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/half.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/recurrence.hpp"
 
 namespace attn {
 namespace {

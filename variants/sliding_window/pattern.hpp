@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "common/error.hpp"
-#include "common/params.hpp"
+#include "common/interface/params.hpp"
+#include "common/support/error.hpp"
 
 namespace attn::sliding_window {
 

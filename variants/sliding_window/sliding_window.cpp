@@ -9,14 +9,14 @@
 #include <cmath>
 #include <limits>
 
-#include "common/aligned.hpp"
-#include "common/attention.hpp"
-#include "common/dropout.hpp"
-#include "common/half.hpp"
-#include "common/reference.hpp"
-#include "common/runtime.hpp"
-#include "common/util.hpp"
-#include "common/vmath.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/half.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/dropout.hpp"
+#include "common/kernels/vmath.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/aligned.hpp"
+#include "common/support/runtime.hpp"
 #include "variants/sliding_window/pattern.hpp"
 
 namespace attn {
@@ -686,7 +686,8 @@ class SlidingWindow final : public Attention {
     // globals.
     const int64_t flags = p.mask.key_padding ? p.batch * p.seq_q : g == 0 ? 0 : p.seq_q;
     // bf16 / fp16 add fp32 copies of Q, K and V.
-    // Saturating (common/util.hpp): threads × per-thread floats exceeds 64 bits for the largest valid sizes.
+    // Saturating (common/interface/util.hpp): threads × per-thread floats exceeds 64 bits for the largest
+    // valid sizes.
     const std::size_t widened =
         p.dtype == DType::fp32
             ? 0
@@ -709,7 +710,8 @@ class SlidingWindow final : public Attention {
     const Plan plan(p, /*with_positions=*/false);
     const int64_t g = plan.globals_count();
     // Per thread: backward_floats. Shared: delta (one float per query row), the excluded-key flags (as the
-    // forward's), the is_global flags and the list of global positions. Saturating (common/util.hpp).
+    // forward's), the is_global flags and the list of global positions. Saturating
+    // (common/interface/util.hpp).
     const int64_t flags = (p.mask.key_padding ? p.batch * p.seq_q
                            : g == 0           ? 0
                                               : p.seq_q) +

@@ -1,7 +1,7 @@
 // tiled's dot-product score kernel, per SIMD target: shared by the forward's decode tiles
 // (tiled_kernels.cpp) and the backward (tiled_backward.cpp), which recomputes exactly the logits the forward
 // summed for the rows it scored this way. Included once per target inside attn::tiled::HWY_NAMESPACE (after
-// common/simd-inl.hpp); hence the toggle guard (Highway's convention for -inl headers).
+// common/kernels/simd-inl.hpp); hence the toggle guard (Highway's convention for -inl headers).
 #if defined(ATTN_TILED_DOT_SCORES_INL_HPP_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTN_TILED_DOT_SCORES_INL_HPP_
 #undef ATTN_TILED_DOT_SCORES_INL_HPP_
@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "common/simd-inl.hpp"
+#include "common/kernels/simd-inl.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::tiled::HWY_NAMESPACE {

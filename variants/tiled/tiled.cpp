@@ -2,7 +2,8 @@
 // the output rescaled when the max moves and divided once at the end. O(n) memory, no score matrix.
 // Grouped-query heads share their K/V tiles inside one query tile; decode-shaped problems split the key
 // range across tasks (flash-decoding, tiled.hpp). This file chooses the tiles and splits the work;
-// tiled_kernels.cpp does one query tile on the SIMD target that common/simd.hpp selected (Highway dispatch).
+// tiled_kernels.cpp does one query tile on the SIMD target that common/kernels/simd.hpp selected (Highway
+// dispatch).
 #include "variants/tiled/tiled.hpp"
 
 #include <tbb/blocked_range.h>
@@ -15,11 +16,11 @@
 #include <limits>
 #include <numbers>
 
-#include "common/alibi.hpp"
-#include "common/attention.hpp"
-#include "common/error.hpp"
-#include "common/mask.hpp"
-#include "common/simd.hpp"
+#include "common/interface/attention.hpp"
+#include "common/kernels/alibi.hpp"
+#include "common/kernels/mask.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/support/error.hpp"
 
 namespace attn::tiled {
 namespace {
@@ -143,8 +144,8 @@ class Tiled final : public Attention {
             {{"tile_q", 1}, {"tile_kv", 7}}};
   }
   double flops(const Problem& p) const override {
-    // The shared exact-attention count (common/mask.hpp): causal counts the pairs below the diagonal only.
-    // The diagonal tiles compute some masked pairs too; those, and the exponentials, are not counted.
+    // The shared exact-attention count (common/kernels/mask.hpp): causal counts the pairs below the diagonal
+    // only. The diagonal tiles compute some masked pairs too; those, and the exponentials, are not counted.
     return exact_attention_flops(p);
   }
   std::size_t workspace_bytes(const Problem& p, int threads) const override {

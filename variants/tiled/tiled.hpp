@@ -4,15 +4,15 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/aligned.hpp"
-#include "common/attention.hpp"
-#include "common/dropout.hpp"
-#include "common/util.hpp"
+#include "common/interface/attention.hpp"
+#include "common/interface/util.hpp"
+#include "common/kernels/dropout.hpp"
+#include "common/support/aligned.hpp"
 
 namespace attn::tiled {
 
-// Queries are padded to a multiple of this many lanes in every tile buffer (common/simd-inl.hpp kPadLanes):
-// every target's vector width divides it.
+// Queries are padded to a multiple of this many lanes in every tile buffer (common/kernels/simd-inl.hpp
+// kPadLanes): every target's vector width divides it.
 inline constexpr int64_t kLanes = 16;
 
 inline int64_t round_up(int64_t x, int64_t m) {
@@ -38,8 +38,8 @@ inline constexpr int64_t kDotRows = 8;
 inline constexpr int64_t kSplitTarget = 32;
 inline constexpr int64_t kMinSplitKeys = 512;
 
-// The ALiBi bias of one score tile, per query lane (common/alibi.hpp): the logit of lane c and key j gets
-// slope[c] * dist, dist = pos[c] - j (kind 1: causal) or |pos[c] - j| (kind 2), where pos is the lane's
+// The ALiBi bias of one score tile, per query lane (common/kernels/alibi.hpp): the logit of lane c and key j
+// gets slope[c] * dist, dist = pos[c] - j (kind 1: causal) or |pos[c] - j| (kind 2), where pos is the lane's
 // query position in the key sequence and slope = -slope_h * log2(e) (the kernels work in base 2). Padding
 // lanes have slope 0. kind 0: no bias (pos, slope unused).
 struct LaneBias {
@@ -88,8 +88,8 @@ struct Scratch {
     if (pairs) grow(qt2, (dim + 1) / 2 * ld);
     if (dropout) drop.resize(static_cast<std::size_t>(ld));
   }
-  // What ensure() allocates, saturating (common/util.hpp): this is also the estimate for problems far too
-  // large to run (head_dim 2^40 times a 2^20-row group tile exceeds 64 bits).
+  // What ensure() allocates, saturating (common/interface/util.hpp): this is also the estimate for problems
+  // far too large to run (head_dim 2^40 times a 2^20-row group tile exceeds 64 bits).
   static std::size_t bytes(int64_t ld, int64_t tile_kv, int64_t dim, bool dropout, bool wide, bool pairs) {
     const std::size_t L = to_size(ld), K = to_size(tile_kv), D = to_size(dim);
     const std::size_t floats = sat_add(sat_mul(2 * D + 6, L), sat_mul(K + kLanes, L),
@@ -148,18 +148,19 @@ struct Context {
 // The running state of the rows [batch][heads][seq_q] of a query block: m (maximum logit, in base 2: the
 // kernels' logits are scaled by log2(e)), l (sum of 2^(logit - m)) and o ([rows][head_dim], the unnormalised
 // output). Start from m = -inf, l = 0, o = 0 (init_partial_state).
-using PartialState = BlockState;  // common/attention.hpp: the block-partials state every variant shares
+using PartialState =
+    BlockState;  // common/interface/attention.hpp: the block-partials state every variant shares
 void init_partial_state(const Problem& p, const PartialState& st);
 
 // Merges the block into the state. `p` describes the block: seq_q query rows (in.q, [batch][heads][seq_q]
 // [head_dim]), seq_kv keys and values (in.k, in.v, [batch][kv_heads][seq_kv][head_dim]), fp32, no bias,
 // dropout or boolean / padding mask, tile_q / tile_kv from p.params. The causal rule is the problem's own
-// (causal_offset, common/mask.hpp), so a caller maps global positions to it: a query block at q0 against a
-// key block at k0 needs the offset q0 - k0, which is p.mask.causal for q0 == k0 (the diagonal block of
-// equal-sized chunks), p.mask.causal_lower_right for q0 - k0 == seq_kv - seq_q, and no mask at all when every
-// key precedes every query. (A Context field for any offset was tried: it changed the code GCC generates
-// for forward() and with it the last bits of tiled's outputs, so the kernels keep reading the problem.)
-// Results are bitwise independent of the thread count. NotSupported for what it does not take.
+// (causal_offset, common/kernels/mask.hpp), so a caller maps global positions to it: a query block at q0
+// against a key block at k0 needs the offset q0 - k0, which is p.mask.causal for q0 == k0 (the diagonal block
+// of equal-sized chunks), p.mask.causal_lower_right for q0 - k0 == seq_kv - seq_q, and no mask at all when
+// every key precedes every query. (A Context field for any offset was tried: it changed the code GCC
+// generates for forward() and with it the last bits of tiled's outputs, so the kernels keep reading the
+// problem.) Results are bitwise independent of the thread count. NotSupported for what it does not take.
 void accumulate_block(const Problem& p, const AttentionInputs& in, const PartialState& st);
 // Why accumulate_block cannot take `p` (empty: it can): storage, bias, dropout, boolean / padding masks.
 std::vector<std::string> block_reasons(const Problem& p);

@@ -22,8 +22,8 @@
 #include <limits>
 #include <utility>
 
-#include "common/mask.hpp"
-#include "common/simd-inl.hpp"
+#include "common/kernels/mask.hpp"
+#include "common/kernels/simd-inl.hpp"
 #include "variants/tiled/dot_scores-inl.hpp"
 #include "variants/tiled/tiled.hpp"
 

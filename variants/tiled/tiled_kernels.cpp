@@ -1,7 +1,7 @@
 // tiled's per-query-tile work on one SIMD target: the two register-blocked GEMM micro-kernels (queries in the
 // vector lanes), masking, and the online-softmax update. Compiled once per Highway target (foreach_target.h)
-// and dispatched at run time to the target common/simd.hpp selected; run_query_tile at the bottom is the
-// entry point tiled.cpp calls.
+// and dispatched at run time to the target common/kernels/simd.hpp selected; run_query_tile at the bottom is
+// the entry point tiled.cpp calls.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "variants/tiled/tiled_kernels.cpp"
 // clang-format off
@@ -17,10 +17,10 @@
 #include <limits>
 #include <utility>
 
-#include "common/alibi.hpp"
-#include "common/half.hpp"
-#include "common/mask.hpp"
-#include "common/simd-inl.hpp"
+#include "common/interface/half.hpp"
+#include "common/kernels/alibi.hpp"
+#include "common/kernels/mask.hpp"
+#include "common/kernels/simd-inl.hpp"
 #include "variants/tiled/dot_scores-inl.hpp"
 #include "variants/tiled/tiled.hpp"
 

@@ -1,0 +1,559 @@
+// The recurrent form, the fp64 definition, the reverse-mode backward and the tolerances of the gated /
+// delta-rule recurrences (common/kernels/recurrence.hpp). One template runs the definition token by token in
+// fp32 (the recurrent form, the backward) and in fp64 (the reference), so the two differ only in precision.
+#include "common/kernels/recurrence.hpp"
+
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/interface/util.hpp"
+#include "common/support/error.hpp"
+
+namespace attn {
+
+double retention_log_gamma(int64_t head) {
+  return std::log1p(-std::ldexp(1.0, static_cast<int>(-5 - std::min<int64_t>(head, 1000))));
+}
+
+HeadInputs head_inputs(const Problem& p, const AttentionInputs& in, const RecurrenceKind& kind, int64_t b,
+                       int64_t h) {
+  HeadInputs hi;
+  hi.n = p.seq_q, hi.d = p.head_dim;
+  const int64_t bh = b * p.heads + h, n = hi.n, d = hi.d;
+  hi.q = in.q + bh * n * d;
+  hi.k = in.k + p.kv_block(b, h) * n * d;
+  hi.v = in.v + p.kv_block(b, h) * n * d;
+  if (kind.gate == Gate::scalar) hi.g = in.g + bh * n;
+  if (kind.gate == Gate::vector) hi.g = in.g + bh * n * d;
+  if (kind.delta) hi.beta = in.beta + bh * n;
+  if (p.initial_state) hi.s0 = in.initial_state + bh * d * d;
+  hi.log_gamma = kind.retention ? retention_log_gamma(h) : 0.0;
+  hi.scale = p.effective_scale();
+  return hi;
+}
+
+void check_recurrence_inputs(const Problem& p, const AttentionInputs& in, const RecurrenceKind& kind) {
+  const int64_t tokens = p.batch * p.heads * p.seq_q;
+  if (kind.gate != Gate::none) {
+    const int64_t n = tokens * (kind.gate == Gate::vector ? p.head_dim : 1);
+    for (int64_t e = 0; e < n; ++e)
+      if (!std::isfinite(in.g[e]) || in.g[e] > 0)
+        throw UsageError(p.variant + ": g[" + std::to_string(e) + "] = " + std::to_string(in.g[e]) +
+                         ": every gate must be finite and <= 0 (a decay exp(g) in (0, 1])");
+  }
+  if (kind.delta)
+    for (int64_t e = 0; e < tokens; ++e)
+      if (!std::isfinite(in.beta[e]) || !(in.beta[e] > 0 && in.beta[e] <= 1))
+        throw UsageError(p.variant + ": beta[" + std::to_string(e) + "] = " + std::to_string(in.beta[e]) +
+                         ": every beta must be in (0, 1]");
+  if (p.initial_state) {
+    const int64_t n = p.batch * p.heads * p.head_dim * p.head_dim;
+    for (int64_t e = 0; e < n; ++e)
+      if (!std::isfinite(in.initial_state[e]))
+        throw UsageError(p.variant + ": initial_state[" + std::to_string(e) + "] is not finite");
+  }
+}
+
+namespace {
+
+// Running norms the tolerances are derived from (filled only when asked for: they cost O(d^2) a token).
+struct HeadStats {
+  // Forward: e_fwd bounds ||S_t(fp32) - S_t|| step by step (see recurrence_abs_tolerance), max_e_fwd its
+  // largest value, max_out the largest bound on an output row's error.
+  double e_fwd = 0, max_e_fwd = 0, max_out = 0;
+  double max_s = 0, max_q = 0, max_k = 0, max_v = 0, max_u = 0, min_r = INFINITY;
+  // Backward: the same for dS = dL/dS_t, run in reverse.
+  double e_bwd = 0, max_e_bwd = 0, max_ds = 0, max_do = 0;
+};
+
+// One token's key (L2-normalised when asked: k / ||k||, a zero key stays zero) into kb; returns ||k||.
+template <class T>
+T load_key(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t, T* kb) {
+  const float* k = hi.k + t * hi.d;
+  T s = 0;
+  for (int64_t c = 0; c < hi.d; ++c) s += T(k[c]) * T(k[c]);
+  const T r = std::sqrt(s);
+  const T inv = !kind.normalize_keys ? T(1) : r > 0 ? T(1) / r : T(0);
+  for (int64_t c = 0; c < hi.d; ++c) kb[c] = T(k[c]) * inv;
+  return r;
+}
+
+// The decay a_t (d values): exp(g), per channel or broadcast; retention's gamma_h; 1 without a gate.
+template <class T>
+void load_decay(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t, T* a) {
+  const int64_t d = hi.d;
+  if (kind.gate == Gate::vector) {
+    for (int64_t c = 0; c < d; ++c) a[c] = std::exp(T(hi.g[t * d + c]));
+    return;
+  }
+  const T x = kind.gate == Gate::scalar ? std::exp(T(hi.g[t]))
+              : kind.retention          ? T(std::exp(hi.log_gamma))
+                                        : T(1);
+  std::fill_n(a, d, x);
+}
+
+// One step S_{t-1} -> S_t in place; writes u_t (the value row added, beta (v - k S') for the delta rule) and
+// p_t = k S'_t (delta only).
+template <class T>
+void step(int64_t d, const T* a, const T* k, const float* v, T beta, bool delta, T* S, T* u, T* p) {
+  if (delta) {
+    std::fill_n(p, d, T(0));
+    for (int64_t c = 0; c < d; ++c) {
+      const T kc = k[c] * a[c];
+      const T* row = S + c * d;
+      for (int64_t j = 0; j < d; ++j) p[j] += kc * row[j];
+    }
+    for (int64_t j = 0; j < d; ++j) u[j] = beta * (T(v[j]) - p[j]);
+  } else {
+    for (int64_t j = 0; j < d; ++j) u[j] = T(v[j]);
+  }
+  for (int64_t c = 0; c < d; ++c) {
+    T* row = S + c * d;
+    const T ac = a[c], kc = k[c];
+    for (int64_t j = 0; j < d; ++j) row[j] = ac * row[j] + kc * u[j];
+  }
+}
+
+double norm2(const double* x, int64_t n) {
+  double s = 0;
+  for (int64_t e = 0; e < n; ++e) s += x[e] * x[e];
+  return std::sqrt(s);
+}
+template <class T>
+double norm_f(const T* x, int64_t n) {
+  double s = 0;
+  for (int64_t e = 0; e < n; ++e) s += double(x[e]) * double(x[e]);
+  return std::sqrt(s);
+}
+
+// The transitions' norm bound at one step: ||diag(a)|| <= max a, ||I - beta k^T k|| <= max(1, |1 - beta
+// ||k||^2|).
+double transition_norm(const RecurrenceKind& kind, const double* a, const double* kb, double beta,
+                       int64_t d) {
+  const double nk = norm2(kb, d);
+  const double rho = kind.delta ? std::max(1.0, std::fabs(1 - beta * nk * nk)) : 1.0;
+  return rho * *std::max_element(a, a + d);
+}
+
+// The forward running norms of one step (fp64 only; see recurrence_abs_tolerance). s_prev: ||S_{t-1}||, s_t:
+// ||S_t||.
+void observe_forward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t, double s_prev, double s_t,
+                     const double* a, const double* kb, double r, const double* u, double k_factor,
+                     HeadStats& st) {
+  const int64_t d = hi.d;
+  const double nk = norm2(kb, d), nv = norm_f(hi.v + t * d, d), nq = norm_f(hi.q + t * d, d);
+  const double k2 = 1 + nk * nk;
+  const double local = k_factor * k2 * k2 * (s_prev + nv);
+  st.e_fwd = transition_norm(kind, a, kb, hi.beta ? hi.beta[t] : 1.0, d) * st.e_fwd + local;
+  st.max_e_fwd = std::max(st.max_e_fwd, st.e_fwd);
+  const double u_round = std::ldexp(1.0, -24) * static_cast<double>(d + 2);
+  st.max_out = std::max(st.max_out, hi.scale * nq * (st.e_fwd + u_round * s_t));
+  st.max_s = std::max(st.max_s, s_t);
+  st.max_q = std::max(st.max_q, nq), st.max_k = std::max(st.max_k, nk), st.max_v = std::max(st.max_v, nv);
+  st.max_u = std::max(st.max_u, norm2(u, d));
+  if (kind.normalize_keys) st.min_r = std::min(st.min_r, r);
+}
+
+// The definition token by token on one head, state in T, starting from S (holding S_0). Writes out rows
+// (OutT, when not null), keeps S every `every` tokens in ckpt (when not null: ckpt[m] = S before token
+// m * every) and leaves S_n in S.
+template <class T, class OutT>
+void head_forward(const HeadInputs& hi, const RecurrenceKind& kind, T* S, OutT* out, T* ckpt, int64_t every,
+                  HeadStats* st = nullptr, double k_factor = 0) {
+  const int64_t n = hi.n, d = hi.d;
+  std::vector<T> a(d), kb(d), u(d), p(d);
+  const T scale = T(hi.scale);
+  for (int64_t t = 0; t < n; ++t) {
+    if (ckpt && t % every == 0) std::copy_n(S, d * d, ckpt + (t / every) * d * d);
+    const T r = load_key(hi, kind, t, kb.data());
+    load_decay(hi, kind, t, a.data());
+    double s_norm = 0;
+    if constexpr (std::is_same_v<T, double>)
+      if (st) s_norm = norm_f(S, d * d);
+    step(d, a.data(), kb.data(), hi.v + t * d, T(hi.beta ? hi.beta[t] : 1.0f), kind.delta, S, u.data(),
+         p.data());
+    if constexpr (std::is_same_v<T, double>)
+      if (st)
+        observe_forward(hi, kind, t, s_norm, norm_f(S, d * d), a.data(), kb.data(), r, u.data(), k_factor,
+                        *st);
+    if (!out) continue;
+    const float* q = hi.q + t * d;
+    std::fill_n(p.data(), d, T(0));
+    for (int64_t c = 0; c < d; ++c) {
+      const T qc = T(q[c]) * scale;
+      const T* row = S + c * d;
+      for (int64_t j = 0; j < d; ++j) p[j] += qc * row[j];
+    }
+    for (int64_t j = 0; j < d; ++j) out[t * d + j] = static_cast<OutT>(p[j]);
+  }
+}
+
+// One head's gradients, written into its own rows (dq, dk, dv: n x d; dg: n or n x d; dbeta: n; ds0: d x d;
+// the last three may be null).
+template <class T>
+struct HeadGrads {
+  T *dq, *dk, *dv, *dg, *dbeta, *ds0;
+};
+
+// Per-step scratch of the reverse pass.
+template <class T>
+struct BackScratch {
+  std::vector<T> a, kb, u, p, du, dkk, dp, da;
+  explicit BackScratch(int64_t d) : a(d), kb(d), u(d), p(d), du(d), dkk(d), dp(d), da(d) {}
+};
+
+// Reverse mode through token t: S_prev = S_{t-1}, S_t its successor; dS holds dL/dS_t from the later tokens
+// on entry and dL/dS_{t-1} on return.
+template <class T>
+void step_backward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t, const T* S_prev, const T* S_t,
+                   const float* d_out, T* dS, BackScratch<T>& w, const HeadGrads<T>& g) {
+  const int64_t d = hi.d;
+  const T r = load_key(hi, kind, t, w.kb.data());
+  load_decay(hi, kind, t, w.a.data());
+  const T beta = T(hi.beta ? hi.beta[t] : 1.0f), scale = T(hi.scale);
+  const float* v = hi.v + t * d;
+  const float* q = hi.q + t * d;
+  const float* dout = d_out + t * d;
+  // Recompute p = k S'_t and u_t.
+  std::fill_n(w.p.data(), d, T(0));
+  if (kind.delta)
+    for (int64_t c = 0; c < d; ++c)
+      for (int64_t j = 0; j < d; ++j) w.p[j] += w.kb[c] * w.a[c] * S_prev[c * d + j];
+  for (int64_t j = 0; j < d; ++j) w.u[j] = kind.delta ? beta * (T(v[j]) - w.p[j]) : T(v[j]);
+  // o_t = scale q S_t: dq, and dS_t gains scale q^T dO. Then S_t = S' + k^T u: du = k dS, dk = dS u^T.
+  std::fill_n(w.du.data(), d, T(0));
+  for (int64_t c = 0; c < d; ++c) {
+    T* ds = dS + c * d;
+    const T* s = S_t + c * d;
+    const T qc = scale * T(q[c]);
+    T dqc = 0, dkc = 0;
+    for (int64_t j = 0; j < d; ++j) {
+      dqc += s[j] * T(dout[j]);
+      ds[j] += qc * T(dout[j]);
+      w.du[j] += w.kb[c] * ds[j];
+      dkc += ds[j] * w.u[j];
+    }
+    g.dq[t * d + c] = static_cast<T>(scale * dqc);
+    w.dkk[c] = dkc;
+  }
+  if (kind.delta) {
+    T db = 0;
+    for (int64_t j = 0; j < d; ++j) {
+      g.dv[t * d + j] = beta * w.du[j];
+      db += w.du[j] * (T(v[j]) - w.p[j]);
+      w.dp[j] = -beta * w.du[j];
+    }
+    if (g.dbeta) g.dbeta[t] = db;
+  } else {
+    for (int64_t j = 0; j < d; ++j) g.dv[t * d + j] = w.du[j];
+  }
+  // Through p = k S' (delta) and S' = diag(a) S_{t-1}.
+  for (int64_t c = 0; c < d; ++c) {
+    T* ds = dS + c * d;
+    const T* sp = S_prev + c * d;
+    T dkc = 0, dac = 0;
+    for (int64_t j = 0; j < d; ++j) {
+      if (kind.delta) {
+        dkc += w.a[c] * sp[j] * w.dp[j];
+        ds[j] += w.kb[c] * w.dp[j];
+      }
+      dac += ds[j] * sp[j];
+      ds[j] *= w.a[c];
+    }
+    w.dkk[c] += dkc;
+    w.da[c] = dac * w.a[c];  // dL/dg_c = a_c dL/da_c
+  }
+  if (g.dg && kind.gate == Gate::vector)
+    for (int64_t c = 0; c < d; ++c) g.dg[t * d + c] = w.da[c];
+  if (g.dg && kind.gate == Gate::scalar) {
+    T s = 0;
+    for (int64_t c = 0; c < d; ++c) s += w.da[c];
+    g.dg[t] = s;
+  }
+  // Through the normalisation k = k_raw / r: dk_raw = (dk - k (k . dk)) / r.
+  T kd = 0;
+  if (kind.normalize_keys)
+    for (int64_t c = 0; c < d; ++c) kd += w.kb[c] * w.dkk[c];
+  const T inv = !kind.normalize_keys ? T(1) : r > 0 ? T(1) / r : T(0);
+  for (int64_t c = 0; c < d; ++c) g.dk[t * d + c] = (w.dkk[c] - w.kb[c] * kd) * inv;
+}
+
+// The backward running norms of one step, in reverse order (fp64 only; see recurrence_grad_tolerance). dS
+// holds dL/dS_{t-1} on entry; ds_t: ||dL/dS_t|| (with o_t's term) before the step.
+void observe_backward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t, const double* dS,
+                      double ds_t, const float* d_out, double k_factor, const double* a, const double* kb,
+                      HeadStats& st) {
+  const int64_t d = hi.d;
+  const double ndo = norm_f(d_out + t * d, d), nk = norm2(kb, d);
+  const double k2 = 1 + nk * nk;
+  const double local = k_factor * k2 * k2 * (ds_t + hi.scale * norm_f(hi.q + t * d, d) * ndo);
+  st.e_bwd = transition_norm(kind, a, kb, hi.beta ? hi.beta[t] : 1.0, d) * (st.e_bwd + local);
+  st.max_e_bwd = std::max(st.max_e_bwd, st.e_bwd + local);
+  st.max_ds = std::max({st.max_ds, ds_t, norm2(dS, d * d)}), st.max_do = std::max(st.max_do, ndo);
+}
+
+// One head's backward: a forward pass keeping S every `every` tokens, then the chunks in reverse, each
+// recomputing its C + 1 states from its checkpoint: O(n / C d^2 + C d^2) memory.
+template <class T>
+void head_backward(const HeadInputs& hi, const RecurrenceKind& kind, const float* d_out, int64_t every,
+                   const HeadGrads<T>& g, HeadStats* st = nullptr, double k_factor = 0) {
+  const int64_t n = hi.n, d = hi.d, dd = d * d, chunks = (n + every - 1) / every;
+  std::vector<T> ckpt(static_cast<std::size_t>(chunks * dd)), S(dd, T(0)), dS(dd, T(0));
+  std::vector<T> states(static_cast<std::size_t>((every + 1) * dd));
+  if (hi.s0) std::copy_n(hi.s0, dd, S.begin());
+  head_forward<T, T>(hi, kind, S.data(), nullptr, ckpt.data(), every);
+  BackScratch<T> w(d);
+  for (int64_t m = chunks - 1; m >= 0; --m) {
+    const int64_t t0 = m * every, len = std::min(every, n - t0);
+    std::copy_n(ckpt.data() + m * dd, dd, states.data());
+    for (int64_t i = 0; i < len; ++i) {
+      std::copy_n(states.data() + i * dd, dd, states.data() + (i + 1) * dd);
+      load_key(hi, kind, t0 + i, w.kb.data());
+      load_decay(hi, kind, t0 + i, w.a.data());
+      step(d, w.a.data(), w.kb.data(), hi.v + (t0 + i) * d, T(hi.beta ? hi.beta[t0 + i] : 1.0f), kind.delta,
+           states.data() + (i + 1) * dd, w.u.data(), w.p.data());
+    }
+    for (int64_t i = len - 1; i >= 0; --i) {
+      double ds_t = 0;  // ||dL/dS_t|| before the step (its o_t term included: bounded by adding it)
+      if constexpr (std::is_same_v<T, double>)
+        if (st)
+          ds_t = norm_f(dS.data(), dd) +
+                 hi.scale * norm_f(hi.q + (t0 + i) * d, d) * norm_f(d_out + (t0 + i) * d, d);
+      step_backward(hi, kind, t0 + i, states.data() + i * dd, states.data() + (i + 1) * dd, d_out, dS.data(),
+                    w, g);
+      if constexpr (std::is_same_v<T, double>)
+        if (st)
+          observe_backward(hi, kind, t0 + i, dS.data(), ds_t, d_out, k_factor, w.a.data(), w.kb.data(), *st);
+    }
+  }
+  if (g.ds0) std::copy_n(dS.data(), dd, g.ds0);
+}
+
+// Runs fn(b, h, bh) for every (batch, query head), one TBB task each.
+template <class Fn>
+void for_each_head(const Problem& p, Fn&& fn) {
+  tbb::parallel_for(int64_t{0}, p.batch * p.heads, [&](int64_t bh) { fn(bh / p.heads, bh % p.heads, bh); });
+}
+
+// The gradients of every head into dq and per-query-head dk, dv (summed over grouped-query groups after, in
+// head order, so the result does not depend on the thread count).
+template <class T>
+void all_heads_backward(const Problem& p, const AttentionInputs& in, const RecurrenceKind& kind,
+                        const float* d_out, int64_t every, const RecurrenceGrads<T>& g) {
+  const int64_t n = p.seq_q, d = p.head_dim, rows = n * d, group = p.group_size();
+  std::vector<T> dk_h, dv_h;
+  if (group > 1) {
+    dk_h.resize(static_cast<std::size_t>(p.batch * p.heads * rows));
+    dv_h.resize(dk_h.size());
+  }
+  const int64_t gstride = kind.gate == Gate::vector ? rows : n;
+  for_each_head(p, [&](int64_t b, int64_t h, int64_t bh) {
+    const HeadInputs hi = head_inputs(p, in, kind, b, h);
+    HeadGrads<T> hg;
+    hg.dq = g.dq + bh * rows;
+    hg.dk = group > 1 ? dk_h.data() + bh * rows : g.dk + p.kv_block(b, h) * rows;
+    hg.dv = group > 1 ? dv_h.data() + bh * rows : g.dv + p.kv_block(b, h) * rows;
+    hg.dg = g.dg && kind.gate != Gate::none ? g.dg + bh * gstride : nullptr;
+    hg.dbeta = g.dbeta && kind.delta ? g.dbeta + bh * n : nullptr;
+    hg.ds0 = g.d_initial_state ? g.d_initial_state + bh * d * d : nullptr;
+    head_backward<T>(hi, kind, d_out + bh * rows, every, hg);
+  });
+  if (group == 1) return;
+  tbb::parallel_for(int64_t{0}, p.batch * p.num_kv_heads(), [&](int64_t kvb) {
+    const int64_t b = kvb / p.num_kv_heads(), kvh = kvb % p.num_kv_heads();
+    T* dk = g.dk + kvb * rows;
+    T* dv = g.dv + kvb * rows;
+    std::fill_n(dk, rows, T(0)), std::fill_n(dv, rows, T(0));
+    for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+      const int64_t bh = b * p.heads + h;
+      for (int64_t e = 0; e < rows; ++e) dk[e] += dk_h[bh * rows + e], dv[e] += dv_h[bh * rows + e];
+    }
+  });
+}
+
+}  // namespace
+
+void recurrence_forward(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg) {
+  if (cfg.form == RecurrenceForm::chunk) {
+    recurrence_chunk_forward(p, in, cfg);
+    return;
+  }
+  const int64_t d = p.head_dim, dd = d * d;
+  for_each_head(p, [&](int64_t b, int64_t h, int64_t bh) {
+    const HeadInputs hi = head_inputs(p, in, cfg.kind, b, h);
+    std::vector<float> S(dd, 0.0f);
+    if (hi.s0) std::copy_n(hi.s0, dd, S.begin());
+    head_forward<float, float>(hi, cfg.kind, S.data(), in.out + bh * p.seq_q * d, nullptr, 1);
+    if (in.final_state) std::copy_n(S.data(), dd, in.final_state + bh * dd);
+  });
+}
+
+void recurrence_reference(const Problem& p, const AttentionInputs& in, const RecurrenceKind& kind,
+                          double* out, double* final_state) {
+  const int64_t d = p.head_dim, dd = d * d;
+  for_each_head(p, [&](int64_t b, int64_t h, int64_t bh) {
+    const HeadInputs hi = head_inputs(p, in, kind, b, h);
+    std::vector<double> S(dd, 0.0);
+    if (hi.s0) std::copy_n(hi.s0, dd, S.begin());
+    head_forward<double, double>(hi, kind, S.data(), out + bh * p.seq_q * d, nullptr, 1);
+    if (final_state) std::copy_n(S.data(), dd, final_state + bh * dd);
+  });
+}
+
+// Both forms' gradients come from the recurrent reverse pass (the chunk form has no chunkwise backward of
+// its own: the two forms compute the same function, and the reverse pass recomputes the states with the
+// recurrence from checkpoints every cfg.chunk tokens).
+void recurrence_backward(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg,
+                         const float* d_out, const RecurrenceGrads<float>& g) {
+  all_heads_backward<float>(p, in, cfg.kind, d_out, cfg.chunk, g);
+}
+
+void recurrence_reference_backward(const Problem& p, const AttentionInputs& in, const RecurrenceKind& kind,
+                                   const float* d_out, const RecurrenceGrads<double>& g) {
+  all_heads_backward<double>(p, in, kind, d_out, 64, g);
+}
+
+namespace {
+
+// The fp64 running norms of every head (forward; with d_out, the backward's too).
+std::vector<HeadStats> all_head_stats(const Problem& p, const AttentionInputs& in,
+                                      const RecurrenceConfig& cfg, const float* d_out) {
+  const int64_t n = p.seq_q, d = p.head_dim, dd = d * d;
+  // u (d + 8 + C') per unit of magnitude: the local rounding of one step (see recurrence_abs_tolerance).
+  const int64_t c_eff = cfg.form == RecurrenceForm::chunk ? std::min(cfg.chunk, n) : 0;
+  const double k_factor = std::ldexp(1.0, -24) * static_cast<double>(d + 8 + c_eff);
+  std::vector<HeadStats> stats(static_cast<std::size_t>(p.batch * p.heads));
+  for_each_head(p, [&](int64_t b, int64_t h, int64_t bh) {
+    const HeadInputs hi = head_inputs(p, in, cfg.kind, b, h);
+    std::vector<double> S(dd, 0.0);
+    if (hi.s0) std::copy_n(hi.s0, dd, S.begin());
+    HeadStats& st = stats[bh];
+    head_forward<double, double>(hi, cfg.kind, S.data(), nullptr, nullptr, 1, &st, k_factor);
+    if (!d_out) return;
+    std::vector<double> dq(n * d), dk(n * d), dv(n * d);
+    HeadGrads<double> hg{dq.data(), dk.data(), dv.data(), nullptr, nullptr, nullptr};
+    head_backward<double>(hi, cfg.kind, d_out + bh * n * d, 64, hg, &st, k_factor);
+  });
+  return stats;
+}
+
+}  // namespace
+
+// Why this bound. u = 2^-24; per (batch, head), with row vectors and Frobenius norms:
+//  * one fp32 step S_{t-1} -> S_t commits a local error E_t: the decay exp(g) (within 2u), S' = a S (one
+//    rounding), p = k S' (a d-term dot product per column: d u ||k|| ||S'||), u = beta (v - p) and the
+//    rank-1 update k^T u (a few roundings each), the key normalisation ((d + 3) u relative). Bounding
+//    ||u|| <= ||v|| + ||k|| ||S'|| and ||S'|| <= ||S_{t-1}|| (a <= 1):
+//    ||E_t|| <= (d + 8) u (1 + ||k_t||^2)^2 (||S_{t-1}|| + ||v_t||).
+//    The chunk form evaluates the same sums in another order: the intra-chunk products and the UT solve (the
+//    recurrence's own forward substitution) add up to C more terms per sum, so (d + 8 + C) replaces (d + 8);
+//    its decays exp(Gamma_t - Gamma_s) are differences of fp64 cumulative sums, rounded once to fp32.
+//  * an error in S_{t-1} reaches S_t through J_t = (I - beta k^T k) diag(a) (delta) or diag(a), whose norm is
+//    at most rho_t max(a_t), rho_t = max(1, |1 - beta ||k||^2|) (1 with normalised keys and beta in (0, 1]),
+//    so e_t = rho_t max(a_t) e_{t-1} + ||E_t|| bounds ||S_t(fp32) - S_t|| (HeadStats::e_fwd): the decays damp
+//    old errors as they damp old tokens;
+//  * o_t = scale q_t S_t, a d-term dot product per column:
+//    |do_tj| <= scale ||q_t|| (e_t + (d + 2) u ||S_t||) (HeadStats::max_out).
+// The bound is the largest of those over heads and tokens, times 4 for blocked BLAS summation orders the
+// analysis does not follow. It is a worst case (every rounding aligned): the errors seen are 1e2-1e4 times
+// smaller; a wrong gate, chunk boundary, solve or state carry moves outputs by a fraction of ||q|| ||S||,
+// above it, and tests/test_recurrent.cpp holds every form to 1e-5 relative against an independent fp64
+// recurrence besides.
+double recurrence_abs_tolerance(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg) {
+  double tol = 0;
+  for (const HeadStats& st : all_head_stats(p, in, cfg, nullptr)) tol = std::max(tol, st.max_out);
+  return 4.0 * tol + 1e-30;
+}
+
+// Why these bounds. The backward runs the same steps in reverse on dS = dL/dS_t, whose transitions are the
+// transposes J_t^T (same norms), with local errors bounded as the forward's with ||dS_t|| + scale ||q_t||
+// ||dO_t|| in place of ||S_{t-1}|| + ||v_t||, damped by the same transition norms in reverse: its largest
+// running bound is E_dS (HeadStats::max_e_bwd). The forward states it recomputes are off by at most E_S, the
+// forward's largest e_t (above). Then, with m = d
+// + 2:
+//   dq_t = scale S_t dO_t^T:              scale max||dO|| (E_S + m u max||S||)
+//   dv_t = beta k_t dS_t:                 max||k|| (E_dS + m u max||dS||)
+//   dk_t = dS_t u_t^T + S'_t dp_t^T:      (E_dS + m u max||dS||)(max||u|| + max||S|| max||k||)
+//                                         + max||dS|| (E_u + E_S max||k||),  E_u = max||k|| E_S + (m + 2) u
+//                                         (max||v|| + max||k|| max||S||); divided by min ||k_raw|| when keys
+//                                         are normalised (dk_raw = (I - k k^T) dk / ||k_raw||).
+// Each times 4, as the forward's.
+GradientTolerance recurrence_grad_tolerance(const Problem& p, const AttentionInputs& in,
+                                            const RecurrenceConfig& cfg, const float* d_out) {
+  const double u = std::ldexp(1.0, -24), m = static_cast<double>(p.head_dim) + 2, scale = p.effective_scale();
+  GradientTolerance tol;
+  for (const HeadStats& st : all_head_stats(p, in, cfg, d_out)) {
+    const double e_s = st.max_e_fwd, e_ds = st.max_e_bwd;
+    const double ds = e_ds + m * u * st.max_ds;
+    const double e_u = st.max_k * e_s + (m + 2) * u * (st.max_v + st.max_k * st.max_s);
+    double dk = ds * (st.max_u + st.max_s * st.max_k) + st.max_ds * (e_u + e_s * st.max_k);
+    if (cfg.kind.normalize_keys) dk /= std::max(st.min_r, 1e-30);
+    tol.dq = std::max(tol.dq, scale * st.max_do * (e_s + m * u * st.max_s));
+    tol.dv = std::max(tol.dv, st.max_k * ds);
+    tol.dk = std::max(tol.dk, dk);
+  }
+  tol.dq = 4 * tol.dq + 1e-30, tol.dk = 4 * tol.dk + 1e-30, tol.dv = 4 * tol.dv + 1e-30;
+  return tol;
+}
+
+namespace {
+double heads_of(const Problem& p) {
+  return static_cast<double>(p.batch) * static_cast<double>(p.heads);
+}
+// Per token and head, the recurrent form's multiply-adds (2 FLOPs each): the decay d^2 (1 FLOP each, when
+// there is one), the rank-1 update 2 d^2, p = k S' 2 d^2 (delta), the output 2 d^2.
+double recurrent_token_flops(const RecurrenceKind& kind, double d) {
+  const bool decays = kind.gate != Gate::none || kind.retention;
+  return (decays ? d * d : 0) + 4 * d * d + (kind.delta ? 2 * d * d : 0);
+}
+}  // namespace
+
+double recurrence_flops(const Problem& p, const RecurrenceConfig& cfg) {
+  const double n = static_cast<double>(p.seq_q), d = static_cast<double>(p.head_dim);
+  if (cfg.form == RecurrenceForm::recurrent) return heads_of(p) * n * recurrent_token_flops(cfg.kind, d);
+  // Per chunk of L tokens: Q S (2 L d^2), the lower triangle of Q K^T and of A U (L (L + 1) d each), the
+  // state's decay (d^2) and K^T U (2 L d^2); the delta rule adds K S (2 L d^2), the strict lower triangle
+  // of K K^T (L (L - 1) d) and the solve (L (L - 1) d). The gates' exponentials are not counted.
+  auto chunk_flops = [&](double L) {
+    return 4 * L * d * d + 2 * L * (L + 1) * d + d * d +
+           (cfg.kind.delta ? 2 * L * d * d + 2 * L * (L - 1) * d : 0);
+  };
+  // Closed form over the full chunks and the last one (a loop over chunks would not end for n near 2^40).
+  const double C = static_cast<double>(cfg.chunk), full = std::floor(n / C), rest = n - full * C;
+  const double total = full * chunk_flops(C) + (rest > 0 ? chunk_flops(rest) : 0);
+  return heads_of(p) * total;
+}
+
+double recurrence_backward_flops(const Problem& p, const RecurrenceConfig& cfg) {
+  // The reverse pass runs the recurrence twice (checkpoints, then each chunk's states again) and, per token,
+  // dq, dS += q^T dO, du = k dS, dk = dS u^T, da and dS = a dS' (11 d^2), plus 6 d^2 for the delta rule's
+  // p, dp and its rank-1 term.
+  const double n = static_cast<double>(p.seq_q), d = static_cast<double>(p.head_dim);
+  return heads_of(p) * n * (2 * recurrent_token_flops(cfg.kind, d) + (cfg.kind.delta ? 17 : 11) * d * d);
+}
+
+std::size_t recurrence_workspace_bytes(const Problem& p, const RecurrenceConfig& cfg, int threads) {
+  const std::size_t d = to_size(p.head_dim), c = to_size(std::min(cfg.chunk, p.seq_q));
+  // Per running task: the state and, chunk form, the chunk's buffers (six C x d, three C x C, the gates).
+  std::size_t per = sat_mul(d, d, sizeof(float));
+  if (cfg.form == RecurrenceForm::chunk)
+    per = sat_add(per, sat_mul(sat_add(sat_mul(6, c, d), sat_mul(3, c, c)), sizeof(float)),
+                  sat_mul(c, d, 2 * sizeof(double)));
+  return sat_mul(per, to_size(std::max(threads, 1)));
+}
+
+std::size_t recurrence_backward_workspace_bytes(const Problem& p, const RecurrenceConfig& cfg, int threads) {
+  const std::size_t d = to_size(p.head_dim), n = to_size(p.seq_q), c = to_size(cfg.chunk);
+  const std::size_t chunks = (n + c - 1) / c;
+  // Per running task: checkpoints every C tokens, the C + 1 states of one chunk, S and dS. Grouped-query
+  // heads: per-query-head dK and dV, summed per group after.
+  const std::size_t per = sat_mul(sat_add(chunks, std::min(c, n) + 1, 2), d, d, sizeof(float));
+  const std::size_t group = p.is_gqa() ? sat_mul(2, to_size(p.q_elements()), sizeof(float)) : 0;
+  return sat_add(sat_mul(per, to_size(std::max(threads, 1))), group);
+}
+
+}  // namespace attn
