@@ -12,8 +12,8 @@
 #include "bench/lib/result_row.hpp"
 #include "bench/lib/store.hpp"
 #include "bench/lib/sysinfo.hpp"
-#include "common/error.hpp"
-#include "common/npy.hpp"
+#include "common/io/npy.hpp"
+#include "common/support/error.hpp"
 
 namespace fs = std::filesystem;
 
@@ -440,6 +440,7 @@ class ShardMerger {
                  {"config_path", first.meta.value("config_path", Json())},
                  {"config_hash", first.meta.value("config_hash", Json())},
                  {"config", first.meta.value("config", Json())},
+                 {"baseline", first.meta.value("baseline", Json())},
                  {"isa_option", first.meta.value("isa_option", Json("best"))},
                  {"shard_count", count_},
                  {"shard_by", first.meta["shard"].value("by", Json())},

@@ -10,8 +10,9 @@
 #include <sstream>
 
 #include "bench/lib/sysinfo.hpp"
-#include "common/error.hpp"
-#include "common/npy.hpp"
+#include "common/interface/attention.hpp"
+#include "common/io/npy.hpp"
+#include "common/support/error.hpp"
 
 namespace fs = std::filesystem;
 
@@ -82,6 +83,8 @@ ResultStore::ResultStore(std::string dir, Mode mode, const SweepConfig& config, 
         {"config_name", config.name}, {"config_path", config.source_path}, {"config_hash", id.config_hash},
         {"config", config.raw},       {"isa_option", id.isa_option},       {"start_time", now_iso8601()},
         {"end_time", nullptr}};
+    // The registry's exact baseline, so readers (plots, REPORT.md) need not know a variant's name.
+    meta_["baseline"] = Registry::instance().baseline().name();
     meta_.update(machine_meta);
     // meta.json (with the config hash) exists before results.jsonl, so a kill at any later moment leaves a
     // folder that --resume accepts.

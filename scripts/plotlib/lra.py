@@ -1,29 +1,37 @@
 """REPORT.md's "Relative to exact attention (LRA Table 2 layout)" section: for every approximate series, its
-speed-up over the exact baseline (`naive`: LRA's vanilla Transformer attention) and its memory relative to it
-at each n, with the ratios the Long Range Arena paper published for the same family beside them.
+speed-up over the run's exact baseline (meta.json `baseline`, the registry's; LRA's vanilla Transformer
+attention) and its memory relative to it at each n, with the ratios the Long Range Arena paper published for
+the same family beside them.
 
 The paper (Tay et al., "Long Range Arena: A Benchmark for Efficient Transformers", ICLR 2021, Table 2) timed
 whole models training on the byte-level text task (batch 32, TPU v3), steps per second at 1K-4K tokens, and
 their peak memory in GB. Ours is one attention layer's forward pass on this CPU; only the ratios are
 comparable, and only in shape.
 """
-from .common import fmt_num, num
+import json
+import os
 
-BASELINE = "naive"
+from .common import fmt_num, md_table, num
 
-# variant -> (the model's name in LRA Table 2, speed-up over the Transformer at 1K, 2K, 3K, 4K, peak memory in
-# GB at 1K, 2K, 3K, 4K). The Transformer's own memory: 0.85, 2.65, 5.51, 9.48 GB. The 4K speed-ups of Local
-# Attention, Linear Transformer, Performer and Linformer and the Transformer's 9.48 GB are the figures quoted
-# in ../shared/ANCHORS.md; the rest were transcribed from the same table.
-LRA_N = (1024, 2048, 3072, 4096)
-LRA_TRANSFORMER_GB = (0.85, 2.65, 5.51, 9.48)
-LRA_TABLE2 = {
-    "sliding_window": ("Local Attention", (1.1, 1.7, 3.2, 5.3), (0.42, 0.76, 1.06, 1.37)),
-    "linear": ("Linear Trans.", (1.1, 1.9, 3.7, 5.6), (0.37, 0.59, 0.82, 1.06)),
-    "performer": ("Performer", (1.2, 1.9, 3.8, 5.7), (0.37, 0.59, 0.82, 1.06)),
-    "linformer": ("Linformer", (1.2, 1.9, 3.7, 5.5), (0.37, 0.55, 0.99, 0.99)),
-    "bigbird": ("BigBird", (0.9, 0.8, 1.2, 1.1), (0.77, 1.49, 2.18, 2.88)),
-}
+# The paper's figures, keyed by the variant each model maps to: configs/lra_table2.json.
+_TABLE2_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs", "lra_table2.json")
+
+
+def _load_table2():
+    with open(_TABLE2_PATH, encoding="utf-8") as f:
+        t = json.load(f)
+    models = {v: (m["model"], tuple(m["speedup"]), tuple(m["memory_gb"])) for v, m in t["models"].items()}
+    return tuple(t["n"]), tuple(t["transformer_gb"]), models
+
+
+# variant -> (the model's name in LRA Table 2, speed-up over the Transformer at each LRA_N, peak memory in GB).
+LRA_N, LRA_TRANSFORMER_GB, LRA_TABLE2 = _load_table2()
+
+
+def baseline_of(res):
+    """The run's exact baseline (meta.json "baseline", the registry's); None for results written before it."""
+    b = res.meta.get("baseline") if isinstance(res.meta, dict) else None
+    return b if isinstance(b, str) and b else None
 
 
 def _paper(variant, n):
@@ -40,22 +48,26 @@ def _setting(r):
 
 
 def lra_data(res):
-    """The section's numbers, or None when the results have no approximate series measured beside `naive` with
-    no mask. {"setting": the shapes, "ns": [n], "rows": [{"label", "variant", "exact", "model", "cells":
-    {n: {"speed", "memory", "paper_speed", "paper_memory"}}}], "order": {"ours": [...], "paper": [...]}}."""
-    # The forward pass only (the backward and training-step rows of #27 have their own section)
+    """The section's numbers, or None when the results have no approximate series measured beside the baseline
+    with no mask (or do not name their baseline). {"setting": the shapes, "baseline", "ns": [n], "rows":
+    [{"label", "variant", "exact", "model", "cells": {n: {"speed", "memory", "paper_speed", "paper_memory"}}}],
+    "order": {"ours": [...], "paper": [...]}}."""
+    # The forward pass only (the backward and training-step rows have their own section)
     rows = [r for r in res.ok if r.source == "attnbench" and r.mask == "none" and r.seq_q == r.seq_kv
             and r.pass_ == "forward"]
+    baseline = baseline_of(res)
+    if baseline is None:
+        return None
     base = {}
     for r in rows:
-        if r.variant == BASELINE:
+        if r.variant == baseline:
             base.setdefault(_setting(r), {})[r.seq_kv] = r
     if not base:
         return None
     # The setting (shapes, threads, dtype, ...) with the most rows beside a baseline: one table.
     counts = {}
     for r in rows:
-        if r.variant != BASELINE and r.seq_kv in base.get(_setting(r), {}):
+        if r.variant != baseline and r.seq_kv in base.get(_setting(r), {}):
             counts[_setting(r)] = counts.get(_setting(r), 0) + 1
     if not counts:
         return None
@@ -64,7 +76,7 @@ def lra_data(res):
     ns = sorted(ref)
     series = {}
     for r in rows:
-        if _setting(r) == setting and r.variant != BASELINE and r.seq_kv in ref:
+        if _setting(r) == setting and r.variant != baseline and r.seq_kv in ref:
             series.setdefault(r.label, []).append(r)
     out = []
     for label in sorted(series, key=lambda s: (series[s][0].exact is False, s)):
@@ -89,7 +101,7 @@ def lra_data(res):
     b0 = ref[ns[0]]
     return {"setting": {"batch": b0.batch, "heads": b0.heads, "kv_heads": b0.kv_heads, "head_dim": b0.head_dim,
                         "threads": b0.threads, "dtype": b0.dtype, "regime": b0.regime, "isa": b0.isa},
-            "ns": ns, "n_top": n_top, "rows": out,
+            "baseline": baseline, "ns": ns, "n_top": n_top, "rows": out,
             "order": {"ours": [e["label"] for e in ours],
                       "paper": [e["label"] for e in paper if e["cells"][n_top]["paper_speed"] is not None]}}
 
@@ -118,16 +130,17 @@ def lra_section(res):
                        e["cells"].get(n, {}).get("memory_estimated", False)) for n in ns]
               for e in d["rows"]]
     s = d["setting"]
-    from .report import md_table  # report imports this module; md_table is defined before the import runs
     text = [f"Setting: batch {s['batch']}, {s['heads']} heads ({s['kv_heads']} K/V), head_dim {s['head_dim']}, "
             f"{s['threads']} thread(s), {s['dtype']}, {s['regime']}, mask none, ISA {s['isa']}. Baseline: "
-            f"`{BASELINE}`, the exact quadratic attention (LRA's vanilla Transformer). In brackets: the ratio the "
+            f"`{d['baseline']}`, the exact quadratic attention (LRA's vanilla Transformer). In brackets: the ratio "
+            "the "
             "LRA paper published for the same family (Tay et al. 2021, Table 2: whole models training on TPU "
             "v3, batch 32), where it has one.", "",
-            "**Speed-up over exact attention** (`naive` median time / the variant's; higher is faster):", "",
+            f"**Speed-up over exact attention** (`{d['baseline']}` median time / the variant's; higher is faster):", "",
             md_table(head, speed), "",
-            "**Memory relative to exact attention** (the variant's peak memory / `naive`'s, measured beyond the "
-            "inputs: output, workspace and `naive`'s score matrix; the paper's is a whole training step's peak "
+            f"**Memory relative to exact attention** (the variant's peak memory / `{d['baseline']}`'s, measured "
+            "beyond the inputs: output, workspace and the baseline's score matrix; the paper's is a whole training "
+            "step's peak "
             "GB over the Transformer's; lower is smaller):", "",
             md_table(head, memory), ""]
     if d["order"]["ours"] and d["order"]["paper"]:

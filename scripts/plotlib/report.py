@@ -9,7 +9,7 @@ import json
 import os
 
 from .lra import lra_section
-from .common import FIGURES, PATTERNS, ROOFLINE, atomic_write_text, fmt_bytes, fmt_num, num
+from .common import FIGURES, PATTERNS, ROOFLINE, atomic_write_text, fmt_bytes, fmt_num, md_table, num
 from .results import pass_title
 
 TITLES = {"time_vs_seq": "Time vs sequence length", "memory_vs_seq": "Peak memory vs sequence length",
@@ -43,13 +43,6 @@ BLURBS = {
 }
 
 
-def md_table(header, rows):
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
-    for r in rows:
-        out.append("| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |")
-    return "\n".join(out)
-
-
 def _where(entry):
     return entry["mask"] + (f"; {entry['context']}" if entry["context"] else "")
 
@@ -73,7 +66,7 @@ PASS_BLURBS = {
 
 
 def figure_blurb(stem, an, res):
-    """A figure's caption; with several passes (#27) how its columns split them, with one pass other than the
+    """A figure's caption; with several passes how its columns split them, with one pass other than the
     forward what its rows time."""
     text = time_blurb(an) if stem == "time_vs_seq" else BLURBS[stem]
     if res.by_pass():
@@ -182,7 +175,7 @@ def _speedup_cell(speed, n_range):
 
 
 def crossover_table(an):
-    """The crossover table; with backward passes among the results (#27) a training column (the forward +
+    """The crossover table; with backward passes among the results a training column (the forward +
     backward step's crossover and its speed-up at max n) beside the inference (forward) one."""
     training = any("training" in c for c in an["crossover"])
     rows_md = []

@@ -348,7 +348,8 @@ def test_lra(tmp):
     """The LRA Table 2 layout: naive 1 ms * (n/1024)^2 with peak 4 n^2 bytes; performer 4x faster than naive at
     every n with 10% of its memory, linear 2x faster: the tables give those ratios with the paper's beside them
     (performer 5.7x at 4K, memory 1.06/9.48 = 0.11x), and the ordering line puts performer before linear in
-    both (paper: performer 5.7x > linear 5.6x). Rows with a mask, and results without naive, have no section."""
+    both (paper: performer 5.7x > linear 5.6x). Rows with a mask, results without the baseline's rows, and
+    results whose meta.json names no baseline have no section."""
     d = os.path.join(tmp, "lra")
     ns = [1024, 2048, 3072, 4096]
     rows = []
@@ -359,6 +360,8 @@ def test_lra(tmp):
         rows.append(row("linear", n, t / 2, False, 0.1, peak=4 * n * n / 5))
         rows.append(row("performer", n, t / 8, False, 0.1, peak=0.1 * n * n, mask="causal"))
     write_rows(d, rows)
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump({"baseline": "naive"}, f)
     r = run_plot(d)
     if not check(r.returncode == 0, f"plot.py on the LRA rows exits 0 (got {r.returncode}: {r.stderr.strip()[-300:]})"):
         return
@@ -378,6 +381,12 @@ def test_lra(tmp):
     r = run_plot(d2)
     with open(os.path.join(d2, "REPORT.md"), encoding="utf-8") as f:
         check(r.returncode == 0 and "LRA Table 2 layout" not in f.read(), "no naive rows: no LRA section")
+    d3 = os.path.join(tmp, "lra_nometa")
+    write_rows(d3, rows)
+    r = run_plot(d3)
+    with open(os.path.join(d3, "REPORT.md"), encoding="utf-8") as f:
+        check(r.returncode == 0 and "LRA Table 2 layout" not in f.read(),
+              "meta.json names no baseline: no LRA section (no variant name is assumed)")
 
 
 def write_rows(d, rows):
@@ -1199,7 +1208,7 @@ def test_peer(tmp):
     keys = {"id", "variant", "params", "batch", "heads", "seq_q", "seq_kv", "head_dim", "mask", "regime", "threads",
             "exact", "status", "reason", "time_ms", "flops", "gflops", "memory", "accuracy"}
     check(all(keys <= set(r) for r in rows), "peer rows carry the sweep's fields")
-    def pairs(r):  # attended (query, key) pairs: the lower triangle when causal (common/mask.hpp causal_pairs)
+    def pairs(r):  # attended (query, key) pairs: the lower triangle when causal (common/kernels/mask.hpp causal_pairs)
         q, kv = r["seq_q"], r["seq_kv"]
         return sum(min(i + 1, kv) for i in range(q)) if r["mask"] == "causal" else q * kv
     check(all(r["accuracy"]["rel_l2_err"] < 1e-5 and r["flops"] == 4.0 * 2 * 1 * pairs(r) * 4 for r in rows),
