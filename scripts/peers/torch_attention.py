@@ -211,7 +211,7 @@ def start_row(pid, pt):
         return row, pt["skip"]
     if p["dropout"] > 0:
         return row, "dropout: the PyTorch peer times attention without dropout"
-    # Storage dtype and bias (#14): the peer computes fp32 attention without a bias, so its rows would
+    # Storage dtype and bias: the peer computes fp32 attention without a bias, so its rows would
     # misstate a bf16 / fp16 or ALiBi point.
     if pt["problem"].get("dtype", "fp32") != "fp32":
         return row, f"dtype {pt['problem']['dtype']}: the PyTorch peer runs fp32 inputs only"
@@ -379,7 +379,7 @@ def num(x):
 
 
 def compare_outputs(got, want):
-    """attn::compare_outputs (common/reference.cpp) on [rows, dim]: max |diff|, relative L2 and mean cosine over
+    """attn::compare_outputs (common/reference/reference.cpp) on [rows, dim]: max |diff|, relative L2 and mean cosine over
     the finite outputs (a row with a non-finite value has cosine 0), NaN/Inf counts; the errors are inf when an
     output is non-finite where the reference is finite."""
     got = got.astype(np.float64)

@@ -176,7 +176,7 @@ def _not_measured(res, label, mask, base, p):
 
 def _crossovers(res, table_series, fastest, least_mem):
     """Per approximate attnbench series: its crossover against the best exact variant. With backward passes
-    among the results (#27) a series is one per pass-less facet: the forward (inference) crossover as before,
+    among the results a series is one per pass-less facet: the forward (inference) crossover,
     and `training` (the forward + backward step) and `backward` (the backward alone) beside it, each against
     the best exact row of the same pass."""
     groups, order = {}, []
@@ -300,7 +300,7 @@ def _roofline(res):
         mine = [r for r in rows if r.threads == t]
         bw = res.bandwidth.get(t)
         # The compute ceiling is the sgemm each row was divided by (timed in its own rounds, or the calibration
-        # it names, #18), not one figure from the start of the run: the panel draws their median and range.
+        # it names), not one figure from the start of the run: the panel draws their median and range.
         own = {id(r): r.sgemm_denominator(res) for r in mine}
         dens = sorted(v for v in own.values() if v)
         sg = _median(dens)
@@ -478,7 +478,7 @@ def _key_ratios(res):
     series (mask), each thread count against the smallest for the same series and point (threads)."""
     rows = [r for r in res.ok if r.source == "attnbench" and r.time_median and r.time_median > 0]
     found = {"variants": [], "mask": [], "threads": []}
-    if res.by_pass():  # several passes (#27): each against the forward of the same series and point
+    if res.by_pass():  # several passes: each against the forward of the same series and point
         found["pass"] = []
     by = {}
     for r in rows:
@@ -574,7 +574,7 @@ def _ratio_stats(xs):
 
 
 def _training(res):
-    """The training view (#27), None when every row is a forward row: per series (one pass-less facet) and n
+    """The training view, None when every row is a forward row: per series (one pass-less facet) and n
     that timed a backward or a training step, each pass's figures, the backward's and the training step's time
     over the forward's, the gradient errors and each pass's peak memory; the passes' FLOP ratios to the
     forward (the FLOP convention, as measured); and the rows of backward passes left out, once per variant and
@@ -654,7 +654,7 @@ def _calibrations(res, rows):
 
 
 def _measurement(res):
-    """How the rows were measured on a shared machine (#18): intervals, re-measurements, noisy rows, the
+    """How the rows were measured on a shared machine: intervals, re-measurements, noisy rows, the
     interference scores, why peak memory is missing, and the calibrations over the run."""
     rows = res.rows  # attnbench's (the PyTorch peer records none of it)
     ok_ids = {id(r) for r in res.ok}

@@ -104,7 +104,7 @@ def facet_grid(res, title, share_y=False):
 
 
 def pass_grid(res, title, share_y=False, extra=None):
-    """Several passes (#27): one column per pass (forward, backward, forward + backward), one row per mask and
+    """Several passes: one column per pass (forward, backward, forward + backward), one row per mask and
     setting of the other context dimensions that vary, the passes of a row sharing its y axis when share_y; and
     with `extra` (a panel title) one more column, not shared. (fig, {(mask, rest_key): ax}, {(mask, key without
     the pass): the extra column's ax})."""
@@ -189,7 +189,7 @@ def fig_time(res, an):
             continue
         ns = [r.seq_kv for r in rows]
         ts = [r.time_median for r in rows]
-        # The 95% interval of the median where the row has one (#18), else p10-p90 (fewer than 6 repetitions,
+        # The 95% interval of the median where the row has one, else p10-p90 (fewer than 6 repetitions,
         # older rows, the peer's)
         lo = [r.time_ci()[0] if r.time_ci() else r.time_p10 or t for r, t in zip(rows, ts)]
         hi = [r.time_ci()[1] if r.time_ci() else r.time_p90 or t for r, t in zip(rows, ts)]
@@ -379,7 +379,7 @@ def fig_roofline(res, an):
     fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels) + 0.6, 4.6), squeeze=False)
     fig.suptitle(f"Roofline on {cpu_name(res)}: achieved GFLOP/s vs arithmetic intensity ("
                  + ("every pass, coloured apart" if res.by_pass() else pass_short(res.passes[0])) + ")", fontsize=11)
-    # Several passes (#27): each variant's passes are their own points (their own FLOPs and bytes), coloured apart.
+    # Several passes: each variant's passes are their own points (their own FLOPs and bytes), coloured apart.
     several = len({p.get("pass") for pan in roof["panels"] for p in pan["points"]}) > 1
 
     def who(p):  # a legend entry's sort key: the variant, then its pass in PASSES order

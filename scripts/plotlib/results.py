@@ -9,11 +9,10 @@ import json
 import math
 import os
 import sys
-from dataclasses import dataclass, field
 
 from .common import PROG, InputError, num
 
-# Besides mask and n. "pass" (forward, backward, forward_backward: #27) comes first: when a sweep has several,
+# Besides mask and n. "pass" (forward, backward, forward_backward) comes first: when a sweep has several,
 # every curve, facet and comparison is within one pass, and the figures give each pass its own column.
 CONTEXT_DIMS = ["pass", "regime", "batch", "heads", "kv_heads", "head_dim", "threads", "seq_q"]
 # The passes a row can time (sweep.pass), in the order the figures and tables show them; rows written before
@@ -69,29 +68,76 @@ def read_jsonl(path):
     return [r for i, r in enumerate(rows) if by_id[r["id"]] == i]
 
 
-def _sub(d, key, part):
-    v = d.get(key)
-    return v.get(part) if isinstance(v, dict) else None
+# The row's fields as attnbench declares them (`attnbench info --row-fields --json`, the one declaration
+# bench/lib/result_row.cpp writes and reads by): dotted path -> JSON type ("number|null", "integer", ...).
+# Rows are read through it; a field the schema does not declare is never read.
+SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "row_schema.json")
 
 
-# The fields that say how a point was measured on a shared machine (#18); a row with none of them was written
+def _load_schema():
+    with open(SCHEMA_PATH, encoding="utf-8") as f:
+        return {e["field"]: e["type"] for e in json.load(f)}
+
+
+ROW_SCHEMA = _load_schema()
+
+
+def _typed(value, type_):
+    """A JSON value as the schema types it; None when absent or of another type. Numbers read the strings
+    "inf"/"-inf"/"nan" the sweep writes for non-finite values (JSON has none) as floats."""
+    if value is None:
+        return None
+    kinds = type_.split("|")
+    if "number" in kinds and num(value) is not None:
+        return num(value)
+    if "integer" in kinds and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value  # a float where an integer is declared (hand-written rows) reads as the number it is
+    for kind, py in (("string", str), ("boolean", bool), ("object", dict), ("array", list)):
+        if kind in kinds and isinstance(value, py):
+            return value
+    return None
+
+
+def read_fields(d):
+    """Every schema field of a row dict, typed: {dotted path: value or None}."""
+    out = {}
+    for path, type_ in ROW_SCHEMA.items():
+        v = d
+        for part in path.split("."):
+            v = v.get(part) if isinstance(v, dict) else None
+        out[path] = _typed(v, type_)
+    return out
+
+
+# Row attributes that are one schema field: attribute -> (path, the value when the row lacks it: rows written
+# before a field existed read as what it then was: fp32 storage, no bias, no RoPE, the forward pass).
+VIEWS = {
+    "id": ("id", None), "status": ("status", None), "variant": ("variant", None), "seq_kv": ("seq_kv", None),
+    "mask": ("mask", None), "params": ("params", {}), "batch": ("batch", None), "heads": ("heads", None),
+    "seq_q": ("seq_q", None), "head_dim": ("head_dim", None), "regime": ("regime", None),
+    "threads": ("threads", None), "isa": ("isa", None), "exact": ("exact", False), "reason": ("reason", ""),
+    "time_median": ("time_ms.median", None), "time_p10": ("time_ms.p10", None),
+    "time_p90": ("time_ms.p90", None), "gflops": ("gflops", None), "frac_sgemm": ("frac_sgemm", None),
+    "frac_peak": ("frac_peak", None), "flops": ("flops", None), "bytes": ("bytes", None),
+    "gbytes_per_s": ("gbytes_per_s", None), "frac_bandwidth": ("frac_bandwidth", None),
+    "rel_l2_err": ("accuracy.rel_l2_err", None), "max_abs_err": ("accuracy.max_abs_err", None),
+    "dtype": ("dtype", "fp32"), "bias": ("bias", "none"), "rope": ("rope", "none"), "rope_ms": ("rope_ms", None),
+    "peak_bytes": ("memory.peak_bytes", None), "peak_note": ("memory.peak_note", ""),
+    "estimated_bytes": ("memory.estimated_bytes", None), "ci_lo": ("time_ms.ci_lo", None),
+    "ci_hi": ("time_ms.ci_hi", None), "ci_level": ("time_ms.ci_level", None),
+    "interference_score": ("interference.score", None), "noisy": ("noisy", False),
+    "calibration": ("calibration", None), "group_sgemm_gflops": ("group_sgemm.gflops", None),
+    "interleave_group": ("interleave.group", None), "pass_": ("pass", "forward"),
+    "grad_reference": ("grad_accuracy.reference", None), "grad_blocks": ("grad_accuracy.blocks", None),
+}
+_missing = sorted(path for path, _ in VIEWS.values() if path not in ROW_SCHEMA)
+if _missing:  # a renamed or removed field: fail on import, not with silently empty plots
+    raise RuntimeError(f"{SCHEMA_PATH} lacks the fields {', '.join(_missing)} that plotlib reads")
+
+
+# The fields that say how a point was measured on a shared machine; a row with none of them was written
 # before attnbench recorded interference.
 CONDITION_FIELDS = ("interference", "attempts", "noisy")
-
-
-def _samples(d):
-    """time_ms.samples as floats (every repetition, ms); [] when absent or not a list."""
-    v = _sub(d, "time_ms", "samples")
-    return [x for x in (num(s) for s in v) if x is not None] if isinstance(v, list) else []
-
-
-def _attempts(d):
-    """attempts as an int; rows from before the field: 1 when measured, 0 when not."""
-    v = d.get("attempts")
-    if isinstance(v, int) and not isinstance(v, bool):
-        return v
-    reps = _sub(d, "time_ms", "reps")
-    return 1 if d.get("status") == "ok" or (isinstance(reps, (int, float)) and reps > 0) else 0
 
 
 def _pair(lo, hi):
@@ -101,24 +147,10 @@ def _pair(lo, hi):
     return lo, hi
 
 
-def _int_or_none(v):
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _grad(d):
-    """grad_accuracy as (reference, blocks, {part: {max_abs_err, rel_l2_err, nan_count, inf_count}}); the
-    reference is None when the row has no grad_accuracy (forward rows from before #27), "none" when no
-    gradient was compared."""
-    g = d.get("grad_accuracy")
-    if not isinstance(g, dict):
-        return None, None, {}
-    parts = {}
-    for part in GRAD_PARTS:
-        e = g.get(part) if isinstance(g.get(part), dict) else {}
-        parts[part] = {"max_abs_err": num(e.get("max_abs_err")), "rel_l2_err": num(e.get("rel_l2_err")),
-                       "nan_count": _int_or_none(e.get("nan_count")), "inf_count": _int_or_none(e.get("inf_count"))}
-    ref = g.get("reference") if isinstance(g.get("reference"), str) else None
-    return ref, _int_or_none(g.get("blocks")), parts
+def _sub_fields(f, prefix):
+    """The schema fields under prefix ("interference." ...) as a dict, None when the row has none of them."""
+    sub = {k[len(prefix):]: v for k, v in f.items() if k.startswith(prefix)}
+    return sub if any(v is not None for v in sub.values()) else None
 
 
 def _badness(e):
@@ -131,110 +163,43 @@ def worst(xs):
     return max(xs, key=_badness) if xs else None
 
 
-@dataclass(eq=False)
 class Row:
-    """One result row. Shape fields keep their JSON values (None when absent); metrics are floats (None when
-    not measured, inf/nan from the rows' "inf"/"nan" strings)."""
-    id: str
-    status: str
-    variant: str
-    seq_kv: int
-    mask: str
-    source: str  # "attnbench" (results.jsonl) or "peer" (results.peers.jsonl)
-    params: dict = field(default_factory=dict)
-    batch: object = None
-    heads: object = None
-    kv_heads: object = None  # K/V heads; rows from before grouped-query attention have none: heads
-    seq_q: object = None
-    head_dim: object = None
-    regime: object = None
-    threads: object = None
-    isa: object = None  # the SIMD target that ran; peer rows have none
-    exact: bool = False
-    reason: str = ""
-    time_median: float = None  # time_ms.median
-    time_p10: float = None
-    time_p90: float = None
-    gflops: float = None
-    frac_sgemm: float = None
-    frac_peak: float = None
-    flops: float = None
-    bytes: float = None  # the variant's bytes_moved for one call (null in rows from before #13)
-    gbytes_per_s: float = None
-    frac_bandwidth: float = None
-    rel_l2_err: float = None  # accuracy.rel_l2_err
-    # Storage precision, logit bias and RoPE (#14); rows from before them read as fp32, none, none.
-    dtype: str = "fp32"
-    bias: str = "none"
-    rope: str = "none"
-    rope_ms: float = None
-    max_abs_err: float = None  # accuracy.max_abs_err: the kernel's error on the inputs it read
-    e2e_max_abs_err: float = None  # accuracy_e2e.max_abs_err: against fp64 on the fp32 inputs (older rows: the same)
-    peak_bytes: float = None  # memory.peak_bytes
-    peak_note: str = ""  # memory.peak_note: why peak_bytes is null ("" when measured, or in rows from before it)
-    estimated_bytes: float = None  # memory.estimated_bytes
-    # How the point was measured on a shared machine (#18); rows from before it read as one clean attempt with
-    # no interval, no samples and no interference measured (conditions_recorded False).
-    ci_lo: float = None  # time_ms.ci_lo, ci_hi: the 95% distribution-free interval of the median (None below 6 reps)
-    ci_hi: float = None
-    ci_level: float = None  # time_ms.ci_level: its exact coverage
-    samples: list = field(default_factory=list)  # time_ms.samples: every repetition, ms
-    interference: dict = None  # the interference object as written (None: not measured)
-    interference_score: float = None  # interference.score
-    attempts: int = 1  # timed measurements of the point (1 clean first time; 0 not measured)
-    noisy: bool = False  # every attempt stayed above measure.max_interference
-    calibration: int = None  # index into meta.json calibrations of the denominators of frac_sgemm / frac_peak
-    # group_sgemm.gflops: the sgemm timed in the row's own rounds, which frac_sgemm was divided by (None: the
-    # group ran without it, or the row predates it; frac_sgemm then divides by the calibration)
-    group_sgemm_gflops: float = None
-    frac_sgemm_ci: tuple = None  # group_sgemm.frac_ci_lo, frac_ci_hi: the 95% interval of frac_sgemm (None: none)
-    # interleave.group: the id of the first point of the group this row was timed with, round by round (None:
-    # timed alone, or written before it); sample r of every row of one group was taken in round r.
-    interleave_group: str = None
-    conditions_recorded: bool = False  # the row has interference / attempts / noisy (written since #18)
-    # What was timed (sweep.pass, #27): "forward", "backward" or "forward_backward"; rows from before it are
-    # forward rows. ("pass" is a Python keyword.) flops, peak_bytes, time are the pass's own.
-    pass_: str = "forward"
-    # grad_accuracy (#27): the reference kind ("full", "sampled", "none"; None: the row has no grad_accuracy),
-    # the (batch, K/V head) blocks compared and, per dq / dk / dv, max_abs_err, rel_l2_err, nan_count, inf_count.
-    grad_reference: str = None
-    grad_blocks: int = None
-    grad: dict = field(default_factory=dict)
-    label: str = ""  # the series it belongs to: the variant, the parameters that vary, [isa] over several targets
-    params_text: str = ""  # every parameter, "k=v,k=v"
+    """One result row, read through the schema: `fields` holds every declared field (dotted path -> typed
+    value, None when absent), and the VIEWS attributes name the ones the figures use. Metrics are floats
+    (inf/nan from the rows' "inf"/"nan" strings). Besides them:
+      source: "attnbench" (results.jsonl) or "peer" (results.peers.jsonl);
+      kv_heads: K/V heads (rows without the field: heads); e2e_max_abs_err: accuracy_e2e.max_abs_err, the
+        error against fp64 on the fp32 inputs (rows without it: accuracy's);
+      samples: every repetition in ms; interference: the probe's readings as a dict (None: not measured);
+      attempts: timed measurements (rows without the field: 1 when measured, 0 when not); conditions_recorded:
+        the row has interference / attempts / noisy; frac_sgemm_ci: group_sgemm's 95% interval of frac_sgemm;
+      grad: per dq / dk / dv, max_abs_err, rel_l2_err, nan_count, inf_count (empty: no grad_accuracy);
+      label: the series it belongs to, params_text: every parameter as "k=v,k=v" (set by Results)."""
+
+    def __init__(self, d, source):
+        f = read_fields(d)
+        self.fields = f
+        for attr, (path, default) in VIEWS.items():
+            setattr(self, attr, f[path] if f[path] is not None else default)
+        self.source = source
+        self.kv_heads = f["kv_heads"] if f["kv_heads"] is not None else self.heads
+        e2e = f["accuracy_e2e.max_abs_err"]
+        self.e2e_max_abs_err = e2e if isinstance(d.get("accuracy_e2e"), dict) else self.max_abs_err
+        self.samples = [x for x in (num(s) for s in f["time_ms.samples"] or []) if x is not None]
+        self.interference = _sub_fields(f, "interference.") if isinstance(d.get("interference"), dict) else None
+        self.conditions_recorded = any(k in d for k in CONDITION_FIELDS)
+        measured = self.status == "ok" or (f["time_ms.reps"] or 0) > 0
+        self.attempts = f["attempts"] if f["attempts"] is not None else (1 if measured else 0)
+        self.frac_sgemm_ci = _pair(f["group_sgemm.frac_ci_lo"], f["group_sgemm.frac_ci_hi"])
+        self.grad = {} if not isinstance(d.get("grad_accuracy"), dict) else {
+            part: {m: f[f"grad_accuracy.{part}.{m}"] for m in ("max_abs_err", "rel_l2_err", "nan_count", "inf_count")}
+            for part in GRAD_PARTS}
+        self.label = ""
+        self.params_text = ""
 
     @classmethod
     def from_json(cls, d, source):
-        grad = _grad(d)
-        return cls(id=d["id"], status=d.get("status"), variant=d["variant"], seq_kv=d["seq_kv"], mask=d["mask"],
-                   source=source, params=d.get("params") or {}, batch=d.get("batch"), heads=d.get("heads"),
-                   kv_heads=d.get("kv_heads") if d.get("kv_heads") is not None else d.get("heads"),
-                   seq_q=d.get("seq_q"), head_dim=d.get("head_dim"), regime=d.get("regime"),
-                   threads=d.get("threads"), isa=d.get("isa"), exact=bool(d.get("exact")), reason=d.get("reason"),
-                   time_median=num(_sub(d, "time_ms", "median")), time_p10=num(_sub(d, "time_ms", "p10")),
-                   time_p90=num(_sub(d, "time_ms", "p90")), gflops=num(d.get("gflops")),
-                   frac_sgemm=num(d.get("frac_sgemm")), frac_peak=num(d.get("frac_peak")),
-                   flops=num(d.get("flops")), bytes=num(d.get("bytes")), gbytes_per_s=num(d.get("gbytes_per_s")),
-                   frac_bandwidth=num(d.get("frac_bandwidth")),
-                   rel_l2_err=num(_sub(d, "accuracy", "rel_l2_err")), peak_bytes=num(_sub(d, "memory", "peak_bytes")),
-                   estimated_bytes=num(_sub(d, "memory", "estimated_bytes")),
-                   dtype=d.get("dtype") or "fp32", bias=d.get("bias") or "none", rope=d.get("rope") or "none",
-                   rope_ms=num(d.get("rope_ms")), max_abs_err=num(_sub(d, "accuracy", "max_abs_err")),
-                   e2e_max_abs_err=num(_sub(d, "accuracy_e2e" if isinstance(d.get("accuracy_e2e"), dict)
-                                            else "accuracy", "max_abs_err")),
-                   peak_note=_sub(d, "memory", "peak_note") if isinstance(_sub(d, "memory", "peak_note"), str) else "",
-                   ci_lo=num(_sub(d, "time_ms", "ci_lo")), ci_hi=num(_sub(d, "time_ms", "ci_hi")),
-                   ci_level=num(_sub(d, "time_ms", "ci_level")), samples=_samples(d),
-                   interference=d.get("interference") if isinstance(d.get("interference"), dict) else None,
-                   interference_score=num(_sub(d, "interference", "score")), attempts=_attempts(d),
-                   noisy=d.get("noisy") is True, calibration=_int_or_none(d.get("calibration")),
-                   group_sgemm_gflops=num(_sub(d, "group_sgemm", "gflops")),
-                   frac_sgemm_ci=_pair(num(_sub(d, "group_sgemm", "frac_ci_lo")), num(_sub(d, "group_sgemm", "frac_ci_hi"))),
-                   interleave_group=_sub(d, "interleave", "group")
-                   if isinstance(_sub(d, "interleave", "group"), str) else None,
-                   conditions_recorded=any(k in d for k in CONDITION_FIELDS),
-                   pass_=d.get("pass") if isinstance(d.get("pass"), str) and d.get("pass") else "forward",
-                   grad_reference=grad[0], grad_blocks=grad[1], grad=grad[2])
+        return cls(d, source)
 
     def sgemm_denominator(self, res):
         """The sgemm GFLOP/s this row's frac_sgemm is relative to: the sgemm timed in its own rounds, else the
@@ -250,7 +215,7 @@ class Row:
 
     def time_ci(self):
         """(lo, hi) of the 95% interval of the median time, or None when the row has none (fewer than 6
-        repetitions, or written before #18)."""
+        repetitions, or written before intervals were recorded)."""
         lo, hi = self.ci_lo, self.ci_hi
         if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 or hi < lo:
             return None
@@ -357,14 +322,14 @@ class Results:
         self.excluded = [r for r in all_rows if id(r) not in ok_ids]
         self.calibration = {int(c["threads"]): float(c["gflops"])
                             for c in self.meta.get("sgemm_calibration", []) if "threads" in c and "gflops" in c}
-        # Every sgemm / FMA-peak calibration of the run, in order (meta.json calibrations, #18): None when the
+        # Every sgemm / FMA-peak calibration of the run, in order (meta.json calibrations): None when the
         # folder predates it (sgemm_calibration above is the first one either way).
         cals = self.meta.get("calibrations")
         self.calibrations = [c for c in cals if isinstance(c, dict)] if isinstance(cals, list) else None
         for r in self.ok:  # peer rows carry gflops; their fraction of sgemm comes from this run's calibration
             if r.frac_sgemm is None and r.gflops and r.threads in self.calibration:
                 r.frac_sgemm = r.gflops / self.calibration[r.threads]
-        # The in-run memory bandwidth per thread count (meta.json memory_bandwidth, written since #13):
+        # The in-run memory bandwidth per thread count (meta.json memory_bandwidth; absent from older runs):
         # {"<threads>": {"gbytes_per_s": best, "median": ..., "buffer_bytes": ...}}.
         self.bandwidth = {}
         mb = self.meta.get("memory_bandwidth")
@@ -396,7 +361,7 @@ class Results:
         # A sweep over SIMD targets (sweep.isa) gives each target its own curve: "tiled [avx2]". The isa is the
         # target that ran; peer rows have none (PyTorch picks its own kernels).
         several_isas = len({r.isa for r in rows if r.isa}) > 1
-        # So do storage dtypes and biases when they vary (#14): "tiled [bf16, alibi]". RoPE is in the regime
+        # So do storage dtypes and biases when they vary: "tiled [bf16, alibi]". RoPE is in the regime
         # label ("gaussian(std=1,rope=normal)"), so it facets like any other input regime.
         several_dtypes = len({r.dtype for r in rows}) > 1
         several_biases = len({r.bias for r in rows}) > 1
