@@ -370,3 +370,161 @@ TEST_CASE("recurrences: hostile inputs are clear errors", "[recurrent]") {
     CHECK_THROWS_WITH(c.run(), Catch::Contains("seq_q == seq_kv"));
   }
 }
+
+namespace {
+
+// Rows [t0, t0 + len) of every [rows, width]-row block of src ([blocks, n, width]) into [blocks, len, width].
+FloatArray token_slice(const FloatArray& src, int64_t blocks, int64_t n, int64_t t0, int64_t len) {
+  const int64_t width = static_cast<int64_t>(src.numel()) / (blocks * n);
+  FloatArray dst({blocks, len, width});
+  for (int64_t b = 0; b < blocks; ++b)
+    std::copy_n(src.ptr() + (b * n + t0) * width, len * width, dst.ptr() + b * len * width);
+  return dst;
+}
+
+// One decode step of `whole`'s variant at token t: seq_q = 1, seq_kv = t + 1 under causal_lower_right, the
+// context's K, V, g, beta as given (the tokens before t are there, as in a KV cache, and must not be read),
+// from `state`; writes the output row of every head into `out` ([batch, heads, d]) and the new state.
+void decode_step(const RecCase& whole, const Json& params, int64_t t, FloatArray& state, FloatArray& out) {
+  const Problem& pw = whole.p;
+  const int64_t n = pw.seq_q, d = pw.head_dim, bh = pw.batch * pw.heads, bkv = pw.batch * pw.num_kv_heads();
+  Problem p = make_problem(pw.variant, params);
+  p.batch = pw.batch, p.heads = pw.heads, p.kv_heads = pw.kv_heads, p.head_dim = d;
+  p.seq_q = 1, p.seq_kv = t + 1;
+  p.mask.causal_lower_right = true;
+  p.initial_state = true;
+  const FloatArray q = token_slice(whole.q, bh, n, t, 1);
+  const FloatArray k = token_slice(whole.k, bkv, n, 0, t + 1), v = token_slice(whole.v, bkv, n, 0, t + 1);
+  const FloatArray g = whole.g.numel() ? token_slice(whole.g, bh, n, 0, t + 1) : FloatArray();
+  const FloatArray beta = whole.beta.numel() ? token_slice(whole.beta, bh, n, 0, t + 1) : FloatArray();
+  FloatArray next(state.shape);
+  AttentionInputs in;
+  in.q = q.ptr(), in.k = k.ptr(), in.v = v.ptr(), in.out = out.ptr();
+  in.g = g.numel() ? g.ptr() : nullptr;
+  in.beta = beta.numel() ? beta.ptr() : nullptr;
+  in.initial_state = state.ptr(), in.final_state = next.ptr();
+  whole.variant.run(p, in);
+  state = std::move(next);
+}
+
+}  // namespace
+
+TEST_CASE("recurrences: chunked prefill then token-by-token decode equals one chunkwise call",
+          "[recurrent]") {
+  // Prefill lengths with an uneven final chunk for each chunk size (77 = 4 x 16 + 13, 50 = 7 x 7 + 1,
+  // 130 = 2 x 64 + 2), then 20 decode steps; grouped-query heads (4 query heads on 2 K/V heads).
+  struct Split {
+    int64_t chunk, prefill;
+    const char* decode_form;
+  };
+  const Split splits[] = {{16, 77, "chunk"}, {7, 50, "recurrent"}, {64, 130, "chunk"}};
+  const int64_t steps = 20, d = 16, whole_chunk = 32;
+  for (const char* name : kVariants)
+    for (const Split& s : splits) {
+      const int64_t n = s.prefill + steps;
+      RecCase whole(name, {{"chunk", whole_chunk}}, 1, 4, 2, n, d, 91);
+      whole.run();
+      // The chunked prefill: one chunk-form call on the first tokens, keeping its final state.
+      RecCase pre(name, {{"chunk", s.chunk}}, 1, 4, 2, s.prefill, d, 91);
+      pre.q = token_slice(whole.q, 4, n, 0, s.prefill);
+      pre.k = token_slice(whole.k, 2, n, 0, s.prefill), pre.v = token_slice(whole.v, 2, n, 0, s.prefill);
+      if (whole.g.numel()) pre.g = token_slice(whole.g, 4, n, 0, s.prefill);
+      if (whole.beta.numel()) pre.beta = token_slice(whole.beta, 4, n, 0, s.prefill);
+      pre.run();
+      FloatArray state = pre.fin, row({1, 4, d});
+      std::vector<double> joined(whole.out.numel());
+      for (int64_t h = 0; h < 4; ++h)
+        for (int64_t t = 0; t < s.prefill; ++t)
+          for (int64_t j = 0; j < d; ++j)
+            joined[(h * n + t) * d + j] = pre.out.data[(h * s.prefill + t) * d + j];
+      for (int64_t t = s.prefill; t < n; ++t) {
+        decode_step(whole, {{"form", s.decode_form}, {"chunk", s.chunk}}, t, state, row);
+        for (int64_t h = 0; h < 4; ++h)
+          for (int64_t j = 0; j < d; ++j) joined[(h * n + t) * d + j] = row.data[h * d + j];
+      }
+      // Why this bound: the split run and the one call are both fp32 evaluations of one recurrence. Each
+      // step of either commits a local rounding of at most (d + 8 + C) u (1 + ||k||^2)^2 (||S|| + ||v||),
+      // u = 2^-24, C the chunk (0 for a recurrent step), and both propagate it through the same transitions
+      // (recurrence_abs_tolerance's derivation): so each is within the bound derived for the whole sequence
+      // at the larger chunk, from epsilon, d, C and the length, of the fp64 definition, and they are within
+      // twice it of each other. The same holds for the state with its running bound
+      // (recurrence_state_tolerance).
+      RecurrenceConfig cfg;
+      {
+        const Json params = {{"chunk", std::max(s.chunk, whole_chunk)}};
+        Problem wide = make_problem(name, params);
+        wide.batch = 1, wide.heads = 4, wide.kv_heads = 2, wide.seq_q = wide.seq_kv = n, wide.head_dim = d;
+        wide.mask.causal = true;
+        cfg.kind.gate = whole.variant.capabilities().gate;
+        cfg.kind.retention = std::string(name) == "retention";
+        cfg.kind.delta = is_delta(name);
+        cfg.kind.normalize_keys = is_delta(name);
+        cfg.chunk = std::max(s.chunk, whole_chunk);
+        const double out_bound = 2 * whole.variant.abs_tolerance(wide, whole.inputs());
+        const double state_bound = 2 * recurrence_state_tolerance(wide, whole.inputs(), cfg);
+        INFO(std::string(name) + " chunk " + std::to_string(s.chunk) + " prefill " +
+             std::to_string(s.prefill) + ": output bound " + std::to_string(out_bound) + ", state bound " +
+             std::to_string(state_bound));
+        CHECK(max_abs(whole.out.ptr(), joined.data(), joined.size()) <= out_bound);
+        const std::vector<double> fin(state.data.begin(), state.data.end());
+        CHECK(max_abs(whole.fin.ptr(), fin.data(), fin.size()) <= state_bound);
+        // And both within 1e-5 relative, as every form is of the fp64 recurrence.
+        CHECK(rel_l2(whole.out.ptr(), joined.data(), joined.size()) <= 1e-5);
+        CHECK(rel_l2(whole.fin.ptr(), fin.data(), fin.size()) <= 1e-5);
+      }
+    }
+}
+
+TEST_CASE("recurrences: a decode step reads only its own token's K, V, g, beta and costs O(d^2) per head",
+          "[recurrent]") {
+  for (const char* name : kVariants) {
+    const int64_t n = 40, d = 8;
+    RecCase whole(name, Json::object(), 1, 2, 0, n, d, 7);
+    FloatArray state({1, 2, d, d}), clean({1, 2, d}), poisoned({1, 2, d});
+    fill_normal(state.ptr(), static_cast<int64_t>(state.numel()), 5, 0.5);
+    FloatArray s1 = state, s2 = state;
+    decode_step(whole, Json::object(), n - 1, s1, clean);
+    // NaN in every earlier token: a step that read them would give NaN.
+    for (FloatArray* x : {&whole.k, &whole.v, &whole.g, &whole.beta}) {
+      const int64_t blocks = x == &whole.k || x == &whole.v ? whole.p.num_kv_heads() : whole.p.heads;
+      if (!x->numel()) continue;
+      const int64_t width = static_cast<int64_t>(x->numel()) / (blocks * n);
+      for (int64_t b = 0; b < blocks; ++b)
+        std::fill_n(x->ptr() + b * n * width, (n - 1) * width, std::nanf(""));
+    }
+    decode_step(whole, Json::object(), n - 1, s2, poisoned);
+    INFO(name);
+    CHECK(clean.data == poisoned.data);
+    CHECK(s1.data == s2.data);
+    // The same work and workspace at any context.
+    Problem a = make_problem(name), b = make_problem(name);
+    for (Problem* p : {&a, &b}) {
+      p->heads = 8, p->head_dim = 64, p->seq_q = 1, p->mask.causal_lower_right = true,
+      p->initial_state = true;
+    }
+    a.seq_kv = 1024, b.seq_kv = 32768;
+    CHECK(whole.variant.flops(a) == whole.variant.flops(b));
+    CHECK(whole.variant.workspace_bytes(a, 2) == whole.variant.workspace_bytes(b, 2));
+    CHECK(whole.variant.decode_state_bytes(b) == 8u * 64 * 64 * sizeof(float));
+    CHECK(kv_cache_bytes(b) == 2u * 8 * 32768 * 64 * sizeof(float));
+  }
+}
+
+TEST_CASE("recurrences: a decode problem without an initial state is refused with the reason",
+          "[recurrent]") {
+  for (const char* name : kVariants) {
+    Problem p = make_problem(name);
+    p.heads = 2, p.head_dim = 8, p.seq_q = 1, p.seq_kv = 100;
+    p.mask.causal_lower_right = true;
+    const Attention& v = Registry::instance().get(name);
+    INFO(name);
+    CHECK_THAT(v.unsupported_reasons_text(p), Catch::Contains("needs an initial state"));
+    p.initial_state = true;
+    CHECK(v.unsupported_reasons_text(p).empty());
+    // Upper-left causal with seq_q < seq_kv is not a decode: refused as before.
+    p.mask.causal = true;
+    CHECK_THAT(v.unsupported_reasons_text(p), Catch::Contains("seq_q == seq_kv"));
+    p.mask.causal = false;
+    CHECK_THAT(v.backward_unsupported_reasons_text(p), Catch::Contains("no backward for a decode problem"));
+  }
+}

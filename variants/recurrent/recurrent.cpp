@@ -32,7 +32,11 @@ class Recurrent final : public Attention {
   }
   Capabilities capabilities() const override {
     // Causal self-attention only (the base refuses non-causal and cross problems for a recurrence);
-    // lower-right causal equals causal when seq_q == seq_kv. bf16 / fp16: widened to fp32 up front.
+    // lower-right causal equals causal when seq_q == seq_kv. Decode (seq_q < seq_kv under causal_lower_right)
+    // from an initial state: the state after the first seq_kv - seq_q tokens, whose K, V, g, beta are then
+    // not read; without an initial state such a problem is refused (the base says why), never run over the
+    // whole context behind the caller's back. bf16 / fp16: widened to fp32 up front (Q, K, V whole: a
+    // 16-bit decode step costs O(seq_kv) in the widening, an fp32 one does not).
     return {.exact = false,
             .causal = true,
             .causal_lower_right = true,
@@ -42,7 +46,9 @@ class Recurrent final : public Attention {
             .backward = true,
             .gate = spec_.kind.gate,
             .beta = spec_.kind.delta,
-            .state = true};
+            .state = true,
+            .decode = true,
+            .own_definition = true};
   }
   std::vector<ParamSpec> param_specs() const override {
     std::vector<ParamSpec> specs = {
@@ -82,6 +88,26 @@ class Recurrent final : public Attention {
   std::size_t backward_workspace_bytes(const Problem& p, int threads) const override {
     return recurrence_backward_workspace_bytes(p, config(p), threads);
   }
+  // The d_k x d_v fp32 state per (batch, query head): what a decode keeps, whatever the context.
+  std::size_t decode_state_bytes(const Problem& p) const override {
+    return sat_mul(to_size(p.batch * p.heads), to_size(p.head_dim * p.head_dim), sizeof(float));
+  }
+  // Q and O once, K and V of the tokens read (a decode's last seq_q only), g and beta of those tokens, and
+  // the initial state read once when there is one (the final state, written only when asked for, is not
+  // counted: the problem does not say).
+  double bytes_moved(const Problem& p) const override {
+    const double w = static_cast<double>(dtype_bytes(p.dtype)), tokens = static_cast<double>(p.seq_q);
+    const double q = static_cast<double>(p.q_elements());
+    const double kv = 2.0 * static_cast<double>(p.batch * p.num_kv_heads() * p.head_dim) * tokens;
+    const double heads = static_cast<double>(p.batch * p.heads);
+    const double gates = heads * tokens *
+                         ((spec_.kind.gate == Gate::vector   ? static_cast<double>(p.head_dim)
+                           : spec_.kind.gate == Gate::scalar ? 1.0
+                                                             : 0.0) +
+                          (spec_.kind.delta ? 1.0 : 0.0));
+    return (q + kv) * w + q * 4.0 + gates * 4.0 +
+           (p.initial_state ? static_cast<double>(decode_state_bytes(p)) : 0.0);
+  }
 
   void reference_forward(const Problem& p, const AttentionInputs& stored, double* out) const override {
     const WideInputs wide(p, stored);
@@ -118,18 +144,11 @@ class Recurrent final : public Attention {
     recurrence_backward(p, in, config(p), g.d_out, rg);
   }
 
-  // retention reads neither g nor beta, so the base class does not know it is a recurrence: refuse what it
-  // refuses for the others.
-  std::vector<std::string> extra_not_supported_reasons(const Problem& p) const override {
-    std::vector<std::string> r;
-    if (spec_.kind.gate != Gate::none || spec_.kind.delta) return r;
-    if (!p.mask.any_causal())
-      r.push_back(name() + " is a causal recurrence: it needs the causal mask (got mask " + p.mask.str() +
-                  ")");
-    if (p.seq_q != p.seq_kv)
-      r.push_back(name() + " is a recurrence over one sequence: it needs seq_q == seq_kv (got " +
-                  std::to_string(p.seq_q) + " and " + std::to_string(p.seq_kv) + ")");
-    return r;
+  // The backward covers one whole sequence (dK, dV of every key); a decode step has none here.
+  std::vector<std::string> extra_backward_not_supported_reasons(const Problem& p) const override {
+    if (p.seq_q == p.seq_kv) return {};
+    return {name() + ": no backward for a decode problem (seq_q " + std::to_string(p.seq_q) + " < seq_kv " +
+            std::to_string(p.seq_kv) + ")"};
   }
 
  private:
