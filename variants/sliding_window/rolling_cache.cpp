@@ -5,7 +5,25 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "common/vmath.hpp"
+
 namespace attn::sliding_window {
+
+namespace {
+// q . k in kLanes independent partial sums (a fixed order the compiler can vectorise: a single running sum
+// is a serial chain it may not reorder), then summed pairwise.
+constexpr int64_t kLanes = 16;
+float dot(const float* q, const float* k, int64_t d) {
+  float acc[kLanes] = {};
+  int64_t e = 0;
+  for (; e + kLanes <= d; e += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) acc[l] += q[e + l] * k[e + l];
+  for (int64_t l = 0; e < d; ++e, ++l) acc[l] += q[e] * k[e];
+  for (int64_t w = kLanes / 2; w > 0; w /= 2)
+    for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+}  // namespace
 
 void attend_entries(const float* q, const float* const* k, const float* const* v, int64_t count, int64_t d,
                     float scale, float* scores, float* out) {
@@ -13,16 +31,10 @@ void attend_entries(const float* q, const float* const* k, const float* const* v
   if (count == 0) return;
   float mx = -INFINITY;
   for (int64_t c = 0; c < count; ++c) {
-    float s = 0;
-    for (int64_t e = 0; e < d; ++e) s += q[e] * k[c][e];
-    scores[c] = s * scale;
+    scores[c] = dot(q, k[c], d) * scale;
     mx = std::max(mx, scores[c]);
   }
-  float sum = 0;
-  for (int64_t c = 0; c < count; ++c) {
-    scores[c] = std::exp(scores[c] - mx);
-    sum += scores[c];
-  }
+  const float sum = exp_sub_sum(scores, count, mx);  // in place: scores[c] = exp(scores[c] - mx)
   for (int64_t c = 0; c < count; ++c) {
     const float w = scores[c];
     for (int64_t e = 0; e < d; ++e) out[e] += w * v[c][e];
