@@ -8,6 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "bench/lib/config.hpp"
+#include "bench/lib/decode_state.hpp"
+#include "bench/lib/inputs.hpp"
+#include "bench/lib/plan.hpp"
+#include "bench/lib/runner.hpp"
 #include "common/attention.hpp"
 #include "common/error.hpp"
 #include "common/random.hpp"
@@ -526,5 +531,74 @@ TEST_CASE("recurrences: a decode problem without an initial state is refused wit
     CHECK_THAT(v.unsupported_reasons_text(p), Catch::Contains("seq_q == seq_kv"));
     p.mask.causal = false;
     CHECK_THAT(v.backward_unsupported_reasons_text(p), Catch::Contains("no backward for a decode problem"));
+  }
+}
+
+TEST_CASE("sweep decode points: a state from the chunkwise prefill, rows with own accuracy and state bytes",
+          "[recurrent][sweep]") {
+  const std::string text = R"({"name": "decode-test",
+    "variants": ["tiled", "retention", {"name": "gla", "params": {"form": "recurrent", "chunk": 16}},
+                 {"name": "gated_delta_rule", "params": {"chunk": 16}},
+                 {"name": "sliding_window", "params": {"window": 50, "global_tokens": 4}}],
+    "sweep": {"batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 16, "seq_q": 1, "seq_kv": 300,
+              "mask": "causal_lower_right", "threads": 1},
+    "measure": {"warmup": 0, "min_reps": 1, "max_reps": 3, "min_time_s": 0, "max_time_s": 1},
+    "accuracy": {"reference": "full"}, "memory_budget": "1GiB", "seed": 3})";
+  const Plan plan = make_plan(parse_sweep_config_text(text, "decode-test.json"));
+  REQUIRE(plan.points.size() == 5);
+  PointRunner runner(plan.config);
+  Calibration cal;  // the denominators do not matter here
+  cal.sgemm_gflops[1] = 1;
+  runner.set_calibration(cal);
+  for (const SweepPoint& pt : plan.points) {
+    const Problem& p = pt.problem;
+    const bool recurrence = p.variant != "tiled" && p.variant != "sliding_window";
+    const ResultRow row = runner.measure(pt);
+    INFO(row.id << ": " << row.reason);
+    REQUIRE(row.status == "ok");
+    CHECK(p.initial_state == recurrence);
+    CHECK((row.id.find(",state0") != std::string::npos) == recurrence);
+    REQUIRE(row.accuracy.rel_l2_err);
+    REQUIRE(row.accuracy_vs_softmax.rel_l2_err);
+    CHECK(*row.memory.kv_cache_bytes == 2 * 2 * 300 * 16 * 4);
+    if (recurrence) {
+      // Against its own definition from the same state: fp32 rounding; softmax attention is another operator.
+      CHECK(*row.accuracy.rel_l2_err <= 1e-5);
+      CHECK(*row.accuracy_vs_softmax.rel_l2_err > 0.1);
+      CHECK(*row.memory.state_bytes == 4 * 16 * 16 * 4);
+    } else {
+      CHECK(*row.accuracy_vs_softmax.rel_l2_err == *row.accuracy.rel_l2_err);
+      CHECK(*row.accuracy_vs_softmax.max_abs_err == *row.accuracy.max_abs_err);
+    }
+    if (p.variant == "tiled") CHECK(*row.memory.state_bytes == *row.memory.kv_cache_bytes);
+    if (p.variant == "sliding_window") CHECK(*row.memory.state_bytes == 2 * (4 + 50 + 1) * 2 * 16 * 4);
+    if (!recurrence) continue;
+    // The prefill's state, then the decode step from it, equal the fp64 definition run over the whole
+    // context (a self-attention problem of 300 tokens whose last query is the decode's).
+    PointInputs in = make_inputs(pt);
+    AttentionInputs view = in.view(nullptr);
+    view.g = in.gate_for(p);
+    DecodeStates states;
+    states.prepare(pt, view);
+    REQUIRE(states.state_for(p) != nullptr);
+    FloatArray out({1, 4, 1, 16});
+    AttentionInputs step = view;
+    step.out = out.ptr();
+    step.initial_state = states.state_for(p);
+    const Attention& variant = Registry::instance().get(p.variant);
+    variant.run(p, step);
+    Problem whole = p;
+    whole.seq_q = 300, whole.initial_state = false;
+    whole.mask = MaskSpec{};
+    whole.mask.causal = true;
+    FloatArray q({1, 4, 300, 16});
+    for (int64_t h = 0; h < 4; ++h) std::copy_n(in.q.ptr() + h * 16, 16, q.ptr() + (h * 300 + 299) * 16);
+    AttentionInputs all = view;
+    all.q = q.ptr();
+    DoubleArray want({1, 4, 300, 16});
+    variant.reference_forward(whole, all, want.ptr());
+    std::vector<double> last(4 * 16);
+    for (int64_t h = 0; h < 4; ++h) std::copy_n(want.ptr() + (h * 300 + 299) * 16, 16, last.data() + h * 16);
+    CHECK(rel_l2(out.ptr(), last.data(), last.size()) <= 1e-5);
   }
 }
