@@ -74,6 +74,11 @@ def _sub(d, key, part):
     return v.get(part) if isinstance(v, dict) else None
 
 
+def _softmax_rel_l2(d):
+    vs = num(_sub(d, "accuracy_vs_softmax", "rel_l2_err"))
+    return vs if vs is not None else num(_sub(d, "accuracy", "rel_l2_err"))
+
+
 # The fields that say how a point was measured on a shared machine (#18); a row with none of them was written
 # before attnbench recorded interference.
 CONDITION_FIELDS = ("interference", "attempts", "noisy")
@@ -162,7 +167,10 @@ class Row:
     bytes: float = None  # the variant's bytes_moved for one call (null in rows from before #13)
     gbytes_per_s: float = None
     frac_bandwidth: float = None
-    rel_l2_err: float = None  # accuracy.rel_l2_err
+    # The distance from exact softmax attention, the accuracy plots' and the Pareto's axis:
+    # accuracy_vs_softmax.rel_l2_err where the row has it (the recurrences' `accuracy` is against their own
+    # definition since #32; for softmax variants the two are equal), else accuracy.rel_l2_err.
+    rel_l2_err: float = None
     # Storage precision, logit bias and RoPE (#14); rows from before them read as fp32, none, none.
     dtype: str = "fp32"
     bias: str = "none"
@@ -216,7 +224,7 @@ class Row:
                    frac_sgemm=num(d.get("frac_sgemm")), frac_peak=num(d.get("frac_peak")),
                    flops=num(d.get("flops")), bytes=num(d.get("bytes")), gbytes_per_s=num(d.get("gbytes_per_s")),
                    frac_bandwidth=num(d.get("frac_bandwidth")),
-                   rel_l2_err=num(_sub(d, "accuracy", "rel_l2_err")), peak_bytes=num(_sub(d, "memory", "peak_bytes")),
+                   rel_l2_err=_softmax_rel_l2(d), peak_bytes=num(_sub(d, "memory", "peak_bytes")),
                    estimated_bytes=num(_sub(d, "memory", "estimated_bytes")),
                    dtype=d.get("dtype") or "fp32", bias=d.get("bias") or "none", rope=d.get("rope") or "none",
                    rope_ms=num(d.get("rope_ms")), max_abs_err=num(_sub(d, "accuracy", "max_abs_err")),
