@@ -15,6 +15,7 @@
 #include "bench/lib/runner.hpp"
 #include "common/attention.hpp"
 #include "common/error.hpp"
+#include "common/half.hpp"
 #include "common/random.hpp"
 #include "common/recurrence.hpp"
 #include "common/tensor.hpp"
@@ -601,4 +602,41 @@ TEST_CASE("sweep decode points: a state from the chunkwise prefill, rows with ow
     for (int64_t h = 0; h < 4; ++h) std::copy_n(want.ptr() + (h * 300 + 299) * 16, 16, last.data() + h * 16);
     CHECK(rel_l2(out.ptr(), last.data(), last.size()) <= 1e-5);
   }
+}
+
+TEST_CASE("recurrences: a bf16 / fp16 decode step widens only its own token", "[recurrent]") {
+  for (const char* name : kVariants)
+    for (DType t : {DType::bf16, DType::fp16}) {
+      const int64_t n = 64, d = 8;
+      RecCase whole(name, Json::object(), 1, 4, 2, n, d, 17);
+      Problem p = make_problem(name);
+      p.heads = 4, p.kv_heads = 2, p.head_dim = d, p.seq_q = 1, p.seq_kv = n, p.dtype = t;
+      p.mask.causal_lower_right = true;
+      p.initial_state = true;
+      FloatArray state({1, 4, d, d}), out({1, 4, 1, d});
+      fill_normal(state.ptr(), static_cast<int64_t>(state.numel()), 9, 0.5);
+      const FloatArray q = token_slice(whole.q, 4, n, n - 1, 1);
+      AttentionInputs in;
+      in.q = q.ptr(), in.k = whole.k.ptr(), in.v = whole.v.ptr();
+      in.g = whole.g.numel() ? whole.g.ptr() : nullptr;
+      in.beta = whole.beta.numel() ? whole.beta.ptr() : nullptr;
+      in.initial_state = state.ptr();
+      const StoredInputs stored(p, in);
+      AttentionInputs s16 = stored.get();
+      s16.out = out.ptr();
+      DoubleArray want({1, 4, 1, d});
+      whole.variant.reference_forward(p, s16, want.ptr());
+      // NaN (fp16) or 2^125 (bf16) in every earlier token's 16-bit K and V rows: the step reads none of them.
+      std::vector<uint16_t> k(s16.k16, s16.k16 + whole.k.numel()), v(s16.v16, s16.v16 + whole.v.numel());
+      for (int64_t b = 0; b < 2; ++b)
+        for (int64_t e = 0; e < (n - 1) * d; ++e) k[b * n * d + e] = v[b * n * d + e] = 0x7e00;
+      s16.k16 = k.data(), s16.v16 = v.data();
+      whole.variant.run(p, s16);
+      INFO(std::string(name) + " " + dtype_name(t));
+      CHECK(max_abs(out.ptr(), want.ptr(), out.numel()) <= whole.variant.abs_tolerance(p, stored.get()));
+      // It widens the step's tokens, not the context: the same workspace at any context.
+      Problem longer = p;
+      longer.seq_kv = 32768;
+      CHECK(whole.variant.workspace_bytes(longer, 2) == whole.variant.workspace_bytes(p, 2));
+    }
 }

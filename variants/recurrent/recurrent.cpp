@@ -3,8 +3,10 @@
 // channel), delta_rule (DeltaNet) and gated_delta_rule (Gated DeltaNet). Each takes form=chunk|recurrent and
 // chunk=C; the delta rules also normalize_keys. They are not softmax attention: their exact baseline is their
 // own fp64 recurrence (reference_forward), and they need causal self-attention.
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/attention.hpp"
@@ -35,8 +37,8 @@ class Recurrent final : public Attention {
     // lower-right causal equals causal when seq_q == seq_kv. Decode (seq_q < seq_kv under causal_lower_right)
     // from an initial state: the state after the first seq_kv - seq_q tokens, whose K, V, g, beta are then
     // not read; without an initial state such a problem is refused (the base says why), never run over the
-    // whole context behind the caller's back. bf16 / fp16: widened to fp32 up front (Q, K, V whole: a
-    // 16-bit decode step costs O(seq_kv) in the widening, an fp32 one does not).
+    // whole context behind the caller's back. bf16 / fp16: widened to fp32 up front (a decode widens only
+    // the tokens it reads: forward()).
     return {.exact = false,
             .causal = true,
             .causal_lower_right = true,
@@ -132,9 +134,39 @@ class Recurrent final : public Attention {
 
  protected:
   void forward(const Problem& p, const AttentionInputs& stored) const override {
+    if (p.dtype != DType::fp32 && p.seq_q < p.seq_kv) {
+      decode16(p, stored);
+      return;
+    }
     const WideInputs wide(p, stored);
     check_recurrence_inputs(p, wide.get(), spec_.kind);
     recurrence_forward(p, wide.get(), config(p));
+  }
+  // A 16-bit decode step: the tokens it reads (the last seq_q of every K/V head, and their g and beta) as a
+  // self-shaped problem of seq_q tokens from the same state, widened to fp32 (O(seq_q d) whatever the
+  // context, where WideInputs would widen the whole K/V).
+  void decode16(const Problem& p, const AttentionInputs& stored) const {
+    Problem step = p;
+    step.seq_kv = p.seq_q;
+    const int64_t n = p.seq_q, skip = p.seq_kv - p.seq_q, d = p.head_dim;
+    auto tail = [&](const auto* x, int64_t blocks, int64_t width) {  // rows [skip, seq_kv) of every block
+      std::vector<std::remove_const_t<std::remove_pointer_t<decltype(x)>>> y(to_size(blocks * n * width));
+      for (int64_t b = 0; b < blocks; ++b)
+        std::copy_n(x + (b * p.seq_kv + skip) * width, n * width, y.data() + b * n * width);
+      return y;
+    };
+    const int64_t kv = p.batch * p.num_kv_heads(), bh = p.batch * p.heads;
+    const std::vector<uint16_t> k = tail(stored.k16, kv, d), v = tail(stored.v16, kv, d);
+    std::vector<float> g, beta;
+    if (spec_.kind.gate != Gate::none) g = tail(stored.g, bh, spec_.kind.gate == Gate::vector ? d : 1);
+    if (spec_.kind.delta) beta = tail(stored.beta, bh, 1);
+    AttentionInputs in = stored;
+    in.k16 = k.data(), in.v16 = v.data();
+    in.g = g.empty() ? nullptr : g.data();
+    in.beta = beta.empty() ? nullptr : beta.data();
+    const WideInputs wide(step, in);
+    check_recurrence_inputs(step, wide.get(), spec_.kind);
+    recurrence_forward(step, wide.get(), config(step));
   }
   void backward(const Problem& p, const AttentionInputs& in, const GradientArgs& g) const override {
     check_recurrence_inputs(p, in, spec_.kind);
@@ -160,11 +192,17 @@ class Recurrent final : public Attention {
     cfg.chunk = p.param_int("chunk");
     return cfg;
   }
+  // bf16 / fp16: fp32 copies of Q, K, V; a decode (decode16) widens only the seq_q tokens it reads, after
+  // gathering their 16-bit K, V rows and their g and beta.
   static std::size_t widened_bytes(const Problem& p) {
-    return p.dtype == DType::fp32
-               ? 0
-               : sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, to_size(p.kv_elements()))),
-                         sizeof(float));
+    if (p.dtype == DType::fp32) return 0;
+    if (p.seq_q == p.seq_kv)
+      return sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, to_size(p.kv_elements()))), sizeof(float));
+    const std::size_t kv = sat_mul(to_size(p.batch * p.num_kv_heads() * p.head_dim), to_size(p.seq_q));
+    const std::size_t tokens = to_size(p.batch * p.heads * p.seq_q);
+    return sat_add(sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, kv)), sizeof(float)),
+                   sat_mul(2 * kv, sizeof(uint16_t)),
+                   sat_mul(tokens, to_size(p.head_dim + 1), sizeof(float)));
   }
   RecurrentSpec spec_;
 };
