@@ -8,6 +8,17 @@
 #include <string>
 #include <vector>
 
+#include "bench/lib/config.hpp"
+#include "bench/lib/decode_state.hpp"
+#include "bench/lib/inputs.hpp"
+#include "bench/lib/plan.hpp"
+#include "bench/lib/runner.hpp"
+#include "common/interface/attention.hpp"
+#include "common/support/error.hpp"
+#include "common/interface/half.hpp"
+#include "common/support/random.hpp"
+#include "common/kernels/recurrence.hpp"
+#include "common/support/tensor.hpp"
 #include "common/interface/attention.hpp"
 #include "common/kernels/recurrence.hpp"
 #include "common/support/error.hpp"
@@ -370,4 +381,268 @@ TEST_CASE("recurrences: hostile inputs are clear errors", "[recurrent]") {
     c.p.seq_kv = 10;
     CHECK_THROWS_WITH(c.run(), Catch::Contains("seq_q == seq_kv"));
   }
+}
+
+namespace {
+
+// Rows [t0, t0 + len) of every [rows, width]-row block of src ([blocks, n, width]) into [blocks, len, width].
+FloatArray token_slice(const FloatArray& src, int64_t blocks, int64_t n, int64_t t0, int64_t len) {
+  const int64_t width = static_cast<int64_t>(src.numel()) / (blocks * n);
+  FloatArray dst({blocks, len, width});
+  for (int64_t b = 0; b < blocks; ++b)
+    std::copy_n(src.ptr() + (b * n + t0) * width, len * width, dst.ptr() + b * len * width);
+  return dst;
+}
+
+// One decode step of `whole`'s variant at token t: seq_q = 1, seq_kv = t + 1 under causal_lower_right, the
+// context's K, V, g, beta as given (the tokens before t are there, as in a KV cache, and must not be read),
+// from `state`; writes the output row of every head into `out` ([batch, heads, d]) and the new state.
+void decode_step(const RecCase& whole, const Json& params, int64_t t, FloatArray& state, FloatArray& out) {
+  const Problem& pw = whole.p;
+  const int64_t n = pw.seq_q, d = pw.head_dim, bh = pw.batch * pw.heads, bkv = pw.batch * pw.num_kv_heads();
+  Problem p = make_problem(pw.variant, params);
+  p.batch = pw.batch, p.heads = pw.heads, p.kv_heads = pw.kv_heads, p.head_dim = d;
+  p.seq_q = 1, p.seq_kv = t + 1;
+  p.mask.causal_lower_right = true;
+  p.initial_state = true;
+  const FloatArray q = token_slice(whole.q, bh, n, t, 1);
+  const FloatArray k = token_slice(whole.k, bkv, n, 0, t + 1), v = token_slice(whole.v, bkv, n, 0, t + 1);
+  const FloatArray g = whole.g.numel() ? token_slice(whole.g, bh, n, 0, t + 1) : FloatArray();
+  const FloatArray beta = whole.beta.numel() ? token_slice(whole.beta, bh, n, 0, t + 1) : FloatArray();
+  FloatArray next(state.shape);
+  AttentionInputs in;
+  in.q = q.ptr(), in.k = k.ptr(), in.v = v.ptr(), in.out = out.ptr();
+  in.g = g.numel() ? g.ptr() : nullptr;
+  in.beta = beta.numel() ? beta.ptr() : nullptr;
+  in.initial_state = state.ptr(), in.final_state = next.ptr();
+  whole.variant.run(p, in);
+  state = std::move(next);
+}
+
+}  // namespace
+
+TEST_CASE("recurrences: chunked prefill then token-by-token decode equals one chunkwise call",
+          "[recurrent]") {
+  // Prefill lengths with an uneven final chunk for each chunk size (77 = 4 x 16 + 13, 50 = 7 x 7 + 1,
+  // 130 = 2 x 64 + 2), then 20 decode steps; grouped-query heads (4 query heads on 2 K/V heads).
+  struct Split {
+    int64_t chunk, prefill;
+    const char* decode_form;
+  };
+  const Split splits[] = {{16, 77, "chunk"}, {7, 50, "recurrent"}, {64, 130, "chunk"}};
+  const int64_t steps = 20, d = 16, whole_chunk = 32;
+  for (const char* name : kVariants)
+    for (const Split& s : splits) {
+      const int64_t n = s.prefill + steps;
+      RecCase whole(name, {{"chunk", whole_chunk}}, 1, 4, 2, n, d, 91);
+      whole.run();
+      // The chunked prefill: one chunk-form call on the first tokens, keeping its final state.
+      RecCase pre(name, {{"chunk", s.chunk}}, 1, 4, 2, s.prefill, d, 91);
+      pre.q = token_slice(whole.q, 4, n, 0, s.prefill);
+      pre.k = token_slice(whole.k, 2, n, 0, s.prefill), pre.v = token_slice(whole.v, 2, n, 0, s.prefill);
+      if (whole.g.numel()) pre.g = token_slice(whole.g, 4, n, 0, s.prefill);
+      if (whole.beta.numel()) pre.beta = token_slice(whole.beta, 4, n, 0, s.prefill);
+      pre.run();
+      FloatArray state = pre.fin, row({1, 4, d});
+      std::vector<double> joined(whole.out.numel());
+      for (int64_t h = 0; h < 4; ++h)
+        for (int64_t t = 0; t < s.prefill; ++t)
+          for (int64_t j = 0; j < d; ++j)
+            joined[(h * n + t) * d + j] = pre.out.data[(h * s.prefill + t) * d + j];
+      for (int64_t t = s.prefill; t < n; ++t) {
+        decode_step(whole, {{"form", s.decode_form}, {"chunk", s.chunk}}, t, state, row);
+        for (int64_t h = 0; h < 4; ++h)
+          for (int64_t j = 0; j < d; ++j) joined[(h * n + t) * d + j] = row.data[h * d + j];
+      }
+      // Why this bound: the split run and the one call are both fp32 evaluations of one recurrence. Each
+      // step of either commits a local rounding of at most (d + 8 + C) u (1 + ||k||^2)^2 (||S|| + ||v||),
+      // u = 2^-24, C the chunk (0 for a recurrent step), and both propagate it through the same transitions
+      // (recurrence_abs_tolerance's derivation): so each is within the bound derived for the whole sequence
+      // at the larger chunk, from epsilon, d, C and the length, of the fp64 definition, and they are within
+      // twice it of each other. The same holds for the state with its running bound
+      // (recurrence_state_tolerance).
+      RecurrenceConfig cfg;
+      {
+        const Json params = {{"chunk", std::max(s.chunk, whole_chunk)}};
+        Problem wide = make_problem(name, params);
+        wide.batch = 1, wide.heads = 4, wide.kv_heads = 2, wide.seq_q = wide.seq_kv = n, wide.head_dim = d;
+        wide.mask.causal = true;
+        cfg.kind.gate = whole.variant.capabilities().gate;
+        cfg.kind.retention = std::string(name) == "retention";
+        cfg.kind.delta = is_delta(name);
+        cfg.kind.normalize_keys = is_delta(name);
+        cfg.chunk = std::max(s.chunk, whole_chunk);
+        const double out_bound = 2 * whole.variant.abs_tolerance(wide, whole.inputs());
+        const double state_bound = 2 * recurrence_state_tolerance(wide, whole.inputs(), cfg);
+        INFO(std::string(name) + " chunk " + std::to_string(s.chunk) + " prefill " +
+             std::to_string(s.prefill) + ": output bound " + std::to_string(out_bound) + ", state bound " +
+             std::to_string(state_bound));
+        CHECK(max_abs(whole.out.ptr(), joined.data(), joined.size()) <= out_bound);
+        const std::vector<double> fin(state.data.begin(), state.data.end());
+        CHECK(max_abs(whole.fin.ptr(), fin.data(), fin.size()) <= state_bound);
+        // And both within 1e-5 relative, as every form is of the fp64 recurrence.
+        CHECK(rel_l2(whole.out.ptr(), joined.data(), joined.size()) <= 1e-5);
+        CHECK(rel_l2(whole.fin.ptr(), fin.data(), fin.size()) <= 1e-5);
+      }
+    }
+}
+
+TEST_CASE("recurrences: a decode step reads only its own token's K, V, g, beta and costs O(d^2) per head",
+          "[recurrent]") {
+  for (const char* name : kVariants) {
+    const int64_t n = 40, d = 8;
+    RecCase whole(name, Json::object(), 1, 2, 0, n, d, 7);
+    FloatArray state({1, 2, d, d}), clean({1, 2, d}), poisoned({1, 2, d});
+    fill_normal(state.ptr(), static_cast<int64_t>(state.numel()), 5, 0.5);
+    FloatArray s1 = state, s2 = state;
+    decode_step(whole, Json::object(), n - 1, s1, clean);
+    // NaN in every earlier token: a step that read them would give NaN.
+    for (FloatArray* x : {&whole.k, &whole.v, &whole.g, &whole.beta}) {
+      const int64_t blocks = x == &whole.k || x == &whole.v ? whole.p.num_kv_heads() : whole.p.heads;
+      if (!x->numel()) continue;
+      const int64_t width = static_cast<int64_t>(x->numel()) / (blocks * n);
+      for (int64_t b = 0; b < blocks; ++b)
+        std::fill_n(x->ptr() + b * n * width, (n - 1) * width, std::nanf(""));
+    }
+    decode_step(whole, Json::object(), n - 1, s2, poisoned);
+    INFO(name);
+    CHECK(clean.data == poisoned.data);
+    CHECK(s1.data == s2.data);
+    // The same work and workspace at any context.
+    Problem a = make_problem(name), b = make_problem(name);
+    for (Problem* p : {&a, &b}) {
+      p->heads = 8, p->head_dim = 64, p->seq_q = 1, p->mask.causal_lower_right = true,
+      p->initial_state = true;
+    }
+    a.seq_kv = 1024, b.seq_kv = 32768;
+    CHECK(whole.variant.flops(a) == whole.variant.flops(b));
+    CHECK(whole.variant.workspace_bytes(a, 2) == whole.variant.workspace_bytes(b, 2));
+    CHECK(whole.variant.decode_state_bytes(b) == 8u * 64 * 64 * sizeof(float));
+    CHECK(kv_cache_bytes(b) == 2u * 8 * 32768 * 64 * sizeof(float));
+  }
+}
+
+TEST_CASE("recurrences: a decode problem without an initial state is refused with the reason",
+          "[recurrent]") {
+  for (const char* name : kVariants) {
+    Problem p = make_problem(name);
+    p.heads = 2, p.head_dim = 8, p.seq_q = 1, p.seq_kv = 100;
+    p.mask.causal_lower_right = true;
+    const Attention& v = Registry::instance().get(name);
+    INFO(name);
+    CHECK_THAT(v.unsupported_reasons_text(p), Catch::Contains("needs an initial state"));
+    p.initial_state = true;
+    CHECK(v.unsupported_reasons_text(p).empty());
+    // Upper-left causal with seq_q < seq_kv is not a decode: refused as before.
+    p.mask.causal = true;
+    CHECK_THAT(v.unsupported_reasons_text(p), Catch::Contains("seq_q == seq_kv"));
+    p.mask.causal = false;
+    CHECK_THAT(v.backward_unsupported_reasons_text(p), Catch::Contains("no backward for a decode problem"));
+  }
+}
+
+TEST_CASE("sweep decode points: a state from the chunkwise prefill, rows with own accuracy and state bytes",
+          "[recurrent][sweep]") {
+  const std::string text = R"({"name": "decode-test",
+    "variants": ["tiled", "retention", {"name": "gla", "params": {"form": "recurrent", "chunk": 16}},
+                 {"name": "gated_delta_rule", "params": {"chunk": 16}},
+                 {"name": "sliding_window", "params": {"window": 50, "global_tokens": 4}}],
+    "sweep": {"batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 16, "seq_q": 1, "seq_kv": 300,
+              "mask": "causal_lower_right", "threads": 1},
+    "measure": {"warmup": 0, "min_reps": 1, "max_reps": 3, "min_time_s": 0, "max_time_s": 1},
+    "accuracy": {"reference": "full"}, "memory_budget": "1GiB", "seed": 3})";
+  const Plan plan = make_plan(parse_sweep_config_text(text, "decode-test.json"));
+  REQUIRE(plan.points.size() == 5);
+  PointRunner runner(plan.config);
+  Calibration cal;  // the denominators do not matter here
+  cal.sgemm_gflops[1] = 1;
+  runner.set_calibration(cal);
+  for (const SweepPoint& pt : plan.points) {
+    const Problem& p = pt.problem;
+    const bool recurrence = p.variant != "tiled" && p.variant != "sliding_window";
+    const ResultRow row = runner.measure(pt);
+    INFO(row.id << ": " << row.reason);
+    REQUIRE(row.status == "ok");
+    CHECK(p.initial_state == recurrence);
+    CHECK((row.id.find(",state0") != std::string::npos) == recurrence);
+    REQUIRE(row.accuracy.rel_l2_err);
+    REQUIRE(row.accuracy_vs_softmax.rel_l2_err);
+    CHECK(*row.memory.kv_cache_bytes == 2 * 2 * 300 * 16 * 4);
+    if (recurrence) {
+      // Against its own definition from the same state: fp32 rounding; softmax attention is another operator.
+      CHECK(*row.accuracy.rel_l2_err <= 1e-5);
+      CHECK(*row.accuracy_vs_softmax.rel_l2_err > 0.1);
+      CHECK(*row.memory.state_bytes == 4 * 16 * 16 * 4);
+    } else {
+      CHECK(*row.accuracy_vs_softmax.rel_l2_err == *row.accuracy.rel_l2_err);
+      CHECK(*row.accuracy_vs_softmax.max_abs_err == *row.accuracy.max_abs_err);
+    }
+    if (p.variant == "tiled") CHECK(*row.memory.state_bytes == *row.memory.kv_cache_bytes);
+    if (p.variant == "sliding_window") CHECK(*row.memory.state_bytes == 2 * (4 + 50 + 1) * 2 * 16 * 4);
+    if (!recurrence) continue;
+    // The prefill's state, then the decode step from it, equal the fp64 definition run over the whole
+    // context (a self-attention problem of 300 tokens whose last query is the decode's).
+    PointInputs in = make_inputs(pt);
+    AttentionInputs view = in.view(nullptr);
+    view.g = in.gate_for(p);
+    DecodeStates states;
+    states.prepare(pt, view);
+    REQUIRE(states.state_for(p) != nullptr);
+    FloatArray out({1, 4, 1, 16});
+    AttentionInputs step = view;
+    step.out = out.ptr();
+    step.initial_state = states.state_for(p);
+    const Attention& variant = Registry::instance().get(p.variant);
+    variant.run(p, step);
+    Problem whole = p;
+    whole.seq_q = 300, whole.initial_state = false;
+    whole.mask = MaskSpec{};
+    whole.mask.causal = true;
+    FloatArray q({1, 4, 300, 16});
+    for (int64_t h = 0; h < 4; ++h) std::copy_n(in.q.ptr() + h * 16, 16, q.ptr() + (h * 300 + 299) * 16);
+    AttentionInputs all = view;
+    all.q = q.ptr();
+    DoubleArray want({1, 4, 300, 16});
+    variant.reference_forward(whole, all, want.ptr());
+    std::vector<double> last(4 * 16);
+    for (int64_t h = 0; h < 4; ++h) std::copy_n(want.ptr() + (h * 300 + 299) * 16, 16, last.data() + h * 16);
+    CHECK(rel_l2(out.ptr(), last.data(), last.size()) <= 1e-5);
+  }
+}
+
+TEST_CASE("recurrences: a bf16 / fp16 decode step widens only its own token", "[recurrent]") {
+  for (const char* name : kVariants)
+    for (DType t : {DType::bf16, DType::fp16}) {
+      const int64_t n = 64, d = 8;
+      RecCase whole(name, Json::object(), 1, 4, 2, n, d, 17);
+      Problem p = make_problem(name);
+      p.heads = 4, p.kv_heads = 2, p.head_dim = d, p.seq_q = 1, p.seq_kv = n, p.dtype = t;
+      p.mask.causal_lower_right = true;
+      p.initial_state = true;
+      FloatArray state({1, 4, d, d}), out({1, 4, 1, d});
+      fill_normal(state.ptr(), static_cast<int64_t>(state.numel()), 9, 0.5);
+      const FloatArray q = token_slice(whole.q, 4, n, n - 1, 1);
+      AttentionInputs in;
+      in.q = q.ptr(), in.k = whole.k.ptr(), in.v = whole.v.ptr();
+      in.g = whole.g.numel() ? whole.g.ptr() : nullptr;
+      in.beta = whole.beta.numel() ? whole.beta.ptr() : nullptr;
+      in.initial_state = state.ptr();
+      const StoredInputs stored(p, in);
+      AttentionInputs s16 = stored.get();
+      s16.out = out.ptr();
+      DoubleArray want({1, 4, 1, d});
+      whole.variant.reference_forward(p, s16, want.ptr());
+      // NaN (fp16) or 2^125 (bf16) in every earlier token's 16-bit K and V rows: the step reads none of them.
+      std::vector<uint16_t> k(s16.k16, s16.k16 + whole.k.numel()), v(s16.v16, s16.v16 + whole.v.numel());
+      for (int64_t b = 0; b < 2; ++b)
+        for (int64_t e = 0; e < (n - 1) * d; ++e) k[b * n * d + e] = v[b * n * d + e] = 0x7e00;
+      s16.k16 = k.data(), s16.v16 = v.data();
+      whole.variant.run(p, s16);
+      INFO(std::string(name) + " " + dtype_name(t));
+      CHECK(max_abs(out.ptr(), want.ptr(), out.numel()) <= whole.variant.abs_tolerance(p, stored.get()));
+      // It widens the step's tokens, not the context: the same workspace at any context.
+      Problem longer = p;
+      longer.seq_kv = 32768;
+      CHECK(whole.variant.workspace_bytes(longer, 2) == whole.variant.workspace_bytes(p, 2));
+    }
 }

@@ -13,6 +13,7 @@
 #include "common/support/runtime.hpp"
 #include "common/support/tensor.hpp"
 #include "tests/support/attention_case.hpp"
+#include "variants/sliding_window/rolling_cache.hpp"
 
 using namespace attn;
 using namespace attn::test;
@@ -426,4 +427,116 @@ TEST_CASE("sliding_window backward memory is linear in n", "[sliding_window]") {
   const std::size_t large = v.backward_workspace_bytes(p, 2);
   CHECK(large < 10 * small);
   CHECK(large < 32768u * 32768u);
+}
+
+namespace {
+
+// The StreamingLLM pattern on a causal sequence of n positions: the first `sinks` positions and the band
+// j = i - m*dilation, m = 0 .. w (definition_mask with the leading positions global).
+std::vector<uint8_t> streaming_mask(int64_t n, int64_t w, int64_t dilation, int64_t sinks) {
+  std::vector<int64_t> globals;
+  for (int64_t g = 0; g < std::min(sinks, n); ++g) globals.push_back(g);
+  return definition_mask(n, w, dilation, globals, true);
+}
+
+}  // namespace
+
+TEST_CASE("sliding_window decode: a rolling cache of sinks + window equals full attention of the pattern",
+          "[sliding_window]") {
+  struct Setting {
+    int64_t window, dilation, sinks;
+  };
+  const Setting settings[] = {{8, 1, 4}, {5, 2, 1}, {16, 1, 0}, {3, 3, 2}};
+  const int64_t n = 150, d = 16, heads = 2;
+  for (const Setting& s : settings) {
+    const Json params = {{"window", s.window}, {"dilation", s.dilation}, {"global_tokens", s.sinks}};
+    // The whole sequence at once (causal self-attention under the window + sinks pattern), and its fp64
+    // reference under the mask written from the definition.
+    AttentionCase c = window_case(params, 1, heads, n, d, true, false, 300 + s.window);
+    const FloatArray full = c.run();
+    const std::vector<uint8_t> mask = streaming_mask(n, s.window, s.dilation, s.sinks);
+    Problem masked = c.p;
+    masked.mask.boolean = true;
+    require_matches_reference(c, masked, full, mask.data());
+    // Token by token through one rolling cache per head: its memory is fixed when it is made.
+    FloatArray rolled({1, heads, n, d});
+    const float scale = static_cast<float>(c.p.effective_scale());
+    for (int64_t h = 0; h < heads; ++h) {
+      sliding_window::RollingKvCache cache(s.sinks, s.window, s.dilation, d);
+      const std::size_t bytes = cache.bytes();
+      CHECK(cache.capacity() == s.sinks + s.window * s.dilation + 1);
+      for (int64_t t = 0; t < n; ++t) {
+        cache.append(&c.k_at(h, t, 0), &c.v_at(h, t, 0));
+        cache.attend(&c.q_at(h, t, 0), scale, rolled.ptr() + (h * n + t) * d);
+        REQUIRE(cache.bytes() == bytes);
+      }
+    }
+    INFO(c.p.repro());
+    // Both within the derived fp32 bound of the same fp64 oracle (hence within twice it of each other).
+    require_matches_reference(c, masked, rolled, mask.data());
+    CHECK(max_abs_diff(rolled, full) <=
+          2 * exact_abs_tolerance(masked, c.inputs(nullptr, &masked, mask.data())));
+    // The variant's decode (seq_q = 1 at every context length t + 1, causal_lower_right, the whole K/V given)
+    // reads the rows the cache holds through the same kernel in the same order: bitwise the cache's output.
+    for (int64_t t : {int64_t{0}, s.sinks, int64_t{37}, n - 1}) {
+      AttentionCase step(
+          make_test_problem("sliding_window", 1, heads, 1, t + 1, d, "causal_lower_right", params));
+      for (int64_t h = 0; h < heads; ++h) {
+        std::copy_n(&c.q_at(h, t, 0), d, &step.q_at(h, 0, 0));
+        std::copy_n(&c.k_at(h, 0, 0), (t + 1) * d, &step.k_at(h, 0, 0));
+        std::copy_n(&c.v_at(h, 0, 0), (t + 1) * d, &step.v_at(h, 0, 0));
+      }
+      const FloatArray got = step.run();
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t j = 0; j < d; ++j) REQUIRE(got.data[h * d + j] == rolled.data[(h * n + t) * d + j]);
+    }
+  }
+}
+
+TEST_CASE("sliding_window decode shapes: reference, GQA, several queries, constant memory and work",
+          "[sliding_window]") {
+  const Json params = {{"window", 32}, {"dilation", 1}, {"global_tokens", 4}};
+  for (int64_t seq_q : {1, 3}) {
+    // 4 query heads on 2 K/V heads, a context of 500: against the variant's own fp64 definition (exact
+    // softmax under the pattern at the queries' positions 500 - seq_q ..).
+    Problem p = make_test_problem("sliding_window", 2, 4, seq_q, 500, 16, "causal_lower_right", params);
+    p.kv_heads = 2;
+    AttentionCase c(p, 77);
+    const FloatArray got = c.run();
+    const Attention& v = Registry::instance().get("sliding_window");
+    DoubleArray want({p.batch, p.heads, p.seq_q, p.head_dim});
+    v.reference_forward(p, c.inputs(nullptr), want.ptr());
+    INFO(p.repro());
+    CHECK(max_abs_diff(got, want) <= v.abs_tolerance(p, c.inputs(nullptr)));
+    // Equal to the last rows of the full-context computation (self-attention over all 500 positions).
+    AttentionCase whole(make_test_problem("sliding_window", 2, 4, 500, 500, 16, "causal", params));
+    whole.p.kv_heads = 2;
+    whole.k = c.k, whole.v = c.v;
+    whole.q = FloatArray({2, 4, 500, 16});
+    for (int64_t bh = 0; bh < 8; ++bh)
+      std::copy_n(c.q.ptr() + bh * seq_q * 16, seq_q * 16, whole.q.ptr() + (bh * 500 + 500 - seq_q) * 16);
+    const FloatArray all = whole.run();
+    double worst = 0;
+    for (int64_t bh = 0; bh < 8; ++bh)
+      for (int64_t e = 0; e < seq_q * 16; ++e)
+        worst = std::max(worst, std::fabs(double(got.data[bh * seq_q * 16 + e]) -
+                                          all.data[(bh * 500 + 500 - seq_q) * 16 + e]));
+    CHECK(worst <= 2 * v.abs_tolerance(p, c.inputs(nullptr)));
+  }
+  // What a decode keeps and does is constant in the context: the rolling cache (4 sinks + 33 window rows,
+  // K and V, fp32), the FLOPs and the workspace, while exact attention's KV cache grows.
+  const Attention& v = Registry::instance().get("sliding_window");
+  Problem a = make_test_problem("sliding_window", 1, 8, 1, 1024, 64, "causal_lower_right", params);
+  Problem b = a;
+  b.seq_kv = 32768;
+  CHECK(v.decode_state_bytes(a) == 8u * (4 + 33) * 2 * 64 * sizeof(float));
+  CHECK(v.decode_state_bytes(b) == v.decode_state_bytes(a));
+  CHECK(v.flops(a) == v.flops(b));
+  CHECK(v.workspace_bytes(a, 2) == v.workspace_bytes(b, 2));
+  CHECK(kv_cache_bytes(b) == 32 * kv_cache_bytes(a));
+  // Masks, dropout and the backward are not part of the rolling-cache decode: refused with the reason.
+  b.dropout = 0.1;
+  CHECK_THAT(v.unsupported_reasons_text(b), Catch::Contains("no dropout"));
+  b.dropout = 0;
+  CHECK_THAT(v.backward_unsupported_reasons_text(b), Catch::Contains("no backward for a decode problem"));
 }

@@ -66,13 +66,61 @@ void AccuracyReferences::fill_forward(const SweepPoint& pt, const AttentionInput
                                   : gather_rows(out, bh, p.seq_q, p.head_dim, rows_);
   const auto rows = static_cast<int64_t>(rows_.size());
   const int64_t nrows = bh * rows;
-  const ErrorMetrics e2e = compare_outputs(got.data(), reference_.ptr(), nrows, p.head_dim);
-  fill_accuracy(row.accuracy_e2e, e2e, rows);
-  if (p.dtype == DType::fp32)
-    fill_accuracy(row.accuracy, e2e, rows);
-  else
-    fill_accuracy(row.accuracy, compare_outputs(got.data(), stored_reference_.ptr(), nrows, p.head_dim),
+  const ErrorMetrics soft_e2e = compare_outputs(got.data(), reference_.ptr(), nrows, p.head_dim);
+  const ErrorMetrics soft = p.dtype == DType::fp32
+                                ? soft_e2e
+                                : compare_outputs(got.data(), stored_reference_.ptr(), nrows, p.head_dim);
+  row.accuracy_vs_softmax.max_abs_err = soft.max_abs_err;
+  row.accuracy_vs_softmax.rel_l2_err = soft.rel_l2_err;
+  const Attention& variant = Registry::instance().get(p.variant);
+  if (!variant.capabilities().own_definition) {
+    fill_accuracy(row.accuracy_e2e, soft_e2e, rows);
+    fill_accuracy(row.accuracy, soft, rows);
+    return;
+  }
+  // Not softmax attention: `accuracy` is against the variant's own fp64 definition on the inputs it read,
+  // `accuracy_e2e` on the fp32 inputs. The reference is the variant's (every row), keyed by the whole problem
+  // (its repro: variant, parameters, shapes, mask, dtype, initial state) on this input set.
+  const std::string own_key = pt.input_key + "|" + p.repro();
+  AttentionInputs fp32_in = fp32;
+  fp32_in.out = nullptr;
+  own_reference(variant, WideInputs::as_fp32(p), fp32_in, own_key + "|fp32", own_key_, own_reference_);
+  const ErrorMetrics own_e2e =
+      compare_outputs(got.data(), own_rows(own_reference_, p).data(), nrows, p.head_dim);
+  fill_accuracy(row.accuracy_e2e, own_e2e, rows);
+  if (p.dtype == DType::fp32) {
+    own_stored_key_.clear();
+    own_stored_reference_ = DoubleArray();
+    fill_accuracy(row.accuracy, own_e2e, rows);
+  } else {
+    AttentionInputs stored = stored_in;
+    stored.out = nullptr;
+    own_reference(variant, p, stored, own_key, own_stored_key_, own_stored_reference_);
+    fill_accuracy(row.accuracy,
+                  compare_outputs(got.data(), own_rows(own_stored_reference_, p).data(), nrows, p.head_dim),
                   rows);
+  }
+}
+
+void AccuracyReferences::own_reference(const Attention& variant, const Problem& p, const AttentionInputs& in,
+                                       const std::string& key, std::string& have_key, DoubleArray& ref) {
+  if (have_key == key) return;
+  have_key.clear();
+  ref = DoubleArray();
+  ref = DoubleArray({p.batch, p.heads, p.seq_q, p.head_dim});
+  variant.reference_forward(p, in, ref.ptr());
+  have_key = key;
+}
+
+std::vector<double> AccuracyReferences::own_rows(const DoubleArray& ref, const Problem& p) const {
+  const int64_t bh = p.batch * p.heads, D = p.head_dim;
+  std::vector<double> rows(static_cast<std::size_t>(bh) * rows_.size() * static_cast<std::size_t>(D));
+  for (int64_t x = 0; x < bh; ++x)
+    for (std::size_t r = 0; r < rows_.size(); ++r)
+      std::copy_n(
+          ref.ptr() + (x * p.seq_q + rows_[r]) * D, D,
+          rows.data() + (static_cast<std::size_t>(x) * rows_.size() + r) * static_cast<std::size_t>(D));
+  return rows;
 }
 
 void AccuracyReferences::fill_backward(const SweepPoint& pt, const AttentionInputs& stored,

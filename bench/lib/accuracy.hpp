@@ -2,8 +2,12 @@
 // runner, attnbench_mpi's ring): the forward's `accuracy` (on the inputs the variant read) and
 // `accuracy_e2e` (on the fp32 inputs before rounding to the storage dtype), and backward rows'
 // `grad_accuracy` (dQ, dK, dV against the fp64 gradient of the blocks grad_reference_blocks names). The
-// references are computed once per input set (and mask, dropout, bias, dtype) and shared by every point on
-// it: the plan keeps those points adjacent.
+// softmax references are computed once per input set (and mask, dropout, bias, dtype) and shared by every
+// point on it: the plan keeps those points adjacent. A variant that is not softmax attention
+// (Capabilities::own_definition: the recurrences) has `accuracy` and `accuracy_e2e` against its own fp64
+// definition (Attention::reference_forward, keyed by the whole problem: it is that variant's alone), and the
+// shared softmax reference gives `accuracy_vs_softmax`, the informative distance between the two operators
+// (for softmax variants it repeats `accuracy`'s figures).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -39,11 +43,20 @@ class AccuracyReferences {
   void forward_reference(const Problem& p, const AttentionInputs& in, const std::string& mode,
                          const std::string& key, std::string& have_key, DoubleArray& ref);
 
+  // A variant's own fp64 definition (reference_forward, every row) of `p` on `in` under `key` into `ref`.
+  void own_reference(const Attention& variant, const Problem& p, const AttentionInputs& in,
+                     const std::string& key, std::string& have_key, DoubleArray& ref);
+  // The compared rows (rows_) of a whole [batch, heads, seq_q, head_dim] reference, in the compact order.
+  std::vector<double> own_rows(const DoubleArray& ref, const Problem& p) const;
+
   const AccuracySettings& settings_;
   std::vector<int64_t> rows_;
   // On the fp32 inputs (the end-to-end reference; the only one of fp32 points) and on the rounded ones.
   std::string key_, stored_key_;
   DoubleArray reference_, stored_reference_;
+  // Own-definition references (Capabilities::own_definition), on the fp32 and on the rounded inputs.
+  std::string own_key_, own_stored_key_;
+  DoubleArray own_reference_, own_stored_reference_;
   std::string grad_key_;
   DoubleArray grad_dq_, grad_dk_, grad_dv_;
 };

@@ -56,10 +56,11 @@ void fill_recurrence_inputs(const SweepPoint& pt, PointInputs& in) {
   const Attention* variant = Registry::instance().find(p.variant);
   if (!variant) return;
   const Capabilities caps = variant->capabilities();
-  const std::vector<int64_t> tokens{p.batch, p.heads, p.seq_q};
+  // One per key token (a decode point's context included; the call reads the tokens it consumes).
+  const std::vector<int64_t> tokens{p.batch, p.heads, p.seq_kv};
   if (caps.gate == Gate::scalar && in.g.shape != tokens)
     draw_into(in.g, tokens, pt.input_seed * 3 + 1 + kGateStream, true);
-  const std::vector<int64_t> channels{p.batch, p.heads, p.seq_q, p.head_dim};
+  const std::vector<int64_t> channels{p.batch, p.heads, p.seq_kv, p.head_dim};
   if (caps.gate == Gate::vector && in.g_vector.shape != channels)
     draw_into(in.g_vector, channels, pt.input_seed * 3 + 1 + kGateStream, true);
   if (caps.beta && in.beta.shape != tokens)

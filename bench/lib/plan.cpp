@@ -7,6 +7,13 @@
 #include <map>
 #include <sstream>
 
+#include "bench/lib/decode_state.hpp"
+#include "common/support/error.hpp"
+#include "common/support/hash.hpp"
+#include "common/reference/reference.hpp"
+#include "common/support/runtime.hpp"
+#include "common/kernels/simd.hpp"
+#include "common/interface/util.hpp"
 #include "common/interface/util.hpp"
 #include "common/kernels/simd.hpp"
 #include "common/reference/reference.hpp"
@@ -190,6 +197,9 @@ std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
                                   p.bias = bias;
                                   if (cap > 0) p.softcap = cap;
                                   p.sinks = sinks;
+                                  // A recurrence's decode point runs from the state a chunkwise prefill of
+                                  // the context makes (untimed; decode_state.hpp).
+                                  p.initial_state = decode_from_prefill(p);
                                   pt.mask = mask;
                                   pt.regime = regime;
                                   pt.threads = T;
@@ -284,6 +294,11 @@ PointMemory point_memory(const SweepPoint& pt, const SweepConfig& c) {
     // bf16 / fp16: the reference on the rounded inputs (the kernel's error) and the one on the fp32 inputs
     // (the end-to-end error); fp32: one serves both.
     m.reference = elements * ((p.dtype == DType::fp32 ? 1 : 2) * sizeof(double) + sizeof(float));
+    // A variant that is not softmax attention is compared with its own definition too
+    // (Capabilities::own_definition), whose fp64 reference_forward writes every row.
+    if (v.capabilities().own_definition)
+      m.reference = sat_add(
+          m.reference, sat_mul(to_size(p.q_elements()), (p.dtype == DType::fp32 ? 1 : 2) * sizeof(double)));
   }
   if (p.dtype != DType::fp32)
     m.fp32_inputs = static_cast<std::size_t>(p.q_elements() + 2 * p.kv_elements()) * sizeof(float);

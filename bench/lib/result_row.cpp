@@ -395,7 +395,9 @@ constexpr Field kFields[] = {
     {"accuracy.rows", "integer", "", "query rows compared per (batch, head)", INT64(r.accuracy.rows)},
     {"accuracy.max_abs_err", "number|string|null", "",
      "largest absolute error against the fp64 exact reference on the inputs the kernel read "
-     "(rounded to `dtype`: the kernel's own error; `\"inf\"` if an output is non-finite)",
+     "(rounded to `dtype`: the kernel's own error; `\"inf\"` if an output is non-finite): exact "
+     "softmax attention, or for a variant that is not softmax attention (the recurrences) its own "
+     "definition (reference_forward); the distance from softmax is then `accuracy_vs_softmax`",
      OPT_NUM(r.accuracy.max_abs_err)},
     {"accuracy.rel_l2_err", "number|string|null", "", "‖out − ref‖₂ / ‖ref‖₂ over the compared rows",
      OPT_NUM(r.accuracy.rel_l2_err)},
@@ -420,6 +422,16 @@ constexpr Field kFields[] = {
      OPT_INT(r.accuracy_e2e.nan_count)},
     {"accuracy_e2e.inf_count", "integer|null", "", "as `accuracy.inf_count`",
      OPT_INT(r.accuracy_e2e.inf_count)},
+    {"accuracy_vs_softmax.max_abs_err", "number|string|null", "",
+     "informative: largest absolute distance of the output from exact softmax attention in fp64 on "
+     "the inputs the kernel read, on `accuracy`'s rows: for a variant that is not softmax attention "
+     "(the recurrences, whose `accuracy` is against their own definition) the gap between the two "
+     "operators; for softmax variants (exact or approximate) the same as `accuracy.max_abs_err`; null "
+     "when not compared and in older rows",
+     OPT_NUM(r.accuracy_vs_softmax.max_abs_err)},
+    {"accuracy_vs_softmax.rel_l2_err", "number|string|null", "",
+     "informative: ‖out − softmax_ref‖₂ / ‖softmax_ref‖₂ on the same rows",
+     OPT_NUM(r.accuracy_vs_softmax.rel_l2_err)},
     {"grad_accuracy.reference", "string", "",
      "backward rows: `full`, `sampled` (the first and last (batch, K/V head) blocks) or `none` "
      "(forward rows, or a reference costing more than accuracy.grad_max_work)",
@@ -469,6 +481,16 @@ constexpr Field kFields[] = {
      "what the accuracy steps allocate (fp64 reference rows, two of them for bf16 / fp16, + "
      "copy; backward rows add the fp64 gradients of the compared blocks)",
      BYTES(r.memory.reference_bytes)},
+    {"memory.state_bytes", "integer|null", "B",
+     "what a decode keeps between steps at the row's context (seq_kv), from the sizes: a recurrence's "
+     "d_k x d_v fp32 state per (batch, head), sliding_window's rolling cache (K and V of the sinks "
+     "and the last w·dilation + 1 positions, fp32), the KV cache for every other variant; null in "
+     "older rows",
+     OPT_INT(r.memory.state_bytes)},
+    {"memory.kv_cache_bytes", "integer|null", "B",
+     "beside it, the KV cache exact attention keeps at the same context: K and V, batch x kv_heads "
+     "x seq_kv x head_dim at `dtype`'s width; null in older rows",
+     OPT_INT(r.memory.kv_cache_bytes)},
     {"memory.peak_bytes", "integer|null", "B",
      "measured increase of the resident high-water mark during the point's untimed checked call "
      "(null: not measured): the forward's for forward rows; for backward rows the backward's, "

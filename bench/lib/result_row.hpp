@@ -34,11 +34,20 @@ struct InterferenceSummary {
   std::optional<double> freq_mhz;        // mean current frequency of those cores, where the kernel exposes it
 };
 
-struct AccuracySummary {  // against the fp64 exact softmax reference (metrics null until compared)
-  std::string reference;  // "full" | "sampled" | "none"
-  int64_t rows = 0;       // query rows compared per (batch, head)
+// Against the fp64 reference (metrics null until compared): exact softmax attention, or the variant's own
+// definition for a variant that is not softmax attention (Capabilities::own_definition: the recurrences).
+struct AccuracySummary {
+  std::string reference;                                       // "full" | "sampled" | "none"
+  int64_t rows = 0;                                            // query rows compared per (batch, head)
   std::optional<double> max_abs_err, rel_l2_err, mean_cosine;  // written as "nan"/"inf" when not finite
   std::optional<int64_t> nan_count, inf_count;
+};
+
+// The informative distance of the output from exact softmax attention in fp64 on the same inputs (what the
+// variant read), compared on `accuracy`'s rows: for a variant with its own definition (the recurrences) the
+// gap between two different operators; for softmax variants the same figures as `accuracy`.
+struct SoftmaxDistance {
+  std::optional<double> max_abs_err, rel_l2_err;  // written as "nan"/"inf" when not finite
 };
 
 // Backward points: the fp32 gradients against the fp64 gradient of exact softmax attention (same masks, bias,
@@ -58,6 +67,10 @@ struct MemorySummary {
   uint64_t inputs_bytes = 0;
   uint64_t workspace_bytes = 0;
   uint64_t reference_bytes = 0;
+  // What a decode keeps per call between steps at the row's context (Attention::decode_state_bytes: a
+  // recurrence's state, sliding_window's rolling cache, the KV cache for the others) and, beside it, the KV
+  // cache exact attention keeps at that context (kv_cache_bytes). Null in rows from before them.
+  std::optional<int64_t> state_bytes, kv_cache_bytes;
   std::optional<int64_t> peak_bytes;  // measured resident high-water-mark increase (null: not measured)
   std::string peak_note;              // why peak_bytes is null ("" when it is measured)
 };
@@ -136,6 +149,7 @@ struct ResultRow {
   // Against the fp64 reference on the fp32 inputs before rounding: what a user of `dtype` loses end to end
   // (the same as `accuracy` for fp32 rows).
   AccuracySummary accuracy_e2e;
+  SoftmaxDistance accuracy_vs_softmax;
   GradAccuracySummary grad_accuracy;  // backward and forward_backward rows (reference "none" otherwise)
   MemorySummary memory;
   std::optional<int64_t> nonfinite_inputs;  // NaN/Inf values in Q, K, V (null until measured)

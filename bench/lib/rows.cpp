@@ -1,6 +1,10 @@
 // Rows (rows.hpp).
 #include "bench/lib/rows.hpp"
 
+#include <algorithm>
+#include <cstdint>
+#include "common/kernels/simd.hpp"
+#include "common/interface/util.hpp"
 #include "common/interface/util.hpp"
 #include "common/kernels/simd.hpp"
 
@@ -34,6 +38,8 @@ ResultRow base_row(const SweepPoint& pt, const SweepConfig& c, const std::string
   r.memory.inputs_bytes = m.call.inputs;
   r.memory.workspace_bytes = m.call.workspace;
   r.memory.reference_bytes = sat_add(m.reference, m.grad_reference);
+  r.memory.state_bytes = static_cast<int64_t>(std::min<std::size_t>(v.decode_state_bytes(p), INT64_MAX));
+  r.memory.kv_cache_bytes = static_cast<int64_t>(std::min<std::size_t>(kv_cache_bytes(p), INT64_MAX));
   if (pt.pass != Pass::forward) r.grad_accuracy.reference = grad_accuracy_mode(p, c.accuracy);
   // From the sizes alone, like the memory estimates: skipped rows carry it too (`run --dry-run --json`).
   r.bytes = point_bytes(pt);

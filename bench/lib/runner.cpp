@@ -79,10 +79,14 @@ void PointRunner::prepare_inputs(const SweepPoint& pt) {
     inputs_ = PointInputs();
     inputs_key_.clear();
     rope_ms_.clear();
+    decode_states_.clear();
     inputs_ = make_inputs(pt);
     inputs_key_ = pt.input_key;
   }
   fill_recurrence_inputs(pt, inputs_);  // g / beta in the shape this point's variant reads
+  // A recurrence's decode point: its state, by a chunkwise prefill of the context (untimed;
+  // decode_state.hpp).
+  decode_states_.prepare(pt, fp32_inputs_for(pt.problem));
   const DType t = pt.problem.dtype;
   if (t != DType::fp32 && !stored_.count(t))
     stored_[t] = std::make_unique<StoredInputs>(pt.problem, inputs_.view(nullptr));
@@ -94,6 +98,14 @@ AttentionInputs PointRunner::inputs_for(const Problem& p) const {
   // at their first point).
   in.g = inputs_.gate_for(p);
   in.beta = inputs_.beta.numel() ? inputs_.beta.ptr() : nullptr;
+  in.initial_state = decode_states_.state_for(p);
+  return in;
+}
+
+AttentionInputs PointRunner::fp32_inputs_for(const Problem& p) const {
+  AttentionInputs in = inputs_.view(nullptr);
+  in.g = inputs_.gate_for(p);
+  in.initial_state = decode_states_.state_for(p);
   return in;
 }
 
@@ -364,7 +376,7 @@ void PointRunner::run_and_check(const SweepPoint& pt, ResultRow& row, TrainingSt
 }
 
 void PointRunner::fill_forward_accuracy(const SweepPoint& pt, const FloatArray& out, ResultRow& row) {
-  references_.fill_forward(pt, inputs_.view(nullptr), inputs_for(pt.problem), out.ptr(), row);
+  references_.fill_forward(pt, fp32_inputs_for(pt.problem), inputs_for(pt.problem), out.ptr(), row);
 }
 
 const FloatArray& PointRunner::d_out_for(const SweepPoint& pt) {

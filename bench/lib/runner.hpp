@@ -18,6 +18,7 @@
 
 #include "bench/lib/accuracy.hpp"
 #include "bench/lib/calibration.hpp"
+#include "bench/lib/decode_state.hpp"
 #include "bench/lib/executor.hpp"
 #include "bench/lib/inputs.hpp"
 #include "bench/lib/interference.hpp"
@@ -107,6 +108,8 @@ class PointRunner final : public Executor {
   void fill_timed_rows(const std::vector<SweepPoint>& group, GroupRun& run, bool noisy) const;
   void prepare_inputs(const SweepPoint& pt);
   AttentionInputs inputs_for(const Problem& p) const;
+  // The fp32 inputs of `p` (before any rounding to its dtype), with the g / beta and decode state it reads.
+  AttentionInputs fp32_inputs_for(const Problem& p) const;
   // The untimed call: peak memory, output sanity and accuracy. Backward passes run the training forward and
   // the backward (check_backward) and leave the forward's O and saved state in `state`.
   void run_and_check(const SweepPoint& pt, ResultRow& row, TrainingState& state);
@@ -140,6 +143,7 @@ class PointRunner final : public Executor {
   std::map<DType, std::unique_ptr<StoredInputs>> stored_;  // inputs_ rounded to bf16 / fp16
 
   std::map<std::string, double> rope_ms_;  // "threads|isa" -> median ms, for inputs_key_
+  DecodeStates decode_states_;             // recurrences' decode points: the prefill states of inputs_key_
   AccuracyReferences references_;          // the fp64 references of the current input set
   // Backward points of the current input set: dO.
   FloatArray d_out_;

@@ -31,7 +31,9 @@ Json capabilities_json(const Capabilities& c) {
           {"softcap", c.softcap},
           {"gate", gate_name(c.gate)},
           {"beta", c.beta},
-          {"state", c.state}};
+          {"state", c.state},
+          {"decode", c.decode},
+          {"own_definition", c.own_definition}};
 }
 
 Json variants_json() {
@@ -85,7 +87,7 @@ std::vector<std::string> Attention::not_supported_reasons(const Problem& p) cons
                 std::to_string(p.num_kv_heads()) + " != heads " + std::to_string(p.heads) + ")");
   if (p.mask.boolean && !c.boolean_mask) r.push_back(name() + " does not support boolean masks");
   if (p.mask.key_padding && !c.key_padding) r.push_back(name() + " does not support key padding");
-  if (p.seq_q != p.seq_kv && !c.cross)
+  if (p.seq_q != p.seq_kv && !c.cross && !(c.decode && is_decode_shape(p)))
     r.push_back(name() + " does not support cross-attention (seq_q " + std::to_string(p.seq_q) +
                 " != seq_kv " + std::to_string(p.seq_kv) + ")");
   if (p.dropout > 0 && !c.dropout) r.push_back(name() + " does not support dropout");
@@ -99,14 +101,21 @@ std::vector<std::string> Attention::not_supported_reasons(const Problem& p) cons
   if (p.softcap && !c.softcap) r.push_back(name() + " does not support logit soft-capping");
   if (p.sinks && !c.sinks) r.push_back(name() + " does not take sink logits");
   if (p.initial_state && !c.state) r.push_back(name() + " does not take an initial state");
-  if (c.gate != Gate::none || c.beta) {
-    // A recurrence runs causally over one sequence.
+  if (c.gate != Gate::none || c.beta || c.state) {
+    // A recurrence (it reads a gate or beta, or carries a state) runs causally over one sequence.
     if (!p.mask.any_causal())
       r.push_back(name() + " is a causal recurrence: it needs the causal mask (got mask " + p.mask.str() +
                   ")");
-    if (p.seq_q != p.seq_kv)
-      r.push_back(name() + " is a recurrence over one sequence: it needs seq_q == seq_kv (got " +
-                  std::to_string(p.seq_q) + " and " + std::to_string(p.seq_kv) + ")");
+    if (p.seq_q != p.seq_kv && !(c.decode && is_decode_shape(p)))
+      r.push_back(name() +
+                  " is a recurrence over one sequence: it needs seq_q == seq_kv, or seq_q < seq_kv " +
+                  "under causal_lower_right alone (decode) (got " + std::to_string(p.seq_q) + " and " +
+                  std::to_string(p.seq_kv) + ", mask " + p.mask.str() + ")");
+    else if (p.seq_q != p.seq_kv && !p.initial_state)
+      r.push_back(name() + " decodes from a state: seq_q " + std::to_string(p.seq_q) + " < seq_kv " +
+                  std::to_string(p.seq_kv) + " needs an initial state (the state after the first seq_kv - " +
+                  "seq_q tokens, e.g. a chunk-form call on them with final_state); it does not rerun the " +
+                  "context");
   }
   for (auto& extra : extra_not_supported_reasons(p)) r.push_back(std::move(extra));
   return r;
@@ -143,6 +152,18 @@ void Attention::run(const Problem& p, const AttentionInputs& in) const {
   check_inputs(p, in);
   check_extra_inputs(p, in);
   forward(p, in);
+}
+
+std::size_t kv_cache_bytes(const Problem& p) {
+  return sat_mul(to_size(p.kv_elements()), 2 * dtype_bytes(p.dtype));
+}
+
+bool is_decode_shape(const Problem& p) {
+  return p.seq_q < p.seq_kv && p.mask.causal_lower_right && !p.mask.causal;
+}
+
+std::size_t Attention::decode_state_bytes(const Problem& p) const {
+  return kv_cache_bytes(p);
 }
 
 double compulsory_bytes(const Problem& p) {

@@ -58,6 +58,17 @@ struct Capabilities {
   // Takes a starting state (Problem::initial_state, AttentionInputs::initial_state) and can write the final
   // one (AttentionInputs::final_state), both [batch, heads, head_dim, head_dim] (d_k x d_v per head).
   bool state = false;
+  // Decode shapes: seq_q < seq_kv under causal_lower_right alone (the last seq_q positions' queries against
+  // the context, a KV-cache decode step) without general cross-attention (Capabilities::cross). A
+  // recurrence needs Problem::initial_state there: the state after the first seq_kv - seq_q tokens, of
+  // which it then reads no K, V, g or beta (O(d_k d_v) per token and head whatever the context); without
+  // one it refuses the problem (not_supported_reasons). sliding_window reads only its rolling cache's
+  // entries (sinks and the window; variants/sliding_window/rolling_cache.hpp).
+  bool decode = false;
+  // Not softmax attention: the exact baseline of its rows' `accuracy` is its own fp64 definition
+  // (reference_forward), and the distance from exact softmax attention is an informative second figure
+  // (`accuracy_vs_softmax`). The recurrences set it; approximations of softmax attention do not.
+  bool own_definition = false;
   // Implements block partials (init_block_state, accumulate_block, finish_block_state): attention of a
   // query block against key blocks one at a time, merged into a running state, for sequence-parallel callers
   // (attnbench_mpi's ring attention runs any variant that claims it).
@@ -178,6 +189,12 @@ class Attention {
   // each); override when the algorithm streams something more (a materialised score matrix, K/V read once
   // per query head), with a comment saying what is counted.
   virtual double bytes_moved(const Problem& p) const;
+
+  // Bytes a decode server keeps per sequence between calls for this variant at the problem's context
+  // (seq_kv tokens): what the rows report as memory.state_bytes beside kv_cache_bytes(p). Default: the KV
+  // cache, what an attention that reads every key keeps; a recurrence keeps its d_k x d_v state per head and
+  // sliding_window its rolling cache of sinks + window entries (both constant in the context).
+  virtual std::size_t decode_state_bytes(const Problem& p) const;
 
   // What one run(p, ...) at `threads` threads needs in memory, from the sizes alone (nothing is allocated):
   // the one estimate the sweep, eval, check and the Google Benchmark driver all use.
@@ -309,6 +326,13 @@ class Registry {
 Problem make_problem(const std::string& variant, const Json& given = Json::object());
 // Reads a repro string (Problem::repro) back; parameters are resolved against the registered variant's specs.
 Problem parse_problem(const std::string& repro);
+
+// The KV cache an exact variant keeps at the problem's context: K and V, batch x kv_heads x seq_kv x
+// head_dim at the storage dtype's width (saturating).
+std::size_t kv_cache_bytes(const Problem& p);
+
+// Whether `p` is a decode shape (Capabilities::decode): seq_q < seq_kv under causal_lower_right alone.
+bool is_decode_shape(const Problem& p);
 
 // Q, K, V (kv_heads heads), O and the masks the problem uses, each moved once: the least any variant moves.
 double compulsory_bytes(const Problem& p);

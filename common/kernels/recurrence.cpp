@@ -23,13 +23,16 @@ HeadInputs head_inputs(const Problem& p, const AttentionInputs& in, const Recurr
                        int64_t h) {
   HeadInputs hi;
   hi.n = p.seq_q, hi.d = p.head_dim;
-  const int64_t bh = b * p.heads + h, n = hi.n, d = hi.d;
+  // A decode problem (seq_q < seq_kv, Capabilities::decode) runs from its initial state over the last seq_q
+  // tokens: K, V, g and beta are [.., seq_kv, ..] (one per key token) and only rows seq_kv - seq_q .. are
+  // read.
+  const int64_t bh = b * p.heads + h, n = hi.n, d = hi.d, nkv = p.seq_kv, skip = nkv - n;
   hi.q = in.q + bh * n * d;
-  hi.k = in.k + p.kv_block(b, h) * n * d;
-  hi.v = in.v + p.kv_block(b, h) * n * d;
-  if (kind.gate == Gate::scalar) hi.g = in.g + bh * n;
-  if (kind.gate == Gate::vector) hi.g = in.g + bh * n * d;
-  if (kind.delta) hi.beta = in.beta + bh * n;
+  hi.k = in.k + (p.kv_block(b, h) * nkv + skip) * d;
+  hi.v = in.v + (p.kv_block(b, h) * nkv + skip) * d;
+  if (kind.gate == Gate::scalar) hi.g = in.g + bh * nkv + skip;
+  if (kind.gate == Gate::vector) hi.g = in.g + (bh * nkv + skip) * d;
+  if (kind.delta) hi.beta = in.beta + bh * nkv + skip;
   if (p.initial_state) hi.s0 = in.initial_state + bh * d * d;
   hi.log_gamma = kind.retention ? retention_log_gamma(h) : 0.0;
   hi.scale = p.effective_scale();
@@ -37,19 +40,23 @@ HeadInputs head_inputs(const Problem& p, const AttentionInputs& in, const Recurr
 }
 
 void check_recurrence_inputs(const Problem& p, const AttentionInputs& in, const RecurrenceKind& kind) {
-  const int64_t tokens = p.batch * p.heads * p.seq_q;
+  // The tokens the call reads: all of them, or a decode's last seq_q of seq_kv (checking the whole context
+  // would cost a decode step O(seq_kv)).
+  const int64_t rows = p.batch * p.heads, nkv = p.seq_kv, skip = p.seq_kv - p.seq_q;
   if (kind.gate != Gate::none) {
-    const int64_t n = tokens * (kind.gate == Gate::vector ? p.head_dim : 1);
-    for (int64_t e = 0; e < n; ++e)
-      if (!std::isfinite(in.g[e]) || in.g[e] > 0)
-        throw UsageError(p.variant + ": g[" + std::to_string(e) + "] = " + std::to_string(in.g[e]) +
-                         ": every gate must be finite and <= 0 (a decay exp(g) in (0, 1])");
+    const int64_t w = kind.gate == Gate::vector ? p.head_dim : 1;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t e = (r * nkv + skip) * w; e < (r + 1) * nkv * w; ++e)
+        if (!std::isfinite(in.g[e]) || in.g[e] > 0)
+          throw UsageError(p.variant + ": g[" + std::to_string(e) + "] = " + std::to_string(in.g[e]) +
+                           ": every gate must be finite and <= 0 (a decay exp(g) in (0, 1])");
   }
   if (kind.delta)
-    for (int64_t e = 0; e < tokens; ++e)
-      if (!std::isfinite(in.beta[e]) || !(in.beta[e] > 0 && in.beta[e] <= 1))
-        throw UsageError(p.variant + ": beta[" + std::to_string(e) + "] = " + std::to_string(in.beta[e]) +
-                         ": every beta must be in (0, 1]");
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t e = r * nkv + skip; e < (r + 1) * nkv; ++e)
+        if (!std::isfinite(in.beta[e]) || !(in.beta[e] > 0 && in.beta[e] <= 1))
+          throw UsageError(p.variant + ": beta[" + std::to_string(e) + "] = " + std::to_string(in.beta[e]) +
+                           ": every beta must be in (0, 1]");
   if (p.initial_state) {
     const int64_t n = p.batch * p.heads * p.head_dim * p.head_dim;
     for (int64_t e = 0; e < n; ++e)
@@ -466,6 +473,14 @@ std::vector<HeadStats> all_head_stats(const Problem& p, const AttentionInputs& i
 double recurrence_abs_tolerance(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg) {
   double tol = 0;
   for (const HeadStats& st : all_head_stats(p, in, cfg, nullptr)) tol = std::max(tol, st.max_out);
+  return 4.0 * tol + 1e-30;
+}
+
+// The state's running bound e_t above (a Frobenius bound, so one on every element), its largest over
+// tokens and heads, times 4 as the output's.
+double recurrence_state_tolerance(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg) {
+  double tol = 0;
+  for (const HeadStats& st : all_head_stats(p, in, cfg, nullptr)) tol = std::max(tol, st.max_e_fwd);
   return 4.0 * tol + 1e-30;
 }
 

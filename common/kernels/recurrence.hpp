@@ -78,6 +78,9 @@ void recurrence_reference_backward(const Problem& p, const AttentionInputs& in, 
 
 // Derived bounds (derivations next to the definitions in recurrence.cpp).
 double recurrence_abs_tolerance(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg);
+// Bound on every element of |S_t(fp32) - S_t| over tokens and heads (the Frobenius bound e_t of the same
+// derivation), for checks of the final state.
+double recurrence_state_tolerance(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg);
 GradientTolerance recurrence_grad_tolerance(const Problem& p, const AttentionInputs& in,
                                             const RecurrenceConfig& cfg, const float* d_out);
 

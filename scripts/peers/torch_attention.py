@@ -504,6 +504,8 @@ def measure(torch, pt, row, data, settings, probe, calibration, interference):
                                                                  data["reference"].reshape(-1, D)))
         if "accuracy_e2e" in row:  # fp32 inputs only (start_row): the end-to-end error is the same
             row["accuracy_e2e"] = dict(row["accuracy"])
+        if "accuracy_vs_softmax" in row:  # softmax attention: the same figures as accuracy (result_row.cpp)
+            row["accuracy_vs_softmax"] = {k: row["accuracy"][k] for k in ("max_abs_err", "rel_l2_err")}
         bad += row["accuracy"]["nan_count"] + row["accuracy"]["inf_count"]
     if grads is not None and "grad_blocks" in data:
         ga = row["grad_accuracy"]

@@ -3,8 +3,10 @@
 // (a gate per key channel), delta_rule (DeltaNet) and gated_delta_rule (Gated DeltaNet). Each takes
 // form=chunk|recurrent and chunk=C; the delta rules also normalize_keys. They are not softmax attention:
 // their exact baseline is their own fp64 recurrence (reference_forward), and they need causal self-attention.
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/interface/attention.hpp"
@@ -32,7 +34,11 @@ class Recurrent final : public Attention {
   }
   Capabilities capabilities() const override {
     // Causal self-attention only (the base refuses non-causal and cross problems for a recurrence);
-    // lower-right causal equals causal when seq_q == seq_kv. bf16 / fp16: widened to fp32 up front.
+    // lower-right causal equals causal when seq_q == seq_kv. Decode (seq_q < seq_kv under causal_lower_right)
+    // from an initial state: the state after the first seq_kv - seq_q tokens, whose K, V, g, beta are then
+    // not read; without an initial state such a problem is refused (the base says why), never run over the
+    // whole context behind the caller's back. bf16 / fp16: widened to fp32 up front (a decode widens only
+    // the tokens it reads: forward()).
     return {.exact = false,
             .causal = true,
             .causal_lower_right = true,
@@ -42,7 +48,9 @@ class Recurrent final : public Attention {
             .backward = true,
             .gate = spec_.kind.gate,
             .beta = spec_.kind.delta,
-            .state = true};
+            .state = true,
+            .decode = true,
+            .own_definition = true};
   }
   std::vector<ParamSpec> param_specs() const override {
     std::vector<ParamSpec> specs = {
@@ -82,6 +90,26 @@ class Recurrent final : public Attention {
   std::size_t backward_workspace_bytes(const Problem& p, int threads) const override {
     return recurrence_backward_workspace_bytes(p, config(p), threads);
   }
+  // The d_k x d_v fp32 state per (batch, query head): what a decode keeps, whatever the context.
+  std::size_t decode_state_bytes(const Problem& p) const override {
+    return sat_mul(to_size(p.batch * p.heads), to_size(p.head_dim * p.head_dim), sizeof(float));
+  }
+  // Q and O once, K and V of the tokens read (a decode's last seq_q only), g and beta of those tokens, and
+  // the initial state read once when there is one (the final state, written only when asked for, is not
+  // counted: the problem does not say).
+  double bytes_moved(const Problem& p) const override {
+    const double w = static_cast<double>(dtype_bytes(p.dtype)), tokens = static_cast<double>(p.seq_q);
+    const double q = static_cast<double>(p.q_elements());
+    const double kv = 2.0 * static_cast<double>(p.batch * p.num_kv_heads() * p.head_dim) * tokens;
+    const double heads = static_cast<double>(p.batch * p.heads);
+    const double gates = heads * tokens *
+                         ((spec_.kind.gate == Gate::vector   ? static_cast<double>(p.head_dim)
+                           : spec_.kind.gate == Gate::scalar ? 1.0
+                                                             : 0.0) +
+                          (spec_.kind.delta ? 1.0 : 0.0));
+    return (q + kv) * w + q * 4.0 + gates * 4.0 +
+           (p.initial_state ? static_cast<double>(decode_state_bytes(p)) : 0.0);
+  }
 
   void reference_forward(const Problem& p, const AttentionInputs& stored, double* out) const override {
     const WideInputs wide(p, stored);
@@ -106,9 +134,39 @@ class Recurrent final : public Attention {
 
  protected:
   void forward(const Problem& p, const AttentionInputs& stored) const override {
+    if (p.dtype != DType::fp32 && p.seq_q < p.seq_kv) {
+      decode16(p, stored);
+      return;
+    }
     const WideInputs wide(p, stored);
     check_recurrence_inputs(p, wide.get(), spec_.kind);
     recurrence_forward(p, wide.get(), config(p));
+  }
+  // A 16-bit decode step: the tokens it reads (the last seq_q of every K/V head, and their g and beta) as a
+  // self-shaped problem of seq_q tokens from the same state, widened to fp32 (O(seq_q d) whatever the
+  // context, where WideInputs would widen the whole K/V).
+  void decode16(const Problem& p, const AttentionInputs& stored) const {
+    Problem step = p;
+    step.seq_kv = p.seq_q;
+    const int64_t n = p.seq_q, skip = p.seq_kv - p.seq_q, d = p.head_dim;
+    auto tail = [&](const auto* x, int64_t blocks, int64_t width) {  // rows [skip, seq_kv) of every block
+      std::vector<std::remove_const_t<std::remove_pointer_t<decltype(x)>>> y(to_size(blocks * n * width));
+      for (int64_t b = 0; b < blocks; ++b)
+        std::copy_n(x + (b * p.seq_kv + skip) * width, n * width, y.data() + b * n * width);
+      return y;
+    };
+    const int64_t kv = p.batch * p.num_kv_heads(), bh = p.batch * p.heads;
+    const std::vector<uint16_t> k = tail(stored.k16, kv, d), v = tail(stored.v16, kv, d);
+    std::vector<float> g, beta;
+    if (spec_.kind.gate != Gate::none) g = tail(stored.g, bh, spec_.kind.gate == Gate::vector ? d : 1);
+    if (spec_.kind.delta) beta = tail(stored.beta, bh, 1);
+    AttentionInputs in = stored;
+    in.k16 = k.data(), in.v16 = v.data();
+    in.g = g.empty() ? nullptr : g.data();
+    in.beta = beta.empty() ? nullptr : beta.data();
+    const WideInputs wide(step, in);
+    check_recurrence_inputs(step, wide.get(), spec_.kind);
+    recurrence_forward(step, wide.get(), config(step));
   }
   void backward(const Problem& p, const AttentionInputs& in, const GradientArgs& g) const override {
     check_recurrence_inputs(p, in, spec_.kind);
@@ -118,18 +176,11 @@ class Recurrent final : public Attention {
     recurrence_backward(p, in, config(p), g.d_out, rg);
   }
 
-  // retention reads neither g nor beta, so the base class does not know it is a recurrence: refuse what it
-  // refuses for the others.
-  std::vector<std::string> extra_not_supported_reasons(const Problem& p) const override {
-    std::vector<std::string> r;
-    if (spec_.kind.gate != Gate::none || spec_.kind.delta) return r;
-    if (!p.mask.any_causal())
-      r.push_back(name() + " is a causal recurrence: it needs the causal mask (got mask " + p.mask.str() +
-                  ")");
-    if (p.seq_q != p.seq_kv)
-      r.push_back(name() + " is a recurrence over one sequence: it needs seq_q == seq_kv (got " +
-                  std::to_string(p.seq_q) + " and " + std::to_string(p.seq_kv) + ")");
-    return r;
+  // The backward covers one whole sequence (dK, dV of every key); a decode step has none here.
+  std::vector<std::string> extra_backward_not_supported_reasons(const Problem& p) const override {
+    if (p.seq_q == p.seq_kv) return {};
+    return {name() + ": no backward for a decode problem (seq_q " + std::to_string(p.seq_q) + " < seq_kv " +
+            std::to_string(p.seq_kv) + ")"};
   }
 
  private:
@@ -141,11 +192,17 @@ class Recurrent final : public Attention {
     cfg.chunk = p.param_int("chunk");
     return cfg;
   }
+  // bf16 / fp16: fp32 copies of Q, K, V; a decode (decode16) widens only the seq_q tokens it reads, after
+  // gathering their 16-bit K, V rows and their g and beta.
   static std::size_t widened_bytes(const Problem& p) {
-    return p.dtype == DType::fp32
-               ? 0
-               : sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, to_size(p.kv_elements()))),
-                         sizeof(float));
+    if (p.dtype == DType::fp32) return 0;
+    if (p.seq_q == p.seq_kv)
+      return sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, to_size(p.kv_elements()))), sizeof(float));
+    const std::size_t kv = sat_mul(to_size(p.batch * p.num_kv_heads() * p.head_dim), to_size(p.seq_q));
+    const std::size_t tokens = to_size(p.batch * p.heads * p.seq_q);
+    return sat_add(sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, kv)), sizeof(float)),
+                   sat_mul(2 * kv, sizeof(uint16_t)),
+                   sat_mul(tokens, to_size(p.head_dim + 1), sizeof(float)));
   }
   RecurrentSpec spec_;
 };

@@ -18,6 +18,7 @@
 #include "common/support/aligned.hpp"
 #include "common/support/runtime.hpp"
 #include "variants/sliding_window/pattern.hpp"
+#include "variants/sliding_window/rolling_cache.hpp"
 
 namespace attn {
 namespace {
@@ -284,6 +285,63 @@ void forward_global(const Problem& p, const AttentionInputs& in, const Plan& pla
     sgemm(false, false, nr, D, n, 1.0f, s, lds, in.v + kv_head, D, 0.0f, og, D);
     for (int64_t row = 0; row < nr; ++row)
       std::copy_n(og + row * D, D, in.out + head + plan.globals[g0 + row] * D);
+  });
+}
+
+// ---- Decode (rolling_cache.hpp) ----
+// A decode problem: seq_q < seq_kv under causal_lower_right, query row i at key position i + seq_kv - seq_q.
+// Each row reads only what a rolling cache would hold (the global / sink rows and its band), in place from
+// the full K/V (16-bit rows widened one at a time), through the kernel RollingKvCache uses: O((g + w) d) per
+// query row, whatever seq_kv is.
+int64_t decode_rows_bound(const Problem& p) {  // the most rows a non-global decode query reads
+  const int64_t g = sliding_window::global_count(p.param("global_tokens"), p.seq_kv);
+  return std::min(p.seq_kv, g + p.param_int("window") + 1);
+}
+
+void decode_forward(const Problem& p, const AttentionInputs& in) {
+  const int64_t nq = p.seq_q, nkv = p.seq_kv, D = p.head_dim, off = nkv - nq;
+  const int64_t window = p.param_int("window"), dilation = p.param_int("dilation");
+  const std::vector<int64_t> globals = sliding_window::global_positions(p.param("global_tokens"), nkv);
+  const float scale = static_cast<float>(p.effective_scale());
+  struct Scratch {
+    std::vector<int64_t> pos;
+    std::vector<const float*> k, v;
+    std::vector<float> scores, wide, q;
+  };
+  tbb::enumerable_thread_specific<Scratch> scratch;
+  tbb::parallel_for(int64_t{0}, p.batch * p.heads, [&](int64_t bh) {
+    Scratch& w = scratch.local();
+    const int64_t b = bh / p.heads, h = bh % p.heads, kv = p.kv_block(b, h) * nkv;
+    for (int64_t i = 0; i < nq; ++i) {
+      sliding_window::decode_positions(i + off, window, dilation, globals, w.pos);
+      const auto count = static_cast<int64_t>(w.pos.size());
+      w.k.resize(w.pos.size()), w.v.resize(w.pos.size()), w.scores.resize(w.pos.size());
+      const float* q = nullptr;
+      if (p.dtype == DType::fp32) {
+        q = in.q + (bh * nq + i) * D;
+        for (int64_t c = 0; c < count; ++c) {
+          w.k[c] = in.k + (kv + w.pos[c]) * D;
+          w.v[c] = in.v + (kv + w.pos[c]) * D;
+        }
+      } else {
+        auto widen = [&](const uint16_t* x, float* y) {
+          for (int64_t e = 0; e < D; ++e)
+            y[e] = p.dtype == DType::bf16 ? bf16_to_float(x[e]) : fp16_to_float(x[e]);
+        };
+        w.wide.resize(static_cast<std::size_t>(2 * count * D));
+        w.q.resize(static_cast<std::size_t>(D));
+        widen(in.q16 + (bh * nq + i) * D, w.q.data());
+        q = w.q.data();
+        for (int64_t c = 0; c < count; ++c) {
+          float* kr = w.wide.data() + 2 * c * D;
+          widen(in.k16 + (kv + w.pos[c]) * D, kr);
+          widen(in.v16 + (kv + w.pos[c]) * D, kr + D);
+          w.k[c] = kr, w.v[c] = kr + D;
+        }
+      }
+      sliding_window::attend_entries(q, w.k.data(), w.v.data(), count, D, scale, w.scores.data(),
+                                     in.out + (bh * nq + i) * D);
+    }
   });
 }
 
@@ -597,10 +655,19 @@ struct MaskedProblem {
   std::vector<uint8_t> mask;
   AttentionInputs in;
   MaskedProblem(const Problem& prob, const AttentionInputs& inputs) : p(prob), in(inputs) {
-    const auto globals = sliding_window::global_positions(prob.param("global_tokens"), prob.seq_q);
+    // On the key sequence: a decode problem's query row i sits at position i + seq_kv - seq_q.
+    const int64_t nkv = prob.seq_kv, off = prob.seq_kv - prob.seq_q;
+    const auto globals = sliding_window::global_positions(prob.param("global_tokens"), nkv);
     const sliding_window::Pattern pattern(prob.param_int("window"), prob.param_int("dilation"),
-                                          prob.mask.any_causal(), globals, prob.seq_q);
-    mask = pattern.dense_mask();
+                                          prob.mask.any_causal(), globals, nkv);
+    if (off == 0) {
+      mask = pattern.dense_mask();
+    } else {
+      mask.assign(static_cast<std::size_t>(prob.seq_q * nkv), 0);
+      for (int64_t i = 0; i < prob.seq_q; ++i)
+        for (int64_t j = 0; j < nkv; ++j)
+          mask[static_cast<std::size_t>(i * nkv + j)] = pattern.allows(i + off, j);
+    }
     if (prob.mask.boolean)
       for (std::size_t e = 0; e < mask.size(); ++e) mask[e] = mask[e] && inputs.mask[e];
     p.mask.boolean = true;
@@ -621,6 +688,8 @@ class SlidingWindow final : public Attention {
     // Not exact: it is exact softmax on a sparse pattern, not full attention (the sweep measures the gap).
     // Positions matter, so it is not permutation equivariant; the band is defined on one sequence, so no
     // cross-attention, and so causal_lower_right (offset seq_kv - seq_q = 0) is causal: any_causal() below.
+    // Decode shapes (seq_q < seq_kv under causal_lower_right): the last seq_q positions read only the rows a
+    // rolling cache of the sinks and the window holds (rolling_cache.hpp; no masks, dropout or backward).
     // bf16 / fp16: widened to fp32 up front (WideInputs, counted in workspace_bytes).
     return {.exact = false,
             .causal = true,
@@ -633,7 +702,8 @@ class SlidingWindow final : public Attention {
             .bf16 = true,
             .fp16 = true,
             .permutation_equivariant = false,
-            .backward = true};
+            .backward = true,
+            .decode = true};
   }
   std::vector<ParamSpec> param_specs() const override {
     return {
@@ -668,6 +738,9 @@ class SlidingWindow final : public Attention {
   }
 
   double flops(const Problem& p) const override {
+    // Decode: 4·d per (query, cached key) pair, each row reading at most the globals and the window's w+1.
+    if (is_decode_shape(p))
+      return 4.0 * static_cast<double>(p.batch * p.heads * p.head_dim * p.seq_q * decode_rows_bound(p));
     // Per head: 4·d FLOPs (two GEMMs) per attended (query, key) pair of the pattern, counting band rows as
     // min(2w+1, class length) keys (w+1 when causal) plus the global keys, and global rows as seq keys.
     // Edge truncation of the band and the corners this kernel computes and discards are not counted.
@@ -679,6 +752,17 @@ class SlidingWindow final : public Attention {
   }
 
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
+    if (is_decode_shape(p)) {
+      // Per thread: positions, pointers and scores of a row's entries (and widened rows for bf16 / fp16);
+      // the list of global positions once.
+      const std::size_t rows = to_size(decode_rows_bound(p));
+      const std::size_t per_thread =
+          sat_add(sat_mul(rows, 2 * sizeof(int64_t) + 2 * sizeof(const float*) + sizeof(float)),
+                  p.dtype == DType::fp32 ? 0 : sat_mul(rows + 1, 2 * to_size(p.head_dim), sizeof(float)));
+      return sat_add(sat_mul(to_size(std::max(threads, 1)), per_thread),
+                     sat_mul(to_size(sliding_window::global_count(p.param("global_tokens"), p.seq_kv)),
+                             sizeof(int64_t)));
+    }
     const Plan plan(p, /*with_positions=*/false);
     const int64_t g = plan.globals_count();
     const int64_t per_thread = plan.band_floats() + (g == 0 ? 0 : plan.global_floats());
@@ -694,6 +778,23 @@ class SlidingWindow final : public Attention {
             : sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, to_size(p.kv_elements()))), sizeof(float));
     return sat_add(sat_mul(to_size(std::max(threads, 1)), to_size(per_thread), sizeof(float)), to_size(flags),
                    sat_mul(to_size(g), sizeof(int64_t)), widened);
+  }
+
+  // The rolling cache a decode keeps: K and V rows of the globals (sinks) and of the last w·dilation + 1
+  // positions, fp32 (RollingKvCache), at most the context: constant once the context passes it.
+  std::size_t decode_state_bytes(const Problem& p) const override {
+    const int64_t g = sliding_window::global_count(p.param("global_tokens"), p.seq_kv);
+    const int64_t rows = std::min(p.seq_kv, g + p.param_int("window") * p.param_int("dilation") + 1);
+    return sat_mul(to_size(p.batch * p.num_kv_heads()), to_size(rows), 2 * to_size(p.head_dim),
+                   sizeof(float));
+  }
+  // Decode: Q and O once and the K/V rows a row reads (the rolling cache's), not the whole context.
+  double bytes_moved(const Problem& p) const override {
+    if (!is_decode_shape(p)) return compulsory_bytes(p);
+    const double w = static_cast<double>(dtype_bytes(p.dtype)), q = static_cast<double>(p.q_elements());
+    const double kv = 2.0 * static_cast<double>(p.batch * p.num_kv_heads() * p.head_dim) *
+                      static_cast<double>(std::min(p.seq_kv, decode_rows_bound(p) + p.seq_q - 1));
+    return (q + kv) * w + q * 4.0;
   }
 
   // The training forward keeps each query row's log-sum-exp (backward's comment above).
@@ -756,15 +857,28 @@ class SlidingWindow final : public Attention {
 
   std::vector<std::string> extra_not_supported_reasons(const Problem& p) const override {
     std::vector<std::string> reasons;
+    // Positions are the key sequence's (seq_kv = seq_q except for a decode problem).
     // Resolving a list throws UsageError on duplicates: a config error, not a skip. (A count has none, and
     // is not expanded: it may be as long as the sequence.)
     if (p.param("global_tokens").is_array())
-      (void)sliding_window::global_positions(p.param("global_tokens"), p.seq_q);
-    for (int64_t bad : sliding_window::out_of_range_global_indices(p.param("global_tokens"), p.seq_q))
+      (void)sliding_window::global_positions(p.param("global_tokens"), p.seq_kv);
+    for (int64_t bad : sliding_window::out_of_range_global_indices(p.param("global_tokens"), p.seq_kv))
       reasons.push_back("sliding_window: global_tokens index " + std::to_string(bad) +
-                        " is not a position of a " + std::to_string(p.seq_q) +
+                        " is not a position of a " + std::to_string(p.seq_kv) +
                         "-long sequence (indices must be < seq)");
+    if (is_decode_shape(p)) {
+      if (p.mask.boolean || p.mask.key_padding)
+        reasons.push_back(
+            "sliding_window: a decode problem (rolling cache) takes no boolean mask or key padding");
+      if (p.dropout > 0)
+        reasons.push_back("sliding_window: a decode problem (rolling cache) takes no dropout");
+    }
     return reasons;
+  }
+  std::vector<std::string> extra_backward_not_supported_reasons(const Problem& p) const override {
+    if (!is_decode_shape(p)) return {};
+    return {"sliding_window: no backward for a decode problem (seq_q " + std::to_string(p.seq_q) +
+            " < seq_kv " + std::to_string(p.seq_kv) + ")"};
   }
 
  private:
@@ -772,6 +886,11 @@ class SlidingWindow final : public Attention {
   void forward_impl(const Problem& p, const AttentionInputs& stored, float* lse) const {
     if (auto reasons = not_supported_reasons(p); !reasons.empty())
       throw NotSupported("sliding_window: " + reasons.front());
+    if (is_decode_shape(p)) {  // reads the 16-bit rows it needs itself: no whole-context widening
+      if (lse) throw std::logic_error("sliding_window: no training forward for a decode problem");
+      decode_forward(p, stored);
+      return;
+    }
     const WideInputs wide(p, stored);  // bf16 / fp16: converted to fp32 once, up front
     const AttentionInputs& in = wide.get();
     const Plan plan(p);
