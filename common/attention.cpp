@@ -159,6 +159,14 @@ void Attention::reference_forward(const Problem& p, const AttentionInputs& in, d
   reference_attention(p, in, out);
 }
 
+void Attention::reference_forward_state(const Problem& p, const AttentionInputs& in, double* out,
+                                        double* final_state) const {
+  if (final_state)
+    throw std::logic_error(name() + " has no final state (Capabilities::state) to reference (" + p.repro() +
+                           ")");
+  reference_forward(p, in, out);
+}
+
 double Attention::abs_tolerance(const Problem& p, const AttentionInputs& in) const {
   return exact_abs_tolerance(p, in);
 }
