@@ -128,6 +128,8 @@ RECURRENCE_INPUTS = ("g", "beta", "initial_state")
 def needed_inputs(caps):
     """The recurrence inputs a variant needs, as eval_case options: g ("g" or gla's "g_vector") and beta."""
     needed = {}
+    if caps.get("state") or caps.get("gate", "none") != "none" or caps.get("beta"):
+        needed["causal"] = True  # a recurrence runs causal only: every case but "no mask" runs it
     if caps.get("gate", "none") != "none":
         needed["g"] = "g_vector" if caps["gate"] == "vector" else "g"
     if caps.get("beta"):
@@ -142,6 +144,8 @@ def eval_case(exe, inputs, variant, label, **options):
             inputs.path("v"), "--out", inputs.path("out")]
     kwargs = {}
     for key, value in options.items():
+        if value is False:  # an option left off (the default)
+            continue
         if key in ("mask", "key_padding"):
             args += ["--" + key.replace("_", "-"), inputs.path(key)]
             kwargs[key] = getattr(inputs, key)
@@ -200,12 +204,13 @@ def cli_equivalence(exe, tmp):
         # A recurrence's g and beta go with every case (refusals then come from the case's own option).
         needed = needed_inputs(caps)
         case = lambda *a, **kw: eval_case(*a, **dict(needed, **kw))
-        case(exe, mha, name, "no mask")
+        case(exe, mha, name, "no mask", causal=False)
         case(exe, mha, name, "causal", causal=True)  # refused alike where the variant has no causal
         if caps["state"]:
             case(exe, mha, name, "causal with an initial state", causal=True, initial_state="initial_state")
         if caps["causal_lower_right"]:
-            case(exe, cross if caps["cross"] else mha, name, "causal_lower_right", causal_lower_right=True)
+            case(exe, cross if caps["cross"] else mha, name, "causal_lower_right", causal_lower_right=True,
+                 causal=False)
         if caps["boolean_mask"]:
             case(exe, mha, name, "mask", mask=True)
         if caps["key_padding"]:
@@ -589,6 +594,8 @@ def cli_options(inputs, options):
     """`attnbench eval` arguments and module keyword arguments for the same options (as eval_case)."""
     args, kwargs = [], {}
     for key, value in options.items():
+        if value is False:  # an option left off (the default)
+            continue
         if key in ("mask", "key_padding"):
             args += ["--" + key.replace("_", "-"), inputs.path(key)]
             kwargs[key] = getattr(inputs, key)
@@ -695,12 +702,13 @@ def backward_cli_equivalence(exe, tmp):
         name, caps = v["name"], v["capabilities"]
         needed = needed_inputs(caps)  # a recurrence's g and beta go with every case
         backward_case = lambda *a, **kw: backward_case_of(*a, **dict(needed, **kw))
-        backward_case(exe, mha, name, "no mask")
+        backward_case(exe, mha, name, "no mask", causal=False)
         backward_case(exe, mha, name, "causal", causal=True)
         if caps["state"]:
             backward_case(exe, mha, name, "causal with an initial state", causal=True, initial_state="initial_state")
         if caps["causal_lower_right"]:
-            backward_case(exe, cross if caps["cross"] else mha, name, "causal_lower_right", causal_lower_right=True)
+            backward_case(exe, cross if caps["cross"] else mha, name, "causal_lower_right",
+                          causal_lower_right=True, causal=False)
         if caps["boolean_mask"]:
             backward_case(exe, mha, name, "mask (a row with no allowed key: +inf in the state)", mask=True)
         if caps["key_padding"]:
@@ -880,8 +888,7 @@ def reference_gradients():
                               "reference_backward() (%s)" % (name, errs))
         exact = x["capabilities"]["exact"]
         differs = not np.array_equal(attnbench.reference(*args[:3], variant=name, **opts),
-                                     attnbench.reference(*args[:3], causal=opts.get("causal", False),
-                                                         **{n: opts[n] for n in ("params",) if n in opts}))
+                                     attnbench.reference(*args[:3], causal=opts.get("causal", False)))
         check(exact or differs, "%s: reference(variant=) is its own definition (%s)" %
               (name, "exact attention" if exact else "not exact attention's"))
 
@@ -915,9 +922,9 @@ def autograd_function():
     # projections and iterations; the registry's grad_tolerance bounds them per problem).
     for x in backward_variants():
         name, caps = x["name"], x["capabilities"]
-        if needed_inputs(caps):
-            print("SKIP  attnbench.autograd with %s: the Function takes no g / beta (%s)" %
-                  (name, ", ".join(needed_inputs(caps))))
+        wanted = [n for n in needed_inputs(caps) if n in RECURRENCE_INPUTS]
+        if wanted:
+            print("SKIP  attnbench.autograd with %s: the Function takes no g / beta (%s)" % (name, ", ".join(wanted)))
             continue
         for label, opts in cases:
             if ("causal" in opts and not caps["causal"]) or ("key_padding" in opts and not caps["key_padding"]) or \
