@@ -9,6 +9,7 @@
 //    masks and dropout: output .npy files bitwise equal across runs and across --threads 1 and 2, and the
 //    --compare figures identical.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <map>
 #include <set>
 #include <sstream>
@@ -16,6 +17,10 @@
 #include <vector>
 
 #include "bench/lib/plan.hpp"
+#include "common/interface/attention.hpp"
+#include "common/io/npy.hpp"
+#include "common/support/random.hpp"
+#include "common/support/runtime.hpp"
 #include "common/interface/attention.hpp"
 #include "common/io/npy.hpp"
 #include "common/support/runtime.hpp"
@@ -209,23 +214,42 @@ TEST_CASE("eval: every variant's output is bitwise identical across runs and at 
   inputs.random_mask(34, 0.8);
   const CaseFiles files = inputs.write_files(dir);
   const std::string qp = files.q, kp = files.k, vp = files.v, padp = files.pad, maskp = files.mask;
+  // A recurrence's inputs (eval --g, --beta, --initial-state): g = logsigmoid(N(0, 1)) per token or per key
+  // channel, beta = sigmoid(N(0, 1)), an N(0, 1/4) initial state.
+  auto drawn = [&](const std::string& name, std::vector<int64_t> shape, uint64_t seed, int kind) {
+    FloatArray x(std::move(shape));
+    fill_normal(x.ptr(), static_cast<int64_t>(x.numel()), seed, kind == 2 ? 0.5 : 1.0);
+    for (float& e : x.data)
+      if (kind == 0)
+        e = static_cast<float>(-std::log1p(std::exp(-static_cast<double>(e))));
+      else if (kind == 1)
+        e = static_cast<float>(1 / (1 + std::exp(-static_cast<double>(e))));
+    write_npy(dir.file(name), x);
+    return dir.file(name);
+  };
+  const std::string gp = drawn("g.npy", {B, H, L}, 41, 0), gvp = drawn("g_vector.npy", {B, H, L, D}, 42, 0),
+                    betap = drawn("beta.npy", {B, H, L}, 43, 1), s0p = drawn("s0.npy", {B, H, D, D}, 44, 2);
 
   int runs = 0;
-  int recurrences = 0;
   for (const Attention* variant : Registry::instance().all()) {
     const Capabilities caps = variant->capabilities();
-    recurrences += caps.state || caps.gate != Gate::none || caps.beta;
-    // The recurrences (gate / beta / state) need g and beta, which eval cannot pass yet (its --g / --beta
-    // flags are issue 32's next step): attnbench check and tests/test_recurrent.cpp cover them.
-    if (caps.state || caps.gate != Gate::none || caps.beta) continue;
+    // A recurrence reads its g, beta and an initial state, and needs a causal mask: --causal unmasked,
+    // --causal-lower-right (the same mask at seq_q == seq_kv) masked.
+    const bool recurrence = caps.state || caps.gate != Gate::none || caps.beta;
+    std::vector<std::string> extra;
+    if (caps.gate != Gate::none) extra.insert(extra.end(), {"--g", caps.gate == Gate::vector ? gvp : gp});
+    if (caps.beta) extra.insert(extra.end(), {"--beta", betap});
+    if (caps.state) extra.insert(extra.end(), {"--initial-state", s0p});
     for (const Json& params : variant->test_param_sets()) {
       for (const bool masked : {false, true}) {
         std::vector<std::string> args{"eval", "--variant", variant->name(), "--q", qp,
                                       "--k",  kp,          "--v",           vp,    "--compare"};
+        args.insert(args.end(), extra.begin(), extra.end());
+        if (recurrence) args.push_back(masked ? "--causal-lower-right" : "--causal");
         for (auto it = params.begin(); it != params.end(); ++it)
           args.insert(args.end(), {"--param", it.key() + "=" + param_value_text(it.value())});
         if (masked) {
-          if (caps.causal) args.push_back("--causal");
+          if (caps.causal && !recurrence) args.push_back("--causal");
           if (caps.key_padding) args.insert(args.end(), {"--key-padding", padp});
           if (caps.boolean_mask) args.insert(args.end(), {"--mask", maskp});
           if (caps.dropout) args.insert(args.end(), {"--dropout", "0.15", "--seed", "9"});
@@ -255,5 +279,5 @@ TEST_CASE("eval: every variant's output is bitwise identical across runs and at 
       }
     }
   }
-  CHECK(runs >= 3 * 2 * (static_cast<int>(Registry::instance().all().size()) - recurrences));
+  CHECK(runs >= 3 * 2 * static_cast<int>(Registry::instance().all().size()));
 }

@@ -17,6 +17,11 @@
 
 #include "bench/lib/plan.hpp"
 #include "common/interface/attention.hpp"
+#include "common/support/error.hpp"
+#include "common/io/npy.hpp"
+#include "common/support/runtime.hpp"
+#include "common/interface/util.hpp"
+#include "common/interface/attention.hpp"
 #include "common/io/npy.hpp"
 #include "common/support/error.hpp"
 #include "common/support/runtime.hpp"
@@ -679,8 +684,9 @@ TEST_CASE("eval --compare with NaN/Inf inputs: counts reported, no crash, the po
   int checked = 0, expected = 0;
   for (const Attention* variant : Registry::instance().all()) {
     const Capabilities caps = variant->capabilities();
-    // The recurrences (gate / beta / state) need g and beta, which eval cannot pass yet (its --g / --beta
-    // flags are issue 32's next step): attnbench check and tests/test_recurrent.cpp cover them.
+    // The recurrences (gate / beta / state) are left out: a NaN in key or value j reaches every later row
+    // through their state, a rule docs/numerics.md does not state for them (the refusals of their own inputs,
+    // eval --g / --beta / --initial-state, are the last test case here).
     if (caps.state || caps.gate != Gate::none || caps.beta) continue;
     // Every variant runs the poisons with no mask, and with causal and key padding where it claims them.
     expected += static_cast<int>(poisons.size()) * (1 + caps.causal + caps.key_padding);
@@ -896,4 +902,136 @@ TEST_CASE_PER_VARIANT("{} size estimates saturate on the largest valid problems"
           }
   }
   CHECK(estimated > 0);
+}
+
+TEST_CASE("eval: a recurrence's g, beta and states: unused, missing, misshapen, out of range or non-finite",
+          "[hostile]") {
+  // Issue 32: a variant given an input it does not read, or lacking one it needs, exits 2 naming both; g > 0,
+  // beta outside (0, 1] and non-finite values name the file, the first offending element's index and value.
+  // Nothing is written (neither O nor the final state).
+  ScratchDir dir("hostile-recurrence");
+  const int64_t B = 1, H = 2, L = 6, D = 8;
+  AttentionCase base(make_test_problem("naive", B, H, L, L, D), 5);
+  const CaseFiles files = base.write_files(dir);
+  auto npy = [&](const std::string& name, std::vector<int64_t> shape, float fill,
+                 std::optional<std::pair<std::size_t, float>> at = std::nullopt) {
+    FloatArray x(std::move(shape), fill);
+    if (at) x.data[at->first] = at->second;
+    const std::string path = dir.file(name);
+    write_npy(path, x);
+    return path;
+  };
+  auto npy64 = [&](const std::string& name, std::vector<int64_t> shape, double fill, std::size_t e,
+                   double v) {
+    DoubleArray x(std::move(shape), fill);
+    x.data[e] = v;
+    const std::string path = dir.file(name);
+    write_npy(path, x);
+    return path;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::string g = npy("g.npy", {B, H, L}, -0.5f), gv = npy("g_vec.npy", {B, H, L, D}, -0.5f),
+                    beta = npy("beta.npy", {B, H, L}, 0.5f), s0 = npy("s0.npy", {B, H, D, D}, 0.25f),
+                    d_out = npy("d_out.npy", {B, H, L, D}, 1.0f);
+  // Element [0, 1, 3] of [1, 2, 6] is flat index 9; [0, 0, 2] is 2; [0, 1, 7, 5] of [1, 2, 8, 8] is 125.
+  const std::string g_pos = npy("g_pos.npy", {B, H, L}, -0.5f, {{9, 0.25f}}),
+                    g_nan = npy("g_nan.npy", {B, H, L}, -0.5f, {{9, nan}}),
+                    g_inf = npy("g_inf.npy", {B, H, L, D}, -0.5f, {{3, -inf}}),
+                    g_big = npy64("g_big.npy", {B, H, L}, -0.5, 2, -1e300),
+                    beta0 = npy("beta0.npy", {B, H, L}, 0.5f, {{2, 0.0f}}),
+                    beta15 = npy("beta15.npy", {B, H, L}, 0.5f, {{9, 1.5f}}),
+                    beta_tiny = npy64("beta_tiny.npy", {B, H, L}, 0.5, 2, 1e-50),
+                    s0_shape = npy("s0_87.npy", {B, H, D, D - 1}, 0.25f),
+                    s0_nan = npy("s0_nan.npy", {B, H, D, D}, 0.25f, {{125, nan}});
+  const std::vector<std::string> qkv{"--q", files.q, "--k", files.k, "--v", files.v};
+  const std::string out = dir.file("O.npy"), fin = dir.file("S_final.npy");
+  auto args = [&](const std::string& variant, std::vector<std::string> extra, bool causal = true) {
+    std::vector<std::string> a{"eval", "--variant", variant};
+    a.insert(a.end(), qkv.begin(), qkv.end());
+    if (causal) a.push_back("--causal");
+    a.insert(a.end(), extra.begin(), extra.end());
+    a.insert(a.end(), {"--out", out});
+    return a;
+  };
+  const std::vector<std::string> grads{
+      "--grad-output",   d_out, "--dq", dir.file("dq.npy"), "--dk", dir.file("dk.npy"), "--dv",
+      dir.file("dv.npy")};
+  auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  struct Case {
+    std::vector<std::string> args;
+    std::vector<std::string> parts;
+  };
+  const std::vector<Case> cases = {
+      // An input the variant does not read: the option, the file, the variant and those that read it.
+      {args("naive", {"--g", g}, false),
+       {"--g '" + g + "'", "variant 'naive' reads no gate g", "simple_gla", "gla", "gated_delta_rule"}},
+      {args("delta_rule", {"--g", g, "--beta", beta}),
+       {"--g '" + g + "'", "variant 'delta_rule' reads no gate g"}},
+      {args("simple_gla", {"--g", g, "--beta", beta}),
+       {"--beta '" + beta + "'", "variant 'simple_gla' reads no beta", "delta_rule"}},
+      {args("naive", {"--initial-state", s0}),
+       {"--initial-state '" + s0 + "'", "variant 'naive' keeps no recurrent state", "retention"}},
+      {args("tiled", {"--final-state", fin}),
+       {"--final-state '" + fin + "'", "variant 'tiled' keeps no recurrent state"}},
+      // A needed input missing: the variant and the option, with the shape and values allowed.
+      {args("gla", {}), {"variant 'gla' needs --g G.npy", "[batch, heads, seq, head_dim]", "<= 0"}},
+      {args("gated_delta_rule", {"--g", g}),
+       {"variant 'gated_delta_rule' needs --beta B.npy", "[batch, heads, seq]", "(0, 1]"}},
+      {args("delta_rule", {}), {"variant 'delta_rule' needs --beta B.npy"}},
+      // Shapes: a scalar gate for gla's per-channel one, a state of the wrong shape.
+      {args("gla", {"--g", g}),
+       {"--g '" + g + "'", "shape [1, 2, 6]", "does not match [1, 2, 6, 8]", "per-channel gate of gla"}},
+      {args("simple_gla", {"--g", gv}),
+       {"--g '" + gv + "'", "shape [1, 2, 6, 8]", "does not match [1, 2, 6]"}},
+      {args("simple_gla", {"--g", g, "--initial-state", s0_shape}),
+       {"--initial-state '" + s0_shape + "'", "[1, 2, 8, 7]", "does not match [1, 2, 8, 8]",
+        "[batch, heads, head_dim, head_dim]"}},
+      // Values: the first offending element's index and value, and what is allowed.
+      {args("simple_gla", {"--g", g_pos}),
+       {"--g '" + g_pos + "'", "element [0, 1, 3]", "= 0.25", "finite and <= 0"}},
+      {args("simple_gla", {"--g", g_nan}), {"--g '" + g_nan + "'", "element [0, 1, 3]", "is NaN"}},
+      {args("gla", {"--g", g_inf}),
+       {"--g '" + g_inf + "'", "element [0, 0, 0, 3]", "= -inf", "not a finite float32"}},
+      {args("simple_gla", {"--g", g_big}),
+       {"--g '" + g_big + "'", "element [0, 0, 2]", "-1e+300", "float32"}},
+      {args("delta_rule", {"--beta", beta0}),
+       {"--beta '" + beta0 + "'", "element [0, 0, 2]", "= 0 ", "(0, 1]"}},
+      {args("gated_delta_rule", {"--g", g, "--beta", beta15}),
+       {"--beta '" + beta15 + "'", "element [0, 1, 3]", "= 1.5", "(0, 1]"}},
+      {args("delta_rule", {"--beta", beta_tiny}),
+       {"--beta '" + beta_tiny + "'", "element [0, 0, 2]", "1e-50 (0 as a float32)", "(0, 1]"}},
+      {args("retention", {"--initial-state", s0_nan}),
+       {"--initial-state '" + s0_nan + "'", "element [0, 1, 7, 5]", "is NaN", "finite"}},
+      // The backward's gradient outputs: only with --grad-output, and only of an input given.
+      {args("simple_gla", {"--g", g, "--dg", dir.file("dg.npy")}), {"--dg", "needs --grad-output"}},
+      {args("retention", with(grads, {"--dg", dir.file("dg.npy")})), {"--dg", "needs --g G.npy"}},
+      {args("simple_gla", with(grads, {"--g", g, "--dbeta", dir.file("db.npy")})),
+       {"--dbeta", "needs --beta B.npy"}},
+      {args("simple_gla", with(grads, {"--g", g, "--d-initial-state", dir.file("ds0.npy")})),
+       {"--d-initial-state", "needs --initial-state S0.npy"}},
+      {args("simple_gla", with(grads, {"--g", g, "--final-state", fin, "--forward-output", out})),
+       {"--final-state", "--forward-output", "no forward runs"}},
+  };
+  for (const Case& c : cases) {
+    INFO(join(c.args, " "));
+    const ProcResult r = run_attnbench(c.args, dir.path());
+    check_refused(r, c.parts);
+    CHECK_FALSE(fs::exists(out));
+    CHECK_FALSE(fs::exists(fin));
+    for (const char* f : {"dq.npy", "dg.npy", "db.npy", "ds0.npy"}) CHECK_FALSE(fs::exists(dir.file(f)));
+  }
+  // The same files, well formed, run (so the refusals above are the inputs', not the files').
+  const ProcResult ok = run_attnbench(args("gated_delta_rule", {"--g", g, "--beta", beta, "--initial-state",
+                                                                s0, "--final-state", fin, "--compare"}),
+                                      dir.path());
+  INFO(ok.err);
+  REQUIRE(ok.code == 0);
+  const Json j = Json::parse(ok.out);
+  CHECK(j.at("accuracy").at("reference").get<std::string>().find("gated_delta_rule") != std::string::npos);
+  CHECK(j.at("final_state_accuracy").at("rel_l2_err").get<double>() <= 1e-5);
+  CHECK(j.contains("accuracy_vs_softmax"));
+  CHECK(read_npy_float(fin).shape == std::vector<int64_t>{B, H, D, D});
 }

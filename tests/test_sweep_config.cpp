@@ -2,11 +2,14 @@
 // plan expansion counts and ordering, byte sizes, and file-level errors of load_sweep_config.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
 
+#include "bench/lib/inputs.hpp"
 #include "bench/lib/plan.hpp"
 #include "bench/lib/rows.hpp"
 #include "common/interface/attention.hpp"
@@ -1099,5 +1102,98 @@ TEST_CASE("sweep.softcap and sweep.sinks: axes of logit soft-capping and learned
     e = config_error(j);
     CHECK_THAT(e, Contains("sweep.sinks: must be true"));
     CHECK_THAT(e, Contains("\"yes\""));
+  }
+}
+
+TEST_CASE(
+    "inputs.g and inputs.beta: the recurrences' gate distributions, in the label and the input key (#32)",
+    "[sweep][config]") {
+  SECTION(
+      "absent or stated as the default: N(0, 1) for both, and the ids they had before the fields existed") {
+    const SweepConfig c = parse_sweep_config(base_config(), "cfg.json");
+    CHECK(c.regimes[0].g.is_default());
+    CHECK(c.regimes[0].beta.is_default());
+    Json j = base_config();
+    j["inputs"] =
+        Json::parse(R"({"regime": "gaussian", "g": {"dist": "logsigmoid_normal", "mean": 0, "std": 1},
+                                  "beta": {"dist": "sigmoid_normal"}})");
+    const SweepConfig stated = parse_sweep_config(j, "cfg.json");
+    CHECK(stated.regimes.size() == 1);
+    CHECK(stated.regimes[0].label() == "gaussian(std=1)");
+    CHECK(make_plan(stated).points[0].id == make_plan(c).points[0].id);
+  }
+  SECTION("a list is an axis; other distributions change the label, the id and the input key, not the seed") {
+    Json j = base_config();
+    j["variants"] = {"simple_gla", "gated_delta_rule"};
+    j["sweep"]["seq_len"] = 16;
+    j["sweep"]["mask"] = "causal";
+    j["inputs"] = Json::parse(R"({"regime": "gaussian",
+        "g": [{"dist": "logsigmoid_normal"}, {"dist": "logsigmoid_normal", "mean": -2, "std": 0}],
+        "beta": [{"dist": "sigmoid_normal"}, {"dist": "sigmoid_normal", "mean": -100, "std": 0}]})");
+    const Plan plan = make_plan(parse_sweep_config(j, "cfg.json"));
+    REQUIRE(plan.config.regimes.size() == 4);
+    CHECK(plan.config.regimes[0].label() == "gaussian(std=1)");
+    CHECK(plan.config.regimes[1].label() == "gaussian(std=1,beta=sigmoid(N(-100,0)))");
+    CHECK(plan.config.regimes[2].label() == "gaussian(std=1,g=logsigmoid(N(-2,0)))");
+    CHECK(plan.config.regimes[3].label() == "gaussian(std=1,g=logsigmoid(N(-2,0)),beta=sigmoid(N(-100,0)))");
+    REQUIRE(plan.points.size() == 2 * 4);
+    std::set<std::string> ids, keys;
+    std::set<uint64_t> seeds;
+    for (const SweepPoint& pt : plan.points) {
+      ids.insert(pt.id);
+      keys.insert(pt.input_key);
+      seeds.insert(pt.input_seed);
+      CHECK_THAT(pt.id, Contains(pt.regime.label()));
+      CHECK(skip_reason(pt, plan.config).empty());
+    }
+    CHECK(ids.size() == plan.points.size());
+    CHECK(keys.size() == 4);   // one input set per distribution pair: they never share drawn inputs
+    CHECK(seeds.size() == 1);  // Q, K, V are the same draws
+    // The draws follow the stated distribution: std 0 makes every value the transform of the mean.
+    const float g_mean = static_cast<float>(-std::log1p(std::exp(2.0)));  // logsigmoid(-2)
+    for (const SweepPoint& pt : plan.points) {
+      if (pt.problem.variant != "gated_delta_rule") continue;
+      const PointInputs in = make_inputs(pt);
+      REQUIRE(in.g.shape == std::vector<int64_t>{1, 1, 16});
+      REQUIRE(in.beta.shape == std::vector<int64_t>{1, 1, 16});
+      const bool g_const = !pt.regime.g.is_default(), beta_const = !pt.regime.beta.is_default();
+      for (std::size_t e = 0; e < in.g.numel(); ++e) {
+        CHECK(in.g.data[e] <= 0);
+        CHECK(in.beta.data[e] > 0);
+        CHECK(in.beta.data[e] <= 1);
+        if (g_const) CHECK(in.g.data[e] == g_mean);
+        // sigmoid(-100) ~ 3.7e-44 is below float32's normals: raised to the smallest normal.
+        if (beta_const) CHECK(in.beta.data[e] == std::numeric_limits<float>::min());
+      }
+      if (!g_const) CHECK(std::set<float>(in.g.data.begin(), in.g.data.end()).size() > 1);
+    }
+  }
+  SECTION("bad distributions name the path, the value and what is allowed") {
+    auto error_for = [&](const char* inputs) {
+      Json j = base_config();
+      j["inputs"] = Json::parse(inputs);
+      return config_error(j);
+    };
+    std::string e = error_for(R"({"regime": "gaussian", "g": 0.5})");
+    CHECK_THAT(e, Contains("inputs.g: must be a distribution {\"dist\": \"logsigmoid_normal\""));
+    CHECK_THAT(e, Contains("got 0.5"));
+    e = error_for(R"({"regime": "gaussian", "g": {"mean": -1}})");
+    CHECK_THAT(e, Contains("inputs.g: missing key 'dist'"));
+    CHECK_THAT(e, Contains("logsigmoid(z), z ~ N(mean, std^2)"));
+    e = error_for(R"({"regime": "gaussian", "g": [{"dist": "logsigmoid_normal"}, {"dist": "normal"}]})");
+    CHECK_THAT(e, Contains("inputs.g[1].dist: must be 'logsigmoid_normal'"));
+    CHECK_THAT(e, Contains("got \"normal\""));
+    e = error_for(R"({"regime": "gaussian", "beta": {"dist": "logsigmoid_normal"}})");
+    CHECK_THAT(e, Contains("inputs.beta.dist: must be 'sigmoid_normal'"));
+    e = error_for(R"({"regime": "gaussian", "g": {"dist": "logsigmoid_normal", "mean": 1000}})");
+    CHECK_THAT(e, Contains("inputs.g.mean: must be a number in [-100, 100], got 1000"));
+    e = error_for(R"({"regime": "gaussian", "beta": {"dist": "sigmoid_normal", "std": -1}})");
+    CHECK_THAT(e, Contains("inputs.beta.std: must be a number in [0, 100], got -1"));
+    e = error_for(R"({"regime": "gaussian", "g": {"dist": "logsigmoid_normal", "sd": 1}})");
+    CHECK_THAT(e, Contains("inputs.g.sd: unknown key 'sd'"));
+    CHECK_THAT(e, Contains("did you mean 'std'?"));
+    e = error_for(
+        R"([{"regime": "gaussian"}, {"regime": "gaussian", "beta": {"dist": "sigmoid_normal", "mean": "x"}}])");
+    CHECK_THAT(e, Contains("inputs[1].beta.mean: must be a number in [-100, 100], got \"x\""));
   }
 }

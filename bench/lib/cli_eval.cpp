@@ -1,12 +1,14 @@
 // `attnbench eval`: run one variant on Q, K, V from .npy files and write O.npy (float32, [B,H,Lq,D]).
 // K and V may have fewer heads than Q (grouped-query attention): K's dimension 1 is Problem::kv_heads.
 // Optionally: RoPE on Q and K (fp32, before anything else), the storage dtype (Q, K, V rounded to bf16 /
-// fp16 with round-to-nearest-even, or float16 files used as they are) and the ALiBi bias. Its checks are in
-// bench/lib/eval.hpp, shared with the Python module's forward().
+// fp16 with round-to-nearest-even, or float16 files used as they are), the ALiBi bias, soft-capping, sink
+// logits and a recurrence's inputs (the gate g, beta, an initial state in, the final state out). Its checks
+// are in bench/lib/eval.hpp, shared with the Python module's forward().
 #include <tbb/global_control.h>
 
 #include <cmath>
 #include <iostream>
+#include <tuple>
 
 #include "bench/lib/command.hpp"
 #include "bench/lib/eval.hpp"
@@ -38,6 +40,9 @@ struct EvalOptions {
   std::string grad_output, dq, dk, dv, save_state, forward_output, saved_state;
   // Learned sink logits in ([heads]) and, with the backward, their gradient out.
   std::string sink_logits, d_sink_logits;
+  // A recurrence's inputs (the gate g, beta, a starting state), its final state out, and with the backward
+  // the gradients of the three inputs out.
+  std::string g, beta, initial_state, final_state, dg, dbeta, d_initial_state;
   bool backward() const { return !grad_output.empty(); }
 };
 
@@ -49,7 +54,10 @@ void check_backward_options(const EvalOptions& o) {
                                {"--dv", &o.dv},
                                {"--forward-output", &o.forward_output},
                                {"--saved-state", &o.saved_state},
-                               {"--d-sink-logits", &o.d_sink_logits}})
+                               {"--d-sink-logits", &o.d_sink_logits},
+                               {"--dg", &o.dg},
+                               {"--dbeta", &o.dbeta},
+                               {"--d-initial-state", &o.d_initial_state}})
       if (!value->empty())
         throw UsageError(
             std::string(name) + " '" + *value +
@@ -64,6 +72,17 @@ void check_backward_options(const EvalOptions& o) {
   if (!o.d_sink_logits.empty() && o.sink_logits.empty())
     throw UsageError("--d-sink-logits '" + o.d_sink_logits +
                      "' needs --sink-logits S.npy (it is the gradient of those logits)");
+  for (auto [name, value, input, input_flag] :
+       {std::tuple<const char*, const std::string*, const std::string*, const char*>{"--dg", &o.dg, &o.g,
+                                                                                     "--g G.npy"},
+        {"--dbeta", &o.dbeta, &o.beta, "--beta B.npy"},
+        {"--d-initial-state", &o.d_initial_state, &o.initial_state, "--initial-state S0.npy"}})
+    if (!value->empty() && input->empty())
+      throw UsageError(std::string(name) + " '" + *value + "' needs " + input_flag +
+                       " (it is the gradient of that input)");
+  if (!o.final_state.empty() && !o.forward_output.empty())
+    throw UsageError("--final-state '" + o.final_state + "' with --forward-output '" + o.forward_output +
+                     "': no forward runs to write a final state; drop one of them");
   if (!o.saved_state.empty() && o.forward_output.empty())
     check_state_needs_out("--saved-state '" + o.saved_state + "'", "--forward-output O.npy", "eval");
   if (!o.forward_output.empty() && !o.save_state.empty())
@@ -131,6 +150,7 @@ Json metrics_json(const ErrorMetrics& m, const std::string& reference) {
 // errors.
 struct BackwardResult {
   FloatArray dq, dk, dv, d_sink;  // d_sink: [heads], with --d-sink-logits
+  FloatArray dg, dbeta, d_s0;     // with --dg, --dbeta, --d-initial-state: their inputs' shapes
   Json compare;
 };
 
@@ -146,8 +166,10 @@ struct EvalCall {
   InputTensor q, k, v;
   ByteArray mask, pad;
   std::vector<float> slopes, sinks;
-  FloatArray d_out, forward_out;  // the backward's dO, and an earlier training forward's O
-  std::vector<float> saved;       // that forward's saved state, or the one the training forward writes
+  std::vector<float> g, beta, s0;  // a recurrence's gate, beta and initial state, as float32
+  FloatArray final_state;          // [batch, heads, head_dim, head_dim], with --final-state
+  FloatArray d_out, forward_out;   // the backward's dO, and an earlier training forward's O
+  std::vector<float> saved;        // that forward's saved state, or the one the training forward writes
   FloatArray out;
   // The fp32 inputs (before any rounding to the storage dtype) and the inputs the variant reads.
   AttentionInputs fp32_in, in;
@@ -173,13 +195,29 @@ BackwardResult run_backward_step(const EvalOptions& o, const EvalCall& c) {
     r.d_sink = FloatArray({p.heads});
     g.d_sink_logits = r.d_sink.ptr();
   }
+  if (!o.dg.empty()) {
+    r.dg = FloatArray(gate_shape(p, c.variant->capabilities().gate));
+    g.dg = r.dg.ptr();
+  }
+  if (!o.dbeta.empty()) {
+    r.dbeta = FloatArray(beta_shape(p));
+    g.dbeta = r.dbeta.ptr();
+  }
+  if (!o.d_initial_state.empty()) {
+    r.d_s0 = FloatArray(state_shape(p));
+    g.d_initial_state = r.d_s0.ptr();
+  }
   c.variant->run_backward(p, c.in, g);
   const std::string note =
       nonfinite_gradients_note(count_nonfinite_gradients(p, r.dq.ptr(), r.dk.ptr(), r.dv.ptr()));
   if (!note.empty()) std::cerr << "attnbench: warning: " << note << "\n";
-  if (o.compare)
-    r.compare = gradient_comparison(*c.variant, p, c.in, c.d_out.ptr(), r.dq.ptr(), r.dk.ptr(), r.dv.ptr(),
-                                    r.d_sink.numel() ? r.d_sink.ptr() : nullptr);
+  if (o.compare) {
+    ExtraGradients extra;
+    extra.d_sink = g.d_sink_logits, extra.dg = g.dg, extra.dbeta = g.dbeta;
+    extra.d_initial_state = g.d_initial_state;
+    r.compare =
+        gradient_comparison(*c.variant, p, c.in, c.d_out.ptr(), r.dq.ptr(), r.dk.ptr(), r.dv.ptr(), extra);
+  }
   return r;
 }
 
@@ -206,7 +244,44 @@ EvalCall check_call_options(const EvalOptions& o) {
   c.bias = o.alibi ? Bias::alibi : Bias::none;
   check_storage(*c.variant, c.params, c.dtype, c.bias, "--dtype " + std::string(dtype_name(c.dtype)),
                 "--alibi");
+  auto named = [](const char* flag, const std::string& file) {
+    return file.empty() ? std::string() : std::string(flag) + " '" + file + "'";
+  };
+  check_extra_inputs_given(*c.variant, {.g = named("--g", o.g),
+                                        .beta = named("--beta", o.beta),
+                                        .initial_state = named("--initial-state", o.initial_state),
+                                        .final_state = named("--final-state", o.final_state),
+                                        .g_how = "--g G.npy",
+                                        .beta_how = "--beta B.npy"});
   return c;
+}
+
+// A float32/float64 input file read in double, with the option named in a reader's error.
+DoubleArray read_double_input(const std::string& option, const std::string& path) {
+  try {
+    return read_npy_double(path);
+  } catch (const UsageError& e) {
+    throw UsageError(option + ": " + e.what());
+  }
+}
+
+// A recurrence's g, beta and initial state, read and checked against the sizes from --q (eval.hpp's rules;
+// check_call_options has checked the variant reads each one given and is given each one it needs).
+void read_recurrence_inputs(const EvalOptions& o, EvalCall& c) {
+  Problem& p = c.p;
+  if (!o.g.empty()) {
+    const DoubleArray x = read_double_input("--g", o.g);
+    c.g = checked_gate("--g '" + o.g + "'", "--q", x.shape, x.ptr(), p, c.variant->capabilities().gate);
+  }
+  if (!o.beta.empty()) {
+    const DoubleArray x = read_double_input("--beta", o.beta);
+    c.beta = checked_beta("--beta '" + o.beta + "'", "--q", x.shape, x.ptr(), p);
+  }
+  if (!o.initial_state.empty()) {
+    const DoubleArray x = read_double_input("--initial-state", o.initial_state);
+    c.s0 = checked_initial_state("--initial-state '" + o.initial_state + "'", "--q", x.shape, x.ptr(), p);
+    p.initial_state = true;
+  }
 }
 
 // Q, K, V, the masks and the slopes, read and checked; the problem's sizes and options from them.
@@ -251,6 +326,7 @@ void read_call_tensors(const EvalOptions& o, EvalCall& c) {
                                   s.ptr(), p);
     p.sinks = true;
   }
+  read_recurrence_inputs(o, c);
 }
 
 // The backward's own inputs (dO, an earlier training forward's O and state), read and checked before
@@ -303,6 +379,13 @@ void run_call(const EvalOptions& o, EvalCall& c) {
                               nullptr,
                               c.slopes.empty() ? nullptr : c.slopes.data()};
   c.fp32_in.sink_logits = c.sinks.empty() ? nullptr : c.sinks.data();
+  c.fp32_in.g = c.g.empty() ? nullptr : c.g.data();
+  c.fp32_in.beta = c.beta.empty() ? nullptr : c.beta.data();
+  c.fp32_in.initial_state = c.s0.empty() ? nullptr : c.s0.data();
+  if (!o.final_state.empty()) {
+    c.final_state = FloatArray(state_shape(p));
+    c.fp32_in.final_state = c.final_state.ptr();
+  }
   c.in = c.fp32_in;
   if (c.dtype != DType::fp32) {
     auto store = [&](InputTensor& t, std::vector<uint16_t>& bits) -> const uint16_t* {
@@ -336,6 +419,7 @@ void run_call(const EvalOptions& o, EvalCall& c) {
 // Every output file only now that everything has run (each written to a temporary and renamed).
 void write_outputs(const EvalOptions& o, const EvalCall& c) {
   if (!o.out.empty()) write_npy(o.out, c.out);
+  if (!o.final_state.empty()) write_npy(o.final_state, c.final_state);
   if (!o.save_state.empty()) {
     FloatArray state({static_cast<int64_t>(c.saved.size())});
     std::copy(c.saved.begin(), c.saved.end(), state.data.begin());
@@ -346,27 +430,42 @@ void write_outputs(const EvalOptions& o, const EvalCall& c) {
     write_npy(o.dk, c.grads.dk);
     write_npy(o.dv, c.grads.dv);
     if (!o.d_sink_logits.empty()) write_npy(o.d_sink_logits, c.grads.d_sink);
+    if (!o.dg.empty()) write_npy(o.dg, c.grads.dg);
+    if (!o.dbeta.empty()) write_npy(o.dbeta, c.grads.dbeta);
+    if (!o.d_initial_state.empty()) write_npy(o.d_initial_state, c.grads.d_s0);
   }
 }
 
 // --compare: the output's errors against the fp64 exact reference (and the gradients', with --grad-output)
-// as one JSON line on stdout.
+// as one JSON line on stdout. A recurrence (is_recurrence) is not softmax attention: its reference is its own
+// fp64 definition on the same inputs (g, beta, initial state), its final state is compared with the
+// definition's (final_state_accuracy, with --final-state), and accuracy_vs_softmax gives the distance from
+// exact softmax attention on the same Q, K, V (informative).
 void print_comparison(const EvalOptions& o, const EvalCall& c) {
   const Problem& p = c.p;
   const DType dtype = c.dtype;
   const int64_t rows = p.batch * p.heads * p.seq_q;
+  const bool own = is_recurrence(c.variant->capabilities());
+  auto reference = [&](const Problem& rp, const AttentionInputs& in, double* out, double* final_state) {
+    if (own)
+      c.variant->reference_forward_state(rp, in, out, final_state);
+    else
+      reference_attention(rp, in, out);
+  };
   DoubleArray want(c.out.shape);
-  reference_attention(p, c.in, want.ptr());
+  DoubleArray want_state(c.final_state.numel() ? c.final_state.shape : std::vector<int64_t>{0});
+  reference(p, c.in, want.ptr(), want_state.numel() ? want_state.ptr() : nullptr);
   const ErrorMetrics m = compare_outputs(c.out.ptr(), want.ptr(), rows, p.head_dim);
   const std::string stored = dtype == DType::fp32 ? "fp32" : dtype_name(dtype);
-  Json accuracy = metrics_json(m, "fp64 on the inputs as stored (" + stored + ")");
+  const std::string of = own ? "fp64 " + p.variant + " (its own definition)" : "fp64";
+  Json accuracy = metrics_json(m, of + " on the inputs as stored (" + stored + ")");
   // End to end: fp64 on the fp32 inputs before rounding to the storage dtype (after RoPE, which is applied
   // in fp32 either way); the same as `accuracy` for fp32 storage and for float16 files used as they are.
   Json accuracy_e2e = accuracy;
   if (dtype != DType::fp32) {
-    reference_attention(WideInputs::as_fp32(p), c.fp32_in, want.ptr());
+    reference(WideInputs::as_fp32(p), c.fp32_in, want.ptr(), nullptr);
     accuracy_e2e = metrics_json(compare_outputs(c.out.ptr(), want.ptr(), rows, p.head_dim),
-                                std::string("fp64 on the fp32 inputs before rounding to ") + stored);
+                                of + " on the fp32 inputs before rounding to " + stored);
   } else {
     accuracy_e2e["reference"] = "fp64 on the fp32 inputs (the same as accuracy: fp32 storage)";
   }
@@ -396,6 +495,15 @@ void print_comparison(const EvalOptions& o, const EvalCall& c) {
     j["rope_query_offset"] = rope_query_offset(p);
   }
   if (dtype == DType::fp16) j["fp16_inputs_as_is"] = stored_as_is;
+  if (c.final_state.numel())
+    j["final_state_accuracy"] = final_state_comparison(p, c.final_state.ptr(), want_state.ptr());
+  if (own) {
+    reference_attention(p, c.in, want.ptr());
+    j["accuracy_vs_softmax"] =
+        metrics_json(compare_outputs(c.out.ptr(), want.ptr(), rows, p.head_dim),
+                     "fp64 exact softmax attention on the same Q, K, V (informative: " + p.variant +
+                         " is a recurrence, not an approximation of softmax attention)");
+  }
   if (o.backward())
     for (auto it = c.grads.compare.begin(); it != c.grads.compare.end(); ++it) j[it.key()] = it.value();
   std::cout << j.dump() << "\n";
@@ -447,6 +555,27 @@ ATTN_REGISTER_COMMAND(
       sub.add_option("--d-sink-logits", o->d_sink_logits,
                      "with --grad-output and --sink-logits: dL/d sink_logits .npy out, float32 [heads] "
                      "(summed over batch and rows)");
+      sub.add_option(
+          "--g", o->g,
+          "a gated recurrence's gate .npy, float32/64, every value finite and <= 0 (decay exp(g)): "
+          "[batch, heads, seq] for a scalar gate (simple_gla, gated_delta_rule), [batch, heads, "
+          "seq, head_dim] for a per-channel one (gla); required by those variants, refused by "
+          "others (`attnbench list`: gate)");
+      sub.add_option(
+          "--beta", o->beta,
+          "the delta rule's beta .npy, float32/64 [batch, heads, seq], every value in (0, 1]; "
+          "required by delta_rule and gated_delta_rule, refused by others (`attnbench list`: beta)");
+      sub.add_option("--initial-state", o->initial_state,
+                     "a recurrence's starting state .npy, float32/64 [batch, heads, head_dim, head_dim] "
+                     "(d_k x d_v per query head), finite; default 0 (`attnbench list`: state)");
+      sub.add_option("--final-state", o->final_state,
+                     "a recurrence's state after the last token .npy out, float32 [batch, heads, head_dim, "
+                     "head_dim]; with --compare also final_state_accuracy against the fp64 definition's");
+      sub.add_option("--dg", o->dg, "with --grad-output and --g: dL/dg .npy out, float32, g's shape");
+      sub.add_option("--dbeta", o->dbeta,
+                     "with --grad-output and --beta: dL/dbeta .npy out, float32, beta's shape");
+      sub.add_option("--d-initial-state", o->d_initial_state,
+                     "with --grad-output and --initial-state: dL/dS0 .npy out, float32, the state's shape");
       sub.add_option("--dropout", o->dropout, "dropout probability on the attention weights, in [0, 1)");
       sub.add_option("--seed", o->seed, "dropout seed");
       sub.add_option(
@@ -454,8 +583,10 @@ ATTN_REGISTER_COMMAND(
           "output .npy, float32 [batch, heads, seq_q, head_dim] (required unless --forward-output)");
       sub.add_flag("--compare", o->compare,
                    "print accuracy against the fp64 exact reference as JSON: `accuracy` on the inputs as "
-                   "stored, `accuracy_e2e` on the fp32 inputs before rounding to --dtype; with "
-                   "--grad-output also `grad_accuracy` (dQ, dK, dV against the fp64 gradient of the "
+                   "stored, `accuracy_e2e` on the fp32 inputs before rounding to --dtype (a recurrence: "
+                   "against its own fp64 definition, with `accuracy_vs_softmax` and, with --final-state, "
+                   "`final_state_accuracy`); with --grad-output also `grad_accuracy` (dQ, dK, dV and "
+                   "the --dg, --dbeta, --d-initial-state asked for, against the fp64 gradient of the "
                    "variant's own definition) and `grad_accuracy_exact` (against exact attention's)");
       sub.add_option("--dtype", o->dtype,
                      "storage of Q, K, V: fp32 (default), bf16 or fp16, rounded from the fp32 inputs "

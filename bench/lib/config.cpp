@@ -136,11 +136,35 @@ std::vector<RopeSpec> parse_rope(const Json& r, const std::string& p, const std:
   return out;
 }
 
+// inputs[].g or inputs[].beta (`key`): one distribution {"dist": DIST, "mean": M, "std": S} or a list of
+// them (an axis); absent: the default N(0, 1). DIST must be `dist` (logsigmoid_normal for g, sigmoid_normal
+// for beta): the config states the distribution it draws from.
+std::vector<GateDistribution> parse_gate_distributions(const Json& r, const std::string& p, const char* key,
+                                                       const char* dist, const char* formula) {
+  if (!r.contains(key)) return {GateDistribution{}};
+  std::vector<GateDistribution> out;
+  for_axis(r[key], sub(p, key), [&](const Json& d, const std::string& dp) {
+    if (!d.is_object())
+      fail(dp, std::string("must be a distribution {\"dist\": \"") + dist +
+                   "\", \"mean\": M, \"std\": S} or a list of them, got " + d.dump());
+    check_keys(d, dp, {"dist", "mean", "std"});
+    if (!d.contains("dist")) fail(dp, std::string("missing key 'dist' (\"") + dist + "\": " + formula + ")");
+    if (!d["dist"].is_string() || d["dist"].get<std::string>() != dist)
+      fail(sub(dp, "dist"), std::string("must be '") + dist + "' (" + formula + "), got " + d["dist"].dump());
+    GateDistribution g;
+    if (d.contains("mean"))
+      g.mean = get_number(d["mean"], sub(dp, "mean"), -100, 100, "a number in [-100, 100]");
+    if (d.contains("std")) g.std = get_number(d["std"], sub(dp, "std"), 0, 100, "a number in [0, 100]");
+    out.push_back(g);
+  });
+  return out;
+}
+
 void parse_regimes(const Json& v, const std::string& path, const std::string& config_dir,
                    const std::vector<int64_t>& head_dims, const Json& head_dim_raw,
                    std::vector<Regime>& out) {
   for_axis(v, path, [&](const Json& r, const std::string& p) {
-    check_keys(r, p, {"regime", "std", "text", "rope", "rope_base"});
+    check_keys(r, p, {"regime", "std", "text", "rope", "rope_base", "g", "beta"});
     if (!r.contains("regime")) fail(p, "missing key 'regime' (gaussian or tokens)");
     if (!r["regime"].is_string()) fail(sub(p, "regime"), "must be a string, got " + r["regime"].dump());
     const std::string kind = r["regime"].get<std::string>();
@@ -169,12 +193,20 @@ void parse_regimes(const Json& v, const std::string& path, const std::string& co
       fail(sub(p, "regime"), "must be 'gaussian' or 'tokens', got '" + kind + "'");
     }
     const std::vector<RopeSpec> ropes = parse_rope(r, p, head_dims, head_dim_raw);
+    const std::vector<GateDistribution> gs =
+        parse_gate_distributions(r, p, "g", "logsigmoid_normal", "g = logsigmoid(z), z ~ N(mean, std^2)");
+    const std::vector<GateDistribution> betas =
+        parse_gate_distributions(r, p, "beta", "sigmoid_normal", "beta = sigmoid(z), z ~ N(mean, std^2)");
     for (const Regime& m : made)
-      for (const RopeSpec& rope : ropes) {
-        Regime x = m;
-        x.rope = rope;
-        out.push_back(x);
-      }
+      for (const RopeSpec& rope : ropes)
+        for (const GateDistribution& g : gs)
+          for (const GateDistribution& beta : betas) {
+            Regime x = m;
+            x.rope = rope;
+            x.g = g;
+            x.beta = beta;
+            out.push_back(x);
+          }
   });
 }
 
@@ -228,9 +260,16 @@ std::string Regime::base_label() const {
   return "gaussian(std=" + shortest_double_text(std) + ")";
 }
 
+std::string GateDistribution::normal() const {
+  return "N(" + shortest_double_text(mean) + "," + shortest_double_text(std) + ")";
+}
+
 std::string Regime::label() const {
   std::string s = base_label();
   if (rope.on()) s.insert(s.size() - 1, ",rope=" + rope.str());
+  // Only when not the default, so configs without inputs[].g / .beta keep their ids and input keys.
+  if (!g.is_default()) s.insert(s.size() - 1, ",g=logsigmoid(" + g.normal() + ")");
+  if (!beta.is_default()) s.insert(s.size() - 1, ",beta=sigmoid(" + beta.normal() + ")");
   return s;
 }
 

@@ -15,6 +15,16 @@
 
 namespace attn {
 
+// The distribution a recurrence's per-token input is drawn from (inputs[].g, inputs[].beta): z ~ N(mean,
+// std^2), then g = logsigmoid(z) (<= 0: a decay exp(g) = sigmoid(z) in (0, 1]) or beta = sigmoid(z) (in
+// (0, 1]). The documented default is N(0, 1) for both.
+struct GateDistribution {
+  double mean = 0, std = 1;
+  bool operator==(const GateDistribution&) const = default;
+  bool is_default() const { return *this == GateDistribution{}; }
+  std::string normal() const;  // "N(0,1)", "N(-2,0.5)"
+};
+
 struct Regime {
   std::string kind = "gaussian";  // "gaussian" | "tokens"
   double std = 1.0;               // gaussian: standard deviation of Q and K (V is N(0, 1)); sets peakedness
@@ -22,8 +32,12 @@ struct Regime {
   // Rotary position embedding applied to the fp32 Q and K once they are made (inputs.rope, inputs.rope_base),
   // before any rounding to the storage dtype, as a model does before it stores its KV cache.
   RopeSpec rope;
-  // "gaussian(std=1)" / "tokens(sample.txt)", with ",rope=normal" (",rope=neox,base=500000") when RoPE is on:
-  // part of the point id and the input key, so points differing only in RoPE differ there.
+  // The recurrences' gate g = logsigmoid(N(mean, std^2)) and beta = sigmoid(N(mean, std^2)) (inputs[].g,
+  // inputs[].beta), drawn for the points whose variant reads them (bench/lib/inputs.hpp).
+  GateDistribution g, beta;
+  // "gaussian(std=1)" / "tokens(sample.txt)", with ",rope=normal" (",rope=neox,base=500000") when RoPE is on
+  // and ",g=logsigmoid(N(-2,1))", ",beta=sigmoid(N(0,2))" when a gate distribution is not the default: part
+  // of the point id and the input key, so points differing only in RoPE or a gate distribution differ there.
   std::string label() const;
   // label() without the RoPE part: the input seed derives from it, so the same point with and without RoPE
   // starts from the same draws (or the same projections of the text).

@@ -153,6 +153,142 @@ std::vector<float> checked_alibi_slopes(const std::string& what, const std::stri
   return checked_head_values(what, q_option, "slope", shape, values, p);
 }
 
+bool is_recurrence(const Capabilities& c) {
+  return c.gate != Gate::none || c.beta || c.state;
+}
+
+namespace {
+
+// Registered variants `pred` holds for (for the refusal messages), or "none".
+template <class Pred>
+std::string variants_where(Pred pred) {
+  std::string s;
+  for (const Attention* a : Registry::instance().all())
+    if (pred(a->capabilities())) s += (s.empty() ? "" : ", ") + a->name();
+  return s.empty() ? "none" : s;
+}
+
+std::string gate_meaning(Gate gate) {
+  return gate == Gate::vector ? "its per-channel gate g, float32/64 [batch, heads, seq, head_dim]"
+                              : "its gate g, float32/64 [batch, heads, seq]";
+}
+
+// The index of flat element `e` of `shape` ("[0, 2, 5]"), last dimension fastest.
+std::string element_index(const std::vector<int64_t>& shape, std::size_t e) {
+  std::vector<int64_t> at(shape.size());
+  for (std::size_t d = at.size(), rest = e; d-- > 0; rest /= static_cast<std::size_t>(shape[d]))
+    at[d] = static_cast<int64_t>(rest % static_cast<std::size_t>(shape[d]));
+  return shape_text(at);
+}
+
+// Every value of a checked input as float32: finite (as read and as a float32), and `allowed` on the float32
+// value; otherwise a UsageError naming `what`, the first offending element's index and value, and `rule`.
+template <class Allowed>
+std::vector<float> checked_values(const std::string& what, const std::vector<int64_t>& shape,
+                                  const double* values, Allowed allowed, const std::string& rule) {
+  const std::size_t n = NdArray<float>::count(shape);
+  std::vector<float> out(n);
+  for (std::size_t e = 0; e < n; ++e) {
+    const double x = values[e];
+    const auto at = [&] {
+      return what + ": element " + element_index(shape, e) + " of shape " + shape_text(shape);
+    };
+    if (std::isnan(x)) throw UsageError(at() + " is NaN; " + rule);
+    if (!std::isfinite(x) || std::fabs(x) > std::numeric_limits<float>::max())
+      throw UsageError(at() + " = " + shortest_double_text(x) + " is not a finite float32; " + rule);
+    const float f = static_cast<float>(x);
+    if (!allowed(x) || !allowed(static_cast<double>(f)))
+      throw UsageError(at() + " = " + shortest_double_text(x) +
+                       (allowed(x) ? " (" + shortest_double_text(f) + " as a float32)" : std::string()) +
+                       " is not allowed; " + rule);
+    out[e] = f;
+  }
+  return out;
+}
+
+std::string sizes_from(const Problem& p, const std::string& q_what, bool head_dim) {
+  return "batch " + std::to_string(p.batch) + ", heads " + std::to_string(p.heads) +
+         (head_dim ? ", head_dim " + std::to_string(p.head_dim) : ", seq " + std::to_string(p.seq_q)) +
+         " from " + q_what;
+}
+
+}  // namespace
+
+void check_extra_inputs_given(const Attention& variant, const ExtraInputNames& given) {
+  const Capabilities c = variant.capabilities();
+  const std::string v = "variant '" + variant.name() + "'";
+  if (!given.g.empty() && c.gate == Gate::none)
+    throw UsageError(given.g + ": " + v + " reads no gate g (variants that do: " +
+                     variants_where([](const Capabilities& x) { return x.gate != Gate::none; }) + ")");
+  if (!given.beta.empty() && !c.beta)
+    throw UsageError(given.beta + ": " + v + " reads no beta (variants that do: " +
+                     variants_where([](const Capabilities& x) { return x.beta; }) + ")");
+  for (const std::string* s : {&given.initial_state, &given.final_state})
+    if (!s->empty() && !c.state)
+      throw UsageError(*s + ": " + v + " keeps no recurrent state (variants that do: " +
+                       variants_where([](const Capabilities& x) { return x.state; }) + ")");
+  if (c.gate != Gate::none && given.g.empty())
+    throw UsageError(v + " needs " + given.g_how + ": " + gate_meaning(c.gate) +
+                     ", every value finite and <= 0 (a decay exp(g) in (0, 1])");
+  if (c.beta && given.beta.empty())
+    throw UsageError(v + " needs " + given.beta_how +
+                     ": its beta, float32/64 [batch, heads, seq], every value in (0, 1]");
+}
+
+std::vector<int64_t> gate_shape(const Problem& p, Gate gate) {
+  if (gate == Gate::vector) return {p.batch, p.heads, p.seq_q, p.head_dim};
+  return {p.batch, p.heads, p.seq_q};
+}
+std::vector<int64_t> beta_shape(const Problem& p) {
+  return {p.batch, p.heads, p.seq_q};
+}
+std::vector<int64_t> state_shape(const Problem& p) {
+  return {p.batch, p.heads, p.head_dim, p.head_dim};
+}
+
+std::vector<float> checked_gate(const std::string& what, const std::string& q_what,
+                                const std::vector<int64_t>& shape, const double* values, const Problem& p,
+                                Gate gate) {
+  const bool vector = gate == Gate::vector;
+  require_shape(what, shape, gate_shape(p, gate),
+                std::string(vector ? "[batch, heads, seq, head_dim] (the per-channel gate of "
+                                   : "[batch, heads, seq] (the scalar gate of ") +
+                    p.variant + ": " + sizes_from(p, q_what, false) +
+                    (vector ? ", head_dim " + std::to_string(p.head_dim) : "") + ")");
+  return checked_values(
+      what, shape, values, [](double x) { return x <= 0; },
+      "every gate must be finite and <= 0 (a decay exp(g) in (0, 1])");
+}
+
+std::vector<float> checked_beta(const std::string& what, const std::string& q_what,
+                                const std::vector<int64_t>& shape, const double* values, const Problem& p) {
+  require_shape(what, shape, beta_shape(p),
+                "[batch, heads, seq] (beta of " + p.variant + ": " + sizes_from(p, q_what, false) + ")");
+  return checked_values(
+      what, shape, values, [](double x) { return x > 0 && x <= 1; },
+      "every beta must be in (0, 1] (as a float32)");
+}
+
+std::vector<float> checked_initial_state(const std::string& what, const std::string& q_what,
+                                         const std::vector<int64_t>& shape, const double* values,
+                                         const Problem& p) {
+  require_shape(what, shape, state_shape(p),
+                "[batch, heads, head_dim, head_dim] (a d_k x d_v state per query head: " +
+                    sizes_from(p, q_what, true) + ")");
+  return checked_values(
+      what, shape, values, [](double) { return true; }, "every value of a state must be a finite float32");
+}
+
+Json final_state_comparison(const Problem& p, const float* got, const double* reference_state) {
+  const ErrorMetrics m = compare_outputs(got, reference_state, p.batch * p.heads * p.head_dim, p.head_dim);
+  return {{"reference", "fp64 final state of " + p.variant + "'s own definition"},
+          {"max_abs_err", json_number(m.max_abs_err)},
+          {"rel_l2_err", json_number(m.rel_l2_err)},
+          {"mean_cosine", json_number(m.mean_cosine)},
+          {"nan_count", m.nan_count},
+          {"inf_count", m.inf_count}};
+}
+
 void check_runnable(const Attention& variant, const Problem& p, int threads, bool with_reference,
                     bool backward) {
   p.validate();
@@ -286,7 +422,7 @@ Json gradient_metrics(const float* got, const double* want, int64_t elements, in
 
 Json gradient_comparison(const Attention& variant, const Problem& p, const AttentionInputs& in,
                          const float* d_out, const float* dq, const float* dk, const float* dv,
-                         const float* d_sink) {
+                         const ExtraGradients& extra) {
   const int64_t nq = p.q_elements(), nkv = p.kv_elements();
   DoubleArray wq({nq}), wk({nkv}), wv({nkv});
   AttentionInputs ref_in = in;
@@ -300,12 +436,35 @@ Json gradient_comparison(const Attention& variant, const Problem& p, const Atten
   Json j;
   variant.reference_backward(p, ref_in, d_out, wq.ptr(), wk.ptr(), wv.ptr());
   j["grad_accuracy"] = metrics("fp64 gradient of " + p.variant + "'s own definition");
-  if (d_sink && p.sinks) {
+  if (extra.d_sink && p.sinks) {
     std::vector<double> ws(static_cast<std::size_t>(p.heads));
     Fp64Gradients fg;
     fg.d_sink_logits = ws.data();
     variant.reference_gradients(p, ref_in, d_out, fg);
-    j["grad_accuracy"]["d_sink_logits"] = gradient_metrics(d_sink, ws.data(), p.heads, p.heads);
+    j["grad_accuracy"]["d_sink_logits"] = gradient_metrics(extra.d_sink, ws.data(), p.heads, p.heads);
+  }
+  // A recurrence's dg, dbeta and d initial state, from one call of the definition's gradients (metrics per
+  // row of the input's last dimension).
+  const Capabilities caps = variant.capabilities();
+  const std::vector<int64_t> g_shape = gate_shape(p, caps.gate), b_shape = beta_shape(p),
+                             s_shape = state_shape(p);
+  DoubleArray wg(extra.dg ? g_shape : std::vector<int64_t>{0}),
+      wb(extra.dbeta ? b_shape : std::vector<int64_t>{0}),
+      ws0(extra.d_initial_state ? s_shape : std::vector<int64_t>{0});
+  Fp64Gradients fg;
+  fg.dg = extra.dg ? wg.ptr() : nullptr;
+  fg.dbeta = extra.dbeta ? wb.ptr() : nullptr;
+  fg.d_initial_state = extra.d_initial_state && p.initial_state ? ws0.ptr() : nullptr;
+  if (fg.dg || fg.dbeta || fg.d_initial_state) {
+    variant.reference_gradients(p, ref_in, d_out, fg);
+    auto add = [&](const char* key, const float* got, const DoubleArray& want,
+                   const std::vector<int64_t>& shape) {
+      const auto n = static_cast<int64_t>(want.numel());
+      j["grad_accuracy"][key] = gradient_metrics(got, want.ptr(), n, shape.back());
+    };
+    if (fg.dg) add("dg", extra.dg, wg, g_shape);
+    if (fg.dbeta) add("dbeta", extra.dbeta, wb, b_shape);
+    if (fg.d_initial_state) add("d_initial_state", extra.d_initial_state, ws0, s_shape);
   }
   reference_attention_backward(p, ref_in, d_out, wq.ptr(), wk.ptr(), wv.ptr());
   j["grad_accuracy_exact"] = metrics("fp64 gradient of exact softmax attention");

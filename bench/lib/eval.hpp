@@ -42,6 +42,51 @@ std::vector<float> checked_alibi_slopes(const std::string& what, const std::stri
                                         const std::vector<int64_t>& shape, const double* values,
                                         const Problem& p);
 
+// ---- Inputs beyond Q, K, V: a recurrence's gate g, beta and states (issue 32) ----
+
+// A variant that is not softmax attention but a recurrence (it reads g or beta, or keeps a state): its
+// exact baseline is its own fp64 definition (Attention::reference_forward), not exact softmax attention.
+bool is_recurrence(const Capabilities& c);
+
+// What one call gives beyond Q, K, V, each as its caller names it ("--g 'g.npy'" for the CLI, "g" for the
+// module; empty: not given), and how to give the ones a variant needs (g_how "--g G.npy", "g="). final_state
+// names the request for the final state ("--final-state 'S.npy'", "return_final_state=True").
+struct ExtraInputNames {
+  std::string g, beta, initial_state, final_state;
+  std::string g_how, beta_how;
+};
+
+// Before any file or array is read: a UsageError naming the variant and the input when the variant is given
+// one it does not read (g without a gate, beta without the delta rule, a state without Capabilities::state;
+// with the variants that do read it), or lacks one it needs (gla without g: naming both, the shape and the
+// values allowed).
+void check_extra_inputs_given(const Attention& variant, const ExtraInputNames& given);
+
+// The gate g as the variant reads it (float32, one value per element): `shape` must be [batch, heads, seq_q]
+// for a scalar gate and [batch, heads, seq_q, head_dim] for a per-channel one (sizes from `q_what`), and
+// every value finite and <= 0 as a float32 (a decay exp(g) in (0, 1]). Otherwise a UsageError naming `what`,
+// the shape and what is allowed, or the first offending element's index and value.
+std::vector<float> checked_gate(const std::string& what, const std::string& q_what,
+                                const std::vector<int64_t>& shape, const double* values, const Problem& p,
+                                Gate gate);
+// beta: [batch, heads, seq_q], every value in (0, 1] as a float32 (checked as checked_gate checks g).
+std::vector<float> checked_beta(const std::string& what, const std::string& q_what,
+                                const std::vector<int64_t>& shape, const double* values, const Problem& p);
+// An initial state: [batch, heads, head_dim, head_dim] (d_k x d_v per query head), every value a finite
+// float32.
+std::vector<float> checked_initial_state(const std::string& what, const std::string& q_what,
+                                         const std::vector<int64_t>& shape, const double* values,
+                                         const Problem& p);
+// The shapes of g (by the variant's gate), beta and a state for `p`.
+std::vector<int64_t> gate_shape(const Problem& p, Gate gate);
+std::vector<int64_t> beta_shape(const Problem& p);
+std::vector<int64_t> state_shape(const Problem& p);
+
+// "final_state_accuracy" of `eval --compare`: a run's fp32 final state against the fp64 final state of the
+// variant's own definition (reference_state), [batch, heads, head_dim, head_dim], as the output's metrics
+// (max_abs_err, rel_l2_err, mean_cosine over the state's rows, nan_count, inf_count) with "reference".
+Json final_state_comparison(const Problem& p, const float* got, const double* reference_state);
+
 // Problem::validate, then the variant's unsupported reasons (NotSupported: "ID: reasons"), then memory: the
 // output, the workspace at `threads` threads and (with_reference) an fp64 reference must fit in physical
 // memory (NotSupported naming the bytes). backward: the backward's reasons and memory too (a training step:
@@ -99,9 +144,17 @@ std::string nonfinite_gradients_note(int64_t count);
 // against exact softmax attention's (how far an approximate variant's gradient lands from exact
 // attention's), each with "reference" and per gradient max_abs_err, rel_l2_err, nan_count, inf_count; and
 // "nonfinite_gradients" (count_nonfinite_gradients). d_sink (sink logits' gradient, [heads]; null: none)
-// adds grad_accuracy.d_sink_logits.
+// adds grad_accuracy.d_sink_logits; dg, dbeta and d_initial_state (their inputs' shapes; null: none) add
+// grad_accuracy.dg, .dbeta, .d_initial_state against the fp64 gradients of the definition
+// (reference_gradients).
+struct ExtraGradients {
+  const float* d_sink = nullptr;
+  const float* dg = nullptr;
+  const float* dbeta = nullptr;
+  const float* d_initial_state = nullptr;
+};
 Json gradient_comparison(const Attention& variant, const Problem& p, const AttentionInputs& in,
                          const float* d_out, const float* dq, const float* dk, const float* dv,
-                         const float* d_sink = nullptr);
+                         const ExtraGradients& extra = {});
 
 }  // namespace attn

@@ -1,7 +1,9 @@
 // Input generation for sweep points.
 #include "bench/lib/inputs.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "common/kernels/rope.hpp"
 #include "common/support/error.hpp"
@@ -38,15 +40,26 @@ void apply_point_rope(const SweepPoint& pt, float* q, float* k) {
 
 namespace {
 // g and beta come from their own streams (input_seed * 3 + 1 or + 2 offset by a constant, apart from every
-// seed's Q, K, V and dO streams): g = logsigmoid(N(0, 1)), beta = sigmoid(N(0, 1)).
+// seed's Q, K, V and dO streams): z = mean + std * N(0, 1) from the regime's distribution (inputs[].g,
+// inputs[].beta; default N(0, 1)), then g = logsigmoid(z), beta = sigmoid(z). The same N(0, 1) draws serve
+// every distribution of an input seed.
 constexpr uint64_t kGateStream = 0x9e3779b97f4a7c15ULL;
 
-void draw_into(FloatArray& x, std::vector<int64_t> shape, uint64_t seed, bool logsigmoid) {
+void draw_into(FloatArray& x, std::vector<int64_t> shape, uint64_t seed, const GateDistribution& dist,
+               bool logsigmoid) {
   x = FloatArray(std::move(shape));
   fill_normal(x.ptr(), static_cast<int64_t>(x.numel()), seed);
   for (float& e : x.data) {
-    const double z = e;
-    e = static_cast<float>(logsigmoid ? -std::log1p(std::exp(-z)) : 1.0 / (1.0 + std::exp(-z)));
+    const double z = dist.mean + dist.std * static_cast<double>(e);
+    if (logsigmoid) {
+      // logsigmoid(z) = -log1p(exp(-z)); below z = -36, exp(z) < 2^-52 and the value is z to double precision
+      // (exp(-z) would overflow past z = -709).
+      e = static_cast<float>(z < -36 ? z : -std::log1p(std::exp(-z)));
+    } else {
+      // sigmoid(z) in (0, 1]; below z = -87 it would round to a float32 subnormal or 0, so it is raised to
+      // float32's smallest normal: every beta stays in (0, 1].
+      e = std::max(static_cast<float>(1.0 / (1.0 + std::exp(-z))), std::numeric_limits<float>::min());
+    }
   }
 }
 }  // namespace
@@ -59,12 +72,12 @@ void fill_recurrence_inputs(const SweepPoint& pt, PointInputs& in) {
   // One per key token (a decode point's context included; the call reads the tokens it consumes).
   const std::vector<int64_t> tokens{p.batch, p.heads, p.seq_kv};
   if (caps.gate == Gate::scalar && in.g.shape != tokens)
-    draw_into(in.g, tokens, pt.input_seed * 3 + 1 + kGateStream, true);
+    draw_into(in.g, tokens, pt.input_seed * 3 + 1 + kGateStream, pt.regime.g, true);
   const std::vector<int64_t> channels{p.batch, p.heads, p.seq_kv, p.head_dim};
   if (caps.gate == Gate::vector && in.g_vector.shape != channels)
-    draw_into(in.g_vector, channels, pt.input_seed * 3 + 1 + kGateStream, true);
+    draw_into(in.g_vector, channels, pt.input_seed * 3 + 1 + kGateStream, pt.regime.g, true);
   if (caps.beta && in.beta.shape != tokens)
-    draw_into(in.beta, tokens, pt.input_seed * 3 + 2 + kGateStream, false);
+    draw_into(in.beta, tokens, pt.input_seed * 3 + 2 + kGateStream, pt.regime.beta, false);
 }
 
 const float* PointInputs::gate_for(const Problem& p) const {

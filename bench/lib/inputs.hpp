@@ -9,9 +9,10 @@ namespace attn {
 struct PointInputs {
   FloatArray q, k, v;
   ByteArray key_padding;  // [batch, seq_kv] when the mask pads keys
-  // A recurrence's per-token inputs (Capabilities::gate, beta), only for a variant that reads them: the
-  // documented default distributions g = logsigmoid(N(0, 1)) ([batch, heads, seq] or [.., head_dim]) and
-  // beta = sigmoid(N(0, 1)) ([batch, heads, seq]), from their own streams of the input seed.
+  // A recurrence's per-token inputs (Capabilities::gate, beta), only for a variant that reads them:
+  // g = logsigmoid(N(mean, std^2)) ([batch, heads, seq] or [.., head_dim]) and beta = sigmoid(N(mean, std^2))
+  // ([batch, heads, seq]) with the regime's distributions (inputs[].g, inputs[].beta; the documented default
+  // N(0, 1) for both), from their own streams of the input seed.
   // g_vector is the per-channel gate ([.., head_dim]); view() passes the scalar g, gate_for() picks by
   // variant.
   FloatArray g, g_vector, beta;

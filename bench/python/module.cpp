@@ -183,6 +183,8 @@ struct CallOptions {
   uint64_t seed = 0;
   bool alibi = false;
   py::object alibi_slopes;
+  // A recurrence's gate g, beta and initial state (None: not given).
+  py::object g = py::none(), beta = py::none(), initial_state = py::none();
 };
 
 // One call's arrays (held, so their buffers outlive the GIL-released kernel) and its checked problem.
@@ -191,6 +193,8 @@ struct Call {
   std::optional<FloatArg> q, k, v;
   std::optional<BoolArg> mask, key_padding;
   std::vector<float> slopes;
+  std::vector<float> g, beta, initial_state;  // a recurrence's, as float32 (eval.hpp's checks)
+  Gate gate = Gate::none;                     // the variant's (g's shape)
 
   AttentionInputs inputs() const {
     AttentionInputs in;
@@ -198,9 +202,22 @@ struct Call {
     in.mask = mask ? reinterpret_cast<const uint8_t*>(mask->data()) : nullptr;
     in.key_padding = key_padding ? reinterpret_cast<const uint8_t*>(key_padding->data()) : nullptr;
     in.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
+    in.g = g.empty() ? nullptr : g.data();
+    in.beta = beta.empty() ? nullptr : beta.data();
+    in.initial_state = initial_state.empty() ? nullptr : initial_state.data();
     return in;
   }
 };
+
+// check_extra_inputs_given with the arguments as the module names them.
+void check_recurrence_args(const Attention& variant, const CallOptions& o, bool final_state) {
+  check_extra_inputs_given(variant, {.g = o.g.is_none() ? "" : "g",
+                                     .beta = o.beta.is_none() ? "" : "beta",
+                                     .initial_state = o.initial_state.is_none() ? "" : "initial_state",
+                                     .final_state = final_state ? "return_final_state=True" : "",
+                                     .g_how = "g=",
+                                     .beta_how = "beta="});
+}
 
 void check_slopes_need_alibi(const CallOptions& o) {
   if (!o.alibi_slopes.is_none() && !o.alibi)
@@ -209,9 +226,11 @@ void check_slopes_need_alibi(const CallOptions& o) {
         "none)");
 }
 
-// Converts and checks the arrays in `eval`'s order and words (the tensors, then the masks, then the slopes),
-// filling `p`'s sizes and options. `p` comes with its variant, parameters, dtype and bias set.
-Call prepare(Problem p, py::handle q, py::handle k, py::handle v, const CallOptions& o) {
+// Converts and checks the arrays in `eval`'s order and words (the tensors, then the masks, then the slopes,
+// then a recurrence's g, beta and initial state, of `gate`'s shape), filling `p`'s sizes and options. `p`
+// comes with its variant, parameters, dtype and bias set.
+Call prepare(Problem p, py::handle q, py::handle k, py::handle v, const CallOptions& o,
+             Gate gate = Gate::none) {
   Call c;
   c.q = numeric_array<FloatArg>(q, "q");
   c.k = numeric_array<FloatArg>(k, "k");
@@ -240,6 +259,20 @@ Call prepare(Problem p, py::handle q, py::handle k, py::handle v, const CallOpti
   if (!o.alibi_slopes.is_none()) {
     const DoubleArg s = numeric_array<DoubleArg>(o.alibi_slopes, "alibi_slopes");
     c.slopes = checked_alibi_slopes("alibi_slopes", "q", shape_of(s), s.data(), p);
+  }
+  c.gate = gate;
+  if (!o.g.is_none()) {
+    const DoubleArg x = numeric_array<DoubleArg>(o.g, "g");
+    c.g = checked_gate("g", "q", shape_of(x), x.data(), p, gate);
+  }
+  if (!o.beta.is_none()) {
+    const DoubleArg x = numeric_array<DoubleArg>(o.beta, "beta");
+    c.beta = checked_beta("beta", "q", shape_of(x), x.data(), p);
+  }
+  if (!o.initial_state.is_none()) {
+    const DoubleArg x = numeric_array<DoubleArg>(o.initial_state, "initial_state");
+    c.initial_state = checked_initial_state("initial_state", "q", shape_of(x), x.data(), p);
+    p.initial_state = true;
   }
   c.problem = std::move(p);
   return c;
@@ -306,7 +339,8 @@ struct VariantCall {
 };
 
 VariantCall prepare_variant_call(const std::string& variant_name, py::handle q, py::handle k, py::handle v,
-                                 const CallOptions& o, py::object params, const std::string& dtype_text) {
+                                 const CallOptions& o, py::object params, const std::string& dtype_text,
+                                 bool final_state = false) {
   VariantCall c;
   c.v = resolve_variant(variant_name, params);
   Problem p = make_problem(c.v.variant->name(), c.v.params);
@@ -314,9 +348,10 @@ VariantCall prepare_variant_call(const std::string& variant_name, py::handle q, 
   check_slopes_need_alibi(o);
   const Bias bias = o.alibi ? Bias::alibi : Bias::none;
   check_storage(*c.v.variant, c.v.params, c.dtype, bias, "dtype='" + dtype_text + "'", "alibi=True");
+  check_recurrence_args(*c.v.variant, o, final_state);  // after the storage, as eval checks them
   p.dtype = c.dtype;
   p.bias = bias;
-  c.call = prepare(std::move(p), q, k, v, o);
+  c.call = prepare(std::move(p), q, k, v, o, c.v.variant->capabilities().gate);
   return c;
 }
 
@@ -349,9 +384,10 @@ py::array_t<float> float_array(const std::vector<int64_t>& shape) {
 
 py::object forward(const std::string& variant_name, py::object q, py::object k, py::object v,
                    const CallOptions& o, py::object params, std::optional<int> threads,
-                   std::optional<std::string> isa, const std::string& dtype_text, bool save_state) {
+                   std::optional<std::string> isa, const std::string& dtype_text, bool save_state,
+                   bool return_final_state) {
   check_kernel_settings(threads, isa);
-  VariantCall vc = prepare_variant_call(variant_name, q, k, v, o, params, dtype_text);
+  VariantCall vc = prepare_variant_call(variant_name, q, k, v, o, params, dtype_text, return_final_state);
   const Attention& variant = *vc.v.variant;
   const Problem& pr = vc.call.problem;
   check_runnable(variant, pr, estimate_threads(threads), false);
@@ -359,8 +395,11 @@ py::object forward(const std::string& variant_name, py::object q, py::object k, 
 
   py::array_t<float> out = float_array({pr.batch, pr.heads, pr.seq_q, pr.head_dim});
   py::array_t<float> state = float_array({save_state ? static_cast<int64_t>(variant.saved_floats(pr)) : 0});
+  py::array_t<float> final_state =
+      float_array(return_final_state ? state_shape(pr) : std::vector<int64_t>{0});
   AttentionInputs in = vc.call.inputs();
   in.out = out.mutable_data();
+  in.final_state = return_final_state ? final_state.mutable_data() : nullptr;
   float* saved = state.size() ? state.mutable_data() : nullptr;
   std::string note;
   {
@@ -376,7 +415,9 @@ py::object forward(const std::string& variant_name, py::object q, py::object k, 
       note = nonfinite_output_note(count_nonfinite_values(pr, in));
   }
   warn(note);
+  if (save_state && return_final_state) return py::make_tuple(out, state, final_state);
   if (save_state) return py::make_tuple(out, state);
+  if (return_final_state) return py::make_tuple(out, final_state);
   return out;
 }
 
@@ -428,6 +469,12 @@ py::object backward(const std::string& variant_name, py::object q, py::object k,
   py::array_t<float> o_run = float_array(given.out ? std::vector<int64_t>{0} : q_shape);
   std::vector<float> saved(given.out ? 0 : variant.saved_floats(pr));
   py::array_t<float> dq = float_array(q_shape), dk = float_array(kv_shape), dv = float_array(kv_shape);
+  // A recurrence's input gradients, in the order of the inputs: dg, dbeta, d_initial_state where given.
+  const Call& call = vc.call;
+  py::array_t<float> dg = float_array(call.g.empty() ? std::vector<int64_t>{0} : gate_shape(pr, call.gate)),
+                     dbeta = float_array(call.beta.empty() ? std::vector<int64_t>{0} : beta_shape(pr)),
+                     ds0 =
+                         float_array(call.initial_state.empty() ? std::vector<int64_t>{0} : state_shape(pr));
   AttentionInputs in = vc.call.inputs();
   in.out = given.out ? nullptr : o_run.mutable_data();
   GradientArgs g;
@@ -435,6 +482,9 @@ py::object backward(const std::string& variant_name, py::object q, py::object k,
   g.saved = given.state ? given.state->data() : saved.empty() ? nullptr : saved.data();
   g.d_out = d.data();
   g.dq = dq.mutable_data(), g.dk = dk.mutable_data(), g.dv = dv.mutable_data();
+  g.dg = call.g.empty() ? nullptr : dg.mutable_data();
+  g.dbeta = call.beta.empty() ? nullptr : dbeta.mutable_data();
+  g.d_initial_state = call.initial_state.empty() ? nullptr : ds0.mutable_data();
   std::string forward_note, gradient_note;
   Json comparison;
   {
@@ -448,22 +498,39 @@ py::object backward(const std::string& variant_name, py::object q, py::object k,
     }
     variant.run_backward(pr, in, g);
     gradient_note = nonfinite_gradients_note(count_nonfinite_gradients(pr, g.dq, g.dk, g.dv));
-    if (compare) comparison = gradient_comparison(variant, pr, in, g.d_out, g.dq, g.dk, g.dv);
+    if (compare) {
+      ExtraGradients extra;
+      extra.dg = g.dg, extra.dbeta = g.dbeta, extra.d_initial_state = g.d_initial_state;
+      comparison = gradient_comparison(variant, pr, in, g.d_out, g.dq, g.dk, g.dv, extra);
+    }
   }
   warn(forward_note);
   warn(gradient_note);
-  if (compare) return py::make_tuple(dq, dk, dv, to_python(comparison));
-  return py::make_tuple(dq, dk, dv);
+  py::list result;
+  for (py::handle x : {dq, dk, dv}) result.append(x);
+  if (g.dg) result.append(dg);
+  if (g.dbeta) result.append(dbeta);
+  if (g.d_initial_state) result.append(ds0);
+  if (compare) result.append(to_python(comparison));
+  return py::tuple(result);
 }
 
-py::array_t<double> reference(py::object q, py::object k, py::object v, const CallOptions& o,
-                              std::optional<std::string> variant_name, py::object params) {
+py::object reference(py::object q, py::object k, py::object v, const CallOptions& o,
+                     std::optional<std::string> variant_name, py::object params, bool return_final_state) {
   check_slopes_need_alibi(o);
   if (!variant_name) {
     if (!params.is_none())
       throw UsageError(
           "params needs variant=NAME (the parameters are a variant's; without variant reference() "
           "is exact softmax attention)");
+    for (auto [name, given] : {std::pair<const char*, bool>{"g", !o.g.is_none()},
+                               {"beta", !o.beta.is_none()},
+                               {"initial_state", !o.initial_state.is_none()},
+                               {"return_final_state=True", return_final_state}})
+      if (given)
+        throw UsageError(std::string(name) +
+                         " needs variant=NAME (a recurrence's input; without variant reference() is exact "
+                         "softmax attention, which reads none)");
     Problem p;
     p.variant = "reference";  // in messages only (repro strings)
     p.bias = o.alibi ? Bias::alibi : Bias::none;
@@ -481,20 +548,24 @@ py::array_t<double> reference(py::object q, py::object k, py::object v, const Ca
     return out;
   }
   // The variant's own fp64 definition (Attention::reference_forward) on a problem it can run.
-  VariantCall vc = prepare_variant_call(*variant_name, q, k, v, o, params, "fp32");
+  VariantCall vc = prepare_variant_call(*variant_name, q, k, v, o, params, "fp32", return_final_state);
   const Attention& variant = *vc.v.variant;
   const Problem& pr = vc.call.problem;
   pr.validate();
   if (const std::string why = variant.unsupported_reasons_text(pr); !why.empty())
     throw NotSupported(pr.repro() + ": " + why);
   py::array_t<double> out(std::vector<py::ssize_t>{pr.batch, pr.heads, pr.seq_q, pr.head_dim});
+  const std::vector<int64_t> ss = return_final_state ? state_shape(pr) : std::vector<int64_t>{0};
+  py::array_t<double> final_state(std::vector<py::ssize_t>(ss.begin(), ss.end()));
   const AttentionInputs in = vc.call.inputs();
   double* dst = out.mutable_data();
+  double* state_dst = return_final_state ? final_state.mutable_data() : nullptr;
   {
     py::gil_scoped_release release;
     std::shared_lock<std::shared_mutex> shared(g_process_state);
-    variant.reference_forward(pr, in, dst);
+    variant.reference_forward_state(pr, in, dst, state_dst);
   }
+  if (return_final_state) return py::make_tuple(out, final_state);
   return out;
 }
 
@@ -515,15 +586,31 @@ py::tuple reference_backward(const std::string& variant_name, py::object q, py::
   py::array_t<double> dq = doubles(q_shape),
                       dk = doubles({pr.batch, pr.num_kv_heads(), pr.seq_kv, pr.head_dim}),
                       dv = doubles({pr.batch, pr.num_kv_heads(), pr.seq_kv, pr.head_dim});
-  const AttentionInputs in = vc.call.inputs();
+  const Call& call = vc.call;
+  py::array_t<double> dg = doubles(call.g.empty() ? std::vector<int64_t>{0} : gate_shape(pr, call.gate)),
+                      dbeta = doubles(call.beta.empty() ? std::vector<int64_t>{0} : beta_shape(pr)),
+                      ds0 = doubles(call.initial_state.empty() ? std::vector<int64_t>{0} : state_shape(pr));
+  const AttentionInputs in = call.inputs();
   const float* dop = d.data();
-  double *gq = dq.mutable_data(), *gk = dk.mutable_data(), *gv = dv.mutable_data();
+  Fp64Gradients fg;
+  fg.dq = dq.mutable_data(), fg.dk = dk.mutable_data(), fg.dv = dv.mutable_data();
+  fg.dg = call.g.empty() ? nullptr : dg.mutable_data();
+  fg.dbeta = call.beta.empty() ? nullptr : dbeta.mutable_data();
+  fg.d_initial_state = call.initial_state.empty() ? nullptr : ds0.mutable_data();
   {
     py::gil_scoped_release release;
     std::shared_lock<std::shared_mutex> shared(g_process_state);
-    variant.reference_backward(pr, in, dop, gq, gk, gv);
+    if (fg.dg || fg.dbeta || fg.d_initial_state)
+      variant.reference_gradients(pr, in, dop, fg);
+    else
+      variant.reference_backward(pr, in, dop, fg.dq, fg.dk, fg.dv);
   }
-  return py::make_tuple(dq, dk, dv);
+  py::list result;
+  for (py::handle x : {dq, dk, dv}) result.append(x);
+  if (fg.dg) result.append(dg);
+  if (fg.dbeta) result.append(dbeta);
+  if (fg.d_initial_state) result.append(ds0);
+  return py::tuple(result);
 }
 
 // Rows of a results.jsonl as dicts (the last row per id, a torn last line dropped, as every reader does).
@@ -595,7 +682,8 @@ py::object load_results(py::object dir) {
 constexpr const char* kForwardDoc =
     R"(forward(variant, q, k, v, *, causal=False, causal_lower_right=False, mask=None,
         key_padding=None, scale=None, dropout=0.0, seed=0, params=None, threads=None, isa=None,
-        dtype="fp32", alibi=False, alibi_slopes=None, save_state=False) -> numpy.ndarray | tuple
+        dtype="fp32", alibi=False, alibi_slopes=None, save_state=False, g=None, beta=None,
+        initial_state=None, return_final_state=False) -> numpy.ndarray | tuple
 
 Runs one registered variant, as `attnbench eval` does, and returns O, a new float32 array
 [batch, heads, seq_q, head_dim]. save_state=True runs the training forward instead (`eval --save-state`;
@@ -618,6 +706,13 @@ info()["isa"]["supported"]). Both are process-wide settings: a call that gives e
 dtype: storage of Q, K, V: "fp32", "bf16" or "fp16" (rounded to nearest even from the float32 values);
 computation and O are float32. alibi: the ALiBi bias, default slopes 2^(-8 (h + 1) / heads), or
 alibi_slopes ([heads], one per query head).
+A recurrence's inputs (variants()'s capabilities "gate", "beta", "state"; `eval --g --beta --initial-state
+--final-state`), converted as q is: g, the gate, every value finite and <= 0, [batch, heads, seq] for a scalar
+gate (simple_gla, gated_delta_rule) or [batch, heads, seq, head_dim] for a per-channel one (gla); beta,
+[batch, heads, seq], every value in (0, 1] (delta_rule, gated_delta_rule); initial_state, the starting state
+[batch, heads, head_dim, head_dim] (default 0). A variant needing one must be given it, and one it does not
+read is refused (ValueError naming both). return_final_state=True returns (O, final_state), final_state a new
+float32 [batch, heads, head_dim, head_dim] array (with save_state: (O, state, final_state)).
 The GIL is released while the kernel runs. Bad arguments raise ValueError with the CLI's message, naming the
 argument (a combination the variant cannot run: attnbench.NotSupported, a ValueError). An output holding
 NaN/Inf gives a RuntimeWarning.)";
@@ -625,7 +720,8 @@ NaN/Inf gives a RuntimeWarning.)";
 constexpr const char* kBackwardDoc =
     R"(backward(variant, q, k, v, d_out, out=None, state=None, *, causal=False, causal_lower_right=False,
          mask=None, key_padding=None, scale=None, dropout=0.0, seed=0, params=None, threads=None, isa=None,
-         dtype="fp32", alibi=False, alibi_slopes=None, compare=False) -> tuple
+         dtype="fp32", alibi=False, alibi_slopes=None, compare=False, g=None, beta=None,
+         initial_state=None) -> tuple
 
 The backward pass of one registered variant with a backward (variants()'s capabilities["backward"]), as
 `attnbench eval --grad-output` runs it: returns (dq, dk, dv), new float32 arrays, dq of q's shape, dk and dv
@@ -638,11 +734,16 @@ forward(..., save_state=True) on the same inputs and options (`eval --forward-ou
 forward runs; state is needed exactly when the variant keeps one (an empty array counts as none), and may
 hold +inf (the log-sum-exp of a query row with no allowed key), never NaN. The other arguments are
 forward()'s. dtype bf16 / fp16: the gradients of the rounded inputs, computed in fp32.
+A recurrence's g, beta, initial_state (as forward() takes them): their gradients follow dv in that order,
+each given one, float32 of its input's shape: (dq, dk, dv, dg) for simple_gla and gla, (dq, dk, dv, dg,
+dbeta) for gated_delta_rule, plus d_initial_state with initial_state (`eval --dg --dbeta
+--d-initial-state`).
 compare=True: returns (dq, dk, dv, metrics), metrics the dict `eval --grad-output --compare` prints for the
 gradients: "grad_accuracy" (against the fp64 gradient of the variant's own definition, reference_backward:
 what a correct backward must match), "grad_accuracy_exact" (against exact softmax attention's fp64
 gradient: how far an approximate variant's gradient lands from it), each with "reference" and per gradient
-"dq", "dk", "dv": max_abs_err, rel_l2_err, nan_count, inf_count; and "nonfinite_gradients".
+"dq", "dk", "dv" (and in grad_accuracy "dg", "dbeta", "d_initial_state" where returned): max_abs_err,
+rel_l2_err, nan_count, inf_count; and "nonfinite_gradients". The metrics come last in the tuple.
 The GIL is released while the kernels run. Bad arguments raise ValueError with the CLI's message, naming
 the argument (a missing state: what the variant keeps; a variant without backward or a combination its
 backward cannot run: attnbench.NotSupported). Gradients holding NaN/Inf give a RuntimeWarning.)";
@@ -650,27 +751,32 @@ backward cannot run: attnbench.NotSupported). Gradients holding NaN/Inf give a R
 constexpr const char* kReferenceDoc =
     R"(reference(q, k, v, *, causal=False, causal_lower_right=False, mask=None,
           key_padding=None, scale=None, dropout=0.0, seed=0, alibi=False, alibi_slopes=None,
-          variant=None, params=None) -> numpy.ndarray
+          variant=None, params=None, g=None, beta=None, initial_state=None,
+          return_final_state=False) -> numpy.ndarray | tuple
 
 The fp64 oracle (common/reference/reference.hpp): exact softmax attention in double on the float32 values of q, k, v
 (converted as forward() converts them), with the same masks, scale, dropout decisions and ALiBi bias as
 forward(). Returns a new float64 array [batch, heads, seq_q, head_dim]; a query row with no allowed key is
 zeros. variant (with its params): that variant's own fp64 definition instead (Attention::reference_forward:
 exact attention for the exact variants, e.g. linformer's projections for linformer), on a problem the variant
-can run (attnbench.NotSupported otherwise). The GIL is released while it runs. Bad arguments raise
+can run (attnbench.NotSupported otherwise). A recurrence's g, beta, initial_state (with variant only) are
+forward()'s, checked the same way; return_final_state=True returns (O, final_state), the definition's final
+state in float64 [batch, heads, head_dim, head_dim]. The GIL is released while it runs. Bad arguments raise
 ValueError.)";
 
 constexpr const char* kReferenceBackwardDoc =
     R"(reference_backward(variant, q, k, v, d_out, *, causal=False, causal_lower_right=False, mask=None,
                    key_padding=None, scale=None, dropout=0.0, seed=0, params=None, alibi=False,
-                   alibi_slopes=None) -> tuple
+                   alibi_slopes=None, g=None, beta=None, initial_state=None) -> tuple
 
 The fp64 gradients (dq, dk, dv) of the variant's own definition (Attention::reference_backward, the gradient
 of reference(..., variant=variant)) for L = sum(d_out * O): what backward()'s float32 gradients are tested
 against. New float64 arrays, dq of q's shape, dk and dv of k's (grouped-query: summed over the group). Like
 reference(), it reads the float32 values of q, k, v and d_out (float64 inputs are rounded to float32 first).
 The variant must have a backward and be able to run the problem (attnbench.NotSupported otherwise); d_out
-is checked as backward() checks it. The GIL is released while it runs. Bad arguments raise ValueError.)";
+is checked as backward() checks it. A recurrence's g, beta, initial_state: their fp64 gradients follow dv as
+backward() returns them (dg, dbeta, d_initial_state, each given one). The GIL is released while it runs. Bad
+arguments raise ValueError.)";
 
 constexpr const char* kRunDoc =
     R"(run(config_path, out, *, resume=False, force=False, filter=None) -> list[dict]
@@ -698,32 +804,35 @@ void def_kernel_calls(py::module_& m) {
          bool causal_lower_right, py::object mask, py::object key_padding, std::optional<double> scale,
          double dropout, uint64_t seed, py::object params, std::optional<int> threads,
          std::optional<std::string> isa, const std::string& dtype, bool alibi, py::object alibi_slopes,
-         bool save_state) {
-        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale, dropout, seed,
-                            alibi,  alibi_slopes};
-        return forward(variant, q, k, v, o, params, threads, isa, dtype, save_state);
+         bool save_state, py::object g, py::object beta, py::object initial_state, bool return_final_state) {
+        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale,        dropout, seed,
+                            alibi,  alibi_slopes,       g,    beta,        initial_state};
+        return forward(variant, q, k, v, o, params, threads, isa, dtype, save_state, return_final_state);
       },
       kForwardDoc, "variant"_a, "q"_a, "k"_a, "v"_a, py::kw_only(), "causal"_a = false,
       "causal_lower_right"_a = false, "mask"_a = py::none(), "key_padding"_a = py::none(),
       "scale"_a = py::none(), "dropout"_a = 0.0, "seed"_a = 0, "params"_a = py::none(),
       "threads"_a = py::none(), "isa"_a = py::none(), "dtype"_a = "fp32", "alibi"_a = false,
-      "alibi_slopes"_a = py::none(), "save_state"_a = false);
+      "alibi_slopes"_a = py::none(), "save_state"_a = false, "g"_a = py::none(), "beta"_a = py::none(),
+      "initial_state"_a = py::none(), "return_final_state"_a = false);
   m.def(
       "backward",
       [](const std::string& variant, py::object q, py::object k, py::object v, py::object d_out,
          py::object out, py::object state, bool causal, bool causal_lower_right, py::object mask,
          py::object key_padding, std::optional<double> scale, double dropout, uint64_t seed,
          py::object params, std::optional<int> threads, std::optional<std::string> isa,
-         const std::string& dtype, bool alibi, py::object alibi_slopes, bool compare) {
-        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale, dropout, seed,
-                            alibi,  alibi_slopes};
+         const std::string& dtype, bool alibi, py::object alibi_slopes, bool compare, py::object g,
+         py::object beta, py::object initial_state) {
+        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale,        dropout, seed,
+                            alibi,  alibi_slopes,       g,    beta,        initial_state};
         return backward(variant, q, k, v, d_out, out, state, o, params, threads, isa, dtype, compare);
       },
       kBackwardDoc, "variant"_a, "q"_a, "k"_a, "v"_a, "d_out"_a, "out"_a = py::none(), "state"_a = py::none(),
       py::kw_only(), "causal"_a = false, "causal_lower_right"_a = false, "mask"_a = py::none(),
       "key_padding"_a = py::none(), "scale"_a = py::none(), "dropout"_a = 0.0, "seed"_a = 0,
       "params"_a = py::none(), "threads"_a = py::none(), "isa"_a = py::none(), "dtype"_a = "fp32",
-      "alibi"_a = false, "alibi_slopes"_a = py::none(), "compare"_a = false);
+      "alibi"_a = false, "alibi_slopes"_a = py::none(), "compare"_a = false, "g"_a = py::none(),
+      "beta"_a = py::none(), "initial_state"_a = py::none());
 }
 
 // reference() and reference_backward(): the fp64 definitions.
@@ -732,28 +841,32 @@ void def_references(py::module_& m) {
       "reference",
       [](py::object q, py::object k, py::object v, bool causal, bool causal_lower_right, py::object mask,
          py::object key_padding, std::optional<double> scale, double dropout, uint64_t seed, bool alibi,
-         py::object alibi_slopes, std::optional<std::string> variant, py::object params) {
-        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale, dropout, seed,
-                            alibi,  alibi_slopes};
-        return reference(q, k, v, o, variant, params);
+         py::object alibi_slopes, std::optional<std::string> variant, py::object params, py::object g,
+         py::object beta, py::object initial_state, bool return_final_state) {
+        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale,        dropout, seed,
+                            alibi,  alibi_slopes,       g,    beta,        initial_state};
+        return reference(q, k, v, o, variant, params, return_final_state);
       },
       kReferenceDoc, "q"_a, "k"_a, "v"_a, py::kw_only(), "causal"_a = false, "causal_lower_right"_a = false,
       "mask"_a = py::none(), "key_padding"_a = py::none(), "scale"_a = py::none(), "dropout"_a = 0.0,
       "seed"_a = 0, "alibi"_a = false, "alibi_slopes"_a = py::none(), "variant"_a = py::none(),
-      "params"_a = py::none());
+      "params"_a = py::none(), "g"_a = py::none(), "beta"_a = py::none(), "initial_state"_a = py::none(),
+      "return_final_state"_a = false);
   m.def(
       "reference_backward",
       [](const std::string& variant, py::object q, py::object k, py::object v, py::object d_out, bool causal,
          bool causal_lower_right, py::object mask, py::object key_padding, std::optional<double> scale,
-         double dropout, uint64_t seed, py::object params, bool alibi, py::object alibi_slopes) {
-        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale, dropout, seed,
-                            alibi,  alibi_slopes};
+         double dropout, uint64_t seed, py::object params, bool alibi, py::object alibi_slopes, py::object g,
+         py::object beta, py::object initial_state) {
+        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale,        dropout, seed,
+                            alibi,  alibi_slopes,       g,    beta,        initial_state};
         return reference_backward(variant, q, k, v, d_out, o, params);
       },
       kReferenceBackwardDoc, "variant"_a, "q"_a, "k"_a, "v"_a, "d_out"_a, py::kw_only(), "causal"_a = false,
       "causal_lower_right"_a = false, "mask"_a = py::none(), "key_padding"_a = py::none(),
       "scale"_a = py::none(), "dropout"_a = 0.0, "seed"_a = 0, "params"_a = py::none(), "alibi"_a = false,
-      "alibi_slopes"_a = py::none());
+      "alibi_slopes"_a = py::none(), "g"_a = py::none(), "beta"_a = py::none(),
+      "initial_state"_a = py::none());
 }
 
 }  // namespace

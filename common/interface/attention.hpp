@@ -215,6 +215,12 @@ class Attention {
   // The fp64 oracle for what this variant computes: its own exact definition. The default is exact softmax
   // attention (reference.hpp); approximate variants override it (e.g. linear attention's quadratic form).
   virtual void reference_forward(const Problem& p, const AttentionInputs& in, double* out) const;
+  // reference_forward and, when final_state is not null, the fp64 final state of the definition
+  // ([batch, heads, head_dim, head_dim]) for a variant with Capabilities::state: what a run writing
+  // AttentionInputs::final_state must match. Default: reference_forward; std::logic_error when a final state
+  // is asked of a variant without one (a variant with state overrides it).
+  virtual void reference_forward_state(const Problem& p, const AttentionInputs& in, double* out,
+                                       double* final_state) const;
 
   // Bound on |forward - reference_forward| for these inputs. Default: exact_abs_tolerance (reference.hpp),
   // derived for softmax attention in fp32; override with your own derivation (and a comment saying why).

@@ -1,6 +1,7 @@
 // The defaults of the Attention interface's reference hooks: a variant that does not override them is
 // checked against exact softmax attention in fp64 (reference.hpp), with the exact tolerances. They live here,
 // not beside the interface, so the interface does not depend on the reference layer above it.
+#include <stdexcept>
 #include <vector>
 
 #include "common/interface/attention.hpp"
@@ -10,6 +11,14 @@ namespace attn {
 
 void Attention::reference_forward(const Problem& p, const AttentionInputs& in, double* out) const {
   reference_attention(p, in, out);
+}
+
+void Attention::reference_forward_state(const Problem& p, const AttentionInputs& in, double* out,
+                                        double* final_state) const {
+  if (final_state)
+    throw std::logic_error(name() + " has no final state (Capabilities::state) to reference (" + p.repro() +
+                           ")");
+  reference_forward(p, in, out);
 }
 
 double Attention::abs_tolerance(const Problem& p, const AttentionInputs& in) const {

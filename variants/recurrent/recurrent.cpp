@@ -115,6 +115,11 @@ class Recurrent final : public Attention {
     const WideInputs wide(p, stored);
     recurrence_reference(p, wide.get(), config(p).kind, out);
   }
+  void reference_forward_state(const Problem& p, const AttentionInputs& stored, double* out,
+                               double* final_state) const override {
+    const WideInputs wide(p, stored);
+    recurrence_reference(p, wide.get(), config(p).kind, out, final_state);
+  }
   double abs_tolerance(const Problem& p, const AttentionInputs& stored) const override {
     const WideInputs wide(p, stored);
     return recurrence_abs_tolerance(p, wide.get(), config(p));
@@ -124,6 +129,20 @@ class Recurrent final : public Attention {
     const WideInputs wide(p, stored);
     RecurrenceGrads<double> g;
     g.dq = dq, g.dk = dk, g.dv = dv;
+    recurrence_reference_backward(p, wide.get(), config(p).kind, d_out, g);
+  }
+  // Every fp64 gradient of the definition: dq, dk, dv and, where asked, dg, dbeta, d initial state.
+  void reference_gradients(const Problem& p, const AttentionInputs& stored, const float* d_out,
+                           const Fp64Gradients& fg) const override {
+    const WideInputs wide(p, stored);
+    const int64_t nq = p.q_elements(), nkv = p.kv_elements();
+    // recurrence_reference_backward always writes dq, dk, dv: scratch for those not wanted.
+    std::vector<double> sq(fg.dq ? 0 : nq), sk(fg.dk ? 0 : nkv), sv(fg.dv ? 0 : nkv);
+    RecurrenceGrads<double> g;
+    g.dq = fg.dq ? fg.dq : sq.data(), g.dk = fg.dk ? fg.dk : sk.data(), g.dv = fg.dv ? fg.dv : sv.data();
+    g.dg = spec_.kind.gate != Gate::none ? fg.dg : nullptr;
+    g.dbeta = spec_.kind.delta ? fg.dbeta : nullptr;
+    g.d_initial_state = p.initial_state ? fg.d_initial_state : nullptr;
     recurrence_reference_backward(p, wide.get(), config(p).kind, d_out, g);
   }
   GradientTolerance grad_tolerance(const Problem& p, const AttentionInputs& stored,
