@@ -154,7 +154,7 @@ std::vector<float> checked_alibi_slopes(const std::string& what, const std::stri
 }
 
 bool is_recurrence(const Capabilities& c) {
-  return c.gate != Gate::none || c.beta || c.state;
+  return c.own_definition;
 }
 
 namespace {

@@ -42,10 +42,10 @@ std::vector<float> checked_alibi_slopes(const std::string& what, const std::stri
                                         const std::vector<int64_t>& shape, const double* values,
                                         const Problem& p);
 
-// ---- Inputs beyond Q, K, V: a recurrence's gate g, beta and states (issue 32) ----
+// ---- Inputs beyond Q, K, V: a recurrence's gate g, beta and states ----
 
-// A variant that is not softmax attention but a recurrence (it reads g or beta, or keeps a state): its
-// exact baseline is its own fp64 definition (Attention::reference_forward), not exact softmax attention.
+// A variant that is not softmax attention (Capabilities::own_definition: the recurrences): its exact baseline
+// is its own fp64 definition (Attention::reference_forward), not exact softmax attention.
 bool is_recurrence(const Capabilities& c);
 
 // What one call gives beyond Q, K, V, each as its caller names it ("--g 'g.npy'" for the CLI, "g" for the
