@@ -40,70 +40,63 @@ double gamma_n(double n) {
   return n * kU / (1.0 - n * kU);
 }  // Higham's gamma_n: n roundings of relative u
 
-ReferenceResult reference_layer(const MultiHeadWeights& w, int64_t H, const FloatArray& x,
-                                const FloatArray* ctx, bool causal, const ByteArray* pad, bool residual,
-                                const RopeSpec& rope = {}) {
-  const FloatArray& kv = ctx ? *ctx : x;
-  const int64_t B = x.shape[0], Lq = x.shape[1], Lkv = kv.shape[1], E = x.shape[2], D = E / H;
-  // Projection of [B, L, E] by (W, b); mag receives sum_i |x_i W_oi| + |b_o|, the size of what fp32 sums.
-  auto project = [&](const FloatArray& in, const FloatArray& W, const FloatArray& b, std::vector<double>& out,
-                     double& mag) {
-    const int64_t rows = in.shape[0] * in.shape[1];
-    out.assign(static_cast<std::size_t>(rows * E), 0.0);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t o = 0; o < E; ++o) {
-        double acc = b.numel() ? b.data[o] : 0.0, m = b.numel() ? std::fabs(b.data[o]) : 0.0;
-        for (int64_t i = 0; i < E; ++i) {
-          acc += static_cast<double>(in.data[r * E + i]) * W.data[o * E + i];
-          m += std::fabs(static_cast<double>(in.data[r * E + i]) * W.data[o * E + i]);
-        }
-        out[r * E + o] = acc;
-        mag = std::max(mag, m);
+// Projection of in [B, L, E] by (W, b) into out; mag receives max over outputs of sum_i |x_i W_oi| + |b_o|,
+// the size of what fp32 sums.
+void project(const FloatArray& in, const FloatArray& W, const FloatArray& b, std::vector<double>& out,
+             double& mag) {
+  const int64_t rows = in.shape[0] * in.shape[1], E = in.shape[2];
+  out.assign(static_cast<std::size_t>(rows * E), 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < E; ++o) {
+      double acc = b.numel() ? b.data[o] : 0.0, m = b.numel() ? std::fabs(b.data[o]) : 0.0;
+      for (int64_t i = 0; i < E; ++i) {
+        acc += static_cast<double>(in.data[r * E + i]) * W.data[o * E + i];
+        m += std::fabs(static_cast<double>(in.data[r * E + i]) * W.data[o * E + i]);
       }
-  };
-  std::vector<double> q, k, v;
-  double mag_q = 0, mag_k = 0, mag_v = 0, mag_o = 0;
-  project(x, w.w_q, w.b_q, q, mag_q);
-  project(kv, w.w_k, w.b_k, k, mag_k);
-  project(kv, w.w_v, w.b_v, v, mag_v);
-  auto max_abs = [](const std::vector<double>& t) {
-    double m = 0;
-    for (double e : t) m = std::max(m, std::fabs(e));
-    return m;
-  };
-  // RoPE (apply_rope_fp64) on each head's [L, D] columns of q and k, positions 0 .. L-1 for both (the layer
-  // has no lower-right mask, so no query offset).
-  auto rotate = [&](std::vector<double>& t, int64_t L) {
-    std::vector<double> head(static_cast<std::size_t>(L * D)), turned(head.size());
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h) {
-        for (int64_t l = 0; l < L; ++l)
-          for (int64_t d = 0; d < D; ++d) head[l * D + d] = t[(b * L + l) * E + h * D + d];
-        apply_rope_fp64(rope, head.data(), turned.data(), 1, L, D, 0);
-        for (int64_t l = 0; l < L; ++l)
-          for (int64_t d = 0; d < D; ++d) t[(b * L + l) * E + h * D + d] = turned[l * D + d];
-      }
-  };
-  // The fp32 rotation of an element, a cos - b sin with cos and sin rounded once, adds at most about
-  // 3 u (|a| + |b|) <= 6 u max|q| to it (rotations keep the row norms, so q_norm and k_norm below hold).
-  const double rope_dq = rope.on() ? 6.0 * kU * max_abs(q) : 0.0,
-               rope_dk = rope.on() ? 6.0 * kU * max_abs(k) : 0.0;
-  if (rope.on()) {
-    rotate(q, Lq);
-    rotate(k, Lkv);
-  }
-  // Largest per-head row norms of q and k (what bounds a logit by Cauchy-Schwarz).
-  auto max_head_norm = [&](const std::vector<double>& t) {
-    double best = 0;
-    for (std::size_t row = 0; row < t.size() / E; ++row)
-      for (int64_t h = 0; h < H; ++h) {
-        double n2 = 0;
-        for (int64_t d = 0; d < D; ++d) n2 += t[row * E + h * D + d] * t[row * E + h * D + d];
-        best = std::max(best, std::sqrt(n2));
-      }
-    return best;
-  };
-  const double q_norm = max_head_norm(q), k_norm = max_head_norm(k), v_max = max_abs(v);
+      out[r * E + o] = acc;
+      mag = std::max(mag, m);
+    }
+}
+
+double max_abs(const std::vector<double>& t) {
+  double m = 0;
+  for (double e : t) m = std::max(m, std::fabs(e));
+  return m;
+}
+
+// RoPE (apply_rope_fp64) on each head's [L, D] columns of t ([B, L, H * D]), positions 0 .. L-1 (the layer
+// has no lower-right mask, so no query offset).
+void rotate_heads(const RopeSpec& rope, std::vector<double>& t, int64_t B, int64_t L, int64_t H, int64_t D) {
+  const int64_t E = H * D;
+  std::vector<double> head(static_cast<std::size_t>(L * D)), turned(head.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t d = 0; d < D; ++d) head[l * D + d] = t[(b * L + l) * E + h * D + d];
+      apply_rope_fp64(rope, head.data(), turned.data(), 1, L, D, 0);
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t d = 0; d < D; ++d) t[(b * L + l) * E + h * D + d] = turned[l * D + d];
+    }
+}
+
+// Largest per-head row norm of t ([rows, H * D]): what bounds a logit by Cauchy-Schwarz.
+double max_head_norm(const std::vector<double>& t, int64_t H, int64_t D) {
+  const int64_t E = H * D;
+  double best = 0;
+  for (std::size_t row = 0; row < t.size() / static_cast<std::size_t>(E); ++row)
+    for (int64_t h = 0; h < H; ++h) {
+      double n2 = 0;
+      for (int64_t d = 0; d < D; ++d) n2 += t[row * E + h * D + d] * t[row * E + h * D + d];
+      best = std::max(best, std::sqrt(n2));
+    }
+  return best;
+}
+
+// Softmax attention of every head, the heads' outputs concatenated: [B, Lq, H * D].
+std::vector<double> attend_heads(const std::vector<double>& q, const std::vector<double>& k,
+                                 const std::vector<double>& v, int64_t B, int64_t Lq, int64_t Lkv, int64_t H,
+                                 int64_t D, bool causal, const ByteArray* pad) {
+  const int64_t E = H * D;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   std::vector<double> merged(static_cast<std::size_t>(B * Lq * E), 0.0), s(static_cast<std::size_t>(Lkv));
   for (int64_t b = 0; b < B; ++b)
@@ -125,6 +118,30 @@ ReferenceResult reference_layer(const MultiHeadWeights& w, int64_t H, const Floa
           for (int64_t d = 0; d < D; ++d)
             merged[(b * Lq + i) * E + h * D + d] += s[j] / sum * v[(b * Lkv + j) * E + h * D + d];
       }
+  return merged;
+}
+
+ReferenceResult reference_layer(const MultiHeadWeights& w, int64_t H, const FloatArray& x,
+                                const FloatArray* ctx, bool causal, const ByteArray* pad, bool residual,
+                                const RopeSpec& rope = {}) {
+  const FloatArray& kv = ctx ? *ctx : x;
+  const int64_t B = x.shape[0], Lq = x.shape[1], Lkv = kv.shape[1], E = x.shape[2], D = E / H;
+  std::vector<double> q, k, v;
+  double mag_q = 0, mag_k = 0, mag_v = 0, mag_o = 0;
+  project(x, w.w_q, w.b_q, q, mag_q);
+  project(kv, w.w_k, w.b_k, k, mag_k);
+  project(kv, w.w_v, w.b_v, v, mag_v);
+  // The fp32 rotation of an element, a cos - b sin with cos and sin rounded once, adds at most about
+  // 3 u (|a| + |b|) <= 6 u max|q| to it (rotations keep the row norms, so q_norm and k_norm below hold).
+  const double rope_dq = rope.on() ? 6.0 * kU * max_abs(q) : 0.0,
+               rope_dk = rope.on() ? 6.0 * kU * max_abs(k) : 0.0;
+  if (rope.on()) {
+    rotate_heads(rope, q, B, Lq, H, D);
+    rotate_heads(rope, k, B, Lkv, H, D);
+  }
+  const double q_norm = max_head_norm(q, H, D), k_norm = max_head_norm(k, H, D), v_max = max_abs(v);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const std::vector<double> merged = attend_heads(q, k, v, B, Lq, Lkv, H, D, causal, pad);
   ReferenceResult r;
   r.y.assign(static_cast<std::size_t>(B * Lq * E), 0.0);
   double w_o_row_l1 = 0;

@@ -548,8 +548,8 @@ TEST_CASE("skipped and failed rows carry every documented field (null where noth
   CHECK(checked == 13);
 }
 
-TEST_CASE("rerun, --force, --resume and torn lines on one output folder", "[sweep][run]") {
-  // Each section works on its own copy of one finished sweep (Catch2 reruns the case per section).
+TEST_CASE("a finished sweep run with --force: the stale row dropped, CSV and meta.json agree",
+          "[sweep][run]") {
   const SmallRun& pristine = small_run();
   REQUIRE(pristine.result.code == 0);
   REQUIRE(pristine.rows.size() == 4);  // --force dropped the stale row
@@ -561,6 +561,12 @@ TEST_CASE("rerun, --force, --resume and torn lines on one output folder", "[swee
     CHECK(meta.at("rows") == 4);
     CHECK(meta.at("config") == small_config());
   }
+}
+
+TEST_CASE("rerun, --force, --resume and torn lines on one output folder", "[sweep][run]") {
+  // Each section works on its own copy of one finished sweep (Catch2 reruns the case per section).
+  const SmallRun& pristine = small_run();
+  REQUIRE(pristine.result.code == 0);
   const std::vector<Json>& first = pristine.rows;
 
   ScratchDir dir{"sweeprun"};
