@@ -245,6 +245,29 @@ TEST_CASE("attnbench check --variant naive --quiet passes and prints the summary
   CHECK(contains(bad.err, "did you mean 'naive'?"));
 }
 
+namespace {
+
+struct EvalErrorCase {
+  Args args;
+  std::vector<std::string> parts;  // all must appear in stderr
+};
+
+// Each case exits 2 with every part in stderr and leaves no output (nor its temporary) behind.
+void check_eval_errors(const ScratchDir& dir, const std::vector<EvalErrorCase>& cases) {
+  for (const auto& c : cases) {
+    INFO("eval " << join(c.args, " "));
+    const std::string out = dir.file("O_new.npy");
+    const ProcResult r = attnbench(dir, Args{"eval"} + c.args + Args{"--out", out});
+    INFO("stderr: " << r.err);
+    CHECK(r.code == 2);
+    for (const auto& part : c.parts) CHECK(contains(r.err, part));
+    CHECK_FALSE(fs::exists(out));
+    CHECK_FALSE(fs::exists(out + ".tmp"));
+  }
+}
+
+}  // namespace
+
 TEST_CASE("attnbench eval errors exit 2, name the option or file and the value, and write no output",
           "[cli]") {
   ScratchDir dir("cli");
@@ -266,19 +289,11 @@ TEST_CASE("attnbench eval errors exit 2, name the option or file and the value, 
   write_npy(kb1, k_batch1);
   write_npy(kh1, kv_heads1);
   write_npy(vh1, kv_heads1);
-  // ALiBi slopes of the wrong length (Q has 2 heads), and Q, K, V with an odd head_dim for RoPE.
-  const std::string s3 = dir.file("slopes3.npy");
-  write_npy(s3, FloatArray({3}, 0.5f));
-  EvalFiles odd(dir, 1, 2, 4, 4, 7, "_odd");
   const Args qkv = f.qkv_args();
   const std::string missing = dir.file("missing_q.npy");
   const CaseFiles& files = f.files;
 
-  struct ErrorCase {
-    Args args;
-    std::vector<std::string> parts;  // all must appear in stderr
-  };
-  const std::vector<ErrorCase> cases = {
+  const std::vector<EvalErrorCase> cases = {
       {{"--variant", "naive", "--q", missing, "--k", files.k, "--v", files.v},
        {"missing_q.npy", "cannot open"}},
       {{"--variant", "naive", "--q", q3, "--k", files.k, "--v", files.v},
@@ -312,33 +327,8 @@ TEST_CASE("attnbench eval errors exit 2, name the option or file and the value, 
       {Args{"--variant", "naive", "--dropout", "1.5"} + qkv, {"dropout", "1.5"}},
       {Args{"--variant", "naive", "--scale", "-1"} + qkv, {"scale", "-1"}},
       {{"--variant", "naive", "--q", files.q, "--k", files.k}, {"--v"}},  // a required option missing
-      // Storage dtype, ALiBi and RoPE (#14).
-      {Args{"--variant", "naive", "--dtype", "fp8"} + qkv,
-       {"--dtype", "unknown dtype 'fp8'", "fp32, bf16, fp16"}},
-      // Every variant takes bf16 and fp16 (widened, if not natively): the refusal is the bias's.
-      {Args{"--variant", "linear", "--dtype", "bf16", "--alibi"} + qkv,
-       {"--dtype bf16 with --alibi", "variant 'linear'", "does not support the ALiBi bias", "naive"}},
-      {Args{"--variant", "naive", "--alibi-slopes", s3} + qkv,
-       {"--alibi-slopes", "slopes3.npy", "needs --alibi"}},
-      {Args{"--variant", "naive", "--alibi", "--alibi-slopes", s3} + qkv,
-       {"--alibi-slopes", "slopes3.npy", "shape [3]", "[2]", "[heads]"}},
-      {Args{"--variant", "naive", "--rope", "neox"} + odd.qkv_args(),
-       {"--rope neox", "_odd", "head_dim must be even, got 7"}},
-      {Args{"--variant", "naive", "--rope", "sideways"} + qkv,
-       {"--rope", "'sideways'", "none, normal, neox"}},
-      {Args{"--variant", "naive", "--rope-base", "500"} + qkv, {"--rope-base 500", "needs --rope"}},
-      {Args{"--variant", "naive", "--rope", "normal", "--rope-base", "-2"} + qkv, {"--rope-base", "-2"}},
   };
-  for (const auto& c : cases) {
-    INFO("eval " << join(c.args, " "));
-    const std::string out = dir.file("O_new.npy");
-    const ProcResult r = attnbench(dir, Args{"eval"} + c.args + Args{"--out", out});
-    INFO("stderr: " << r.err);
-    CHECK(r.code == 2);
-    for (const auto& part : c.parts) CHECK(contains(r.err, part));
-    CHECK_FALSE(fs::exists(out));
-    CHECK_FALSE(fs::exists(out + ".tmp"));
-  }
+  check_eval_errors(dir, cases);
 
   // An existing output file is left exactly as it was, whether the error is in a file, a shape or a value.
   for (std::size_t i : {std::size_t{0}, std::size_t{4}, std::size_t{10}, std::size_t{15}}) {
@@ -354,6 +344,35 @@ TEST_CASE("attnbench eval errors exit 2, name the option or file and the value, 
       attnbench(dir, Args{"eval", "--variant", "naive"} + qkv + Args{"--out", dir.file("no_dir/O.npy")});
   CHECK(nodir.code == 2);
   CHECK(contains(nodir.err, "no_dir/O.npy"));
+}
+
+TEST_CASE("attnbench eval errors in storage dtype, ALiBi and RoPE exit 2 and write no output", "[cli]") {
+  ScratchDir dir("cli");
+  EvalFiles f(dir, 2, 2, 6, 6, 8);
+  const Args qkv = f.qkv_args();
+  // ALiBi slopes of the wrong length (Q has 2 heads), and Q, K, V with an odd head_dim for RoPE.
+  const std::string s3 = dir.file("slopes3.npy");
+  write_npy(s3, FloatArray({3}, 0.5f));
+  EvalFiles odd(dir, 1, 2, 4, 4, 7, "_odd");
+  check_eval_errors(
+      dir,
+      {
+          {Args{"--variant", "naive", "--dtype", "fp8"} + qkv,
+           {"--dtype", "unknown dtype 'fp8'", "fp32, bf16, fp16"}},
+          // Every variant takes bf16 and fp16 (widened, if not natively): the refusal is the bias's.
+          {Args{"--variant", "linear", "--dtype", "bf16", "--alibi"} + qkv,
+           {"--dtype bf16 with --alibi", "variant 'linear'", "does not support the ALiBi bias", "naive"}},
+          {Args{"--variant", "naive", "--alibi-slopes", s3} + qkv,
+           {"--alibi-slopes", "slopes3.npy", "needs --alibi"}},
+          {Args{"--variant", "naive", "--alibi", "--alibi-slopes", s3} + qkv,
+           {"--alibi-slopes", "slopes3.npy", "shape [3]", "[2]", "[heads]"}},
+          {Args{"--variant", "naive", "--rope", "neox"} + odd.qkv_args(),
+           {"--rope neox", "_odd", "head_dim must be even, got 7"}},
+          {Args{"--variant", "naive", "--rope", "sideways"} + qkv,
+           {"--rope", "'sideways'", "none, normal, neox"}},
+          {Args{"--variant", "naive", "--rope-base", "500"} + qkv, {"--rope-base 500", "needs --rope"}},
+          {Args{"--variant", "naive", "--rope", "normal", "--rope-base", "-2"} + qkv, {"--rope-base", "-2"}},
+      });
 }
 
 TEST_CASE("attnbench without a known subcommand exits 2", "[cli]") {

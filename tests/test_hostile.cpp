@@ -17,11 +17,7 @@
 
 #include "bench/lib/plan.hpp"
 #include "common/interface/attention.hpp"
-#include "common/support/error.hpp"
-#include "common/io/npy.hpp"
-#include "common/support/runtime.hpp"
 #include "common/interface/util.hpp"
-#include "common/interface/attention.hpp"
 #include "common/io/npy.hpp"
 #include "common/support/error.hpp"
 #include "common/support/runtime.hpp"
@@ -124,26 +120,18 @@ TEST_CASE("run: malformed JSON exits 2 naming the file, line and column, and not
   }
 }
 
-TEST_CASE(
-    "run: wrong types and out-of-range values name the JSON path, the value and what is allowed, "
-    "nothing is created and earlier results survive --force",
-    "[hostile]") {
-  ScratchDir dir("hostile-config");
-  // Earlier results in the output folder: a refused config must leave them exactly as they were, even with
-  // --force (validation comes before the folder is touched).
-  const fs::path out = dir.path() / "out";
-  fs::create_directories(out);
-  write_text(out / "results.jsonl", "{\"id\": \"earlier\", \"status\": \"ok\"}\n");
-  write_text(out / "meta.json", "{\"config_hash\": \"0\"}\n");
-  const auto before = snapshot(out);
+namespace {
 
-  struct Case {
-    std::string what;
-    std::function<void(Json&)> change;
-    std::vector<std::string> parts;
-  };
+struct ConfigErrorCase {
+  std::string what;
+  std::function<void(Json&)> change;
+  std::vector<std::string> parts;
+};
+
+// Wrong JSON types and values out of range in the config's own fields.
+std::vector<ConfigErrorCase> config_type_and_range_cases() {
   const std::string max_size = "2^40 = 1099511627776";
-  const std::vector<Case> cases = {
+  return {
       {"name of the wrong type", [](Json& j) { j["name"] = 5; }, {"name: must be 1-64 characters", "got 5"}},
       {"variants a number", [](Json& j) { j["variants"] = 5; }, {"variants: must be \"all\" or", "got 5"}},
       {"variant entry a number",
@@ -202,6 +190,12 @@ TEST_CASE(
          j["inputs"] = {{"regime", "gaussian"}, {"std", 0}};
        },
        {"inputs.std: must be a standard deviation in [1e-6, 1000], got 0"}},
+  };
+}
+
+// Unknown variants and parameters, parameter values, and sizes no machine can hold.
+std::vector<ConfigErrorCase> config_variant_and_size_cases() {
+  return {
       {"unknown variant",
        [](Json& j) { j["variants"] = {"flash"}; },
        {"variants[0]: unknown variant 'flash'", "registered: "}},
@@ -248,7 +242,26 @@ TEST_CASE(
         "1099511627776",
         "must be at most 2^58 = 288230376151711744"}},
   };
-  for (const Case& c : cases) {
+}
+
+}  // namespace
+
+TEST_CASE(
+    "run: wrong types and out-of-range values name the JSON path, the value and what is allowed, "
+    "nothing is created and earlier results survive --force",
+    "[hostile]") {
+  ScratchDir dir("hostile-config");
+  // Earlier results in the output folder: a refused config must leave them exactly as they were, even with
+  // --force (validation comes before the folder is touched).
+  const fs::path out = dir.path() / "out";
+  fs::create_directories(out);
+  write_text(out / "results.jsonl", "{\"id\": \"earlier\", \"status\": \"ok\"}\n");
+  write_text(out / "meta.json", "{\"config_hash\": \"0\"}\n");
+  const auto before = snapshot(out);
+
+  std::vector<ConfigErrorCase> cases = config_type_and_range_cases();
+  for (ConfigErrorCase& c : config_variant_and_size_cases()) cases.push_back(std::move(c));
+  for (const ConfigErrorCase& c : cases) {
     INFO(c.what);
     Json j = sweep_config();
     c.change(j);
@@ -652,6 +665,52 @@ TEST_CASE("Problem::validate refuses size products that overflow 64 bits instead
                     Contains("must be at most 2^58"));
 }
 
+namespace {
+
+constexpr int64_t kNanB = 2, kNanH = 2, kNanL = 40, kNanD = 16, kPadded = 35;  // batch 0 pads keys 35..39
+
+struct Poison {
+  std::string what;
+  char tensor;  // 'q', 'k' or 'v'
+  int64_t b, h, row, d;
+  float value;
+};
+
+std::size_t nan_at(int64_t b, int64_t h, int64_t i, int64_t d) {
+  return static_cast<std::size_t>(((b * kNanH + h) * kNanL + i) * kNanD + d);
+}
+
+// Row by row: non-finite where the poison reaches, bitwise unchanged (against o_clean) where it must not.
+void check_poison_reach(const FloatArray& o, const FloatArray& o_clean, const Poison& p,
+                        const std::string& mask, bool mixes_queries) {
+  const int64_t B = kNanB, H = kNanH, L = kNanL, D = kNanD;
+  auto at = nan_at;
+  const bool padded = mask == "pad" && p.b == 0 && p.row >= kPadded;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < L; ++i) {
+        const bool same_slice = b == p.b && h == p.h;
+        bool reached = false, untouched = !same_slice;
+        // An infinite query component need not give NaN: linear's feature map sends -Inf to 0.
+        if (same_slice && p.tensor == 'q')
+          reached = i == p.row && std::isnan(p.value), untouched = i != p.row && !mixes_queries;
+        if (same_slice && p.tensor == 'k') {
+          reached = !padded && (mask != "causal" || i >= p.row);
+          untouched = !reached;
+        }
+        if (same_slice && p.tensor == 'v') reached = !padded && (mask != "causal" || i >= p.row);
+        bool finite = true;
+        for (int64_t d = 0; d < D; ++d) finite = finite && std::isfinite(o.data[at(b, h, i, d)]);
+        INFO("output row [" << b << ", " << h << ", " << i << "]");
+        if (reached) CHECK_FALSE(finite);
+        if (untouched)
+          CHECK(std::memcmp(o.ptr() + at(b, h, i, 0), o_clean.ptr() + at(b, h, i, 0), D * sizeof(float)) ==
+                0);
+      }
+}
+
+}  // namespace
+
 TEST_CASE("eval --compare with NaN/Inf inputs: counts reported, no crash, the poison stays where documented",
           "[hostile]") {
   // docs/numerics.md, "Non-finite inputs": a NaN/Inf in query row i makes output row i NaN and nothing else;
@@ -659,22 +718,14 @@ TEST_CASE("eval --compare with NaN/Inf inputs: counts reported, no crash, the po
   // its own (batch, head) only. Every registered variant, unmasked, causal and with key padding where
   // supported.
   ScratchDir dir("hostile-nan");
-  const int64_t B = 2, H = 2, L = 40, D = 16, kPadded = 35;  // batch 0 pads keys 35..39
+  const int64_t B = kNanB, H = kNanH, L = kNanL, D = kNanD;
   AttentionCase base(make_test_problem("naive", B, H, L, L, D), 21);
   base.pad_keys([&](int64_t b, int64_t j) { return b == 0 && j >= kPadded; });
   const CaseFiles files = base.write_files(dir);
   const FloatArray &q = base.q, &k = base.k, &v = base.v;
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-  auto at = [&](int64_t b, int64_t h, int64_t i, int64_t d) {
-    return static_cast<std::size_t>(((b * H + h) * L + i) * D + d);
-  };
+  auto at = nan_at;
   const std::string qp = files.q, kp = files.k, vp = files.v, padp = files.pad;
-  struct Poison {
-    std::string what;
-    char tensor;  // 'q', 'k' or 'v'
-    int64_t b, h, row, d;
-    float value;
-  };
   const std::vector<Poison> poisons = {
       {"NaN in query row 7", 'q', 1, 0, 7, 3, nan},           {"+Inf in query row 0", 'q', 0, 1, 0, 0, inf},
       {"-Inf in query row 39", 'q', 0, 0, 39, 15, -inf},      {"NaN in key 5", 'k', 0, 1, 5, 2, nan},
@@ -749,34 +800,24 @@ TEST_CASE("eval --compare with NaN/Inf inputs: counts reported, no crash, the po
                                      " NaN/Inf values (the inputs held 1)"));
         else
           CHECK(r.err.empty());
-        // Row by row: non-finite where the poison reaches, bitwise unchanged where it must not.
-        const bool padded = mask == "pad" && p.b == 0 && p.row >= kPadded;
-        for (int64_t b = 0; b < B; ++b)
-          for (int64_t h = 0; h < H; ++h)
-            for (int64_t i = 0; i < L; ++i) {
-              const bool same_slice = b == p.b && h == p.h;
-              bool reached = false, untouched = !same_slice;
-              // An infinite query component need not give NaN: linear's feature map sends -Inf to 0.
-              if (same_slice && p.tensor == 'q')
-                reached = i == p.row && std::isnan(p.value), untouched = i != p.row && !mixes_queries;
-              if (same_slice && p.tensor == 'k') {
-                reached = !padded && (mask != "causal" || i >= p.row);
-                untouched = !reached;
-              }
-              if (same_slice && p.tensor == 'v') reached = !padded && (mask != "causal" || i >= p.row);
-              bool finite = true;
-              for (int64_t d = 0; d < D; ++d) finite = finite && std::isfinite(o.data[at(b, h, i, d)]);
-              INFO("output row [" << b << ", " << h << ", " << i << "]");
-              if (reached) CHECK_FALSE(finite);
-              if (untouched)
-                CHECK(std::memcmp(o.ptr() + at(b, h, i, 0), o_clean.ptr() + at(b, h, i, 0),
-                                  D * sizeof(float)) == 0);
-            }
+        check_poison_reach(o, o_clean, p, mask, mixes_queries);
       }
     }
   }
   CHECK(checked == expected);
+}
 
+TEST_CASE("eval with a NaN key: sliding_window's output is NaN in exactly the rows whose band holds it",
+          "[hostile]") {
+  ScratchDir dir("hostile-nan-band");
+  const int64_t B = 2, H = 2, L = 40, D = 16;
+  AttentionCase base(make_test_problem("naive", B, H, L, L, D), 21);
+  const CaseFiles files = base.write_files(dir);
+  const std::string qp = files.q, kp = files.k, vp = files.v;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto at = [&](int64_t b, int64_t h, int64_t i, int64_t d) {
+    return static_cast<std::size_t>(((b * H + h) * L + i) * D + d);
+  };
   // A key outside a row's band is never attended: sliding_window with w = 3 and a NaN in key 20 turns exactly
   // rows 17..23 NaN (dilation 2: the even rows 14..26; two global tokens: rows 0 and 1 as well).
   struct Band {
@@ -786,7 +827,7 @@ TEST_CASE("eval --compare with NaN/Inf inputs: counts reported, no crash, the po
   const std::vector<Band> bands = {{{"window=3"}, {17, 18, 19, 20, 21, 22, 23}},
                                    {{"window=3", "dilation=2"}, {14, 16, 18, 20, 22, 24, 26}},
                                    {{"window=3", "global_tokens=2"}, {0, 1, 17, 18, 19, 20, 21, 22, 23}}};
-  FloatArray k_nan = k;
+  FloatArray k_nan = base.k;
   k_nan.data[at(0, 1, 20, 2)] = nan;
   write_npy(dir.file("k_nan.npy"), k_nan);
   for (const Band& band : bands) {
@@ -904,134 +945,168 @@ TEST_CASE_PER_VARIANT("{} size estimates saturate on the largest valid problems"
   CHECK(estimated > 0);
 }
 
-TEST_CASE("eval: a recurrence's g, beta and states: unused, missing, misshapen, out of range or non-finite",
-          "[hostile]") {
-  // Issue 32: a variant given an input it does not read, or lacking one it needs, exits 2 naming both; g > 0,
-  // beta outside (0, 1] and non-finite values name the file, the first offending element's index and value.
-  // Nothing is written (neither O nor the final state).
-  ScratchDir dir("hostile-recurrence");
-  const int64_t B = 1, H = 2, L = 6, D = 8;
-  AttentionCase base(make_test_problem("naive", B, H, L, L, D), 5);
-  const CaseFiles files = base.write_files(dir);
-  auto npy = [&](const std::string& name, std::vector<int64_t> shape, float fill,
-                 std::optional<std::pair<std::size_t, float>> at = std::nullopt) {
+namespace {
+
+// Well-formed and broken inputs of a recurrence for eval, written once per test case.
+struct RecurrenceEvalFiles {
+  static constexpr int64_t B = 1, H = 2, L = 6, D = 8;
+  ScratchDir dir{"hostile-recurrence"};
+  CaseFiles files;
+  std::string g, gv, beta, s0, d_out, g_pos, g_nan, g_inf, g_big, beta0, beta15, beta_tiny, s0_shape, s0_nan,
+      out, fin;
+  std::vector<std::string> grads;
+
+  RecurrenceEvalFiles() {
+    AttentionCase base(make_test_problem("naive", B, H, L, L, D), 5);
+    files = base.write_files(dir);
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    g = npy("g.npy", {B, H, L}, -0.5f), gv = npy("g_vec.npy", {B, H, L, D}, -0.5f);
+    beta = npy("beta.npy", {B, H, L}, 0.5f), s0 = npy("s0.npy", {B, H, D, D}, 0.25f);
+    d_out = npy("d_out.npy", {B, H, L, D}, 1.0f);
+    // Element [0, 1, 3] of [1, 2, 6] is flat index 9; [0, 0, 2] is 2; [0, 1, 7, 5] of [1, 2, 8, 8] is 125.
+    g_pos = npy("g_pos.npy", {B, H, L}, -0.5f, {{9, 0.25f}});
+    g_nan = npy("g_nan.npy", {B, H, L}, -0.5f, {{9, nan}});
+    g_inf = npy("g_inf.npy", {B, H, L, D}, -0.5f, {{3, -inf}});
+    g_big = npy64("g_big.npy", {B, H, L}, -0.5, 2, -1e300);
+    beta0 = npy("beta0.npy", {B, H, L}, 0.5f, {{2, 0.0f}});
+    beta15 = npy("beta15.npy", {B, H, L}, 0.5f, {{9, 1.5f}});
+    beta_tiny = npy64("beta_tiny.npy", {B, H, L}, 0.5, 2, 1e-50);
+    s0_shape = npy("s0_87.npy", {B, H, D, D - 1}, 0.25f);
+    s0_nan = npy("s0_nan.npy", {B, H, D, D}, 0.25f, {{125, nan}});
+    out = dir.file("O.npy"), fin = dir.file("S_final.npy");
+    grads = {"--grad-output",   d_out, "--dq", dir.file("dq.npy"), "--dk", dir.file("dk.npy"), "--dv",
+             dir.file("dv.npy")};
+  }
+  std::string npy(const std::string& name, std::vector<int64_t> shape, float fill,
+                  std::optional<std::pair<std::size_t, float>> at = std::nullopt) const {
     FloatArray x(std::move(shape), fill);
     if (at) x.data[at->first] = at->second;
     const std::string path = dir.file(name);
     write_npy(path, x);
     return path;
-  };
-  auto npy64 = [&](const std::string& name, std::vector<int64_t> shape, double fill, std::size_t e,
-                   double v) {
+  }
+  std::string npy64(const std::string& name, std::vector<int64_t> shape, double fill, std::size_t e,
+                    double v) const {
     DoubleArray x(std::move(shape), fill);
     x.data[e] = v;
     const std::string path = dir.file(name);
     write_npy(path, x);
     return path;
-  };
-  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-  const std::string g = npy("g.npy", {B, H, L}, -0.5f), gv = npy("g_vec.npy", {B, H, L, D}, -0.5f),
-                    beta = npy("beta.npy", {B, H, L}, 0.5f), s0 = npy("s0.npy", {B, H, D, D}, 0.25f),
-                    d_out = npy("d_out.npy", {B, H, L, D}, 1.0f);
-  // Element [0, 1, 3] of [1, 2, 6] is flat index 9; [0, 0, 2] is 2; [0, 1, 7, 5] of [1, 2, 8, 8] is 125.
-  const std::string g_pos = npy("g_pos.npy", {B, H, L}, -0.5f, {{9, 0.25f}}),
-                    g_nan = npy("g_nan.npy", {B, H, L}, -0.5f, {{9, nan}}),
-                    g_inf = npy("g_inf.npy", {B, H, L, D}, -0.5f, {{3, -inf}}),
-                    g_big = npy64("g_big.npy", {B, H, L}, -0.5, 2, -1e300),
-                    beta0 = npy("beta0.npy", {B, H, L}, 0.5f, {{2, 0.0f}}),
-                    beta15 = npy("beta15.npy", {B, H, L}, 0.5f, {{9, 1.5f}}),
-                    beta_tiny = npy64("beta_tiny.npy", {B, H, L}, 0.5, 2, 1e-50),
-                    s0_shape = npy("s0_87.npy", {B, H, D, D - 1}, 0.25f),
-                    s0_nan = npy("s0_nan.npy", {B, H, D, D}, 0.25f, {{125, nan}});
-  const std::vector<std::string> qkv{"--q", files.q, "--k", files.k, "--v", files.v};
-  const std::string out = dir.file("O.npy"), fin = dir.file("S_final.npy");
-  auto args = [&](const std::string& variant, std::vector<std::string> extra, bool causal = true) {
-    std::vector<std::string> a{"eval", "--variant", variant};
-    a.insert(a.end(), qkv.begin(), qkv.end());
+  }
+  std::vector<std::string> args(const std::string& variant, std::vector<std::string> extra,
+                                bool causal = true) const {
+    std::vector<std::string> a{"eval", "--variant", variant, "--q", files.q, "--k", files.k, "--v", files.v};
     if (causal) a.push_back("--causal");
     a.insert(a.end(), extra.begin(), extra.end());
     a.insert(a.end(), {"--out", out});
     return a;
-  };
-  const std::vector<std::string> grads{
-      "--grad-output",   d_out, "--dq", dir.file("dq.npy"), "--dk", dir.file("dk.npy"), "--dv",
-      dir.file("dv.npy")};
-  auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-  };
-  struct Case {
-    std::vector<std::string> args;
-    std::vector<std::string> parts;
-  };
-  const std::vector<Case> cases = {
-      // An input the variant does not read: the option, the file, the variant and those that read it.
-      {args("naive", {"--g", g}, false),
-       {"--g '" + g + "'", "variant 'naive' reads no gate g", "simple_gla", "gla", "gated_delta_rule"}},
-      {args("delta_rule", {"--g", g, "--beta", beta}),
-       {"--g '" + g + "'", "variant 'delta_rule' reads no gate g"}},
-      {args("simple_gla", {"--g", g, "--beta", beta}),
-       {"--beta '" + beta + "'", "variant 'simple_gla' reads no beta", "delta_rule"}},
-      {args("naive", {"--initial-state", s0}),
-       {"--initial-state '" + s0 + "'", "variant 'naive' keeps no recurrent state", "retention"}},
-      {args("tiled", {"--final-state", fin}),
-       {"--final-state '" + fin + "'", "variant 'tiled' keeps no recurrent state"}},
-      // A needed input missing: the variant and the option, with the shape and values allowed.
-      {args("gla", {}), {"variant 'gla' needs --g G.npy", "[batch, heads, seq, head_dim]", "<= 0"}},
-      {args("gated_delta_rule", {"--g", g}),
-       {"variant 'gated_delta_rule' needs --beta B.npy", "[batch, heads, seq]", "(0, 1]"}},
-      {args("delta_rule", {}), {"variant 'delta_rule' needs --beta B.npy"}},
-      // Shapes: a scalar gate for gla's per-channel one, a state of the wrong shape.
-      {args("gla", {"--g", g}),
-       {"--g '" + g + "'", "shape [1, 2, 6]", "does not match [1, 2, 6, 8]", "per-channel gate of gla"}},
-      {args("simple_gla", {"--g", gv}),
-       {"--g '" + gv + "'", "shape [1, 2, 6, 8]", "does not match [1, 2, 6]"}},
-      {args("simple_gla", {"--g", g, "--initial-state", s0_shape}),
-       {"--initial-state '" + s0_shape + "'", "[1, 2, 8, 7]", "does not match [1, 2, 8, 8]",
-        "[batch, heads, head_dim, head_dim]"}},
-      // Values: the first offending element's index and value, and what is allowed.
-      {args("simple_gla", {"--g", g_pos}),
-       {"--g '" + g_pos + "'", "element [0, 1, 3]", "= 0.25", "finite and <= 0"}},
-      {args("simple_gla", {"--g", g_nan}), {"--g '" + g_nan + "'", "element [0, 1, 3]", "is NaN"}},
-      {args("gla", {"--g", g_inf}),
-       {"--g '" + g_inf + "'", "element [0, 0, 0, 3]", "= -inf", "not a finite float32"}},
-      {args("simple_gla", {"--g", g_big}),
-       {"--g '" + g_big + "'", "element [0, 0, 2]", "-1e+300", "float32"}},
-      {args("delta_rule", {"--beta", beta0}),
-       {"--beta '" + beta0 + "'", "element [0, 0, 2]", "= 0 ", "(0, 1]"}},
-      {args("gated_delta_rule", {"--g", g, "--beta", beta15}),
-       {"--beta '" + beta15 + "'", "element [0, 1, 3]", "= 1.5", "(0, 1]"}},
-      {args("delta_rule", {"--beta", beta_tiny}),
-       {"--beta '" + beta_tiny + "'", "element [0, 0, 2]", "1e-50 (0 as a float32)", "(0, 1]"}},
-      {args("retention", {"--initial-state", s0_nan}),
-       {"--initial-state '" + s0_nan + "'", "element [0, 1, 7, 5]", "is NaN", "finite"}},
-      // The backward's gradient outputs: only with --grad-output, and only of an input given.
-      {args("simple_gla", {"--g", g, "--dg", dir.file("dg.npy")}), {"--dg", "needs --grad-output"}},
-      {args("retention", with(grads, {"--dg", dir.file("dg.npy")})), {"--dg", "needs --g G.npy"}},
-      {args("simple_gla", with(grads, {"--g", g, "--dbeta", dir.file("db.npy")})),
-       {"--dbeta", "needs --beta B.npy"}},
-      {args("simple_gla", with(grads, {"--g", g, "--d-initial-state", dir.file("ds0.npy")})),
-       {"--d-initial-state", "needs --initial-state S0.npy"}},
-      {args("simple_gla", with(grads, {"--g", g, "--final-state", fin, "--forward-output", out})),
-       {"--final-state", "--forward-output", "no forward runs"}},
-  };
-  for (const Case& c : cases) {
-    INFO(join(c.args, " "));
-    const ProcResult r = run_attnbench(c.args, dir.path());
-    check_refused(r, c.parts);
-    CHECK_FALSE(fs::exists(out));
-    CHECK_FALSE(fs::exists(fin));
-    for (const char* f : {"dq.npy", "dg.npy", "db.npy", "ds0.npy"}) CHECK_FALSE(fs::exists(dir.file(f)));
   }
+};
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+struct RefusalCase {
+  std::vector<std::string> args;
+  std::vector<std::string> parts;
+};
+
+// Each case exits 2 naming every part, and writes nothing (neither O, the final state nor a gradient).
+void check_recurrence_refusals(const RecurrenceEvalFiles& f, const std::vector<RefusalCase>& cases) {
+  for (const RefusalCase& c : cases) {
+    INFO(join(c.args, " "));
+    const ProcResult r = run_attnbench(c.args, f.dir.path());
+    check_refused(r, c.parts);
+    CHECK_FALSE(fs::exists(f.out));
+    CHECK_FALSE(fs::exists(f.fin));
+    for (const char* name : {"dq.npy", "dg.npy", "db.npy", "ds0.npy"})
+      CHECK_FALSE(fs::exists(f.dir.file(name)));
+  }
+}
+
+}  // namespace
+
+// A variant given an input it does not read, or lacking one it needs, exits 2 naming both; g > 0, beta
+// outside (0, 1] and non-finite values name the file, the first offending element's index and value.
+TEST_CASE("eval: a recurrence's g, beta and states: unused, missing or misshapen", "[hostile]") {
+  const RecurrenceEvalFiles f;
+  check_recurrence_refusals(
+      f,
+      {
+          // An input the variant does not read: the option, the file, the variant and those that read it.
+          {f.args("naive", {"--g", f.g}, false),
+           {"--g '" + f.g + "'", "variant 'naive' reads no gate g", "simple_gla", "gla", "gated_delta_rule"}},
+          {f.args("delta_rule", {"--g", f.g, "--beta", f.beta}),
+           {"--g '" + f.g + "'", "variant 'delta_rule' reads no gate g"}},
+          {f.args("simple_gla", {"--g", f.g, "--beta", f.beta}),
+           {"--beta '" + f.beta + "'", "variant 'simple_gla' reads no beta", "delta_rule"}},
+          {f.args("naive", {"--initial-state", f.s0}),
+           {"--initial-state '" + f.s0 + "'", "variant 'naive' keeps no recurrent state", "retention"}},
+          {f.args("tiled", {"--final-state", f.fin}),
+           {"--final-state '" + f.fin + "'", "variant 'tiled' keeps no recurrent state"}},
+          // A needed input missing: the variant and the option, with the shape and values allowed.
+          {f.args("gla", {}), {"variant 'gla' needs --g G.npy", "[batch, heads, seq, head_dim]", "<= 0"}},
+          {f.args("gated_delta_rule", {"--g", f.g}),
+           {"variant 'gated_delta_rule' needs --beta B.npy", "[batch, heads, seq]", "(0, 1]"}},
+          {f.args("delta_rule", {}), {"variant 'delta_rule' needs --beta B.npy"}},
+          // Shapes: a scalar gate for gla's per-channel one, a state of the wrong shape.
+          {f.args("gla", {"--g", f.g}),
+           {"--g '" + f.g + "'", "shape [1, 2, 6]", "does not match [1, 2, 6, 8]",
+            "per-channel gate of gla"}},
+          {f.args("simple_gla", {"--g", f.gv}),
+           {"--g '" + f.gv + "'", "shape [1, 2, 6, 8]", "does not match [1, 2, 6]"}},
+          {f.args("simple_gla", {"--g", f.g, "--initial-state", f.s0_shape}),
+           {"--initial-state '" + f.s0_shape + "'", "[1, 2, 8, 7]", "does not match [1, 2, 8, 8]",
+            "[batch, heads, head_dim, head_dim]"}},
+      });
+}
+
+TEST_CASE(
+    "eval: a recurrence's g, beta and states: out of range or non-finite, gradients of inputs not given",
+    "[hostile]") {
+  const RecurrenceEvalFiles f;
+  check_recurrence_refusals(
+      f,
+      {
+          // Values: the first offending element's index and value, and what is allowed.
+          {f.args("simple_gla", {"--g", f.g_pos}),
+           {"--g '" + f.g_pos + "'", "element [0, 1, 3]", "= 0.25", "finite and <= 0"}},
+          {f.args("simple_gla", {"--g", f.g_nan}), {"--g '" + f.g_nan + "'", "element [0, 1, 3]", "is NaN"}},
+          {f.args("gla", {"--g", f.g_inf}),
+           {"--g '" + f.g_inf + "'", "element [0, 0, 0, 3]", "= -inf", "not a finite float32"}},
+          {f.args("simple_gla", {"--g", f.g_big}),
+           {"--g '" + f.g_big + "'", "element [0, 0, 2]", "-1e+300", "float32"}},
+          {f.args("delta_rule", {"--beta", f.beta0}),
+           {"--beta '" + f.beta0 + "'", "element [0, 0, 2]", "= 0 ", "(0, 1]"}},
+          {f.args("gated_delta_rule", {"--g", f.g, "--beta", f.beta15}),
+           {"--beta '" + f.beta15 + "'", "element [0, 1, 3]", "= 1.5", "(0, 1]"}},
+          {f.args("delta_rule", {"--beta", f.beta_tiny}),
+           {"--beta '" + f.beta_tiny + "'", "element [0, 0, 2]", "1e-50 (0 as a float32)", "(0, 1]"}},
+          {f.args("retention", {"--initial-state", f.s0_nan}),
+           {"--initial-state '" + f.s0_nan + "'", "element [0, 1, 7, 5]", "is NaN", "finite"}},
+          // The backward's gradient outputs: only with --grad-output, and only of an input given.
+          {f.args("simple_gla", {"--g", f.g, "--dg", f.dir.file("dg.npy")}), {"--dg", "needs --grad-output"}},
+          {f.args("retention", with(f.grads, {"--dg", f.dir.file("dg.npy")})), {"--dg", "needs --g G.npy"}},
+          {f.args("simple_gla", with(f.grads, {"--g", f.g, "--dbeta", f.dir.file("db.npy")})),
+           {"--dbeta", "needs --beta B.npy"}},
+          {f.args("simple_gla", with(f.grads, {"--g", f.g, "--d-initial-state", f.dir.file("ds0.npy")})),
+           {"--d-initial-state", "needs --initial-state S0.npy"}},
+          {f.args("simple_gla",
+                  with(f.grads, {"--g", f.g, "--final-state", f.fin, "--forward-output", f.out})),
+           {"--final-state", "--forward-output", "no forward runs"}},
+      });
   // The same files, well formed, run (so the refusals above are the inputs', not the files').
-  const ProcResult ok = run_attnbench(args("gated_delta_rule", {"--g", g, "--beta", beta, "--initial-state",
-                                                                s0, "--final-state", fin, "--compare"}),
-                                      dir.path());
+  const ProcResult ok = run_attnbench(
+      f.args("gated_delta_rule",
+             {"--g", f.g, "--beta", f.beta, "--initial-state", f.s0, "--final-state", f.fin, "--compare"}),
+      f.dir.path());
   INFO(ok.err);
   REQUIRE(ok.code == 0);
   const Json j = Json::parse(ok.out);
   CHECK(j.at("accuracy").at("reference").get<std::string>().find("gated_delta_rule") != std::string::npos);
   CHECK(j.at("final_state_accuracy").at("rel_l2_err").get<double>() <= 1e-5);
   CHECK(j.contains("accuracy_vs_softmax"));
-  CHECK(read_npy_float(fin).shape == std::vector<int64_t>{B, H, D, D});
+  CHECK(read_npy_float(f.fin).shape == std::vector<int64_t>{f.B, f.H, f.D, f.D});
 }

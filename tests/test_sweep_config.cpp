@@ -853,8 +853,7 @@ TEST_CASE("masks: causal_lower_right parses alone and with padding (#13)", "[swe
   CHECK_THAT(config_error(j), Contains("causal_lower_right"));
 }
 
-TEST_CASE("sweep.dtype and sweep.bias: axes of storage precision and logit bias (#14)",
-          "[sweep][config][dtype]") {
+TEST_CASE("sweep.dtype and sweep.bias: axes of storage precision and logit bias", "[sweep][config][dtype]") {
   SECTION("defaults: fp32, no bias, and the ids they had before the axes existed") {
     const SweepConfig c = parse_sweep_config(base_config(), "cfg.json");
     CHECK(c.dtypes == std::vector<DType>{DType::fp32});
@@ -902,6 +901,10 @@ TEST_CASE("sweep.dtype and sweep.bias: axes of storage precision and logit bias 
     j["sweep"]["bias"] = "alibi";
     CHECK(make_plan(parse_sweep_config(j, "cfg.json")).points[0].input_seed == seed0);
   }
+}
+
+TEST_CASE("sweep.dtype and sweep.bias: bad values, and variants that lack the bias",
+          "[sweep][config][dtype]") {
   SECTION("unknown values name the path, the value and the allowed names") {
     Json j = base_config();
     j["sweep"]["dtype"] = {"fp32", "fp8"};
