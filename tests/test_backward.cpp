@@ -1,4 +1,4 @@
-// The backward pass (issue #27) beyond what the registry-wide gradient checks (common/reference/check.cpp)
+// The backward pass beyond what the registry-wide gradient checks (common/reference/check.cpp)
 // hold for every variant: the checked entry points' refusals, storage widening, O(n) memory of tiled's
 // backward by its own estimate, `attnbench eval --grad-output` (bitwise what the API computes, the
 // saved-state round trip, hostile inputs: exit 2, a message naming the file and shape, no output file), and a

@@ -1,4 +1,4 @@
-// The in-run memory-bandwidth calibration (bench/lib/bandwidth.hpp, #13): correctness only, no timing
+// The in-run memory-bandwidth calibration (bench/lib/bandwidth.hpp): correctness only, no timing
 // assertions. The kernel sums exactly what it reads on every SIMD target this CPU runs (tails included), the
 // buffer is far larger than the last-level cache, and a calibration returns a finite positive rate.
 #include <catch2/catch.hpp>

@@ -21,9 +21,6 @@
 #include "common/io/npy.hpp"
 #include "common/support/random.hpp"
 #include "common/support/runtime.hpp"
-#include "common/interface/attention.hpp"
-#include "common/io/npy.hpp"
-#include "common/support/runtime.hpp"
 #include "tests/support/attention_case.hpp"
 #include "tests/support/process.hpp"
 
@@ -35,7 +32,7 @@ namespace {
 // Row fields that may differ between two runs of one config (JSON pointers). Everything else must match.
 const std::vector<std::string> kRunVolatile = {
     "/time_ms",            // wall-clock timing, its repetitions, samples and interval
-    "/interference",       // what else ran on the machine meanwhile (#18)
+    "/interference",       // what else ran on the machine meanwhile
     "/attempts",           // re-measurements after interference
     "/noisy",              // whether every attempt saw interference
     "/calibration",        // which calibration ran clean depends on interference too

@@ -1,7 +1,7 @@
 // The fp32 FMA-peak probe (calibrate_fma_peak on simd::fma_chains): it runs on the target it is asked for,
 // whatever the build's -march flags, and it is a real upper bound: no fp32 kernel, OpenBLAS's sgemm included,
 // can beat the FMA units it runs on. These are correctness checks on measured numbers, not timings: a peak
-// below sgemm means the probe is wrong (issue #11: a probe the compiler spilled read 50 GFLOP/s against an
+// below sgemm means the probe is wrong (a probe the compiler spilled read 50 GFLOP/s against an
 // sgemm of 150), and it would make every row's frac_peak wrong with it.
 #include <algorithm>
 #include <catch2/catch.hpp>

@@ -1,4 +1,4 @@
-// Timings on a shared machine (issue #18): the interference probe's parsers and score, the distribution-free
+// Timings on a shared machine: the interference probe's parsers and score, the distribution-free
 // interval of the median (exact coverage and its coverage on synthetic samples), the interval stopping rule,
 // a point measured under a deliberate load (flagged or re-measured) and without one (not flagged), the
 // interleaved calibration in meta.json, and `attnbench doctor` on made-up /sys trees. Correctness only: no

@@ -1,4 +1,4 @@
-// Interleaved timing (issue #18): time_interleaved's round order, its stopping rule per call, a call that
+// Interleaved timing: time_interleaved's round order, its stopping rule per call, a call that
 // fails or an interrupt, the drift it cancels (on a made-up clock, so no assertion is on a real time), and a
 // sweep's rows naming their group with samples that pair up round by round.
 #include <catch2/catch.hpp>

@@ -1,4 +1,4 @@
-// The SIMD-target choice as a user meets it (issue #11): `--isa NAME` on eval, check, layer, run and
+// The SIMD-target choice as a user meets it: `--isa NAME` on eval, check, layer, run and
 // attnbench_gbench (an unsupported name exits 2 naming --isa, the value and the supported targets, and writes
 // nothing), `eval --isa scalar` against the fp64 reference and against `--isa best`, and `attnbench info`.
 // Sweeps over sweep.isa are tested in tests/test_sweep_run.cpp, its parsing in tests/test_sweep_config.cpp.
@@ -122,8 +122,8 @@ TEST_CASE("eval --isa scalar matches the fp64 reference and --isa best, for ever
   const std::string best = simd::isa_info().best;
   for (const Attention* variant : Registry::instance().all()) {
     const Capabilities caps = variant->capabilities();
-    // The recurrences (gate / beta / state) need g and beta, which eval cannot pass yet (its --g / --beta
-    // flags are issue 32's next step): attnbench check and tests/test_recurrent.cpp cover them.
+    // The recurrences (gate / beta / state) need g, beta and files of their own for each: `attnbench check
+    // --isa` (test_registry_checks) and tests/test_recurrent.cpp cover them on every target.
     if (caps.state || caps.gate != Gate::none || caps.beta) continue;
     for (const bool causal : {false, true}) {
       const std::string name = variant->name();

@@ -101,9 +101,8 @@ TEST_CASE("result row: the reader names the field of a bad row", "[row]") {
   CHECK(to_json(r)["accuracy"]["max_abs_err"] == "inf");
 }
 
-TEST_CASE(
-    "result row: kv_heads, bytes, gbytes_per_s and frac_bandwidth round-trip, and older rows read (#13)",
-    "[row][gqa]") {
+TEST_CASE("result row: kv_heads, bytes, gbytes_per_s and frac_bandwidth round-trip, and older rows read",
+          "[row][gqa]") {
   const Json fixture = Json::parse(read_file_bytes(kFixture));
   // The fixture's grouped-query row keeps its K/V head count and traffic.
   bool found_gqa = false;

@@ -441,7 +441,7 @@ TEST_CASE("plan expansion: ids are unique and points sharing inputs are adjacent
   CHECK(ids.size() == plan.size());
 
   // Each input key forms one contiguous run; every point of the run has the same shape, key padding, regime
-  // and seed (causal and non-causal points share their inputs, #18).
+  // and seed (causal and non-causal points share their inputs).
   std::set<std::string> finished_keys;
   std::map<uint64_t, std::string> key_of_seed;
   for (std::size_t i = 0; i < plan.size(); ++i) {
@@ -727,7 +727,7 @@ TEST_CASE("plan: the machine's defaults and limits are resolved after parsing, f
                                "': this CPU does not support that target; supported: best, scalar"));
 }
 
-TEST_CASE("sweep.kv_heads: a grouped-query axis whose values divide every heads value (#13)",
+TEST_CASE("sweep.kv_heads: a grouped-query axis whose values divide every heads value",
           "[sweep][config][gqa]") {
   SECTION("default: every point's kv_heads is its heads, and ids carry no Hkv") {
     Json j = base_config();
@@ -825,7 +825,7 @@ TEST_CASE("sweep.kv_heads: a grouped-query axis whose values divide every heads 
   }
 }
 
-TEST_CASE("masks: causal_lower_right parses alone and with padding (#13)", "[sweep][config][gqa]") {
+TEST_CASE("masks: causal_lower_right parses alone and with padding", "[sweep][config][gqa]") {
   Json j = base_config();
   j["sweep"]["mask"] = {"causal_lower_right", "causal_lower_right+pad=0.25", "causal+causal_lower_right"};
   const SweepConfig c = parse_sweep_config(j, "cfg.json");
@@ -964,7 +964,7 @@ TEST_CASE("sweep.dtype and sweep.bias: bad values, and variants that lack the bi
   }
 }
 
-TEST_CASE("inputs.rope and inputs.rope_base: RoPE in either regime, in the label and the id (#14)",
+TEST_CASE("inputs.rope and inputs.rope_base: RoPE in either regime, in the label and the id",
           "[sweep][config][rope]") {
   ScratchDir dir{"sweepcfg"};
   attn::test::write_text(dir.path() / "words.txt", "a few words of text for the tokens regime\n");
@@ -1056,7 +1056,7 @@ TEST_CASE("inputs.rope and inputs.rope_base: RoPE in either regime, in the label
   }
 }
 
-TEST_CASE("sweep.softcap and sweep.sinks: axes of logit soft-capping and learned sink logits (#32)",
+TEST_CASE("sweep.softcap and sweep.sinks: axes of logit soft-capping and learned sink logits",
           "[sweep][config]") {
   SECTION("defaults: neither, and the ids they had before the axes existed") {
     const SweepConfig c = parse_sweep_config(base_config(), "cfg.json");
@@ -1108,9 +1108,8 @@ TEST_CASE("sweep.softcap and sweep.sinks: axes of logit soft-capping and learned
   }
 }
 
-TEST_CASE(
-    "inputs.g and inputs.beta: the recurrences' gate distributions, in the label and the input key (#32)",
-    "[sweep][config]") {
+TEST_CASE("inputs.g and inputs.beta: the recurrences' gate distributions, in the label and the input key",
+          "[sweep][config]") {
   SECTION(
       "absent or stated as the default: N(0, 1) for both, and the ids they had before the fields existed") {
     const SweepConfig c = parse_sweep_config(base_config(), "cfg.json");

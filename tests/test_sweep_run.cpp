@@ -366,7 +366,7 @@ TEST_CASE("a sweep writes one row per point to results.jsonl, results.csv and me
   CHECK(meta["fma_peak"][0].at("isa") == simd::isa_info().best);
   CHECK(meta["fma_peak"][0].at("gflops").get<double>() > 0);
   CHECK(meta["fma_peak"][0].at("lanes").get<int>() >= 1);
-  // The memory-bandwidth calibration, keyed by thread count (#13).
+  // The memory-bandwidth calibration, keyed by thread count.
   REQUIRE(meta.at("memory_bandwidth").is_object());
   REQUIRE(meta["memory_bandwidth"].size() == 1);
   const Json& bw = meta["memory_bandwidth"].at("1");
@@ -405,7 +405,7 @@ TEST_CASE("ok rows hold every documented field with its type", "[sweep][run]") {
     CHECK(t.at("reps").get<int>() <= 2);  // measure.max_reps
     CHECK(t["p10"].get<double>() <= t["median"].get<double>());
     CHECK(t["median"].get<double>() <= t["p90"].get<double>());
-    // #18: the repetitions themselves, one attempt (max_interference 1 here), the probe's readings.
+    // the repetitions themselves, one attempt (max_interference 1 here), the probe's readings.
     CHECK(t.at("samples").size() == t["reps"].get<std::size_t>());
     CHECK(r.at("attempts") == 1);
     CHECK(r.at("noisy") == false);
@@ -423,7 +423,7 @@ TEST_CASE("ok rows hold every documented field with its type", "[sweep][run]") {
     CHECK(r["frac_peak"].get<double>() > 0);
     CHECK(r["frac_peak"].get<double>() < 1.0);
     CHECK(r.at("isa") == simd::isa_info().best);  // no sweep.isa: the best target ran
-    // Bandwidth (#13): K/V heads = heads here; bytes at least Q, K, V and O once.
+    // Bandwidth: K/V heads = heads here; bytes at least Q, K, V and O once.
     CHECK(r.at("kv_heads") == r["heads"]);
     CHECK(r.at("bytes").is_number());
     CHECK(r["bytes"].get<double>() >= 4.0 * 4 * 16 * 16 * 2 - 1);
@@ -976,9 +976,8 @@ TEST_CASE("run --isa: the target of a config without sweep.isa, refused next to 
   CHECK_FALSE(fs::exists(dir.path() / "out2"));
 }
 
-TEST_CASE(
-    "grouped-query sweep (#13): kv_heads < heads rows carry kv_heads and bytes, and inputs K/V have kv_heads",
-    "[sweep][run][gqa]") {
+TEST_CASE("grouped-query sweep: kv_heads < heads rows carry kv_heads and bytes, and inputs K/V have kv_heads",
+          "[sweep][run][gqa]") {
   ScratchDir dir{"sweeprun"};
   write_text(dir.path() / "words.txt", "the cache holds keys and values for every past token of the text\n");
   const Json config = {
@@ -1054,9 +1053,8 @@ TEST_CASE(
   }
 }
 
-TEST_CASE(
-    "precision and position (#14): bf16 + ALiBi + RoPE rows carry dtype, bias, rope, rope_ms, accuracy_e2e",
-    "[sweep][run][dtype]") {
+TEST_CASE("precision and position: bf16 + ALiBi + RoPE rows carry dtype, bias, rope, rope_ms, accuracy_e2e",
+          "[sweep][run][dtype]") {
   ScratchDir dir{"sweeprun"};
   const Json config = {{"name", "precision"},
                        {"variants", {"naive", "linear"}},
@@ -1144,7 +1142,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("RoPE (#14): the sweep's inputs are the fp32 draws rotated, with the same seed as without RoPE",
+TEST_CASE("RoPE: the sweep's inputs are the fp32 draws rotated, with the same seed as without RoPE",
           "[sweep][run][rope]") {
   Json j = small_config();
   j["sweep"]["seq_len"] = 16;

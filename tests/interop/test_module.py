@@ -108,7 +108,7 @@ class Inputs:
         self.key_padding = np.zeros((B, LKV), bool)
         self.key_padding[0, -2:] = True
         self.slopes = np.linspace(0.5, 0.05, H)
-        # A recurrence's inputs (issue 32): g = logsigmoid(N(0, 1)) per token ("g") or per key channel too
+        # A recurrence's inputs: g = logsigmoid(N(0, 1)) per token ("g") or per key channel too
         # ("g_vector", gla's), beta = sigmoid(N(0, 1)), an initial state.
         self.g = (-np.log1p(np.exp(-rng.standard_normal((B, H, LQ))))).astype(np.float32)
         self.g_vector = (-np.log1p(np.exp(-rng.standard_normal((B, H, LQ, D))))).astype(np.float32)

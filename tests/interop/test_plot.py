@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """scripts/plot.py end to end: every figure and the report from a committed results fixture, the fitted
 exponent and crossover on synthetic results with known answers, the key ratios and measurement conditions
-(#18) on results with known intervals, interference and calibrations, and clear errors on bad input. And its
+on results with known intervals, interference and calibrations, and clear errors on bad input. And its
 stages (scripts/plotlib: results -> analysis -> figures -> report) apart: the analysis alone, without
 matplotlib, is summary.json; the report without figures has every table; drawing the figures (in any order)
 changes neither.
@@ -27,7 +27,7 @@ PLOT = os.path.join(SCRIPTS, "plot.py")
 PEER = os.path.join(ROOT, "scripts", "peers", "torch_attention.py")
 FIXTURE = os.path.join(ROOT, "tests", "data", "results_fixture")
 FIGURES = ["time_vs_seq", "memory_vs_seq", "accuracy_vs_seq", "pareto", "throughput"]  # drawn for every results folder
-ROOFLINE = "roofline"  # drawn only when some row has bytes (results since #13)
+ROOFLINE = "roofline"  # drawn only when some row has bytes
 
 failures = []
 _case = threading.local()  # the output lines of the case this thread runs
@@ -181,7 +181,7 @@ def test_fixture(tmp):
           "REPORT.md's Roofline section says the data is missing")
     check(summary["roofline"]["panels"] == [] and summary["roofline"]["missing"],
           "summary.json roofline: no panels, the reason in 'missing'")
-    # The fixture predates the measurement conditions (#18): no interval, no interference, no calibrations list.
+    # The fixture predates the measurement conditions: no interval, no interference, no calibrations list.
     check("## Measurement conditions" in md and "not recorded: results written before attnbench recorded "
           "interference" in md, "REPORT.md's Measurement conditions say the fixture predates them")
     m = summary.get("measurement", {})
@@ -264,7 +264,7 @@ def test_synthetic(tmp):
     check(cross.get("approx_15", {}).get("less_memory", "").startswith("less memory at every measured n"),
           f"memory crossover: less memory at every measured n (got {cross.get('approx_15', {}).get('less_memory')})")
     check(summary.get("nonfinite_accuracy_points") == 2, "the 'inf' and 'nan' accuracy strings are counted as non-finite")
-    # Rows without `pass` (written before #27) are forward rows: no training section, no training column.
+    # Rows without `pass` are forward rows: no training section, no training column.
     check(summary.get("training") is None and "## Training" not in md and all("training" not in c for c in
                                                                             summary["crossover"]),
           "rows without pass: no Training section, no training crossover (summary.json training is null)")
@@ -396,7 +396,7 @@ def write_rows(d, rows):
 
 
 def test_dtype(tmp):
-    """Storage dtypes and biases (#14): one series per dtype ("tiled [bf16]"), the Accuracy by dtype table with
+    """Storage dtypes and biases: one series per dtype ("tiled [bf16]"), the Accuracy by dtype table with
     the kernel's and the end-to-end errors and the time ratio vs the same variant's fp32 point, and rows from
     before the fields (no dtype, no accuracy_e2e) read as fp32 with the end-to-end error the kernel's."""
     d = os.path.join(tmp, "dtype")
@@ -494,7 +494,7 @@ def test_cross_attention(tmp):
 
 
 def roofline_row(variant, kv, seq_q, seq_kv, threads, time_ms, exact=True, heads=8, d=64):
-    """An ok row with the #13 fields: flops of exact attention, bytes = Q, K, V, O once (K/V with kv heads)."""
+    """An ok row with the bandwidth fields: flops of exact attention, bytes = Q, K, V, O once (K/V with kv heads)."""
     flops = 4.0 * heads * d * seq_q * seq_kv
     nbytes = 4.0 * (2 * heads * seq_q * d + 2 * kv * seq_kv * d)
     r = row(variant, seq_kv, time_ms, exact, 1e-7)
@@ -507,7 +507,7 @@ def roofline_row(variant, kv, seq_q, seq_kv, threads, time_ms, exact=True, heads
 
 def ci_row(variant, n, mask, threads, median, ci, params, exact=True, attempts=1, noisy=False, score=0.01,
            calibration=0, peak_note=""):
-    """An ok row with the #18 fields: the 95% interval of the median (None: fewer than 6 repetitions), the
+    """An ok row with the measurement-condition fields: the 95% interval of the median (None: fewer than 6 repetitions), the
     samples, the interference measured, attempts, noisy and the calibration it divided by."""
     r = row(variant, n, median, exact, 1e-7 if exact else 0.05, peak=None if peak_note else 100 * n, mask=mask)
     r.update(id=f"{variant}:B=1,H=1,Lq={n},Lkv={n},D=16,{mask},gaussian(std=1),T={threads}", threads=threads,
@@ -525,7 +525,7 @@ CI_NOTE = "the kernel refused the /proc/self/clear_refs reset"
 
 
 def ci_results(d):
-    """Known answers for the key ratios and the measurement conditions (#18). At n = 512, 1 thread: naive 10 ms
+    """Known answers for the key ratios and the measurement conditions. At n = 512, 1 thread: naive 10 ms
     [9.8, 10.2], tiled 4 [3.9, 4.1] (re-measured: 2 attempts), approx 9.6 [9.5, 10.3]; causal: naive 6 with no
     interval (5 repetitions), tiled 2.5 [2.4, 2.6], approx 5 [4.9, 5.1] (noisy, 3 attempts, score 0.3). naive at
     2 threads: 5.5 [5, 6], causal 3.2 [3, 3.4]. n = 256: the same over 4 (approx over 2), divided by
@@ -578,7 +578,7 @@ def ci_results(d):
 
 
 def test_measurement(tmp):
-    """The key ratios and the measurement conditions (#18) on results with known answers: intervals apart
+    """The key ratios and the measurement conditions on results with known answers: intervals apart
     (significant), overlapping (not), missing (—); a noisy and a re-measured row; three calibrations, one of
     them unused. The time figure's bars are the intervals (p10-p90 where a row has none) and noisy rows are
     hollow."""
@@ -749,7 +749,7 @@ def time_error_bars(results_dir):
 
 
 def test_paired(tmp):
-    """Interleaved rows (#18): rows timed in one group pair their samples round by round, so a drift during the
+    """Interleaved rows: rows timed in one group pair their samples round by round, so a drift during the
     group cancels. naive at 1 and 2 threads and tiled at n = 512 in one group, every sample 10% slower than the
     round before: naive 2 threads is 0.95x naive 1 thread in every round (+-0.5%, alternating), tiled 0.4x
     (+-1%). Each row's own interval spans the drift (about +-30%), so from the medians 0.95 would not be
@@ -809,7 +809,7 @@ def test_paired(tmp):
 
 
 def test_measurement_odd_values(tmp):
-    """The #18 fields with values the C++ side never writes (strings for numbers, an inverted interval,
+    """The measurement-condition fields with values the C++ side never writes (strings for numbers, an inverted interval,
     non-finite scores, junk calibrations, a non-numeric threshold): read as missing or defaults, no crash."""
     d = os.path.join(tmp, "ci-odd")
     rows = ci_results(d)
@@ -920,7 +920,7 @@ def test_roofline(tmp):
           f"[roofline] grouped-query rows get their own facet, MHA rows none ({sorted(contexts)})")
     check_stages("roofline", d, summary, md)
 
-    # The ceiling is the sgemm each row was divided by (#18), not the run's first calibration: at 2 threads, half
+    # The ceiling is the sgemm each row was divided by, not the run's first calibration: at 2 threads, half
     # the rows carry the sgemm timed in their rounds (80 GFLOP/s), the others name calibration 1 (60 GFLOP/s).
     d3 = os.path.join(tmp, "roofline-own")
     own_rows, k = [], 0
@@ -971,7 +971,7 @@ def test_roofline(tmp):
 
 
 def pass_row(variant, n, p, time_ms, exact, grad=None, peak=None, status="ok", reason="", samples=None):
-    """A row of pass p (#27) in the schema of attnbench's: the forward's flops 4 n^2 d, the backward's 2.5x, the
+    """A row of pass p in the schema of attnbench's: the forward's flops 4 n^2 d, the backward's 2.5x, the
     training step's 3.5x; frac_peak against a 100 GFLOP/s peak; grad_accuracy (reference, blocks, {part:
     rel_l2_err}) on backward rows, reference none on forward ones. Forward rows are written without `pass`, as
     before the field: they must read as forward rows."""
@@ -1024,7 +1024,7 @@ print(json.dumps(out))
 
 
 def test_passes(tmp):
-    """Forward, backward and training-step rows (#27) with known answers. exact_sq: forward 1e-5 n^2 ms, backward
+    """Forward, backward and training-step rows with known answers. exact_sq: forward 1e-5 n^2 ms, backward
     2.5x, training step 3.5x; approx: forward 1.6e-4 n^1.5 (crosses exact_sq at n = 256, as in test_synthetic),
     backward 64 x 2.5e-5 n^1.5 (crosses at 4096: never within the sizes) and training step 32 x 3.5e-5 n^1.5
     (crosses at n = 1024, between 800 and 1600); fwd_only has a forward and no backward (its 12 backward points

@@ -1,9 +1,9 @@
 #!/usr/bin/python3
-"""A recurrence's inputs beyond Q, K, V (issue 32): the gate g, beta, an initial state and the final state, through
+"""A recurrence's inputs beyond Q, K, V: the gate g, beta, an initial state and the final state, through
 `attnbench eval --g --beta --initial-state --final-state [--grad-output ... --dg --dbeta --d-initial-state]
 --compare` and the Python module's keyword arguments (forward / backward / reference / reference_backward with
 g=, beta=, initial_state=, return_final_state=True), against an fp64 recurrence written out here in numpy from
-the definitions in issue 32 (independent of common/recurrence*.cpp):
+the definitions (independent of common/recurrence*.cpp):
 
     simple_gla        S_t = exp(g_t) S_{t-1} + k_tᵀ v_t                       g [batch, heads, seq]
     gla               S_t = diag(exp(g_t)) S_{t-1} + k_tᵀ v_t                 g [batch, heads, seq, d_k]
