@@ -8,7 +8,8 @@ a plain dict of JSON values, which plot.py writes as summary.json (adding "files
                                 between its two largest sizes
     nonfinite_accuracy_points   measured rows whose rel_l2_err is inf/nan
     crossover                   per approximate attnbench series: where it becomes faster / smaller than the
-                                best exact attnbench variant at the same point, and by how much at its max n.
+                                best exact attnbench variant at the same point, and by how much at its max n;
+                                `against`: the exact series that were the fastest at its points.
                                 With backward passes among the rows (#27) one entry per series and pass-less
                                 facet: these fields for the forward (inference), and `training` (the forward +
                                 backward step) and `backward`, each against the best exact row of its pass
@@ -151,6 +152,11 @@ def _cross_rows(rows, fastest, least_mem):
         base = least_mem.get(k)
         est_used |= est or (base is not None and base[1].memory()[1])
         m_ratio.append(mem / base[0] if mem is not None and base is not None else None)
+    against = []  # the exact series that were fastest at the compared points, in n order
+    for r in rows:
+        base = fastest.get(point_key(r))
+        if base is not None and base.label not in against:
+            against.append(base.label)
     n_t, t_text = crossover(ns, t_ratio)
     n_m, m_text = crossover(ns, m_ratio)
     t_text = "faster " + t_text if t_text == "at every measured n" else t_text
@@ -158,7 +164,7 @@ def _cross_rows(rows, fastest, least_mem):
     return {"faster_from_n": n_t, "faster": t_text, "less_memory_from_n": n_m, "less_memory": m_text,
             "speedup_at_max_n": 1 / t_ratio[-1] if t_ratio else None,
             "memory_ratio_at_max_n": m_ratio[-1] if m_ratio else None,
-            "n_range": [min(ns), max(ns)] if ns else None,
+            "n_range": [min(ns), max(ns)] if ns else None, "against": against,
             "memory_estimated": est_used}  # some memory figure was an estimate (no peak measured)
 
 
@@ -198,7 +204,8 @@ def _crossovers(res, table_series, fastest, least_mem):
         else:  # a sweep of backward passes only
             note = "no forward rows (" + _not_measured(res, label, mask, base, "forward") + ")"
             entry.update(faster_from_n=None, faster=note, less_memory_from_n=None, less_memory=note,
-                         speedup_at_max_n=None, memory_ratio_at_max_n=None, n_range=None, memory_estimated=False)
+                         speedup_at_max_n=None, memory_ratio_at_max_n=None, n_range=None, against=[],
+                         memory_estimated=False)
         if training:
             for p, name in (("forward_backward", "training"), ("backward", "backward")):
                 if by.get(p):

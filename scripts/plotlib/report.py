@@ -188,16 +188,18 @@ def crossover_table(an):
             t = c["training"]
             row += [t["faster"], _speedup_cell(t["speedup_at_max_n"], t["n_range"])]
         rows_md.append(row + [c["less_memory"] + (" (some estimated)" if c["memory_estimated"] else ""),
-                              f"{fmt_num(mem, '.3f')}× at n={n_range[1]}" if n_range and mem is not None else "—"])
+                              f"{fmt_num(mem, '.3f')}× at n={n_range[1]}" if n_range and mem is not None else "—",
+                              ", ".join(f"`{a}`" for a in c.get("against") or []) or "—"])
     if not rows_md:
         return "No approximate variant among the results: nothing to cross over."
     if training:
         return md_table(["approximate variant", "mask", "measured n", "inference (forward): faster than best exact from",
                          "speed-up at max n", "training (fwd+bwd): faster than best exact from",
                          "training speed-up at max n", "less memory than best exact from (forward)",
-                         "memory ratio at max n"], rows_md)
+                         "memory ratio at max n", "best exact (forward)"], rows_md)
     return md_table(["approximate variant", "mask", "measured n", "faster than best exact from",
-                     "speed-up at max n", "less memory than best exact from", "memory ratio at max n"], rows_md)
+                     "speed-up at max n", "less memory than best exact from", "memory ratio at max n",
+                     "best exact"], rows_md)
 
 
 FLOP_CONVENTION = ("FLOPs: each pass counts its own (`flops`): the backward by default 2.5× the forward's (the "
@@ -489,7 +491,7 @@ def render_report(res, an, figure_files):
            "Against the fastest (and the least memory-hungry) exact attnbench variant at each point; the size "
            "where an approximate variant becomes faster (or smaller) for good is interpolated in log–log between "
            "the bracketing measured sizes. Memory is the measured peak, or the estimate where no peak was "
-           "measured."
+           "measured. *best exact*: the exact series that were the fastest at the compared points."
            + (" *Training*: the same for the whole training step, each variant's forward + backward time against "
               "the fastest exact variant's forward + backward time at the same point."
               if any("training" in c for c in an["crossover"]) else ""), ""]
