@@ -513,7 +513,7 @@ def fig_decode(res, an):
         if not am.has_data():
             am.text(0.5, 0.5, "no memory.state_bytes in these rows\n(written before it was recorded)", ha="center",
                     va="center", transform=am.transAxes, color="gray")
-            am.set_xlabel("context seq_kv (tokens)")
+            am.set_axis_off()  # no axes to read: the title and the note only
         else:
             finish_axes({0: am}, "context seq_kv (tokens)", "bytes (log₂)")
     return fig
