@@ -8,7 +8,8 @@ a plain dict of JSON values, which plot.py writes as summary.json (adding "files
                                 between its two largest sizes
     nonfinite_accuracy_points   measured rows whose rel_l2_err is inf/nan
     crossover                   per approximate attnbench series: where it becomes faster / smaller than the
-                                best exact attnbench variant at the same point, and by how much at its max n.
+                                best exact attnbench variant at the same point, and by how much at its max n;
+                                `against`: the exact series that were the fastest at its points.
                                 With backward passes among the rows (#27) one entry per series and pass-less
                                 facet: these fields for the forward (inference), and `training` (the forward +
                                 backward step) and `backward`, each against the best exact row of its pass
@@ -45,6 +46,16 @@ a plain dict of JSON values, which plot.py writes as summary.json (adding "files
                                 peak memory, backward / forward and step / forward time ratios, the gradient error
                                 (worst rel_l2_err of dQ, dK, dV, its reference kind); the passes' FLOP ratios to
                                 the forward; the backward rows left out, once per variant and reason
+    decode                      None without decode rows (seq_q < seq_kv, causal_lower_right, forward); else
+                                per series and context seq_kv: time per new token, speed-up over the fastest
+                                exact row, memory.state_bytes beside memory.kv_cache_bytes, and the exponents
+                                of their growth with the context (0: a state that does not grow)
+    chunk_sweep                 None unless a variant was measured at several `chunk` values; else per
+                                variant, setting and family (its series less the chunk), at each n: time,
+                                GFLOP/s and frac_peak per chunk, the fastest chunk, slowest / fastest
+    accuracy_references         None unless rows have accuracy_vs_softmax; else per such series the worst
+                                `accuracy` (against its own fp64 reference) and `accuracy_vs_softmax` (against
+                                exact softmax attention) errors, and which reference `accuracy` is against
 
 With several passes (sweep.pass, #27) the pass is a context dimension: every series, facet, point and
 comparison is within one pass, and key_ratios gains a "pass" kind (backward and training step vs forward).
@@ -60,7 +71,7 @@ import re
 import numpy as np
 
 from .common import json_num, num
-from .results import CONTEXT_DIMS, context_value, facet_order, mask_order, pass_order, worst
+from .results import CONTEXT_DIMS, context_value, facet_order, mask_order, pass_order, series_label, worst
 
 ERR_FLOOR = 1e-12  # errors below this are drawn (log axes) and ranked for the Pareto front as this
 
@@ -151,6 +162,11 @@ def _cross_rows(rows, fastest, least_mem):
         base = least_mem.get(k)
         est_used |= est or (base is not None and base[1].memory()[1])
         m_ratio.append(mem / base[0] if mem is not None and base is not None else None)
+    against = []  # the exact series that were fastest at the compared points, in n order
+    for r in rows:
+        base = fastest.get(point_key(r))
+        if base is not None and base.label not in against:
+            against.append(base.label)
     n_t, t_text = crossover(ns, t_ratio)
     n_m, m_text = crossover(ns, m_ratio)
     t_text = "faster " + t_text if t_text == "at every measured n" else t_text
@@ -158,7 +174,7 @@ def _cross_rows(rows, fastest, least_mem):
     return {"faster_from_n": n_t, "faster": t_text, "less_memory_from_n": n_m, "less_memory": m_text,
             "speedup_at_max_n": 1 / t_ratio[-1] if t_ratio else None,
             "memory_ratio_at_max_n": m_ratio[-1] if m_ratio else None,
-            "n_range": [min(ns), max(ns)] if ns else None,
+            "n_range": [min(ns), max(ns)] if ns else None, "against": against,
             "memory_estimated": est_used}  # some memory figure was an estimate (no peak measured)
 
 
@@ -198,7 +214,8 @@ def _crossovers(res, table_series, fastest, least_mem):
         else:  # a sweep of backward passes only
             note = "no forward rows (" + _not_measured(res, label, mask, base, "forward") + ")"
             entry.update(faster_from_n=None, faster=note, less_memory_from_n=None, less_memory=note,
-                         speedup_at_max_n=None, memory_ratio_at_max_n=None, n_range=None, memory_estimated=False)
+                         speedup_at_max_n=None, memory_ratio_at_max_n=None, n_range=None, against=[],
+                         memory_estimated=False)
         if training:
             for p, name in (("forward_backward", "training"), ("backward", "backward")):
                 if by.get(p):
@@ -209,6 +226,121 @@ def _crossovers(res, table_series, fastest, least_mem):
                                    "speedup_at_max_n": None, "n_range": None}
         out.append(entry)
     return out
+
+
+def _growth(ns, ys):
+    """The exponent k of y ~ n^k over the points that have y: exactly 0 when y is the same at every n (a state
+    that does not grow), None with fewer than 2 sizes."""
+    pts = [(n, y) for n, y in zip(ns, ys) if y is not None and y > 0]
+    if len({n for n, _ in pts}) < 2:
+        return None
+    if len({y for _, y in pts}) == 1:
+        return 0.0
+    return fit_exponent([n for n, _ in pts], [y for _, y in pts])
+
+
+def _decode(res, table_series, fastest):
+    """The decode view, None when no measured forward row is a decode step (Row.is_decode): per series (and
+    setting), at each context seq_kv, the time per new token (time_ms.median / seq_q), the speed-up over the
+    fastest exact attnbench row at the same point, what the variant keeps between steps (memory.state_bytes)
+    beside the KV cache exact attention keeps (memory.kv_cache_bytes); and how each grows with the context
+    (fitted exponents: 0 for a state that does not grow, 1 for a KV cache)."""
+    out = []
+    for (label, mask, rk), rows in table_series:
+        rows = [r for r in rows if r.is_decode() and r.pass_ == "forward"]
+        if not rows:
+            continue
+        pts = []
+        for r in rows:
+            base = fastest.get(point_key(r))
+            st, kv = r.state_bytes, r.kv_cache_bytes
+            pts.append({"id": r.id, "seq_q": r.seq_q, "seq_kv": r.seq_kv, "time_ms": json_num(r.time_median),
+                        "time_per_token_ms": json_num(r.time_median / r.seq_q), "state_bytes": st,
+                        "kv_cache_bytes": kv, "state_over_kv_cache": st / kv if st is not None and kv else None,
+                        "speedup_vs_fastest_exact": json_num(base.time_median / r.time_median) if base else None,
+                        "fastest_exact": base.label if base else None, "noisy": r.noisy})
+        ns = [p["seq_kv"] for p in pts]
+        states = [p["state_bytes"] for p in pts]
+        out.append({"series": label, "variant": rows[0].variant, "exact": rows[0].exact, "source": rows[0].source,
+                    "mask": mask, "context": res.rest_title(rk), "points": pts,
+                    "time_per_token_exponent": _growth(ns, [r.time_median / r.seq_q for r in rows]),
+                    "state_exponent": _growth(ns, states),
+                    "kv_cache_exponent": _growth(ns, [p["kv_cache_bytes"] for p in pts]),
+                    "state_constant": (len({x for x in states}) == 1) if all(x is not None for x in states) else None})
+    return {"series": out} if out else None
+
+
+def _chunk_value(r):
+    c = r.params.get("chunk")
+    return c if isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0 else None
+
+
+def _chunk_sweep(res):
+    """The chunk-size view, None when no variant was measured at several `chunk` values with its other
+    parameters the same: per variant and setting (mask, context), each family (the series less its chunk:
+    "gla(form=chunk)", "gla(form=recurrent)") with several chunks, and at each n its time, GFLOP/s and
+    frac_peak per chunk, the fastest chunk and the slowest chunk's time over the fastest's."""
+    groups, order = {}, []
+    for r in res.ok:
+        c = _chunk_value(r)
+        if c is None:
+            continue
+        key = (r.variant, r.mask, res.rest_key(r), r.source)
+        family = series_label(r.variant, r.params, [k for k in r.label_keys if k != "chunk"], r.label_tags)
+        if key not in groups:
+            groups[key] = {}
+            order.append(key)
+        groups[key].setdefault(family, {}).setdefault(r.seq_kv, {})[c] = r
+    out = []
+    for key in sorted(order, key=lambda k: (k[0], mask_order(k[1]), res.facet_key_order(k[2]), k[3])):
+        variant, mask, rk, source = key
+        families = []
+        for family, by_n in sorted(groups[key].items()):
+            sizes = []
+            for n, by_c in sorted(by_n.items()):
+                if len(by_c) < 2:
+                    continue
+                pts = [{"chunk": c, "id": r.id, "time_ms": json_num(r.time_median), "gflops": json_num(r.gflops),
+                        "frac_peak": json_num(r.frac_peak), "noisy": r.noisy} for c, r in sorted(by_c.items())]
+                best = min(sorted(by_c), key=lambda c: by_c[c].time_median)  # a tie: the smallest chunk
+                slowest = max(r.time_median for r in by_c.values())
+                sizes.append({"seq_kv": n, "points": pts, "best_chunk": best,
+                              "best_time_ms": json_num(by_c[best].time_median),
+                              "slowest_over_best": json_num(slowest / by_c[best].time_median)})
+            if sizes:
+                families.append({"series": family, "by_n": sizes})
+        if families:
+            out.append({"variant": variant, "mask": mask, "context": res.rest_title(rk), "source": source,
+                        "families": families})
+    return out or None
+
+
+def _same(a, b):
+    return a == b or (a is not None and b is not None and math.isnan(a) and math.isnan(b))
+
+
+def _accuracy_references(res, table_series):
+    """The two accuracy figures, for the series whose forward rows have accuracy_vs_softmax (None when none
+    has): `accuracy` (against the variant's own fp64 reference: its own definition for a variant that is not
+    softmax attention, exact softmax attention otherwise) and `accuracy_vs_softmax` (always against exact
+    softmax attention), worst over the series' rows. `reference` is "own_definition" when the two differ on
+    some row, "exact_softmax" when they are the same figures (a softmax variant)."""
+    out = []
+    for (label, mask, rk), rows in table_series:
+        rows = [r for r in rows if r.pass_ == "forward"
+                and (r.softmax_rel_l2_err is not None or r.softmax_max_abs_err is not None)]
+        if not rows:
+            continue
+        own = any(not _same(r.rel_l2_err, r.softmax_rel_l2_err) or not _same(r.max_abs_err, r.softmax_max_abs_err)
+                  for r in rows)
+        out.append({"series": label, "variant": rows[0].variant, "mask": mask, "context": res.rest_title(rk),
+                    "source": rows[0].source, "rows": len(rows),
+                    "reference": "own_definition" if own else "exact_softmax",
+                    "rel_l2_err": json_num(worst([r.rel_l2_err for r in rows])),
+                    "max_abs_err": json_num(worst([r.max_abs_err for r in rows])),
+                    "softmax_rel_l2_err": json_num(worst([r.softmax_rel_l2_err for r in rows])),
+                    "softmax_max_abs_err": json_num(worst([r.softmax_max_abs_err for r in rows]))})
+    return out or None
 
 
 def _excluded(res):
@@ -721,4 +853,7 @@ def analyse(res):
         "key_ratios": _key_ratios(res),
         "measurement": _measurement(res),
         "training": _training(res),
+        "decode": _decode(res, table_series, fastest),
+        "chunk_sweep": _chunk_sweep(res),
+        "accuracy_references": _accuracy_references(res, table_series),
     }

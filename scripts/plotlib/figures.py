@@ -21,9 +21,10 @@ import matplotlib
 matplotlib.use("Agg")  # headless: no display on CI or over ssh
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import colors as mcolors, ticker  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 from .analysis import ERR_FLOOR  # noqa: E402
-from .common import FIGURES, PATTERNS, PROG, ROOFLINE, fmt_bytes, num  # noqa: E402
+from .common import CHUNK_SIZE, DECODE, FIGURES, PATTERNS, PROG, ROOFLINE, fmt_bytes, num  # noqa: E402
 from .results import (PASSES, load_patterns, mask_order, params_text, pass_order, pass_short, pass_title,  # noqa: E402
                       passes_text)
 
@@ -284,6 +285,9 @@ def fig_accuracy(res, an):
                  "(backward passes)")
     elif has_backward(res):
         title = "Gradient error vs exact fp64 softmax attention's (rel. L2, worst of dQ, dK, dV)"
+    elif any(e["reference"] == "own_definition" for e in an.get("accuracy_references") or []):
+        title = ("Error vs the fp64 reference (rel. L2): exact softmax attention, or the variant's own definition "
+                 "where it is not softmax attention")
     else:
         title = "Error vs exact fp64 softmax attention (rel. L2), approximate variants"
     fig, cells = facet_grid(res, title + pass_phrase(res) + on_cpu(res), share_y=True)
@@ -440,7 +444,143 @@ def fig_roofline(res, an):
     return fig
 
 
-FIGURE_FUNCTIONS = dict(zip(FIGURES, (fig_time, fig_memory, fig_accuracy, fig_pareto, fig_throughput, fig_roofline)))
+def _no_data_figure(title, text):
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig.suptitle(title, fontsize=11)
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="gray")
+    ax.set_axis_off()
+    return fig
+
+
+def _settings(entries, cap):
+    """The (mask, context) settings of the analysis entries in their order, at most cap of them (a warning
+    when more)."""
+    keys = []
+    for e in entries:
+        if (e["mask"], e["context"]) not in keys:
+            keys.append((e["mask"], e["context"]))
+    if len(keys) > cap:
+        print(f"{PROG}: warning: {len(keys)} settings: drawing the first {cap} only", file=sys.stderr)
+    return keys[:cap], len(keys)
+
+
+def fig_decode(res, an):
+    """Decode (analysis "decode"): per setting, the time per new token against the context seq_kv (one line per
+    series: solid exact, dashed the others), and what each series keeps between steps (memory.state_bytes,
+    solid) with the KV cache exact attention keeps at the same context (memory.kv_cache_bytes, black dashed)
+    beside it."""
+    title = f"Decode{on_cpu(res)}: time per new token and memory kept between steps vs context"
+    dec = an.get("decode")
+    if not dec:
+        return _no_data_figure(title, "no decode rows (seq_q < seq_kv, causal_lower_right)")
+    settings, total = _settings(dec["series"], MAX_FACETS // 2)
+    if len(settings) < total:
+        title += f" (first {len(settings)} of {total} settings)"
+    fig, axes = plt.subplots(len(settings), 2, figsize=(11.5, 4.0 * len(settings) + 0.7), squeeze=False,
+                             layout="constrained")
+    fig.suptitle(title, fontsize=11)
+    colors = series_colors(res)
+    for (mask, context), (at, am) in zip(settings, axes):
+        where = f"mask={mask}" + (f", {context}" if context else "")
+        at.set_title(f"time per token (median time ÷ seq_q)\n{where}", fontsize=9)
+        am.set_title(f"memory kept between decode steps\n{where}", fontsize=9)
+        kv_lines = []
+        for e in dec["series"]:
+            if (e["mask"], e["context"]) != (mask, context):
+                continue
+            color = colors.get(e["series"], "gray")
+            ls = "-" if e["exact"] else "--"
+            pts = [(p["seq_kv"], num(p["time_per_token_ms"])) for p in e["points"]]
+            at.plot(*zip(*pts), marker="o", ms=3.5, lw=1.4, ls=ls, color=color, label=e["series"])
+            st = [(p["seq_kv"], p["state_bytes"]) for p in e["points"] if p["state_bytes"]]
+            if st:
+                grow = e["state_exponent"]
+                how = "constant" if grow == 0 else f"$n^{{{grow:.2f}}}$" if grow is not None else "one context"
+                am.plot(*zip(*st), marker="o", ms=3.5, lw=1.4, ls=ls, color=color, label=f"{e['series']}: state ({how})")
+            kv = tuple((p["seq_kv"], p["kv_cache_bytes"]) for p in e["points"] if p["kv_cache_bytes"])
+            if kv and kv not in kv_lines:
+                kv_lines.append(kv)
+        for i, kv in enumerate(kv_lines):  # the same for every series of a setting but for dtype or kv_heads
+            am.plot(*zip(*kv), marker="x", ms=4, lw=1.2, ls=(0, (4, 2)), color="black", alpha=0.75 - 0.15 * min(i, 3),
+                    label="KV cache of exact attention" + (f" ({i + 1})" if len(kv_lines) > 1 else ""))
+        for ax in (at, am):
+            ax.grid(True, which="both", alpha=0.25)
+            log2_axis(ax)
+        at.set_yscale("log")
+        am.set_yscale("log", base=2)
+        am.yaxis.set_major_formatter(ticker.FuncFormatter(lambda b, _: fmt_bytes(b)))
+        finish_axes({0: at}, "context seq_kv (tokens)", "ms per new token (median)")
+        if not am.has_data():
+            am.text(0.5, 0.5, "no memory.state_bytes in these rows\n(written before it was recorded)", ha="center",
+                    va="center", transform=am.transAxes, color="gray")
+            am.set_axis_off()  # no axes to read: the title and the note only
+        else:
+            finish_axes({0: am}, "context seq_kv (tokens)", "bytes (log₂)")
+    return fig
+
+
+LINESTYLES = ["-", "--", ":", "-."]
+
+
+def fig_chunk_size(res, an):
+    """Chunk size (analysis "chunk_sweep"): per variant and setting, its time and its GFLOP/s against the chunk,
+    one line per n (colour) and family (line style: the series less its chunk, e.g. form=chunk / recurrent)."""
+    title = f"Chunk size{on_cpu(res)}: time and GFLOP/s vs chunk, one line per n"
+    sweep = an.get("chunk_sweep")
+    if not sweep:
+        return _no_data_figure(title, "no variant measured at several chunk sizes")
+    entries = sweep[:MAX_FACETS // 2]
+    if len(entries) < len(sweep):
+        title += f" (first {len(entries)} of {len(sweep)} panels)"
+        print(f"{PROG}: warning: {len(sweep)} chunk-size panels: drawing the first {len(entries)} only", file=sys.stderr)
+    fig, axes = plt.subplots(len(entries), 2, figsize=(11.5, 3.9 * len(entries) + 0.7), squeeze=False,
+                             layout="constrained")
+    fig.suptitle(title, fontsize=11)
+    all_n = sorted({s["seq_kv"] for e in entries for f in e["families"] for s in f["by_n"]})
+    cmap = plt.get_cmap("viridis")
+    color_of = {n: cmap(0.85 * i / max(1, len(all_n) - 1)) for i, n in enumerate(all_n)}
+    for e, (at, ag) in zip(entries, axes):
+        where = f"mask={e['mask']}" + (f", {e['context']}" if e["context"] else "")
+        name = e["variant"] + (" (PyTorch)" if e["source"] == "peer" else "")
+        at.set_title(f"{name}: time\n{where}", fontsize=9)
+        ag.set_title(f"{name}: GFLOP/s\n{where}", fontsize=9)
+        chunks = set()
+        several = len(e["families"]) > 1
+        for j, f in enumerate(e["families"]):
+            for s in f["by_n"]:
+                cs = [p["chunk"] for p in s["points"]]
+                chunks.update(cs)
+                style = dict(marker="o", ms=3.5, lw=1.4, ls=LINESTYLES[j % len(LINESTYLES)], color=color_of[s["seq_kv"]])
+                at.plot(cs, [num(p["time_ms"]) for p in s["points"]], **style)
+                gf = [(c, num(p["gflops"])) for c, p in zip(cs, s["points"]) if num(p["gflops"]) is not None]
+                if gf:
+                    ag.plot(*zip(*gf), **style)
+                best = s["best_chunk"]
+                at.plot([best], [num(s["best_time_ms"])], ls="none", marker="*", ms=9, color=color_of[s["seq_kv"]],
+                        mec="black", mew=0.5, zorder=3)
+        for ax in (at, ag):
+            ax.grid(True, which="both", alpha=0.25)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(sorted(chunks))
+            ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+            ax.xaxis.set_minor_locator(ticker.NullLocator())
+        at.set_yscale("log")
+        ag.set_ylim(bottom=0)
+        finish_axes({0: at, 1: ag}, "chunk (tokens)", "time (ms, median; ★ fastest chunk)", legend=False)
+        ag.set_ylabel("GFLOP/s")
+        # One legend entry per n (colour) and per family (line style), not one per line.
+        ns = sorted({s["seq_kv"] for f in e["families"] for s in f["by_n"]})
+        handles = [Line2D([], [], color=color_of[n], marker="o", ms=3.5, lw=1.4, label=f"n={n}") for n in ns]
+        if several:
+            handles += [Line2D([], [], color="black", lw=1.2, ls=LINESTYLES[j % len(LINESTYLES)], label=f["series"])
+                        for j, f in enumerate(e["families"])]
+        for ax in (at, ag):
+            ax.legend(handles=handles, fontsize=7, loc="best", framealpha=0.85)
+    return fig
+
+
+FIGURE_FUNCTIONS = dict(zip(FIGURES, (fig_time, fig_memory, fig_accuracy, fig_pareto, fig_throughput, fig_roofline,
+                                      fig_decode, fig_chunk_size)))
 
 
 def fig_patterns(meta, tokens, panels):
@@ -501,12 +641,14 @@ def save_figure(fig, out_dir, stem):
 
 
 def draw_results(res, an, plots_dir):
-    """Every figure of FIGURES into plots_dir (the roofline only when some row has bytes); returns the paths
-    written."""
+    """Every figure of FIGURES into plots_dir (the roofline only when some row has bytes, decode only with
+    decode rows, chunk_size only with a chunk sweep); returns the paths written."""
     written = []
     for stem in FIGURES:
         if stem == ROOFLINE and not any(p["points"] for p in an["roofline"]["panels"]):
             continue  # older results: no row has bytes; the report's Roofline section says so
+        if (stem == DECODE and not an.get("decode")) or (stem == CHUNK_SIZE and not an.get("chunk_sweep")):
+            continue  # no decode rows / no chunk sweep: neither the figure nor its report section
         written += save_figure(FIGURE_FUNCTIONS[stem](res, an), plots_dir, stem)
     return written
 

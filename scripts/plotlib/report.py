@@ -1,5 +1,6 @@
-"""REPORT.md: the key figures and ratios, crossover, training (when the results time backward passes), roofline
-and left-out tables, the measurement conditions,
+"""REPORT.md: the key figures and ratios, crossover, training (when the results time backward passes), decode
+(when they have decode rows), chunk size (when a variant was measured at several chunks), accuracy against each
+reference (when rows have accuracy_vs_softmax), roofline and left-out tables, the measurement conditions,
 the machine and the config, from the Results and the analysis (analysis.analyse) alone, plus a section
 embedding each figure file that was written. Nothing here draws or imports matplotlib, and nothing depends on
 whether (or in which order) the figures were drawn: with no figure files the report has every table and no
@@ -9,12 +10,14 @@ import json
 import os
 
 from .lra import lra_section
-from .common import FIGURES, PATTERNS, ROOFLINE, atomic_write_text, fmt_bytes, fmt_num, md_table, num
+from .common import (CHUNK_SIZE, DECODE, FIGURES, PATTERNS, ROOFLINE, SECTION_FIGURES, atomic_write_text, fmt_bytes,
+                     fmt_num, md_table, num)
 from .results import pass_title
 
 TITLES = {"time_vs_seq": "Time vs sequence length", "memory_vs_seq": "Peak memory vs sequence length",
           "accuracy_vs_seq": "Accuracy vs sequence length", "pareto": "Speed–accuracy trade-off",
-          "throughput": "Throughput vs sgemm", "roofline": "Roofline"}
+          "throughput": "Throughput vs sgemm", "roofline": "Roofline", "decode": "Decode",
+          "chunk_size": "Chunk size"}
 BLURBS = {
     "time_vs_seq": "Median time of one forward call; bars span p10–p90. The legend gives the exponent k of a "
                    "least-squares fit of log(time) on log(n) over the series' measured sizes (range in "
@@ -40,6 +43,15 @@ BLURBS = {
                 "intensity (dashed diagonal); the dotted vertical line is the ridge where they meet. Left of it "
                 "a kernel is memory-bound (decode, small seq_q), right of it compute-bound. Colour: variant; "
                 "marker: kv_heads.",
+    "decode": "Left: the median time of one decode call divided by its new tokens (seq_q) against the context "
+              "seq_kv, on log axes (solid: exact; dashed: the others). Right: what each series keeps between "
+              "decode steps at that context (`memory.state_bytes`: a recurrence's d_k × d_v state per (batch, "
+              "head), sliding_window's rolling cache, the KV cache for the other variants) and, black dashed, the "
+              "KV cache exact attention keeps at the same context (`memory.kv_cache_bytes`): the KV cache grows "
+              "with the context, a recurrence's state does not.",
+    "chunk_size": "Per variant (and setting): its median time (left, log) and GFLOP/s (right) against the chunk "
+                  "size, one line per n (colour) and per family of series that differ only in the chunk (line "
+                  "style); the star marks the fastest chunk at each n.",
 }
 
 
@@ -65,10 +77,16 @@ PASS_BLURBS = {
 }
 
 
+OWN_REFERENCE = (" For a variant that is not softmax attention (see Accuracy against each reference), "
+                 "`accuracy` and so the error drawn here is against its own fp64 definition.")
+
+
 def figure_blurb(stem, an, res):
     """A figure's caption; with several passes how its columns split them, with one pass other than the
     forward what its rows time."""
     text = time_blurb(an) if stem == "time_vs_seq" else BLURBS[stem]
+    if stem == "accuracy_vs_seq" and any(e["reference"] == "own_definition" for e in an.get("accuracy_references") or []):
+        text += OWN_REFERENCE
     if res.by_pass():
         return text + PASS_BLURBS.get(stem, "")
     if res.passes != ["forward"] and stem in PASS_BLURBS:
@@ -188,16 +206,18 @@ def crossover_table(an):
             t = c["training"]
             row += [t["faster"], _speedup_cell(t["speedup_at_max_n"], t["n_range"])]
         rows_md.append(row + [c["less_memory"] + (" (some estimated)" if c["memory_estimated"] else ""),
-                              f"{fmt_num(mem, '.3f')}× at n={n_range[1]}" if n_range and mem is not None else "—"])
+                              f"{fmt_num(mem, '.3f')}× at n={n_range[1]}" if n_range and mem is not None else "—",
+                              ", ".join(f"`{a}`" for a in c.get("against") or []) or "—"])
     if not rows_md:
         return "No approximate variant among the results: nothing to cross over."
     if training:
         return md_table(["approximate variant", "mask", "measured n", "inference (forward): faster than best exact from",
                          "speed-up at max n", "training (fwd+bwd): faster than best exact from",
                          "training speed-up at max n", "less memory than best exact from (forward)",
-                         "memory ratio at max n"], rows_md)
+                         "memory ratio at max n", "best exact (forward)"], rows_md)
     return md_table(["approximate variant", "mask", "measured n", "faster than best exact from",
-                     "speed-up at max n", "less memory than best exact from", "memory ratio at max n"], rows_md)
+                     "speed-up at max n", "less memory than best exact from", "memory ratio at max n",
+                     "best exact"], rows_md)
 
 
 FLOP_CONVENTION = ("FLOPs: each pass counts its own (`flops`): the backward by default 2.5× the forward's (the "
@@ -281,6 +301,102 @@ def training_section(an):
             md.append(f"- `{g['variant']}` ({g['status']}): {g['reason']} ({g['rows']} points: "
                       f"{', '.join(pass_title(p) for p in g['passes'])}; n = {', '.join(map(str, n))})")
     return "\n".join(md)
+
+
+def _figure_subsection(stem, drawn):
+    """A section figure's "### ... figure" subsection (the figure, its caption), [] when it was not drawn."""
+    if stem not in drawn:
+        return []
+    return ["", f"### {TITLES[stem]} figure", "", f"![{TITLES[stem]}](plots/{stem}.png)", "",
+            BLURBS[stem] + f" ([SVG](plots/{stem}.svg))"]
+
+
+def _growth_text(k, constant_word):
+    if k is None:
+        return "—"
+    return constant_word if k == 0 else f"∝ n^{k:.2f}"
+
+
+def decode_section(an, drawn):
+    """REPORT.md's Decode section (without its heading), None without decode rows."""
+    dec = an.get("decode")
+    if not dec:
+        return None
+    table, growth = [], []
+    for e in dec["series"]:
+        name = f"`{e['series']}`" + (" (PyTorch)" if e["source"] == "peer" else "")
+        for p in e["points"]:
+            ratio = p["state_over_kv_cache"]
+            table.append([name, _where(e), p["seq_q"], p["seq_kv"],
+                          fmt_num(num(p["time_per_token_ms"]), ".4g") + (" (noisy)" if p["noisy"] else ""),
+                          (fmt_num(num(p["speedup_vs_fastest_exact"]), ".3g") + f"× (`{p['fastest_exact']}`)")
+                          if p["fastest_exact"] else "—",
+                          fmt_bytes(p["state_bytes"]), fmt_bytes(p["kv_cache_bytes"]),
+                          fmt_num(ratio, ".3g") if ratio is not None else "—"])
+        ns = [p["seq_kv"] for p in e["points"]]
+        growth.append([name, _where(e), f"{min(ns)}–{max(ns)}", _growth_text(e["time_per_token_exponent"], "constant"),
+                       _growth_text(e["state_exponent"], "constant"), _growth_text(e["kv_cache_exponent"], "constant")])
+    md = [md_table(["series", "mask", "seq_q", "context seq_kv", "time per token (ms)", "speed-up over fastest exact",
+                    "state kept", "KV cache (exact attention)", "state ÷ KV cache"], table), "",
+          "Decode rows: fewer new queries (seq_q) than keys (the context seq_kv) under the lower-right causal mask, "
+          "timed forward. *time per token*: the median time of one call divided by seq_q. *speed-up over fastest "
+          "exact*: the fastest exact attnbench variant's time at the same point over this one's (that variant in "
+          "brackets). *state kept*: `memory.state_bytes`, what the series keeps between decode steps at that "
+          "context (a recurrence's d_k × d_v state per (batch, head), sliding_window's rolling cache, the KV cache "
+          "for the other variants); *KV cache*: `memory.kv_cache_bytes`, the KV cache exact attention keeps at the "
+          "same context.", "",
+          md_table(["series", "mask", "contexts", "time per token", "state kept", "KV cache"], growth), "",
+          "How each grows with the context: the exponent k of a least-squares fit of log(y) on log(seq_kv) over "
+          "the measured contexts (*constant*: the same at every context)."]
+    return "\n".join(md + _figure_subsection(DECODE, drawn))
+
+
+def chunk_section(an, drawn):
+    """REPORT.md's Chunk size section (without its heading), None unless a variant was measured at several
+    chunks."""
+    sweep = an.get("chunk_sweep")
+    if not sweep:
+        return None
+    table = []
+    for e in sweep:
+        for f in e["families"]:
+            for s in f["by_n"]:
+                name = f"`{f['series']}`" + (" (PyTorch)" if e["source"] == "peer" else "")
+                table.append([name, _where(e), s["seq_kv"],
+                              " · ".join(f"{p['chunk']}: {fmt_num(num(p['time_ms']), '.4g')}" for p in s["points"]),
+                              " · ".join(f"{p['chunk']}: {fmt_num(num(p['gflops']), '.3g')}" for p in s["points"]),
+                              s["best_chunk"], fmt_num(num(s["slowest_over_best"]), ".3g") + "×"])
+    md = [md_table(["series (all chunks)", "mask", "n", "time (ms) by chunk", "GFLOP/s by chunk", "fastest chunk",
+                    "slowest ÷ fastest"], table), "",
+          "Each series measured at several `chunk` values with its other parameters the same, at each n: the "
+          "median time and GFLOP/s per chunk (chunk: value), the fastest chunk and the slowest chunk's time over "
+          "the fastest's."]
+    return "\n".join(md + _figure_subsection(CHUNK_SIZE, drawn))
+
+
+REFERENCE_TEXT = {"own_definition": "its own fp64 definition", "exact_softmax": "exact softmax (same as vs softmax)"}
+
+
+def accuracy_references_section(an):
+    """REPORT.md's "Accuracy against each reference" section (without its heading), None unless rows have
+    accuracy_vs_softmax."""
+    refs = an.get("accuracy_references")
+    if not refs:
+        return None
+    table = [[f"`{e['series']}`" + (" (PyTorch)" if e["source"] == "peer" else ""), _where(e), e["rows"],
+              REFERENCE_TEXT.get(e["reference"], e["reference"]), fmt_num(num(e["rel_l2_err"]), ".2e"),
+              fmt_num(num(e["max_abs_err"]), ".2e"), fmt_num(num(e["softmax_rel_l2_err"]), ".2e"),
+              fmt_num(num(e["softmax_max_abs_err"]), ".2e")] for e in refs]
+    return "\n".join([
+        md_table(["series", "mask", "rows", "`accuracy` against", "accuracy rel_l2_err (worst)",
+                  "accuracy max_abs_err (worst)", "vs exact softmax rel_l2_err (worst)",
+                  "vs exact softmax max_abs_err (worst)"], table), "",
+        "`accuracy` is against the series' own fp64 reference on the inputs the kernel read: for a variant that is "
+        "not softmax attention (a linear recurrence) its own definition, so it measures the kernel's rounding; "
+        "otherwise exact softmax attention. `accuracy_vs_softmax` is always against exact fp64 softmax attention "
+        "on the same Q, K, V: for a variant that is not softmax attention it is informative, the distance between "
+        "the two operators rather than an error of the kernel; for a softmax variant it is the same figure as "
+        "`accuracy`. Worst over the series' forward rows."])
 
 
 def excluded_section(an):
@@ -489,22 +605,31 @@ def render_report(res, an, figure_files):
            "Against the fastest (and the least memory-hungry) exact attnbench variant at each point; the size "
            "where an approximate variant becomes faster (or smaller) for good is interpolated in log–log between "
            "the bracketing measured sizes. Memory is the measured peak, or the estimate where no peak was "
-           "measured."
+           "measured. *best exact*: the exact series that were the fastest at the compared points."
            + (" *Training*: the same for the whole training step, each variant's forward + backward time against "
               "the fastest exact variant's forward + backward time at the same point."
               if any("training" in c for c in an["crossover"]) else ""), ""]
     training = training_section(an)
     if training is not None:
         md += ["## Training (forward + backward)", "", training, ""]
+    decode = decode_section(an, drawn)
+    if decode is not None:
+        md += ["## Decode", "", decode, ""]
+    chunks = chunk_section(an, drawn)
+    if chunks is not None:
+        md += ["## Chunk size", "", chunks, ""]
     lra = lra_section(res)
     if lra:
         md += ["## Relative to exact attention (LRA Table 2 layout)", "", lra]
     for stem in FIGURES:
-        if stem in drawn and stem != ROOFLINE:
+        if stem in drawn and stem not in SECTION_FIGURES:
             blurb = figure_blurb(stem, an, res)
             md += [f"## {TITLES[stem]}", "", f"![{TITLES[stem]}](plots/{stem}.png)", "",
                    blurb + f" ([SVG](plots/{stem}.svg))", ""]
     md += ["## Accuracy by dtype", "", accuracy_by_dtype_section(an), ""]
+    refs = accuracy_references_section(an)
+    if refs is not None:
+        md += ["## Accuracy against each reference", "", refs, ""]
     md += ["## Roofline", "", roofline_section(an, drawn), ""]
     if PATTERNS in drawn:
         md += ["## Attention patterns", "", "![Attention patterns](plots/patterns.png)", "",

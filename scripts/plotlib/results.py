@@ -129,6 +129,12 @@ VIEWS = {
     "calibration": ("calibration", None), "group_sgemm_gflops": ("group_sgemm.gflops", None),
     "interleave_group": ("interleave.group", None), "pass_": ("pass", "forward"),
     "grad_reference": ("grad_accuracy.reference", None), "grad_blocks": ("grad_accuracy.blocks", None),
+    # The distance from exact softmax attention, beside `accuracy` for a variant whose `accuracy` is against its
+    # own fp64 definition (softmax variants: the same figures); None in rows written before it.
+    "softmax_rel_l2_err": ("accuracy_vs_softmax.rel_l2_err", None),
+    "softmax_max_abs_err": ("accuracy_vs_softmax.max_abs_err", None),
+    # What a decode keeps between steps at the row's context, and the KV cache exact attention keeps there.
+    "state_bytes": ("memory.state_bytes", None), "kv_cache_bytes": ("memory.kv_cache_bytes", None),
 }
 _missing = sorted(path for path, _ in VIEWS.values() if path not in ROW_SCHEMA)
 if _missing:  # a renamed or removed field: fail on import, not with silently empty plots
@@ -174,7 +180,8 @@ class Row:
       attempts: timed measurements (rows without the field: 1 when measured, 0 when not); conditions_recorded:
         the row has interference / attempts / noisy; frac_sgemm_ci: group_sgemm's 95% interval of frac_sgemm;
       grad: per dq / dk / dv, max_abs_err, rel_l2_err, nan_count, inf_count (empty: no grad_accuracy);
-      label: the series it belongs to, params_text: every parameter as "k=v,k=v" (set by Results)."""
+      label: the series it belongs to, params_text: every parameter as "k=v,k=v", label_keys / label_tags: the
+        parameters and the [isa, dtype, bias] tags its label names (set by Results; series_label rebuilds it)."""
 
     def __init__(self, d, source):
         f = read_fields(d)
@@ -196,6 +203,7 @@ class Row:
             for part in GRAD_PARTS}
         self.label = ""
         self.params_text = ""
+        self.label_keys, self.label_tags = [], []
 
     @classmethod
     def from_json(cls, d, source):
@@ -239,12 +247,25 @@ class Row:
         rel_l2_err (dQ, dK, dV) for a backward or training-step row (None when no gradient was compared)."""
         return self.rel_l2_err if self.pass_ == "forward" else self.grad_rel_l2()[0]
 
+    def is_decode(self):
+        """A decode step: fewer queries than keys under the lower-right causal mask (the last query sees every
+        key), the queries being the newest tokens of the context seq_kv."""
+        return (self.mask == "causal_lower_right" and self.seq_q is not None and self.seq_kv is not None
+                and self.seq_q < self.seq_kv)
+
     def memory(self):
         """Peak bytes measured, else the estimate; and whether it was estimated."""
         if self.peak_bytes is not None and self.peak_bytes > 0:
             return self.peak_bytes, False
         est = self.estimated_bytes
         return (est, True) if est is not None and est > 0 else (None, False)
+
+
+def series_label(variant, params, keys, tags):
+    """A series' name: the variant, the parameters `keys` that vary ("gla(chunk=64,form=chunk)") and the tags
+    ("tiled [avx2, bf16]")."""
+    label = variant + (f"({params_text(params, keys)})" if keys else "")
+    return label + (f" [{', '.join(tags)}]" if tags else "")
 
 
 def params_text(params, keys=None):
@@ -367,11 +388,10 @@ class Results:
         several_biases = len({r.bias for r in rows}) > 1
         for r in rows:
             keys = [k for k in sorted(r.params) if len(values[(r.variant, k)]) > 1]
-            r.label = r.variant + (f"({params_text(r.params, keys)})" if keys else "")
             tags = ([r.isa] if several_isas and r.isa else []) + ([r.dtype] if several_dtypes else []) \
                 + ([r.bias] if several_biases and r.bias != "none" else [])
-            if tags:
-                r.label += f" [{', '.join(tags)}]"
+            r.label = series_label(r.variant, r.params, keys, tags)
+            r.label_keys, r.label_tags = keys, tags
             r.params_text = params_text(r.params)
 
     def rest_key(self, r):
