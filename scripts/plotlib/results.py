@@ -243,9 +243,14 @@ class Row:
         return sum(counts) if counts else None
 
     def pass_error(self):
-        """The error a row's pass is judged by: the output's rel_l2_err for a forward row, the worst gradient
-        rel_l2_err (dQ, dK, dV) for a backward or training-step row (None when no gradient was compared)."""
-        return self.rel_l2_err if self.pass_ == "forward" else self.grad_rel_l2()[0]
+        """The error a row's pass is judged by: for a forward row the output's distance from exact softmax
+        attention (accuracy_vs_softmax where the row has it: a recurrence's `accuracy` is against its own
+        definition, and the accuracy plots and the Pareto compare every variant with softmax; else accuracy),
+        the worst gradient rel_l2_err (dQ, dK, dV) for a backward or training-step row (None when no gradient
+        was compared)."""
+        if self.pass_ != "forward":
+            return self.grad_rel_l2()[0]
+        return self.softmax_rel_l2_err if self.softmax_rel_l2_err is not None else self.rel_l2_err
 
     def is_decode(self):
         """A decode step: fewer queries than keys under the lower-right causal mask (the last query sees every
