@@ -17,12 +17,24 @@
 // Overflow and underflow: every exponential taken is of Gamma_t - Gamma_s with s <= t (or of Gamma_t,
 // Gamma_C - Gamma_s, relative to the chunk start or end), all <= 0, so no factor exceeds 1; the cumulative
 // sums are kept in fp64 (with g >= -30 a step they reach -1920 inside a chunk of 64, and an fp32 sum would
-// lose the small differences between large sums), and each difference is rounded once. Entries with s > t are
-// never exponentiated (exp(+1920) would overflow, and inf * 0 is NaN); a decay below fp32's range is 0, the
-// correct limit. gla never factors exp(Gamma_t - Gamma_s) into exp(Gamma_t) exp(-Gamma_s) across a chunk:
-// its intra-chunk scores use, for each block of 16 query rows, the log decay at the block's start as the
-// reference (q_t e^(Gamma_t - Gamma_r), k_s e^(Gamma_r - Gamma_s), s <= r < t, both factors <= 1), and the
-// 16 x 16 diagonal blocks elementwise.
+// lose the small differences between large sums), and each difference is rounded once to fp32 before its
+// exponential. Entries with s > t are never exponentiated (exp(+1920) would overflow, and inf * 0 is NaN);
+// a decay below fp32's normal range is 0, the correct limit. gla never factors exp(Gamma_t - Gamma_s) into
+// exp(Gamma_t) exp(-Gamma_s) across a chunk: its intra-chunk scores use, for each block of kGlaBlock query
+// rows, the log decay at the block's start as the reference (q_t e^(Gamma_t - Gamma_r), k_s e^(Gamma_r -
+// Gamma_s), s <= r < t, both factors <= 1), and the diagonal blocks elementwise.
+//
+// The exponentials are the softmax's exp2 polynomial (common/kernels/simd-inl.hpp: <= 1.5 ulp, 0 below
+// 2^-126) of x log2(e), x the fp32 difference: rounding x and the log2(e) multiply change e^x by at most
+// e^x |x| 2^-24 <= 2^-24 / e in absolute terms, as the factors multiply quantities they are bounded against.
+// Compiled once per Highway target (foreach_target.h): the elementwise loops vectorise for the CPU's SIMD
+// target; the products are OpenBLAS sgemm calls (single-threaded; TBB runs one task per (batch, head)).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "common/kernels/recurrence_chunk.cpp"
+// clang-format off
+#include <hwy/foreach_target.h>  // must come first: it re-includes this file once per target
+// clang-format on
+#include <hwy/highway.h>
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
@@ -30,175 +42,333 @@
 #include <vector>
 
 #include "common/kernels/recurrence.hpp"
+#include "common/kernels/simd-inl.hpp"
 #include "common/support/runtime.hpp"
 
-namespace attn {
-namespace {
+HWY_BEFORE_NAMESPACE();
+namespace attn::chunk::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using simd::HWY_NAMESPACE::DF;
+using simd::HWY_NAMESPACE::Exp2;
+using simd::HWY_NAMESPACE::kPadLanes;
 
 constexpr int64_t kGlaBlock = 16;  // gla's intra-chunk block of query rows (see above)
+constexpr float kLog2e = 1.4426950408889634f;
 
 // One head's buffers for one chunk (at most C rows).
 struct ChunkBuffers {
-  std::vector<float> k, kd, u, a, b, x, qg, s;  // C x d (k, kd, u, x, qg), C x C (a, b), d x d (s)
-  std::vector<double> gam;                      // C (scalar) or C x d (vector) cumulative log decays
-  std::vector<float> ed, el;                    // C: e^Gamma_t, e^(Gamma_C - Gamma_t) (scalar gates)
+  // qk: [K; Q] (2C x d: the chunk's keys, normalised when asked, then its queries); x: [K; Q] S_0 (2C x d);
+  // bp: [K; Q] Kᵀ (2C x C); a: the masked, decayed scores (C x C); dm: D (C x C, scalar gates); u, kd, qg:
+  // C x d; s: the state (d x d); xd: exponent differences (max(C, d)).
+  std::vector<float> qk, x, bp, a, dm, u, kd, qg, s, xd;
+  std::vector<double> gam;    // C (scalar) or C x d (vector) cumulative log decays
+  std::vector<float> ed, el;  // C: e^Gamma_t, e^(Gamma_C - Gamma_t) (scalar gates)
   ChunkBuffers(int64_t c, int64_t d)
-      : k(c * d),
-        kd(c * d),
-        u(c * d),
+      : qk(2 * c * d),
+        x(2 * c * d),
+        bp(2 * c * c),
         a(c * c),
-        b(c * c),
-        x(c * d),
+        dm(c * c),
+        u(c * d),
+        kd(c * d),
         qg(c * d),
         s(d * d),
+        xd(std::max(c, d)),
         gam(c * d),
         ed(c),
         el(c) {}
 };
 
-// Keys of tokens t0 .. t0 + L - 1 into cb.k (L2-normalised per token when asked).
-void load_keys(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, int64_t L, ChunkBuffers& cb) {
+// Calls op(vector, offset) over [0, n) in vectors, the tail (fewer than a vector) through a buffer padded
+// with `pad`; op returns the vector to store at dst + offset.
+template <class Op>
+HWY_INLINE void map_lanes(const float* src, float* dst, int64_t n, float pad, Op op) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t j = 0;
+  for (; j + N <= n; j += N) hn::StoreU(op(hn::LoadU(d, src + j), j), d, dst + j);
+  if (j < n) {
+    HWY_ALIGN float buf[kPadLanes];
+    std::fill(buf, buf + kPadLanes, pad);
+    std::copy(src + j, src + n, buf);
+    hn::Store(op(hn::Load(d, buf), j), d, buf);
+    std::copy(buf, buf + (n - j), dst + j);
+  }
+}
+
+// y = exp(x) for x <= 0 (fp32, see the file comment).
+void exp_row(const float* x, float* y, int64_t n) {
+  const DF d;
+  map_lanes(x, y, n, 0.0f, [d](auto v, int64_t) { return Exp2(d, hn::Mul(v, hn::Set(d, kLog2e))); });
+}
+
+// y = x ⊙ exp(hi - lo) (hi - lo <= 0 elementwise; lo null: 0), the differences in fp64, rounded once. y may
+// be x.
+void mul_exp_diff(const double* hi, const double* lo, const float* x, float* y, int64_t n, float* xd) {
+  for (int64_t c = 0; c < n; ++c) xd[c] = static_cast<float>(lo ? hi[c] - lo[c] : hi[c]);
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t j = 0;
+  for (; j + N <= n; j += N) {
+    const auto e = Exp2(d, hn::Mul(hn::LoadU(d, xd + j), hn::Set(d, kLog2e)));
+    hn::StoreU(hn::Mul(e, hn::LoadU(d, x + j)), d, y + j);
+  }
+  for (; j < n; ++j) y[j] = x[j] * std::exp(xd[j]);
+}
+
+// sum_c x_c y_c, in vector lanes.
+float dot(const float* x, const float* y, int64_t n) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  auto acc = hn::Zero(d);
+  int64_t j = 0;
+  for (; j + N <= n; j += N) acc = hn::MulAdd(hn::LoadU(d, x + j), hn::LoadU(d, y + j), acc);
+  float s = hn::GetLane(hn::SumOfLanes(d, acc));
+  for (; j < n; ++j) s += x[j] * y[j];
+  return s;
+}
+
+// sum_c q_c k_c exp(gt_c - gs_c) (gt <= gs elementwise), the differences in fp64, rounded once.
+float decayed_dot(const float* q, const float* k, const double* gt, const double* gs, int64_t n, float* xd) {
+  for (int64_t c = 0; c < n; ++c) xd[c] = static_cast<float>(gt[c] - gs[c]);
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  auto acc = hn::Zero(d);
+  int64_t j = 0;
+  for (; j + N <= n; j += N) {
+    const auto e = Exp2(d, hn::Mul(hn::LoadU(d, xd + j), hn::Set(d, kLog2e)));
+    acc = hn::MulAdd(hn::Mul(hn::LoadU(d, q + j), hn::LoadU(d, k + j)), e, acc);
+  }
+  float s = hn::GetLane(hn::SumOfLanes(d, acc));
+  for (; j < n; ++j) s += q[j] * k[j] * std::exp(xd[j]);
+  return s;
+}
+
+// [K; Q] of tokens t0 .. t0 + L - 1 into cb.qk (keys L2-normalised per token when asked).
+void load_rows(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, int64_t L, ChunkBuffers& cb) {
   const int64_t d = hi.d;
   for (int64_t i = 0; i < L; ++i) {
     const float* k = hi.k + (t0 + i) * d;
-    float* dst = cb.k.data() + i * d;
-    float s = 0;
-    for (int64_t c = 0; c < d; ++c) s += k[c] * k[c];
-    const float r = std::sqrt(s);
-    const float inv = !kind.normalize_keys ? 1.0f : r > 0 ? 1.0f / r : 0.0f;
+    float* dst = cb.qk.data() + i * d;
+    const float r = kind.normalize_keys ? std::sqrt(dot(k, k, d)) : 1.0f;
+    const float inv = r > 0 ? 1.0f / r : 0.0f;
     for (int64_t c = 0; c < d; ++c) dst[c] = k[c] * inv;
   }
+  std::copy_n(hi.q + t0 * d, L * d, cb.qk.data() + L * d);
 }
 
-// Gamma_t (fp64) for the chunk; width 1 (scalar, retention, none) or d (vector).
+// Gamma_t (fp64) for the chunk; width 1 (scalar, retention, none) or d (vector). Scalar gates: also
+// e^Gamma_t, e^(Gamma_C - Gamma_t) and D (zero above the diagonal).
 void load_gammas(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, int64_t L, ChunkBuffers& cb) {
   const int64_t w = kind.gate == Gate::vector ? hi.d : 1;
+  double* gam = cb.gam.data();
+  if (kind.gate == Gate::vector) {
+    const float* g = hi.g + t0 * w;
+    for (int64_t c = 0; c < w; ++c) gam[c] = g[c];
+    for (int64_t i = 1; i < L; ++i)
+      for (int64_t c = 0; c < w; ++c) gam[i * w + c] = gam[(i - 1) * w + c] + double(g[i * w + c]);
+    return;
+  }
   for (int64_t i = 0; i < L; ++i)
-    for (int64_t c = 0; c < w; ++c) {
-      const double g = kind.gate == Gate::vector   ? hi.g[(t0 + i) * w + c]
-                       : kind.gate == Gate::scalar ? hi.g[t0 + i]
-                                                   : hi.log_gamma;
-      cb.gam[i * w + c] = (i ? cb.gam[(i - 1) * w + c] : 0.0) + g;
-    }
-  if (kind.gate == Gate::vector) return;
+    gam[i] = (i ? gam[i - 1] : 0.0) + (kind.gate == Gate::scalar ? double(hi.g[t0 + i]) : hi.log_gamma);
   for (int64_t i = 0; i < L; ++i) {
-    cb.ed[i] = static_cast<float>(std::exp(cb.gam[i]));
-    cb.el[i] = static_cast<float>(std::exp(cb.gam[L - 1] - cb.gam[i]));
+    cb.ed[i] = static_cast<float>(std::exp(gam[i]));
+    cb.el[i] = static_cast<float>(std::exp(gam[L - 1] - gam[i]));
+  }
+  for (int64_t t = 0; t < L; ++t) {
+    float* row = cb.dm.data() + t * L;
+    for (int64_t s = 0; s <= t; ++s) cb.xd[s] = static_cast<float>(gam[t] - gam[s]);
+    exp_row(cb.xd.data(), row, t + 1);
+    std::fill(row + t + 1, row + L, 0.0f);
   }
 }
 
-// cb.a (L x L) = Q K^T with D applied, zero above the diagonal (scalar gates).
-void scalar_scores(const float* q, int64_t L, int64_t d, ChunkBuffers& cb) {
-  sgemm(false, true, L, L, d, 1.0f, q, d, cb.k.data(), d, 0.0f, cb.a.data(), L);
-  for (int64_t t = 0; t < L; ++t)
-    for (int64_t s = 0; s < L; ++s)
-      cb.a[t * L + s] = s > t ? 0.0f : cb.a[t * L + s] * static_cast<float>(std::exp(cb.gam[t] - cb.gam[s]));
+// cb.bp = [K; Q] Kᵀ (rows L .. 2L - 1 only without the delta rule), then cb.a (L x L) = Q Kᵀ ⊙ D, zero above
+// the diagonal (scalar gates).
+void scalar_scores(const RecurrenceKind& kind, int64_t L, int64_t d, ChunkBuffers& cb) {
+  const float* rows = cb.qk.data() + (kind.delta ? 0 : L * d);
+  float* bp = cb.bp.data() + (kind.delta ? 0 : L * L);
+  sgemm(false, true, kind.delta ? 2 * L : L, L, d, 1.0f, rows, d, cb.qk.data(), d, 0.0f, bp, L);
+  const float* p = cb.bp.data() + L * L;
+  for (int64_t e = 0; e < L * L; ++e) cb.a[e] = p[e] * cb.dm[e];
 }
 
 // cb.a (L x L) = sum_c q_tc k_sc exp(Gamma_tc - Gamma_sc) for s <= t, 0 above (vector gates), by blocks of
 // kGlaBlock query rows relative to the block's start (see the file comment).
-void vector_scores(const float* q, int64_t L, int64_t d, ChunkBuffers& cb) {
+void vector_scores(int64_t L, int64_t d, ChunkBuffers& cb) {
+  const float* k = cb.qk.data();
+  const float* q = cb.qk.data() + L * d;
+  const double* gam = cb.gam.data();
+  float* xd = cb.xd.data();
   std::fill(cb.a.begin(), cb.a.begin() + L * L, 0.0f);
   for (int64_t i0 = 0; i0 < L; i0 += kGlaBlock) {
     const int64_t i1 = std::min(L, i0 + kGlaBlock);
     for (int64_t t = i0; t < i1; ++t)  // the diagonal block, elementwise
-      for (int64_t s = i0; s <= t; ++s) {
-        double acc = 0;
-        for (int64_t c = 0; c < d; ++c)
-          acc += double(q[t * d + c]) * cb.k[s * d + c] * std::exp(cb.gam[t * d + c] - cb.gam[s * d + c]);
-        cb.a[t * L + s] = static_cast<float>(acc);
-      }
+      for (int64_t s = i0; s <= t; ++s)
+        cb.a[t * L + s] = decayed_dot(q + t * d, k + s * d, gam + t * d, gam + s * d, d, xd);
     if (i0 == 0) continue;
-    const double* ref = cb.gam.data() + (i0 - 1) * d;  // Gamma at token r = i0 - 1: s <= r < t
+    const double* ref = gam + (i0 - 1) * d;  // Gamma at token r = i0 - 1: s <= r < t
     for (int64_t t = i0; t < i1; ++t)
-      for (int64_t c = 0; c < d; ++c)
-        cb.qg[(t - i0) * d + c] = q[t * d + c] * static_cast<float>(std::exp(cb.gam[t * d + c] - ref[c]));
-    for (int64_t s = 0; s < i0; ++s)
-      for (int64_t c = 0; c < d; ++c)
-        cb.kd[s * d + c] = cb.k[s * d + c] * static_cast<float>(std::exp(ref[c] - cb.gam[s * d + c]));
+      mul_exp_diff(gam + t * d, ref, q + t * d, cb.qg.data() + (t - i0) * d, d, xd);
+    for (int64_t s = 0; s < i0; ++s) mul_exp_diff(ref, gam + s * d, k + s * d, cb.kd.data() + s * d, d, xd);
     sgemm(false, true, i1 - i0, i0, d, 1.0f, cb.qg.data(), d, cb.kd.data(), d, 0.0f, cb.a.data() + i0 * L, L);
   }
 }
 
-// The delta rule's U into cb.u: (I + A) U = diag(beta) (V - diag(e^Gamma) K S_0), A_ts = beta_t D_ts k_t.k_s
-// (s < t), by forward substitution.
-void delta_values(const HeadInputs& hi, int64_t t0, int64_t L, ChunkBuffers& cb) {
-  const int64_t d = hi.d;
-  const float* v = hi.v + t0 * d;
-  const float* beta = hi.beta + t0;
-  sgemm(false, false, L, d, d, 1.0f, cb.k.data(), d, cb.s.data(), d, 0.0f, cb.x.data(), d);  // K S_0
-  for (int64_t t = 0; t < L; ++t)
-    for (int64_t j = 0; j < d; ++j) cb.u[t * d + j] = beta[t] * (v[t * d + j] - cb.ed[t] * cb.x[t * d + j]);
-  sgemm(false, true, L, L, d, 1.0f, cb.k.data(), d, cb.k.data(), d, 0.0f, cb.b.data(), L);  // K K^T
+// Columns j0 .. j0 + NV N - 1 of the forward substitution u_t = r_t - sum_{s < t} m_ts u_s (U holds R on
+// entry), t in order: each row's sum in NV vector registers, two interleaved chains so the FMAs do not wait
+// on each other's latency.
+template <int NV>
+HWY_INLINE void substitute_columns(const float* m, int64_t L, float* U, int64_t d, int64_t j0) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   for (int64_t t = 1; t < L; ++t) {
-    float* ut = cb.u.data() + t * d;
-    for (int64_t s = 0; s < t; ++s) {
-      const float coef = beta[t] * static_cast<float>(std::exp(cb.gam[t] - cb.gam[s])) * cb.b[t * L + s];
-      const float* us = cb.u.data() + s * d;
-      for (int64_t j = 0; j < d; ++j) ut[j] -= coef * us[j];
+    const float* mt = m + t * L;
+    float* ut = U + t * d + j0;
+    auto a0 = hn::LoadU(df, ut), a1 = a0, a2 = a0, a3 = a0;
+    auto b0 = hn::Zero(df), b1 = b0, b2 = b0, b3 = b0;
+    if constexpr (NV > 1)
+      a1 = hn::LoadU(df, ut + N), a2 = hn::LoadU(df, ut + 2 * N), a3 = hn::LoadU(df, ut + 3 * N);
+    int64_t s = 0;
+    for (; s + 2 <= t; s += 2) {
+      const float* u0 = U + s * d + j0;
+      const float* u1 = u0 + d;
+      const auto c0 = hn::Set(df, mt[s]), c1 = hn::Set(df, mt[s + 1]);
+      a0 = hn::NegMulAdd(c0, hn::LoadU(df, u0), a0);
+      b0 = hn::NegMulAdd(c1, hn::LoadU(df, u1), b0);
+      if constexpr (NV > 1) {
+        a1 = hn::NegMulAdd(c0, hn::LoadU(df, u0 + N), a1);
+        b1 = hn::NegMulAdd(c1, hn::LoadU(df, u1 + N), b1);
+        a2 = hn::NegMulAdd(c0, hn::LoadU(df, u0 + 2 * N), a2);
+        b2 = hn::NegMulAdd(c1, hn::LoadU(df, u1 + 2 * N), b2);
+        a3 = hn::NegMulAdd(c0, hn::LoadU(df, u0 + 3 * N), a3);
+        b3 = hn::NegMulAdd(c1, hn::LoadU(df, u1 + 3 * N), b3);
+      }
+    }
+    if (s < t) {
+      const float* u0 = U + s * d + j0;
+      const auto c0 = hn::Set(df, mt[s]);
+      a0 = hn::NegMulAdd(c0, hn::LoadU(df, u0), a0);
+      if constexpr (NV > 1) {
+        a1 = hn::NegMulAdd(c0, hn::LoadU(df, u0 + N), a1);
+        a2 = hn::NegMulAdd(c0, hn::LoadU(df, u0 + 2 * N), a2);
+        a3 = hn::NegMulAdd(c0, hn::LoadU(df, u0 + 3 * N), a3);
+      }
+    }
+    hn::StoreU(hn::Add(a0, b0), df, ut);
+    if constexpr (NV > 1) {
+      hn::StoreU(hn::Add(a1, b1), df, ut + N);
+      hn::StoreU(hn::Add(a2, b2), df, ut + 2 * N);
+      hn::StoreU(hn::Add(a3, b3), df, ut + 3 * N);
     }
   }
 }
 
-// O rows = scale (inter + intra), then the state moves to the chunk's end.
-void finish_chunk(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, int64_t L, const float* U,
-                  float* out, ChunkBuffers& cb) {
+// U = (I + M)^-1 R in place (M strictly lower triangular, L x L row-major; U L x d holding R on entry).
+void forward_substitute(const float* m, int64_t L, float* U, int64_t d) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t j0 = 0;
+  for (; j0 + 4 * N <= d; j0 += 4 * N) substitute_columns<4>(m, L, U, d, j0);
+  for (; j0 + N <= d; j0 += N) substitute_columns<1>(m, L, U, d, j0);
+  for (int64_t t = 1; t < L && j0 < d; ++t)  // the last columns (fewer than a vector)
+    for (int64_t s = 0; s < t; ++s)
+      for (int64_t j = j0; j < d; ++j) U[t * d + j] -= m[t * L + s] * U[s * d + j];
+}
+
+// The delta rule's U into cb.u: (I + A) U = diag(beta) (V - diag(e^Gamma) K S_0), A_ts = beta_t D_ts k_t.k_s
+// (s < t), by forward substitution. cb.x holds [K; Q] S_0 and cb.bp [K; Q] Kᵀ (its first L rows become A).
+void delta_values(const HeadInputs& hi, int64_t t0, int64_t L, ChunkBuffers& cb) {
   const int64_t d = hi.d;
-  const float* q = hi.q + t0 * d;
+  const float* v = hi.v + t0 * d;
+  const float* beta = hi.beta + t0;
+  for (int64_t t = 0; t < L; ++t) {
+    float* ut = cb.u.data() + t * d;
+    const float* xt = cb.x.data() + t * d;
+    const float b = beta[t], e = cb.ed[t];
+    for (int64_t j = 0; j < d; ++j) ut[j] = b * (v[t * d + j] - e * xt[j]);
+    float* at = cb.bp.data() + t * L;
+    const float* dm = cb.dm.data() + t * L;
+    for (int64_t s = 0; s < t; ++s) at[s] *= b * dm[s];
+  }
+  forward_substitute(cb.bp.data(), L, cb.u.data(), d);
+}
+
+// O rows = scale (inter + intra), then the state moves to the chunk's end.
+void finish_chunk(const HeadInputs& hi, const RecurrenceKind& kind, int64_t L, const float* U, float* out,
+                  ChunkBuffers& cb) {
+  const int64_t d = hi.d;
+  const float* k = cb.qk.data();
+  const float* q = cb.qk.data() + L * d;
   const float scale = static_cast<float>(hi.scale);
-  const bool vec = kind.gate == Gate::vector;
-  if (vec) {  // Q ⊙ e^Gamma, and K ⊙ e^(Gamma_C - Gamma)
+  float* xd = cb.xd.data();
+  if (kind.gate == Gate::vector) {  // Q ⊙ e^Gamma, K ⊙ e^(Gamma_C - Gamma) and the state's decay
     const double* last = cb.gam.data() + (L - 1) * d;
-    for (int64_t t = 0; t < L; ++t)
-      for (int64_t c = 0; c < d; ++c) {
-        cb.qg[t * d + c] = q[t * d + c] * static_cast<float>(std::exp(cb.gam[t * d + c]));
-        cb.kd[t * d + c] = cb.k[t * d + c] * static_cast<float>(std::exp(last[c] - cb.gam[t * d + c]));
-      }
+    for (int64_t t = 0; t < L; ++t) {
+      mul_exp_diff(cb.gam.data() + t * d, nullptr, q + t * d, cb.qg.data() + t * d, d, xd);
+      mul_exp_diff(last, cb.gam.data() + t * d, k + t * d, cb.kd.data() + t * d, d, xd);
+    }
+    sgemm(false, false, L, d, d, scale, cb.qg.data(), d, cb.s.data(), d, 0.0f, out, d);
+    for (int64_t c = 0; c < d; ++c) xd[c] = static_cast<float>(last[c]);
+    exp_row(xd, xd, d);
+    for (int64_t c = 0; c < d; ++c)
+      for (int64_t j = 0; j < d; ++j) cb.s[c * d + j] *= xd[c];
   } else {
-    for (int64_t t = 0; t < L; ++t)
-      for (int64_t c = 0; c < d; ++c) cb.kd[t * d + c] = cb.k[t * d + c] * cb.el[t];
+    if (!kind.delta)  // the delta rule computed [K; Q] S_0 before its solve
+      sgemm(false, false, L, d, d, 1.0f, q, d, cb.s.data(), d, 0.0f, cb.x.data() + L * d, d);
+    const float* qs = cb.x.data() + L * d;
+    for (int64_t t = 0; t < L; ++t) {
+      const float f = scale * cb.ed[t];
+      for (int64_t j = 0; j < d; ++j) out[t * d + j] = f * qs[t * d + j];
+      for (int64_t c = 0; c < d; ++c) cb.kd[t * d + c] = k[t * d + c] * cb.el[t];
+    }
+    const float decay = cb.ed[L - 1];
+    for (int64_t e = 0; e < d * d; ++e) cb.s[e] *= decay;
   }
-  sgemm(false, false, L, d, d, scale, vec ? cb.qg.data() : q, d, cb.s.data(), d, 0.0f, out, d);
-  if (!vec)
-    for (int64_t t = 0; t < L; ++t)
-      for (int64_t j = 0; j < d; ++j) out[t * d + j] *= cb.ed[t];
   sgemm(false, false, L, d, L, scale, cb.a.data(), L, U, d, 1.0f, out, d);
-  for (int64_t c = 0; c < d; ++c) {
-    const float decay = vec ? static_cast<float>(std::exp(cb.gam[(L - 1) * d + c])) : cb.ed[L - 1];
-    for (int64_t j = 0; j < d; ++j) cb.s[c * d + j] *= decay;
-  }
   sgemm(true, false, d, d, L, 1.0f, cb.kd.data(), d, U, d, 1.0f, cb.s.data(), d);
 }
 
-void head_chunks(const HeadInputs& hi, const RecurrenceKind& kind, int64_t C, float* out,
-                 float* final_state) {
+void ChunkHead(const HeadInputs& hi, const RecurrenceKind& kind, int64_t C, float* out, float* final_state) {
   const int64_t n = hi.n, d = hi.d;
   ChunkBuffers cb(std::min(C, n), d);
   if (hi.s0) std::copy_n(hi.s0, d * d, cb.s.begin());
   for (int64_t t0 = 0; t0 < n; t0 += C) {
     const int64_t L = std::min(C, n - t0);
-    load_keys(hi, kind, t0, L, cb);
+    load_rows(hi, kind, t0, L, cb);
     load_gammas(hi, kind, t0, L, cb);
-    const float* q = hi.q + t0 * d;
     if (kind.gate == Gate::vector)
-      vector_scores(q, L, d, cb);
+      vector_scores(L, d, cb);
     else
-      scalar_scores(q, L, d, cb);
-    if (kind.delta) delta_values(hi, t0, L, cb);
-    finish_chunk(hi, kind, t0, L, kind.delta ? cb.u.data() : hi.v + t0 * d, out + t0 * d, cb);
+      scalar_scores(kind, L, d, cb);
+    if (kind.delta) {  // [K; Q] S_0, then the solve
+      sgemm(false, false, 2 * L, d, d, 1.0f, cb.qk.data(), d, cb.s.data(), d, 0.0f, cb.x.data(), d);
+      delta_values(hi, t0, L, cb);
+    }
+    finish_chunk(hi, kind, L, kind.delta ? cb.u.data() : hi.v + t0 * d, out + t0 * d, cb);
   }
   if (final_state) std::copy_n(cb.s.data(), d * d, final_state);
 }
 
-}  // namespace
+}  // namespace attn::chunk::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace attn {
+namespace chunk {
+HWY_EXPORT(ChunkHead);
+void chunk_head(const HeadInputs& hi, const RecurrenceKind& kind, int64_t C, float* out, float* final_state) {
+  HWY_DYNAMIC_DISPATCH(ChunkHead)(hi, kind, C, out, final_state);
+}
+}  // namespace chunk
 
 void recurrence_chunk_forward(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg) {
   const int64_t n = p.seq_q, d = p.head_dim;
   tbb::parallel_for(int64_t{0}, p.batch * p.heads, [&](int64_t bh) {
     const HeadInputs hi = head_inputs(p, in, cfg.kind, bh / p.heads, bh % p.heads);
-    head_chunks(hi, cfg.kind, cfg.chunk, in.out + bh * n * d,
-                in.final_state ? in.final_state + bh * d * d : nullptr);
+    chunk::chunk_head(hi, cfg.kind, cfg.chunk, in.out + bh * n * d,
+                      in.final_state ? in.final_state + bh * d * d : nullptr);
   });
 }
-
 }  // namespace attn
+#endif  // HWY_ONCE
