@@ -28,7 +28,7 @@
 // 2^-126) of x log2(e), x the fp32 difference: rounding x and the log2(e) multiply change e^x by at most
 // e^x |x| 2^-24 <= 2^-24 / e in absolute terms, as the factors multiply quantities they are bounded against.
 // Compiled once per Highway target (foreach_target.h): the elementwise loops vectorise for the CPU's SIMD
-// target; the products are OpenBLAS sgemm calls (single-threaded; TBB runs one task per (batch, head)).
+// target, and so do the products (gemm below; TBB runs one task per (batch, head)).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "common/kernels/recurrence_chunk.cpp"
 // clang-format off
@@ -43,7 +43,6 @@
 
 #include "common/kernels/recurrence.hpp"
 #include "common/kernels/simd-inl.hpp"
-#include "common/support/runtime.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace attn::chunk::HWY_NAMESPACE {
@@ -57,14 +56,16 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // One head's buffers for one chunk (at most C rows).
 struct ChunkBuffers {
-  // qk: [K; Q] (2C x d: the chunk's keys, normalised when asked, then its queries); x: [K; Q] S_0 (2C x d);
-  // bp: [K; Q] Kᵀ (2C x C); a: the masked, decayed scores (C x C); dm: D (C x C, scalar gates); u, kd, qg:
-  // C x d; s: the state (d x d); xd: exponent differences (max(C, d)).
-  std::vector<float> qk, x, bp, a, dm, u, kd, qg, s, xd;
+  // qk: [K; Q] (2C x d: the chunk's keys, normalised when asked, then its queries); kt: Kᵀ (d x C); x:
+  // [K; Q] S_0 (2C x d); bp: [K; Q] Kᵀ (2C x C); a: the masked, decayed scores (C x C); dm: D (C x C,
+  // scalar gates); u, kd, qg: C x d (gla's off-diagonal blocks keep kd transposed, d x C); s: the state
+  // (d x d); xd: exponent differences (max(C, d)).
+  std::vector<float> qk, kt, x, bp, a, dm, u, kd, qg, s, xd;
   std::vector<double> gam;    // C (scalar) or C x d (vector) cumulative log decays
   std::vector<float> ed, el;  // C: e^Gamma_t, e^(Gamma_C - Gamma_t) (scalar gates)
   ChunkBuffers(int64_t c, int64_t d)
       : qk(2 * c * d),
+        kt(c * d),
         x(2 * c * d),
         bp(2 * c * c),
         a(c * c),
@@ -78,6 +79,117 @@ struct ChunkBuffers {
         ed(c),
         el(c) {}
 };
+
+// The chunk's products, C (m x n, row-major, ldc) = alpha A B (+ C when accumulating), B row-major (k x n,
+// ldb) and A(i, p) = a[i * ars + p * acs] (so A or Aᵀ of a row-major matrix). A register-blocked micro-kernel
+// (MR rows x NV vectors of C in registers, B's row vectors loaded and A's elements broadcast, as tiled's
+// micro-kernels): at d = C = 64 the products are too small for OpenBLAS to reach its large-matrix speed (and
+// OPENBLAS_CORETYPE may hold it to AVX2), while these run on the CPU's own SIMD target. Every sum runs over
+// p = 0 .. k - 1 in order, whatever the blocking: results do not depend on threads.
+//   lower_a: A is lower triangular (A(i, p) = 0 for p > i, and zero in memory there): a block of rows sums
+//            only up to its last row.
+//   lower_c: only C(i, j) with j <= i is wanted: column blocks wholly above a block of rows are skipped
+//            (left as they were).
+// AVX-512, SVE and NEON (32 registers): 8 x 2 accumulators; AVX2 and older x86 (16 registers): 4 x 2.
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
+constexpr int kGemmRows = 4;
+#else
+constexpr int kGemmRows = 8;
+#endif
+struct Gemm {
+  const float* a;
+  int64_t ars, acs;
+  const float* b;
+  int64_t ldb;
+  float* c;
+  int64_t ldc, m, n, k;
+  float alpha = 1.0f;
+  bool accumulate = false, lower_a = false, lower_c = false;
+};
+
+// Accumulators in named variables (SVE vectors are sizeless and cannot be array elements); rows past MR and
+// the second vector when NV == 1 are never touched.
+#define ATTN_RC_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define ATTN_RC_DECLARE(r) auto acc##r##_0 = hn::Zero(df), acc##r##_1 = hn::Zero(df);
+#define ATTN_RC_FMA(r)                                                \
+  if constexpr (r < MR) {                                             \
+    const auto x = hn::Set(df, ap[r * ars]);                          \
+    acc##r##_0 = hn::MulAdd(x, b0, acc##r##_0);                       \
+    if constexpr (NV > 1) acc##r##_1 = hn::MulAdd(x, b1, acc##r##_1); \
+  }
+#define ATTN_RC_STORE(r)                                                                               \
+  if constexpr (r < MR) {                                                                              \
+    float* cr = c + r * ldc;                                                                           \
+    if (accumulate) {                                                                                  \
+      hn::StoreU(hn::MulAdd(va, acc##r##_0, hn::LoadU(df, cr)), df, cr);                               \
+      if constexpr (NV > 1) hn::StoreU(hn::MulAdd(va, acc##r##_1, hn::LoadU(df, cr + N)), df, cr + N); \
+    } else {                                                                                           \
+      hn::StoreU(hn::Mul(va, acc##r##_0), df, cr);                                                     \
+      if constexpr (NV > 1) hn::StoreU(hn::Mul(va, acc##r##_1), df, cr + N);                           \
+    }                                                                                                  \
+  }
+
+template <int MR, int NV>
+HWY_NOINLINE void gemm_kernel(const float* HWY_RESTRICT a, int64_t ars, int64_t acs,
+                              const float* HWY_RESTRICT b, int64_t ldb, float* HWY_RESTRICT c, int64_t ldc,
+                              int64_t k, float alpha, bool accumulate) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  ATTN_RC_ROWS(ATTN_RC_DECLARE)
+  for (int64_t p = 0; p < k; ++p) {
+    const float* ap = a + p * acs;
+    const auto b0 = hn::LoadU(df, b + p * ldb);
+    auto b1 = b0;
+    if constexpr (NV > 1) b1 = hn::LoadU(df, b + p * ldb + N);
+    ATTN_RC_ROWS(ATTN_RC_FMA)
+  }
+  const auto va = hn::Set(df, alpha);
+  ATTN_RC_ROWS(ATTN_RC_STORE)
+}
+#undef ATTN_RC_ROWS
+#undef ATTN_RC_DECLARE
+#undef ATTN_RC_FMA
+#undef ATTN_RC_STORE
+
+// One block of mr <= kGemmRows rows at row i0 and NV vectors of columns at j0.
+template <int NV>
+void gemm_block(const Gemm& g, int64_t i0, int64_t mr, int64_t j0, int64_t k) {
+  const float* a = g.a + i0 * g.ars;
+  const float* b = g.b + j0;
+  float* c = g.c + i0 * g.ldc + j0;
+  switch (mr) {
+#define ATTN_RC_CASE(r)                                                                  \
+  case r:                                                                                \
+    if constexpr (r <= kGemmRows)                                                        \
+      gemm_kernel<r, NV>(a, g.ars, g.acs, b, g.ldb, c, g.ldc, k, g.alpha, g.accumulate); \
+    break;
+    ATTN_RC_CASE(1)
+    ATTN_RC_CASE(2) ATTN_RC_CASE(3) ATTN_RC_CASE(4) ATTN_RC_CASE(5) ATTN_RC_CASE(6) ATTN_RC_CASE(7)
+        ATTN_RC_CASE(8)
+#undef ATTN_RC_CASE
+            default : break;
+  }
+}
+
+void gemm(const Gemm& g) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t i0 = 0; i0 < g.m; i0 += kGemmRows) {
+    const int64_t mr = std::min<int64_t>(kGemmRows, g.m - i0);
+    const int64_t k = g.lower_a ? std::min(g.k, i0 + mr) : g.k;
+    const int64_t jend = g.lower_c ? std::min(g.n, i0 + mr) : g.n;  // columns wanted: j < jend
+    int64_t j0 = 0;
+    for (; j0 < jend && j0 + 2 * N <= g.n; j0 += 2 * N) gemm_block<2>(g, i0, mr, j0, k);
+    for (; j0 < jend && j0 + N <= g.n; j0 += N) gemm_block<1>(g, i0, mr, j0, k);
+    for (int64_t i = i0; i < i0 + mr; ++i)  // the last columns (fewer than a vector), element by element
+      for (int64_t j = j0; j < jend; ++j) {
+        float acc = 0;
+        for (int64_t p = 0; p < k; ++p) acc += g.a[i * g.ars + p * g.acs] * g.b[p * g.ldb + j];
+        float& cij = g.c[i * g.ldc + j];
+        cij = g.accumulate ? cij + g.alpha * acc : g.alpha * acc;
+      }
+  }
+}
 
 // Calls op(vector, offset) over [0, n) in vectors, the tail (fewer than a vector) through a buffer padded
 // with `pad`; op returns the vector to store at dst + offset.
@@ -144,7 +256,7 @@ float decayed_dot(const float* q, const float* k, const double* gt, const double
   return s;
 }
 
-// [K; Q] of tokens t0 .. t0 + L - 1 into cb.qk (keys L2-normalised per token when asked).
+// [K; Q] of tokens t0 .. t0 + L - 1 into cb.qk, Kᵀ into cb.kt (keys L2-normalised per token when asked).
 void load_rows(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, int64_t L, ChunkBuffers& cb) {
   const int64_t d = hi.d;
   for (int64_t i = 0; i < L; ++i) {
@@ -153,6 +265,7 @@ void load_rows(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, int
     const float r = kind.normalize_keys ? std::sqrt(dot(k, k, d)) : 1.0f;
     const float inv = r > 0 ? 1.0f / r : 0.0f;
     for (int64_t c = 0; c < d; ++c) dst[c] = k[c] * inv;
+    for (int64_t c = 0; c < d; ++c) cb.kt[c * L + i] = dst[c];
   }
   std::copy_n(hi.q + t0 * d, L * d, cb.qk.data() + L * d);
 }
@@ -183,14 +296,26 @@ void load_gammas(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, i
   }
 }
 
-// cb.bp = [K; Q] Kᵀ (rows L .. 2L - 1 only without the delta rule), then cb.a (L x L) = Q Kᵀ ⊙ D, zero above
-// the diagonal (scalar gates).
+// The lower triangle of cb.bp = [K; Q] Kᵀ (K Kᵀ's only for the delta rule), then cb.a (L x L) = Q Kᵀ ⊙ D,
+// zero above the diagonal (scalar gates).
 void scalar_scores(const RecurrenceKind& kind, int64_t L, int64_t d, ChunkBuffers& cb) {
-  const float* rows = cb.qk.data() + (kind.delta ? 0 : L * d);
-  float* bp = cb.bp.data() + (kind.delta ? 0 : L * L);
-  sgemm(false, true, kind.delta ? 2 * L : L, L, d, 1.0f, rows, d, cb.qk.data(), d, 0.0f, bp, L);
+  for (int64_t half = kind.delta ? 0 : 1; half < 2; ++half)
+    gemm({.a = cb.qk.data() + half * L * d,
+          .ars = d,
+          .acs = 1,
+          .b = cb.kt.data(),
+          .ldb = L,
+          .c = cb.bp.data() + half * L * L,
+          .ldc = L,
+          .m = L,
+          .n = L,
+          .k = d,
+          .lower_c = true});
   const float* p = cb.bp.data() + L * L;
-  for (int64_t e = 0; e < L * L; ++e) cb.a[e] = p[e] * cb.dm[e];
+  for (int64_t t = 0; t < L; ++t) {
+    for (int64_t s = 0; s <= t; ++s) cb.a[t * L + s] = p[t * L + s] * cb.dm[t * L + s];
+    std::fill(cb.a.data() + t * L + t + 1, cb.a.data() + (t + 1) * L, 0.0f);
+  }
 }
 
 // cb.a (L x L) = sum_c q_tc k_sc exp(Gamma_tc - Gamma_sc) for s <= t, 0 above (vector gates), by blocks of
@@ -210,8 +335,21 @@ void vector_scores(int64_t L, int64_t d, ChunkBuffers& cb) {
     const double* ref = gam + (i0 - 1) * d;  // Gamma at token r = i0 - 1: s <= r < t
     for (int64_t t = i0; t < i1; ++t)
       mul_exp_diff(gam + t * d, ref, q + t * d, cb.qg.data() + (t - i0) * d, d, xd);
-    for (int64_t s = 0; s < i0; ++s) mul_exp_diff(ref, gam + s * d, k + s * d, cb.kd.data() + s * d, d, xd);
-    sgemm(false, true, i1 - i0, i0, d, 1.0f, cb.qg.data(), d, cb.kd.data(), d, 0.0f, cb.a.data() + i0 * L, L);
+    float* row = cb.u.data();           // free until finish_chunk
+    for (int64_t s = 0; s < i0; ++s) {  // transposed: kd holds the d x i0 matrix (k_s e^(Gamma_r - Gamma_s))ᵀ
+      mul_exp_diff(ref, gam + s * d, k + s * d, row, d, xd);
+      for (int64_t c = 0; c < d; ++c) cb.kd[c * i0 + s] = row[c];
+    }
+    gemm({.a = cb.qg.data(),
+          .ars = d,
+          .acs = 1,
+          .b = cb.kd.data(),
+          .ldb = i0,
+          .c = cb.a.data() + i0 * L,
+          .ldc = L,
+          .m = i1 - i0,
+          .n = i0,
+          .k = d});
   }
 }
 
@@ -308,14 +446,33 @@ void finish_chunk(const HeadInputs& hi, const RecurrenceKind& kind, int64_t L, c
       mul_exp_diff(cb.gam.data() + t * d, nullptr, q + t * d, cb.qg.data() + t * d, d, xd);
       mul_exp_diff(last, cb.gam.data() + t * d, k + t * d, cb.kd.data() + t * d, d, xd);
     }
-    sgemm(false, false, L, d, d, scale, cb.qg.data(), d, cb.s.data(), d, 0.0f, out, d);
+    gemm({.a = cb.qg.data(),
+          .ars = d,
+          .acs = 1,
+          .b = cb.s.data(),
+          .ldb = d,
+          .c = out,
+          .ldc = d,
+          .m = L,
+          .n = d,
+          .k = d,
+          .alpha = scale});
     for (int64_t c = 0; c < d; ++c) xd[c] = static_cast<float>(last[c]);
     exp_row(xd, xd, d);
     for (int64_t c = 0; c < d; ++c)
       for (int64_t j = 0; j < d; ++j) cb.s[c * d + j] *= xd[c];
   } else {
     if (!kind.delta)  // the delta rule computed [K; Q] S_0 before its solve
-      sgemm(false, false, L, d, d, 1.0f, q, d, cb.s.data(), d, 0.0f, cb.x.data() + L * d, d);
+      gemm({.a = q,
+            .ars = d,
+            .acs = 1,
+            .b = cb.s.data(),
+            .ldb = d,
+            .c = cb.x.data() + L * d,
+            .ldc = d,
+            .m = L,
+            .n = d,
+            .k = d});
     const float* qs = cb.x.data() + L * d;
     for (int64_t t = 0; t < L; ++t) {
       const float f = scale * cb.ed[t];
@@ -325,8 +482,30 @@ void finish_chunk(const HeadInputs& hi, const RecurrenceKind& kind, int64_t L, c
     const float decay = cb.ed[L - 1];
     for (int64_t e = 0; e < d * d; ++e) cb.s[e] *= decay;
   }
-  sgemm(false, false, L, d, L, scale, cb.a.data(), L, U, d, 1.0f, out, d);
-  sgemm(true, false, d, d, L, 1.0f, cb.kd.data(), d, U, d, 1.0f, cb.s.data(), d);
+  gemm({.a = cb.a.data(),
+        .ars = L,
+        .acs = 1,
+        .b = U,
+        .ldb = d,
+        .c = out,
+        .ldc = d,
+        .m = L,
+        .n = d,
+        .k = L,
+        .alpha = scale,
+        .accumulate = true,
+        .lower_a = true});
+  gemm({.a = cb.kd.data(),
+        .ars = 1,
+        .acs = d,
+        .b = U,
+        .ldb = d,
+        .c = cb.s.data(),
+        .ldc = d,
+        .m = d,
+        .n = d,
+        .k = L,
+        .accumulate = true});  // (K ⊙ decays)ᵀ U
 }
 
 void ChunkHead(const HeadInputs& hi, const RecurrenceKind& kind, int64_t C, float* out, float* final_state) {
@@ -342,7 +521,16 @@ void ChunkHead(const HeadInputs& hi, const RecurrenceKind& kind, int64_t C, floa
     else
       scalar_scores(kind, L, d, cb);
     if (kind.delta) {  // [K; Q] S_0, then the solve
-      sgemm(false, false, 2 * L, d, d, 1.0f, cb.qk.data(), d, cb.s.data(), d, 0.0f, cb.x.data(), d);
+      gemm({.a = cb.qk.data(),
+            .ars = d,
+            .acs = 1,
+            .b = cb.s.data(),
+            .ldb = d,
+            .c = cb.x.data(),
+            .ldc = d,
+            .m = 2 * L,
+            .n = d,
+            .k = d});
       delta_values(hi, t0, L, cb);
     }
     finish_chunk(hi, kind, L, kind.delta ? cb.u.data() : hi.v + t0 * d, out + t0 * d, cb);
