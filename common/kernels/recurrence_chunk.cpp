@@ -59,7 +59,7 @@ struct ChunkBuffers {
   // qk: [K; Q] (2C x d: the chunk's keys, normalised when asked, then its queries); kt: Kᵀ (d x C); x:
   // [K; Q] S_0 (2C x d); bp: [K; Q] Kᵀ (2C x C); a: the masked, decayed scores (C x C); dm: D (C x C,
   // scalar gates); u, kd, qg: C x d (gla's off-diagonal blocks keep kd transposed, d x C); s: the state
-  // (d x d); xd: exponent differences (max(C, d)).
+  // (d x d); xd: exponent differences (C x d + d).
   std::vector<float> qk, kt, x, bp, a, dm, u, kd, qg, s, xd;
   std::vector<double> gam;    // C (scalar) or C x d (vector) cumulative log decays
   std::vector<float> ed, el;  // C: e^Gamma_t, e^(Gamma_C - Gamma_t) (scalar gates)
@@ -74,7 +74,7 @@ struct ChunkBuffers {
         kd(c * d),
         qg(c * d),
         s(d * d),
-        xd(std::max(c, d)),
+        xd(c * d + d),
         gam(c * d),
         ed(c),
         el(c) {}
@@ -164,10 +164,12 @@ void gemm_block(const Gemm& g, int64_t i0, int64_t mr, int64_t j0, int64_t k) {
       gemm_kernel<r, NV>(a, g.ars, g.acs, b, g.ldb, c, g.ldc, k, g.alpha, g.accumulate); \
     break;
     ATTN_RC_CASE(1)
-    ATTN_RC_CASE(2) ATTN_RC_CASE(3) ATTN_RC_CASE(4) ATTN_RC_CASE(5) ATTN_RC_CASE(6) ATTN_RC_CASE(7)
-        ATTN_RC_CASE(8)
+    ATTN_RC_CASE(2)
+    ATTN_RC_CASE(3)
+    ATTN_RC_CASE(4)
+    ATTN_RC_CASE(5) ATTN_RC_CASE(6) ATTN_RC_CASE(7) ATTN_RC_CASE(8)
 #undef ATTN_RC_CASE
-            default : break;
+        default : break;
   }
 }
 
@@ -240,20 +242,43 @@ float dot(const float* x, const float* y, int64_t n) {
   return s;
 }
 
-// sum_c q_c k_c exp(gt_c - gs_c) (gt <= gs elementwise), the differences in fp64, rounded once.
-float decayed_dot(const float* q, const float* k, const double* gt, const double* gs, int64_t n, float* xd) {
-  for (int64_t c = 0; c < n; ++c) xd[c] = static_cast<float>(gt[c] - gs[c]);
-  const DF d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  auto acc = hn::Zero(d);
-  int64_t j = 0;
-  for (; j + N <= n; j += N) {
-    const auto e = Exp2(d, hn::Mul(hn::LoadU(d, xd + j), hn::Set(d, kLog2e)));
-    acc = hn::MulAdd(hn::Mul(hn::LoadU(d, q + j), hn::LoadU(d, k + j)), e, acc);
+// out[s - s0] = sum_c q_c k_sc exp(gt_c - g_sc) for s in [s0, s1) (gt <= g_s elementwise; k and g rows of
+// d), the differences in fp64, rounded once (into xd, (s1 - s0) x d). Four keys at a time: four independent
+// chains of exponentials and sums.
+void decayed_row(const float* q, const float* k, const double* gt, const double* g, int64_t s0, int64_t s1,
+                 int64_t d, float* xd, float* out) {
+  for (int64_t s = s0; s < s1; ++s)
+    for (int64_t c = 0; c < d; ++c) xd[(s - s0) * d + c] = static_cast<float>(gt[c] - g[s * d + c]);
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const auto log2e = hn::Set(df, kLog2e);
+  const int64_t dv = d - d % N;  // columns in whole vectors; the rest element by element
+  auto term = [&](int64_t s, int64_t j, auto acc) {
+    const auto e = Exp2(df, hn::Mul(hn::LoadU(df, xd + (s - s0) * d + j), log2e));
+    return hn::MulAdd(hn::Mul(hn::LoadU(df, q + j), hn::LoadU(df, k + s * d + j)), e, acc);
+  };
+  auto tail = [&](int64_t s) {
+    float r = 0;
+    for (int64_t c = dv; c < d; ++c) r += q[c] * k[s * d + c] * std::exp(xd[(s - s0) * d + c]);
+    return r;
+  };
+  int64_t s = s0;
+  for (; s + 4 <= s1; s += 4) {
+    auto a0 = hn::Zero(df), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t j = 0; j < dv; j += N) {
+      a0 = term(s, j, a0), a1 = term(s + 1, j, a1);
+      a2 = term(s + 2, j, a2), a3 = term(s + 3, j, a3);
+    }
+    out[s - s0] = hn::GetLane(hn::SumOfLanes(df, a0)) + tail(s);
+    out[s + 1 - s0] = hn::GetLane(hn::SumOfLanes(df, a1)) + tail(s + 1);
+    out[s + 2 - s0] = hn::GetLane(hn::SumOfLanes(df, a2)) + tail(s + 2);
+    out[s + 3 - s0] = hn::GetLane(hn::SumOfLanes(df, a3)) + tail(s + 3);
   }
-  float s = hn::GetLane(hn::SumOfLanes(d, acc));
-  for (; j < n; ++j) s += q[j] * k[j] * std::exp(xd[j]);
-  return s;
+  for (; s < s1; ++s) {
+    auto a0 = hn::Zero(df);
+    for (int64_t j = 0; j < dv; j += N) a0 = term(s, j, a0);
+    out[s - s0] = hn::GetLane(hn::SumOfLanes(df, a0)) + tail(s);
+  }
 }
 
 // [K; Q] of tokens t0 .. t0 + L - 1 into cb.qk, Kᵀ into cb.kt (keys L2-normalised per token when asked).
@@ -319,31 +344,50 @@ void scalar_scores(const RecurrenceKind& kind, int64_t L, int64_t d, ChunkBuffer
 }
 
 // cb.a (L x L) = sum_c q_tc k_sc exp(Gamma_tc - Gamma_sc) for s <= t, 0 above (vector gates), by blocks of
-// kGlaBlock query rows relative to the block's start (see the file comment).
+// kGlaBlock tokens (see the file comment). For t in block i and s in an earlier block j, with e_j the last
+// token of block j and r = e_(i-1) the token before block i (s <= e_j <= r < t):
+//   exp(Gamma_t - Gamma_s) = exp(Gamma_t - Gamma_r) exp(Gamma_r - Gamma_(e_j)) exp(Gamma_(e_j) - Gamma_s),
+// every factor <= 1: q~_t = q_t ⊙ the first (once per query row), k~_s = k_s ⊙ the third (once per key row,
+// kept transposed in cb.kd), the middle one (d values per pair of blocks, 1 when j = i - 1) scales k~'s
+// columns of block j, and block row i is one product Q~_i [k~ of blocks 0 .. i-1]ᵀ. The diagonal blocks are
+// elementwise. (A factor below fp32's normal range is 0: the true product is smaller still.)
 void vector_scores(int64_t L, int64_t d, ChunkBuffers& cb) {
   const float* k = cb.qk.data();
   const float* q = cb.qk.data() + L * d;
   const double* gam = cb.gam.data();
   float* xd = cb.xd.data();
+  float* row = cb.u.data();  // a row of scratch, free until finish_chunk (gla has no delta-rule U)
   std::fill(cb.a.begin(), cb.a.begin() + L * L, 0.0f);
+  for (int64_t s = 0; s < L; ++s) {
+    const int64_t e = std::min(L, (s / kGlaBlock + 1) * kGlaBlock) - 1;  // the last token of s's block
+    mul_exp_diff(gam + e * d, gam + s * d, k + s * d, row, d, xd);
+    for (int64_t c = 0; c < d; ++c) cb.kd[c * L + s] = row[c];
+  }
   for (int64_t i0 = 0; i0 < L; i0 += kGlaBlock) {
     const int64_t i1 = std::min(L, i0 + kGlaBlock);
     for (int64_t t = i0; t < i1; ++t)  // the diagonal block, elementwise
-      for (int64_t s = i0; s <= t; ++s)
-        cb.a[t * L + s] = decayed_dot(q + t * d, k + s * d, gam + t * d, gam + s * d, d, xd);
+      decayed_row(q + t * d, k, gam + t * d, gam, i0, t + 1, d, xd, cb.a.data() + t * L + i0);
     if (i0 == 0) continue;
-    const double* ref = gam + (i0 - 1) * d;  // Gamma at token r = i0 - 1: s <= r < t
+    const double* ref = gam + (i0 - 1) * d;  // Gamma_r, r = i0 - 1
     for (int64_t t = i0; t < i1; ++t)
       mul_exp_diff(gam + t * d, ref, q + t * d, cb.qg.data() + (t - i0) * d, d, xd);
-    float* row = cb.u.data();           // free until finish_chunk
-    for (int64_t s = 0; s < i0; ++s) {  // transposed: kd holds the d x i0 matrix (k_s e^(Gamma_r - Gamma_s))ᵀ
-      mul_exp_diff(ref, gam + s * d, k + s * d, row, d, xd);
-      for (int64_t c = 0; c < d; ++c) cb.kd[c * i0 + s] = row[c];
+    // B = [k~ of blocks 0 .. i-1]ᵀ (d x i0), block j's columns times exp(Gamma_r - Gamma_(e_j)).
+    float* B = cb.x.data();  // free: gla computes no [K; Q] S_0
+    for (int64_t j0 = 0; j0 < i0; j0 += kGlaBlock) {
+      const int64_t ej = j0 + kGlaBlock - 1;
+      if (ej == i0 - 1) {
+        for (int64_t c = 0; c < d; ++c) std::copy_n(cb.kd.data() + c * L + j0, kGlaBlock, B + c * i0 + j0);
+        continue;
+      }
+      std::fill(row, row + d, 1.0f);
+      mul_exp_diff(ref, gam + ej * d, row, row, d, xd);
+      for (int64_t c = 0; c < d; ++c)
+        for (int64_t s = j0; s < j0 + kGlaBlock; ++s) B[c * i0 + s] = cb.kd[c * L + s] * row[c];
     }
     gemm({.a = cb.qg.data(),
           .ars = d,
           .acs = 1,
-          .b = cb.kd.data(),
+          .b = B,
           .ldb = i0,
           .c = cb.a.data() + i0 * L,
           .ldc = L,
