@@ -56,13 +56,14 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // One head's buffers for one chunk (at most C rows).
 struct ChunkBuffers {
-  // qk: [K; Q] (2C x d: the chunk's keys, normalised when asked, then its queries); kt: Kᵀ (d x C); x:
-  // [K; Q] S_0 (2C x d); bp: [K; Q] Kᵀ (2C x C); a: the masked, decayed scores (C x C); dm: D (C x C,
-  // scalar gates); u, kd, qg: C x d (gla's off-diagonal blocks keep kd transposed, d x C); s: the state
-  // (d x d); xd: exponent differences (C x d + d).
+  // qk: [K; Q] (2C x d: the chunk's normalised keys, then its queries; the delta rule); kt: Kᵀ (d x C); x:
+  // [K; Q] S_0 (2C x d; gla: scratch); bp: [K; Q] Kᵀ (2C x C); a: the masked, decayed scores (C x C); dm: D
+  // (C x C, scalar gates); u, kd, qg: C x d (gla's off-diagonal blocks keep kd transposed, d x C); s: the
+  // state (d x d); xd: exponent differences (C x d + d).
   std::vector<float> qk, kt, x, bp, a, dm, u, kd, qg, s, xd;
-  std::vector<double> gam;    // C (scalar) or C x d (vector) cumulative log decays
-  std::vector<float> ed, el;  // C: e^Gamma_t, e^(Gamma_C - Gamma_t) (scalar gates)
+  std::vector<double> gam;                   // C (scalar) or C x d (vector) cumulative log decays
+  const float *kp = nullptr, *qp = nullptr;  // the chunk's keys and queries (load_rows)
+  std::vector<float> ed, el;                 // C: e^Gamma_t, e^(Gamma_C - Gamma_t) (scalar gates)
   ChunkBuffers(int64_t c, int64_t d)
       : qk(2 * c * d),
         kt(c * d),
@@ -167,7 +168,10 @@ void gemm_block(const Gemm& g, int64_t i0, int64_t mr, int64_t j0, int64_t k) {
     ATTN_RC_CASE(2)
     ATTN_RC_CASE(3)
     ATTN_RC_CASE(4)
-    ATTN_RC_CASE(5) ATTN_RC_CASE(6) ATTN_RC_CASE(7) ATTN_RC_CASE(8)
+    ATTN_RC_CASE(5)
+    ATTN_RC_CASE(6)
+    ATTN_RC_CASE(7)
+    ATTN_RC_CASE(8)
 #undef ATTN_RC_CASE
         default : break;
   }
@@ -281,18 +285,24 @@ void decayed_row(const float* q, const float* k, const double* gt, const double*
   }
 }
 
-// [K; Q] of tokens t0 .. t0 + L - 1 into cb.qk, Kᵀ into cb.kt (keys L2-normalised per token when asked).
+// Tokens t0 .. t0 + L - 1: cb.kp, cb.qp point to their keys (L2-normalised per token when asked) and queries,
+// [K; Q] in cb.qk for the delta rule (else the inputs themselves), and Kᵀ into cb.kt (but for gla).
 void load_rows(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, int64_t L, ChunkBuffers& cb) {
   const int64_t d = hi.d;
-  for (int64_t i = 0; i < L; ++i) {
-    const float* k = hi.k + (t0 + i) * d;
-    float* dst = cb.qk.data() + i * d;
-    const float r = kind.normalize_keys ? std::sqrt(dot(k, k, d)) : 1.0f;
-    const float inv = r > 0 ? 1.0f / r : 0.0f;
-    for (int64_t c = 0; c < d; ++c) dst[c] = k[c] * inv;
-    for (int64_t c = 0; c < d; ++c) cb.kt[c * L + i] = dst[c];
+  cb.kp = hi.k + t0 * d, cb.qp = hi.q + t0 * d;
+  if (kind.delta) {  // one product over [K; Q] each for [K; Q] Kᵀ and [K; Q] S_0
+    for (int64_t i = 0; i < L; ++i) {
+      const float* k = cb.kp + i * d;
+      const float r = kind.normalize_keys ? std::sqrt(dot(k, k, d)) : 1.0f;
+      const float inv = r > 0 ? 1.0f / r : 0.0f;
+      for (int64_t c = 0; c < d; ++c) cb.qk[i * d + c] = k[c] * inv;
+    }
+    std::copy_n(cb.qp, L * d, cb.qk.data() + L * d);
+    cb.kp = cb.qk.data(), cb.qp = cb.qk.data() + L * d;
   }
-  std::copy_n(hi.q + t0 * d, L * d, cb.qk.data() + L * d);
+  if (kind.gate != Gate::vector)  // gla transposes its decayed keys instead (vector_scores)
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t c = 0; c < d; ++c) cb.kt[c * L + i] = cb.kp[i * d + c];
 }
 
 // Gamma_t (fp64) for the chunk; width 1 (scalar, retention, none) or d (vector). Scalar gates: also
@@ -325,7 +335,7 @@ void load_gammas(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, i
 // zero above the diagonal (scalar gates).
 void scalar_scores(const RecurrenceKind& kind, int64_t L, int64_t d, ChunkBuffers& cb) {
   for (int64_t half = kind.delta ? 0 : 1; half < 2; ++half)
-    gemm({.a = cb.qk.data() + half * L * d,
+    gemm({.a = half ? cb.qp : cb.kp,
           .ars = d,
           .acs = 1,
           .b = cb.kt.data(),
@@ -352,8 +362,8 @@ void scalar_scores(const RecurrenceKind& kind, int64_t L, int64_t d, ChunkBuffer
 // columns of block j, and block row i is one product Q~_i [k~ of blocks 0 .. i-1]ᵀ. The diagonal blocks are
 // elementwise. (A factor below fp32's normal range is 0: the true product is smaller still.)
 void vector_scores(int64_t L, int64_t d, ChunkBuffers& cb) {
-  const float* k = cb.qk.data();
-  const float* q = cb.qk.data() + L * d;
+  const float* k = cb.kp;
+  const float* q = cb.qp;
   const double* gam = cb.gam.data();
   float* xd = cb.xd.data();
   float* row = cb.u.data();  // a row of scratch, free until finish_chunk (gla has no delta-rule U)
@@ -480,8 +490,8 @@ void delta_values(const HeadInputs& hi, int64_t t0, int64_t L, ChunkBuffers& cb)
 void finish_chunk(const HeadInputs& hi, const RecurrenceKind& kind, int64_t L, const float* U, float* out,
                   ChunkBuffers& cb) {
   const int64_t d = hi.d;
-  const float* k = cb.qk.data();
-  const float* q = cb.qk.data() + L * d;
+  const float* k = cb.kp;
+  const float* q = cb.qp;
   const float scale = static_cast<float>(hi.scale);
   float* xd = cb.xd.data();
   if (kind.gate == Gate::vector) {  // Q ⊙ e^Gamma, K ⊙ e^(Gamma_C - Gamma) and the state's decay
