@@ -38,7 +38,7 @@ enum class RecurrenceForm { chunk, recurrent };
 struct RecurrenceConfig {
   RecurrenceKind kind;
   RecurrenceForm form = RecurrenceForm::chunk;
-  int64_t chunk = 64;  // the chunk form's C; also the backward's checkpoint interval
+  int64_t chunk = 32;  // the chunk form's C (default: variants/recurrent); also the backward's checkpoints
 };
 
 // log(gamma_h) of retention's head h, computed in double (log1p(-2^(-5-h))).
