@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -39,14 +40,37 @@ HeadInputs head_inputs(const Problem& p, const AttentionInputs& in, const Recurr
   return hi;
 }
 
+namespace {
+// Whether every x[0 .. n) is finite and <= 0 (NaN fails both comparisons). Branch-free, so it vectorises:
+// gla's gates are B H n d values, which a loop stopping at the first bad one read at a fraction of the speed
+// (3.6 ms at B=1, H=8, n=16384, d=64 on one thread, beside a chunk-form call of 30-60 ms on two).
+bool all_gates_valid(const float* x, int64_t n) {
+  constexpr float lowest = -std::numeric_limits<float>::max();
+  int bad = 0;
+  for (int64_t i = 0; i < n; ++i)
+    bad |= static_cast<int>(!(x[i] <= 0.0f)) | static_cast<int>(!(x[i] >= lowest));
+  return bad == 0;
+}
+}  // namespace
+
 void check_recurrence_inputs(const Problem& p, const AttentionInputs& in, const RecurrenceKind& kind) {
   // The tokens the call reads: all of them, or a decode's last seq_q of seq_kv (checking the whole context
   // would cost a decode step O(seq_kv)).
   const int64_t rows = p.batch * p.heads, nkv = p.seq_kv, skip = p.seq_kv - p.seq_q;
   if (kind.gate != Gate::none) {
     const int64_t w = kind.gate == Gate::vector ? p.head_dim : 1;
+    // Rows checked in parallel when there are many gates (not for a decode step's few); the first bad
+    // element in index order is the one reported, whatever the threads.
+    std::vector<char> row_ok(static_cast<std::size_t>(rows));
+    auto check_row = [&](int64_t r) {
+      row_ok[r] = all_gates_valid(in.g + (r * nkv + skip) * w, (nkv - skip) * w);
+    };
+    if (rows * (nkv - skip) * w >= (int64_t{1} << 16))
+      tbb::parallel_for(int64_t{0}, rows, check_row);
+    else
+      for (int64_t r = 0; r < rows; ++r) check_row(r);
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t e = (r * nkv + skip) * w; e < (r + 1) * nkv * w; ++e)
+      for (int64_t e = (r * nkv + skip) * w; !row_ok[r] && e < (r + 1) * nkv * w; ++e)
         if (!std::isfinite(in.g[e]) || in.g[e] > 0)
           throw UsageError(p.variant + ": g[" + std::to_string(e) + "] = " + std::to_string(in.g[e]) +
                            ": every gate must be finite and <= 0 (a decay exp(g) in (0, 1])");
