@@ -482,7 +482,9 @@ std::vector<HeadStats> all_head_stats(const Problem& p, const AttentionInputs& i
 //    ||E_t|| <= (d + 8) u (1 + ||k_t||^2)^2 (||S_{t-1}|| + ||v_t||).
 //    The chunk form evaluates the same sums in another order: the intra-chunk products and the UT solve (the
 //    recurrence's own forward substitution) add up to C more terms per sum, so (d + 8 + C) replaces (d + 8);
-//    its decays exp(Gamma_t - Gamma_s) are differences of fp64 cumulative sums, rounded once to fp32.
+//    its decays exp(Gamma_t - Gamma_s) are exponentials of differences of fp64 cumulative sums, each
+//    difference rounded once to fp32 (a factor off by at most 2^-24 / e in absolute terms, plus the exp2
+//    polynomial's 1.5 ulp; gla's off-diagonal factors are products of three such), well inside the C terms.
 //  * an error in S_{t-1} reaches S_t through J_t = (I - beta k^T k) diag(a) (delta) or diag(a), whose norm is
 //    at most rho_t max(a_t), rho_t = max(1, |1 - beta ||k||^2|) (1 with normalised keys and beta in (0, 1]),
 //    so e_t = rho_t max(a_t) e_{t-1} + ||E_t|| bounds ||S_t(fp32) - S_t|| (HeadStats::e_fwd): the decays damp

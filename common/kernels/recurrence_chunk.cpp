@@ -20,13 +20,14 @@
 // lose the small differences between large sums), and each difference is rounded once to fp32 before its
 // exponential. Entries with s > t are never exponentiated (exp(+1920) would overflow, and inf * 0 is NaN);
 // a decay below fp32's normal range is 0, the correct limit. gla never factors exp(Gamma_t - Gamma_s) into
-// exp(Gamma_t) exp(-Gamma_s) across a chunk: its intra-chunk scores use, for each block of kGlaBlock query
-// rows, the log decay at the block's start as the reference (q_t e^(Gamma_t - Gamma_r), k_s e^(Gamma_r -
-// Gamma_s), s <= r < t, both factors <= 1), and the diagonal blocks elementwise.
+// exp(Gamma_t) exp(-Gamma_s) across a chunk: inside a chunk it works by blocks of kGlaBlock tokens, splits
+// exp(Gamma_t - Gamma_s) for s in an earlier block into three factors <= 1 at the blocks' ends (see
+// vector_scores), and takes the diagonal blocks elementwise.
 //
 // The exponentials are the softmax's exp2 polynomial (common/kernels/simd-inl.hpp: <= 1.5 ulp, 0 below
-// 2^-126) of x log2(e), x the fp32 difference: rounding x and the log2(e) multiply change e^x by at most
-// e^x |x| 2^-24 <= 2^-24 / e in absolute terms, as the factors multiply quantities they are bounded against.
+// 2^-126) of x log2(e), x the fp32 difference (std::exp for the last columns when d is not a multiple of the
+// vector): rounding x and the log2(e) multiply change e^x by at most e^x |x| 2^-24 <= 2^-24 / e in absolute
+// terms, as the factors multiply quantities they are bounded against.
 // Compiled once per Highway target (foreach_target.h): the elementwise loops vectorise for the CPU's SIMD
 // target, and so do the products (gemm below; TBB runs one task per (batch, head)).
 #undef HWY_TARGET_INCLUDE
@@ -173,7 +174,8 @@ void gemm_block(const Gemm& g, int64_t i0, int64_t mr, int64_t j0, int64_t k) {
     ATTN_RC_CASE(7)
     ATTN_RC_CASE(8)
 #undef ATTN_RC_CASE
-        default : break;
+    default:
+      break;
   }
 }
 
