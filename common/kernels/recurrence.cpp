@@ -580,13 +580,11 @@ double recurrence_backward_flops(const Problem& p, const RecurrenceConfig& cfg) 
 std::size_t recurrence_workspace_bytes(const Problem& p, const RecurrenceConfig& cfg, int threads) {
   const std::size_t d = to_size(p.head_dim), c = to_size(std::min(cfg.chunk, p.seq_q));
   // Per running task: the state and, chunk form, the chunk's buffers (recurrence_chunk.cpp's ChunkBuffers:
-  // seven C x d and four C x C floats, max(C, d) + 2 C more, and the fp64 log decays, C x d).
+  // nine C x d and four C x C floats, d + 2 C more, and the fp64 log decays, C x d).
   std::size_t per = sat_mul(d, d, sizeof(float));
   if (cfg.form == RecurrenceForm::chunk)
-    per = sat_add(
-        per,
-        sat_mul(sat_add(sat_mul(7, c, d), sat_mul(4, c, c), std::max(c, d), sat_mul(2, c)), sizeof(float)),
-        sat_mul(c, d, sizeof(double)));
+    per = sat_add(per, sat_mul(sat_add(sat_mul(9, c, d), sat_mul(4, c, c), d, sat_mul(2, c)), sizeof(float)),
+                  sat_mul(c, d, sizeof(double)));
   return sat_mul(per, to_size(std::max(threads, 1)));
 }
 
