@@ -153,7 +153,11 @@ void expect_matches(RecCase& c, double rel = 1e-5) {
   CHECK(max_abs(c.out.ptr(), want.out.data(), c.out.numel()) <= c.variant.abs_tolerance(c.p, c.inputs()));
 }
 
-const Json kForms[] = {{{"form", "chunk"}}, {{"form", "chunk"}, {"chunk", 16}}, {{"form", "recurrent"}}};
+// The default chunk (32), 64 (flash-linear-attention's) and 16, and the recurrent form.
+const Json kForms[] = {{{"form", "chunk"}},
+                       {{"form", "chunk"}, {"chunk", 64}},
+                       {{"form", "chunk"}, {"chunk", 16}},
+                       {{"form", "recurrent"}}};
 
 }  // namespace
 
@@ -161,7 +165,7 @@ TEST_CASE("recurrences: both forms match an independent fp64 recurrence, uneven 
           "[recurrent]") {
   for (const char* name : kVariants)
     for (const Json& form : kForms) {
-      RecCase c(name, form, 2, 4, 2, 300, 24, 11);  // 300 = 4 * 64 + 44: an uneven last chunk
+      RecCase c(name, form, 2, 4, 2, 300, 24, 11);  // 300 = 9 * 32 + 12 = 4 * 64 + 44: uneven last chunks
       expect_matches(c);
     }
 }
@@ -190,8 +194,8 @@ TEST_CASE("recurrences: gates at -30 and at 0, beta near 0 and at 1", "[recurren
   for (const char* name : {"simple_gla", "gla", "gated_delta_rule", "delta_rule"})
     for (const Json& form : kForms) {
       RecCase c(name, form, 1, 2, 0, 200, 16, 41);
-      // The first 64 tokens at g = -30 (cumulative -1920 over a chunk of 64), then g = -30, 0 and random
-      // by turns.
+      // The first 64 tokens at g = -30 (cumulative -1920 over a chunk of 64, -960 over the default 32), then
+      // g = -30, 0 and random by turns.
       const std::size_t per_token = c.g.numel() / 400;
       for (std::size_t e = 0; e < c.g.numel(); ++e) {
         const std::size_t t = (e / std::max<std::size_t>(per_token, 1)) % 200;
