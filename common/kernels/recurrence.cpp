@@ -372,9 +372,12 @@ void for_each_head(const Problem& p, Fn&& fn) {
 
 // The gradients of every head into dq and per-query-head dk, dv (summed over grouped-query groups after, in
 // head order, so the result does not depend on the thread count).
+// chunkwise: the chunk form's own backward (fp32, recurrence_chunkwise_backward), else the reverse pass with
+// checkpoints `every` tokens.
 template <class T>
 void all_heads_backward(const Problem& p, const AttentionInputs& in, const RecurrenceKind& kind,
-                        const float* d_out, int64_t every, const RecurrenceGrads<T>& g) {
+                        const float* d_out, int64_t every, const RecurrenceGrads<T>& g,
+                        bool chunkwise = false) {
   const int64_t n = p.seq_q, d = p.head_dim, rows = n * d, group = p.group_size();
   std::vector<T> dk_h, dv_h;
   if (group > 1) {
@@ -391,6 +394,12 @@ void all_heads_backward(const Problem& p, const AttentionInputs& in, const Recur
     hg.dg = g.dg && kind.gate != Gate::none ? g.dg + bh * gstride : nullptr;
     hg.dbeta = g.dbeta && kind.delta ? g.dbeta + bh * n : nullptr;
     hg.ds0 = g.d_initial_state ? g.d_initial_state + bh * d * d : nullptr;
+    if constexpr (std::is_same_v<T, float>)
+      if (chunkwise) {
+        recurrence_chunk_head_backward(hi, kind, every, d_out + bh * rows,
+                                       {hg.dq, hg.dk, hg.dv, hg.dg, nullptr, hg.ds0});
+        return;
+      }
     head_backward<T>(hi, kind, d_out + bh * rows, every, hg);
   });
   if (group == 1) return;
@@ -435,12 +444,17 @@ void recurrence_reference(const Problem& p, const AttentionInputs& in, const Rec
   });
 }
 
-// Both forms' gradients come from the recurrent reverse pass (the chunk form has no chunkwise backward of
-// its own: the two forms compute the same function, and the reverse pass recomputes the states with the
-// recurrence from checkpoints every cfg.chunk tokens).
+bool recurrence_chunkwise_backward(const RecurrenceConfig& cfg) {
+  return cfg.form == RecurrenceForm::chunk && !cfg.kind.delta;
+}
+
+// The chunk form's backward is its own (chunkwise) but for the delta rule, whose UT transform has no backward
+// here yet: the delta rule's chunk form and every recurrent form take the recurrent reverse pass, which
+// recomputes the states with the recurrence from checkpoints every cfg.chunk tokens (the two forms compute
+// the same function).
 void recurrence_backward(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg,
                          const float* d_out, const RecurrenceGrads<float>& g) {
-  all_heads_backward<float>(p, in, cfg.kind, d_out, cfg.chunk, g);
+  all_heads_backward<float>(p, in, cfg.kind, d_out, cfg.chunk, g, recurrence_chunkwise_backward(cfg));
 }
 
 void recurrence_reference_backward(const Problem& p, const AttentionInputs& in, const RecurrenceKind& kind,
@@ -570,10 +584,19 @@ double recurrence_flops(const Problem& p, const RecurrenceConfig& cfg) {
 }
 
 double recurrence_backward_flops(const Problem& p, const RecurrenceConfig& cfg) {
+  const double n = static_cast<double>(p.seq_q), d = static_cast<double>(p.head_dim);
+  if (recurrence_chunkwise_backward(cfg)) {
+    // Per chunk of L tokens: the first pass's state carry (K^ᵀ V, 2 L d^2, and its decay d^2); then dO S_0ᵀ,
+    // V dSᵀ, K^ dS and Q^ᵀ dO (2 L d^2 each), dS's decay (d^2), and five triangular products of L (L + 1) d
+    // each (the scores A, P = dO Vᵀ, P K, Pᵀ Q and Aᵀ dO: only the pairs s <= t counted). The gates'
+    // exponentials and the elementwise decays are not counted, as in the forward.
+    auto chunk_flops = [&](double L) { return 10 * L * d * d + 2 * d * d + 5 * L * (L + 1) * d; };
+    const double C = static_cast<double>(cfg.chunk), full = std::floor(n / C), rest = n - full * C;
+    return heads_of(p) * (full * chunk_flops(C) + (rest > 0 ? chunk_flops(rest) : 0));
+  }
   // The reverse pass runs the recurrence twice (checkpoints, then each chunk's states again) and, per token,
   // dq, dS += q^T dO, du = k dS, dk = dS u^T, da and dS = a dS' (11 d^2), plus 6 d^2 for the delta rule's
   // p, dp and its rank-1 term.
-  const double n = static_cast<double>(p.seq_q), d = static_cast<double>(p.head_dim);
   return heads_of(p) * n * (2 * recurrent_token_flops(cfg.kind, d) + (cfg.kind.delta ? 17 : 11) * d * d);
 }
 
@@ -590,10 +613,20 @@ std::size_t recurrence_workspace_bytes(const Problem& p, const RecurrenceConfig&
 
 std::size_t recurrence_backward_workspace_bytes(const Problem& p, const RecurrenceConfig& cfg, int threads) {
   const std::size_t d = to_size(p.head_dim), n = to_size(p.seq_q), c = to_size(cfg.chunk);
-  const std::size_t chunks = (n + c - 1) / c;
-  // Per running task: checkpoints every C tokens, the C + 1 states of one chunk, S and dS. Grouped-query
-  // heads: per-query-head dK and dV, summed per group after.
-  const std::size_t per = sat_mul(sat_add(chunks, std::min(c, n) + 1, 2), d, d, sizeof(float));
+  const std::size_t chunks = (n + c - 1) / c, cc = std::min(c, n);
+  // Per running task, reverse pass: checkpoints every C tokens, the C + 1 states of one chunk, S and dS.
+  // Chunkwise: the state at every chunk's start and dS, the forward's chunk buffers (as
+  // recurrence_workspace_bytes counts them) and the backward's (recurrence_chunk_backward.cpp's BackBuffers:
+  // six C x d and one C x C floats, a d x d transpose and dS, C x d doubles).
+  std::size_t per = sat_mul(sat_add(chunks, cc + 1, 2), d, d, sizeof(float));
+  if (recurrence_chunkwise_backward(cfg)) {
+    const std::size_t fwd = recurrence_workspace_bytes(p, cfg, 1);  // includes one d x d state
+    const std::size_t back =
+        sat_add(sat_mul(sat_add(sat_mul(6, cc, d), sat_mul(cc, cc), sat_mul(2, d, d)), sizeof(float)),
+                sat_mul(cc, d, sizeof(double)));
+    per = sat_add(sat_mul(chunks, d, d, sizeof(float)), fwd, back);
+  }
+  // Grouped-query heads: per-query-head dK and dV, summed per group after.
   const std::size_t group = p.is_gqa() ? sat_mul(2, to_size(p.q_elements()), sizeof(float)) : 0;
   return sat_add(sat_mul(per, to_size(std::max(threads, 1))), group);
 }
