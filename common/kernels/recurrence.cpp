@@ -397,7 +397,7 @@ void all_heads_backward(const Problem& p, const AttentionInputs& in, const Recur
     if constexpr (std::is_same_v<T, float>)
       if (chunkwise) {
         recurrence_chunk_head_backward(hi, kind, every, d_out + bh * rows,
-                                       {hg.dq, hg.dk, hg.dv, hg.dg, nullptr, hg.ds0});
+                                       {hg.dq, hg.dk, hg.dv, hg.dg, hg.dbeta, hg.ds0});
         return;
       }
     head_backward<T>(hi, kind, d_out + bh * rows, every, hg);
@@ -445,13 +445,12 @@ void recurrence_reference(const Problem& p, const AttentionInputs& in, const Rec
 }
 
 bool recurrence_chunkwise_backward(const RecurrenceConfig& cfg) {
-  return cfg.form == RecurrenceForm::chunk && !cfg.kind.delta;
+  return cfg.form == RecurrenceForm::chunk;
 }
 
-// The chunk form's backward is its own (chunkwise) but for the delta rule, whose UT transform has no backward
-// here yet: the delta rule's chunk form and every recurrent form take the recurrent reverse pass, which
-// recomputes the states with the recurrence from checkpoints every cfg.chunk tokens (the two forms compute
-// the same function).
+// Each form's own backward: the chunk form's reverse mode through its chunkwise products
+// (recurrence_chunk_backward.cpp), the recurrent form's through the recurrence token by token, recomputing
+// the states from checkpoints every cfg.chunk tokens.
 void recurrence_backward(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg,
                          const float* d_out, const RecurrenceGrads<float>& g) {
   all_heads_backward<float>(p, in, cfg.kind, d_out, cfg.chunk, g, recurrence_chunkwise_backward(cfg));
@@ -586,11 +585,19 @@ double recurrence_flops(const Problem& p, const RecurrenceConfig& cfg) {
 double recurrence_backward_flops(const Problem& p, const RecurrenceConfig& cfg) {
   const double n = static_cast<double>(p.seq_q), d = static_cast<double>(p.head_dim);
   if (recurrence_chunkwise_backward(cfg)) {
-    // Per chunk of L tokens: the first pass's state carry (K^ᵀ V, 2 L d^2, and its decay d^2); then dO S_0ᵀ,
-    // V dSᵀ, K^ dS and Q^ᵀ dO (2 L d^2 each), dS's decay (d^2), and five triangular products of L (L + 1) d
-    // each (the scores A, P = dO Vᵀ, P K, Pᵀ Q and Aᵀ dO: only the pairs s <= t counted). The gates'
-    // exponentials and the elementwise decays are not counted, as in the forward.
-    auto chunk_flops = [&](double L) { return 10 * L * d * d + 2 * d * d + 5 * L * (L + 1) * d; };
+    // Per chunk of L tokens: the first pass's state carry (K^ᵀ U, 2 L d^2, and its decay d^2); then dO S_0ᵀ,
+    // V dSᵀ (U dSᵀ), K^ dS and Q^ᵀ dO (2 L d^2 each), dS's decay (d^2), and five triangular products of
+    // L (L + 1) d each (the scores A, P = dO Vᵀ, P K, Pᵀ Q and Aᵀ dO: only the pairs s <= t counted). The
+    // delta rule recomputes U twice (the first pass and the chunk's backward: [K; Q] S_0 4 L d^2, K Kᵀ and
+    // the solve L (L - 1) d each) and adds dX_K S_0ᵀ and Knᵀ dX_K (2 L d^2 each), the transposed solve,
+    // dR Uᵀ, E Kn and Eᵀ Kn (L (L - 1) d each). The gates' exponentials and the elementwise decays are not
+    // counted, as in the forward.
+    auto chunk_flops = [&](double L) {
+      const double base = 10 * L * d * d + 2 * d * d + 5 * L * (L + 1) * d;
+      return base + (cfg.kind.delta
+                         ? 2 * (4 * L * d * d + 2 * L * (L - 1) * d) + 4 * L * d * d + 4 * L * (L - 1) * d
+                         : 0);
+    };
     const double C = static_cast<double>(cfg.chunk), full = std::floor(n / C), rest = n - full * C;
     return heads_of(p) * (full * chunk_flops(C) + (rest > 0 ? chunk_flops(rest) : 0));
   }
@@ -616,13 +623,16 @@ std::size_t recurrence_backward_workspace_bytes(const Problem& p, const Recurren
   const std::size_t chunks = (n + c - 1) / c, cc = std::min(c, n);
   // Per running task, reverse pass: checkpoints every C tokens, the C + 1 states of one chunk, S and dS.
   // Chunkwise: the state at every chunk's start and dS, the forward's chunk buffers (as
-  // recurrence_workspace_bytes counts them) and the backward's (recurrence_chunk_backward.cpp's BackBuffers:
-  // six C x d and one C x C floats, a d x d transpose and dS, C x d doubles).
+  // recurrence_workspace_bytes counts them) and the backward's (recurrence_chunk_backward.cpp's
+  // BackBuffers: six C x d, one C x C and two C floats, a d x d transpose and dS, C x d doubles; the delta
+  // rule two C x C floats more).
   std::size_t per = sat_mul(sat_add(chunks, cc + 1, 2), d, d, sizeof(float));
   if (recurrence_chunkwise_backward(cfg)) {
     const std::size_t fwd = recurrence_workspace_bytes(p, cfg, 1);  // includes one d x d state
     const std::size_t back =
-        sat_add(sat_mul(sat_add(sat_mul(6, cc, d), sat_mul(cc, cc), sat_mul(2, d, d)), sizeof(float)),
+        sat_add(sat_mul(sat_add(sat_mul(6, cc, d), sat_mul(cfg.kind.delta ? 3 : 1, cc, cc), sat_mul(2, d, d),
+                                sat_mul(2, cc)),
+                        sizeof(float)),
                 sat_mul(cc, d, sizeof(double)));
     per = sat_add(sat_mul(chunks, d, d, sizeof(float)), fwd, back);
   }

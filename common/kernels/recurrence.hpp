@@ -69,8 +69,8 @@ struct RecurrenceGrads {
   T* d_initial_state = nullptr;
 };
 
-// fp32 backward: the chunk form's own (recurrence_chunk_backward.cpp) for the recurrences without the delta
-// rule; the recurrent reverse pass (checkpoints every C tokens) for the recurrent form and the delta rule.
+// fp32 backward of the configured form: the chunk form's reverse mode through its chunkwise products
+// (recurrence_chunk_backward.cpp), the recurrent form's token by token (checkpoints every C tokens).
 void recurrence_backward(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg,
                          const float* d_out, const RecurrenceGrads<float>& g);
 // fp64 gradient of recurrence_reference.
@@ -109,8 +109,8 @@ struct HeadInputs {
 HeadInputs head_inputs(const Problem& p, const AttentionInputs& in, const RecurrenceKind& kind, int64_t b,
                        int64_t h);
 
-// The chunk form's backward of one (batch, head) without the delta rule (recurrence_chunk_backward.cpp): g's
-// pointers are that head's rows (dq, dk, dv always; dg, d_initial_state when not null; dbeta unused).
+// The chunk form's backward of one (batch, head) (recurrence_chunk_backward.cpp): g's pointers are that
+// head's rows (dq, dk, dv always; dg, dbeta, d_initial_state when not null).
 void recurrence_chunk_head_backward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t chunk,
                                     const float* d_out, const RecurrenceGrads<float>& g);
 // Whether the configured form's backward is the chunkwise one.

@@ -415,6 +415,85 @@ inline void vector_scores(int64_t L, int64_t d, ChunkBuffers& cb) {
   }
 }
 
+// Columns j0 .. j0 + NV N - 1 of the forward substitution u_t = r_t - sum_{s < t} m_ts u_s (U holds R on
+// entry), t in order: each row's sum in NV vector registers, two interleaved chains so the FMAs do not wait
+// on each other's latency.
+template <int NV>
+HWY_INLINE void substitute_columns(const float* m, int64_t L, float* U, int64_t d, int64_t j0) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t t = 1; t < L; ++t) {
+    const float* mt = m + t * L;
+    float* ut = U + t * d + j0;
+    auto a0 = hn::LoadU(df, ut), a1 = a0, a2 = a0, a3 = a0;
+    auto b0 = hn::Zero(df), b1 = b0, b2 = b0, b3 = b0;
+    if constexpr (NV > 1)
+      a1 = hn::LoadU(df, ut + N), a2 = hn::LoadU(df, ut + 2 * N), a3 = hn::LoadU(df, ut + 3 * N);
+    int64_t s = 0;
+    for (; s + 2 <= t; s += 2) {
+      const float* u0 = U + s * d + j0;
+      const float* u1 = u0 + d;
+      const auto c0 = hn::Set(df, mt[s]), c1 = hn::Set(df, mt[s + 1]);
+      a0 = hn::NegMulAdd(c0, hn::LoadU(df, u0), a0);
+      b0 = hn::NegMulAdd(c1, hn::LoadU(df, u1), b0);
+      if constexpr (NV > 1) {
+        a1 = hn::NegMulAdd(c0, hn::LoadU(df, u0 + N), a1);
+        b1 = hn::NegMulAdd(c1, hn::LoadU(df, u1 + N), b1);
+        a2 = hn::NegMulAdd(c0, hn::LoadU(df, u0 + 2 * N), a2);
+        b2 = hn::NegMulAdd(c1, hn::LoadU(df, u1 + 2 * N), b2);
+        a3 = hn::NegMulAdd(c0, hn::LoadU(df, u0 + 3 * N), a3);
+        b3 = hn::NegMulAdd(c1, hn::LoadU(df, u1 + 3 * N), b3);
+      }
+    }
+    if (s < t) {
+      const float* u0 = U + s * d + j0;
+      const auto c0 = hn::Set(df, mt[s]);
+      a0 = hn::NegMulAdd(c0, hn::LoadU(df, u0), a0);
+      if constexpr (NV > 1) {
+        a1 = hn::NegMulAdd(c0, hn::LoadU(df, u0 + N), a1);
+        a2 = hn::NegMulAdd(c0, hn::LoadU(df, u0 + 2 * N), a2);
+        a3 = hn::NegMulAdd(c0, hn::LoadU(df, u0 + 3 * N), a3);
+      }
+    }
+    hn::StoreU(hn::Add(a0, b0), df, ut);
+    if constexpr (NV > 1) {
+      hn::StoreU(hn::Add(a1, b1), df, ut + N);
+      hn::StoreU(hn::Add(a2, b2), df, ut + 2 * N);
+      hn::StoreU(hn::Add(a3, b3), df, ut + 3 * N);
+    }
+  }
+}
+
+// U = (I + M)^-1 R in place (M strictly lower triangular, L x L row-major; U L x d holding R on entry).
+inline void forward_substitute(const float* m, int64_t L, float* U, int64_t d) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t j0 = 0;
+  for (; j0 + 4 * N <= d; j0 += 4 * N) substitute_columns<4>(m, L, U, d, j0);
+  for (; j0 + N <= d; j0 += N) substitute_columns<1>(m, L, U, d, j0);
+  for (int64_t t = 1; t < L && j0 < d; ++t)  // the last columns (fewer than a vector)
+    for (int64_t s = 0; s < t; ++s)
+      for (int64_t j = j0; j < d; ++j) U[t * d + j] -= m[t * L + s] * U[s * d + j];
+}
+
+// The delta rule's U into cb.u: (I + A) U = diag(beta) (V - diag(e^Gamma) K S_0), A_ts = beta_t D_ts k_t.k_s
+// (s < t), by forward substitution. cb.x holds [K; Q] S_0 and cb.bp [K; Q] Kᵀ (its first L rows become A).
+inline void delta_values(const HeadInputs& hi, int64_t t0, int64_t L, ChunkBuffers& cb) {
+  const int64_t d = hi.d;
+  const float* v = hi.v + t0 * d;
+  const float* beta = hi.beta + t0;
+  for (int64_t t = 0; t < L; ++t) {
+    float* ut = cb.u.data() + t * d;
+    const float* xt = cb.x.data() + t * d;
+    const float b = beta[t], e = cb.ed[t];
+    for (int64_t j = 0; j < d; ++j) ut[j] = b * (v[t * d + j] - e * xt[j]);
+    float* at = cb.bp.data() + t * L;
+    const float* dm = cb.dm.data() + t * L;
+    for (int64_t s = 0; s < t; ++s) at[s] *= b * dm[s];
+  }
+  forward_substitute(cb.bp.data(), L, cb.u.data(), d);
+}
+
 // cb.kd (L x d) = K ⊙ e^(Gamma_C - Gamma): each key row decayed to the chunk's end (per channel for gla).
 inline void decayed_keys(const RecurrenceKind& kind, int64_t L, int64_t d, ChunkBuffers& cb) {
   const double* last = cb.gam.data() + (L - 1) * d;

@@ -1,7 +1,6 @@
-// The chunkwise form's backward for the recurrences without the delta rule (retention, simple_gla, gla):
-// reverse mode through the chunk form of recurrence_chunk-inl.hpp, chunk by chunk in reverse, on the same
-// register-blocked products. (The delta rule's chunk form would need the UT transform's backward: its
-// gradients come from the recurrent reverse pass, recurrence.cpp.)
+// The chunkwise form's backward: reverse mode through the chunk form of recurrence_chunk-inl.hpp, chunk by
+// chunk in reverse, on the same register-blocked products. Below for the recurrences without the delta rule
+// (retention, simple_gla, gla); the delta rule's, through its UT solve, at chunk_backward_delta.
 //
 // Per (batch, head): a first pass runs the chunks forward keeping the state at every chunk's start (n / C
 // states of d x d). Then, for each chunk in reverse with its start state S_0 and dS = dL/dS_C (zero after
@@ -41,17 +40,49 @@ namespace attn::chunk::HWY_NAMESPACE {
 
 // The backward's buffers for one chunk, beside the forward's ChunkBuffers.
 struct BackBuffers {
-  std::vector<float> vt;    // Vᵀ (d x C)
-  std::vector<float> p;     // P (C x C), then P ⊙ D for scalar gates
-  std::vector<float> tr;    // a d x d transpose (S_0ᵀ, then dSᵀ)
-  std::vector<float> qe;    // Q ⊙ e^Gamma (C x d)
-  std::vector<float> kf;    // gla: e^(Gamma_e - Gamma_s), s's block ending at e (C x d)
-  std::vector<float> bm;    // gla: the decayed keys of the earlier blocks (C x d); scratch rows
-  std::vector<float> x, y;  // gla: C x d scratch
-  std::vector<double> dl;   // dL/dGamma (C or C x d)
-  BackBuffers(int64_t c, int64_t d)
-      : vt(c * d), p(c * c), tr(d * d), qe(c * d), kf(c * d), bm(c * d), x(c * d), y(c * d), dl(c * d) {}
+  std::vector<float> vt;      // Vᵀ (d x C; the delta rule: Uᵀ)
+  std::vector<float> p;       // P (C x C), then P ⊙ D for scalar gates
+  std::vector<float> tr;      // a d x d transpose (S_0ᵀ, then dSᵀ)
+  std::vector<float> qe;      // Q ⊙ e^Gamma (C x d)
+  std::vector<float> kf;      // gla: e^(Gamma_e - Gamma_s), s's block ending at e (C x d); delta: dU, dR
+  std::vector<float> bm;      // gla: the decayed keys of the earlier blocks (C x d); delta: dKn
+  std::vector<float> x, y;    // gla: C x d scratch; delta: dX_K in x
+  std::vector<double> dl;     // dL/dGamma (C or C x d)
+  std::vector<float> kk, gm;  // the delta rule: (Kn Knᵀ) ⊙ D and dL/dM, then E (C x C, strictly lower)
+  std::vector<float> ex, yv;  // the delta rule: C each (delta_gamma_grads)
+  BackBuffers(int64_t c, int64_t d, bool delta)
+      : vt(c * d),
+        p(c * c),
+        tr(d * d),
+        qe(c * d),
+        kf(c * d),
+        bm(c * d),
+        x(c * d),
+        y(c * d),
+        dl(c * d),
+        kk(delta ? c * c : 0),
+        gm(delta ? c * c : 0),
+        ex(c),
+        yv(c) {}
 };
+
+// C (m x n, ldc) = alpha op(A) B (+ C when accumulating): op(A) = A (m x k, row-major, lda) or, trans, the
+// transpose of A stored k x m (lda); B row-major k x n (ldb). The chunk kernel's gemm, in one line.
+void mm(const float* a, bool trans, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+        int64_t m, int64_t n, int64_t k, float alpha = 1.0f, bool accumulate = false) {
+  gemm({.a = a,
+        .ars = trans ? 1 : lda,
+        .acs = trans ? lda : 1,
+        .b = b,
+        .ldb = ldb,
+        .c = c,
+        .ldc = ldc,
+        .m = m,
+        .n = n,
+        .k = k,
+        .alpha = alpha,
+        .accumulate = accumulate});
+}
 
 void transpose(const float* a, int64_t rows, int64_t cols, float* at) {
   for (int64_t i = 0; i < rows; ++i)
@@ -198,6 +229,24 @@ void gate_grads(const RecurrenceKind& kind, int64_t L, int64_t d, const float* d
   }
 }
 
+// dS <- diag(e^Gamma_C) dS + scale (Q ⊙ e^Gamma)ᵀ dO: dL/dS_0 through the decay and the outputs.
+void state_grad(const RecurrenceKind& kind, int64_t L, int64_t d, const float* dout, float scale, float* ds,
+                ChunkBuffers& cb, BackBuffers& bb) {
+  std::copy_n(cb.qp, L * d, bb.qe.data());
+  decay_rows(kind, L, d, false, bb.qe.data(), cb);
+  float* xd = cb.xd.data();  // the state's decay over the chunk, per key channel
+  if (kind.gate == Gate::vector) {
+    const double* last = cb.gam.data() + (L - 1) * d;
+    for (int64_t c = 0; c < d; ++c) xd[c] = static_cast<float>(last[c]);
+    exp_row(xd, xd, d);
+  } else {
+    std::fill(xd, xd + d, cb.ed[L - 1]);
+  }
+  for (int64_t c = 0; c < d; ++c)
+    for (int64_t j = 0; j < d; ++j) ds[c * d + j] *= xd[c];
+  mm(bb.qe.data(), true, d, dout, d, ds, d, d, d, L, scale, true);
+}
+
 // One chunk's gradients (rows t0 .. t0 + L - 1 of dq, dk, dv, dg) from its start state cb.s; dS = dL/dS_C on
 // entry, dL/dS_0 on return.
 void chunk_backward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, int64_t L,
@@ -275,31 +324,157 @@ void chunk_backward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0
         .accumulate = true});
   if (g.dg && kind.gate != Gate::none)
     gate_grads(kind, L, d, dq, dk, ds, s_end, cb, bb, g.dg + t0 * (kind.gate == Gate::vector ? d : 1));
-  // dS_0 = diag(e^Gamma_C) dS + scale (Q ⊙ e^Gamma)ᵀ dO.
-  std::copy_n(cb.qp, L * d, bb.qe.data());
-  decay_rows(kind, L, d, false, bb.qe.data(), cb);
-  float* xd = cb.xd.data();  // the state's decay over the chunk, per key channel
-  if (kind.gate == Gate::vector) {
-    const double* last = cb.gam.data() + (L - 1) * d;
-    for (int64_t c = 0; c < d; ++c) xd[c] = static_cast<float>(last[c]);
-    exp_row(xd, xd, d);
-  } else {
-    std::fill(xd, xd + d, cb.ed[L - 1]);
+  state_grad(kind, L, d, dout, scale, ds, cb, bb);
+}
+
+// The delta rule's chunk up to U (the forward's steps): the scores, [Kn; Q] S_0 into cb.x, and the solve
+// (cb.u = U, the first L rows of cb.bp = M strictly below the diagonal). kk (when not null): (Kn Knᵀ) ⊙ D
+// strictly below the diagonal, kept before the solve scales it into M.
+void delta_forward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, int64_t L, ChunkBuffers& cb,
+                   float* kk) {
+  const int64_t d = hi.d;
+  load_rows(hi, kind, t0, L, cb);
+  load_gammas(hi, kind, t0, L, cb);
+  scalar_scores(kind, L, d, cb);
+  if (kk)
+    for (int64_t t = 0; t < L; ++t)
+      for (int64_t s = 0; s < L; ++s) kk[t * L + s] = s < t ? cb.bp[t * L + s] * cb.dm[t * L + s] : 0.0f;
+  mm(cb.qk.data(), false, d, cb.s.data(), d, cb.x.data(), d, 2 * L, d, d);
+  delta_values(hi, t0, L, cb);
+}
+
+// dR = (I + M)^-ᵀ dU in place (M strictly lower, L x L; dU L x d): dR_t = dU_t - sum_{s > t} M_st dR_s, t
+// from the last row up.
+void back_substitute(const float* m, int64_t L, float* x, int64_t d) {
+  for (int64_t t = L - 2; t >= 0; --t) {
+    float* xt = x + t * d;
+    for (int64_t s = t + 1; s < L; ++s) {
+      const float c = m[s * L + t];
+      const float* xs = x + s * d;
+      for (int64_t j = 0; j < d; ++j) xt[j] -= c * xs[j];
+    }
   }
-  for (int64_t c = 0; c < d; ++c)
-    for (int64_t j = 0; j < d; ++j) ds[c * d + j] *= xd[c];
-  gemm({.a = bb.qe.data(),
-        .ars = 1,
-        .acs = d,
-        .b = dout,
+}
+
+// dL/dGamma of the delta rule's chunk (scalar gates), into bb.dl: Gamma_t enters through e^Gamma_t (the
+// output's Q S_0 term and R's K S_0 term: ed_t times their gradients, ex[t]), through D in A and M (each pair
+// (t, s) adds W_ts = dX_ts X_ts to Gamma_t and takes it from Gamma_s), and through the state's decays
+// (-y_t at t, with y_t = el_t (Kn_t dS) . U_t, and sum_t y_t + e^Gamma_C <dS, S_0> at the last token).
+void delta_gamma_grads(int64_t L, int64_t d, const float* ex, const float* y, double state_term,
+                       const ChunkBuffers& cb, BackBuffers& bb) {
+  double* dl = bb.dl.data();
+  const float* qk = cb.bp.data() + L * L;  // Q Knᵀ (lower)
+  const float* M = cb.bp.data();
+  double ysum = 0;
+  for (int64_t t = 0; t < L; ++t) dl[t] = double(ex[t]) - y[t], ysum += y[t];
+  for (int64_t t = 0; t < L; ++t)
+    for (int64_t s = 0; s <= t; ++s) {
+      double w = double(bb.p[t * L + s]) * qk[t * L + s];       // dA ⊙ A (P holds dA ⊙ D)
+      if (s < t) w += double(bb.gm[t * L + s]) * M[t * L + s];  // dM ⊙ M
+      dl[t] += w, dl[s] -= w;
+    }
+  dl[L - 1] += ysum + state_term;
+}
+
+// The delta rule's chunk backward (scalar gates or none; see the file comment for the non-delta one). With
+// Kn the normalised keys, X_K = Kn S_0, X_Q = Q S_0, R = diag(beta) (V - diag(e^Gamma) X_K), M_ts = beta_t
+// D_ts (kn_t . kn_s) (s < t), U = (I + M)^-1 R, A = (Q Knᵀ) ⊙ D, O = scale (diag(e^Gamma) X_Q + A U),
+// S_C = e^Gamma_C S_0 + (diag(el) Kn)ᵀ U:
+//   dU = diag(el) Kn dS + scale Aᵀ dO;  dR = (I + M)^-ᵀ dU;  dM = -dR Uᵀ (s < t);  dV = diag(beta) dR
+//   dQ = scale diag(e^Gamma) dO S_0ᵀ + (dA ⊙ D) Kn,  dA = scale dO Uᵀ
+//   dKn = (dA ⊙ D)ᵀ Q + diag(el) U dSᵀ + E Kn + Eᵀ Kn + dX_K S_0ᵀ,  E = dM ⊙ D diag(beta),
+//         dX_K = -diag(beta e^Gamma) dR;  then through the normalisation: (dKn - kn (kn . dKn)) / ||k||
+//   dbeta_t = dR_t . (v_t - e^Gamma_t X_K,t) + sum_s dM_ts (kn_t . kn_s) D_ts
+//   dS_0 = e^Gamma_C dS + scale (diag(e^Gamma) Q)ᵀ dO + Knᵀ dX_K
+void chunk_backward_delta(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, int64_t L,
+                          const float* dout, float* ds, ChunkBuffers& cb, BackBuffers& bb,
+                          const RecurrenceGrads<float>& g) {
+  const int64_t d = hi.d;
+  const float scale = static_cast<float>(hi.scale);
+  const float *v = hi.v + t0 * d, *beta = hi.beta + t0, *xk = cb.x.data(), *xq = cb.x.data() + L * d;
+  float *dq = g.dq + t0 * d, *dk = g.dk + t0 * d, *dv = g.dv + t0 * d;
+  float *du = bb.kf.data(), *dkn = bb.bm.data(), *dx = bb.x.data(), *ex = bb.ex.data(), *y = bb.yv.data();
+  delta_forward(hi, kind, t0, L, cb, bb.kk.data());
+  const float* U = cb.u.data();
+  masked_p(kind, dout, U, L, d, scale, cb, bb);  // P = dA ⊙ D; bb.vt = Uᵀ
+  transpose(cb.s.data(), d, d, bb.tr.data());    // S_0ᵀ
+  mm(dout, false, d, bb.tr.data(), d, dq, d, L, d, d, scale);
+  decay_rows(kind, L, d, false, dq, cb);
+  gemm({.a = bb.p.data(),
+        .ars = L,
+        .acs = 1,
+        .b = cb.kp,
         .ldb = d,
-        .c = ds,
+        .c = dq,
         .ldc = d,
-        .m = d,
+        .m = L,
         .n = d,
         .k = L,
-        .alpha = scale,
-        .accumulate = true});
+        .accumulate = true,
+        .lower_a = true});
+  // dU, with y_t = (el_t Kn_t dS) . U_t taken before Aᵀ dO joins it.
+  decayed_keys(kind, L, d, cb);
+  mm(cb.kd.data(), false, d, ds, d, du, d, L, d, d);
+  for (int64_t t = 0; t < L; ++t) y[t] = dot(du + t * d, U + t * d, d);
+  mm(cb.a.data(), true, L, dout, d, du, d, L, d, L, scale, true);
+  back_substitute(cb.bp.data(), L, du, d);  // du = dR
+  // dV, dbeta (R's part), e^Gamma's gradients, dX_K.
+  for (int64_t t = 0; t < L; ++t) {
+    const float* r = du + t * d;
+    const float e = cb.ed[t], b = beta[t];
+    double db = 0;
+    for (int64_t j = 0; j < d; ++j) {
+      dv[t * d + j] = b * r[j];
+      db += double(r[j]) * (v[t * d + j] - e * xk[t * d + j]);
+      dx[t * d + j] = -b * e * r[j];
+    }
+    if (g.dbeta) g.dbeta[t0 + t] = static_cast<float>(db);
+    ex[t] = e * (scale * dot(dout + t * d, xq + t * d, d) - b * dot(r, xk + t * d, d));
+  }
+  // dM = -dR Uᵀ below the diagonal, and dbeta's M part.
+  mm(du, false, d, bb.vt.data(), L, bb.gm.data(), L, L, L, d, -1.0f);
+  for (int64_t t = 0; t < L; ++t) {
+    double db = 0;
+    for (int64_t s = 0; s < L; ++s) {
+      float& m = bb.gm[t * L + s];
+      if (s >= t) m = 0.0f;
+      db += double(m) * bb.kk[t * L + s];
+    }
+    if (g.dbeta) g.dbeta[t0 + t] += static_cast<float>(db);
+  }
+  if (g.dg && kind.gate == Gate::scalar) {
+    double state_term = 0;
+    for (int64_t e = 0; e < d * d; ++e) state_term += double(ds[e]) * cb.s[e];
+    delta_gamma_grads(L, d, ex, y, state_term * cb.ed[L - 1], cb, bb);
+    double acc = 0;
+    for (int64_t t = L - 1; t >= 0; --t) acc += bb.dl[t], g.dg[t0 + t] = static_cast<float>(acc);
+  }
+  // dKn: el ⊙ U dSᵀ + (dA ⊙ D)ᵀ Q + E Kn + Eᵀ Kn + dX_K S_0ᵀ (E overwrites dM: beta_t D_ts dM_ts).
+  mm(dx, false, d, bb.tr.data(), d, dkn, d, L, d, d);  // bb.tr still S_0ᵀ
+  transpose(ds, d, d, bb.tr.data());
+  mm(U, false, d, bb.tr.data(), d, bb.qe.data(), d, L, d, d);
+  decay_rows(kind, L, d, true, bb.qe.data(), cb);
+  for (int64_t e = 0; e < L * d; ++e) dkn[e] += bb.qe[e];
+  mm(bb.p.data(), true, L, cb.qp, d, dkn, d, L, d, L, 1.0f, true);
+  for (int64_t t = 0; t < L; ++t)
+    for (int64_t s = 0; s < t; ++s) bb.gm[t * L + s] *= beta[t] * cb.dm[t * L + s];
+  mm(bb.gm.data(), false, L, cb.kp, d, dkn, d, L, d, L, 1.0f, true);
+  mm(bb.gm.data(), true, L, cb.kp, d, dkn, d, L, d, L, 1.0f, true);
+  // dS_0, then dK through the normalisation.
+  state_grad(kind, L, d, dout, scale, ds, cb, bb);
+  mm(cb.kp, true, d, dx, d, ds, d, d, d, L, 1.0f, true);
+  for (int64_t t = 0; t < L; ++t) {
+    const float* kn = cb.kp + t * d;
+    const float* raw = hi.k + (t0 + t) * d;
+    const float* dn = dkn + t * d;
+    if (!kind.normalize_keys) {
+      std::copy_n(dn, d, dk + t * d);
+      continue;
+    }
+    const float r = std::sqrt(dot(raw, raw, d));
+    const float inv = r > 0 ? 1.0f / r : 0.0f, kd = dot(kn, dn, d);
+    for (int64_t c = 0; c < d; ++c) dk[t * d + c] = (dn[c] - kn[c] * kd) * inv;
+  }
 }
 
 // One (batch, head): the states at every chunk's start, then the chunks in reverse. g's pointers are this
@@ -310,13 +485,18 @@ void ChunkHeadBackward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t
   const int64_t n = hi.n, d = hi.d, dd = d * d, chunks = (n + C - 1) / C;
   const int64_t c = std::min(C, n);
   ChunkBuffers cb(c, d);
-  BackBuffers bb(c, d);
+  BackBuffers bb(c, d, kind.delta);
   std::vector<float> starts(static_cast<std::size_t>(chunks * dd)), ds(dd, 0.0f);
   if (hi.s0) std::copy_n(hi.s0, dd, cb.s.begin());
   for (int64_t m = 0; m < chunks; ++m) {
     const int64_t t0 = m * C, L = std::min(C, n - t0);
     std::copy_n(cb.s.data(), dd, starts.data() + m * dd);
     if (m + 1 == chunks) break;  // the final state is not needed
+    if (kind.delta) {
+      delta_forward(hi, kind, t0, L, cb, nullptr);
+      carry_state(kind, L, d, cb.u.data(), cb);
+      continue;
+    }
     load_rows(hi, kind, t0, L, cb);
     load_gammas(hi, kind, t0, L, cb);
     carry_state(kind, L, d, hi.v + t0 * d, cb);
@@ -325,7 +505,10 @@ void ChunkHeadBackward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t
     const int64_t t0 = m * C, L = std::min(C, n - t0);
     std::copy_n(starts.data() + m * dd, dd, cb.s.data());
     const float* s_end = m + 1 < chunks ? starts.data() + (m + 1) * dd : nullptr;
-    chunk_backward(hi, kind, t0, L, d_out + t0 * d, s_end, ds.data(), cb, bb, g);
+    if (kind.delta)
+      chunk_backward_delta(hi, kind, t0, L, d_out + t0 * d, ds.data(), cb, bb, g);
+    else
+      chunk_backward(hi, kind, t0, L, d_out + t0 * d, s_end, ds.data(), cb, bb, g);
   }
   if (g.d_initial_state) std::copy_n(ds.data(), dd, g.d_initial_state);
 }

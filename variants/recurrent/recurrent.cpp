@@ -30,7 +30,8 @@ class Recurrent final : public Attention {
   std::string description() const override {
     return std::string(spec_.what) +
            "; form=chunk (masked C x C products, state across chunks) or recurrent (token by token); "
-           "backward: both forms through the recurrent reverse pass (checkpoints every C tokens)";
+           "backward: each form its own (chunkwise products, or token by token from checkpoints every C "
+           "tokens)";
   }
   Capabilities capabilities() const override {
     // Causal self-attention only (the base refuses non-causal and cross problems for a recurrence);
@@ -69,7 +70,8 @@ class Recurrent final : public Attention {
         {.name = "chunk",
          .type = ParamType::integer,
          .default_value = 32,
-         .help = "tokens per chunk (chunk form), and the backward's checkpoint interval",
+         .help = "tokens per chunk (chunk form: forward and backward); the recurrent form's backward "
+                 "checkpoint interval",
          .min = 1,
          .max = 4096}};
     if (spec_.kind.delta)
