@@ -540,3 +540,192 @@ TEST_CASE("sliding_window decode shapes: reference, GQA, several queries, consta
   b.dropout = 0;
   CHECK_THAT(v.backward_unsupported_reasons_text(b), Catch::Contains("no backward for a decode problem"));
 }
+
+// ---- Learned sink logits and logit soft-capping ----
+
+namespace {
+
+// One training step (run_saving, then run_backward with `d_out`) of c.p on c's inputs with the sink logits
+// `sinks` ([heads]; empty: none): O, dQ, dK, dV and, with sinks, d sink logits. Every output starts as NaN,
+// so an element left unwritten shows up.
+struct Step {
+  FloatArray out, dq, dk, dv, d_sink;
+};
+Step train_with_sinks(const AttentionCase& c, const std::vector<float>& sinks, const FloatArray& d_out) {
+  const Attention& v = Registry::instance().get(c.p.variant);
+  const float nan = std::nanf("");
+  Step s{FloatArray(c.q.shape, nan), FloatArray(c.q.shape, nan), FloatArray(c.k.shape, nan),
+         FloatArray(c.v.shape, nan), FloatArray({c.p.heads}, nan)};
+  AttentionInputs in = c.inputs(s.out.ptr());
+  in.sink_logits = sinks.empty() ? nullptr : sinks.data();
+  std::vector<float> saved(v.saved_floats(c.p), nan);
+  v.run_saving(c.p, in, saved.data());
+  GradientArgs g;
+  g.out = s.out.ptr(), g.saved = saved.data(), g.d_out = d_out.ptr();
+  g.dq = s.dq.ptr(), g.dk = s.dk.ptr(), g.dv = s.dv.ptr();
+  g.d_sink_logits = sinks.empty() ? nullptr : s.d_sink.ptr();
+  v.run_backward(c.p, in, g);
+  return s;
+}
+
+// The forward alone (Attention::run) of `p` on c's inputs with sink logits `sinks` (empty: none).
+FloatArray run_with_sinks(const AttentionCase& c, const Problem& p, const std::vector<float>& sinks) {
+  FloatArray out({p.batch, p.heads, p.seq_q, p.head_dim}, std::nanf(""));
+  AttentionInputs in = c.inputs(out.ptr(), &p);
+  in.sink_logits = sinks.empty() ? nullptr : sinks.data();
+  Registry::instance().get(p.variant).run(p, in);
+  return out;
+}
+
+std::vector<float> sink_logits(int64_t heads, uint64_t seed) {
+  std::vector<float> s(static_cast<std::size_t>(heads));
+  fill_normal(s.data(), heads, seed, 2.0);  // std 2 against logits of std ~4: some sinks dominate, some not
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("sliding_window sink logits and soft-capping: forward, backward and d sink logits against fp64",
+          "[sliding_window]") {
+  // The fp64 oracle is exact softmax attention (sinks and cap included) under the mask written from the
+  // definition (definition_mask), not the variant's own pattern code or its MaskedProblem; the bounds are the
+  // derived fp32 ones of that masked problem (exact_abs_tolerance, exact_grad_tolerance). Logits of std ~4
+  // against C = 5, so the cap bends them and its derivative 1 - tanh^2 is far from 1.
+  struct Setting {
+    int64_t window, dilation;
+    std::vector<int64_t> globals;
+    const char* mask;
+    int64_t heads, kv_heads, n;
+  };
+  const Setting settings[] = {
+      // Dilated band, a listed global at a class's start and one inside it, grouped-query heads, padding
+      // (batch 1 pads key 0, a global), 16-row tiles with tails in both residue classes (34 and 33 rows).
+      {5, 2, {0, 9}, "causal+pad", 4, 2, 67},
+      // Non-causal, dilation 3, a boolean mask with a fully masked band row (5) and global row (0): their
+      // output and dQ rows are exactly zero and add nothing to d sink (naive's convention).
+      {3, 3, {0, 1}, "bool", 2, 0, 50},
+      // 20 global rows and keys (two 16-wide global tasks; global key columns over two 256-row query steps).
+      {8, 1, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}, "causal", 2, 1, 300},
+  };
+  uint64_t seed = 900;
+  for (const Setting& s : settings)
+    for (const char* mode : {"sinks", "softcap", "sinks+softcap"}) {
+      const Json params = {{"window", s.window}, {"dilation", s.dilation}, {"global_tokens", s.globals}};
+      Problem p = make_test_problem("sliding_window", 2, s.heads, s.n, s.n, 16, s.mask, params);
+      p.kv_heads = s.kv_heads;
+      const bool sinks_on = std::string(mode).find("sinks") != std::string::npos;
+      if (std::string(mode).find("softcap") != std::string::npos) p.softcap = 5.0;
+      p.sinks = sinks_on;
+      AttentionCase c(p, ++seed, 2.0);
+      if (c.p.mask.key_padding)
+        c.pad_keys([&](int64_t b, int64_t j) { return b == 1 && (j % 5 == 0 || j > 60); });
+      if (c.p.mask.boolean) c.random_mask(++seed, 0.8, {0, 5});
+      const std::vector<float> sinks = sinks_on ? sink_logits(s.heads, ++seed) : std::vector<float>{};
+      const FloatArray d_out = normal_tensor(c.q.shape, ++seed);
+      const Step got = train_with_sinks(c, sinks, d_out);
+      INFO(c.p.repro());
+
+      // The oracle's problem: the definition's pattern (and the user's mask) as one boolean mask.
+      std::vector<uint8_t> mask = definition_mask(s.n, s.window, s.dilation, s.globals, c.p.mask.causal);
+      if (c.p.mask.boolean)
+        for (std::size_t e = 0; e < mask.size(); ++e) mask[e] = mask[e] && c.mask.data[e];
+      Problem masked = c.p;
+      masked.mask.boolean = true;
+      AttentionInputs in = c.inputs(nullptr, &masked, mask.data());
+      in.sink_logits = sinks.empty() ? nullptr : sinks.data();
+
+      DoubleArray want(c.q.shape);
+      reference_attention(masked, in, want.ptr());
+      const double tol = exact_abs_tolerance(masked, in);
+      INFO("forward bound " << tol);
+      CHECK(max_abs_diff(got.out, want) <= tol);
+      // Not vacuous: without the sinks and the cap the output is another one.
+      Problem plain = c.p;
+      plain.sinks = false, plain.softcap.reset();
+      CHECK(max_abs_diff(run_with_sinks(c, plain, {}), want) > 100 * tol);
+      // The inference forward is the training forward's computation, bitwise.
+      const FloatArray inferred = run_with_sinks(c, c.p, sinks);
+      CHECK(std::memcmp(inferred.ptr(), got.out.ptr(), got.out.numel() * sizeof(float)) == 0);
+
+      DoubleArray dq(c.q.shape), dk(c.k.shape), dv(c.v.shape);
+      std::vector<double> d_sink(static_cast<std::size_t>(s.heads));
+      reference_attention_backward(masked, in, d_out.ptr(), dq.ptr(), dk.ptr(), dv.ptr(), nullptr,
+                                   sinks_on ? d_sink.data() : nullptr);
+      const GradientTolerance gt = exact_grad_tolerance(masked, in, d_out.ptr());
+      INFO("bounds dq " << gt.dq << ", dk " << gt.dk << ", dv " << gt.dv << ", d sink " << gt.d_sink_logits);
+      CHECK(max_abs_diff(got.dq, dq) <= gt.dq);
+      CHECK(max_abs_diff(got.dk, dk) <= gt.dk);
+      CHECK(max_abs_diff(got.dv, dv) <= gt.dv);
+      if (sinks_on)
+        for (int64_t h = 0; h < s.heads; ++h) {
+          INFO("head " << h << ": d sink " << got.d_sink.data[h] << ", fp64 " << d_sink[h]);
+          CHECK(std::fabs(got.d_sink.data[h] - d_sink[h]) <= gt.d_sink_logits);
+        }
+
+      if (c.p.mask.boolean)  // rows 0 and 5 attend nothing: exact zeros, sink or not
+        for (int64_t bh = 0; bh < c.p.batch * c.p.heads; ++bh)
+          for (int64_t i : {0, 5})
+            for (int64_t d = 0; d < 16; ++d) {
+              const std::size_t e = static_cast<std::size_t>((bh * s.n + i) * 16 + d);
+              CHECK((got.out.data[e] == 0.0f && got.dq.data[e] == 0.0f));
+            }
+    }
+}
+
+TEST_CASE(
+    "sliding_window decode with sink logits and soft-capping: the rolling cache equals the full sequence",
+    "[sliding_window]") {
+  // StreamingLLM with both kinds of sink: 4 sink positions (global_tokens) and a learned sink logit per query
+  // head, soft-capped logits, 4 query heads on 2 K/V heads, the last 3 positions of a 200-token context.
+  const Json params = {{"window", 8}, {"dilation", 2}, {"global_tokens", 4}};
+  const int64_t B = 2, H = 4, Hkv = 2, n = 200, nq = 3, D = 16;
+  const Attention& v = Registry::instance().get("sliding_window");
+  Problem whole_p = make_test_problem("sliding_window", B, H, n, n, D, "causal", params);
+  whole_p.kv_heads = Hkv, whole_p.softcap = 5.0, whole_p.sinks = true;
+  AttentionCase whole(whole_p, 950, 2.0);
+  const std::vector<float> sinks = sink_logits(H, 951);
+  const FloatArray all = run_with_sinks(whole, whole.p, sinks);
+
+  Problem p = make_test_problem("sliding_window", B, H, nq, n, D, "causal_lower_right", params);
+  p.kv_heads = Hkv, p.softcap = 5.0, p.sinks = true;
+  AttentionCase step(p);
+  step.k = whole.k, step.v = whole.v;
+  for (int64_t bh = 0; bh < B * H; ++bh)
+    for (int64_t i = 0; i < nq; ++i) std::copy_n(&whole.q_at(bh, n - nq + i, 0), D, &step.q_at(bh, i, 0));
+  const FloatArray got = run_with_sinks(step, p, sinks);
+  AttentionInputs in = step.inputs(nullptr);
+  in.sink_logits = sinks.data();
+  DoubleArray want(step.q.shape);
+  v.reference_forward(p, in, want.ptr());
+  const double tol = v.abs_tolerance(p, in);
+  INFO(p.repro() << ": bound " << tol);
+  CHECK(max_abs_diff(got, want) <= tol);
+  // The full sequence's last rows: both within the bound of the same fp64 values, so within twice it.
+  double worst = 0;
+  for (int64_t bh = 0; bh < B * H; ++bh)
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t d = 0; d < D; ++d)
+        worst = std::max(worst, std::fabs(double(got.data[(bh * nq + i) * D + d]) -
+                                          all.data[(bh * n + n - nq + i) * D + d]));
+  CHECK(worst <= 2 * tol);
+
+  // Token by token through one rolling cache per (batch, K/V head): the variant's decode reads the same
+  // entries through the same kernel in the same order, so its rows are bitwise the cache's.
+  const float scale = static_cast<float>(p.effective_scale());
+  std::vector<float> row(static_cast<std::size_t>(D));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
+      sliding_window::RollingKvCache cache(4, 8, 2, D);
+      for (int64_t t = 0; t < n; ++t) {
+        cache.append(&whole.k_at(b * Hkv + kvh, t, 0), &whole.v_at(b * Hkv + kvh, t, 0));
+        if (t < n - nq) continue;
+        for (int64_t h = kvh * (H / Hkv); h < (kvh + 1) * (H / Hkv); ++h) {
+          const sliding_window::RowLogits logits{5.0f, &sinks[static_cast<std::size_t>(h)]};
+          cache.attend(&whole.q_at(b * H + h, t, 0), scale, row.data(), logits);
+          const float* dec = got.ptr() + ((b * H + h) * nq + t - (n - nq)) * D;
+          INFO("batch " << b << " head " << h << " position " << t);
+          CHECK(std::memcmp(row.data(), dec, D * sizeof(float)) == 0);
+        }
+      }
+    }
+}

@@ -30,6 +30,20 @@ TEST_CASE("row kernels match fp64 on every supported SIMD target and every tail 
       const simd::ScopedIsa scoped(isa);
       REQUIRE(simd::active_isa() == isa);
       CHECK(row_max(nullptr, 0) == -inf);
+      {
+        // softcap saturates: -inf becomes -cap (so callers mask after capping), +inf cap; NaN stays NaN. 20
+        // entries: vector bodies and a tail on every target.
+        std::vector<float> c(20);
+        for (std::size_t j = 0; j < c.size(); ++j) c[j] = j % 3 == 0 ? -inf : j % 3 == 1 ? inf : nan;
+        softcap(c.data(), static_cast<int64_t>(c.size()), 5.0f);
+        for (std::size_t j = 0; j < c.size(); ++j) {
+          INFO("j = " << j);
+          if (j % 3 == 2)
+            CHECK(std::isnan(c[j]));
+          else
+            CHECK(c[j] == (j % 3 == 0 ? -5.0f : 5.0f));
+        }
+      }
       for (int64_t n = 1; n <= 40; ++n) {
         INFO("n = " << n);
         std::vector<float> x = random_row(n, static_cast<uint32_t>(n), -20.0f, 20.0f);

@@ -131,7 +131,7 @@ void Relu(const float* src, float* dst, int64_t n) {
   map_row(src, dst, n, 0.0f, [d](auto x) { return hn::IfThenZeroElse(hn::Le(x, hn::Zero(d)), x); });
 }
 
-// x = cap * tanh(x / cap) in place (logit soft-capping); -inf stays -inf (tanh saturates), NaN stays NaN.
+// x = cap * tanh(x / cap) in place (logit soft-capping); -inf becomes -cap (tanh saturates), NaN stays NaN.
 void Softcap(float* x, int64_t n, float cap) {
   const DF d;
   const auto c = hn::Set(d, cap), inv = hn::Set(d, 1.0f / cap);

@@ -18,7 +18,8 @@ void exp2_array(const float* x, float* y, int64_t n);  // y = 2^x (the polynomia
 // A NaN input stays NaN in both.
 void elu_plus_one(const float* src, float* dst, int64_t n);
 void relu(const float* src, float* dst, int64_t n);
-// x = cap * tanh(x / cap) in place (logit soft-capping, Highway's Tanh); -inf stays -inf.
+// x = cap * tanh(x / cap) in place (logit soft-capping, Highway's Tanh). -inf becomes -cap (tanh saturates),
+// so masks that write -inf go after it; NaN stays NaN.
 void softcap(float* x, int64_t n, float cap);
 
 }  // namespace attn

@@ -26,15 +26,16 @@ float dot(const float* q, const float* k, int64_t d) {
 }  // namespace
 
 void attend_entries(const float* q, const float* const* k, const float* const* v, int64_t count, int64_t d,
-                    float scale, float* scores, float* out) {
+                    float scale, float* scores, float* out, const RowLogits& logits) {
   std::fill_n(out, d, 0.0f);
   if (count == 0) return;
-  float mx = -INFINITY;
-  for (int64_t c = 0; c < count; ++c) {
-    scores[c] = dot(q, k[c], d) * scale;
-    mx = std::max(mx, scores[c]);
-  }
-  const float sum = exp_sub_sum(scores, count, mx);  // in place: scores[c] = exp(scores[c] - mx)
+  for (int64_t c = 0; c < count; ++c) scores[c] = dot(q, k[c], d) * scale;
+  if (logits.softcap > 0) softcap(scores, count, logits.softcap);
+  // NaN if a logit is NaN: then the sink stays out of the max and the NaN reaches the output.
+  float mx = row_max(scores, count);
+  if (logits.sink && !std::isnan(mx)) mx = std::max(mx, *logits.sink);
+  // In place: scores[c] = exp(scores[c] - mx); the sink adds its term to the denominator only.
+  const float sum = exp_sub_sum(scores, count, mx) + (logits.sink ? std::exp(*logits.sink - mx) : 0.0f);
   for (int64_t c = 0; c < count; ++c) {
     const float w = scores[c];
     for (int64_t e = 0; e < d; ++e) out[e] += w * v[c][e];
@@ -76,7 +77,7 @@ void RollingKvCache::append(const float* k, const float* v) {
   std::copy_n(v, d_, values_.data() + s * d_);
 }
 
-void RollingKvCache::attend(const float* q, float scale, float* out) {
+void RollingKvCache::attend(const float* q, float scale, float* out, const RowLogits& logits) {
   if (length_ == 0) throw std::logic_error("RollingKvCache::attend before any append");
   const int64_t pos = length_ - 1;
   kp_.clear(), vp_.clear();
@@ -90,7 +91,8 @@ void RollingKvCache::attend(const float* q, float scale, float* out) {
   if (pos >= sinks_)
     for (int64_t m = std::min(window_, pos / dilation_); m >= 0; --m)
       if (pos - m * dilation_ >= sinks_) add(pos - m * dilation_);
-  attend_entries(q, kp_.data(), vp_.data(), static_cast<int64_t>(kp_.size()), d_, scale, scores_.data(), out);
+  attend_entries(q, kp_.data(), vp_.data(), static_cast<int64_t>(kp_.size()), d_, scale, scores_.data(), out,
+                 logits);
 }
 
 }  // namespace attn::sliding_window

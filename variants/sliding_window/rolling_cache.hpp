@@ -15,11 +15,22 @@
 
 namespace attn::sliding_window {
 
+// What a row's softmax adds to its logits s_c = scale q . k_c (Problem::softcap, Problem::sinks):
+//  * softcap C > 0: s_c <- C tanh(s_c / C) (0: none);
+//  * sink: the query head's learned sink logit (a logit with no key, not one of the cache's sink positions),
+//    one more term of the denominator whose weight takes no value (null: none): out = sum_c exp(s_c - m) v_c
+//    / (exp(sink - m) + sum_c exp(s_c - m)), m = max(max_c s_c, sink).
+struct RowLogits {
+  float softcap = 0;
+  const float* sink = nullptr;
+};
+
 // Softmax attention of one query row q (d floats) over `count` key rows k[c] and value rows v[c]: out =
-// sum_c softmax(scale q . k_c)_c v_c, in fp32, entries in the order given. `scores` holds count floats.
-// count == 0 writes a zero row.
+// sum_c softmax(scale q . k_c)_c v_c, in fp32, entries in the order given, with `logits`' soft-capping and
+// sink. `scores` holds count floats. count == 0 writes a zero row (sink or not: a row with no key is zero, as
+// in the variant's other paths and naive).
 void attend_entries(const float* q, const float* const* k, const float* const* v, int64_t count, int64_t d,
-                    float scale, float* scores, float* out);
+                    float scale, float* scores, float* out, const RowLogits& logits = {});
 
 // The positions a decode query at position `pos` attends under the causal window + global pattern, in the
 // order attend_entries takes them: the global positions <= pos (sorted `globals`), then the band pos -
@@ -40,8 +51,9 @@ class RollingKvCache {
   int64_t capacity() const { return sinks_ + span_; }
   // Bytes the cache holds (K and V slots, fp32), fixed at construction.
   std::size_t bytes() const { return (keys_.size() + values_.size()) * sizeof(float); }
-  // The query row of the newest position attending the cache (its sinks and window), written to out.
-  void attend(const float* q, float scale, float* out);
+  // The query row of the newest position attending the cache (its sinks and window), written to out, with
+  // `logits`' soft-capping and learned sink logit (of the query's head; attend_entries).
+  void attend(const float* q, float scale, float* out, const RowLogits& logits = {});
 
  private:
   int64_t slot(int64_t pos) const { return pos < sinks_ ? pos : sinks_ + (pos - sinks_) % span_; }

@@ -1,7 +1,8 @@
 // sliding_window: softmax attention restricted to a band of 2w+1 keys around each query (optionally dilated),
 // plus Longformer-style global tokens. Time O(n·(w+g)·d); memory per thread O(tile·(w+g)), plus a 16 × seq
 // strip when there are global rows: never a seq × seq matrix. The backward (see "Backward" below) has the
-// same shape: O(n·(w+g)·d) time, the forward's log-sum-exp per row saved.
+// same shape: O(n·(w+g)·d) time, the forward's log-sum-exp per row saved. Logit soft-capping and learned sink
+// logits (Problem::softcap, Problem::sinks) as naive has them, on every path.
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 
@@ -72,24 +73,49 @@ struct Plan {
   int64_t global_floats() const { return kGlobalRowsPerTask * (global_stride() + 2 * dim); }
 };
 
+// The logit options of query head h's rows (rolling_cache.hpp's RowLogits): Problem::softcap as fp32, and
+// the head's sink logit (Problem::sinks).
+sliding_window::RowLogits row_logits(const Problem& p, const AttentionInputs& in, int64_t h) {
+  sliding_window::RowLogits r;
+  if (p.softcap) r.softcap = static_cast<float>(*p.softcap);
+  if (p.sinks) r.sink = in.sink_logits + h;
+  return r;
+}
+
+// Soft-caps `rows` rows of `cols` logits (row stride ld) in place, s <- C tanh(s / C), with cap C > 0 (0:
+// nothing). Before any mask: the map sends -inf to -C (tanh saturates), so a masked logit must be set to
+// -inf after it, as naive does.
+void cap_logits(float* s, int64_t rows, int64_t cols, int64_t ld, float cap) {
+  if (cap <= 0) return;
+  if (ld == cols) {
+    softcap(s, rows * cols, cap);
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) softcap(s + r * ld, cols, cap);
+}
+
 // Softmax over one score row split in two parts (band entries [lo, hi] of `band`, then `glob`), written back
 // as normalised weights (dropout applied) with band entries outside [lo, hi] zeroed. Masked entries must
-// already be -inf. A row with no allowed key becomes all zeros, so the GEMM that follows writes zeros.
-// With `lse` (the training forward), the row's log-sum-exp mx + log(sum) goes there (+inf: no allowed key).
+// already be -inf (and the logits soft-capped: cap_logits). `sink` (null: none): the head's sink logit, one
+// more term of the denominator whose weight takes no value. A row with no allowed key becomes all zeros (with
+// or without a sink, as naive's), so the GEMM that follows writes zeros. With `lse` (the training forward),
+// the row's log-sum-exp mx + log(sum), the sink's term included, goes there (+inf: no allowed key).
 void softmax_two_part(float* band, int64_t span, int64_t lo, int64_t hi, float* glob, int64_t n_glob,
-                      const DropoutRow* drop, int64_t band_j0, int64_t band_step, const int64_t* glob_j,
-                      float* lse) {
+                      const float* sink, const DropoutRow* drop, int64_t band_j0, int64_t band_step,
+                      const int64_t* glob_j, float* lse) {
   std::fill(band, band + lo, 0.0f);
   std::fill(band + hi + 1, band + span, 0.0f);
   const int64_t width = hi - lo + 1;
-  const float mx = std::max(row_max(band + lo, width), row_max(glob, n_glob));
+  float mx = std::max(row_max(band + lo, width), row_max(glob, n_glob));
   if (mx == kNegInf) {
     std::fill(band + lo, band + hi + 1, 0.0f);
     std::fill(glob, glob + n_glob, 0.0f);
     if (lse) *lse = kPosInf;
     return;
   }
-  const float sum = exp_sub_sum(band + lo, width, mx) + exp_sub_sum(glob, n_glob, mx);
+  if (sink && !std::isnan(mx)) mx = std::max(mx, *sink);
+  const float sum = exp_sub_sum(band + lo, width, mx) + exp_sub_sum(glob, n_glob, mx) +
+                    (sink ? std::exp(*sink - mx) : 0.0f);
   if (lse) *lse = mx + std::log(sum);
   if (drop) {
     const float keep_scale = drop->scale() / sum;
@@ -103,29 +129,30 @@ void softmax_two_part(float* band, int64_t span, int64_t lo, int64_t hi, float* 
 }
 
 // The backward's P and dS of one score row from the forward's log-sum-exp. On entry s holds the logits
-// (-inf where the row may not attend) and dp the products dO_i . v_j; on exit s holds P after dropout (what
-// multiplies dO into dV) and dp holds dS = P (dp' - delta), dp' = dp times dropout's keep / (1 - p), with
-// P = exp(s - lse) (0 for a masked key). Column c is key j0 + c * step (or js[c]) for dropout's decisions. A
-// row with no allowed key (lse = +inf) gets zeros: it has no gradient.
-void gradient_row(float* s, float* dp, int64_t n, float lse, float delta, const DropoutRow* drop, int64_t j0,
-                  int64_t step, const int64_t* js) {
+// (soft-capped when `cap` > 0, then -inf where the row may not attend) and dp the products dO_i . v_j; on
+// exit s holds P after dropout (what multiplies dO into dV) and dp holds dS = P (dp' - delta) c', dp' = dp
+// times dropout's keep / (1 - p), with P = exp(s - lse) (0 for a masked key; a sink's weight is in lse) and
+// c' = 1 - (s / C)^2 the soft-cap's derivative d(C tanh(x / C))/dx = 1 - tanh^2(x / C) (1 without a cap;
+// 0 for a masked key, whose logit -inf would make it -inf and P c' NaN). Column c is key j0 + c * step (or
+// js[c]) for dropout's decisions. A row with no allowed key (lse = +inf) gets zeros: it has no gradient.
+void gradient_row(float* s, float* dp, int64_t n, float lse, float delta, float cap, const DropoutRow* drop,
+                  int64_t j0, int64_t step, const int64_t* js) {
   if (lse == kPosInf) {
     std::fill(s, s + n, 0.0f);
     std::fill(dp, dp + n, 0.0f);
     return;
   }
-  (void)exp_sub_sum(s, n, lse);
-  if (!drop) {
-    for (int64_t c = 0; c < n; ++c) dp[c] = s[c] * (dp[c] - delta);
-    return;
-  }
-  const float kd = drop->scale();
+  const float kd = drop ? drop->scale() : 1.0f;
+  auto kept = [&](int64_t c) { return !drop || drop->keep(js ? js[c] : j0 + c * step); };
+  // dp' - delta, times c' (read from the capped logits before they become P).
   for (int64_t c = 0; c < n; ++c) {
-    const bool kept = drop->keep(js ? js[c] : j0 + c * step);
-    const float prob = s[c];
-    dp[c] = prob * ((kept ? dp[c] * kd : 0.0f) - delta);
-    s[c] = kept ? prob * kd : 0.0f;
+    dp[c] = (drop ? (kept(c) ? dp[c] * kd : 0.0f) : dp[c]) - delta;
+    if (cap > 0) dp[c] *= s[c] == kNegInf ? 0.0f : 1.0f - (s[c] / cap) * (s[c] / cap);
   }
+  (void)exp_sub_sum(s, n, lse);
+  for (int64_t c = 0; c < n; ++c) dp[c] *= s[c];
+  if (drop)
+    for (int64_t c = 0; c < n; ++c) s[c] = kept(c) ? s[c] * kd : 0.0f;
 }
 
 // Keys the band must not count: padded keys, and global keys (the global columns count them once).
@@ -234,14 +261,16 @@ void forward_band(const Problem& p, const AttentionInputs& in, const Plan& plan,
     }
 
     const uint8_t* ex = excluded.empty() ? nullptr : excluded.data() + (p.mask.key_padding ? t.b * n : 0);
+    const sliding_window::RowLogits logits = row_logits(p, in, h);
+    cap_logits(s, nr, lds, lds, logits.softcap);
     for (int64_t row = 0; row < nr; ++row) {
       const int64_t i = t.r + (t.t0 + row) * dil;
       float* band = s + row * lds;
       int64_t lo = 0, hi = 0;
       mask_band_row(p, in, plan, ex, t, t.t0 + row, band, band + span, lo, hi);
       const DropoutRow drop = p.dropout > 0 ? DropoutRow(p.dropout, p.seed, t.b, h, i) : DropoutRow();
-      softmax_two_part(band, span, lo, hi, band + span, G, p.dropout > 0 ? &drop : nullptr, t.r + t.s0 * dil,
-                       dil, plan.globals.data(), lse ? lse + bh * n + i : nullptr);
+      softmax_two_part(band, span, lo, hi, band + span, G, logits.sink, p.dropout > 0 ? &drop : nullptr,
+                       t.r + t.s0 * dil, dil, plan.globals.data(), lse ? lse + bh * n + i : nullptr);
     }
 
     sgemm(false, false, nr, D, span, 1.0f, s, lds, vb, ld, 0.0f, o, ld);
@@ -270,17 +299,19 @@ void forward_global(const Problem& p, const AttentionInputs& in, const Plan& pla
     float* og = qg + kGlobalRowsPerTask * D;
     gather_rows(in.q + head, plan.globals.data() + g0, nr, D, qg);
     sgemm(false, true, nr, n, D, scale, qg, D, in.k + kv_head, D, 0.0f, s, lds);
+    const sliding_window::RowLogits logits = row_logits(p, in, h);
     for (int64_t row = 0; row < nr; ++row) {
       const int64_t i = plan.globals[g0 + row];
       float* sr = s + row * lds;
       const int64_t keys = p.mask.any_causal() ? i + 1 : n;  // causal: keys after i are never attended
+      cap_logits(sr, 1, keys, keys, logits.softcap);
       if (p.mask.key_padding || p.mask.boolean)
         for (int64_t j = 0; j < keys; ++j)
           if ((p.mask.key_padding && in.key_padding[b * n + j]) || (p.mask.boolean && !in.mask[i * n + j]))
             sr[j] = kNegInf;
       const DropoutRow drop = p.dropout > 0 ? DropoutRow(p.dropout, p.seed, b, h, i) : DropoutRow();
-      softmax_two_part(sr, n, 0, keys - 1, nullptr, 0, p.dropout > 0 ? &drop : nullptr, 0, 1, nullptr,
-                       lse ? lse + bh * n + i : nullptr);
+      softmax_two_part(sr, n, 0, keys - 1, nullptr, 0, logits.sink, p.dropout > 0 ? &drop : nullptr, 0, 1,
+                       nullptr, lse ? lse + bh * n + i : nullptr);
     }
     sgemm(false, false, nr, D, n, 1.0f, s, lds, in.v + kv_head, D, 0.0f, og, D);
     for (int64_t row = 0; row < nr; ++row)
@@ -340,7 +371,7 @@ void decode_forward(const Problem& p, const AttentionInputs& in) {
         }
       }
       sliding_window::attend_entries(q, w.k.data(), w.v.data(), count, D, scale, w.scores.data(),
-                                     in.out + (bh * nq + i) * D);
+                                     in.out + (bh * nq + i) * D, row_logits(p, in, h));
     }
   });
 }
@@ -380,6 +411,7 @@ struct BackwardContext {
   const GradientArgs& g;
   const Plan& plan;
   float scale;
+  float cap;  // Problem::softcap as fp32 (0: none)
   std::vector<float> delta;
   std::vector<uint8_t> excluded;   // band_excluded_keys
   std::vector<uint8_t> is_global;  // per position; empty without global tokens
@@ -390,6 +422,7 @@ struct BackwardContext {
         g(g_),
         plan(plan_),
         scale(static_cast<float>(p_.effective_scale())),
+        cap(p_.softcap ? static_cast<float>(*p_.softcap) : 0.0f),
         delta(row_deltas(p_, g_)),
         excluded(band_excluded_keys(p_, in_, plan_)) {
     if (plan.globals.empty()) return;
@@ -402,13 +435,14 @@ struct BackwardContext {
     return excluded.empty() ? nullptr : excluded.data() + (p.mask.key_padding ? b * plan.seq : 0);
   }
   bool global_row(int64_t i) const { return !is_global.empty() && is_global[static_cast<std::size_t>(i)]; }
-  // gradient_row for query row i of head h over columns j0 + c * step (or js[c]).
+  // gradient_row for query row i of head h over columns j0 + c * step (or js[c]): s holds the capped
+  // (cap_logits), then masked logits.
   void gradient(float* s, float* dp, int64_t cols, int64_t b, int64_t h, int64_t i, int64_t j0, int64_t step,
                 const int64_t* js) const {
     const int64_t x = row(b, h, i);
     const DropoutRow drop = p.dropout > 0 ? DropoutRow(p.dropout, p.seed, b, h, i) : DropoutRow();
-    gradient_row(s, dp, cols, g.saved[x], delta[static_cast<std::size_t>(x)], p.dropout > 0 ? &drop : nullptr,
-                 j0, step, js);
+    gradient_row(s, dp, cols, g.saved[x], delta[static_cast<std::size_t>(x)], cap,
+                 p.dropout > 0 ? &drop : nullptr, j0, step, js);
   }
 };
 
@@ -448,6 +482,7 @@ void dq_band_task(const BackwardContext& c, int64_t task, float* buf) {
     sgemm(false, true, nr, G, D, c.scale, q, ld, kg, D, 0.0f, s + span, lds);
     sgemm(false, true, nr, G, D, 1.0f, go, ld, vg, D, 0.0f, dp + span, lds);
   }
+  cap_logits(s, nr, lds, lds, c.cap);
   const uint8_t* ex = c.ex(t.b);
   for (int64_t row = 0; row < nr; ++row) {
     const int64_t i = t.r + (t.t0 + row) * dil;
@@ -535,6 +570,7 @@ void dk_band_task(const BackwardContext& c, int64_t task, float* buf) {
       sgemm(false, true, G, nk, D, c.scale, qg, D, kt, ld, 0.0f, s + span * T, T);
       sgemm(false, true, G, nk, D, 1.0f, og, D, vt, ld, 0.0f, dp + span * T, T);
     }
+    cap_logits(s, span + G, nk, T, c.cap);
     key_tile_rows(c, t, h, t.s0, s, dp, T);
     const float beta = h % group == 0 ? 0.0f : 1.0f;  // the group's first head starts the sums
     sgemm(true, false, nk, D, span, 1.0f, s, T, go, ld, beta, dv, ld);
@@ -561,6 +597,7 @@ void dq_global_task(const BackwardContext& c, int64_t task, float* buf) {
   gather_rows(c.g.d_out + head, rows, nr, D, og);
   sgemm(false, true, nr, keys, D, c.scale, qg, D, c.in.k + kv, D, 0.0f, s, lds);
   sgemm(false, true, nr, keys, D, 1.0f, og, D, c.in.v + kv, D, 0.0f, dp, lds);
+  cap_logits(s, nr, keys, lds, c.cap);
   for (int64_t r = 0; r < nr; ++r) {
     const int64_t i = rows[r], own = p.mask.any_causal() ? i + 1 : n;
     float* sr = s + r * lds;
@@ -597,6 +634,7 @@ void dk_global_task(const BackwardContext& c, int64_t task, float* buf) {
       const float *q = c.in.q + head + i0 * D, *go = c.g.d_out + head + i0 * D;
       sgemm(false, true, len, nk, D, c.scale, q, D, kg, D, 0.0f, s, R);
       sgemm(false, true, len, nk, D, 1.0f, go, D, vg, D, 0.0f, dp, R);
+      cap_logits(s, len, nk, R, c.cap);
       for (int64_t r = 0; r < len; ++r) {
         const int64_t i = i0 + r;
         float* sr = s + r * R;
@@ -619,11 +657,29 @@ void dk_global_task(const BackwardContext& c, int64_t task, float* buf) {
   }
 }
 
+// dL/d sink_h = -sum over batch entries and rows of p_sink delta, p_sink = exp(sink_h - lse) from the saved
+// log-sum-exp (the sink's weight takes no value, so its dS is p_sink (0 - delta)); a row with no allowed key
+// (lse = +inf) adds nothing. Summed per query head over (batch, head) blocks and rows in order, as naive's.
+void sink_gradients(const Problem& p, const AttentionInputs& in, const GradientArgs& g,
+                    const std::vector<float>& delta) {
+  const int64_t n = p.seq_q;
+  std::fill(g.d_sink_logits, g.d_sink_logits + p.heads, 0.0f);
+  for (int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
+    const float sink = in.sink_logits[bh % p.heads];
+    for (int64_t i = 0; i < n; ++i) {
+      const auto x = static_cast<std::size_t>(bh * n + i);
+      g.d_sink_logits[bh % p.heads] += -std::exp(sink - g.saved[x]) * delta[x];
+    }
+  }
+}
+
 // The backward's phases (see above): delta, then the band tiles' dQ and dK/dV together, then the global
-// rows' dQ and the global keys' dK/dV together (each overwrites what the band tiles left in its rows).
+// rows' dQ and the global keys' dK/dV together (each overwrites what the band tiles left in its rows); the
+// sink logits' gradient from delta and the saved log-sum-exp.
 void backward_phases(const Problem& p, const AttentionInputs& in, const GradientArgs& g) {
   const Plan plan(p);
   const BackwardContext c(p, in, g, plan);
+  if (p.sinks && g.d_sink_logits) sink_gradients(p, in, g, c.delta);
   const int64_t G = plan.globals_count(), R = kGlobalRowsPerTask;
   const int64_t floats = backward_floats(plan);
   tbb::enumerable_thread_specific<AlignedVector<float>> scratch;
@@ -691,6 +747,7 @@ class SlidingWindow final : public Attention {
     // Decode shapes (seq_q < seq_kv under causal_lower_right): the last seq_q positions read only the rows a
     // rolling cache of the sinks and the window holds (rolling_cache.hpp; no masks, dropout or backward).
     // bf16 / fp16: widened to fp32 up front (WideInputs, counted in workspace_bytes).
+    // Soft-capping and sink logits as naive has them, on every path (band, global rows, backward, decode).
     return {.exact = false,
             .causal = true,
             .causal_lower_right = true,
@@ -703,6 +760,8 @@ class SlidingWindow final : public Attention {
             .fp16 = true,
             .permutation_equivariant = false,
             .backward = true,
+            .sinks = true,
+            .softcap = true,
             .decode = true};
   }
   std::vector<ParamSpec> param_specs() const override {
@@ -834,6 +893,20 @@ class SlidingWindow final : public Attention {
     // The gradient of reference_forward: exact softmax attention's under the same mask.
     const MaskedProblem m(p, in);
     reference_attention_backward(m.p, m.in, d_out, dq, dk, dv);
+  }
+  void reference_gradients(const Problem& p, const AttentionInputs& in, const float* d_out,
+                           const Fp64Gradients& g) const override {
+    // dQ, dK, dV and the sink logits' gradient of exact softmax attention under the same mask (the default
+    // would give the sinks' gradient of full attention). One fp64 backward gives them all.
+    const MaskedProblem m(p, in);
+    std::vector<double> dq, dk, dv;
+    double *gq = g.dq, *gk = g.dk, *gv = g.dv;
+    if (!(gq && gk && gv)) {
+      if (!(p.sinks && g.d_sink_logits)) return;
+      dq.resize(to_size(p.q_elements())), dk.resize(to_size(p.kv_elements())), dv.resize(dk.size());
+      gq = dq.data(), gk = dk.data(), gv = dv.data();
+    }
+    reference_attention_backward(m.p, m.in, d_out, gq, gk, gv, nullptr, p.sinks ? g.d_sink_logits : nullptr);
   }
   GradientTolerance grad_tolerance(const Problem& p, const AttentionInputs& in,
                                    const float* d_out) const override {
