@@ -8,12 +8,6 @@
 #include <sstream>
 
 #include "bench/lib/decode_state.hpp"
-#include "common/support/error.hpp"
-#include "common/support/hash.hpp"
-#include "common/reference/reference.hpp"
-#include "common/support/runtime.hpp"
-#include "common/kernels/simd.hpp"
-#include "common/interface/util.hpp"
 #include "common/interface/util.hpp"
 #include "common/kernels/simd.hpp"
 #include "common/reference/reference.hpp"

@@ -228,9 +228,10 @@ struct Field {
 constexpr Field kFields[] = {
     {"id", "string", "",
      "the point's unique id: the problem's repro string (with `,alibi` and `,dtype=NAME` unless "
-     "the defaults), `,padfrac=F` with key padding, the regime (with `,rope=MODE` when RoPE is "
-     "on), `,T=` threads, `,isa=NAME` unless the requested target is `best`, and `,pass=NAME` "
-     "unless the pass is the forward",
+     "the defaults, `,state0` when a recurrence starts from a state, as its decode points do), "
+     "`,padfrac=F` with key padding, the regime (with `,rope=MODE` when RoPE is on, and a gate "
+     "distribution that is not the default), `,T=` threads, `,isa=NAME` unless the requested "
+     "target is `best`, and `,pass=NAME` unless the pass is the forward",
      STR(r.id)},
     {"variant", "string", "", "registered variant name", STR(r.variant)},
     {"params", "object", "", "the variant's resolved parameters (defaults filled in)", OBJECT(r.params)},
@@ -249,7 +250,8 @@ constexpr Field kFields[] = {
      STR(r.mask)},
     {"regime", "string", "",
      "how the inputs were made: `gaussian(std=S)` or `tokens(FILE)`, with `,rope=MODE` inside "
-     "the parentheses when RoPE is on (`gaussian(std=1,rope=normal)`)",
+     "the parentheses when RoPE is on (`gaussian(std=1,rope=normal)`) and `,g=logsigmoid(N(M,S))`, "
+     "`,beta=sigmoid(N(M,S))` when a gate distribution is not the default",
      STR(r.regime)},
     {"threads", "integer", "", "TBB threads", INT(r.threads)},
     {"isa", "string", "", "the SIMD target that ran (e.g. `avx3`, `avx2`, `neon`, `scalar`)", STR(r.isa)},

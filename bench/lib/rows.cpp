@@ -3,8 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include "common/kernels/simd.hpp"
-#include "common/interface/util.hpp"
+
 #include "common/interface/util.hpp"
 #include "common/kernels/simd.hpp"
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -39,14 +40,37 @@ HeadInputs head_inputs(const Problem& p, const AttentionInputs& in, const Recurr
   return hi;
 }
 
+namespace {
+// Whether every x[0 .. n) is finite and <= 0 (NaN fails both comparisons). Branch-free, so it vectorises:
+// gla's gates are B H n d values, which a loop stopping at the first bad one read at a fraction of the speed
+// (3.6 ms at B=1, H=8, n=16384, d=64 on one thread, beside a chunk-form call of 30-60 ms on two).
+bool all_gates_valid(const float* x, int64_t n) {
+  constexpr float lowest = -std::numeric_limits<float>::max();
+  int bad = 0;
+  for (int64_t i = 0; i < n; ++i)
+    bad |= static_cast<int>(!(x[i] <= 0.0f)) | static_cast<int>(!(x[i] >= lowest));
+  return bad == 0;
+}
+}  // namespace
+
 void check_recurrence_inputs(const Problem& p, const AttentionInputs& in, const RecurrenceKind& kind) {
   // The tokens the call reads: all of them, or a decode's last seq_q of seq_kv (checking the whole context
   // would cost a decode step O(seq_kv)).
   const int64_t rows = p.batch * p.heads, nkv = p.seq_kv, skip = p.seq_kv - p.seq_q;
   if (kind.gate != Gate::none) {
     const int64_t w = kind.gate == Gate::vector ? p.head_dim : 1;
+    // Rows checked in parallel when there are many gates (not for a decode step's few); the first bad
+    // element in index order is the one reported, whatever the threads.
+    std::vector<char> row_ok(static_cast<std::size_t>(rows));
+    auto check_row = [&](int64_t r) {
+      row_ok[r] = all_gates_valid(in.g + (r * nkv + skip) * w, (nkv - skip) * w);
+    };
+    if (rows * (nkv - skip) * w >= (int64_t{1} << 16))
+      tbb::parallel_for(int64_t{0}, rows, check_row);
+    else
+      for (int64_t r = 0; r < rows; ++r) check_row(r);
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t e = (r * nkv + skip) * w; e < (r + 1) * nkv * w; ++e)
+      for (int64_t e = (r * nkv + skip) * w; !row_ok[r] && e < (r + 1) * nkv * w; ++e)
         if (!std::isfinite(in.g[e]) || in.g[e] > 0)
           throw UsageError(p.variant + ": g[" + std::to_string(e) + "] = " + std::to_string(in.g[e]) +
                            ": every gate must be finite and <= 0 (a decay exp(g) in (0, 1])");
@@ -348,9 +372,12 @@ void for_each_head(const Problem& p, Fn&& fn) {
 
 // The gradients of every head into dq and per-query-head dk, dv (summed over grouped-query groups after, in
 // head order, so the result does not depend on the thread count).
+// chunkwise: the chunk form's own backward (fp32, recurrence_chunkwise_backward), else the reverse pass with
+// checkpoints `every` tokens.
 template <class T>
 void all_heads_backward(const Problem& p, const AttentionInputs& in, const RecurrenceKind& kind,
-                        const float* d_out, int64_t every, const RecurrenceGrads<T>& g) {
+                        const float* d_out, int64_t every, const RecurrenceGrads<T>& g,
+                        bool chunkwise = false) {
   const int64_t n = p.seq_q, d = p.head_dim, rows = n * d, group = p.group_size();
   std::vector<T> dk_h, dv_h;
   if (group > 1) {
@@ -367,6 +394,12 @@ void all_heads_backward(const Problem& p, const AttentionInputs& in, const Recur
     hg.dg = g.dg && kind.gate != Gate::none ? g.dg + bh * gstride : nullptr;
     hg.dbeta = g.dbeta && kind.delta ? g.dbeta + bh * n : nullptr;
     hg.ds0 = g.d_initial_state ? g.d_initial_state + bh * d * d : nullptr;
+    if constexpr (std::is_same_v<T, float>)
+      if (chunkwise) {
+        recurrence_chunk_head_backward(hi, kind, every, d_out + bh * rows,
+                                       {hg.dq, hg.dk, hg.dv, hg.dg, hg.dbeta, hg.ds0});
+        return;
+      }
     head_backward<T>(hi, kind, d_out + bh * rows, every, hg);
   });
   if (group == 1) return;
@@ -411,12 +444,16 @@ void recurrence_reference(const Problem& p, const AttentionInputs& in, const Rec
   });
 }
 
-// Both forms' gradients come from the recurrent reverse pass (the chunk form has no chunkwise backward of
-// its own: the two forms compute the same function, and the reverse pass recomputes the states with the
-// recurrence from checkpoints every cfg.chunk tokens).
+bool recurrence_chunkwise_backward(const RecurrenceConfig& cfg) {
+  return cfg.form == RecurrenceForm::chunk;
+}
+
+// Each form's own backward: the chunk form's reverse mode through its chunkwise products
+// (recurrence_chunk_backward.cpp), the recurrent form's through the recurrence token by token, recomputing
+// the states from checkpoints every cfg.chunk tokens.
 void recurrence_backward(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg,
                          const float* d_out, const RecurrenceGrads<float>& g) {
-  all_heads_backward<float>(p, in, cfg.kind, d_out, cfg.chunk, g);
+  all_heads_backward<float>(p, in, cfg.kind, d_out, cfg.chunk, g, recurrence_chunkwise_backward(cfg));
 }
 
 void recurrence_reference_backward(const Problem& p, const AttentionInputs& in, const RecurrenceKind& kind,
@@ -458,7 +495,9 @@ std::vector<HeadStats> all_head_stats(const Problem& p, const AttentionInputs& i
 //    ||E_t|| <= (d + 8) u (1 + ||k_t||^2)^2 (||S_{t-1}|| + ||v_t||).
 //    The chunk form evaluates the same sums in another order: the intra-chunk products and the UT solve (the
 //    recurrence's own forward substitution) add up to C more terms per sum, so (d + 8 + C) replaces (d + 8);
-//    its decays exp(Gamma_t - Gamma_s) are differences of fp64 cumulative sums, rounded once to fp32.
+//    its decays exp(Gamma_t - Gamma_s) are exponentials of differences of fp64 cumulative sums, each
+//    difference rounded once to fp32 (a factor off by at most 2^-24 / e in absolute terms, plus the exp2
+//    polynomial's 1.5 ulp; gla's off-diagonal factors are products of three such), well inside the C terms.
 //  * an error in S_{t-1} reaches S_t through J_t = (I - beta k^T k) diag(a) (delta) or diag(a), whose norm is
 //    at most rho_t max(a_t), rho_t = max(1, |1 - beta ||k||^2|) (1 with normalised keys and beta in (0, 1]),
 //    so e_t = rho_t max(a_t) e_{t-1} + ||E_t|| bounds ||S_t(fp32) - S_t|| (HeadStats::e_fwd): the decays damp
@@ -544,29 +583,60 @@ double recurrence_flops(const Problem& p, const RecurrenceConfig& cfg) {
 }
 
 double recurrence_backward_flops(const Problem& p, const RecurrenceConfig& cfg) {
+  const double n = static_cast<double>(p.seq_q), d = static_cast<double>(p.head_dim);
+  if (recurrence_chunkwise_backward(cfg)) {
+    // Per chunk of L tokens: the first pass's state carry (K^ᵀ U, 2 L d^2, and its decay d^2); then dO S_0ᵀ,
+    // V dSᵀ (U dSᵀ), K^ dS and Q^ᵀ dO (2 L d^2 each), dS's decay (d^2), and five triangular products of
+    // L (L + 1) d each (the scores A, P = dO Vᵀ, P K, Pᵀ Q and Aᵀ dO: only the pairs s <= t counted). The
+    // delta rule recomputes U twice (the first pass and the chunk's backward: [K; Q] S_0 4 L d^2, K Kᵀ and
+    // the solve L (L - 1) d each) and adds dX_K S_0ᵀ and Knᵀ dX_K (2 L d^2 each), the transposed solve,
+    // dR Uᵀ, E Kn and Eᵀ Kn (L (L - 1) d each). The gates' exponentials and the elementwise decays are not
+    // counted, as in the forward.
+    auto chunk_flops = [&](double L) {
+      const double base = 10 * L * d * d + 2 * d * d + 5 * L * (L + 1) * d;
+      return base + (cfg.kind.delta
+                         ? 2 * (4 * L * d * d + 2 * L * (L - 1) * d) + 4 * L * d * d + 4 * L * (L - 1) * d
+                         : 0);
+    };
+    const double C = static_cast<double>(cfg.chunk), full = std::floor(n / C), rest = n - full * C;
+    return heads_of(p) * (full * chunk_flops(C) + (rest > 0 ? chunk_flops(rest) : 0));
+  }
   // The reverse pass runs the recurrence twice (checkpoints, then each chunk's states again) and, per token,
   // dq, dS += q^T dO, du = k dS, dk = dS u^T, da and dS = a dS' (11 d^2), plus 6 d^2 for the delta rule's
   // p, dp and its rank-1 term.
-  const double n = static_cast<double>(p.seq_q), d = static_cast<double>(p.head_dim);
   return heads_of(p) * n * (2 * recurrent_token_flops(cfg.kind, d) + (cfg.kind.delta ? 17 : 11) * d * d);
 }
 
 std::size_t recurrence_workspace_bytes(const Problem& p, const RecurrenceConfig& cfg, int threads) {
   const std::size_t d = to_size(p.head_dim), c = to_size(std::min(cfg.chunk, p.seq_q));
-  // Per running task: the state and, chunk form, the chunk's buffers (six C x d, three C x C, the gates).
+  // Per running task: the state and, chunk form, the chunk's buffers (recurrence_chunk.cpp's ChunkBuffers:
+  // nine C x d and four C x C floats, d + 2 C more, and the fp64 log decays, C x d).
   std::size_t per = sat_mul(d, d, sizeof(float));
   if (cfg.form == RecurrenceForm::chunk)
-    per = sat_add(per, sat_mul(sat_add(sat_mul(6, c, d), sat_mul(3, c, c)), sizeof(float)),
-                  sat_mul(c, d, 2 * sizeof(double)));
+    per = sat_add(per, sat_mul(sat_add(sat_mul(9, c, d), sat_mul(4, c, c), d, sat_mul(2, c)), sizeof(float)),
+                  sat_mul(c, d, sizeof(double)));
   return sat_mul(per, to_size(std::max(threads, 1)));
 }
 
 std::size_t recurrence_backward_workspace_bytes(const Problem& p, const RecurrenceConfig& cfg, int threads) {
   const std::size_t d = to_size(p.head_dim), n = to_size(p.seq_q), c = to_size(cfg.chunk);
-  const std::size_t chunks = (n + c - 1) / c;
-  // Per running task: checkpoints every C tokens, the C + 1 states of one chunk, S and dS. Grouped-query
-  // heads: per-query-head dK and dV, summed per group after.
-  const std::size_t per = sat_mul(sat_add(chunks, std::min(c, n) + 1, 2), d, d, sizeof(float));
+  const std::size_t chunks = (n + c - 1) / c, cc = std::min(c, n);
+  // Per running task, reverse pass: checkpoints every C tokens, the C + 1 states of one chunk, S and dS.
+  // Chunkwise: the state at every chunk's start and dS, the forward's chunk buffers (as
+  // recurrence_workspace_bytes counts them) and the backward's (recurrence_chunk_backward.cpp's
+  // BackBuffers: six C x d, one C x C and two C floats, a d x d transpose and dS, C x d doubles; the delta
+  // rule two C x C floats more).
+  std::size_t per = sat_mul(sat_add(chunks, cc + 1, 2), d, d, sizeof(float));
+  if (recurrence_chunkwise_backward(cfg)) {
+    const std::size_t fwd = recurrence_workspace_bytes(p, cfg, 1);  // includes one d x d state
+    const std::size_t back =
+        sat_add(sat_mul(sat_add(sat_mul(6, cc, d), sat_mul(cfg.kind.delta ? 3 : 1, cc, cc), sat_mul(2, d, d),
+                                sat_mul(2, cc)),
+                        sizeof(float)),
+                sat_mul(cc, d, sizeof(double)));
+    per = sat_add(sat_mul(chunks, d, d, sizeof(float)), fwd, back);
+  }
+  // Grouped-query heads: per-query-head dK and dV, summed per group after.
   const std::size_t group = p.is_gqa() ? sat_mul(2, to_size(p.q_elements()), sizeof(float)) : 0;
   return sat_add(sat_mul(per, to_size(std::max(threads, 1))), group);
 }

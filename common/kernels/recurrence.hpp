@@ -9,10 +9,10 @@
 //   o_t = scale · q_t S_t
 //
 // Two forms compute it: `recurrent`, the definition token by token (fp32 state, L1-resident), and `chunk`,
-// the chunkwise-parallel form (masked C x C products with BLAS inside a chunk, the state carried across
-// chunks; for the delta rule the UT transform, a C x C unit lower-triangular solve per chunk). The fp64
-// reference is the definition token by token in double; the backward is reverse mode through the
-// recurrence, recomputing the states of each chunk of C tokens from a checkpoint kept every C tokens.
+// the chunkwise-parallel form (masked C x C products on a register-blocked SIMD kernel inside a chunk, the
+// state carried across chunks; for the delta rule the UT transform, a C x C unit lower-triangular solve per
+// chunk). The fp64 reference is the definition token by token in double; the backward is reverse mode through
+// the recurrence, recomputing the states of each chunk of C tokens from a checkpoint kept every C tokens.
 //
 // Layout: q [batch, heads, seq, d], k and v [batch, kv_heads, seq, d] (d_k = d_v = head_dim: the interface
 // has one head_dim), g [batch, heads, seq] (scalar) or [batch, heads, seq, d] (vector), beta [batch, heads,
@@ -38,7 +38,7 @@ enum class RecurrenceForm { chunk, recurrent };
 struct RecurrenceConfig {
   RecurrenceKind kind;
   RecurrenceForm form = RecurrenceForm::chunk;
-  int64_t chunk = 64;  // the chunk form's C; also the backward's checkpoint interval
+  int64_t chunk = 32;  // the chunk form's C (default: variants/recurrent); also the backward's checkpoints
 };
 
 // log(gamma_h) of retention's head h, computed in double (log1p(-2^(-5-h))).
@@ -69,7 +69,8 @@ struct RecurrenceGrads {
   T* d_initial_state = nullptr;
 };
 
-// fp32 backward (both forms use the recurrent reverse pass; see the .cpp).
+// fp32 backward of the configured form: the chunk form's reverse mode through its chunkwise products
+// (recurrence_chunk_backward.cpp), the recurrent form's token by token (checkpoints every C tokens).
 void recurrence_backward(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg,
                          const float* d_out, const RecurrenceGrads<float>& g);
 // fp64 gradient of recurrence_reference.
@@ -107,5 +108,12 @@ struct HeadInputs {
 };
 HeadInputs head_inputs(const Problem& p, const AttentionInputs& in, const RecurrenceKind& kind, int64_t b,
                        int64_t h);
+
+// The chunk form's backward of one (batch, head) (recurrence_chunk_backward.cpp): g's pointers are that
+// head's rows (dq, dk, dv always; dg, dbeta, d_initial_state when not null).
+void recurrence_chunk_head_backward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t chunk,
+                                    const float* d_out, const RecurrenceGrads<float>& g);
+// Whether the configured form's backward is the chunkwise one.
+bool recurrence_chunkwise_backward(const RecurrenceConfig& cfg);
 
 }  // namespace attn
