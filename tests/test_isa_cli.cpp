@@ -197,6 +197,8 @@ TEST_CASE("attnbench info: CPU, SIMD targets, BLAS and core, TBB, threads, and -
   CHECK_FALSE(info.at("tbb").at("version").get<std::string>().empty());
   CHECK(info.at("threads") == 1);  // --threads 1
   CHECK(info.at("cores_available").get<int>() >= 1);
+  // The kernels variants pick here (Attention::kernels): tiled's bf16 kernel, one line each in the text.
+  CHECK(info.at("kernels").at("tiled").at("bf16") == Registry::instance().get("tiled").kernels().at("bf16"));
 
   const ProcResult h = run_attnbench({"info"}, dir.path());
   REQUIRE(h.code == 0);
@@ -205,4 +207,6 @@ TEST_CASE("attnbench info: CPU, SIMD targets, BLAS and core, TBB, threads, and -
   CHECK_THAT(h.out, Contains("core: " + info["blas"]["core"].get<std::string>()));
   CHECK_THAT(h.out, Contains("tbb:"));
   CHECK_THAT(h.out, Contains("threads:"));
+  CHECK_THAT(h.out,
+             Contains("kernels:   tiled bf16: " + info["kernels"]["tiled"]["bf16"].get<std::string>()));
 }

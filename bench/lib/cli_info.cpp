@@ -1,6 +1,7 @@
 // `attnbench info [--json]`: what this machine and build give the kernels: the CPU model, the SIMD targets
 // (compiled into the binary, supported by the CPU, the best one, which --isa best picks), the BLAS library
-// with the kernel core it uses, the TBB version and the thread count commands run with. `--row-fields`
+// with the kernel core it uses, the TBB version, the thread count commands run with and the kernels variants
+// pick on this CPU and target (Attention::kernels: tiled's bf16 kernel). `--row-fields`
 // prints the result row's field table instead (configs/README.md holds it; tests/test_result_row.cpp checks).
 #include <iostream>
 
@@ -56,6 +57,14 @@ int run_info(bool as_json, bool row_fields) {
   if (const std::string note = blas["note"]; !note.empty()) std::cout << "           note: " << note << "\n";
   std::cout << "tbb:       " << info["tbb"]["version"].get<std::string>() << "\n"
             << "threads:   " << threads << " (" << available_threads() << " cores available)\n";
+  // The kernels variants pick on this CPU and target, one line each: "tiled bf16: vdpbf16ps (AVX512_BF16)".
+  bool first = true;
+  for (const auto& [variant, kinds] : info["kernels"].items())
+    for (const auto& [what, kernel] : kinds.items()) {
+      std::cout << (first ? "kernels:   " : "           ") << variant << " " << what << ": "
+                << kernel.get<std::string>() << "\n";
+      first = false;
+    }
   return 0;
 }
 

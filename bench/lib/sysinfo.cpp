@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 
+#include "common/interface/attention.hpp"
 #include "common/kernels/simd.hpp"
 #include "common/support/runtime.hpp"
 
@@ -66,6 +67,13 @@ nlohmann::json blas_json() {
           {"note", blas_kernel_note()}};
 }
 
+nlohmann::json kernels_json() {
+  nlohmann::json j = nlohmann::json::object();
+  for (const Attention* v : Registry::instance().all())
+    if (nlohmann::json k = v->kernels(); !k.empty()) j[v->name()] = std::move(k);
+  return j;
+}
+
 nlohmann::json info_json() {
   const auto threads =
       static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
@@ -74,7 +82,8 @@ nlohmann::json info_json() {
           {"blas", blas_json()},
           {"tbb", {{"version", TBB_runtime_version()}, {"headers", TBB_VERSION_STRING}}},
           {"threads", threads},
-          {"cores_available", available_threads()}};
+          {"cores_available", available_threads()},
+          {"kernels", kernels_json()}};
 }
 
 nlohmann::json system_info() {
@@ -90,6 +99,7 @@ nlohmann::json system_info() {
   j["cpu_model"] = model;
   j["cpu_simd_flags"] = simd;
   j["isa"] = isa_json();
+  j["kernels"] = kernels_json();
   j["cores_available"] = available_threads();
   j["memory_total_bytes"] =
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));

@@ -14,8 +14,11 @@ nlohmann::json isa_json();     // {"compiled": [...], "supported": [...], "best"
 nlohmann::json blas_json();
 // What `attnbench info --json` prints (and the Python module's info() returns): cpu_model, isa, blas, tbb
 // (runtime and header versions), threads (the TBB thread limit now in force: --threads, else every available
-// core) and cores_available.
+// core), cores_available and kernels (kernels_json).
 nlohmann::json info_json();
+// The kernels each variant picks on this CPU and SIMD target where it has a choice (Attention::kernels),
+// by variant name: {"tiled": {"bf16": "vdpbf16ps (AVX512_BF16)"}}. Also in meta.json (system_info).
+nlohmann::json kernels_json();
 std::string now_iso8601();  // UTC, e.g. 2026-11-29T21:32:24Z
 
 }  // namespace attn

@@ -223,8 +223,19 @@ class Attention {
                                        double* final_state) const;
 
   // Bound on |forward - reference_forward| for these inputs. Default: exact_abs_tolerance (reference.hpp),
-  // derived for softmax attention in fp32; override with your own derivation (and a comment saying why).
+  // derived for softmax attention in fp32 (with weight_dtype's rounding of the weights); override with your
+  // own derivation (and a comment saying why).
   virtual double abs_tolerance(const Problem& p, const AttentionInputs& in) const;
+
+  // The precision this variant rounds the softmax weights P to before P V on `p`: fp32 (the default) when it
+  // keeps them in fp32; bf16 when it computes P V in 16-bit arithmetic as FlashAttention does (tiled's
+  // native bf16 kernels). The default tolerances add that rounding, and the checks' 2x-baseline rule then
+  // compares with the baseline's definition computed with its weights rounded the same way (reference.hpp).
+  virtual DType weight_dtype(const Problem&) const { return DType::fp32; }
+
+  // The kernels this variant picks on this CPU and SIMD target where it has a choice, by what they serve,
+  // e.g. {"bf16": "vdpbf16ps (AVX512_BF16)"} (`attnbench info` lists them). Default: none.
+  virtual Json kernels() const { return Json::object(); }
 
   // Parameter sets the registry-wide checks run (small values that force multi-tile and tail paths).
   virtual std::vector<Json> test_param_sets() const { return {Json::object()}; }

@@ -22,7 +22,7 @@ void Attention::reference_forward_state(const Problem& p, const AttentionInputs&
 }
 
 double Attention::abs_tolerance(const Problem& p, const AttentionInputs& in) const {
-  return exact_abs_tolerance(p, in);
+  return exact_abs_tolerance(p, in, weight_dtype(p));
 }
 
 void Attention::reference_backward(const Problem& p, const AttentionInputs& in, const float* d_out,
@@ -42,7 +42,7 @@ void Attention::reference_gradients(const Problem& p, const AttentionInputs& in,
 
 GradientTolerance Attention::grad_tolerance(const Problem& p, const AttentionInputs& in,
                                             const float* d_out) const {
-  return exact_grad_tolerance(p, in, d_out);
+  return exact_grad_tolerance(p, in, d_out, weight_dtype(p));
 }
 
 }  // namespace attn

@@ -16,8 +16,27 @@
 
 namespace attn {
 
+namespace {
+// The unit roundoff of the precision weights are rounded to (0 for fp32: the fp32 bounds already hold its
+// roundings): round to nearest even leaves a relative error of at most 2^-8 in bf16 (8 significant bits)
+// and 2^-11 in fp16 (11). Weights are at most 1 and, after the variants' flush to zero, 0 or normal in fp32;
+// in fp16 a weight below 2^-14 is subnormal and keeps an absolute error up to 2^-25 instead, which the
+// bounds below do not cover (no variant rounds weights to fp16 today).
+double weight_unit(DType t) {
+  switch (t) {
+    case DType::bf16:
+      return std::ldexp(1.0, -8);
+    case DType::fp16:
+      return std::ldexp(1.0, -11);
+    case DType::fp32:
+      break;
+  }
+  return 0.0;
+}
+}  // namespace
+
 void reference_attention(const Problem& p, const AttentionInputs& in16, double* out,
-                         const std::vector<int64_t>* rows) {
+                         const std::vector<int64_t>* rows, DType weights) {
   check_inputs(p, in16, /*needs_out=*/false);  // the result goes to `out`; in.out is not used
   // bf16 / fp16 storage: the exact fp32 values of the stored inputs (widening is exact).
   const WideInputs wide(p, in16);
@@ -67,6 +86,7 @@ void reference_attention(const Problem& p, const AttentionInputs& in16, double* 
       for (int64_t j = 0; j < Lkv; ++j) {
         if (s[j] == 0) continue;
         double w = s[j] / sum;
+        if (weights != DType::fp32) w = widen(weights, round_to(weights, static_cast<float>(w)));
         if (p.dropout > 0) w = drop.keep(j) ? w * (1.0 / (1.0 - p.dropout)) : 0.0;
         for (int64_t d = 0; d < D; ++d) o[d] += w * v[j * D + d];
       }
@@ -152,7 +172,13 @@ std::vector<float> gather_rows(const float* x, int64_t bh, int64_t seq, int64_t 
 // ALiBi adds -slope * dist to each logit, computed in fp32 by the variants: the product and the sum each
 // round once, so a logit carries at most 2 * u * |bias| more; the weights sum to 1, so that is at most
 // 2 * u * max|bias| * max|v| more in the output (max|bias| = max slope * (seq_q + seq_kv)).
-double exact_abs_tolerance(const Problem& p, const AttentionInputs& in16) {
+//
+// Weights rounded to bf16 before P V (weights != fp32, unit roundoff u_w = 2^-8): with the normaliser summed
+// from the same rounded values (as tiled does), weight w_j becomes w_j (1 + d_j) / (1 + d) with |d_j| <= u_w
+// and d = sum_j w_j d_j, so sum_j |w~_j - w_j| <= 2 u_w / (1 - u_w), and the output moves by at most that
+// times max|v| (over the kept weights, / (1 - p) with dropout). A baseline that rounds the normalised
+// weights without renormalising (reference_attention's `weights`) moves by u_w max|v| at most.
+double exact_abs_tolerance(const Problem& p, const AttentionInputs& in16, DType weights) {
   const WideInputs wide(p, in16);
   const AttentionInputs& in = wide.get();
   auto max_row_norm = [](const float* x, int64_t rows, int64_t dim) {
@@ -181,8 +207,10 @@ double exact_abs_tolerance(const Problem& p, const AttentionInputs& in16) {
   double sink_max = 0;
   if (p.sinks)
     for (int64_t h = 0; h < p.heads; ++h) sink_max = std::max(sink_max, std::fabs((double)in.sink_logits[h]));
+  const double uw = weight_unit(weights);
   const double bound =
-      u * vmax * (2.0 * p.head_dim * S + 2.0 * p.seq_kv + 16.0 + 2.0 * bias_max + 2 * cap + 2.0 * sink_max) /
+      (u * vmax * (2.0 * p.head_dim * S + 2.0 * p.seq_kv + 16.0 + 2.0 * bias_max + 2 * cap + 2.0 * sink_max) +
+       2.0 * uw / (1.0 - uw) * vmax) /
       (1.0 - p.dropout);
   return 4.0 * bound + std::numeric_limits<float>::min();
 }
@@ -421,6 +449,10 @@ void reference_attention_backward(const Problem& p, const AttentionInputs& in16,
 //  * dQ_id = scale sum_j dS_ij k_jd: sum_j err_dS |k_jd| + (L + 1) u sum_j |dS_ij k_jd|, times scale;
 //    dK_jd = scale sum_{h in group, i} dS_ij q_id and dV_jd = sum P~_ij dO_id likewise over the M' = group *
 //    seq_q rows that feed them (dV: P~_ij eps_ij |dO_id| for the weight's error).
+//  * weights rounded before P V in the forward (weight_dtype, unit roundoff u_w): the saved normaliser is a
+//    sum of rounded weights, off by u_w relative, so err_lse grows by u_w; and O, from the rounded weights,
+//    by sum_j P_ij |v_jd| 2 u_w / (1 - u_w) at most (exact_abs_tolerance): eps_ij grows by u_w more (it
+//    enters err(O) as that sum, and overstates the recomputed weights' error by u_w, which is safe).
 // Each gradient's tolerance is twice the largest elementwise bound (the analysis counts first-order terms;
 // the factor covers the products of two small errors it drops), plus the smallest normal float. Worst-case
 // accumulation is about sqrt(n) above what random rounding gives, so the bound is tight enough that a wrong
@@ -431,8 +463,9 @@ namespace {
 // element (the largest kept), and per key the sums that bound dK and dV.
 class BlockBound {
  public:
-  BlockBound(const Fp64Softmax& f, const float* d_out, int64_t bkv)
-      : f_(f),
+  BlockBound(const Fp64Softmax& f, const float* d_out, int64_t bkv, double uw)
+      : uw_(uw / (1 - uw)),
+        f_(f),
         p_(f.p()),
         d_out_(d_out),
         bkv_(bkv),
@@ -476,13 +509,13 @@ class BlockBound {
     const double lse = Fp64Softmax::softmax(w, p_.sinks, sink);
     if (!std::isfinite(lse)) return;  // no allowed key (nothing to bound) or NaN (no bound)
     // A sink logit enters in base 2 (one rounding of sink log2(e)).
-    const double e_lse = es_max + (Lkv + 4) * u + 2 * u * std::fabs(sink);
+    const double e_lse = es_max + (Lkv + 4) * u + 2 * u * std::fabs(sink) + uw_;
     const DropoutRow drop = p_.dropout > 0 ? DropoutRow(p_.dropout, p_.seed, b_, h, i) : DropoutRow();
     auto kept = [&](int64_t j) { return p_.dropout == 0 || drop.keep(j); };
     std::vector<double> o(static_cast<std::size_t>(D), 0.0), eo(o.size(), 0.0);
     for (int64_t j = 0; j < Lkv; ++j) {
       if (w[j] == 0) continue;
-      es[j] += e_lse + 2 * u * (std::fabs(s[j]) + std::fabs(lse)) + 4 * u;  // eps_ij, relative
+      es[j] += e_lse + 2 * u * (std::fabs(s[j]) + std::fabs(lse)) + 4 * u + uw_;  // eps_ij, relative
       const double wd = kept(j) ? w[j] * kd : 0.0;
       for (int64_t d = 0; d < D; ++d) {
         o[d] += wd * v[j * D + d];
@@ -543,6 +576,7 @@ class BlockBound {
     }
   }
 
+  const double uw_;  // the weights' rounding in the forward, u_w / (1 - u_w) (0: none)
   const Fp64Softmax& f_;
   const Problem& p_;
   const float* d_out_;
@@ -557,13 +591,14 @@ class BlockBound {
 
 }  // namespace
 
-GradientTolerance exact_grad_tolerance(const Problem& p, const AttentionInputs& in16, const float* d_out) {
+GradientTolerance exact_grad_tolerance(const Problem& p, const AttentionInputs& in16, const float* d_out,
+                                       DType weights) {
   const Fp64Softmax f(p, in16);
   const int64_t blocks = p.batch * p.num_kv_heads();
   std::vector<GradientTolerance> per_block(static_cast<std::size_t>(blocks));
   std::vector<std::vector<double>> sink_err(static_cast<std::size_t>(blocks));
   tbb::parallel_for(int64_t{0}, blocks, [&](int64_t bkv) {
-    BlockBound bound(f, d_out, bkv);
+    BlockBound bound(f, d_out, bkv, weight_unit(weights));
     per_block[bkv] = bound.run();
     sink_err[bkv] = bound.sink_err_;
   });

@@ -12,8 +12,12 @@ namespace attn {
 // counter-based decisions as the variants). A row with no allowed key is all zeros.
 // rows == nullptr: every query row, out is [B,H,seq_q,D]. Otherwise only those query rows (in that order),
 // out is [B,H,rows.size(),D]. in.out is not used (may be null).
+// weights = bf16 / fp16: every normalised weight rounded to that precision (round to nearest even) before it
+// multiplies V, the rest exact: the baseline's definition in 16-bit arithmetic (PyTorch's
+// softmax(S).to(torch.bfloat16) @ V), what the checks' 2x-baseline rule compares a variant with whose
+// weight_dtype is not fp32 (the FlashAttention test rule measures against the reference in the same dtype).
 void reference_attention(const Problem& p, const AttentionInputs& in, double* out,
-                         const std::vector<int64_t>* rows = nullptr);
+                         const std::vector<int64_t>* rows = nullptr, DType weights = DType::fp32);
 
 struct ErrorMetrics {
   double max_abs_err =
@@ -37,8 +41,9 @@ std::vector<float> gather_rows(const float* x, int64_t bh, int64_t seq, int64_t 
                                const std::vector<int64_t>& rows);
 
 // Derived bound on |out_fp32 - out_fp64| for exact softmax attention computed in fp32 (derivation next to
-// its definition in reference.cpp).
-double exact_abs_tolerance(const Problem& p, const AttentionInputs& in);
+// its definition in reference.cpp). weights: the precision the weights are rounded to before P V
+// (Attention::weight_dtype; fp32: none).
+double exact_abs_tolerance(const Problem& p, const AttentionInputs& in, DType weights = DType::fp32);
 
 // The fp64 gradient of exact softmax attention (reference_attention, same masks, bias, scale and dropout
 // keep decisions) for L = sum(d_out * O): dq [B,H,seq_q,D], dk and dv [B,Hkv,seq_kv,D] (grouped-query: summed
@@ -58,7 +63,9 @@ void reference_attention_backward(const Problem& p, const AttentionInputs& in, c
 // Derived bounds on |grad_fp32 - grad_fp64| for exact softmax attention's backward in fp32 (derivation next
 // to its definition in reference.cpp). Reads Q, K, V and dO (and computes the fp64 attention weights' largest
 // column sum, which bounds how many rows feed one dK / dV row).
-GradientTolerance exact_grad_tolerance(const Problem& p, const AttentionInputs& in, const float* d_out);
+// weights as for exact_abs_tolerance: the forward that made O and the saved state rounded its weights so.
+GradientTolerance exact_grad_tolerance(const Problem& p, const AttentionInputs& in, const float* d_out,
+                                       DType weights = DType::fp32);
 
 // Central differences of a variant's fp64 definition along random directions, held against its
 // reference_backward (the registry-wide "grad-definition" check). Inputs and directions are quantised so

@@ -78,6 +78,19 @@ BackwardSchedule make_backward_schedule(const Problem& p) {
   return s;
 }
 
+// Whether `p` runs the native bf16 kernels (vdpbf16ps for Q K^T and P V) on its GEMM-path tiles:
+// bf16 storage, an even head_dim, bf16_kernel auto or native, and the CPU and selected SIMD target able to.
+bool native_bf16(const Problem& p) {
+  return p.dtype == DType::bf16 && p.head_dim % 2 == 0 && p.param_string("bf16_kernel") != "widen" &&
+         native_bf16_unavailable().empty();
+}
+
+// What bf16_kernel=auto runs on this CPU and SIMD target (attnbench info).
+std::string bf16_kernel_text() {
+  const std::string why = native_bf16_unavailable();
+  return why.empty() ? "vdpbf16ps (AVX512_BF16)" : "widen to fp32 (" + why + ")";
+}
+
 class Tiled final : public Attention {
  public:
   std::string name() const override { return "tiled"; }
@@ -118,21 +131,31 @@ class Tiled final : public Attention {
     return tiled::block_workspace_bytes(p, threads);
   }
   std::vector<ParamSpec> param_specs() const override {
-    return {{.name = "tile_q",
-             .type = ParamType::integer,
-             .default_value = 0,
-             .help = "query rows per tile (0: from the L2 size, 128 for head_dim 64); grouped-query tiles "
-                     "hold tile_q / group positions of each query head of a K/V head",
-             .min = 0,
-             .max = 1 << 16,
-             .choices = {}},
-            {.name = "tile_kv",
-             .type = ParamType::integer,
-             .default_value = 0,
-             .help = "keys per tile (0: from the L2 size, 512 for head_dim 64)",
-             .min = 0,
-             .max = 1 << 16,
-             .choices = {}}};
+    return {
+        {.name = "tile_q",
+         .type = ParamType::integer,
+         .default_value = 0,
+         .help = "query rows per tile (0: from the L2 size, 128 for head_dim 64); grouped-query tiles "
+                 "hold tile_q / group positions of each query head of a K/V head",
+         .min = 0,
+         .max = 1 << 16,
+         .choices = {}},
+        {.name = "tile_kv",
+         .type = ParamType::integer,
+         .default_value = 0,
+         .help = "keys per tile (0: from the L2 size, 512 for head_dim 64)",
+         .min = 0,
+         .max = 1 << 16,
+         .choices = {}},
+        {.name = "bf16_kernel",
+         .type = ParamType::string,
+         .default_value = "auto",
+         .help = "bf16 storage, tiles of more than 8 rows: native (Q K^T and P V with vdpbf16ps, P rounded "
+                 "to bf16; needs the CPU flag avx512_bf16, the avx3 target and an even head_dim), widen "
+                 "(K, V to fp32, fp32 FMAs), auto (native where possible; attnbench info says which)",
+         .min = {},
+         .max = {},
+         .choices = {"auto", "native", "widen"}}};
   }
   std::vector<Json> test_param_sets() const override {
     // Tiny tiles (and tile_q != tile_kv) so the multi-tile, tail and diagonal paths run on small inputs;
@@ -143,6 +166,12 @@ class Tiled final : public Attention {
             {{"tile_q", 33}, {"tile_kv", 16}},
             {{"tile_q", 1}, {"tile_kv", 7}}};
   }
+  Json kernels() const override { return {{"bf16", bf16_kernel_text()}}; }
+  // The native bf16 P V rounds the weights to bf16 (tiled_kernels.cpp SoftmaxUpdatePairs) on the GEMM-path
+  // tiles: a schedule whose full query tiles hold more than kDotRows rows has some.
+  DType weight_dtype(const Problem& p) const override {
+    return native_bf16(p) && make_schedule(p).rows > kDotRows ? DType::bf16 : DType::fp32;
+  }
   double flops(const Problem& p) const override {
     // The shared exact-attention count (common/kernels/mask.hpp): causal counts the pairs below the diagonal
     // only. The diagonal tiles compute some masked pairs too; those, and the exponentials, are not counted.
@@ -150,7 +179,7 @@ class Tiled final : public Attention {
   }
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
     const Schedule s = make_schedule(p);
-    const bool wide = p.dtype != DType::fp32, pairs = p.dtype == DType::bf16 && p.head_dim % 2 == 0;
+    const bool wide = p.dtype != DType::fp32, pairs = native_bf16(p);
     return sat_add(
         sat_mul(to_size(std::max(threads, 1)),
                 Scratch::bytes(round_up(s.rows, kLanes), s.tiles.kv, p.head_dim, p.dropout > 0, wide, pairs)),
@@ -159,6 +188,19 @@ class Tiled final : public Attention {
 
   void forward(const Problem& p, const AttentionInputs& in) const override { forward_impl(p, in, nullptr); }
 
+ protected:
+  std::vector<std::string> extra_not_supported_reasons(const Problem& p) const override {
+    if (p.dtype != DType::bf16 || p.param_string("bf16_kernel") != "native") return {};
+    std::vector<std::string> why;
+    if (const std::string r = native_bf16_unavailable(); !r.empty())
+      why.push_back("bf16_kernel=native: " + r);
+    if (p.head_dim % 2)
+      why.push_back("bf16_kernel=native needs an even head_dim (vdpbf16ps multiplies pairs), got " +
+                    std::to_string(p.head_dim));
+    return why;
+  }
+
+ public:
   // ---- Training ----
   std::size_t saved_floats(const Problem& p) const override {
     return 2 * to_size(p.batch * p.heads * p.seq_q);
@@ -273,7 +315,7 @@ class Tiled final : public Attention {
         c.alibi_l2e.push_back(static_cast<float>(-sl * std::numbers::log2e));
       c.bias_kind = p.mask.any_causal() ? 1 : 2;
     }
-    c.bf16_dot = p.dtype == DType::bf16 && p.head_dim % 2 == 0 && bf16_dot_supported();
+    c.bf16_dot = native_bf16(p);
     c.lse = lse;
     if (p.softcap) c.cap2 = static_cast<float>(*p.softcap * std::numbers::log2e);
     if (p.sinks)

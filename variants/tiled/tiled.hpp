@@ -2,6 +2,7 @@
 // work of one query tile): the call context and the per-thread scratch.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/interface/attention.hpp"
@@ -53,8 +54,20 @@ struct LaneBias {
 // ([dim / 2][ld] 32-bit words of two bf16, low half = the even element), colmax as in ScoreTile. j0 is the
 // key index of the tile's first row.
 bool bf16_dot_supported();
+// Why this build and CPU have no vdpbf16ps ("" when they have it): names the missing CPU flag.
+std::string bf16_dot_missing();
+// Why the native bf16 kernels cannot run now ("" when they can): bf16_dot_missing(), or the selected SIMD
+// target is not AVX-512 (--isa / sweep.isa).
+std::string native_bf16_unavailable();
 void bf16_score_tile(const uint16_t* k, int64_t dim, const uint32_t* qt2, int64_t ld, int64_t nk, float* s,
                      float* colmax, float scale, const LaneBias& bias, int64_t j0);
+// The V tile as key pairs: rows 2 j2 and 2 j2 + 1 of `rows` ([n][dim] bf16) interleaved into
+// out[j2 * dim + e] (low half = the even row; an odd n pairs the last row with 0).
+void bf16_pack_pairs(const uint16_t* rows, int64_t n, int64_t dim, uint32_t* out);
+// O^T (dim x ld) = alpha * O^T + V_tile^T P^T over `pairs` key pairs: v2 from bf16_pack_pairs, p2 the
+// tile's probabilities rounded to bf16 as key pairs ([pairs][ld] words, low half = the even key).
+void bf16_pv_tile(const uint32_t* v2, int64_t dim, const uint32_t* p2, int64_t ld, int64_t pairs, float* ot,
+                  const float* alpha);
 
 // Per-thread scratch for one query tile (ld = the tile's row count rounded up to kLanes). The dot-product
 // path uses the same buffers row-major: qt as [rows][D], s as [rows][tile_kv rounded to kLanes], ot as
@@ -65,10 +78,11 @@ struct Scratch {
   AlignedVector<float> ot;     // [D][ld]   running output, transposed
   AlignedVector<float> stats;  // [4][ld]   running max, running sum, tile max, rescale factor
   AlignedVector<float> bias;   // [2][ld]   ALiBi: lane positions, lane slopes (LaneBias)
-  // bf16 / fp16 storage: the current K and V tiles widened to fp32 ([tile_kv][D] each), and for the native
-  // bf16 score kernel Q^T as bf16 pairs ([D / 2][ld]).
+  // bf16 / fp16 storage: the current K and V tiles widened to fp32 ([tile_kv][D] each); for the native bf16
+  // kernels Q^T as bf16 pairs ([D / 2][ld]), the tile's rounded probabilities as key pairs
+  // ([tile_kv / 2][ld]) and the V tile as key pairs ([tile_kv / 2][D]).
   AlignedVector<float> kt, vt;
-  AlignedVector<uint32_t> qt2;
+  AlignedVector<uint32_t> qt2, p2, vt2;
   std::vector<DropoutRow> drop;
 
   static int64_t s_floats(int64_t ld, int64_t tile_kv) { return (tile_kv + kLanes) * ld; }
@@ -85,15 +99,20 @@ struct Scratch {
       grow(kt, tile_kv * dim);
       grow(vt, tile_kv * dim);
     }
-    if (pairs) grow(qt2, (dim + 1) / 2 * ld);
+    if (pairs) {
+      grow(qt2, (dim + 1) / 2 * ld);
+      grow(p2, (tile_kv + 1) / 2 * ld);
+      grow(vt2, (tile_kv + 1) / 2 * dim);
+    }
     if (dropout) drop.resize(static_cast<std::size_t>(ld));
   }
   // What ensure() allocates, saturating (common/interface/util.hpp): this is also the estimate for problems
   // far too large to run (head_dim 2^40 times a 2^20-row group tile exceeds 64 bits).
   static std::size_t bytes(int64_t ld, int64_t tile_kv, int64_t dim, bool dropout, bool wide, bool pairs) {
     const std::size_t L = to_size(ld), K = to_size(tile_kv), D = to_size(dim);
-    const std::size_t floats = sat_add(sat_mul(2 * D + 6, L), sat_mul(K + kLanes, L),
-                                       wide ? sat_mul(2, K, D) : 0, pairs ? sat_mul((D + 1) / 2, L) : 0);
+    const std::size_t floats =
+        sat_add(sat_mul(2 * D + 6, L), sat_mul(K + kLanes, L), wide ? sat_mul(2, K, D) : 0,
+                pairs ? sat_mul((K + 1) / 2 + (D + 1) / 2, L) : 0, pairs ? sat_mul((K + 1) / 2, D) : 0);
     return sat_add(sat_mul(floats, sizeof(float)), dropout ? sat_mul(L, sizeof(DropoutRow)) : 0,
                    sizeof(Scratch));
   }
@@ -125,8 +144,8 @@ struct Context {
   // ALiBi: -slope_h * log2(e) per query head (empty without the bias), and the LaneBias kind.
   std::vector<float> alibi_l2e;
   int bias_kind = 0;
-  // bf16 storage on a CPU with AVX512_BF16 and an even head_dim: the GEMM path scores with vdpbf16ps
-  // (it is taken only on the AVX-512 target; others convert).
+  // The native bf16 kernels (tiled.cpp native_bf16: bf16 storage, an even head_dim, bf16_kernel not widen,
+  // AVX512_BF16 and the AVX-512 target): the GEMM-path tiles compute Q K^T and P V with vdpbf16ps.
   bool bf16_dot = false;
   // Every task writes partial rows to `partials` even without splits (accumulate_block).
   bool partial_out = false;

@@ -1,8 +1,10 @@
-// tiled's native bf16 score kernel: S^T = K Q^T with AVX512_BF16's vdpbf16ps, which multiplies pairs of
-// bf16 values exactly and accumulates them in fp32 (32 products per instruction where an fp32 FMA does 16).
-// Highway 1.0 (Debian 12) has no target with these instructions, so this file uses the intrinsics under a
-// function-level target attribute, and tiled_kernels.cpp calls it from its AVX-512 target when the CPU
-// reports avx512_bf16 (bf16_dot_supported); every other CPU and target converts bf16 to fp32 instead.
+// tiled's native bf16 kernels with AVX512_BF16's vdpbf16ps, which multiplies pairs of bf16 values exactly
+// and accumulates them in fp32 (32 products per instruction where an fp32 FMA does 16): the score tile
+// S^T = K Q^T, and the output tile O^T += V^T P^T with P rounded to bf16 (tiled_kernels.cpp
+// SoftmaxUpdatePairs) and V packed per tile as key pairs. Highway 1.0 (Debian 12) has no target with these
+// instructions, so this file uses the intrinsics under a function-level target attribute, and
+// tiled_kernels.cpp calls it from its AVX-512 target when the CPU reports avx512_bf16 (bf16_dot_supported)
+// and bf16_kernel is not widen; every other CPU and target converts bf16 to fp32 instead.
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -28,6 +30,9 @@ bool bf16_dot_supported() {
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
   }();
   return ok;
+}
+std::string bf16_dot_missing() {
+  return bf16_dot_supported() ? "" : "the CPU lacks the flag avx512_bf16 (vdpbf16ps)";
 }
 
 namespace {
@@ -89,7 +94,78 @@ constexpr std::array<std::array<Bf16Fn, 8>, 2> Bf16Table() {
   return {Bf16Row<1, BK>(std::make_integer_sequence<int, 8>()),
           Bf16Row<2, BK>(std::make_integer_sequence<int, 8>())};
 }
+// Output micro-kernel: an MR x NV-vector block of O^T = alpha * O^T + V^T P^T, value dims in rows and
+// queries in lanes, as PvKernel in tiled_kernels.cpp, over key pairs: v2[j2 * ldv + r] holds dim r of keys
+// 2 j2 and 2 j2 + 1 as one 32-bit word, p2[j2 * ldp + c] query c's probabilities of the same two keys
+// (already rounded to bf16). One vdpbf16ps adds both keys' exact products to the fp32 accumulator.
+template <int MR, int NV>
+ATTN_BF16_TARGET void Bf16PvKernel(const uint32_t* __restrict v2, int64_t ldv, const uint32_t* __restrict p2,
+                                   int64_t ldp, int64_t pairs, float* __restrict ot, int64_t ldo,
+                                   const float* __restrict alpha) {
+  __m512 acc[MR][NV];
+  for (int c = 0; c < NV; ++c) {
+    const __m512 a = _mm512_load_ps(alpha + c * 16);
+    for (int r = 0; r < MR; ++r) acc[r][c] = _mm512_mul_ps(_mm512_load_ps(ot + r * ldo + c * 16), a);
+  }
+  for (int64_t j2 = 0; j2 < pairs; ++j2) {
+    __m512bh b[NV];
+    for (int c = 0; c < NV; ++c) b[c] = (__m512bh)_mm512_load_si512(p2 + j2 * ldp + c * 16);
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(v2[j2 * ldv + r]));
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], a, b[c]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int c = 0; c < NV; ++c) _mm512_store_ps(ot + r * ldo + c * 16, acc[r][c]);
+}
+
+using Bf16PvFn = void (*)(const uint32_t*, int64_t, const uint32_t*, int64_t, int64_t, float*, int64_t,
+                          const float*);
+template <int NV, int... R>
+constexpr std::array<Bf16PvFn, sizeof...(R)> Bf16PvRow(std::integer_sequence<int, R...>) {
+  return {&Bf16PvKernel<R + 1, NV>...};
+}
+
+// 16 bf16 values zero-extended to 32-bit lanes. Zero-masked forms: GCC 12 warns (falsely) about the undefined
+// pass-through of the unmasked intrinsics.
+ATTN_BF16_TARGET inline __m512i Widen16(const uint16_t* x) {
+  return _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+}
+
+// Rows 2 j2 and 2 j2 + 1 of `rows` (n rows of dim bf16 values) interleaved into out[j2 * dim + e], the
+// even row in the low half; an odd n pairs the last row with zeros.
+ATTN_BF16_TARGET void PackPairs(const uint16_t* __restrict rows, int64_t n, int64_t dim,
+                                uint32_t* __restrict out) {
+  for (int64_t j = 0; j < n; j += 2) {
+    const uint16_t* lo = rows + j * dim;
+    const uint16_t* hi = j + 1 < n ? lo + dim : nullptr;
+    uint32_t* o = out + j / 2 * dim;
+    int64_t e = 0;
+    for (; e + 16 <= dim; e += 16) {
+      const __m512i h = hi ? _mm512_maskz_slli_epi32(0xffff, Widen16(hi + e), 16) : _mm512_setzero_si512();
+      _mm512_storeu_si512(o + e, _mm512_or_si512(Widen16(lo + e), h));
+    }
+    for (; e < dim; ++e) o[e] = lo[e] | (hi ? static_cast<uint32_t>(hi[e]) << 16 : 0u);
+  }
+}
 }  // namespace
+
+void bf16_pack_pairs(const uint16_t* rows, int64_t n, int64_t dim, uint32_t* out) {
+  PackPairs(rows, n, dim, out);
+}
+
+void bf16_pv_tile(const uint32_t* v2, int64_t dim, const uint32_t* p2, int64_t ld, int64_t pairs, float* ot,
+                  const float* alpha) {
+  static constexpr std::array<std::array<Bf16PvFn, 8>, 2> kernels = {
+      Bf16PvRow<1>(std::make_integer_sequence<int, 8>()), Bf16PvRow<2>(std::make_integer_sequence<int, 8>())};
+  for (int64_t c0 = 0; c0 < ld; c0 += 32) {
+    const int64_t nv = std::min<int64_t>(2, (ld - c0) / 16);
+    for (int64_t d0 = 0; d0 < dim; d0 += 8) {
+      const int64_t mr = std::min<int64_t>(8, dim - d0);
+      kernels[nv - 1][mr - 1](v2 + d0, dim, p2 + c0, ld, pairs, ot + d0 * ld + c0, ld, alpha + c0);
+    }
+  }
+}
 
 void bf16_score_tile(const uint16_t* k, int64_t dim, const uint32_t* qt2, int64_t ld, int64_t nk, float* s,
                      float* colmax, float scale, const LaneBias& bias, int64_t j0) {
@@ -110,8 +186,13 @@ void bf16_score_tile(const uint16_t* k, int64_t dim, const uint32_t* qt2, int64_
 bool bf16_dot_supported() {
   return false;
 }
+std::string bf16_dot_missing() {
+  return "this build has no vdpbf16ps kernel (x86-64 with GCC or Clang only; CPU flag avx512_bf16)";
+}
 void bf16_score_tile(const uint16_t*, int64_t, const uint32_t*, int64_t, int64_t, float*, float*, float,
                      const LaneBias&, int64_t) {}
+void bf16_pack_pairs(const uint16_t*, int64_t, int64_t, uint32_t*) {}
+void bf16_pv_tile(const uint32_t*, int64_t, const uint32_t*, int64_t, int64_t, float*, const float*) {}
 #endif
 
 }  // namespace attn::tiled

@@ -21,6 +21,7 @@
 #include "common/kernels/alibi.hpp"
 #include "common/kernels/mask.hpp"
 #include "common/kernels/simd-inl.hpp"
+#include "common/kernels/simd.hpp"
 #include "variants/tiled/dot_scores-inl.hpp"
 #include "variants/tiled/tiled.hpp"
 
@@ -327,6 +328,59 @@ void SoftmaxUpdate(float* s, int64_t ld, int64_t nk, float* m, float* l, const f
   }
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// The native bf16 P V (GemmRows with native_bf16, this target only): SoftmaxUpdate with every probability
+// rounded to bf16 by vcvtne2ps2bf16 (round to nearest even: relative error at most 2^-8, the unit roundoff
+// of bf16's 8-bit significand; NaN stays NaN) and packed as key pairs into p2 ([(nk + 1) / 2][ld] words:
+// key 2 j2 in the low half, 2 j2 + 1 in the high half, a missing last key 0) for vdpbf16ps. The running sum
+// l adds the ROUNDED values, the very words P V multiplies (one vdpbf16ps per pair against (1, 1): exact
+// products, fp32 sums), so up to fp32 rounding the output is a convex combination of V's rows with the
+// rounded weights: each normalised weight moves by at most 2^-7 / (1 - 2^-8) of itself (2^-8 from its own
+// rounding, up to 2^-8 from the sum's), the weights still sum to one, and the output moves by at most that
+// times max|v| (exact_abs_tolerance's weight term; the checks hold it to 2x naive with bf16 weights).
+// The target attribute adds AVX512_BF16 to this target's own (Highway 1.0 has no target with it); the
+// caller runs it only where bf16_dot_supported().
+HWY_ATTR __attribute__((target("avx512bf16"))) void SoftmaxUpdatePairs(const float* s, int64_t ld, int64_t nk,
+                                                                       float* m, float* l,
+                                                                       const float* tile_max, float* alpha,
+                                                                       uint32_t* p2) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  static_assert(sizeof(hn::Vec<DF>) == sizeof(__m512));
+  // 16-bit lanes [b0 .. b15, a0 .. a15] of vcvtne2ps2bf16(a, b) to [b0, a0, b1, a1, ...]: word c = key pair.
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  // The pair's words; the sum adds both rounded values of each word with one vdpbf16ps against (1, 1).
+  const __m512bh ones = (__m512bh)_mm512_set1_epi32(0x3f803f80);
+  auto pack = [&](VF e0, VF e1) {
+    return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(e1.raw, e0.raw));
+  };
+  for (int64_t c0 = 0; c0 < ld; c0 += N) {
+    const VF m_old = hn::Load(d, m + c0);
+    const VF m_new = hn::Max(m_old, hn::Load(d, tile_max + c0));
+    const VF m_use = hn::IfThenZeroElse(hn::Eq(m_new, hn::Set(d, kNegInf)), m_new);
+    const VF a = Exp2(d, hn::Sub(m_old, m_use));
+    __m512 sum = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 2 <= nk; j += 2) {
+      const VF e0 = Exp2(d, hn::Sub(hn::Load(d, s + j * ld + c0), m_use));
+      const VF e1 = Exp2(d, hn::Sub(hn::Load(d, s + (j + 1) * ld + c0), m_use));
+      const __m512i w = pack(e0, e1);
+      _mm512_store_si512(p2 + j / 2 * ld + c0, w);
+      sum = _mm512_dpbf16_ps(sum, (__m512bh)w, ones);
+    }
+    if (j < nk) {
+      const __m512i w = pack(Exp2(d, hn::Sub(hn::Load(d, s + j * ld + c0), m_use)), hn::Zero(d));
+      _mm512_store_si512(p2 + j / 2 * ld + c0, w);
+      sum = _mm512_dpbf16_ps(sum, (__m512bh)w, ones);
+    }
+    hn::Store(m_new, d, m + c0);
+    hn::Store(a, d, alpha + c0);
+    hn::Store(hn::MulAdd(hn::Load(d, l + c0), a, VF{sum}), d, l + c0);
+  }
+}
+#endif
+
 // Logit soft-capping of n logits in base 2 (scale log2(e) q.k), in place: x = C2 tanh(x / C2) with C2 = C
 // log2(e), the same map as C tanh(s / C) on natural logits. tiled_backward.cpp applies the identical
 // operations, so the backward's recomputed logits are the forward's bitwise.
@@ -588,8 +642,9 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& sr
 
 // Rows of a GEMM-path tile against keys [t.ja, t.jb): leaves m, l in w.stats and the unnormalised output
 // transposed in w.ot ([D][ld]).
-// native_bf16: score with vdpbf16ps on the bf16 K tile in place and the bf16 pairs of Q^T in w.qt2
-// (tiled_bf16.cpp); otherwise the fp32 kernels on K (widened per tile for 16-bit storage) and w.qt.
+// native_bf16: score with vdpbf16ps on the bf16 K tile in place and the bf16 pairs of Q^T in w.qt2, and
+// P V with vdpbf16ps on P rounded to bf16 and the V tile packed as key pairs (tiled_bf16.cpp); otherwise
+// the fp32 kernels on K and V (widened per tile for 16-bit storage) and w.qt.
 void GemmRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& src, bool native_bf16) {
   const Problem& p = c.p;
   const int64_t D = p.head_dim, ld = round_up(t.nr, kLanes);
@@ -619,6 +674,21 @@ void GemmRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& s
       MaskTile(c, t, j0, nk, s, ld);
       TileMaxPass(s, ld, nk, tile_max);
     }
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+    if (native_bf16) {
+      uint32_t* p2 = w.p2.data();
+      SoftmaxUpdatePairs(s, ld, nk, m, l, tile_max, alpha, p2);
+      if (p.dropout > 0)  // as below, on the packed halves
+        for (int64_t r = 0; r < t.nr; ++r)
+          for (int64_t j = 0; j < nk; ++j)
+            if (!w.drop[r].keep(j0 + j)) p2[j / 2 * ld + r] &= j % 2 ? 0x0000ffffu : 0xffff0000u;
+      // V as key pairs, packed per tile (once per call per K/V head measured no faster at n = 4096 and
+      // would make the workspace grow with seq_kv).
+      bf16_pack_pairs(src.v16 + j0 * D, nk, D, w.vt2.data());
+      bf16_pv_tile(w.vt2.data(), D, p2, ld, (nk + 1) / 2, ot, alpha);
+      continue;
+    }
+#endif
     SoftmaxUpdate(s, ld, nk, m, l, tile_max, alpha);
     if (p.dropout > 0) {
       // The sums above keep every weight (dropout acts after normalisation); dropped weights leave P here.
@@ -668,7 +738,8 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
   TileRows t = unit_rows(c, unit);
   const int64_t nr = t.nr, ld = round_up(nr, kLanes);
   const bool dropout = p.dropout > 0, dot = nr <= kDotRows;
-  // bf16 with vdpbf16ps: GEMM-path tiles on the AVX-512 target only (the others widen and use fp32 FMAs).
+  // bf16 with vdpbf16ps (Context::bf16_dot): GEMM-path tiles on the AVX-512 target only; dot-path (decode)
+  // tiles and the other targets widen and use fp32 FMAs.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   const bool native_bf16 = c.bf16_dot && !dot;
 #else
@@ -867,6 +938,15 @@ void MergeIntoState(const Context& c, int64_t unit, const PartialState& st) {
   }
 }
 
+// Whether this target runs the native bf16 kernels (tiled_bf16.cpp is called from the AVX-512 target only).
+bool NativeBf16Target() {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  return true;
+#else
+  return false;
+#endif
+}
+
 }  // namespace attn::tiled::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -875,6 +955,14 @@ namespace attn::tiled {
 HWY_EXPORT(RunQueryTile);
 HWY_EXPORT(MergeSplits);
 HWY_EXPORT(MergeIntoState);
+HWY_EXPORT(NativeBf16Target);
+
+std::string native_bf16_unavailable() {
+  if (std::string why = bf16_dot_missing(); !why.empty()) return why;
+  if (!HWY_DYNAMIC_DISPATCH(NativeBf16Target)())
+    return "the selected SIMD target " + simd::active_isa() + " is not AVX-512 (avx3)";
+  return "";
+}
 
 void run_query_tile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
   HWY_DYNAMIC_DISPATCH(RunQueryTile)(c, unit, split, w);
