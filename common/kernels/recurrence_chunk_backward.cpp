@@ -150,22 +150,13 @@ void gla_intra_grads(int64_t L, int64_t d, const ChunkBuffers& cb, BackBuffers& 
         for (int64_t c = 0; c < d; ++c) B[s * d + c] = k[s * d + c] * bb.kf[s * d + c] * mid[c];
       // dK of block j from block i: (P_ij ᵀ (Q ⊙ first factor)) ⊙ mid ⊙ kf.
       float* Y = bb.x.data();
-      gemm({.a = P + i0 * L + j0,
-            .ars = 1,
-            .acs = L,
-            .b = qq,
-            .ldb = d,
-            .c = Y,
-            .ldc = d,
-            .m = kGlaBlock,
-            .n = d,
-            .k = m});
+      mm(P + i0 * L + j0, true, L, qq, d, Y, d, kGlaBlock, d, m);
       for (int64_t s = j0; s < j0 + kGlaBlock; ++s)
         for (int64_t c = 0; c < d; ++c) dk[s * d + c] += Y[(s - j0) * d + c] * mid[c] * bb.kf[s * d + c];
     }
     // dQ of block i: (P_i,<i B) ⊙ first factor.
     float* X = bb.x.data();
-    gemm({.a = P + i0 * L, .ars = L, .acs = 1, .b = B, .ldb = d, .c = X, .ldc = d, .m = m, .n = d, .k = i0});
+    mm(P + i0 * L, false, L, B, d, X, d, m, d, i0);
     for (int64_t t = i0; t < i1; ++t) add_decayed(gam + t * d, ref, X + (t - i0) * d, dq + t * d, d, xd, mid);
   }
 }
@@ -247,38 +238,16 @@ void state_grad(const RecurrenceKind& kind, int64_t L, int64_t d, const float* d
   mm(bb.qe.data(), true, d, dout, d, ds, d, d, d, L, scale, true);
 }
 
-// One chunk's gradients (rows t0 .. t0 + L - 1 of dq, dk, dv, dg) from its start state cb.s; dS = dL/dS_C on
-// entry, dL/dS_0 on return.
-void chunk_backward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, int64_t L,
-                    const float* dout, const float* s_end, float* ds, ChunkBuffers& cb, BackBuffers& bb,
-                    const RecurrenceGrads<float>& g) {
-  const int64_t d = hi.d;
-  const float scale = static_cast<float>(hi.scale);
-  const float* v = hi.v + t0 * d;
-  float *dq = g.dq + t0 * d, *dk = g.dk + t0 * d, *dv = g.dv + t0 * d;
-  load_rows(hi, kind, t0, L, cb);
-  load_gammas(hi, kind, t0, L, cb);
-  if (kind.gate == Gate::vector)
-    vector_scores(L, d, cb);
-  else
-    scalar_scores(kind, L, d, cb);
-  masked_p(kind, dout, v, L, d, scale, cb, bb);
-  // dQ = scale e^Gamma ⊙ dO S_0ᵀ (+ the intra-chunk sums); dK = e^(Gamma_C - Gamma) ⊙ V dSᵀ (+ likewise).
+// dQ = scale e^Gamma ⊙ dO S_0ᵀ + the intra-chunk sums of P ⊙ D with the keys, and dK = e^(Gamma_C - Gamma)
+// ⊙ U dSᵀ + those with the queries (U: the value rows the tokens add, V or the delta rule's U; P from
+// masked_p; gla's sums by gla_intra_grads). Leaves dSᵀ in bb.tr.
+void query_key_grads(const RecurrenceKind& kind, int64_t L, int64_t d, const float* dout, const float* v,
+                     const float* ds, float scale, ChunkBuffers& cb, BackBuffers& bb, float* dq, float* dk) {
   transpose(cb.s.data(), d, d, bb.tr.data());
-  gemm({.a = dout,
-        .ars = d,
-        .acs = 1,
-        .b = bb.tr.data(),
-        .ldb = d,
-        .c = dq,
-        .ldc = d,
-        .m = L,
-        .n = d,
-        .k = d,
-        .alpha = scale});
+  mm(dout, false, d, bb.tr.data(), d, dq, d, L, d, d, scale);
   decay_rows(kind, L, d, false, dq, cb);
   transpose(ds, d, d, bb.tr.data());
-  gemm({.a = v, .ars = d, .acs = 1, .b = bb.tr.data(), .ldb = d, .c = dk, .ldc = d, .m = L, .n = d, .k = d});
+  mm(v, false, d, bb.tr.data(), d, dk, d, L, d, d);
   decay_rows(kind, L, d, true, dk, cb);
   if (kind.gate == Gate::vector) {
     gla_intra_grads(L, d, cb, bb, dq, dk, cb.xd.data());
@@ -295,33 +264,31 @@ void chunk_backward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0
           .k = L,
           .accumulate = true,
           .lower_a = true});
-    gemm({.a = bb.p.data(),
-          .ars = 1,
-          .acs = L,
-          .b = cb.qp,
-          .ldb = d,
-          .c = dk,
-          .ldc = d,
-          .m = L,
-          .n = d,
-          .k = L,
-          .accumulate = true});
+    mm(bb.p.data(), true, L, cb.qp, d, dk, d, L, d, L, 1.0f, true);
   }
+}
+
+// One chunk's gradients (rows t0 .. t0 + L - 1 of dq, dk, dv, dg) from its start state cb.s; dS = dL/dS_C on
+// entry, dL/dS_0 on return.
+void chunk_backward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, int64_t L,
+                    const float* dout, const float* s_end, float* ds, ChunkBuffers& cb, BackBuffers& bb,
+                    const RecurrenceGrads<float>& g) {
+  const int64_t d = hi.d;
+  const float scale = static_cast<float>(hi.scale);
+  const float* v = hi.v + t0 * d;
+  float *dq = g.dq + t0 * d, *dk = g.dk + t0 * d, *dv = g.dv + t0 * d;
+  load_rows(hi, kind, t0, L, cb);
+  load_gammas(hi, kind, t0, L, cb);
+  if (kind.gate == Gate::vector)
+    vector_scores(L, d, cb);
+  else
+    scalar_scores(kind, L, d, cb);
+  masked_p(kind, dout, v, L, d, scale, cb, bb);
+  query_key_grads(kind, L, d, dout, v, ds, scale, cb, bb, dq, dk);
   // dV = K^ dS + scale Aᵀ dO.
   decayed_keys(kind, L, d, cb);
-  gemm({.a = cb.kd.data(), .ars = d, .acs = 1, .b = ds, .ldb = d, .c = dv, .ldc = d, .m = L, .n = d, .k = d});
-  gemm({.a = cb.a.data(),
-        .ars = 1,
-        .acs = L,
-        .b = dout,
-        .ldb = d,
-        .c = dv,
-        .ldc = d,
-        .m = L,
-        .n = d,
-        .k = L,
-        .alpha = scale,
-        .accumulate = true});
+  mm(cb.kd.data(), false, d, ds, d, dv, d, L, d, d);
+  mm(cb.a.data(), true, L, dout, d, dv, d, L, d, L, scale, true);
   if (g.dg && kind.gate != Gate::none)
     gate_grads(kind, L, d, dq, dk, ds, s_end, cb, bb, g.dg + t0 * (kind.gate == Gate::vector ? d : 1));
   state_grad(kind, L, d, dout, scale, ds, cb, bb);
@@ -396,22 +363,8 @@ void chunk_backward_delta(const HeadInputs& hi, const RecurrenceKind& kind, int6
   float *du = bb.kf.data(), *dkn = bb.bm.data(), *dx = bb.x.data(), *ex = bb.ex.data(), *y = bb.yv.data();
   delta_forward(hi, kind, t0, L, cb, bb.kk.data());
   const float* U = cb.u.data();
-  masked_p(kind, dout, U, L, d, scale, cb, bb);  // P = dA ⊙ D; bb.vt = Uᵀ
-  transpose(cb.s.data(), d, d, bb.tr.data());    // S_0ᵀ
-  mm(dout, false, d, bb.tr.data(), d, dq, d, L, d, d, scale);
-  decay_rows(kind, L, d, false, dq, cb);
-  gemm({.a = bb.p.data(),
-        .ars = L,
-        .acs = 1,
-        .b = cb.kp,
-        .ldb = d,
-        .c = dq,
-        .ldc = d,
-        .m = L,
-        .n = d,
-        .k = L,
-        .accumulate = true,
-        .lower_a = true});
+  masked_p(kind, dout, U, L, d, scale, cb, bb);                      // P = dA ⊙ D; bb.vt = Uᵀ
+  query_key_grads(kind, L, d, dout, U, ds, scale, cb, bb, dq, dkn);  // dKn: its U dSᵀ and Pᵀ Q terms
   // dU, with y_t = (el_t Kn_t dS) . U_t taken before Aᵀ dO joins it.
   decayed_keys(kind, L, d, cb);
   mm(cb.kd.data(), false, d, ds, d, du, d, L, d, d);
@@ -449,13 +402,9 @@ void chunk_backward_delta(const HeadInputs& hi, const RecurrenceKind& kind, int6
     double acc = 0;
     for (int64_t t = L - 1; t >= 0; --t) acc += bb.dl[t], g.dg[t0 + t] = static_cast<float>(acc);
   }
-  // dKn: el ⊙ U dSᵀ + (dA ⊙ D)ᵀ Q + E Kn + Eᵀ Kn + dX_K S_0ᵀ (E overwrites dM: beta_t D_ts dM_ts).
-  mm(dx, false, d, bb.tr.data(), d, dkn, d, L, d, d);  // bb.tr still S_0ᵀ
-  transpose(ds, d, d, bb.tr.data());
-  mm(U, false, d, bb.tr.data(), d, bb.qe.data(), d, L, d, d);
-  decay_rows(kind, L, d, true, bb.qe.data(), cb);
-  for (int64_t e = 0; e < L * d; ++e) dkn[e] += bb.qe[e];
-  mm(bb.p.data(), true, L, cb.qp, d, dkn, d, L, d, L, 1.0f, true);
+  // dKn += E Kn + Eᵀ Kn + dX_K S_0ᵀ (E overwrites dM: beta_t D_ts dM_ts).
+  transpose(cb.s.data(), d, d, bb.tr.data());
+  mm(dx, false, d, bb.tr.data(), d, dkn, d, L, d, d, 1.0f, true);
   for (int64_t t = 0; t < L; ++t)
     for (int64_t s = 0; s < t; ++s) bb.gm[t * L + s] *= beta[t] * cb.dm[t * L + s];
   mm(bb.gm.data(), false, L, cb.kp, d, dkn, d, L, d, L, 1.0f, true);
