@@ -18,11 +18,7 @@
 #include "common/kernels/recurrence_chunk-inl.hpp"
 
 HWY_BEFORE_NAMESPACE();
-namespace attn::chunk::HWY_NAMESPACE {
-namespace hn = hwy::HWY_NAMESPACE;
-using simd::HWY_NAMESPACE::DF;
-using simd::HWY_NAMESPACE::Exp2;
-using simd::HWY_NAMESPACE::kPadLanes;
+namespace attn::chunk::HWY_NAMESPACE {  // hn, DF, Exp2, kPadLanes: recurrence_chunk-inl.hpp
 
 // O rows = scale (inter + intra), then the state moves to the chunk's end.
 void finish_chunk(const HeadInputs& hi, const RecurrenceKind& kind, int64_t L, const float* U, float* out,
