@@ -338,23 +338,26 @@ void SoftmaxUpdate(float* s, int64_t ld, int64_t nk, float* m, float* l, const f
 // rounded weights: each normalised weight moves by at most 2^-7 / (1 - 2^-8) of itself (2^-8 from its own
 // rounding, up to 2^-8 from the sum's), the weights still sum to one, and the output moves by at most that
 // times max|v| (exact_abs_tolerance's weight term; the checks hold it to 2x naive with bf16 weights).
-// The target attribute adds AVX512_BF16 to this target's own (Highway 1.0 has no target with it); the
-// caller runs it only where bf16_dot_supported().
-HWY_ATTR __attribute__((target("avx512bf16"))) void SoftmaxUpdatePairs(const float* s, int64_t ld, int64_t nk,
-                                                                       float* m, float* l,
-                                                                       const float* tile_max, float* alpha,
-                                                                       uint32_t* p2) {
+// The target adds AVX512_BF16 to this target's own (Highway 1.0 has no target with it); the caller runs it
+// only where bf16_dot_supported(). Clang applies HWY_BEFORE_NAMESPACE's target to every function in the
+// region and lets it replace a function's own, so these two leave the region and name their whole target.
+HWY_POP_ATTRIBUTES
+#define ATTN_TILED_BF16_TARGET __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
+// 16-bit lanes [b0 .. b15, a0 .. a15] of vcvtne2ps2bf16(a, b) to [b0, a0, b1, a1, ...]: word c = key pair
+// (e0's key in the low half).
+ATTN_TILED_BF16_TARGET inline __m512i PackPairWords(__m512 e0, __m512 e1) {
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+}
+
+ATTN_TILED_BF16_TARGET void SoftmaxUpdatePairs(const float* s, int64_t ld, int64_t nk, float* m, float* l,
+                                               const float* tile_max, float* alpha, uint32_t* p2) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   static_assert(sizeof(hn::Vec<DF>) == sizeof(__m512));
-  // 16-bit lanes [b0 .. b15, a0 .. a15] of vcvtne2ps2bf16(a, b) to [b0, a0, b1, a1, ...]: word c = key pair.
-  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   // The pair's words; the sum adds both rounded values of each word with one vdpbf16ps against (1, 1).
   const __m512bh ones = (__m512bh)_mm512_set1_epi32(0x3f803f80);
-  auto pack = [&](VF e0, VF e1) {
-    return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(e1.raw, e0.raw));
-  };
   for (int64_t c0 = 0; c0 < ld; c0 += N) {
     const VF m_old = hn::Load(d, m + c0);
     const VF m_new = hn::Max(m_old, hn::Load(d, tile_max + c0));
@@ -365,12 +368,13 @@ HWY_ATTR __attribute__((target("avx512bf16"))) void SoftmaxUpdatePairs(const flo
     for (; j + 2 <= nk; j += 2) {
       const VF e0 = Exp2(d, hn::Sub(hn::Load(d, s + j * ld + c0), m_use));
       const VF e1 = Exp2(d, hn::Sub(hn::Load(d, s + (j + 1) * ld + c0), m_use));
-      const __m512i w = pack(e0, e1);
+      const __m512i w = PackPairWords(e0.raw, e1.raw);
       _mm512_store_si512(p2 + j / 2 * ld + c0, w);
       sum = _mm512_dpbf16_ps(sum, (__m512bh)w, ones);
     }
     if (j < nk) {
-      const __m512i w = pack(Exp2(d, hn::Sub(hn::Load(d, s + j * ld + c0), m_use)), hn::Zero(d));
+      const __m512i w =
+          PackPairWords(Exp2(d, hn::Sub(hn::Load(d, s + j * ld + c0), m_use)).raw, _mm512_setzero_ps());
       _mm512_store_si512(p2 + j / 2 * ld + c0, w);
       sum = _mm512_dpbf16_ps(sum, (__m512bh)w, ones);
     }
@@ -379,6 +383,8 @@ HWY_ATTR __attribute__((target("avx512bf16"))) void SoftmaxUpdatePairs(const flo
     hn::Store(hn::MulAdd(hn::Load(d, l + c0), a, VF{sum}), d, l + c0);
   }
 }
+#undef ATTN_TILED_BF16_TARGET
+HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR)
 #endif
 
 // Logit soft-capping of n logits in base 2 (scale log2(e) q.k), in place: x = C2 tanh(x / C2) with C2 = C
