@@ -19,11 +19,15 @@
 #include <thread>
 #include <vector>
 
+#include "bench/lib/config.hpp"
 #include "bench/lib/inputs.hpp"
 #include "bench/lib/plan.hpp"
+#include "bench/lib/runner.hpp"
 #include "common/interface/attention.hpp"
+#include "common/interface/half.hpp"
 #include "common/io/npy.hpp"
 #include "common/kernels/simd.hpp"
+#include "common/reference/reference.hpp"
 #include "tests/support/process.hpp"
 
 using namespace attn;
@@ -1158,4 +1162,76 @@ TEST_CASE("RoPE: the sweep's inputs are the fp32 draws rotated, with the same se
   CHECK(k.data == rotated.k.data);
   CHECK(plain.v.data == rotated.v.data);
   CHECK(plain.q.data != rotated.q.data);
+}
+
+namespace {
+
+// The point of `plan` with this variant, seq_q, dtype, pass and sinks.
+const SweepPoint& find_point(const Plan& plan, const std::string& variant, int64_t seq_q, DType dtype,
+                             Pass pass, bool sinks = false) {
+  for (const SweepPoint& pt : plan.points)
+    if (pt.problem.variant == variant && pt.problem.seq_q == seq_q && pt.problem.dtype == dtype &&
+        pt.pass == pass && pt.problem.sinks == sinks)
+      return pt;
+  FAIL("no point " << variant << " seq_q " << seq_q);
+  return plan.points.front();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "backward rows of a recurrence: grad_accuracy against its own fp64 gradient (full and sampled blocks)",
+    "[sweep][backward][recurrent]") {
+  for (const std::string mode : {"full", "sampled"}) {
+    // gla (a gate per channel) and gated_delta_rule (scalar gate, beta) on one input set, beside exact
+    // attention: each against its own definition, none reusing another's gradient.
+    const std::string text = R"({"name": "rec-bwd",
+      "variants": [{"name": "gla", "params": {"chunk": 8}}, {"name": "gated_delta_rule", "params": {"chunk": 8}},
+                   "naive"],
+      "sweep": {"batch": 2, "heads": 4, "kv_heads": 2, "head_dim": 8, "seq_len": 20, "mask": "causal",
+                "threads": 1, "pass": ["backward", "forward_backward"], "dtype": ["fp32", "bf16"]},
+      "measure": {"warmup": 0, "min_reps": 1, "max_reps": 2, "min_time_s": 0, "max_time_s": 1,
+                  "max_interference": 1, "calibrate_every": 0},
+      "accuracy": {"reference": ")" +
+                             mode + R"(", "rows": 8}, "memory_budget": "1GiB", "seed": 3})";
+    const Plan plan = make_plan(parse_sweep_config_text(text, "rec-bwd.json"));
+    REQUIRE(plan.points.size() == 12);
+    PointRunner runner(plan.config);
+    Calibration cal;
+    cal.sgemm_gflops[1] = 1;
+    runner.set_calibration(cal);
+    std::vector<ResultRow> rows;
+    bool interrupted = false;
+    for (std::size_t i = 0; i < plan.points.size();) {  // the input sets' groups, as the sweep measures them
+      std::size_t j = i;
+      while (j < plan.points.size() && plan.points[j].input_key == plan.points[i].input_key) ++j;
+      const std::vector<SweepPoint> group(plan.points.begin() + i, plan.points.begin() + j);
+      for (ResultRow& r : runner.measure_group(
+               group, [] { return false; }, interrupted))
+        rows.push_back(r);
+      i = j;
+    }
+    REQUIRE(rows.size() == plan.points.size());
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const ResultRow& row = rows[i];
+      INFO(mode << " " << row.id << ": " << row.reason);
+      REQUIRE(row.status == "ok");
+      CHECK(row.grad_accuracy.reference == mode);
+      CHECK(row.grad_accuracy.blocks == (mode == "full" ? 4 : 2));
+      for (const GradAccuracySummary::Part* part :
+           {&row.grad_accuracy.dq, &row.grad_accuracy.dk, &row.grad_accuracy.dv}) {
+        REQUIRE(part->rel_l2_err);
+        CHECK(*part->rel_l2_err < 1e-5);
+        CHECK(*part->nan_count == 0);
+      }
+      // The sampled blocks of an own definition are gathered from its whole gradient: counted in the
+      // reference's memory.
+      if (mode == "sampled" && plan.points[i].problem.variant != "naive") {
+        const SweepPoint& exact =
+            find_point(plan, "naive", 20, plan.points[i].problem.dtype, plan.points[i].pass);
+        CHECK(point_memory(plan.points[i], plan.config).grad_reference >
+              point_memory(exact, plan.config).grad_reference);
+      }
+    }
+  }
 }
