@@ -28,6 +28,22 @@ DoubleArray reference_rows(const double* ref, const Problem& p, const std::vecto
   return out;
 }
 
+DoubleArray accuracy_reference(const Problem& p, const AttentionInputs& in, const std::vector<int64_t>& rows,
+                               bool all_rows) {
+  const Attention& variant = Registry::instance().get(p.variant);
+  AttentionInputs x = in;
+  x.out = nullptr;
+  if (variant.capabilities().own_definition) {
+    // Its reference_forward writes every row.
+    DoubleArray all({p.batch, p.heads, p.seq_q, p.head_dim});
+    variant.reference_forward(p, x, all.ptr());
+    return reference_rows(all.ptr(), p, rows);
+  }
+  DoubleArray ref({p.batch, p.heads, static_cast<int64_t>(rows.size()), p.head_dim});
+  reference_attention(p, x, ref.ptr(), all_rows ? nullptr : &rows);
+  return ref;
+}
+
 GradientBlocks reference_gradient_blocks(const Problem& p, const AttentionInputs& in, const float* d_out,
                                          const std::vector<int64_t>& blocks) {
   const int64_t G = p.group_size(), n = static_cast<int64_t>(blocks.size());

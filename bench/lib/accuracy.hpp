@@ -30,6 +30,13 @@ void fill_accuracy(AccuracySummary& a, const ErrorMetrics& m, int64_t rows);
 // heads, rows.size(), head_dim].
 DoubleArray reference_rows(const double* ref, const Problem& p, const std::vector<int64_t>& rows);
 
+// The fp64 reference `accuracy` compares with, on `rows` of every (batch, head) ([batch, heads, rows.size(),
+// head_dim]; `rows` are all of them when `all_rows`), for problem `p` on `in` (the inputs the kernel read,
+// with the g, beta, sink logits and initial state its variant reads): the variant's own definition
+// (reference_forward) for a variant with Capabilities::own_definition, exact softmax attention otherwise.
+DoubleArray accuracy_reference(const Problem& p, const AttentionInputs& in, const std::vector<int64_t>& rows,
+                               bool all_rows);
+
 // The fp64 gradients `grad_accuracy` compares with: of problem `p` on `in` (the inputs the kernel read, with
 // the g in the shape its variant reads, beta, sink logits and initial state) for dO `d_out`, on the
 // (batch * kv_heads + K/V head) `blocks` in the compact layout reference_attention_backward(..., &blocks)
