@@ -19,11 +19,15 @@
 #include <thread>
 #include <vector>
 
+#include "bench/lib/config.hpp"
 #include "bench/lib/inputs.hpp"
 #include "bench/lib/plan.hpp"
+#include "bench/lib/runner.hpp"
 #include "common/interface/attention.hpp"
+#include "common/interface/half.hpp"
 #include "common/io/npy.hpp"
 #include "common/kernels/simd.hpp"
+#include "common/reference/reference.hpp"
 #include "tests/support/process.hpp"
 
 using namespace attn;
@@ -1158,4 +1162,221 @@ TEST_CASE("RoPE: the sweep's inputs are the fp32 draws rotated, with the same se
   CHECK(k.data == rotated.k.data);
   CHECK(plain.v.data == rotated.v.data);
   CHECK(plain.q.data != rotated.q.data);
+}
+
+namespace {
+
+// Largest |a - b| over n values, and ||a - b|| / ||b||.
+double max_diff(const double* a, const double* b, std::size_t n) {
+  double m = 0;
+  for (std::size_t i = 0; i < n; ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+double rel_diff(const double* a, const double* b, std::size_t n) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < n; ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+  return std::sqrt(num / den);
+}
+
+// The point of `plan` with this variant, seq_q, dtype, pass and sinks.
+const SweepPoint& find_point(const Plan& plan, const std::string& variant, int64_t seq_q, DType dtype,
+                             Pass pass, bool sinks = false) {
+  for (const SweepPoint& pt : plan.points)
+    if (pt.problem.variant == variant && pt.problem.seq_q == seq_q && pt.problem.dtype == dtype &&
+        pt.pass == pass && pt.problem.sinks == sinks)
+      return pt;
+  FAIL("no point " << variant << " seq_q " << seq_q);
+  return plan.points.front();
+}
+
+}  // namespace
+
+TEST_CASE(
+    "backward rows of a recurrence: grad_accuracy against its own fp64 gradient (full and sampled blocks)",
+    "[sweep][backward][recurrent]") {
+  for (const std::string mode : {"full", "sampled"}) {
+    // gla (a gate per channel) and gated_delta_rule (scalar gate, beta) on one input set, beside exact
+    // attention: each against its own definition, none reusing another's gradient.
+    const std::string text = R"({"name": "rec-bwd",
+      "variants": [{"name": "gla", "params": {"chunk": 8}}, {"name": "gated_delta_rule", "params": {"chunk": 8}},
+                   "naive"],
+      "sweep": {"batch": 2, "heads": 4, "kv_heads": 2, "head_dim": 8, "seq_len": 20, "mask": "causal",
+                "threads": 1, "pass": ["backward", "forward_backward"], "dtype": ["fp32", "bf16"]},
+      "measure": {"warmup": 0, "min_reps": 1, "max_reps": 2, "min_time_s": 0, "max_time_s": 1,
+                  "max_interference": 1, "calibrate_every": 0},
+      "accuracy": {"reference": ")" +
+                             mode + R"(", "rows": 8}, "memory_budget": "1GiB", "seed": 3})";
+    const Plan plan = make_plan(parse_sweep_config_text(text, "rec-bwd.json"));
+    REQUIRE(plan.points.size() == 12);
+    PointRunner runner(plan.config);
+    Calibration cal;
+    cal.sgemm_gflops[1] = 1;
+    runner.set_calibration(cal);
+    std::vector<ResultRow> rows;
+    bool interrupted = false;
+    for (std::size_t i = 0; i < plan.points.size();) {  // the input sets' groups, as the sweep measures them
+      std::size_t j = i;
+      while (j < plan.points.size() && plan.points[j].input_key == plan.points[i].input_key) ++j;
+      const std::vector<SweepPoint> group(plan.points.begin() + i, plan.points.begin() + j);
+      for (ResultRow& r : runner.measure_group(
+               group, [] { return false; }, interrupted))
+        rows.push_back(r);
+      i = j;
+    }
+    REQUIRE(rows.size() == plan.points.size());
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const ResultRow& row = rows[i];
+      INFO(mode << " " << row.id << ": " << row.reason);
+      REQUIRE(row.status == "ok");
+      CHECK(row.grad_accuracy.reference == mode);
+      CHECK(row.grad_accuracy.blocks == (mode == "full" ? 4 : 2));
+      for (const GradAccuracySummary::Part* part :
+           {&row.grad_accuracy.dq, &row.grad_accuracy.dk, &row.grad_accuracy.dv}) {
+        REQUIRE(part->rel_l2_err);
+        CHECK(*part->rel_l2_err < 1e-5);
+        CHECK(*part->nan_count == 0);
+      }
+      // The sampled blocks of an own definition are gathered from its whole gradient: counted in the
+      // reference's memory.
+      if (mode == "sampled" && plan.points[i].problem.variant != "naive") {
+        const SweepPoint& exact =
+            find_point(plan, "naive", 20, plan.points[i].problem.dtype, plan.points[i].pass);
+        CHECK(point_memory(plan.points[i], plan.config).grad_reference >
+              point_memory(exact, plan.config).grad_reference);
+      }
+    }
+  }
+}
+
+TEST_CASE(
+    "attnbench inputs: the g, beta, sink logits and initial state a point reads, and its own references",
+    "[sweep][inputs][recurrent]") {
+  ScratchDir dir("recinputs");
+  const std::string text = R"({"name": "rec-inputs",
+    "variants": [{"name": "gla", "params": {"chunk": 8}}, {"name": "gated_delta_rule", "params": {"chunk": 8}},
+                 "naive"],
+    "sweep": {"batch": 1, "heads": 4, "kv_heads": 2, "head_dim": 8, "seq_q": [2, 24], "seq_kv": 24,
+              "mask": "causal_lower_right", "sinks": [false, true], "threads": 1,
+              "pass": ["forward", "backward"], "dtype": ["fp32", "bf16"]},
+    "accuracy": {"reference": "full"}, "memory_budget": "1GiB", "seed": 7})";
+  const std::string cfg = dir.write("c.json", text);
+  const Plan plan = make_plan(parse_sweep_config_text(text, cfg));
+  // The files of point `pt` (its `attnbench inputs` folder) and point.json's "files".
+  auto fetch = [&](const SweepPoint& pt, const std::string& name) {
+    const fs::path out = dir.path() / name;
+    const RunResult r = run_attnbench({"inputs", cfg, "--filter", pt.id, "--out", out.string()}, dir.path());
+    INFO(r.out << r.err);
+    REQUIRE(r.code == 0);
+    const Json files = read_json(out / "point.json").at("files");
+    for (const auto& [key, file] : files.items()) CHECK(fs::exists(out / file.get<std::string>()));
+    return std::make_pair(out, files);
+  };
+  // The inputs of a point from its files, as the kernel reads them (rounded to the point's dtype).
+  struct Loaded {
+    FloatArray q, k, v, g, beta, state;
+    AttentionInputs fp32;
+  };
+  auto load = [](const fs::path& out, const Json& files) {
+    auto opt = [&](const char* key) {
+      return files.contains(key) ? read_npy_float((out / files[key].get<std::string>()).string())
+                                 : FloatArray();
+    };
+    Loaded l{opt("q"), opt("k"), opt("v"), opt("g"), opt("beta"), opt("initial_state"), {}};
+    l.fp32.q = l.q.ptr(), l.fp32.k = l.k.ptr(), l.fp32.v = l.v.ptr();
+    l.fp32.g = l.g.numel() ? l.g.ptr() : nullptr;
+    l.fp32.beta = l.beta.numel() ? l.beta.ptr() : nullptr;
+    l.fp32.initial_state = l.state.numel() ? l.state.ptr() : nullptr;
+    return l;
+  };
+  const Attention& gla = Registry::instance().get("gla");
+  const Attention& gdr = Registry::instance().get("gated_delta_rule");
+
+  SECTION("gla, bf16: g per channel [b, h, n, d]; reference.npy and reference_e2e.npy its own definition") {
+    const SweepPoint& pt = find_point(plan, "gla", 24, DType::bf16, Pass::forward);
+    const auto [out, files] = fetch(pt, "gla");
+    const Problem& p = pt.problem;
+    CHECK_FALSE(files.contains("beta"));
+    CHECK_FALSE(files.contains("sink_logits"));
+    CHECK_FALSE(files.contains("initial_state"));
+    Loaded l = load(out, files);
+    REQUIRE(l.g.shape == std::vector<int64_t>{1, 4, 24, 8});
+    CHECK(l.g.data == make_inputs(pt).g_vector.data);
+    const DoubleArray ref = read_npy_double((out / "reference.npy").string());
+    const DoubleArray e2e = read_npy_double((out / "reference_e2e.npy").string());
+    REQUIRE(ref.shape == std::vector<int64_t>{1, 4, 24, 8});
+    REQUIRE(e2e.shape == ref.shape);
+    DoubleArray want(ref.shape), want_e2e(ref.shape), softmax(ref.shape);
+    const StoredInputs stored(p, l.fp32);
+    gla.reference_forward(p, stored.get(), want.ptr());
+    gla.reference_forward(WideInputs::as_fp32(p), l.fp32, want_e2e.ptr());
+    reference_attention(p, stored.get(), softmax.ptr());
+    CHECK(max_diff(ref.ptr(), want.ptr(), ref.numel()) <= 1e-12);
+    CHECK(max_diff(e2e.ptr(), want_e2e.ptr(), e2e.numel()) <= 1e-12);
+    CHECK(max_diff(ref.ptr(), e2e.ptr(), ref.numel()) > 0);        // bf16 rounding
+    CHECK(rel_diff(ref.ptr(), softmax.ptr(), ref.numel()) > 0.1);  // another operator
+  }
+  SECTION("gated_delta_rule backward: scalar g and beta; grad_*.npy the gradient of its own definition") {
+    const SweepPoint& pt = find_point(plan, "gated_delta_rule", 24, DType::fp32, Pass::backward);
+    const auto [out, files] = fetch(pt, "gdr");
+    const Problem& p = pt.problem;
+    Loaded l = load(out, files);
+    REQUIRE(l.g.shape == std::vector<int64_t>{1, 4, 24});
+    REQUIRE(l.beta.shape == std::vector<int64_t>{1, 4, 24});
+    const FloatArray d_out = read_npy_float((out / "d_out.npy").string());
+    DoubleArray dq({1, 4, 24, 8}), dk({1, 2, 24, 8}), dv(dk.shape);
+    gdr.reference_gradients(p, l.fp32, d_out.ptr(),
+                            Fp64Gradients{.dq = dq.ptr(), .dk = dk.ptr(), .dv = dv.ptr()});
+    // Every block ("full"): the compact layout is the whole gradient's.
+    const DoubleArray gq = read_npy_double((out / "grad_dq.npy").string());
+    const DoubleArray gk = read_npy_double((out / "grad_dk.npy").string());
+    const DoubleArray gv = read_npy_double((out / "grad_dv.npy").string());
+    CHECK(gq.shape == std::vector<int64_t>{2, 2, 24, 8});
+    CHECK(gk.shape == std::vector<int64_t>{2, 24, 8});
+    REQUIRE(gq.numel() == dq.numel());
+    REQUIRE(gk.numel() == dk.numel());
+    REQUIRE(gv.numel() == dv.numel());
+    CHECK(max_diff(gq.ptr(), dq.ptr(), dq.numel()) <= 1e-12);
+    CHECK(max_diff(gk.ptr(), dk.ptr(), dk.numel()) <= 1e-12);
+    CHECK(max_diff(gv.ptr(), dv.ptr(), dv.numel()) <= 1e-12);
+    CHECK(read_npy_double((out / "reference.npy").string()).shape == std::vector<int64_t>{1, 4, 24, 8});
+  }
+  SECTION("gla decode: initial_state.npy, the reference from it equals the whole context's last rows") {
+    const SweepPoint& pt = find_point(plan, "gla", 2, DType::fp32, Pass::forward);
+    const auto [out, files] = fetch(pt, "decode");
+    const Problem& p = pt.problem;
+    REQUIRE(p.initial_state);
+    Loaded l = load(out, files);
+    REQUIRE(l.state.shape == std::vector<int64_t>{1, 4, 8, 8});
+    const DoubleArray ref = read_npy_double((out / "reference.npy").string());
+    REQUIRE(ref.shape == std::vector<int64_t>{1, 4, 2, 8});
+    DoubleArray want(ref.shape);
+    gla.reference_forward(p, l.fp32, want.ptr());
+    CHECK(max_diff(ref.ptr(), want.ptr(), ref.numel()) <= 1e-12);
+    // The state is the prefill of the first 22 tokens: from it, the decode's rows are the last two of the
+    // 24-token sequence (fp32 prefill: up to its rounding).
+    Problem whole = p;
+    whole.seq_q = 24, whole.initial_state = false;
+    whole.mask = MaskSpec{};
+    whole.mask.causal = true;
+    FloatArray q({1, 4, 24, 8});
+    for (int64_t h = 0; h < 4; ++h) std::copy_n(l.q.ptr() + h * 2 * 8, 2 * 8, q.ptr() + (h * 24 + 22) * 8);
+    AttentionInputs all = l.fp32;
+    all.q = q.ptr(), all.initial_state = nullptr;
+    DoubleArray full({1, 4, 24, 8});
+    gla.reference_forward(whole, all, full.ptr());
+    std::vector<double> last(4 * 2 * 8);
+    for (int64_t h = 0; h < 4; ++h)
+      std::copy_n(full.ptr() + (h * 24 + 22) * 8, 2 * 8, last.data() + h * 2 * 8);
+    CHECK(rel_diff(ref.ptr(), last.data(), last.size()) <= 1e-5);
+  }
+  SECTION("naive with sink logits: sink_logits.npy [heads], no g or beta") {
+    const SweepPoint& pt = find_point(plan, "naive", 24, DType::fp32, Pass::forward, true);
+    const auto [out, files] = fetch(pt, "sinks");
+    CHECK_FALSE(files.contains("g"));
+    CHECK_FALSE(files.contains("beta"));
+    REQUIRE(files.contains("sink_logits"));
+    const FloatArray sinks = read_npy_float((out / "sink_logits.npy").string());
+    CHECK(sinks.shape == std::vector<int64_t>{4});
+    CHECK(sinks.data == make_inputs(pt).sink_logits.data);
+  }
 }

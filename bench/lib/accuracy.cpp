@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common/interface/half.hpp"
+#include "common/interface/util.hpp"
 
 namespace attn {
 
@@ -14,6 +15,67 @@ void fill_accuracy(AccuracySummary& a, const ErrorMetrics& m, int64_t rows) {
   a.mean_cosine = m.mean_cosine;
   a.nan_count = m.nan_count;
   a.inf_count = m.inf_count;
+}
+
+DoubleArray reference_rows(const double* ref, const Problem& p, const std::vector<int64_t>& rows) {
+  const int64_t bh = p.batch * p.heads, D = p.head_dim;
+  const auto n = static_cast<int64_t>(rows.size());
+  DoubleArray out({p.batch, p.heads, n, D});
+  for (int64_t x = 0; x < bh; ++x)
+    for (int64_t r = 0; r < n; ++r)
+      std::copy_n(ref + (x * p.seq_q + rows[static_cast<std::size_t>(r)]) * D, D,
+                  out.ptr() + (x * n + r) * D);
+  return out;
+}
+
+DoubleArray accuracy_reference(const Problem& p, const AttentionInputs& in, const std::vector<int64_t>& rows,
+                               bool all_rows) {
+  const Attention& variant = Registry::instance().get(p.variant);
+  AttentionInputs x = in;
+  x.out = nullptr;
+  if (variant.capabilities().own_definition) {
+    // Its reference_forward writes every row.
+    DoubleArray all({p.batch, p.heads, p.seq_q, p.head_dim});
+    variant.reference_forward(p, x, all.ptr());
+    return reference_rows(all.ptr(), p, rows);
+  }
+  DoubleArray ref({p.batch, p.heads, static_cast<int64_t>(rows.size()), p.head_dim});
+  reference_attention(p, x, ref.ptr(), all_rows ? nullptr : &rows);
+  return ref;
+}
+
+GradientBlocks reference_gradient_blocks(const Problem& p, const AttentionInputs& in, const float* d_out,
+                                         const std::vector<int64_t>& blocks) {
+  const int64_t G = p.group_size(), n = static_cast<int64_t>(blocks.size());
+  const int64_t qblock = G * p.seq_q * p.head_dim, kvblock = p.seq_kv * p.head_dim;
+  GradientBlocks r{DoubleArray({n, G, p.seq_q, p.head_dim}), DoubleArray({n, p.seq_kv, p.head_dim}),
+                   DoubleArray({n, p.seq_kv, p.head_dim})};
+  AttentionInputs x = in;
+  x.out = nullptr;
+  const Attention& variant = Registry::instance().get(p.variant);
+  if (!variant.capabilities().own_definition) {
+    reference_attention_backward(p, x, d_out, r.dq.ptr(), r.dk.ptr(), r.dv.ptr(), &blocks);
+    return r;
+  }
+  // Block bkv = b * kv_heads + K/V head holds query heads bkv * G .. bkv * G + G - 1 (heads = kv_heads * G):
+  // every block in order is the whole gradient, written in place; a subset is gathered from it.
+  bool every = n == p.batch * p.num_kv_heads();
+  for (int64_t i = 0; every && i < n; ++i) every = blocks[static_cast<std::size_t>(i)] == i;
+  if (every) {
+    variant.reference_gradients(p, x, d_out,
+                                Fp64Gradients{.dq = r.dq.ptr(), .dk = r.dk.ptr(), .dv = r.dv.ptr()});
+    return r;
+  }
+  DoubleArray dq({p.batch, p.heads, p.seq_q, p.head_dim});
+  DoubleArray dk({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim}), dv(dk.shape);
+  variant.reference_gradients(p, x, d_out, Fp64Gradients{.dq = dq.ptr(), .dk = dk.ptr(), .dv = dv.ptr()});
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t bkv = blocks[static_cast<std::size_t>(i)];
+    std::copy_n(dq.ptr() + bkv * qblock, qblock, r.dq.ptr() + i * qblock);
+    std::copy_n(dk.ptr() + bkv * kvblock, kvblock, r.dk.ptr() + i * kvblock);
+    std::copy_n(dv.ptr() + bkv * kvblock, kvblock, r.dv.ptr() + i * kvblock);
+  }
+  return r;
 }
 
 namespace {
@@ -86,7 +148,7 @@ void AccuracyReferences::fill_forward(const SweepPoint& pt, const AttentionInput
   fp32_in.out = nullptr;
   own_reference(variant, WideInputs::as_fp32(p), fp32_in, own_key + "|fp32", own_key_, own_reference_);
   const ErrorMetrics own_e2e =
-      compare_outputs(got.data(), own_rows(own_reference_, p).data(), nrows, p.head_dim);
+      compare_outputs(got.data(), own_rows(own_reference_, p).ptr(), nrows, p.head_dim);
   fill_accuracy(row.accuracy_e2e, own_e2e, rows);
   if (p.dtype == DType::fp32) {
     own_stored_key_.clear();
@@ -97,7 +159,7 @@ void AccuracyReferences::fill_forward(const SweepPoint& pt, const AttentionInput
     stored.out = nullptr;
     own_reference(variant, p, stored, own_key, own_stored_key_, own_stored_reference_);
     fill_accuracy(row.accuracy,
-                  compare_outputs(got.data(), own_rows(own_stored_reference_, p).data(), nrows, p.head_dim),
+                  compare_outputs(got.data(), own_rows(own_stored_reference_, p).ptr(), nrows, p.head_dim),
                   rows);
   }
 }
@@ -112,17 +174,6 @@ void AccuracyReferences::own_reference(const Attention& variant, const Problem& 
   have_key = key;
 }
 
-std::vector<double> AccuracyReferences::own_rows(const DoubleArray& ref, const Problem& p) const {
-  const int64_t bh = p.batch * p.heads, D = p.head_dim;
-  std::vector<double> rows(static_cast<std::size_t>(bh) * rows_.size() * static_cast<std::size_t>(D));
-  for (int64_t x = 0; x < bh; ++x)
-    for (std::size_t r = 0; r < rows_.size(); ++r)
-      std::copy_n(
-          ref.ptr() + (x * p.seq_q + rows_[r]) * D, D,
-          rows.data() + (static_cast<std::size_t>(x) * rows_.size() + r) * static_cast<std::size_t>(D));
-  return rows;
-}
-
 void AccuracyReferences::fill_backward(const SweepPoint& pt, const AttentionInputs& stored,
                                        const float* d_out, const float* dq, const float* dk, const float* dv,
                                        ResultRow& row) {
@@ -131,18 +182,20 @@ void AccuracyReferences::fill_backward(const SweepPoint& pt, const AttentionInpu
   row.grad_accuracy.blocks = static_cast<int64_t>(blocks.size());
   if (blocks.empty()) return;
   const int64_t G = p.group_size(), n = static_cast<int64_t>(blocks.size());
-  const std::string key = pt.input_key + "|" + pt.mask.label() + "|" + row.grad_accuracy.reference + "|" +
-                          std::to_string(p.dropout) + "|" + std::to_string(p.seed) + "|" + bias_name(p.bias) +
-                          "|" + dtype_name(p.dtype) + "|" + std::to_string(p.effective_scale()) + "|" +
-                          logit_key(p);
+  // Exact softmax attention's gradient is shared by every variant on the input set (and mask, dropout, bias,
+  // dtype, scale, logits); a variant's own definition is its alone: keyed by the whole problem (its repro:
+  // variant, parameters, shapes, mask, dtype, initial state).
+  const Attention& variant = Registry::instance().get(p.variant);
+  const std::string key = variant.capabilities().own_definition
+                              ? pt.input_key + "|" + p.repro() + "|" + row.grad_accuracy.reference
+                              : pt.input_key + "|" + pt.mask.label() + "|" + row.grad_accuracy.reference +
+                                    "|" + std::to_string(p.dropout) + "|" + std::to_string(p.seed) + "|" +
+                                    bias_name(p.bias) + "|" + dtype_name(p.dtype) + "|" +
+                                    std::to_string(p.effective_scale()) + "|" + logit_key(p);
   if (grad_key_ != key) {
     grad_key_.clear();
-    grad_dq_ = DoubleArray({n, G, p.seq_q, p.head_dim});
-    grad_dk_ = DoubleArray({n, p.seq_kv, p.head_dim});
-    grad_dv_ = DoubleArray(grad_dk_.shape);
-    AttentionInputs ref_in = stored;
-    ref_in.out = nullptr;
-    reference_attention_backward(p, ref_in, d_out, grad_dq_.ptr(), grad_dk_.ptr(), grad_dv_.ptr(), &blocks);
+    grad_ = GradientBlocks();
+    grad_ = reference_gradient_blocks(p, stored, d_out, blocks);
     grad_key_ = key;
   }
   // The fp32 gradients of the same blocks, in the reference's compact layout.
@@ -164,9 +217,9 @@ void AccuracyReferences::fill_backward(const SweepPoint& pt, const AttentionInpu
     part.nan_count = m.nan_count;
     part.inf_count = m.inf_count;
   };
-  fill(row.grad_accuracy.dq, gq, grad_dq_);
-  fill(row.grad_accuracy.dk, gk, grad_dk_);
-  fill(row.grad_accuracy.dv, gv, grad_dv_);
+  fill(row.grad_accuracy.dq, gq, grad_.dq);
+  fill(row.grad_accuracy.dk, gk, grad_.dk);
+  fill(row.grad_accuracy.dv, gv, grad_.dv);
 }
 
 }  // namespace attn

@@ -4,10 +4,11 @@
 // `grad_accuracy` (dQ, dK, dV against the fp64 gradient of the blocks grad_reference_blocks names). The
 // softmax references are computed once per input set (and mask, dropout, bias, dtype) and shared by every
 // point on it: the plan keeps those points adjacent. A variant that is not softmax attention
-// (Capabilities::own_definition: the recurrences) has `accuracy` and `accuracy_e2e` against its own fp64
-// definition (Attention::reference_forward, keyed by the whole problem: it is that variant's alone), and the
-// shared softmax reference gives `accuracy_vs_softmax`, the informative distance between the two operators
-// (for softmax variants it repeats `accuracy`'s figures).
+// (Capabilities::own_definition: the recurrences) has `accuracy`, `accuracy_e2e` and `grad_accuracy`
+// against its own fp64 definition (Attention::reference_forward, Attention::reference_gradients, keyed by
+// the whole problem: it is that variant's alone), and the shared softmax reference gives
+// `accuracy_vs_softmax`, the informative distance between the two operators (for softmax variants it
+// repeats `accuracy`'s figures).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -25,6 +26,31 @@ namespace attn {
 // The metrics of a comparison into a row's summary.
 void fill_accuracy(AccuracySummary& a, const ErrorMetrics& m, int64_t rows);
 
+// Rows `rows` of every (batch, head) of a whole [batch, heads, seq_q, head_dim] reference `ref`: [batch,
+// heads, rows.size(), head_dim].
+DoubleArray reference_rows(const double* ref, const Problem& p, const std::vector<int64_t>& rows);
+
+// The fp64 reference `accuracy` compares with, on `rows` of every (batch, head) ([batch, heads, rows.size(),
+// head_dim]; `rows` are all of them when `all_rows`), for problem `p` on `in` (the inputs the kernel read,
+// with the g, beta, sink logits and initial state its variant reads): the variant's own definition
+// (reference_forward) for a variant with Capabilities::own_definition, exact softmax attention otherwise.
+DoubleArray accuracy_reference(const Problem& p, const AttentionInputs& in, const std::vector<int64_t>& rows,
+                               bool all_rows);
+
+// The fp64 gradients `grad_accuracy` compares with: of problem `p` on `in` (the inputs the kernel read, with
+// the g in the shape its variant reads, beta, sink logits and initial state) for dO `d_out`, on the
+// (batch * kv_heads + K/V head) `blocks` in the compact layout reference_attention_backward(..., &blocks)
+// writes: dq [n, group, seq_q, head_dim], dk and dv [n, seq_kv, head_dim] (n = blocks.size(), the blocks in
+// their order). A variant with Capabilities::own_definition: the gradient of its own definition
+// (Attention::reference_gradients over the whole tensors, then these blocks); any other: exact softmax
+// attention's (same masks, bias, scale, dropout, sinks). The runner's grad_accuracy and `attnbench inputs`'
+// grad_*.npy both come from here.
+struct GradientBlocks {
+  DoubleArray dq, dk, dv;
+};
+GradientBlocks reference_gradient_blocks(const Problem& p, const AttentionInputs& in, const float* d_out,
+                                         const std::vector<int64_t>& blocks);
+
 class AccuracyReferences {
  public:
   explicit AccuracyReferences(const AccuracySettings& settings) : settings_(settings) {}
@@ -33,8 +59,9 @@ class AccuracyReferences {
   // row's accuracy.reference is "none".
   void fill_forward(const SweepPoint& pt, const AttentionInputs& fp32, const AttentionInputs& stored,
                     const float* out, ResultRow& row);
-  // The whole dQ, dK, dV of a backward point against the gradient of exact attention on `stored` for dO
-  // `d_out`, on the blocks grad_reference_blocks gives (grad_accuracy.blocks = how many).
+  // The whole dQ, dK, dV of a backward point against reference_gradient_blocks on `stored` (the inputs the
+  // kernel read, with the g, beta and initial state its variant reads) for dO `d_out`, on the blocks
+  // grad_reference_blocks gives (grad_accuracy.blocks = how many).
   void fill_backward(const SweepPoint& pt, const AttentionInputs& stored, const float* d_out, const float* dq,
                      const float* dk, const float* dv, ResultRow& row);
 
@@ -47,7 +74,9 @@ class AccuracyReferences {
   void own_reference(const Attention& variant, const Problem& p, const AttentionInputs& in,
                      const std::string& key, std::string& have_key, DoubleArray& ref);
   // The compared rows (rows_) of a whole [batch, heads, seq_q, head_dim] reference, in the compact order.
-  std::vector<double> own_rows(const DoubleArray& ref, const Problem& p) const;
+  DoubleArray own_rows(const DoubleArray& ref, const Problem& p) const {
+    return reference_rows(ref.ptr(), p, rows_);
+  }
 
   const AccuracySettings& settings_;
   std::vector<int64_t> rows_;
@@ -58,7 +87,7 @@ class AccuracyReferences {
   std::string own_key_, own_stored_key_;
   DoubleArray own_reference_, own_stored_reference_;
   std::string grad_key_;
-  DoubleArray grad_dq_, grad_dk_, grad_dv_;
+  GradientBlocks grad_;
 };
 
 }  // namespace attn

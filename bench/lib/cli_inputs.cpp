@@ -1,19 +1,29 @@
 // `attnbench inputs CONFIG --filter ID --out DIR`: writes one sweep point's inputs as .npy, exactly as
-// `attnbench run` makes them (same regime, seed and mask), with the point's plan entry and the fp64 exact
+// `attnbench run` makes them (same regime, seed and mask), with the point's plan entry and the fp64
 // reference rows its accuracy is measured against. Q, K, V are fp32 (after RoPE, before any rounding to a
-// bf16 / fp16 point's dtype: round them to point.json's problem.dtype to get what the kernel read);
-// reference.npy is on the rounded inputs, reference_e2e.npy (bf16 / fp16 only) on the fp32 ones. A backward
-// point (`,pass=backward` / `,pass=forward_backward`) also gets its dO (d_out.npy, make_d_out) and the fp64
-// gradient of exact attention its grad_accuracy is measured against: the (batch, K/V head) blocks of
-// grad_reference_blocks (grad_blocks.npy) in reference_attention_backward's compact layout (grad_dq.npy
-// [n, group, seq_q, head_dim], grad_dk.npy and grad_dv.npy [n, seq_kv, head_dim]), on the inputs rounded to
-// the point's dtype as the runner's. The PyTorch peer (scripts/peers/torch_attention.py) and anyone
-// reproducing a row outside attnbench start from these files.
+// bf16 / fp16 point's dtype: round them to point.json's problem.dtype to get what the kernel read). The
+// other inputs the point's variant reads, all fp32 and never rounded: key_padding.npy (uint8), g.npy (a
+// recurrence's gate in the shape its variant reads: [batch, heads, seq_kv] or [.., head_dim]), beta.npy
+// ([batch, heads, seq_kv]), sink_logits.npy ([heads], points with sink logits) and a decode point's
+// initial_state.npy ([batch, heads, head_dim, head_dim]: the state the runner makes by a chunkwise prefill of
+// the context, DecodeStates). reference.npy is `accuracy`'s reference (accuracy_reference: exact softmax
+// attention, or the variant's own definition for Capabilities::own_definition, from the initial state at a
+// decode point) on the inputs rounded to the point's dtype, reference_e2e.npy (bf16 / fp16 only) the same
+// on the fp32 ones. A backward point (`,pass=backward` / `,pass=forward_backward`) also gets its dO
+// (d_out.npy, make_d_out) and the fp64 gradient its grad_accuracy is measured against
+// (reference_gradient_blocks: exact softmax attention's, or the variant's own definition's): the
+// (batch, K/V head) blocks of grad_reference_blocks (grad_blocks.npy) in reference_attention_backward's
+// compact layout (grad_dq.npy [n, group, seq_q, head_dim], grad_dk.npy and grad_dv.npy [n, seq_kv,
+// head_dim]), on the inputs rounded to the point's dtype as the runner's. point.json's "files" names every
+// file written. The PyTorch peer (scripts/peers/torch_attention.py) and anyone reproducing a row outside
+// attnbench start from these files.
 #include <filesystem>
 #include <iostream>
 #include <set>
 
+#include "bench/lib/accuracy.hpp"
 #include "bench/lib/command.hpp"
+#include "bench/lib/decode_state.hpp"
 #include "bench/lib/inputs.hpp"
 #include "bench/lib/rows.hpp"
 #include "bench/lib/sweep.hpp"
@@ -34,27 +44,63 @@ struct InputsOptions {
   bool reference = true;
 };
 
-// A backward point's dO and, for `blocks` (empty: none), the fp64 gradient of exact attention (same masks,
-// bias, scale, dropout) on the inputs the kernel reads (rounded to the point's dtype), as the runner's
-// grad_accuracy (AccuracyReferences::fill_backward): compact, the blocks in order.
-void write_backward_files(const SweepPoint& pt, const PointInputs& in, const std::vector<int64_t>& blocks,
-                          const fs::path& dir) {
+// Writes `array` as DIR/NAME.npy and names it in `files`.
+template <class Array>
+void write_file(const fs::path& dir, const std::string& name, const Array& array, Json& files) {
+  write_npy((dir / (name + ".npy")).string(), array);
+  files[name] = name + ".npy";
+}
+
+// The inputs beyond Q, K, V the point's variant reads (capabilities, problem): key padding, g, beta, sink
+// logits, and a decode point's initial state (`fp32.initial_state`).
+void write_extra_inputs(const SweepPoint& pt, const PointInputs& in, const AttentionInputs& fp32,
+                        const fs::path& dir, Json& files) {
   const Problem& p = pt.problem;
-  const FloatArray d_out = make_d_out(pt);
-  write_npy((dir / "d_out.npy").string(), d_out);
-  if (blocks.empty()) return;
-  const auto n = static_cast<int64_t>(blocks.size());
-  DoubleArray dq({n, p.group_size(), p.seq_q, p.head_dim}), dk({n, p.seq_kv, p.head_dim}), dv(dk.shape);
-  {
-    const StoredInputs stored(p, in.view(nullptr));
-    reference_attention_backward(p, stored.get(), d_out.ptr(), dq.ptr(), dk.ptr(), dv.ptr(), &blocks);
+  const Capabilities caps = Registry::instance().get(p.variant).capabilities();
+  if (p.mask.key_padding) write_file(dir, "key_padding", in.key_padding, files);
+  if (caps.gate != Gate::none) write_file(dir, "g", caps.gate == Gate::vector ? in.g_vector : in.g, files);
+  if (caps.beta) write_file(dir, "beta", in.beta, files);
+  if (p.sinks) write_file(dir, "sink_logits", in.sink_logits, files);
+  if (p.initial_state && fp32.initial_state) {
+    FloatArray state({p.batch, p.heads, p.head_dim, p.head_dim});
+    std::copy_n(fp32.initial_state, state.numel(), state.ptr());
+    write_file(dir, "initial_state", state, files);
   }
-  write_npy((dir / "grad_dq.npy").string(), dq);
-  write_npy((dir / "grad_dk.npy").string(), dk);
-  write_npy((dir / "grad_dv.npy").string(), dv);
-  NdArray<int64_t> b({n});
+}
+
+// `accuracy`'s reference rows on `stored` (the inputs rounded to the point's dtype) and, bf16 / fp16,
+// `accuracy_e2e`'s on `fp32`, with the rows compared (none: nothing is written).
+void write_reference_files(const Problem& p, const AccuracySettings& accuracy, const AttentionInputs& fp32,
+                           const AttentionInputs& stored, const fs::path& dir, Json& files) {
+  const std::vector<int64_t> rows = accuracy_rows(p, accuracy);
+  if (rows.empty()) return;
+  const bool full = accuracy_mode(p, accuracy) == "full";
+  write_file(dir, "reference", accuracy_reference(p, stored, rows, full), files);
+  if (p.dtype != DType::fp32)
+    write_file(dir, "reference_e2e", accuracy_reference(WideInputs::as_fp32(p), fp32, rows, full), files);
+  NdArray<int64_t> r({static_cast<int64_t>(rows.size())});
+  std::copy(rows.begin(), rows.end(), r.data.begin());
+  write_file(dir, "rows", r, files);
+}
+
+// A backward point's dO and, for `blocks` (empty: none), the fp64 gradient grad_accuracy compares with
+// (reference_gradient_blocks) on `stored`, the inputs the kernel reads (rounded to the point's dtype, with
+// g, beta, sink logits and initial state), as the runner's (AccuracyReferences::fill_backward): compact, the
+// blocks in order.
+void write_backward_files(const SweepPoint& pt, const AttentionInputs& stored,
+                          const std::vector<int64_t>& blocks, const fs::path& dir, Json& files) {
+  const FloatArray d_out = make_d_out(pt);
+  write_file(dir, "d_out", d_out, files);
+  if (blocks.empty()) return;
+  {
+    const GradientBlocks g = reference_gradient_blocks(pt.problem, stored, d_out.ptr(), blocks);
+    write_file(dir, "grad_dq", g.dq, files);
+    write_file(dir, "grad_dk", g.dk, files);
+    write_file(dir, "grad_dv", g.dv, files);
+  }
+  NdArray<int64_t> b({static_cast<int64_t>(blocks.size())});
   std::copy(blocks.begin(), blocks.end(), b.data.begin());
-  write_npy((dir / "grad_blocks.npy").string(), b);
+  write_file(dir, "grad_blocks", b, files);
 }
 
 int write_inputs(const InputsOptions& o) {
@@ -89,45 +135,28 @@ int write_inputs(const InputsOptions& o) {
   if (fs::exists(dir) && !fs::is_directory(dir))
     throw UsageError("--out '" + o.out + "' exists and is not a folder");
   fs::create_directories(dir);
-  const PointInputs in = make_inputs(pt);
+  // What the kernel reads, as the runner's (PointRunner::inputs_for): the fp32 inputs with the gate its
+  // variant reads, and a decode point's state by the same chunkwise prefill; rounded to the point's dtype.
+  PointInputs in = make_inputs(pt);
+  AttentionInputs fp32 = in.view(nullptr);
+  fp32.g = in.gate_for(p);
+  DecodeStates states;
+  states.prepare(pt, fp32);
+  fp32.initial_state = states.state_for(p);
+  const StoredInputs stored(p, fp32);
   // point.json last: a folder with point.json is complete (every file is written atomically).
-  write_npy((dir / "q.npy").string(), in.q);
-  write_npy((dir / "k.npy").string(), in.k);
-  write_npy((dir / "v.npy").string(), in.v);
-  if (p.mask.key_padding) write_npy((dir / "key_padding.npy").string(), in.key_padding);
-  const std::vector<int64_t> rows = accuracy_rows(p, plan.config.accuracy);
-  if (o.reference && !rows.empty()) {
-    const bool full = accuracy_mode(p, plan.config.accuracy) == "full";
-    DoubleArray ref({p.batch, p.heads, static_cast<int64_t>(rows.size()), p.head_dim});
-    {
-      // `accuracy`'s reference: on the inputs rounded to the point's dtype (fp32: the inputs themselves).
-      const StoredInputs stored(p, in.view(nullptr));
-      reference_attention(p, stored.get(), ref.ptr(), full ? nullptr : &rows);
-    }
-    write_npy((dir / "reference.npy").string(), ref);
-    if (p.dtype != DType::fp32) {  // `accuracy_e2e`'s: on the fp32 inputs
-      reference_attention(WideInputs::as_fp32(p), in.view(nullptr), ref.ptr(), full ? nullptr : &rows);
-      write_npy((dir / "reference_e2e.npy").string(), ref);
-    }
-    NdArray<int64_t> r({static_cast<int64_t>(rows.size())});
-    std::copy(rows.begin(), rows.end(), r.data.begin());
-    write_npy((dir / "rows.npy").string(), r);
-  }
-  const std::vector<int64_t> blocks =
-      backward && o.reference ? grad_reference_blocks(p, plan.config.accuracy) : std::vector<int64_t>{};
-  if (backward) write_backward_files(pt, in, blocks, dir);
+  Json files = Json::object();
+  write_file(dir, "q", in.q, files);
+  write_file(dir, "k", in.k, files);
+  write_file(dir, "v", in.v, files);
+  write_extra_inputs(pt, in, fp32, dir, files);
+  if (o.reference) write_reference_files(p, plan.config.accuracy, fp32, stored.get(), dir, files);
+  if (backward)
+    write_backward_files(
+        pt, stored.get(),
+        o.reference ? grad_reference_blocks(p, plan.config.accuracy) : std::vector<int64_t>{}, dir, files);
   Json j = point_json(pt, plan.config);
-  j["files"] = {{"q", "q.npy"}, {"k", "k.npy"}, {"v", "v.npy"}};
-  if (p.mask.key_padding) j["files"]["key_padding"] = "key_padding.npy";
-  if (o.reference && !rows.empty()) {
-    j["files"]["reference"] = "reference.npy", j["files"]["rows"] = "rows.npy";
-    if (p.dtype != DType::fp32) j["files"]["reference_e2e"] = "reference_e2e.npy";
-  }
-  if (backward) j["files"]["d_out"] = "d_out.npy";
-  if (!blocks.empty()) {
-    j["files"]["grad_dq"] = "grad_dq.npy", j["files"]["grad_dk"] = "grad_dk.npy";
-    j["files"]["grad_dv"] = "grad_dv.npy", j["files"]["grad_blocks"] = "grad_blocks.npy";
-  }
+  j["files"] = std::move(files);
   j["points_sharing_these_inputs"] = Json::array();
   for (const SweepPoint& q : plan.points)
     if (q.input_key == pt.input_key) j["points_sharing_these_inputs"].push_back(q.id);
@@ -141,8 +170,9 @@ int write_inputs(const InputsOptions& o) {
 
 ATTN_REGISTER_COMMAND(
     "inputs",
-    "write one sweep point's inputs (q/k/v .npy, dO for backward points), its plan entry and fp64 reference "
-    "rows (and gradients)",
+    "write one sweep point's inputs (q/k/v .npy, the g / beta / sink logits / initial state its variant "
+    "reads, "
+    "dO for backward points), its plan entry and fp64 reference rows (and gradients)",
     [](CLI::App& sub) {
       auto o = std::make_shared<attn::cli::InputsOptions>();
       sub.add_option("config", o->config, "sweep config (JSON), see configs/README.md")->required();

@@ -278,6 +278,12 @@ PointMemory point_memory(const SweepPoint& pt, const SweepConfig& c) {
                                         sat_mul(2 * n, to_size(p.seq_kv * p.head_dim)));
       m.grad_reference = sat_add(sat_mul(elems, sizeof(double) + sizeof(float)),
                                  sat_mul(to_size(p.group_size() * p.seq_q), 2 * sizeof(double)));
+      // A variant's own definition (Capabilities::own_definition) has its gradient over the whole tensors
+      // (reference_gradients): some of the blocks are gathered from a whole fp64 dQ, dK, dV.
+      if (v.capabilities().own_definition && n < to_size(p.batch * p.num_kv_heads()))
+        m.grad_reference = sat_add(
+            m.grad_reference,
+            sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, to_size(p.kv_elements()))), sizeof(double)));
     }
   }
   // The accuracy step's fp64 reference rows and the fp32 copy of the compared output rows.

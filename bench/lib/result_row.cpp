@@ -441,10 +441,12 @@ constexpr Field kFields[] = {
     {"grad_accuracy.blocks", "integer", "", "(batch, K/V head) blocks whose gradients were compared",
      INT64(r.grad_accuracy.blocks)},
     {"grad_accuracy.dq.max_abs_err", "number|string|null", "",
-     "largest absolute error of dQ against the fp64 gradient of exact softmax attention (same "
-     "masks, bias, scale, dropout) on the inputs the kernel read; for an approximate variant "
-     "that is the distance of its gradient from exact attention's (its own definition's gradient "
-     "is what `attnbench check` tests)",
+     "largest absolute error of dQ against an fp64 gradient on the inputs the kernel read: for a "
+     "variant that is not softmax attention (capability own_definition: the recurrences) the "
+     "gradient of its own fp64 definition (reference_gradients, with the g, beta and initial state "
+     "it read); otherwise that of exact softmax attention (same masks, bias, scale, dropout, sinks), "
+     "so for an approximate variant the distance of its gradient from exact attention's (its own "
+     "definition's gradient is what `attnbench check` tests)",
      OPT_NUM(r.grad_accuracy.dq.max_abs_err)},
     {"grad_accuracy.dq.rel_l2_err", "number|string|null", "", "‖dQ − ref‖₂ / ‖ref‖₂ over the compared blocks",
      OPT_NUM(r.grad_accuracy.dq.rel_l2_err)},

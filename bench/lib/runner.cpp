@@ -434,7 +434,8 @@ void PointRunner::check_backward(const SweepPoint& pt, ResultRow& row, TrainingS
     row.reason = std::to_string(bad_out) + " NaN/Inf values in O, dQ, dK or dV from finite inputs";
     return;
   }
-  // The gradients against exact attention's fp64 gradient on the inputs the kernel read (accuracy.hpp).
+  // The gradients against the fp64 gradient on the inputs the kernel read (with the g, beta and state it
+  // read): exact attention's, or the variant's own definition's (accuracy.hpp).
   references_.fill_backward(pt, in, d_out.ptr(), dq.ptr(), dk.ptr(), dv.ptr(), row);
 }
 

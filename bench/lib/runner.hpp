@@ -115,7 +115,8 @@ class PointRunner final : public Executor {
   void run_and_check(const SweepPoint& pt, ResultRow& row, TrainingState& state);
   // Backward passes: the training forward, then the backward under the memory probe (from before the forward
   // for a training step), NaN/Inf from finite inputs, and the gradients against the fp64 gradient of exact
-  // attention (grad_accuracy). Returns the forward's output for the forward accuracy.
+  // attention, or of the variant's own definition (grad_accuracy). Returns the forward's output for the
+  // forward accuracy.
   void check_backward(const SweepPoint& pt, ResultRow& row, TrainingState& state);
   // dO of the current input set, N(0, 1) from its seed (made when a backward point first needs it).
   const FloatArray& d_out_for(const SweepPoint& pt);
