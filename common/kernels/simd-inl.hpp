@@ -9,6 +9,7 @@
 #define ATTN_COMMON_SIMD_INL_HPP_
 #endif
 
+#include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
 HWY_BEFORE_NAMESPACE();
@@ -68,6 +69,15 @@ HWY_INLINE V Exp2(D d, V x) {
   const hn::RebindToSigned<D> di;
   const auto bits = hn::Add(hn::BitCast(di, shifted), hn::Set(di, 127 - 0x4B400000));
   return hn::IfThenZeroElse(tiny, hn::Mul(p, hn::BitCast(d, hn::ShiftLeft<23>(bits))));
+}
+
+// tanh(x) with NaN kept as NaN: Highway's scalar-target Tanh converts its argument to an integer, undefined
+// behaviour for NaN (UBSan flags it), so NaN lanes take tanh(0) and get their NaN back. Soft-capping's tanh
+// (vmath, tiled's forward and backward).
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V TanhKeepNaN(D d, V x) {
+  const auto nan = hn::IsNaN(x);
+  return hn::IfThenElse(nan, x, hn::Tanh(d, hn::IfThenZeroElse(nan, x)));
 }
 
 }  // namespace attn::simd::HWY_NAMESPACE

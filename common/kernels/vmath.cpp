@@ -26,6 +26,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 using simd::HWY_NAMESPACE::DF;
 using simd::HWY_NAMESPACE::Exp2;
 using simd::HWY_NAMESPACE::kPadLanes;
+using simd::HWY_NAMESPACE::TanhKeepNaN;
 
 // Applies `op` (a vector -> vector function) over [0, n): full vectors in place, the tail through a buffer
 // padded with `pad`.
@@ -135,7 +136,7 @@ void Relu(const float* src, float* dst, int64_t n) {
 void Softcap(float* x, int64_t n, float cap) {
   const DF d;
   const auto c = hn::Set(d, cap), inv = hn::Set(d, 1.0f / cap);
-  map_row(x, x, n, 0.0f, [&](auto v) { return hn::Mul(c, hn::Tanh(d, hn::Mul(v, inv))); });
+  map_row(x, x, n, 0.0f, [&](auto v) { return hn::Mul(c, TanhKeepNaN(d, hn::Mul(v, inv))); });
 }
 
 }  // namespace attn::HWY_NAMESPACE

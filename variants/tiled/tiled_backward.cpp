@@ -32,6 +32,7 @@ namespace attn::tiled::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using simd::HWY_NAMESPACE::DF;
 using simd::HWY_NAMESPACE::Exp2;
+using simd::HWY_NAMESPACE::TanhKeepNaN;
 using simd::HWY_NAMESPACE::VF;
 
 // Register blocking of the one GEMM micro-kernel all five products use (as the forward's, see
@@ -170,7 +171,7 @@ void BlockRow(const BackwardContext& c, int64_t b, int64_t h, int64_t i, int64_t
     VF x = hn::LoadU(d, s + j);
     VF factor = one;  // d(capped logit) / d(logit)
     if (capped) {     // the forward's SoftcapValues, then the bias: the same logits bitwise
-      const VF t = hn::Tanh(d, hn::Mul(x, inv_cap));
+      const VF t = TanhKeepNaN(d, hn::Mul(x, inv_cap));
       x = hn::Mul(cap, t);
       factor = hn::NegMulAdd(t, t, one);
       if (dropout) hn::StoreU(factor, d, capf + j);

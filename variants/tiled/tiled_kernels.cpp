@@ -30,6 +30,7 @@ namespace attn::tiled::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using simd::HWY_NAMESPACE::DF;
 using simd::HWY_NAMESPACE::Exp2;
+using simd::HWY_NAMESPACE::TanhKeepNaN;
 using simd::HWY_NAMESPACE::VF;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -395,9 +396,10 @@ void SoftcapValues(float* x, int64_t n, float cap2) {
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const VF c = hn::Set(d, cap2), inv = hn::Set(d, 1.0f / cap2);
   int64_t j = 0;
-  for (; j + N <= n; j += N) hn::StoreU(hn::Mul(c, hn::Tanh(d, hn::Mul(hn::LoadU(d, x + j), inv))), d, x + j);
+  for (; j + N <= n; j += N)
+    hn::StoreU(hn::Mul(c, TanhKeepNaN(d, hn::Mul(hn::LoadU(d, x + j), inv))), d, x + j);
   for (; j < n; ++j) {
-    const VF v = hn::Mul(c, hn::Tanh(d, hn::Mul(hn::Set(d, x[j]), inv)));
+    const VF v = hn::Mul(c, TanhKeepNaN(d, hn::Mul(hn::Set(d, x[j]), inv)));
     x[j] = hn::GetLane(v);
   }
 }
