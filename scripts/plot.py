@@ -16,7 +16,8 @@ what `attnbench compare A B --json` printed (scripts/plotlib/compare.py). --drif
 Results of backward passes (sweep.pass) draw each pass side by side and add a "Training (forward + backward)"
 section and a training crossover column to the report; decode rows (seq_q < seq_kv, causal_lower_right) add
 plots/decode and a Decode section, a variant measured at several `chunk` values plots/chunk_size and a Chunk size
-section, rows with accuracy_vs_softmax an "Accuracy against each reference" section. Needs numpy and matplotlib only (Debian's python3-numpy, python3-matplotlib); runs headless (Agg).
+section, several storage dtypes (sweep.dtype) plots/dtype_vs_fp32 in the Accuracy by dtype section, rows with
+accuracy_vs_softmax an "Accuracy against each reference" section. Needs numpy and matplotlib only (Debian's python3-numpy, python3-matplotlib); runs headless (Agg).
 Exit codes: 0 done, 2 bad input (the message names the file or option).
 
 This is the command line; the work is in scripts/plotlib/, one stage per module: results (read the folder)

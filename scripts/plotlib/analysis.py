@@ -22,6 +22,12 @@ a plain dict of JSON values, which plot.py writes as summary.json (adding "files
                                 its error, and which of them form the Pareto front
     accuracy_by_dtype           per variant x dtype (x regime, x bias when several): median and max of the
                                 kernel's and the end-to-end max_abs_err, and the time ratio vs fp32 (#14)
+    dtype_vs_fp32               None unless the rows have more than one dtype; else per series of a dtype other
+                                than fp32 (mask, setting) and n: its speed-up over the same variant's fp32 row
+                                at the same point (time_fp32 / time_dtype, paired round by round where both
+                                were timed in one interleaved group, with its interval), its kernel and
+                                end-to-end max_abs_err and the fp32 row's (the floor), and whether either row
+                                is noisy
     roofline                    the ceilings of the run per thread count (sgemm GFLOP/s, memory bandwidth from
                                 meta.json) with every measured row's arithmetic intensity (flops / bytes) and
                                 GFLOP/s; per variant its best frac_bandwidth and frac_sgemm and where; and
@@ -473,34 +479,44 @@ def _median(xs):
     return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
 
 
+DTYPE_ORDER = {"fp32": 0, "bf16": 1, "fp16": 2}
+
+
+def _dtype_rows(res):
+    """The rows the dtype views compare: attnbench's measured rows, the forward ones (accuracy / accuracy_e2e are
+    the forward's output errors; a backward row repeats its training forward's) unless the sweep timed no
+    forward."""
+    rows = [r for r in res.ok if r.source == "attnbench"]
+    return [r for r in rows if r.pass_ == "forward"] or rows
+
+
+def _fp32_key(r):
+    """What a row's fp32 counterpart shares with it: the variant, its parameters and its point but the dtype
+    (shape, mask, regime, bias, threads, target, pass)."""
+    return (r.variant, r.params_text) + tuple(v for f, v in zip(POINT_FIELDS, point_key(r)) if f != "dtype")
+
+
 def _accuracy_by_dtype(res):
     """Per variant x dtype (x regime, x bias when several): median and max of the kernel's max_abs_err
     (accuracy, on the rounded inputs) and the end-to-end one (accuracy_e2e, on the fp32 inputs), and the median
     time ratio against the same variant's fp32 row at the same point (same parameters, shape, mask, regime,
     bias, threads, target), where the results have one."""
-    rows = [r for r in res.ok if r.source == "attnbench"]
-    # accuracy / accuracy_e2e are the forward's output errors: the forward rows' (a backward row repeats its
-    # training forward's), unless the sweep timed no forward
-    rows = [r for r in rows if r.pass_ == "forward"] or rows
+    rows = _dtype_rows(res)
     several_regimes = len({r.regime for r in rows}) > 1
     several_biases = len({r.bias for r in rows}) > 1
-    fp32 = {}
-    for r in rows:
-        if r.dtype == "fp32":
-            fp32[(r.variant, r.params_text, point_key(r)[:-2], r.bias)] = r
+    fp32 = {_fp32_key(r): r for r in rows if r.dtype == "fp32"}
     groups = {}
     for r in rows:
         key = (r.variant, r.dtype, r.regime if several_regimes else None, r.bias if several_biases else None)
         groups.setdefault(key, []).append(r)
-    dtype_order = {"fp32": 0, "bf16": 1, "fp16": 2}
     out = []
     for (variant, dtype, regime, bias), rs in sorted(
-            groups.items(), key=lambda kv: (kv[0][0], dtype_order.get(kv[0][1], 9), str(kv[0][2]), str(kv[0][3]))):
+            groups.items(), key=lambda kv: (kv[0][0], DTYPE_ORDER.get(kv[0][1], 9), str(kv[0][2]), str(kv[0][3]))):
         kernel = [r.max_abs_err for r in rs if r.max_abs_err is not None]
         e2e = [r.e2e_max_abs_err for r in rs if r.e2e_max_abs_err is not None]
         ratios = []
         for r in rs:
-            base = fp32.get((r.variant, r.params_text, point_key(r)[:-2], r.bias))
+            base = fp32.get(_fp32_key(r))
             if base is not None and base.time_median:
                 ratios.append(r.time_median / base.time_median)
         worst = lambda xs: max(xs, key=lambda e: (not math.isfinite(e), e)) if xs else None  # noqa: E731
@@ -511,6 +527,47 @@ def _accuracy_by_dtype(res):
                     "time_ratio_vs_fp32": json_num(_median(ratios)) if dtype != "fp32" else None,
                     "time_ratio_points": len(ratios) if dtype != "fp32" else 0})
     return out
+
+
+def _dtype_vs_fp32(res):
+    """The storage-dtype view, None unless the rows _dtype_rows picks have more than one dtype: per series of a
+    dtype other than fp32 (its label names the dtype and the parameters that vary, e.g.
+    "tiled(bf16_kernel=native) [bf16]"; a series per mask and setting, as in every figure), at each n: its
+    speed-up over the same variant's fp32 row at the same point (_fp32_key: same parameters, shape, mask,
+    regime, bias, threads, target), time_fp32 / time_dtype (> 1: faster than fp32; _ratio: the median of the
+    round-by-round ratios with its interval when both were timed in one interleaved group, else the ratio of the
+    medians), its kernel (accuracy) and end-to-end (accuracy_e2e) max_abs_err, and the fp32 row's max_abs_err
+    (the floor: fp32 rounding alone). A point without an fp32 counterpart has its errors and no speed-up."""
+    rows = _dtype_rows(res)
+    dtypes = {r.dtype for r in rows}
+    if len(dtypes) < 2:
+        return None
+    fp32 = {_fp32_key(r): r for r in rows if r.dtype == "fp32"}
+    out = []
+    for (label, mask, rk), rs in sorted(res.series(rows).items(),
+                                        key=lambda kv: (mask_order(kv[0][1]), res.series_order(kv[0]))):
+        if rs[0].dtype == "fp32":
+            continue
+        pts, against = [], []
+        for r in rs:
+            base = fp32.get(_fp32_key(r))
+            speed = _ratio("dtype", base, r, {}, {}, mask, "") if base is not None and base.time_median else None
+            if base is not None and base.label not in against:
+                against.append(base.label)
+            pts.append({"seq_kv": r.seq_kv, "id": r.id, "fp32_id": base.id if base else None,
+                        "fp32_series": base.label if base else None,
+                        "time_ms": json_num(r.time_median),
+                        "fp32_time_ms": json_num(base.time_median) if base else None,
+                        "speedup": speed["ratio"] if speed else None,
+                        "speedup_interval": speed["interval"] if speed else None,
+                        "method": speed["method"] if speed else None,
+                        "kernel_max_abs_err": json_num(r.max_abs_err), "e2e_max_abs_err": json_num(r.e2e_max_abs_err),
+                        "fp32_max_abs_err": json_num(base.max_abs_err) if base else None,
+                        "noisy": r.noisy, "fp32_noisy": base.noisy if base else None})
+        out.append({"series": label, "variant": rs[0].variant, "dtype": rs[0].dtype, "params": rs[0].params_text,
+                    "mask": mask, "context": res.rest_title(rk), "fp32_series": against, "points": pts})
+    return {"dtypes": sorted(dtypes, key=lambda d: (DTYPE_ORDER.get(d, 9), d)),
+            "passes": sorted({r.pass_ for r in rows}, key=pass_order), "series": out}
 
 
 MAX_RATIOS_PER_KIND = 16  # rows of the key-ratios table per kind of comparison
@@ -850,6 +907,7 @@ def analyse(res):
         "pareto": _pareto(res, fastest),
         "roofline": _roofline(res),
         "accuracy_by_dtype": _accuracy_by_dtype(res),
+        "dtype_vs_fp32": _dtype_vs_fp32(res),
         "key_ratios": _key_ratios(res),
         "measurement": _measurement(res),
         "training": _training(res),

@@ -24,7 +24,7 @@ from matplotlib import colors as mcolors, ticker  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from .analysis import ERR_FLOOR  # noqa: E402
-from .common import CHUNK_SIZE, DECODE, FIGURES, PATTERNS, PROG, ROOFLINE, fmt_bytes, num  # noqa: E402
+from .common import CHUNK_SIZE, DECODE, DTYPE_VS_FP32, FIGURES, PATTERNS, PROG, ROOFLINE, fmt_bytes, num  # noqa: E402
 from .results import (PASSES, load_patterns, mask_order, params_text, pass_order, pass_short, pass_title,  # noqa: E402
                       passes_text)
 
@@ -579,8 +579,103 @@ def fig_chunk_size(res, an):
     return fig
 
 
+def _error_line(ax, pts, color, ls, marker, lw=1.4, alpha=1.0):
+    """max_abs_err against n on a log axis: finite errors (below ERR_FLOOR drawn at it) as a line, non-finite ones
+    as triangles on the top edge (never dropped), as the accuracy figure draws them. Returns how many were
+    non-finite."""
+    pts = [(n, e) for n, e in pts if e is not None]
+    good = [(n, max(e, ERR_FLOOR)) for n, e in pts if math.isfinite(e)]
+    bad = [n for n, e in pts if not math.isfinite(e)]
+    if good:
+        ax.plot(*zip(*good), marker=marker, ms=3.5, lw=lw, ls=ls, color=color, alpha=alpha)
+    if bad:
+        ax.plot(bad, [1.0] * len(bad), ls="none", marker="^", ms=7, color=color, transform=ax.get_xaxis_transform(),
+                clip_on=False)
+    return len(bad)
+
+
+def fig_dtype_vs_fp32(res, an):
+    """Storage dtypes (analysis "dtype_vs_fp32"): per setting, left the speed-up of each series of a dtype other
+    than fp32 over the same variant's fp32 row at the same point (time_fp32 / time, > 1 faster; bars: the
+    ratio's 95% interval where it has one; hollow: the row or its fp32 row noisy) against n; right its
+    max_abs_err against n in both views, the kernel's (on the inputs it read, solid) and end to end (on the fp32
+    inputs, dashed), with the fp32 series' error (dotted, in its colour) as the floor; one legend per row beside
+    it, a series having its colour in both panels. Series as everywhere: their label names the dtype and the
+    parameters that vary (bf16_kernel=...)."""
+    title = f"Storage dtype vs fp32{on_cpu(res)}: speed-up over the same variant's fp32 row, and max_abs_err, vs n"
+    dv = an.get("dtype_vs_fp32")
+    if not dv or not dv["series"]:
+        return _no_data_figure(title, "one storage dtype only" if not dv else "no series of a dtype other than fp32")
+    if dv["passes"] != ["forward"]:
+        title += f" ({', '.join(pass_short(p) for p in dv['passes'])})"
+    settings, total = _settings(dv["series"], MAX_FACETS // 2)
+    if len(settings) < total:
+        title += f" (first {len(settings)} of {total} settings)"
+    fig, axes = plt.subplots(len(settings), 2, figsize=(13.5, 4.0 * len(settings) + 0.7), squeeze=False,
+                             layout="constrained")
+    fig.suptitle(title, fontsize=11)
+    colors = series_colors(res)
+    for (mask, context), (asp, aerr) in zip(settings, axes):
+        where = f"mask={mask}" + (f", {context}" if context else "")
+        asp.set_title(f"speed-up over fp32: time_fp32 ÷ time at the same point (> 1: faster)\n{where}", fontsize=9)
+        aerr.set_title(f"max_abs_err vs fp64: kernel (solid), end to end (dashed), fp32 floor (dotted)\n{where}",
+                       fontsize=9)
+        floors, top, noisy_any, handles = {}, 1.0, False, []
+        for e in dv["series"]:
+            if (e["mask"], e["context"]) != (mask, context):
+                continue
+            color = colors.get(e["series"], "gray")
+            sp = [(p["seq_kv"], num(p["speedup"]), p) for p in e["points"]
+                  if num(p["speedup"]) is not None and math.isfinite(num(p["speedup"]))]
+            if sp:
+                ns, ys = [q[0] for q in sp], [q[1] for q in sp]
+                ivs = [q[2]["speedup_interval"] for q in sp]
+                lo = [max(0.0, y - iv[0]) if iv else 0.0 for y, iv in zip(ys, ivs)]
+                hi = [max(0.0, iv[1] - y) if iv else 0.0 for y, iv in zip(ys, ivs)]
+                asp.errorbar(ns, ys, yerr=[lo, hi], marker="o", ms=3.5, lw=1.4, capsize=2, color=color)
+                top = max([top] + [y + h for y, h in zip(ys, hi)])
+                noisy = [(n, y) for n, y, p in sp if p["noisy"] or p["fp32_noisy"]]
+                if noisy:  # hollow: interference stayed above the threshold on every attempt (either row)
+                    asp.plot(*zip(*noisy), ls="none", marker="o", ms=7, mfc="white", mec=color, mew=1.3, zorder=3)
+                    noisy_any = True
+            bad = _error_line(aerr, [(p["seq_kv"], num(p["kernel_max_abs_err"])) for p in e["points"]], color, "-", "o")
+            bad += _error_line(aerr, [(p["seq_kv"], num(p["e2e_max_abs_err"])) for p in e["points"]], color, "--", "s")
+            handles.append(Line2D([], [], color=color, marker="o", ms=3.5, lw=1.4,
+                                  label=e["series"] + (f" ({bad} non-finite, ▲)" if bad else "")))
+            for p in e["points"]:
+                if p["fp32_series"] is not None:
+                    floors.setdefault(p["fp32_series"], {})[p["seq_kv"]] = num(p["fp32_max_abs_err"])
+        for label, by_n in sorted(floors.items()):  # once per fp32 series (bf16 and fp16 share it)
+            bad = _error_line(aerr, sorted(by_n.items()), colors.get(label, "gray"), ":", "x", lw=1.0, alpha=0.8)
+            handles.append(Line2D([], [], color=colors.get(label, "gray"), marker="x", ms=3.5, lw=1.0, ls=":",
+                                  label=f"{label}: floor" + (f" ({bad} non-finite, ▲)" if bad else "")))
+        handles += [Line2D([], [], color="black", lw=1.2, ls="-", label="solid: kernel (accuracy)"),
+                    Line2D([], [], color="black", lw=1.2, ls="--", label="dashed: end to end (accuracy_e2e)")]
+        for ax in (asp, aerr):
+            ax.grid(True, which="both", alpha=0.25)
+            log2_axis(ax)
+        aerr.set_yscale("log")
+        if asp.has_data():
+            asp.axhline(1.0, color="gray", lw=0.9, ls="--", label="as fast as fp32 (1×)")
+            if noisy_any:  # one legend entry for the hollow markers
+                asp.plot([], [], ls="none", marker="o", ms=7, mfc="white", mec="black", mew=1.3,
+                         label="hollow: noisy (interference on every attempt)")
+            asp.set_ylim(bottom=0, top=max(1.5, top * 1.15))
+            asp.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}×"))
+            finish_axes({0: asp}, "sequence length n (tokens)", "speed-up over fp32 (×)")
+        else:
+            asp.text(0.5, 0.5, "no fp32 row at the same points", ha="center", va="center", transform=asp.transAxes,
+                     color="gray")
+            asp.set_axis_off()
+        finish_axes({0: aerr}, "sequence length n (tokens)", "max_abs_err (log)", legend=False)
+        # One legend for the row's two panels (a series has its colour in both), beside them: inside, with a few
+        # series in two views, it would hide the lines.
+        aerr.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), framealpha=0.85)
+    return fig
+
+
 FIGURE_FUNCTIONS = dict(zip(FIGURES, (fig_time, fig_memory, fig_accuracy, fig_pareto, fig_throughput, fig_roofline,
-                                      fig_decode, fig_chunk_size)))
+                                      fig_decode, fig_chunk_size, fig_dtype_vs_fp32)))
 
 
 def fig_patterns(meta, tokens, panels):
@@ -642,13 +737,16 @@ def save_figure(fig, out_dir, stem):
 
 def draw_results(res, an, plots_dir):
     """Every figure of FIGURES into plots_dir (the roofline only when some row has bytes, decode only with
-    decode rows, chunk_size only with a chunk sweep); returns the paths written."""
+    decode rows, chunk_size only with a chunk sweep, dtype_vs_fp32 only with several storage dtypes); returns the
+    paths written."""
     written = []
     for stem in FIGURES:
         if stem == ROOFLINE and not any(p["points"] for p in an["roofline"]["panels"]):
             continue  # older results: no row has bytes; the report's Roofline section says so
         if (stem == DECODE and not an.get("decode")) or (stem == CHUNK_SIZE and not an.get("chunk_sweep")):
             continue  # no decode rows / no chunk sweep: neither the figure nor its report section
+        if stem == DTYPE_VS_FP32 and not (an.get("dtype_vs_fp32") or {}).get("series"):
+            continue  # one storage dtype: the Accuracy by dtype section has its table only
         written += save_figure(FIGURE_FUNCTIONS[stem](res, an), plots_dir, stem)
     return written
 

@@ -1,6 +1,7 @@
 """REPORT.md: the key figures and ratios, crossover, training (when the results time backward passes), decode
-(when they have decode rows), chunk size (when a variant was measured at several chunks), accuracy against each
-reference (when rows have accuracy_vs_softmax), roofline and left-out tables, the measurement conditions,
+(when they have decode rows), chunk size (when a variant was measured at several chunks), accuracy by dtype (with
+its speed-up and error figure when the results have several dtypes), accuracy against each reference (when rows
+have accuracy_vs_softmax), roofline and left-out tables, the measurement conditions,
 the machine and the config, from the Results and the analysis (analysis.analyse) alone, plus a section
 embedding each figure file that was written. Nothing here draws or imports matplotlib, and nothing depends on
 whether (or in which order) the figures were drawn: with no figure files the report has every table and no
@@ -10,14 +11,14 @@ import json
 import os
 
 from .lra import lra_section
-from .common import (CHUNK_SIZE, DECODE, FIGURES, PATTERNS, ROOFLINE, SECTION_FIGURES, atomic_write_text, fmt_bytes,
-                     fmt_num, md_table, num)
+from .common import (CHUNK_SIZE, DECODE, DTYPE_VS_FP32, FIGURES, PATTERNS, ROOFLINE, SECTION_FIGURES,
+                     atomic_write_text, fmt_bytes, fmt_num, md_table, num)
 from .results import pass_title
 
 TITLES = {"time_vs_seq": "Time vs sequence length", "memory_vs_seq": "Peak memory vs sequence length",
           "accuracy_vs_seq": "Accuracy vs sequence length", "pareto": "Speed–accuracy trade-off",
           "throughput": "Throughput vs sgemm", "roofline": "Roofline", "decode": "Decode",
-          "chunk_size": "Chunk size"}
+          "chunk_size": "Chunk size", "dtype_vs_fp32": "Speed-up and error by dtype"}
 BLURBS = {
     "time_vs_seq": "Median time of one forward call; bars span p10–p90. The legend gives the exponent k of a "
                    "least-squares fit of log(time) on log(n) over the series' measured sizes (range in "
@@ -52,6 +53,17 @@ BLURBS = {
     "chunk_size": "Per variant (and setting): its median time (left, log) and GFLOP/s (right) against the chunk "
                   "size, one line per n (colour) and per family of series that differ only in the chunk (line "
                   "style); the star marks the fastest chunk at each n.",
+    "dtype_vs_fp32": "Per series stored in a 16-bit dtype (its label names the dtype, and the parameters that vary, "
+                     "such as `bf16_kernel`), one row of panels per mask and setting. Left: its speed-up over the "
+                     "same variant's fp32 row at the same point (same parameters, shape, mask, inputs, bias, "
+                     "threads and target), time_fp32 ÷ time against n, above the dashed 1× line where it is "
+                     "faster; the median of the per-round ratios with its 95% interval as bars where both rows were "
+                     "timed in one interleaved group, else the ratio of the medians (the table's *time vs fp32* is "
+                     "the inverse, median over the points); hollow markers: the row or its fp32 row noisy. Right: "
+                     "its `accuracy.max_abs_err` (kernel, against fp64 attention on the inputs it read, solid) and "
+                     "`accuracy_e2e.max_abs_err` (end to end, against fp64 on the fp32 inputs, dashed) against n, "
+                     "with the fp32 row's error dotted in the fp32 series' colour: the floor of fp32 rounding alone. "
+                     "A series has one colour in both panels; the legend is beside the right one.",
 }
 
 
@@ -411,7 +423,9 @@ def excluded_section(an):
     return "\n".join(parts)
 
 
-def accuracy_by_dtype_section(an):
+def accuracy_by_dtype_section(an, drawn=()):
+    """REPORT.md's Accuracy by dtype section (without its heading): the table, and with several dtypes the
+    speed-up and error figure when it was drawn."""
     entries = an.get("accuracy_by_dtype") or []
     if not entries:
         return "No measured row with an accuracy reference."
@@ -434,7 +448,7 @@ def accuracy_by_dtype_section(an):
                       "(rounded to the dtype); *end to end*: `accuracy_e2e.max_abs_err`, against fp64 attention on "
                       "the fp32 inputs before rounding (the same for fp32). Median and max over the variant's "
                       "rows. *time vs fp32*: the median ratio of its time to the same variant's fp32 row at the "
-                      "same point, where the results have one."])
+                      "same point, where the results have one."] + _figure_subsection(DTYPE_VS_FP32, drawn))
 
 
 def roofline_section(an, drawn):
@@ -626,7 +640,7 @@ def render_report(res, an, figure_files):
             blurb = figure_blurb(stem, an, res)
             md += [f"## {TITLES[stem]}", "", f"![{TITLES[stem]}](plots/{stem}.png)", "",
                    blurb + f" ([SVG](plots/{stem}.svg))", ""]
-    md += ["## Accuracy by dtype", "", accuracy_by_dtype_section(an), ""]
+    md += ["## Accuracy by dtype", "", accuracy_by_dtype_section(an, drawn), ""]
     refs = accuracy_references_section(an)
     if refs is not None:
         md += ["## Accuracy against each reference", "", refs, ""]
