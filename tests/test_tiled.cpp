@@ -540,8 +540,9 @@ TEST_CASE("tiled bf16: the normaliser sums the same rounded weights that multipl
   }
 }
 
-TEST_CASE("tiled bf16_kernel: native where the CPU and target cannot is a clear error, and info names the kernel",
-          "[tiled][precision]") {
+TEST_CASE(
+    "tiled bf16_kernel: native where the CPU and target cannot is a clear error, and info names the kernel",
+    "[tiled][precision]") {
   Problem p = make_test_problem("tiled", 1, 2, 64, 64, 64, "none", {{"bf16_kernel", "native"}});
   p.dtype = DType::bf16;
   const std::string kernel = tiled_variant().kernels().at("bf16").get<std::string>();
