@@ -535,7 +535,11 @@ double recurrence_state_tolerance(const Problem& p, const AttentionInputs& in, c
 //                                         + max||dS|| (E_u + E_S max||k||),  E_u = max||k|| E_S + (m + 2) u
 //                                         (max||v|| + max||k|| max||S||); divided by min ||k_raw|| when keys
 //                                         are normalised (dk_raw = (I - k k^T) dk / ||k_raw||).
-// Each times 4, as the forward's.
+// Each times 4, as the forward's. The chunk form's own backward (recurrence_chunk_backward.cpp) evaluates the
+// same sums in another order, blocked by chunk: up to C more terms per sum (its C x C products, the delta
+// rule's transposed solve), which the running bounds already carry for the chunk form (u (d + 8 + C) per unit
+// of magnitude, all_head_stats); its decays are exponentials of fp64 differences rounded once, as the
+// forward's. tests/test_recurrent.cpp holds both forms' gradients to these bounds and to 1e-5 relative.
 GradientTolerance recurrence_grad_tolerance(const Problem& p, const AttentionInputs& in,
                                             const RecurrenceConfig& cfg, const float* d_out) {
   const double u = std::ldexp(1.0, -24), m = static_cast<double>(p.head_dim) + 2, scale = p.effective_scale();
