@@ -395,6 +395,33 @@ def write_rows(d, rows):
         f.write("".join(json.dumps(r) + "\n" for r in rows))
 
 
+
+def plot_report(d, rows, meta):
+    """Writes rows and meta.json into d, runs plot.py there, and returns (summary.json, REPORT.md), or
+    (None, None) with a recorded failure when plot.py fails."""
+    write_rows(d, rows)
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    r = run_plot(d)
+    if not check(r.returncode == 0, f"[{os.path.basename(d)}] plot.py exits 0"
+                 + (f" (got {r.returncode}: {r.stderr.strip()[-500:]})" if r.returncode else "")):
+        return None, None
+    with open(os.path.join(d, "summary.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    with open(os.path.join(d, "REPORT.md"), encoding="utf-8") as f:
+        md = f.read()
+    return summary, md
+
+
+def report_section(md, heading):
+    """The text of REPORT.md's section `## heading` up to the next ## heading ("" when there is none)."""
+    parts = md.split(f"\n## {heading}\n")
+    return parts[1].split("\n## ")[0] if len(parts) > 1 else ""
+
+
+def close(a, b, tol=1e-9):
+    return a is not None and b is not None and abs(a - b) <= tol * max(1.0, abs(b))
+
 def test_dtype(tmp):
     """Storage dtypes and biases: one series per dtype ("tiled [bf16]"), the Accuracy by dtype table with
     the kernel's and the end-to-end errors and the time ratio vs the same variant's fp32 point, and rows from

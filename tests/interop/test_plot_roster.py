@@ -88,28 +88,11 @@ META = {"config_name": "roster", "config": {"name": "roster"},
 
 
 def plot(d, rows):
-    tp.write_rows(d, rows)
-    with open(os.path.join(d, "meta.json"), "w") as f:
-        json.dump(META, f)
-    r = tp.run_plot(d)
-    if not check(r.returncode == 0, f"[{os.path.basename(d)}] plot.py exits 0"
-                 + (f" (got {r.returncode}: {r.stderr.strip()[-500:]})" if r.returncode else "")):
-        return None, None
-    with open(os.path.join(d, "summary.json"), encoding="utf-8") as f:
-        summary = json.load(f)
-    with open(os.path.join(d, "REPORT.md"), encoding="utf-8") as f:
-        md = f.read()
-    return summary, md
+    return tp.plot_report(d, rows, META)
 
 
-def section(md, heading):
-    """The text of REPORT.md's section `## heading` up to the next ## heading ("" when there is none)."""
-    parts = md.split(f"\n## {heading}\n")
-    return parts[1].split("\n## ")[0] if len(parts) > 1 else ""
-
-
-def close(a, b, tol=1e-9):
-    return a is not None and b is not None and abs(a - b) <= tol * max(1.0, abs(b))
+section = tp.report_section
+close = tp.close
 
 
 def test_crossover(summary, md):
