@@ -5,7 +5,8 @@
 // --benchmark_filter, --benchmark_out and Google Benchmark's compare.py work as usual. --isa NAME (default
 // best) picks the SIMD target, as in `attnbench run`: every point of a config without sweep.isa runs on it;
 // each benchmark's label names the target that ran.
-//   attnbench_gbench [--config=PATH] [--isa=NAME] [--benchmark_* flags]
+// --plugin PATH (repeatable, or ATTNBENCH_PLUGINS, or the config's "plugins") adds out-of-tree variants.
+//   attnbench_gbench [--config=PATH] [--isa=NAME] [--plugin=PATH ...] [--benchmark_* flags]
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "bench/lib/inputs.hpp"
 #include "bench/lib/plan.hpp"
 #include "common/interface/half.hpp"
+#include "common/interface/plugin_loader.hpp"
 #include "common/kernels/simd.hpp"
 #include "common/support/error.hpp"
 #include "common/support/runtime.hpp"
@@ -76,6 +78,7 @@ int main(int argc, char** argv) {
   std::string config_path = std::string(ATTN_SOURCE_DIR) + "/configs/gbench.json";
   std::string isa = "best";
   std::vector<char*> args;
+  std::vector<std::string> plugins;
   // Our options are taken out before Google Benchmark sees (and refuses) them.
   for (int i = 0; i < argc; ++i) {
     if (std::strncmp(argv[i], "--config=", 9) == 0) {
@@ -88,6 +91,14 @@ int main(int argc, char** argv) {
         return 2;
       }
       isa = argv[++i];
+    } else if (std::strncmp(argv[i], "--plugin=", 9) == 0) {
+      plugins.emplace_back(argv[i] + 9);
+    } else if (std::strcmp(argv[i], "--plugin") == 0) {
+      if (i + 1 == argc) {
+        std::cerr << "attnbench_gbench: error: --plugin needs the path of a plugin's shared library\n";
+        return 2;
+      }
+      plugins.emplace_back(argv[++i]);
     } else {
       args.push_back(argv[i]);
     }
@@ -96,6 +107,9 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&n, args.data());
   if (benchmark::ReportUnrecognizedArguments(n, args.data())) return 2;
   try {
+    // Plugins (as in attnbench): ATTNBENCH_PLUGINS, then each --plugin; a config's "plugins" load with it.
+    attn::load_env_plugins();
+    for (const std::string& path : plugins) attn::load_plugin(path, "--plugin");
     attn::simd::select_isa(isa, "--isa");
     const attn::Plan plan = attn::load_plan(config_path, isa);
     for (const attn::SweepPoint& pt : plan.points) {

@@ -5,6 +5,7 @@
 #include <iostream>
 #include <map>
 
+#include "common/interface/plugin_loader.hpp"
 #include "common/kernels/simd.hpp"
 #include "common/support/error.hpp"
 #include "common/support/runtime.hpp"
@@ -45,11 +46,43 @@ Json parse_cli_params(const Attention& variant, const std::vector<std::string>& 
   return resolve_params(specs, given, where);
 }
 
+namespace {
+// The --plugin paths among the global options (those before the subcommand).
+std::vector<std::string> global_plugin_args(int argc, const char* const* argv) {
+  std::vector<std::string> paths;
+  for (int a = 1; a < argc; ++a) {
+    const std::string word = argv[a];
+    if (word == "--plugin" && a + 1 < argc) {
+      paths.push_back(argv[++a]);
+    } else if (word.rfind("--plugin=", 0) == 0) {
+      paths.push_back(word.substr(9));
+    } else if (word == "--threads") {
+      ++a;
+    } else if (!word.empty() && word[0] != '-') {
+      break;  // the subcommand: global options come before it
+    }
+  }
+  return paths;
+}
+}  // namespace
+
 int run_cli(int argc, const char* const* argv) {
   CLI::App app{"attnbench: benchmark and research harness for attention variants"};
   app.require_subcommand(1);
   int threads = 0;
   app.add_option("--threads", threads, "worker threads (default: all available)")->check(CLI::Range(0, 4096));
+  std::vector<std::string> plugin_paths;
+  app.add_option("--plugin", plugin_paths,
+                 "load out-of-tree variants from a plugin's shared library (repeatable; also "
+                 "ATTNBENCH_PLUGINS=a.so:b.so and a config's \"plugins\")");
+  // Plugins load before the subcommands are set up, so their variants are known to every option and check.
+  try {
+    load_env_plugins();
+    for (const std::string& path : global_plugin_args(argc, argv)) load_plugin(path, "--plugin");
+  } catch (const std::exception& e) {
+    std::cerr << "attnbench: error: " << e.what() << "\n";
+    return 2;
+  }
   std::map<CLI::App*, std::function<int()>> actions;
   auto& list = commands();
   std::sort(list.begin(), list.end(), [](const Command& a, const Command& b) { return a.name < b.name; });
@@ -60,7 +93,7 @@ int run_cli(int argc, const char* const* argv) {
   // CLI11 reports an unknown subcommand only as "a subcommand is required": name it, with a suggestion.
   for (int a = 1; a < argc; ++a) {
     const std::string word = argv[a];
-    if (word == "--threads") {
+    if (word == "--threads" || word == "--plugin") {
       ++a;
       continue;
     }

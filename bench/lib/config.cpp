@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/interface/attention.hpp"
+#include "common/interface/plugin_loader.hpp"
 #include "common/interface/util.hpp"
 #include "common/io/npy.hpp"
 #include "common/kernels/simd.hpp"
@@ -570,17 +571,34 @@ Pass parse_pass(const std::string& text, const std::string& where) {
   throw UsageError(where + ": unknown pass '" + text + "' (allowed: forward, backward, forward_backward)");
 }
 
+// "plugins": shared libraries of out-of-tree variants (plugin_loader.hpp), loaded before "variants" names
+// them; a relative path is relative to the config file's folder.
+namespace {
+void load_config_plugins(const Json& list, const std::string& dir) {
+  if (!list.is_array()) throw UsageError("plugins: expected an array of paths, got " + list.dump());
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const std::string where = "plugins[" + std::to_string(i) + "]";
+    if (!list[i].is_string() || list[i].get<std::string>().empty())
+      throw UsageError(where + ": expected a non-empty path string, got " + list[i].dump());
+    std::filesystem::path path(list[i].get<std::string>());
+    if (path.is_relative()) path = std::filesystem::path(dir) / path;
+    load_plugin(path.string(), where);
+  }
+}
+}  // namespace
+
 SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
   SweepConfig c;
   c.raw = j;
   c.source_path = source_path;
-  check_keys(
-      j, "",
-      {"name", "description", "variants", "sweep", "inputs", "measure", "accuracy", "memory_budget", "seed"});
+  check_keys(j, "",
+             {"name", "description", "plugins", "variants", "sweep", "inputs", "measure", "accuracy",
+              "memory_budget", "seed"});
   parse_identity(j, c);
+  const std::string dir = std::filesystem::path(source_path).parent_path().string();
+  if (j.contains("plugins")) load_config_plugins(j["plugins"], dir.empty() ? "." : dir);
   parse_variants(j.value("variants", Json("all")), c);
   parse_sweep_axes(j.value("sweep", Json::object()), c);
-  const std::string dir = std::filesystem::path(source_path).parent_path().string();
   const Json sweep_raw = j.value("sweep", Json::object());
   parse_regimes(j.value("inputs", Json{{"regime", "gaussian"}, {"std", 1.0}}), "inputs",
                 dir.empty() ? "." : dir, c.head_dim,

@@ -1,5 +1,6 @@
 // `import attnbench`: the harness from Python (pybind11). The same objects as the CLI, the same checks and
 // messages (bench/lib/eval.hpp, the sweep's run_sweep_config); bench/python/README.md documents the API.
+#include <dlfcn.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -22,6 +23,7 @@
 #include "bench/lib/sysinfo.hpp"
 #include "bench/python/autograd.hpp"
 #include "common/interface/half.hpp"
+#include "common/interface/plugin_loader.hpp"
 #include "common/interface/util.hpp"
 #include "common/kernels/simd.hpp"
 #include "common/reference/reference.hpp"
@@ -869,6 +871,33 @@ void def_references(py::module_& m) {
       "initial_state"_a = py::none());
 }
 
+// Python loads extension modules RTLD_LOCAL, so a plugin (which binds to attnbench's symbols at dlopen, not
+// to a library of its own) could not see ours: reopen this module RTLD_GLOBAL first (RTLD_NOLOAD: the very
+// copy already loaded).
+void make_module_global() {
+  Dl_info self{};
+  if (!dladdr(reinterpret_cast<void*>(&make_module_global), &self) || !self.dli_fname)
+    throw std::runtime_error("load_plugin: cannot find the attnbench module's own file (dladdr failed)");
+  if (!dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_GLOBAL)) {
+    const char* err = dlerror();
+    throw std::runtime_error(std::string("load_plugin: cannot make the attnbench module's symbols global: ") +
+                             (err ? err : "dlopen failed"));
+  }
+}
+
+constexpr const char* kLoadPluginDoc =
+    "load_plugin(path) -> dict\n\nLoads a plugin (a shared library built with attnbench_add_variant; README, "
+    "'Benchmark your own attention'): its variants join variants(), forward(), backward(), run() ... under "
+    "their own names. Returns {path, hash, abi, built_against, variants, load_ms}. Loading the same file "
+    "again does nothing. ValueError, naming the path, for a missing file, a library that is not a plugin, a "
+    "plugin built against another attnbench ABI (naming both) or a variant name already registered (naming "
+    "both libraries). ATTNBENCH_PLUGINS=a.so:b.so loads plugins at import.";
+
+py::object load_plugin(const std::string& path) {
+  make_module_global();
+  return to_python(attn::plugin_json(attn::load_plugin(path, "load_plugin")));
+}
+
 }  // namespace
 }  // namespace attn::python
 
@@ -909,4 +938,10 @@ PYBIND11_MODULE(attnbench, m) {
   m.def("run", &run, kRunDoc, "config_path"_a, "out"_a, py::kw_only(), "resume"_a = false, "force"_a = false,
         "filter"_a = py::none());
   m.def("load_results", &load_results, kLoadResultsDoc, "dir"_a);
+  m.def("load_plugin", &load_plugin, kLoadPluginDoc, "path"_a);
+  // ATTNBENCH_PLUGINS loads at import, as the CLI loads it at start: a bad entry fails the import, naming it.
+  if (std::getenv("ATTNBENCH_PLUGINS")) {
+    make_module_global();
+    a::load_env_plugins();
+  }
 }

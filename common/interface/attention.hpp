@@ -363,9 +363,16 @@ void check_inputs(const Problem& p, const AttentionInputs& in, bool needs_out = 
 
 #define ATTN_CONCAT_INNER(a, b) a##b
 #define ATTN_CONCAT(a, b) ATTN_CONCAT_INNER(a, b)
+#ifdef ATTNBENCH_PLUGIN
+// Out of tree (a plugin built with attnbench_add_variant): ATTN_REGISTER_VARIANT records a factory in the
+// plugin, and attnbench's loader creates and registers the variants after checking the plugin's ABI version
+// and names (common/interface/plugin.hpp).
+#include "common/interface/plugin.hpp"
+#else
 // Registers one instance of `Class` at static-initialisation time.
 #define ATTN_REGISTER_VARIANT(Class)                                    \
   namespace {                                                           \
   [[maybe_unused]] const bool ATTN_CONCAT(attn_registered_, __LINE__) = \
       ::attn::Registry::instance().add(std::make_unique<Class>());      \
   }
+#endif
