@@ -1,4 +1,5 @@
-// `attnbench list [--json]`: every registered variant with its capabilities and parameters.
+// `attnbench list [--json]`: every registered variant with its capabilities and parameters (and, for a
+// plugin's variant, the plugin's file and hash).
 #include <iostream>
 
 #include "bench/lib/command.hpp"
@@ -19,6 +20,8 @@ int list_variants(bool as_json) {
       if (it.value().is_boolean() ? it.value().get<bool>() : it.value() != "none")
         std::cout << " " << it.key() << (it.value().is_boolean() ? "" : "=" + it.value().get<std::string>());
     std::cout << "\n";
+    if (const std::string plugin = v.value("plugin", ""); !plugin.empty())
+      std::cout << "  plugin: " << plugin << "\n";
     for (const auto& p : v["params"])
       std::cout << "  --param " << p["name"].get<std::string>() << "=<" << p["type"].get<std::string>()
                 << "> (default " << p["default"].dump() << "): " << p["help"].get<std::string>() << "\n";

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "common/interface/half.hpp"
+#include "common/interface/plugin_loader.hpp"
 #include "common/interface/util.hpp"
 #include "common/support/error.hpp"
 
@@ -45,7 +46,8 @@ Json variants_json() {
                    {"description", v->description()},
                    {"capabilities", capabilities_json(v->capabilities())},
                    {"saved_state", v->saved_description()},
-                   {"params", params}});
+                   {"params", params},
+                   {"plugin", plugin_source(v->name())}});  // "" when built in
   }
   return all;
 }

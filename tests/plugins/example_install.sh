@@ -40,6 +40,13 @@ ATTNBENCH_PLUGINS="$plugin" "$bin" list | grep -q '^ *my_attention' || fail "ATT
 }
 grep -E 'passed' "$tmp/check.log" | tail -1
 
+# The example's own sweep.json parses and plans with the plugin it names (README's command, not run in full).
+(cd "$tmp/myattn" && "$bin" run sweep.json --dry-run >"$tmp/dry-run.log" 2>&1) || {
+  cat "$tmp/dry-run.log"
+  fail "examples/plugin/sweep.json does not plan"
+}
+grep -q 'my_attention' "$tmp/dry-run.log" || fail "the dry run of examples/plugin/sweep.json lists no my_attention point"
+
 # A sweep naming the plugin in the config (a path relative to the config's folder), run twice to compare.
 cat >"$tmp/myattn/sweep.json" <<'JSON'
 {
