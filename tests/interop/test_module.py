@@ -85,9 +85,11 @@ def api_and_docs(exe):
     listed = json.loads(cli(exe, "list", "--json").stdout)
     check(attnbench.variants() == listed, "variants() is `attnbench list --json` (%d variants)" % len(listed))
     v = attnbench.variants()[0]
-    check(set(v) == {"name", "description", "capabilities", "saved_state", "params"} and
-          all(set(p) >= {"name", "type", "default", "help"} for x in attnbench.variants() for p in x["params"]),
-          "each variant: name, description, capabilities, saved_state, params (name, type, default, help)")
+    check(set(v) == {"name", "description", "capabilities", "saved_state", "params", "plugin"} and
+          all(set(p) >= {"name", "type", "default", "help"} for x in attnbench.variants() for p in x["params"]) and
+          all(x["plugin"] == "" for x in attnbench.variants()),
+          "each variant: name, description, capabilities, saved_state, params (name, type, default, help), "
+          "plugin ('' for every built-in variant)")
     check(attnbench.info() == json.loads(cli(exe, "info", "--json").stdout), "info() is `attnbench info --json`")
     for name in ("variants", "info", "forward", "backward", "reference", "reference_backward", "run", "load_results",
                  "attention_function"):
