@@ -1199,3 +1199,25 @@ TEST_CASE("inputs.g and inputs.beta: the recurrences' gate distributions, in the
     CHECK_THAT(e, Contains("inputs[1].beta.mean: must be a number in [-100, 100], got \"x\""));
   }
 }
+
+TEST_CASE("grad_accuracy_mode prices a recurrence's own fp64 gradient as O(n d^2), softmax's as O(n^2 d)",
+          "[sweep][recurrent]") {
+  using namespace attn;
+  AccuracySettings a;  // grad_max_work 2^36
+  // n = 16384, H = 8, d = 64: softmax's reference is 6 n^2 d = 1.0e11 per head (over the budget even for the
+  // two sampled blocks); the delta rule's about 20 n d^2 = 1.3e9 per head, 1.1e10 for all eight.
+  const std::string shape = ":B=1,H=8,Lq=16384,Lkv=16384,D=64,causal";
+  CHECK(grad_accuracy_mode(parse_problem("naive" + shape), a) == "none");
+  for (const char* v : {"retention", "simple_gla", "gla", "delta_rule", "gated_delta_rule"}) {
+    INFO(v);
+    CHECK(grad_accuracy_mode(parse_problem(v + shape), a) == "full");
+    AccuracySettings sampled = a;
+    sampled.reference = "sampled";
+    CHECK(grad_accuracy_mode(parse_problem(v + shape), sampled) == "sampled");
+    AccuracySettings small = a;
+    small.grad_max_work = 1e10;  // below 20 n d^2 H = 1.07e10
+    CHECK(grad_accuracy_mode(parse_problem(v + shape), small) == "none");
+    small.grad_max_work = 1.1e10;
+    CHECK(grad_accuracy_mode(parse_problem(v + shape), small) == "full");
+  }
+}

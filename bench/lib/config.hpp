@@ -61,7 +61,9 @@ struct AccuracySettings {
   int64_t rows = 64;               // sampled query rows per (batch, head)
   // Backward points: the fp64 gradient reference costs about 3 x 2 x seq_q x seq_kv x head_dim multiply-adds
   // per query head it covers; the whole problem when that is at most grad_max_work, else the first and last
-  // (batch, K/V head) blocks when those are, else none (the row says which, grad_accuracy.reference).
+  // (batch, K/V head) blocks when those are, else none (the row says which, grad_accuracy.reference). A
+  // recurrence's own fp64 gradient costs about 20 x seq x d_k x d_v per head instead, for every head
+  // (grad_accuracy_mode, plan.cpp).
   double grad_max_work = 68719476736.0;  // 2^36: n = 8192, d = 64, two blocks of one head (about 10 s)
 };
 

@@ -232,6 +232,19 @@ std::vector<int64_t> accuracy_rows(const Problem& p, const AccuracySettings& a) 
 
 std::string grad_accuracy_mode(const Problem& p, const AccuracySettings& a) {
   if (a.reference == "none") return "none";
+  if (const Capabilities caps = Registry::instance().get(p.variant).capabilities();
+      caps.own_definition && caps.state) {
+    // A recurrence's fp64 gradient (recurrence_reference_backward) is its definition token by token, not
+    // softmax's n x n: a forward keeping a state every few tokens, then each stretch recomputed and reversed,
+    // at most about 20 multiply-adds per (token, state entry) per head (the delta rule's, the largest:
+    // k S, the update and the output forward; their adjoints and the recomputation back). It is computed
+    // over every head even when only the first and last blocks are compared (reference_gradient_blocks), so
+    // the whole problem is what it costs either way.
+    const double all = 20.0 * static_cast<double>(p.seq_q) * static_cast<double>(p.head_dim) *
+                       static_cast<double>(p.head_dim) * static_cast<double>(p.batch * p.heads);
+    if (all > a.grad_max_work) return "none";
+    return a.reference == "sampled" ? "sampled" : "full";
+  }
   // The fp64 gradient's work per query head it covers: two passes of about 3 multiply-adds per (query, key,
   // dim) (reference_attention_backward).
   const double per_head =
