@@ -187,6 +187,10 @@ struct CallOptions {
   py::object alibi_slopes;
   // A recurrence's gate g, beta and initial state (None: not given).
   py::object g = py::none(), beta = py::none(), initial_state = py::none();
+  // Logit soft-capping C and learned sink logits ([heads]; None: not given), for the variants that list
+  // softcap / sinks (eval's --softcap, --sink-logits).
+  std::optional<double> softcap;
+  py::object sink_logits = py::none();
 };
 
 // One call's arrays (held, so their buffers outlive the GIL-released kernel) and its checked problem.
@@ -196,6 +200,7 @@ struct Call {
   std::optional<BoolArg> mask, key_padding;
   std::vector<float> slopes;
   std::vector<float> g, beta, initial_state;  // a recurrence's, as float32 (eval.hpp's checks)
+  std::vector<float> sink_logits;             // one per query head
   Gate gate = Gate::none;                     // the variant's (g's shape)
 
   AttentionInputs inputs() const {
@@ -207,6 +212,7 @@ struct Call {
     in.g = g.empty() ? nullptr : g.data();
     in.beta = beta.empty() ? nullptr : beta.data();
     in.initial_state = initial_state.empty() ? nullptr : initial_state.data();
+    in.sink_logits = sink_logits.empty() ? nullptr : sink_logits.data();
     return in;
   }
 };
@@ -248,6 +254,7 @@ Call prepare(Problem p, py::handle q, py::handle k, py::handle v, const CallOpti
   p.scale = o.scale;
   p.dropout = o.dropout;
   p.seed = o.seed;
+  p.softcap = o.softcap;
   if (!o.mask.is_none()) {
     c.mask = mask_array(o.mask, "mask");
     require_shape("mask", shape_of(*c.mask), {p.seq_q, p.seq_kv}, "[seq_q, seq_kv]");
@@ -261,6 +268,11 @@ Call prepare(Problem p, py::handle q, py::handle k, py::handle v, const CallOpti
   if (!o.alibi_slopes.is_none()) {
     const DoubleArg s = numeric_array<DoubleArg>(o.alibi_slopes, "alibi_slopes");
     c.slopes = checked_alibi_slopes("alibi_slopes", "q", shape_of(s), s.data(), p);
+  }
+  if (!o.sink_logits.is_none()) {
+    const DoubleArg s = numeric_array<DoubleArg>(o.sink_logits, "sink_logits");
+    c.sink_logits = checked_head_values("sink_logits", "q", "sink logit", shape_of(s), s.data(), p);
+    p.sinks = true;
   }
   c.gate = gate;
   if (!o.g.is_none()) {
@@ -476,7 +488,9 @@ py::object backward(const std::string& variant_name, py::object q, py::object k,
   py::array_t<float> dg = float_array(call.g.empty() ? std::vector<int64_t>{0} : gate_shape(pr, call.gate)),
                      dbeta = float_array(call.beta.empty() ? std::vector<int64_t>{0} : beta_shape(pr)),
                      ds0 =
-                         float_array(call.initial_state.empty() ? std::vector<int64_t>{0} : state_shape(pr));
+                         float_array(call.initial_state.empty() ? std::vector<int64_t>{0} : state_shape(pr)),
+                     dsink = float_array(call.sink_logits.empty() ? std::vector<int64_t>{0}
+                                                                  : std::vector<int64_t>{pr.heads});
   AttentionInputs in = vc.call.inputs();
   in.out = given.out ? nullptr : o_run.mutable_data();
   GradientArgs g;
@@ -487,6 +501,7 @@ py::object backward(const std::string& variant_name, py::object q, py::object k,
   g.dg = call.g.empty() ? nullptr : dg.mutable_data();
   g.dbeta = call.beta.empty() ? nullptr : dbeta.mutable_data();
   g.d_initial_state = call.initial_state.empty() ? nullptr : ds0.mutable_data();
+  g.d_sink_logits = call.sink_logits.empty() ? nullptr : dsink.mutable_data();
   std::string forward_note, gradient_note;
   Json comparison;
   {
@@ -503,6 +518,7 @@ py::object backward(const std::string& variant_name, py::object q, py::object k,
     if (compare) {
       ExtraGradients extra;
       extra.dg = g.dg, extra.dbeta = g.dbeta, extra.d_initial_state = g.d_initial_state;
+      extra.d_sink = g.d_sink_logits;
       comparison = gradient_comparison(variant, pr, in, g.d_out, g.dq, g.dk, g.dv, extra);
     }
   }
@@ -513,6 +529,7 @@ py::object backward(const std::string& variant_name, py::object q, py::object k,
   if (g.dg) result.append(dg);
   if (g.dbeta) result.append(dbeta);
   if (g.d_initial_state) result.append(ds0);
+  if (g.d_sink_logits) result.append(dsink);
   if (compare) result.append(to_python(comparison));
   return py::tuple(result);
 }
@@ -591,7 +608,9 @@ py::tuple reference_backward(const std::string& variant_name, py::object q, py::
   const Call& call = vc.call;
   py::array_t<double> dg = doubles(call.g.empty() ? std::vector<int64_t>{0} : gate_shape(pr, call.gate)),
                       dbeta = doubles(call.beta.empty() ? std::vector<int64_t>{0} : beta_shape(pr)),
-                      ds0 = doubles(call.initial_state.empty() ? std::vector<int64_t>{0} : state_shape(pr));
+                      ds0 = doubles(call.initial_state.empty() ? std::vector<int64_t>{0} : state_shape(pr)),
+                      dsink = doubles(call.sink_logits.empty() ? std::vector<int64_t>{0}
+                                                               : std::vector<int64_t>{pr.heads});
   const AttentionInputs in = call.inputs();
   const float* dop = d.data();
   Fp64Gradients fg;
@@ -599,10 +618,11 @@ py::tuple reference_backward(const std::string& variant_name, py::object q, py::
   fg.dg = call.g.empty() ? nullptr : dg.mutable_data();
   fg.dbeta = call.beta.empty() ? nullptr : dbeta.mutable_data();
   fg.d_initial_state = call.initial_state.empty() ? nullptr : ds0.mutable_data();
+  fg.d_sink_logits = call.sink_logits.empty() ? nullptr : dsink.mutable_data();
   {
     py::gil_scoped_release release;
     std::shared_lock<std::shared_mutex> shared(g_process_state);
-    if (fg.dg || fg.dbeta || fg.d_initial_state)
+    if (fg.dg || fg.dbeta || fg.d_initial_state || fg.d_sink_logits)
       variant.reference_gradients(pr, in, dop, fg);
     else
       variant.reference_backward(pr, in, dop, fg.dq, fg.dk, fg.dv);
@@ -612,6 +632,7 @@ py::tuple reference_backward(const std::string& variant_name, py::object q, py::
   if (fg.dg) result.append(dg);
   if (fg.dbeta) result.append(dbeta);
   if (fg.d_initial_state) result.append(ds0);
+  if (fg.d_sink_logits) result.append(dsink);
   return py::tuple(result);
 }
 
@@ -685,7 +706,8 @@ constexpr const char* kForwardDoc =
     R"(forward(variant, q, k, v, *, causal=False, causal_lower_right=False, mask=None,
         key_padding=None, scale=None, dropout=0.0, seed=0, params=None, threads=None, isa=None,
         dtype="fp32", alibi=False, alibi_slopes=None, save_state=False, g=None, beta=None,
-        initial_state=None, return_final_state=False) -> numpy.ndarray | tuple
+        initial_state=None, return_final_state=False, softcap=None, sink_logits=None)
+        -> numpy.ndarray | tuple
 
 Runs one registered variant, as `attnbench eval` does, and returns O, a new float32 array
 [batch, heads, seq_q, head_dim]. save_state=True runs the training forward instead (`eval --save-state`;
@@ -715,6 +737,10 @@ gate (simple_gla, gated_delta_rule) or [batch, heads, seq, head_dim] for a per-c
 [batch, heads, head_dim, head_dim] (default 0). A variant needing one must be given it, and one it does not
 read is refused (ValueError naming both). return_final_state=True returns (O, final_state), final_state a new
 float32 [batch, heads, head_dim, head_dim] array (with save_state: (O, state, final_state)).
+softcap: logit soft-capping C > 0 (s <- C tanh(s / C) after the scale, before masks; `eval --softcap`).
+sink_logits: [heads], one learned sink logit per query head, finite (`eval --sink-logits`): each row's
+softmax gets one more logit whose weight is dropped. Both for the variants that list softcap / sinks
+(naive, tiled, sliding_window); others raise attnbench.NotSupported.
 The GIL is released while the kernel runs. Bad arguments raise ValueError with the CLI's message, naming the
 argument (a combination the variant cannot run: attnbench.NotSupported, a ValueError). An output holding
 NaN/Inf gives a RuntimeWarning.)";
@@ -723,7 +749,7 @@ constexpr const char* kBackwardDoc =
     R"(backward(variant, q, k, v, d_out, out=None, state=None, *, causal=False, causal_lower_right=False,
          mask=None, key_padding=None, scale=None, dropout=0.0, seed=0, params=None, threads=None, isa=None,
          dtype="fp32", alibi=False, alibi_slopes=None, compare=False, g=None, beta=None,
-         initial_state=None) -> tuple
+         initial_state=None, softcap=None, sink_logits=None) -> tuple
 
 The backward pass of one registered variant with a backward (variants()'s capabilities["backward"]), as
 `attnbench eval --grad-output` runs it: returns (dq, dk, dv), new float32 arrays, dq of q's shape, dk and dv
@@ -739,7 +765,8 @@ forward()'s. dtype bf16 / fp16: the gradients of the rounded inputs, computed in
 A recurrence's g, beta, initial_state (as forward() takes them): their gradients follow dv in that order,
 each given one, float32 of its input's shape: (dq, dk, dv, dg) for simple_gla and gla, (dq, dk, dv, dg,
 dbeta) for gated_delta_rule, plus d_initial_state with initial_state (`eval --dg --dbeta
---d-initial-state`).
+--d-initial-state`). With sink_logits, d_sink_logits ([heads], float32) comes after those
+(`eval --d-sink-logits`).
 compare=True: returns (dq, dk, dv, metrics), metrics the dict `eval --grad-output --compare` prints for the
 gradients: "grad_accuracy" (against the fp64 gradient of the variant's own definition, reference_backward:
 what a correct backward must match), "grad_accuracy_exact" (against exact softmax attention's fp64
@@ -754,11 +781,11 @@ constexpr const char* kReferenceDoc =
     R"(reference(q, k, v, *, causal=False, causal_lower_right=False, mask=None,
           key_padding=None, scale=None, dropout=0.0, seed=0, alibi=False, alibi_slopes=None,
           variant=None, params=None, g=None, beta=None, initial_state=None,
-          return_final_state=False) -> numpy.ndarray | tuple
+          return_final_state=False, softcap=None, sink_logits=None) -> numpy.ndarray | tuple
 
 The fp64 oracle (common/reference/reference.hpp): exact softmax attention in double on the float32 values of q, k, v
 (converted as forward() converts them), with the same masks, scale, dropout decisions and ALiBi bias as
-forward(). Returns a new float64 array [batch, heads, seq_q, head_dim]; a query row with no allowed key is
+forward(), and forward()'s softcap and sink_logits. Returns a new float64 array [batch, heads, seq_q, head_dim]; a query row with no allowed key is
 zeros. variant (with its params): that variant's own fp64 definition instead (Attention::reference_forward:
 exact attention for the exact variants, e.g. linformer's projections for linformer), on a problem the variant
 can run (attnbench.NotSupported otherwise). A recurrence's g, beta, initial_state (with variant only) are
@@ -769,7 +796,8 @@ ValueError.)";
 constexpr const char* kReferenceBackwardDoc =
     R"(reference_backward(variant, q, k, v, d_out, *, causal=False, causal_lower_right=False, mask=None,
                    key_padding=None, scale=None, dropout=0.0, seed=0, params=None, alibi=False,
-                   alibi_slopes=None, g=None, beta=None, initial_state=None) -> tuple
+                   alibi_slopes=None, g=None, beta=None, initial_state=None, softcap=None,
+                   sink_logits=None) -> tuple
 
 The fp64 gradients (dq, dk, dv) of the variant's own definition (Attention::reference_backward, the gradient
 of reference(..., variant=variant)) for L = sum(d_out * O): what backward()'s float32 gradients are tested
@@ -777,8 +805,8 @@ against. New float64 arrays, dq of q's shape, dk and dv of k's (grouped-query: s
 reference(), it reads the float32 values of q, k, v and d_out (float64 inputs are rounded to float32 first).
 The variant must have a backward and be able to run the problem (attnbench.NotSupported otherwise); d_out
 is checked as backward() checks it. A recurrence's g, beta, initial_state: their fp64 gradients follow dv as
-backward() returns them (dg, dbeta, d_initial_state, each given one). The GIL is released while it runs. Bad
-arguments raise ValueError.)";
+backward() returns them (dg, dbeta, d_initial_state, each given one), then d_sink_logits with sink_logits.
+The GIL is released while it runs. Bad arguments raise ValueError.)";
 
 constexpr const char* kRunDoc =
     R"(run(config_path, out, *, resume=False, force=False, filter=None) -> list[dict]
@@ -806,9 +834,11 @@ void def_kernel_calls(py::module_& m) {
          bool causal_lower_right, py::object mask, py::object key_padding, std::optional<double> scale,
          double dropout, uint64_t seed, py::object params, std::optional<int> threads,
          std::optional<std::string> isa, const std::string& dtype, bool alibi, py::object alibi_slopes,
-         bool save_state, py::object g, py::object beta, py::object initial_state, bool return_final_state) {
-        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale,        dropout, seed,
-                            alibi,  alibi_slopes,       g,    beta,        initial_state};
+         bool save_state, py::object g, py::object beta, py::object initial_state, bool return_final_state,
+         std::optional<double> softcap, py::object sink_logits) {
+        const CallOptions o{
+            causal, causal_lower_right, mask, key_padding, scale,         dropout, seed,
+            alibi,  alibi_slopes,       g,    beta,        initial_state, softcap, sink_logits};
         return forward(variant, q, k, v, o, params, threads, isa, dtype, save_state, return_final_state);
       },
       kForwardDoc, "variant"_a, "q"_a, "k"_a, "v"_a, py::kw_only(), "causal"_a = false,
@@ -816,7 +846,8 @@ void def_kernel_calls(py::module_& m) {
       "scale"_a = py::none(), "dropout"_a = 0.0, "seed"_a = 0, "params"_a = py::none(),
       "threads"_a = py::none(), "isa"_a = py::none(), "dtype"_a = "fp32", "alibi"_a = false,
       "alibi_slopes"_a = py::none(), "save_state"_a = false, "g"_a = py::none(), "beta"_a = py::none(),
-      "initial_state"_a = py::none(), "return_final_state"_a = false);
+      "initial_state"_a = py::none(), "return_final_state"_a = false, "softcap"_a = py::none(),
+      "sink_logits"_a = py::none());
   m.def(
       "backward",
       [](const std::string& variant, py::object q, py::object k, py::object v, py::object d_out,
@@ -824,9 +855,10 @@ void def_kernel_calls(py::module_& m) {
          py::object key_padding, std::optional<double> scale, double dropout, uint64_t seed,
          py::object params, std::optional<int> threads, std::optional<std::string> isa,
          const std::string& dtype, bool alibi, py::object alibi_slopes, bool compare, py::object g,
-         py::object beta, py::object initial_state) {
-        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale,        dropout, seed,
-                            alibi,  alibi_slopes,       g,    beta,        initial_state};
+         py::object beta, py::object initial_state, std::optional<double> softcap, py::object sink_logits) {
+        const CallOptions o{
+            causal, causal_lower_right, mask, key_padding, scale,         dropout, seed,
+            alibi,  alibi_slopes,       g,    beta,        initial_state, softcap, sink_logits};
         return backward(variant, q, k, v, d_out, out, state, o, params, threads, isa, dtype, compare);
       },
       kBackwardDoc, "variant"_a, "q"_a, "k"_a, "v"_a, "d_out"_a, "out"_a = py::none(), "state"_a = py::none(),
@@ -834,7 +866,8 @@ void def_kernel_calls(py::module_& m) {
       "key_padding"_a = py::none(), "scale"_a = py::none(), "dropout"_a = 0.0, "seed"_a = 0,
       "params"_a = py::none(), "threads"_a = py::none(), "isa"_a = py::none(), "dtype"_a = "fp32",
       "alibi"_a = false, "alibi_slopes"_a = py::none(), "compare"_a = false, "g"_a = py::none(),
-      "beta"_a = py::none(), "initial_state"_a = py::none());
+      "beta"_a = py::none(), "initial_state"_a = py::none(), "softcap"_a = py::none(),
+      "sink_logits"_a = py::none());
 }
 
 // reference() and reference_backward(): the fp64 definitions.
@@ -844,31 +877,34 @@ void def_references(py::module_& m) {
       [](py::object q, py::object k, py::object v, bool causal, bool causal_lower_right, py::object mask,
          py::object key_padding, std::optional<double> scale, double dropout, uint64_t seed, bool alibi,
          py::object alibi_slopes, std::optional<std::string> variant, py::object params, py::object g,
-         py::object beta, py::object initial_state, bool return_final_state) {
-        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale,        dropout, seed,
-                            alibi,  alibi_slopes,       g,    beta,        initial_state};
+         py::object beta, py::object initial_state, bool return_final_state, std::optional<double> softcap,
+         py::object sink_logits) {
+        const CallOptions o{
+            causal, causal_lower_right, mask, key_padding, scale,         dropout, seed,
+            alibi,  alibi_slopes,       g,    beta,        initial_state, softcap, sink_logits};
         return reference(q, k, v, o, variant, params, return_final_state);
       },
       kReferenceDoc, "q"_a, "k"_a, "v"_a, py::kw_only(), "causal"_a = false, "causal_lower_right"_a = false,
       "mask"_a = py::none(), "key_padding"_a = py::none(), "scale"_a = py::none(), "dropout"_a = 0.0,
       "seed"_a = 0, "alibi"_a = false, "alibi_slopes"_a = py::none(), "variant"_a = py::none(),
       "params"_a = py::none(), "g"_a = py::none(), "beta"_a = py::none(), "initial_state"_a = py::none(),
-      "return_final_state"_a = false);
+      "return_final_state"_a = false, "softcap"_a = py::none(), "sink_logits"_a = py::none());
   m.def(
       "reference_backward",
       [](const std::string& variant, py::object q, py::object k, py::object v, py::object d_out, bool causal,
          bool causal_lower_right, py::object mask, py::object key_padding, std::optional<double> scale,
          double dropout, uint64_t seed, py::object params, bool alibi, py::object alibi_slopes, py::object g,
-         py::object beta, py::object initial_state) {
-        const CallOptions o{causal, causal_lower_right, mask, key_padding, scale,        dropout, seed,
-                            alibi,  alibi_slopes,       g,    beta,        initial_state};
+         py::object beta, py::object initial_state, std::optional<double> softcap, py::object sink_logits) {
+        const CallOptions o{
+            causal, causal_lower_right, mask, key_padding, scale,         dropout, seed,
+            alibi,  alibi_slopes,       g,    beta,        initial_state, softcap, sink_logits};
         return reference_backward(variant, q, k, v, d_out, o, params);
       },
       kReferenceBackwardDoc, "variant"_a, "q"_a, "k"_a, "v"_a, "d_out"_a, py::kw_only(), "causal"_a = false,
       "causal_lower_right"_a = false, "mask"_a = py::none(), "key_padding"_a = py::none(),
       "scale"_a = py::none(), "dropout"_a = 0.0, "seed"_a = 0, "params"_a = py::none(), "alibi"_a = false,
       "alibi_slopes"_a = py::none(), "g"_a = py::none(), "beta"_a = py::none(),
-      "initial_state"_a = py::none());
+      "initial_state"_a = py::none(), "softcap"_a = py::none(), "sink_logits"_a = py::none());
 }
 
 // Python loads extension modules RTLD_LOCAL, so a plugin (which binds to attnbench's symbols at dlopen, not

@@ -388,6 +388,66 @@ def reference_oracle():
           "reference() with dropout draws forward()'s keep decisions (naive within 1e-5; differs from no dropout)")
 
 
+def softcap_and_sinks():
+    """softcap and sink_logits (eval's --softcap, --sink-logits): forward, backward and the fp64 definitions."""
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((1, 2, 12, 8)).astype(np.float32) * 2
+    k = rng.standard_normal((1, 2, 12, 8)).astype(np.float32) * 2
+    v = rng.standard_normal((1, 2, 12, 8)).astype(np.float32)
+    d_out = rng.standard_normal(q.shape).astype(np.float32)
+    sinks = np.array([0.5, -1.0], dtype=np.float32)
+    cap = 3.0
+    # numpy float64: s <- cap tanh(s / cap) after the scale, then the causal mask, then one more logit per
+    # row whose weight is dropped.
+    s = q.astype(np.float64) @ k.astype(np.float64).transpose(0, 1, 3, 2) / np.sqrt(8)
+    s = cap * np.tanh(s / cap)
+    s = np.where(np.tril(np.ones((12, 12), bool)), s, -np.inf)
+    m = np.maximum(s.max(-1, keepdims=True), sinks.astype(np.float64)[None, :, None, None])
+    w = np.exp(s - m)
+    want = (w / (w.sum(-1, keepdims=True) + np.exp(sinks.astype(np.float64)[None, :, None, None] - m))) @ v
+    opts = dict(causal=True, softcap=cap, sink_logits=sinks)
+    ref = attnbench.reference(q, k, v, **opts)
+    check(np.abs(ref - want).max() < 1e-12,
+          "reference(softcap=, sink_logits=): numpy's float64 capped attention with sinks to 1e-12")
+    for name in ("naive", "tiled", "sliding_window"):
+        out = attnbench.forward(name, q, k, v, **opts)
+        check(np.abs(out - want).max() < 1e-5, "forward(%r, softcap=, sink_logits=) within 1e-5 of numpy's" % name)
+        grads = attnbench.backward(name, q, k, v, d_out, **opts)
+        fp64 = attnbench.reference_backward(name, q, k, v, d_out, **opts)
+        check(len(grads) == 4 and grads[3].shape == (2,) and grads[3].dtype == np.float32 and len(fp64) == 4,
+              "backward(%r, sink_logits=): (dq, dk, dv, d_sink_logits), d_sink_logits [heads] float32" % name)
+        err = max(np.abs(g - r).max() / (np.abs(r).max() + 1e-30) for g, r in zip(grads, fp64))
+        check(err < 1e-4, "backward(%r) with softcap and sinks: every gradient within 1e-4 (relative to its "
+                          "largest value) of reference_backward's fp64 one (%.2g)" % (name, err))
+    # d sink against a central difference of the fp64 definition (L = sum(d_out * O)).
+    h = 2.0 ** -10
+    for head in range(2):
+        up, dn = sinks.copy(), sinks.copy()
+        up[head] += h
+        dn[head] -= h
+        fd = (np.sum(d_out * attnbench.reference(q, k, v, causal=True, softcap=cap, sink_logits=up)) -
+              np.sum(d_out * attnbench.reference(q, k, v, causal=True, softcap=cap, sink_logits=dn))) / (2 * h)
+        got = attnbench.reference_backward("naive", q, k, v, d_out, **opts)[3][head]
+        check(abs(got - fd) < 1e-6 * max(1.0, abs(fd)),
+              "reference_backward's d_sink_logits[%d] is the central difference of reference() (%.6g vs %.6g)"
+              % (head, got, fd))
+    try:
+        attnbench.forward("linear", q, k, v, causal=True, sink_logits=sinks)
+        check(False, "forward('linear', sink_logits=): refused")
+    except attnbench.NotSupported as e:
+        check("sink" in str(e), "forward('linear', sink_logits=): NotSupported naming sinks (%s)" % e)
+    try:
+        attnbench.forward("naive", q, k, v, sink_logits=np.zeros(3, np.float32))
+        check(False, "sink_logits of the wrong shape: refused")
+    except ValueError as e:
+        check("sink_logits" in str(e), "sink_logits of the wrong shape: ValueError naming it (%s)" % e)
+    try:
+        attnbench.forward("naive", q, k, v, softcap=-1.0)
+        check(False, "softcap=-1: refused")
+    except ValueError as e:
+        check("softcap" in str(e), "softcap=-1: ValueError naming softcap (%s)" % e)
+
+
 def small_config(tmp, name, extra=None):
     config = {"name": name, "variants": "all",
               "sweep": {"batch": 1, "heads": 2, "head_dim": 8, "seq_len": [16, 33], "mask": ["none", "causal"],
@@ -1034,6 +1094,7 @@ def main():
         layouts_and_dtypes()
         bad_inputs(exe, tmp)
         reference_oracle()
+        softcap_and_sinks()
         backward_cli_equivalence(exe, tmp)
         bad_backward_inputs(exe, tmp)
         reference_gradients()
