@@ -15,16 +15,22 @@ inline constexpr const char* kAutogradSource = R"PY(
 """attnbench's attention as a torch.autograd.Function (torch is imported on first use).
 
 attention_function(variant, q, k, v, **options) -> torch.Tensor, differentiable in q, k and v; the class is
-attnbench.autograd.Attention (Attention.apply(q, k, v, variant, options)). See attention_function's help."""
+attnbench.autograd.Attention (Attention.apply(q, k, v, g, beta, initial_state, sink_logits, variant,
+options), the four None when not given). See attention_function's help."""
 import warnings as _warnings
 
 _OPTIONS = ("causal", "causal_lower_right", "mask", "key_padding", "scale", "dropout", "seed", "params",
-            "threads", "isa", "dtype", "alibi", "alibi_slopes")
+            "threads", "isa", "dtype", "alibi", "alibi_slopes", "softcap")
+# Inputs beyond q, k, v that get a gradient (a recurrence's g, beta, initial_state; sink logits), in the
+# order backward() and reference_backward() return their gradients after dv.
+_EXTRA = ("g", "beta", "initial_state", "sink_logits")
 _KERNEL_ONLY = ("threads", "isa", "dtype")  # the float32 kernels' settings: no meaning for the fp64 definition
 _function = None
 
-_DOC = """attnbench attention as a torch.autograd.Function: forward(ctx, q, k, v, variant, options), with
-backward giving dq, dk, dv (dk and dv of K's shape: grouped-query heads summed over their group).
+_DOC = """attnbench attention as a torch.autograd.Function: forward(ctx, q, k, v, g, beta, initial_state,
+sink_logits, variant, options) (each of the four None when not given), with backward giving dq, dk, dv (dk and
+dv of K's shape: grouped-query heads summed over their group) and dg, dbeta, d_initial_state, d_sink_logits
+for those given.
 
 float32 tensors run the variant's fp32 kernels: the training forward (forward(..., save_state=True); O and
 the saved state are kept in ctx), then backward(..., out=O, state=state): the gradients are
@@ -39,8 +45,8 @@ Without an input requiring a gradient, float32 runs the inference forward (forwa
 backward still runs; with one, the variant needs a backward (ValueError otherwise)."""
 
 
-def _check_tensors(torch, q, k, v):
-    for name, t in (("q", q), ("k", k), ("v", v)):
+def _check_tensors(torch, q, k, v, extra=()):
+    for name, t in (("q", q), ("k", k), ("v", v)) + tuple(extra):
         if not isinstance(t, torch.Tensor):
             raise TypeError("%s: expected a torch.Tensor, got %s" % (name, type(t).__name__))
         if t.device.type != "cpu":
@@ -50,6 +56,10 @@ def _check_tensors(torch, q, k, v):
         raise ValueError("q, k, v: dtypes %s; expected float32 (the fp32 kernels) or float64 (the fp64 "
                          "definition), the same for all three" % ", ".join(str(d).replace("torch.", "")
                                                                           for d in dtypes))
+    for name, t in extra:
+        if t.dtype != q.dtype:
+            raise ValueError("%s: dtype %s; expected q's, %s (the extra inputs follow q, k, v's precision)"
+                             % (name, str(t.dtype).replace("torch.", ""), str(q.dtype).replace("torch.", "")))
 
 
 def _warn_inexact(arrays):
@@ -78,35 +88,43 @@ def _function_class():
         __doc__ = _DOC
 
         @staticmethod
-        def forward(ctx, q, k, v, variant, options):
-            _check_tensors(torch, q, k, v)
+        def forward(ctx, q, k, v, g, beta, initial_state, sink_logits, variant, options):
+            given = [(name, t) for name, t in zip(_EXTRA, (g, beta, initial_state, sink_logits)) if t is not None]
+            _check_tensors(torch, q, k, v, given)
             arrays = [t.detach().numpy() for t in (q, k, v)]
-            ctx.variant, ctx.options = variant, dict(options)
+            extra = {name: t.detach().numpy() for name, t in given}
+            ctx.variant, ctx.options, ctx.given = variant, dict(options), [name for name, _ in given]
             ctx.fp64 = q.dtype == torch.float64
             ctx.out = ctx.state = None
             if ctx.fp64:
-                _warn_inexact(zip("qkv", arrays))
-                out = _attnbench.reference(*arrays, variant=variant, **_fp64_options(options))
-            elif any(ctx.needs_input_grad[:3]):
-                out, state = _attnbench.forward(variant, *arrays, save_state=True, **options)
+                _warn_inexact(list(zip("qkv", arrays)) + list(extra.items()))
+                out = _attnbench.reference(*arrays, variant=variant, **_fp64_options(options), **extra)
+                if isinstance(out, tuple):
+                    out = out[0]
+            elif any(ctx.needs_input_grad[:7]):
+                out, state = _attnbench.forward(variant, *arrays, save_state=True, **options, **extra)
                 ctx.out, ctx.state = out, (state if state.size else None)
             else:
-                out = _attnbench.forward(variant, *arrays, **options)
-            ctx.save_for_backward(q, k, v)
+                out = _attnbench.forward(variant, *arrays, **options, **extra)
+            ctx.save_for_backward(q, k, v, *(t for _, t in given))
             return torch.from_numpy(out)
 
         @staticmethod
         def backward(ctx, d_out):
-            q, k, v = ctx.saved_tensors
-            arrays = [t.detach().numpy() for t in (q, k, v)]
+            saved = ctx.saved_tensors
+            arrays = [t.detach().numpy() for t in saved[:3]]
+            extra = {name: t.detach().numpy() for name, t in zip(ctx.given, saved[3:])}
             d = d_out.detach().numpy()
             if ctx.fp64:
                 _warn_inexact([("dO", d)])
-                grads = _attnbench.reference_backward(ctx.variant, *arrays, d, **_fp64_options(ctx.options))
+                grads = _attnbench.reference_backward(ctx.variant, *arrays, d, **_fp64_options(ctx.options),
+                                                      **extra)
             else:
-                grads = _attnbench.backward(ctx.variant, *arrays, d, ctx.out, ctx.state, **ctx.options)
-            dq, dk, dv = (torch.from_numpy(g) for g in grads)
-            return dq, dk, dv, None, None
+                grads = _attnbench.backward(ctx.variant, *arrays, d, ctx.out, ctx.state, **ctx.options, **extra)
+            grads = [torch.from_numpy(x) for x in grads]
+            # backward() gives the extra inputs' gradients after dv, in _EXTRA's order, each given one.
+            by_name = dict(zip(ctx.given, grads[3:]))
+            return (*grads[:3], *(by_name.get(name) for name in _EXTRA), None, None)
 
     Attention.__module__ = "attnbench.autograd"
     Attention.__qualname__ = "Attention"
@@ -120,15 +138,19 @@ def __getattr__(name):
     raise AttributeError("module 'attnbench.autograd' has no attribute %r" % name)
 
 
-def attention_function(variant, q, k, v, **options):
+def attention_function(variant, q, k, v, *, g=None, beta=None, initial_state=None, sink_logits=None, **options):
     """attention_function(variant, q, k, v, *, causal=False, causal_lower_right=False, mask=None,
                    key_padding=None, scale=None, dropout=0.0, seed=0, params=None, threads=None, isa=None,
-                   dtype="fp32", alibi=False, alibi_slopes=None) -> torch.Tensor
+                   dtype="fp32", alibi=False, alibi_slopes=None, softcap=None, g=None, beta=None,
+                   initial_state=None, sink_logits=None) -> torch.Tensor
 
     O = attention(q, k, v) of a registered variant as a differentiable torch operation (the
     torch.autograd.Function attnbench.autograd.Attention): torch CPU tensors q [batch, heads, seq_q,
     head_dim], k and v [batch, kv_heads, seq_kv, head_dim], all float32 or all float64; the options are
-    forward()'s (masks and slopes as arrays or tensors; they get no gradient).
+    forward()'s (masks and slopes as arrays or tensors; they get no gradient). g, beta, initial_state (a
+    recurrence's gate, beta and starting state) and sink_logits are tensors of q's dtype, differentiable too:
+    backward gives dg, dbeta, d_initial_state and d_sink_logits (backward()'s, or reference_backward()'s in
+    float64).
 
     float32: the variant's fp32 kernels, the training forward then attnbench.backward() with the O and state
     it kept (the gradients are backward()'s bit for bit). float64: the variant's fp64 definition,
@@ -139,8 +161,8 @@ def attention_function(variant, q, k, v, **options):
     unknown = sorted(set(options) - set(_OPTIONS))
     if unknown:
         raise TypeError("attention_function() got unexpected keyword argument(s) %s; it takes %s"
-                        % (", ".join(unknown), ", ".join(_OPTIONS)))
-    return _function_class().apply(q, k, v, variant, options)
+                        % (", ".join(unknown), ", ".join(_OPTIONS + _EXTRA)))
+    return _function_class().apply(q, k, v, g, beta, initial_state, sink_logits, variant, options)
 )PY";
 
 // Creates attnbench.autograd from kAutogradSource (its `_attnbench` is the module `m` itself), registers it

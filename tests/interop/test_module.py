@@ -965,6 +965,70 @@ def autograd_without_torch():
           % (r.stdout.strip(), r.stderr.strip()[-200:]))
 
 
+def autograd_recurrence(name, caps, gen):
+    """A recurrence through the Function: g, beta and the initial state are differentiable tensors too."""
+    rng = np.random.default_rng(21)
+    B, H, HKV, L, D = 1, 4, 2, 37, 8
+    kv = HKV if caps["gqa"] else H
+    q = torch.randn(B, H, L, D, generator=gen, requires_grad=True)
+    k, v = (torch.randn(B, kv, L, D, generator=gen, requires_grad=True) for _ in range(2))
+    d = torch.randn(B, H, L, D, generator=gen)
+    kw = recurrence_kwargs(caps, q.detach().numpy(), rng)
+    extra = {key: torch.from_numpy(val).requires_grad_() for key, val in kw.items() if key in RECURRENCE_INPUTS}
+    if caps["state"]:
+        extra["initial_state"] = (0.1 * torch.randn(B, H, D, D, generator=gen)).requires_grad_()
+    opts = {key: val for key, val in kw.items() if key not in RECURRENCE_INPUTS}
+    o = attention_function_of()(name, q, k, v, **opts, **extra)
+    o.backward(d)
+    arrays = [t.detach().numpy() for t in (q, k, v)]
+    np_extra = {key: t.detach().numpy() for key, t in extra.items()}
+    want_o = attnbench.forward(name, *arrays, **opts, **np_extra)
+    want = attnbench.backward(name, *arrays, d.numpy(), **opts, **np_extra)
+    got = [t.grad.numpy() for t in (q, k, v)] + [extra[key].grad.numpy() for key in RECURRENCE_INPUTS if key in extra]
+    check(len(got) == len(want) and bitwise_equal(o.detach().numpy(), want_o) and
+          all(bitwise_equal(a, b) for a, b in zip(got, want)),
+          "%s: the float32 Function's O and dQ, dK, dV, %s equal forward() and backward() bitwise"
+          % (name, ", ".join("d" + key for key in extra)))
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    extra64 = {key: t.detach().double().requires_grad_() for key, t in extra.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # float64 copies of float32 values are exact: no warning expected anyway
+        attention_function_of()(name, *leaves64, **opts, **extra64).backward(d.double())
+    pairs = list(zip(got, leaves64 + [extra64[key] for key in RECURRENCE_INPUTS if key in extra64]))
+    rel = max(float(np.linalg.norm(a - b.grad.numpy()) / np.linalg.norm(b.grad.numpy())) for a, b in pairs)
+    check(rel < 1e-5, "%s: the float32 gradients (with %s) agree with the float64 path's (its fp64 definition): "
+                      "relative L2 error %.2e < 1e-5" % (name, ", ".join("d" + key for key in extra), rel))
+
+
+def attention_function_of():
+    from attnbench.autograd import attention_function
+    return attention_function
+
+
+def autograd_gradcheck_extra_inputs(gen):
+    """gradcheck in float64 through the extra differentiable inputs: gated_delta_rule's g, beta and initial
+    state, naive's sink logits under soft-capping (values and steps exact in float32)."""
+    fn_of = attention_function_of()
+    q, k, v = ((torch.randint(-32, 32, (1, 2, 6, 4), generator=gen) / 32.0).double().requires_grad_()
+               for _ in range(3))
+    gate = (-torch.randint(0, 32, (1, 2, 6), generator=gen) / 32.0).double().requires_grad_()
+    beta = (torch.randint(8, 32, (1, 2, 6), generator=gen) / 32.0).double().requires_grad_()
+    s0 = (torch.randint(-8, 8, (1, 2, 4, 4), generator=gen) / 32.0).double().requires_grad_()
+    sinks = (torch.randint(-32, 32, (2,), generator=gen) / 32.0).double().requires_grad_()
+    for label, fn, inputs in [
+            ("gated_delta_rule: q, k, v, g, beta, initial_state",
+             lambda a, b, c, x, y, z: fn_of("gated_delta_rule", a, b, c, causal=True, g=x, beta=y, initial_state=z),
+             (q, k, v, gate, beta, s0)),
+            ("naive with softcap 2: q, k, v, sink_logits",
+             lambda a, b, c, x: fn_of("naive", a, b, c, causal=True, softcap=2.0, sink_logits=x),
+             (q, k, v, sinks))]:
+        try:
+            ok, why = torch.autograd.gradcheck(fn, inputs, eps=2 ** -10), ""
+        except Exception as e:
+            ok, why = False, str(e)[:300]
+        check(ok, "%s: torch.autograd.gradcheck in float64 passes (eps 2^-10) %s" % (label, why))
+
+
 def autograd_function():
     if torch is None:
         print("SKIP  attnbench.autograd: torch is not importable (python3-torch)")
@@ -984,9 +1048,8 @@ def autograd_function():
     # projections and iterations; the registry's grad_tolerance bounds them per problem).
     for x in backward_variants():
         name, caps = x["name"], x["capabilities"]
-        wanted = [n for n in needed_inputs(caps) if n in RECURRENCE_INPUTS]
-        if wanted:
-            print("SKIP  attnbench.autograd with %s: the Function takes no g / beta (%s)" % (name, ", ".join(wanted)))
+        if is_recurrence(x):
+            autograd_recurrence(name, caps, g)
             continue
         for label, opts in cases:
             if ("causal" in opts and not caps["causal"]) or ("key_padding" in opts and not caps["key_padding"]) or \
@@ -1037,6 +1100,7 @@ def autograd_function():
                 ok, why = False, str(e)[:300]
             check(ok, "%s %s: torch.autograd.gradcheck in float64 passes (eps 2^-10) %s"
                   % (name, label, why))
+    autograd_gradcheck_extra_inputs(g)
     q = torch.randn(1, 2, 4, 3, dtype=torch.float64)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
