@@ -17,6 +17,7 @@
 #include "bench/lib/interference.hpp"
 #include "bench/lib/rows.hpp"
 #include "bench/lib/sysinfo.hpp"
+#include "common/interface/plugin_loader.hpp"
 #include "common/interface/util.hpp"
 #include "common/kernels/simd.hpp"
 #include "common/reference/reference.hpp"
@@ -151,6 +152,7 @@ void PointRunner::check_points(const std::vector<SweepPoint>& group, GroupRun& r
     const simd::ScopedIsa isa_scope(pt.isa, "sweep.isa");  // the plan checked it
     ResultRow& row = run.rows[i];
     row = base_row(pt, config_, simd::active_isa());
+    row.plugin = plugin_source(pt.problem.variant);
     if (std::string why = skip_reason(pt, config_); !why.empty()) {
       row.status = "skipped";
       row.reason = std::move(why);
