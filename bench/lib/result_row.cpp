@@ -234,6 +234,12 @@ constexpr Field kFields[] = {
      "target is `best`, and `,pass=NAME` unless the pass is the forward",
      STR(r.id)},
     {"variant", "string", "", "registered variant name", STR(r.variant)},
+    {"plugin", "string", "",
+     "where the variant comes from: `PATH (fnv1a64:HASH)` for a plugin's variant (the shared library's "
+     "absolute path and the hash of its bytes; loaded with `--plugin`, ATTNBENCH_PLUGINS or the config's "
+     "`plugins`, listed in meta.json's `plugins`), `\"\"` for a variant built into attnbench and in rows "
+     "written before the field existed",
+     STR(r.plugin)},
     {"params", "object", "", "the variant's resolved parameters (defaults filled in)", OBJECT(r.params)},
     {"batch", "integer", "", "B", INT64(r.batch)},
     {"heads", "integer", "", "H (query heads)", INT64(r.heads)},

@@ -98,6 +98,9 @@ struct RowRing {
 struct ResultRow {
   std::string id;
   std::string variant;
+  // Where the variant comes from (plugin_source): "PATH (fnv1a64:HASH)" of the plugin that registered it, ""
+  // for a built-in variant (and in rows from before plugins).
+  std::string plugin;
   Json params = Json::object();
   int64_t batch = 0, heads = 0, seq_q = 0, seq_kv = 0, head_dim = 0;
   int64_t kv_heads = 0;  // K/V heads (= heads unless grouped-query); rows from before it read as heads

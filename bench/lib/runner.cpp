@@ -17,6 +17,7 @@
 #include "bench/lib/interference.hpp"
 #include "bench/lib/rows.hpp"
 #include "bench/lib/sysinfo.hpp"
+#include "common/interface/plugin_loader.hpp"
 #include "common/interface/util.hpp"
 #include "common/kernels/simd.hpp"
 #include "common/reference/reference.hpp"
@@ -151,6 +152,7 @@ void PointRunner::check_points(const std::vector<SweepPoint>& group, GroupRun& r
     const simd::ScopedIsa isa_scope(pt.isa, "sweep.isa");  // the plan checked it
     ResultRow& row = run.rows[i];
     row = base_row(pt, config_, simd::active_isa());
+    row.plugin = plugin_source(pt.problem.variant);
     if (std::string why = skip_reason(pt, config_); !why.empty()) {
       row.status = "skipped";
       row.reason = std::move(why);
@@ -348,14 +350,14 @@ void PointRunner::run_and_check(const SweepPoint& pt, ResultRow& row, TrainingSt
   const Problem& p = pt.problem;
   if (pt.pass != Pass::forward) {
     check_backward(pt, row, state);
-    if (row.status == "ok") fill_forward_accuracy(pt, state.out, row);
+    if (row.status == "ok") fill_forward_accuracy(pt, state.out.ptr(), row);
     return;
   }
   const Attention& variant = Registry::instance().get(p.variant);
   // What the variant reads: the fp32 inputs, or their bf16 / fp16 rounding.
   AttentionInputs in = inputs_for(p);
   probe_.reset();
-  FloatArray out({p.batch, p.heads, p.seq_q, p.head_dim});  // O has the query heads
+  GuardedArray out("O", static_cast<std::size_t>(p.batch * p.heads * p.seq_q * p.head_dim));  // query heads
   in.out = out.ptr();
   {
     ThreadScope scope(pt.threads);
@@ -364,19 +366,23 @@ void PointRunner::run_and_check(const SweepPoint& pt, ResultRow& row, TrainingSt
     last_check_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   record_peak(row);
-  // NaN never leaks silently: non-finite output from finite inputs fails the point.
   const int64_t bad_in = count_nonfinite_inputs(p, in);
   const int64_t bad_out = count_nonfinite(out.ptr(), out.numel());
   row.nonfinite_inputs = bad_in;
-  if (bad_out && !bad_in) {
+  // A write outside the output fails the point (whatever else it computed), then NaN: it never leaks
+  // silently, non-finite output from finite inputs fails the point.
+  if (std::string outside = outside_writes({&out}); !outside.empty()) {
+    row.status = "failed";
+    row.reason = std::move(outside);
+  } else if (bad_out && !bad_in) {
     row.status = "failed";
     row.reason = std::to_string(bad_out) + " NaN/Inf values in the output from finite inputs";
   }
-  fill_forward_accuracy(pt, out, row);
+  fill_forward_accuracy(pt, out.ptr(), row);
 }
 
-void PointRunner::fill_forward_accuracy(const SweepPoint& pt, const FloatArray& out, ResultRow& row) {
-  references_.fill_forward(pt, fp32_inputs_for(pt.problem), inputs_for(pt.problem), out.ptr(), row);
+void PointRunner::fill_forward_accuracy(const SweepPoint& pt, const float* out, ResultRow& row) {
+  references_.fill_forward(pt, fp32_inputs_for(pt.problem), inputs_for(pt.problem), out, row);
 }
 
 const FloatArray& PointRunner::d_out_for(const SweepPoint& pt) {
@@ -396,7 +402,7 @@ void PointRunner::check_backward(const SweepPoint& pt, ResultRow& row, TrainingS
   // A training step's peak covers both passes (its O and saved state are allocated under the probe);
   // the backward's starts once the forward's state exists.
   if (pt.pass == Pass::forward_backward) probe_.reset();
-  state.out = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
+  state.out = GuardedArray("O", static_cast<std::size_t>(p.batch * p.heads * p.seq_q * p.head_dim));
   state.saved.assign(variant.saved_floats(p), 0.0f);
   in.out = state.out.ptr();
   double forward_ms = 0;
@@ -407,8 +413,8 @@ void PointRunner::check_backward(const SweepPoint& pt, ResultRow& row, TrainingS
     forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   if (pt.pass == Pass::backward) probe_.reset();
-  FloatArray dq({p.batch, p.heads, p.seq_q, p.head_dim});
-  FloatArray dk({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim}), dv(dk.shape);
+  const auto kv_numel = static_cast<std::size_t>(p.batch * p.num_kv_heads() * p.seq_kv * p.head_dim);
+  GuardedArray dq("dQ", state.out.numel()), dk("dK", kv_numel), dv("dV", kv_numel);
   GradientArgs g;
   g.out = state.out.ptr();
   g.saved = state.saved.empty() ? nullptr : state.saved.data();
@@ -423,12 +429,18 @@ void PointRunner::check_backward(const SweepPoint& pt, ResultRow& row, TrainingS
     last_check_ms_ = backward_ms + (pt.pass == Pass::forward_backward ? forward_ms : 0.0);
   }
   record_peak(row);
-  // NaN never leaks silently: non-finite O or gradients from finite inputs (and dO, always finite) fail it.
   const int64_t bad_in = count_nonfinite_inputs(p, in);
+  row.nonfinite_inputs = bad_in;
+  // A write outside O or a gradient fails the point, before NaN is looked for.
+  if (std::string outside = outside_writes({&state.out, &dq, &dk, &dv}); !outside.empty()) {
+    row.status = "failed";
+    row.reason = std::move(outside);
+    return;
+  }
+  // NaN never leaks silently: non-finite O or gradients from finite inputs (and dO, always finite) fail it.
   const int64_t bad_out = count_nonfinite(state.out.ptr(), state.out.numel()) +
                           count_nonfinite(dq.ptr(), dq.numel()) + count_nonfinite(dk.ptr(), dk.numel()) +
                           count_nonfinite(dv.ptr(), dv.numel());
-  row.nonfinite_inputs = bad_in;
   if (bad_out && !bad_in) {
     row.status = "failed";
     row.reason = std::to_string(bad_out) + " NaN/Inf values in O, dQ, dK or dV from finite inputs";

@@ -2,13 +2,13 @@
 // (one point when measure.interleave is off). Per point, in order: support and memory-budget check
 // (skip_reason), inputs (fp32, with RoPE applied, made once per input set; rounded to the point's bf16 / fp16
 // once per input set and dtype), the RoPE timing (rope_ms, once per input set, thread count and target), one
-// untimed call under the resident-memory probe whose output is checked: NaN/Inf from finite inputs fails the
-// point, accuracy against the fp64 exact softmax reference on the rounded inputs (`accuracy`) and on the fp32
-// ones (`accuracy_e2e`), each computed once per input set, bias (and dtype) and shared by every variant
-// measured on it. Then the group's points are timed together in rounds (time_interleaved) under the
-// interference probe. Also the calibration
-// whose results are the rows' denominators (sgemm and the fp32 FMA peak per thread count and SIMD target,
-// and the memory bandwidth per thread count).
+// untimed call under the resident-memory probe whose output is checked: a write outside the output
+// (guarded.hpp) or NaN/Inf from finite inputs fails the point, accuracy against the fp64 exact softmax
+// reference on the rounded inputs (`accuracy`) and on the fp32 ones (`accuracy_e2e`), each computed once per
+// input set, bias (and dtype) and shared by every variant measured on it. Then the group's points are timed
+// together in rounds (time_interleaved) under the interference probe. Also the calibration whose results are
+// the rows' denominators (sgemm and the fp32 FMA peak per thread count and SIMD target, and the memory
+// bandwidth per thread count).
 #pragma once
 #include <functional>
 #include <map>
@@ -20,6 +20,7 @@
 #include "bench/lib/calibration.hpp"
 #include "bench/lib/decode_state.hpp"
 #include "bench/lib/executor.hpp"
+#include "bench/lib/guarded.hpp"
 #include "bench/lib/inputs.hpp"
 #include "bench/lib/interference.hpp"
 #include "bench/lib/measure.hpp"
@@ -31,9 +32,10 @@
 namespace attn {
 
 // What a backward point keeps between its checked call and its timed rounds: the O and saved state of its
-// training forward (the backward reads them every round; a training step rewrites them).
+// training forward (the backward reads them every round; a training step rewrites them). O keeps the guards
+// of the checked call (guarded.hpp).
 struct TrainingState {
-  FloatArray out;
+  GuardedArray out;
   std::vector<float> saved;
 };
 
@@ -110,18 +112,19 @@ class PointRunner final : public Executor {
   AttentionInputs inputs_for(const Problem& p) const;
   // The fp32 inputs of `p` (before any rounding to its dtype), with the g / beta and decode state it reads.
   AttentionInputs fp32_inputs_for(const Problem& p) const;
-  // The untimed call: peak memory, output sanity and accuracy. Backward passes run the training forward and
-  // the backward (check_backward) and leave the forward's O and saved state in `state`.
+  // The untimed call: peak memory, output sanity and accuracy. The output is a GuardedArray: a write outside
+  // it fails the point (before the NaN check). Backward passes run the training forward and the backward
+  // (check_backward) and leave the forward's O and saved state in `state`.
   void run_and_check(const SweepPoint& pt, ResultRow& row, TrainingState& state);
   // Backward passes: the training forward, then the backward under the memory probe (from before the forward
-  // for a training step), NaN/Inf from finite inputs, and the gradients against the fp64 gradient of exact
-  // attention, or of the variant's own definition (grad_accuracy). Returns the forward's output for the
-  // forward accuracy.
+  // for a training step), writes outside O, dQ, dK, dV, NaN/Inf from finite inputs, and the gradients against
+  // the fp64 gradient of exact attention, or of the variant's own definition (grad_accuracy). Returns the
+  // forward's output for the forward accuracy.
   void check_backward(const SweepPoint& pt, ResultRow& row, TrainingState& state);
   // dO of the current input set, N(0, 1) from its seed (made when a backward point first needs it).
   const FloatArray& d_out_for(const SweepPoint& pt);
   // The forward accuracy of `out` (accuracy, accuracy_e2e) against the fp64 references.
-  void fill_forward_accuracy(const SweepPoint& pt, const FloatArray& out, ResultRow& row);
+  void fill_forward_accuracy(const SweepPoint& pt, const float* out, ResultRow& row);
   void record_peak(ResultRow& row);  // the memory probe's peak into the row (or why it has none)
   // NaN/Inf in the Q, K, V the variant read (bf16 / fp16 counted as stored).
   int64_t count_nonfinite_inputs(const Problem& p, const AttentionInputs& in) const;

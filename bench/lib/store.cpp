@@ -11,6 +11,7 @@
 
 #include "bench/lib/sysinfo.hpp"
 #include "common/interface/attention.hpp"
+#include "common/interface/plugin_loader.hpp"
 #include "common/io/npy.hpp"
 #include "common/support/error.hpp"
 
@@ -71,6 +72,8 @@ ResultStore::ResultStore(std::string dir, Mode mode, const SweepConfig& config, 
     meta_ = old;
     if (fs::exists(d / "results.jsonl")) existing_ = read_results_jsonl(jsonl_path(), true);
     meta_["resumed_at"].push_back(now_iso8601());
+    // A folder from before plugins: the plugins of this run (rows record their own in `plugin`).
+    if (!meta_.contains("plugins")) meta_["plugins"] = plugins_json();
   } else {
     if (has_results && mode != Mode::force)
       throw UsageError(
@@ -85,6 +88,8 @@ ResultStore::ResultStore(std::string dir, Mode mode, const SweepConfig& config, 
         {"end_time", nullptr}};
     // The registry's exact baseline, so readers (plots, REPORT.md) need not know a variant's name.
     meta_["baseline"] = Registry::instance().baseline().name();
+    // The plugins loaded (--plugin, ATTNBENCH_PLUGINS, the config's "plugins"): path, hash, ABI, variants.
+    meta_["plugins"] = plugins_json();
     meta_.update(machine_meta);
     // meta.json (with the config hash) exists before results.jsonl, so a kill at any later moment leaves a
     // folder that --resume accepts.
