@@ -72,17 +72,17 @@ mine = [r for r in rows if r["variant"] == "my_attention"]
 assert mine and all(r["status"] == "ok" for r in mine), [(r["id"], r["status"], r.get("reason")) for r in mine]
 assert all(r["plugin"].startswith(plugin + " (fnv1a64:") for r in mine), mine[0]["plugin"]
 assert all(r["plugin"] == "" for r in rows if r["variant"] == "naive")
-assert all(r["accuracy"]["rel_l2"] < 1e-5 for r in mine), [r["accuracy"] for r in mine]
+assert all(r["accuracy"]["rel_l2_err"] < 1e-5 for r in mine), [r["accuracy"] for r in mine]
 meta = json.load(open(os.path.join(out, "meta.json")))
 assert [p["path"] for p in meta["plugins"]] == [plugin], meta.get("plugins")
 assert meta["plugins"][0]["variants"] == ["my_attention"]
-print("plugin.example: %d my_attention rows ok, rel_l2 <= %.2g" % (len(mine), max(r["accuracy"]["rel_l2"] for r in mine)))
+print("plugin.example: %d my_attention rows ok, rel_l2 <= %.2g" % (len(mine), max(r["accuracy"]["rel_l2_err"] for r in mine)))
 PY
 "$bin" compare "$tmp/results-a" "$tmp/results-b" >"$tmp/compare.md" || fail "attnbench compare failed"
 grep -q 'my_attention' "$tmp/compare.md" || fail "compare shows no my_attention point"
 if /usr/bin/python3 -c 'import numpy, matplotlib' 2>/dev/null; then
   /usr/bin/python3 "$tmp/prefix/share/attnbench/scripts/plot.py" "$tmp/results-a" >"$tmp/plot.log" 2>&1 || {
-    tail -20 "$tmp/plot.log"
+    tail -20 "$tmp/plot.log" >&2
     fail "the installed scripts/plot.py failed on the sweep"
   }
   grep -q 'my_attention' "$tmp/results-a/REPORT.md" || fail "REPORT.md does not mention my_attention"
