@@ -326,7 +326,7 @@ TEST_CASE("plugins: attnbench_gbench --plugin registers the plugin's benchmarks"
 #endif
 }
 
-TEST_CASE("plugins: guarded output buffers keep the alignment, start zeroed and count writes outside",
+TEST_CASE("plugins: guarded output buffers keep the alignment and start zeroed and count writes outside",
           "[plugin]") {
   GuardedArray a("dK", 37);
   REQUIRE(a.ptr() != nullptr);
@@ -341,7 +341,10 @@ TEST_CASE("plugins: guarded output buffers keep the alignment, start zeroed and 
   CHECK(__asan_address_is_poisoned(a.ptr() - 1));
   CHECK(__asan_address_is_poisoned(a.ptr() - GuardedArray::kGuardFloats));
   CHECK(__asan_address_is_poisoned(a.ptr() + a.numel()));
-  CHECK(__asan_address_is_poisoned(a.ptr() + a.numel() + GuardedArray::kGuardFloats - 1));
+  // The trailing guard's last float is poisoned only when it ends an 8-byte granule (ASan cannot poison the
+  // start of a granule whose end stays addressable); 37 floats leave it mid-granule, so check the float
+  // before it. Past the vector's end is the allocator's redzone.
+  CHECK(__asan_address_is_poisoned(a.ptr() + a.numel() + GuardedArray::kGuardFloats - 2));
   CHECK_FALSE(__asan_address_is_poisoned(a.ptr()));
   CHECK_FALSE(__asan_address_is_poisoned(a.ptr() + a.numel() - 1));
 #else
@@ -380,5 +383,6 @@ TEST_CASE("plugins: under AddressSanitizer a write past the output stops at the 
   const ProcResult r = attnbench(dir, {"--plugin", hostile, "run", cfg, "--out", dir.file("out")});
   CHECK(r.code != 0);
   CHECK_THAT(r.err, Contains("AddressSanitizer"));
-  CHECK_THAT(r.err, Contains("libplugin_hostile.so"));  // the faulting frame
+  CHECK_THAT(r.err,
+             Contains("plugin_hostile"));  // the faulting frame (library or source file, as symbolized)
 }
