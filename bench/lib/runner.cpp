@@ -357,7 +357,7 @@ void PointRunner::run_and_check(const SweepPoint& pt, ResultRow& row, TrainingSt
   // What the variant reads: the fp32 inputs, or their bf16 / fp16 rounding.
   AttentionInputs in = inputs_for(p);
   probe_.reset();
-  GuardedArray out("O", static_cast<std::size_t>(p.batch * p.heads * p.seq_q * p.head_dim));  // query heads
+  GuardedArray out("O", static_cast<std::size_t>(p.q_elements()));  // O has the query heads, as Q
   in.out = out.ptr();
   {
     ThreadScope scope(pt.threads);
@@ -402,7 +402,7 @@ void PointRunner::check_backward(const SweepPoint& pt, ResultRow& row, TrainingS
   // A training step's peak covers both passes (its O and saved state are allocated under the probe);
   // the backward's starts once the forward's state exists.
   if (pt.pass == Pass::forward_backward) probe_.reset();
-  state.out = GuardedArray("O", static_cast<std::size_t>(p.batch * p.heads * p.seq_q * p.head_dim));
+  state.out = GuardedArray("O", static_cast<std::size_t>(p.q_elements()));
   state.saved.assign(variant.saved_floats(p), 0.0f);
   in.out = state.out.ptr();
   double forward_ms = 0;
@@ -413,7 +413,7 @@ void PointRunner::check_backward(const SweepPoint& pt, ResultRow& row, TrainingS
     forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   if (pt.pass == Pass::backward) probe_.reset();
-  const auto kv_numel = static_cast<std::size_t>(p.batch * p.num_kv_heads() * p.seq_kv * p.head_dim);
+  const auto kv_numel = static_cast<std::size_t>(p.kv_elements());
   GuardedArray dq("dQ", state.out.numel()), dk("dK", kv_numel), dv("dV", kv_numel);
   GradientArgs g;
   g.out = state.out.ptr();
