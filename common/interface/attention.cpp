@@ -34,7 +34,8 @@ Json capabilities_json(const Capabilities& c) {
           {"beta", c.beta},
           {"state", c.state},
           {"decode", c.decode},
-          {"own_definition", c.own_definition}};
+          {"own_definition", c.own_definition},
+          {"value_dim", c.value_dim}};
 }
 
 Json variants_json() {
@@ -64,10 +65,10 @@ namespace {
 // so their bytes fit in 64 bits; the boolean mask (seq_q × seq_kv, up to 2^80) and the sum saturate.
 MemoryEstimate io_bytes(const Problem& p) {
   MemoryEstimate m;
-  m.inputs = sat_add(to_size(p.q_elements() + 2 * p.kv_elements()) * dtype_bytes(p.dtype),
+  m.inputs = sat_add(to_size(p.q_elements() + p.kv_elements() + p.v_elements()) * dtype_bytes(p.dtype),
                      p.mask.boolean ? sat_mul(to_size(p.seq_q), to_size(p.seq_kv)) : 0,
                      p.mask.key_padding ? to_size(p.batch * p.seq_kv) : 0);
-  m.output = static_cast<std::size_t>(p.q_elements()) * sizeof(float);
+  m.output = static_cast<std::size_t>(p.out_elements()) * sizeof(float);
   return m;
 }
 }  // namespace
@@ -93,6 +94,9 @@ std::vector<std::string> Attention::not_supported_reasons(const Problem& p) cons
     r.push_back(name() + " does not support cross-attention (seq_q " + std::to_string(p.seq_q) +
                 " != seq_kv " + std::to_string(p.seq_kv) + ")");
   if (p.dropout > 0 && !c.dropout) r.push_back(name() + " does not support dropout");
+  if (p.distinct_value_dim() && !c.value_dim)
+    r.push_back(name() + " needs V as wide as Q and K (got v_head_dim " + std::to_string(p.value_dim()) +
+                " != head_dim " + std::to_string(p.head_dim) + ")");
   if ((p.dtype == DType::bf16 && !c.bf16) || (p.dtype == DType::fp16 && !c.fp16)) {
     std::string takes = "fp32";
     if (c.bf16) takes += ", bf16";
@@ -143,7 +147,7 @@ void Attention::check_extra_inputs(const Problem& p, const AttentionInputs& in) 
   need(c.gate == Gate::vector, in.g, "g [batch, heads, seq, head_dim] (the decay gate)");
   need(c.beta, in.beta, "beta [batch, heads, seq]");
   need(p.sinks, in.sink_logits, "sink_logits [heads]");
-  need(p.initial_state, in.initial_state, "initial_state [batch, heads, head_dim, head_dim]");
+  need(p.initial_state, in.initial_state, "initial_state [batch, heads, head_dim, v_head_dim]");
   if (!missing.empty()) throw UsageError(name() + ": missing " + missing);
 }
 
@@ -157,7 +161,7 @@ void Attention::run(const Problem& p, const AttentionInputs& in) const {
 }
 
 std::size_t kv_cache_bytes(const Problem& p) {
-  return sat_mul(to_size(p.kv_elements()), 2 * dtype_bytes(p.dtype));
+  return sat_mul(sat_add(to_size(p.kv_elements()), to_size(p.v_elements())), dtype_bytes(p.dtype));
 }
 
 bool is_decode_shape(const Problem& p) {
@@ -272,16 +276,14 @@ void Attention::run_backward(const Problem& p, const AttentionInputs& in, const 
 
 MemoryEstimate Attention::estimate_backward_memory(const Problem& p, int threads) const {
   MemoryEstimate m = io_bytes(p);
-  // Besides Q, K, V and the masks: O and dO (fp32, Q's shape) and the saved state.
-  const std::size_t q_bytes = m.output;
-  m.inputs = sat_add(m.inputs, sat_mul(2, q_bytes), sat_mul(saved_floats(p), sizeof(float)));
-  // dQ, dK, dV in fp32.
-  m.output = sat_add(q_bytes, sat_mul(2, to_size(p.kv_elements()), sizeof(float)));
+  // Besides Q, K, V and the masks: O and dO (fp32, the output's shape) and the saved state.
+  const std::size_t o_bytes = m.output;
+  m.inputs = sat_add(m.inputs, sat_mul(2, o_bytes), sat_mul(saved_floats(p), sizeof(float)));
+  // dQ, dK, dV in fp32 (Q's, K's and V's shapes).
+  const std::size_t qkv = sat_add(to_size(p.q_elements()), to_size(p.kv_elements()), to_size(p.v_elements()));
+  m.output = sat_mul(qkv, sizeof(float));
   // bf16 / fp16: run_backward's fp32 copies of Q, K, V.
-  const std::size_t widened =
-      p.dtype == DType::fp32
-          ? 0
-          : sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, to_size(p.kv_elements()))), sizeof(float));
+  const std::size_t widened = p.dtype == DType::fp32 ? 0 : sat_mul(qkv, sizeof(float));
   m.workspace = sat_add(backward_workspace_bytes(p, threads), widened);
   return m;
 }

@@ -56,7 +56,7 @@ struct Capabilities {
   Gate gate = Gate::none;  // g (AttentionInputs::g): see Gate
   bool beta = false;       // beta [batch, heads, seq], each in (0, 1]
   // Takes a starting state (Problem::initial_state, AttentionInputs::initial_state) and can write the final
-  // one (AttentionInputs::final_state), both [batch, heads, head_dim, head_dim] (d_k x d_v per head).
+  // one (AttentionInputs::final_state), both [batch, heads, head_dim, d_v] (d_k x d_v per head).
   bool state = false;
   // Decode shapes: seq_q < seq_kv under causal_lower_right alone (the last seq_q positions' queries against
   // the context, a KV-cache decode step) without general cross-attention (Capabilities::cross). A
@@ -69,6 +69,9 @@ struct Capabilities {
   // (reference_forward), and the distance from exact softmax attention is an informative second figure
   // (`accuracy_vs_softmax`). The recurrences set it; approximations of softmax attention do not.
   bool own_definition = false;
+  // Takes V (and so the output) of another width than Q and K (Problem::v_head_dim, d_v != d_k): V is
+  // [batch, kv_heads, seq_kv, d_v], the output and dO [batch, heads, seq_q, d_v], a state d_k x d_v.
+  bool value_dim = false;
   // Implements block partials (init_block_state, accumulate_block, finish_block_state): attention of a
   // query block against key blocks one at a time, merged into a running state, for sequence-parallel callers
   // (attnbench_mpi's ring attention runs any variant that claims it).
@@ -81,8 +84,9 @@ Json capabilities_json(const Capabilities& caps);
 // param_spec_json), as `attnbench list --json` prints them and the Python module's variants() returns them.
 Json variants_json();
 
-// Pointers to contiguous tensors. q, out: [batch, heads, seq_q, head_dim]; k, v: [batch, kv_heads,
-// seq_kv, head_dim] (kv_heads = heads unless grouped-query, Problem::num_kv_heads). Q, K and V are fp32 in
+// Pointers to contiguous tensors. q: [batch, heads, seq_q, head_dim], out: [batch, heads, seq_q, d_v]; k:
+// [batch, kv_heads, seq_kv, head_dim], v: [batch, kv_heads, seq_kv, d_v] (kv_heads = heads unless
+// grouped-query, Problem::num_kv_heads; d_v = Problem::value_dim(), head_dim unless Capabilities::value_dim). Q, K and V are fp32 in
 // q, k, v when problem.dtype is fp32, and the 16-bit patterns of bf16 / fp16 values in q16, k16, v16
 // otherwise (common/interface/half.hpp; the other three are then unused). out is always fp32. mask: [seq_q,
 // seq_kv] (nonzero = may attend), required iff problem.mask.boolean. key_padding: [batch, seq_kv] (nonzero =
@@ -101,7 +105,7 @@ struct AttentionInputs {
   const float* alibi_slopes = nullptr;
   // Recurrences (Capabilities::gate, beta, state) and sinks: g ([batch, heads, seq] or [.., head_dim]), beta
   // ([batch, heads, seq]), sink_logits ([heads]), initial_state (read when Problem::initial_state) and
-  // final_state (written when not null), [batch, heads, head_dim, head_dim]. All fp32.
+  // final_state (written when not null), [batch, heads, head_dim, d_v]. All fp32.
   const float* g = nullptr;
   const float* beta = nullptr;
   const float* sink_logits = nullptr;
@@ -111,9 +115,10 @@ struct AttentionInputs {
 
 // The tensors of one backward call (Attention::run_backward). out: the forward's output O and saved: the
 // state the forward kept for the backward (saved_floats(p) floats, written by run_saving; null when the
-// variant keeps none), both from a forward on the same inputs; d_out: dL/dO, [batch, heads, seq_q, head_dim].
-// The gradients are written to dq (Q's shape) and dk, dv (K's and V's shape: [batch, kv_heads, seq_kv,
-// head_dim]; with grouped-query heads each sums over the query heads of its group). All fp32, contiguous.
+// variant keeps none), both from a forward on the same inputs; d_out: dL/dO, [batch, heads, seq_q, d_v].
+// The gradients are written to dq (Q's shape) and dk, dv (K's and V's shapes: [batch, kv_heads, seq_kv,
+// head_dim] and [.., d_v]; with grouped-query heads each sums over the query heads of its group). All fp32,
+// contiguous.
 struct GradientArgs {
   const float* out = nullptr;
   const float* saved = nullptr;
@@ -130,7 +135,7 @@ struct GradientArgs {
 };
 
 // The running state of a query block's rows [batch][heads][seq_q] under block partials: per row m and l,
-// and o ([rows][head_dim]). What they hold is the variant's (for online softmax: the running max, the sum of
+// and o ([rows][d_v]). What they hold is the variant's (for online softmax: the running max, the sum of
 // exponentials and the unnormalised output); callers only allocate them and pass them back.
 struct BlockState {
   float* m = nullptr;
@@ -216,7 +221,7 @@ class Attention {
   // attention (reference.hpp); approximate variants override it (e.g. linear attention's quadratic form).
   virtual void reference_forward(const Problem& p, const AttentionInputs& in, double* out) const;
   // reference_forward and, when final_state is not null, the fp64 final state of the definition
-  // ([batch, heads, head_dim, head_dim]) for a variant with Capabilities::state: what a run writing
+  // ([batch, heads, head_dim, d_v]) for a variant with Capabilities::state: what a run writing
   // AttentionInputs::final_state must match. Default: reference_forward; std::logic_error when a final state
   // is asked of a variant without one (a variant with state overrides it).
   virtual void reference_forward_state(const Problem& p, const AttentionInputs& in, double* out,
@@ -251,7 +256,7 @@ class Attention {
   virtual std::vector<std::string> block_not_supported_reasons(const Problem& p) const;
   virtual void init_block_state(const Problem& p, const BlockState& st) const;
   virtual void accumulate_block(const Problem& p, const AttentionInputs& in, const BlockState& st) const;
-  // The output rows [batch][heads][seq_q][head_dim]; `out` may be st.o.
+  // The output rows [batch][heads][seq_q][d_v]; `out` may be st.o.
   virtual void finish_block_state(const Problem& p, const BlockState& st, float* out) const;
   // accumulate_block's workspace at `threads` threads.
   virtual std::size_t block_workspace_bytes(const Problem& p, int threads) const;
@@ -345,7 +350,7 @@ Problem make_problem(const std::string& variant, const Json& given = Json::objec
 Problem parse_problem(const std::string& repro);
 
 // The KV cache an exact variant keeps at the problem's context: K and V, batch x kv_heads x seq_kv x
-// head_dim at the storage dtype's width (saturating).
+// (head_dim + d_v) at the storage dtype's width (saturating).
 std::size_t kv_cache_bytes(const Problem& p);
 
 // Whether `p` is a decode shape (Capabilities::decode): seq_q < seq_kv under causal_lower_right alone.

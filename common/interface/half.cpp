@@ -67,7 +67,7 @@ WideInputs::WideInputs(const Problem& p, const AttentionInputs& in) : in_(in) {
   };
   in_.q = w(in.q16, p.q_elements(), q_);
   in_.k = w(in.k16, p.kv_elements(), k_);
-  in_.v = w(in.v16, p.kv_elements(), v_);
+  in_.v = w(in.v16, p.v_elements(), v_);
   in_.q16 = in_.k16 = in_.v16 = nullptr;
 }
 
@@ -81,7 +81,7 @@ StoredInputs::StoredInputs(const Problem& p, const AttentionInputs& in) : in_(in
   };
   in_.q16 = r(in.q, p.q_elements(), q_);
   in_.k16 = r(in.k, p.kv_elements(), k_);
-  in_.v16 = r(in.v, p.kv_elements(), v_);
+  in_.v16 = r(in.v, p.v_elements(), v_);
   in_.q = in_.k = in_.v = nullptr;
 }
 

@@ -133,6 +133,7 @@ std::string Problem::repro() const {
   s << ":B=" << batch << ",H=" << heads;
   if (num_kv_heads() != heads) s << ",Hkv=" << num_kv_heads();
   s << ",Lq=" << seq_q << ",Lkv=" << seq_kv << ",D=" << head_dim;
+  if (distinct_value_dim()) s << ",Dv=" << value_dim();
   if (mask.any()) s << "," << mask.str();
   if (bias != Bias::none) s << "," << bias_name(bias);
   if (dtype != DType::fp32) s << ",dtype=" << dtype_name(dtype);
@@ -154,28 +155,36 @@ void Problem::validate() const {
   check_size("seq_q", seq_q);
   check_size("seq_kv", seq_kv);
   check_size("head_dim", head_dim);
+  if (v_head_dim != 0) check_size("v_head_dim", v_head_dim);
   if (kv_heads < 0 || kv_heads > heads || (kv_heads > 0 && heads % kv_heads != 0))
     throw UsageError("kv_heads: must divide heads (query heads " + std::to_string(heads) +
                      " into groups of equal size), got kv_heads " + std::to_string(kv_heads) +
                      " with heads " + std::to_string(heads));
   // Each size is at most 2^40, but their product can still overflow 64 bits: check it without wrapping.
-  auto check_elements = [&](const char* seq_name, int64_t seq, const char* tensors) {
+  auto check_elements = [&](const char* seq_name, int64_t seq, const char* dim_name, int64_t dim,
+                            const char* tensors) {
     int64_t n = batch;
     const bool overflow = __builtin_mul_overflow(n, heads, &n) || __builtin_mul_overflow(n, seq, &n) ||
-                          __builtin_mul_overflow(n, head_dim, &n);
+                          __builtin_mul_overflow(n, dim, &n);
     if (overflow || n > kMaxTensorElements) {
       std::ostringstream s;
-      s << "batch x heads x " << seq_name << " x head_dim (the elements of " << tensors << ") = " << batch
-        << " x " << heads << " x " << seq << " x " << head_dim << " = "
+      s << "batch x heads x " << seq_name << " x " << dim_name << " (the elements of " << tensors
+        << ") = " << batch << " x " << heads << " x " << seq << " x " << dim << " = "
         << static_cast<double>(batch) * static_cast<double>(heads) * static_cast<double>(seq) *
-               static_cast<double>(head_dim)
+               static_cast<double>(dim)
         << ": must be at most 2^58 = " << kMaxTensorElements
         << " (so that every byte count of the problem fits in 64 bits)";
       throw UsageError(s.str());
     }
   };
-  check_elements("seq_q", seq_q, "Q and the output");
-  check_elements("seq_kv", seq_kv, "K and V");  // K/V have kv_heads <= heads heads: bounded by this
+  const bool dv = distinct_value_dim();
+  check_elements("seq_q", seq_q, "head_dim", head_dim, dv ? "Q" : "Q and the output");
+  // K/V have kv_heads <= heads heads: bounded by these
+  check_elements("seq_kv", seq_kv, "head_dim", head_dim, dv ? "K" : "K and V");
+  if (dv) {
+    check_elements("seq_q", seq_q, "v_head_dim", value_dim(), "the output");
+    check_elements("seq_kv", seq_kv, "v_head_dim", value_dim(), "V");
+  }
   if (scale && (!std::isfinite(*scale) || *scale <= 0))
     throw UsageError("scale: must be a finite number > 0, got " + std::to_string(*scale));
   if (softcap && (!std::isfinite(*softcap) || *softcap <= 0))
@@ -235,6 +244,8 @@ void parse_problem_shape(const std::string& tail, const std::string& where, Prob
       whole_int(p.seq_kv);
     else if (k == "D")
       whole_int(p.head_dim);
+    else if (k == "Dv")
+      whole_int(p.v_head_dim);
     else if (k == "scale")
       p.scale = whole_double();
     else if (k == "dropout")
@@ -247,7 +258,7 @@ void parse_problem_shape(const std::string& tail, const std::string& where, Prob
       p.softcap = whole_double();
     else
       throw UsageError(where + ": unknown field '" + k +
-                       "' (B, H, Hkv, Lq, Lkv, D, dtype, scale, softcap, dropout, seed)");
+                       "' (B, H, Hkv, Lq, Lkv, D, Dv, dtype, scale, softcap, dropout, seed)");
   }
   p.validate();
 }

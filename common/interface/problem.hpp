@@ -77,9 +77,13 @@ struct Problem {
   int64_t kv_heads = 0;
   int64_t seq_q = 1;
   int64_t seq_kv = 1;
-  int64_t head_dim = 64;
+  int64_t head_dim = 64;  // d_k: the width of Q and K
+  // d_v: the width of V and the output (and the second side of a recurrence's d_k x d_v state); 0 means
+  // head_dim. Use value_dim(), never this field directly. Only variants with Capabilities::value_dim take
+  // value_dim() != head_dim (e.g. DeepSeek's MLA heads: d_k 192, d_v 128).
+  int64_t v_head_dim = 0;
   MaskSpec mask;
-  std::optional<double> scale;  // default 1/sqrt(head_dim)
+  std::optional<double> scale;  // default 1/sqrt(head_dim), i.e. 1/sqrt(d_k)
   double dropout = 0.0;         // probability of dropping an attention weight, in [0, 1)
   uint64_t seed = 0;            // dropout keep decisions (and nothing else) depend on it
   DType dtype = DType::fp32;    // storage of Q, K, V (AttentionInputs::q16 ... when not fp32)
@@ -97,8 +101,14 @@ struct Problem {
   // [batch, kv_heads, seq_kv, head_dim]).
   int64_t kv_block(int64_t b, int64_t h) const { return b * num_kv_heads() + kv_head_of(h); }
   bool is_gqa() const { return num_kv_heads() != heads; }
+  int64_t value_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }  // d_v
+  bool distinct_value_dim() const { return value_dim() != head_dim; }
   int64_t q_elements() const { return batch * heads * seq_q * head_dim; }
-  int64_t kv_elements() const { return batch * num_kv_heads() * seq_kv * head_dim; }  // of K (and of V)
+  int64_t kv_elements() const { return batch * num_kv_heads() * seq_kv * head_dim; }  // of K
+  int64_t v_elements() const { return batch * num_kv_heads() * seq_kv * value_dim(); }
+  int64_t out_elements() const { return batch * heads * seq_q * value_dim(); }  // of the output (and dO)
+  // Of a recurrence's state [batch, heads, d_k, d_v] (not bounded by validate: saturate where it may be huge).
+  int64_t state_elements() const { return batch * heads * head_dim * value_dim(); }
   bool is_self_shaped() const { return seq_q == seq_kv; }
 
   // Typed access to resolved parameters (throws std::logic_error if absent: a variant bug).
@@ -114,9 +124,9 @@ struct Problem {
   void validate() const;
 };
 
-// Reads the shape part of a repro string ("B=1,H=8,Hkv=2,Lq=16,Lkv=16,D=8,causal,alibi,dtype=bf16,scale=0.5";
-// softcap=C, sinks and state0 when set;
-// Hkv only when it differs from H, alibi only with that bias, dtype only when not fp32) into `p` (sizes,
+// Reads the shape part of a repro string ("B=1,H=8,Hkv=2,Lq=16,Lkv=16,D=8,Dv=4,causal,alibi,dtype=bf16,
+// scale=0.5"; softcap=C, sinks and state0 when set;
+// Hkv only when it differs from H, Dv only when it differs from D, alibi only with that bias, dtype only when not fp32) into `p` (sizes,
 // mask, scale, dropout, seed), then validates `p`; UsageError naming `where`. parse_problem (attention.hpp)
 // reads a whole repro string, parameters included.
 void parse_problem_shape(const std::string& shape, const std::string& where, Problem& p);
