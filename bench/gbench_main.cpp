@@ -27,8 +27,8 @@ namespace {
 void run_point(benchmark::State& state, const attn::SweepPoint& pt) {
   const attn::Attention& variant = attn::Registry::instance().get(pt.problem.variant);
   const attn::PointInputs inputs = attn::make_inputs(pt);
-  // O has the query heads; K and V (in `inputs`) kv_heads.
-  attn::FloatArray out({pt.problem.batch, pt.problem.heads, pt.problem.seq_q, pt.problem.head_dim});
+  // O has the query heads, d_v wide; K and V (in `inputs`) kv_heads.
+  attn::FloatArray out({pt.problem.batch, pt.problem.heads, pt.problem.seq_q, pt.problem.value_dim()});
   // A bf16 / fp16 point (sweep.dtype) reads its inputs rounded from the fp32 ones, as in `attnbench run`.
   const attn::StoredInputs stored(pt.problem, inputs.view(nullptr));
   attn::AttentionInputs in = stored.get();
@@ -50,7 +50,8 @@ void run_point(benchmark::State& state, const attn::SweepPoint& pt) {
     variant.run_saving(p, in, saved.empty() ? nullptr : saved.data());
     const attn::FloatArray d_out = attn::make_d_out(pt);
     attn::FloatArray dq({p.batch, p.heads, p.seq_q, p.head_dim});
-    attn::FloatArray dk({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim}), dv(dk.shape);
+    attn::FloatArray dk({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim});
+    attn::FloatArray dv({p.batch, p.num_kv_heads(), p.seq_kv, p.value_dim()});
     attn::GradientArgs g;
     g.out = out.ptr(), g.saved = saved.empty() ? nullptr : saved.data(), g.d_out = d_out.ptr();
     g.dq = dq.ptr(), g.dk = dk.ptr(), g.dv = dv.ptr();

@@ -2,6 +2,7 @@
 // directly; K/V with fewer heads than Q, lower-right causal), eval --compare, check, and every error path
 // (exit code 2, a message naming the option or file and value, and no output file written or clobbered).
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -302,7 +303,7 @@ TEST_CASE("attnbench eval errors exit 2, name the option or file and the value, 
        {"--k", "k_d9.npy", "[2, 2, 6, 9]", "head_dim 9 != Q's head_dim 8"}},
       {{"--variant", "naive", "--q", files.q, "--k", files.k, "--v", v5},
        {"--v", "v_seq5.npy", "[2, 2, 5, 8]", "--k '" + files.k + "' shape [2, 2, 6, 8]",
-        "V must have K's shape"}},
+        "with K's first three extents"}},
       // K/V heads (grouped-query attention): they must divide Q's heads; batch and head_dim must be Q's.
       {{"--variant", "naive", "--q", files.q, "--k", kh3, "--v", kh3},
        {"--k '" + kh3 + "'", "[2, 3, 6, 8]", "--q '" + files.q + "' shape [2, 2, 6, 8]",
@@ -313,7 +314,7 @@ TEST_CASE("attnbench eval errors exit 2, name the option or file and the value, 
        {"--k '" + kb1 + "'", "[1, 2, 6, 8]", "[2, 2, 6, 8]", "batch 1 != Q's batch 2", "with Q's batch 2"}},
       {{"--variant", "naive", "--q", files.q, "--k", kh1, "--v", files.v},
        {"--v '" + files.v + "'", "[2, 2, 6, 8]", "--k '" + kh1 + "' shape [2, 1, 6, 8]",
-        "V must have K's shape"}},
+        "with K's first three extents"}},
       {{"--variant", "naive", "--q", files.q, "--k", files.k, "--v", vh1},
        {"--v '" + vh1 + "'", "[2, 1, 6, 8]", "--k '" + files.k + "' shape [2, 2, 6, 8]"}},
       {{"--variant", "naive", "--q", files.q, "--k", files.k, "--v", q3}, {"--v", "q_rank3.npy", "rank 3"}},
@@ -381,4 +382,70 @@ TEST_CASE("attnbench without a known subcommand exits 2", "[cli]") {
   const ProcResult unknown = attnbench(dir, {"frobnicate"});
   CHECK(unknown.code == 2);
   CHECK(contains(unknown.err, "frobnicate"));
+}
+
+TEST_CASE("attnbench eval with V of another width (d_v != d_k): O, dO and dV d_v wide, and a variant without "
+          "value_dim exits 2",
+          "[cli][value_dim]") {
+  ScratchDir dir("cli");
+  // Q, K [1, 2, 9, 8] and V [1, 2, 9, 5], from the test's own draws.
+  FloatArray q({1, 2, 9, 8}), k({1, 2, 9, 8}), v({1, 2, 9, 5}), d_out({1, 2, 9, 5});
+  fill_normal(q.ptr(), static_cast<int64_t>(q.numel()), 11);
+  fill_normal(k.ptr(), static_cast<int64_t>(k.numel()), 12);
+  fill_normal(v.ptr(), static_cast<int64_t>(v.numel()), 13);
+  fill_normal(d_out.ptr(), static_cast<int64_t>(d_out.numel()), 14);
+  for (const auto& [name, t] : {std::pair<const char*, const FloatArray*>{"q", &q}, {"k", &k}, {"v", &v},
+                                {"do", &d_out}})
+    write_npy(dir.file(std::string(name) + ".npy"), *t);
+  const Args qkv{"--q", dir.file("q.npy"), "--k", dir.file("k.npy"), "--v", dir.file("v.npy")};
+  const ProcResult r = attnbench(
+      dir, Args{"eval", "--variant", "naive", "--causal", "--compare", "--out", dir.file("O.npy"),
+                "--grad-output", dir.file("do.npy"), "--dq", dir.file("dq.npy"), "--dk", dir.file("dk.npy"),
+                "--dv", dir.file("dv.npy")} +
+               qkv);
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  const Json j = Json::parse(r.out);
+  CHECK(j.at("id") == "naive:B=1,H=2,Lq=9,Lkv=9,D=8,Dv=5,causal");
+  CHECK(j.at("rel_l2_err").get<double>() < 1e-6);
+  for (const char* g : {"dq", "dk", "dv"}) CHECK(j["grad_accuracy"][g]["rel_l2_err"].get<double>() < 1e-5);
+  CHECK(read_npy_float(dir.file("O.npy")).shape == std::vector<int64_t>{1, 2, 9, 5});
+  CHECK(read_npy_float(dir.file("dq.npy")).shape == std::vector<int64_t>{1, 2, 9, 8});
+  CHECK(read_npy_float(dir.file("dk.npy")).shape == std::vector<int64_t>{1, 2, 9, 8});
+  CHECK(read_npy_float(dir.file("dv.npy")).shape == std::vector<int64_t>{1, 2, 9, 5});
+  // The output against an fp64 softmax written out here: o_i = sum_j softmax(q_i . k_j / sqrt(8)) v_j, j <= i.
+  const FloatArray o = read_npy_float(dir.file("O.npy"));
+  double worst = 0;
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < 9; ++i) {
+      std::vector<double> w(static_cast<std::size_t>(i + 1));
+      double mx = -1e300, sum = 0;
+      for (int64_t jj = 0; jj <= i; ++jj) {
+        double s = 0;
+        for (int64_t d = 0; d < 8; ++d) s += double(q.data[(h * 9 + i) * 8 + d]) * k.data[(h * 9 + jj) * 8 + d];
+        w[jj] = s / std::sqrt(8.0), mx = std::max(mx, w[jj]);
+      }
+      for (double& x : w) sum += (x = std::exp(x - mx));
+      for (int64_t d = 0; d < 5; ++d) {
+        double acc = 0;
+        for (int64_t jj = 0; jj <= i; ++jj) acc += w[jj] / sum * v.data[(h * 9 + jj) * 5 + d];
+        worst = std::max(worst, std::fabs(acc - o.data[(h * 9 + i) * 5 + d]));
+      }
+    }
+  CHECK(worst < 1e-5);
+  // dO of Q's width instead of V's: the shape error names both.
+  write_npy(dir.file("do_q.npy"), q);
+  const ProcResult bad_do = attnbench(
+      dir, Args{"eval", "--variant", "naive", "--out", dir.file("O2.npy"), "--grad-output", dir.file("do_q.npy"),
+                "--dq", dir.file("dq2.npy"), "--dk", dir.file("dk2.npy"), "--dv", dir.file("dv2.npy")} +
+               qkv);
+  CHECK(bad_do.code == 2);
+  CHECK(contains(bad_do.err, "[1, 2, 9, 8]"));
+  CHECK(contains(bad_do.err, "[1, 2, 9, 5]"));
+  CHECK_FALSE(std::filesystem::exists(dir.file("O2.npy")));
+  // tiled needs V as wide as Q and K: exit 2 with the reason, nothing written.
+  const ProcResult t = attnbench(dir, Args{"eval", "--variant", "tiled", "--out", dir.file("O3.npy")} + qkv);
+  CHECK(t.code == 2);
+  CHECK(contains(t.err, "needs V as wide as Q and K (got v_head_dim 5 != head_dim 8)"));
+  CHECK_FALSE(std::filesystem::exists(dir.file("O3.npy")));
 }

@@ -358,3 +358,38 @@ TEST_CASE("the registry refuses unknown variant names with a suggestion", "[para
   CHECK(std::is_sorted(names.begin(), names.end()));
   CHECK(names.size() == Registry::instance().all().size());
 }
+
+TEST_CASE("d_v != d_k: sizes, repro Dv=, validation, and a variant without value_dim refuses with the reason",
+          "[params][value_dim]") {
+  Problem p = make_problem("naive");
+  p.batch = 2, p.heads = 4, p.kv_heads = 2, p.seq_q = 5, p.seq_kv = 7, p.head_dim = 16;
+  CHECK(p.value_dim() == 16);
+  CHECK_FALSE(p.distinct_value_dim());
+  CHECK(p.repro().find("Dv=") == std::string::npos);
+  p.v_head_dim = 24;
+  CHECK(p.value_dim() == 24);
+  CHECK(p.q_elements() == 2 * 4 * 5 * 16);
+  CHECK(p.kv_elements() == 2 * 2 * 7 * 16);
+  CHECK(p.v_elements() == 2 * 2 * 7 * 24);
+  CHECK(p.out_elements() == 2 * 4 * 5 * 24);
+  CHECK(p.state_elements() == 2 * 4 * 16 * 24);
+  CHECK(p.effective_scale() == 0.25);  // 1/sqrt(d_k)
+  CHECK(p.repro() == "naive:B=2,H=4,Hkv=2,Lq=5,Lkv=7,D=16,Dv=24");
+  const Problem back = parse_problem(p.repro());
+  CHECK(back.value_dim() == 24);
+  CHECK(back.repro() == p.repro());
+  // Dv equal to D reads back as the same problem (no Dv in its id).
+  CHECK(parse_problem("naive:B=1,H=1,Lq=2,Lkv=2,D=8,Dv=8").repro() == "naive:B=1,H=1,Lq=2,Lkv=2,D=8");
+  expect_usage_error([] { (void)parse_problem("naive:B=1,H=1,Lq=2,Lkv=2,D=8,Dv=-3"); }, {"Dv", "-3"});
+  Problem bad = p;
+  bad.v_head_dim = -1;
+  expect_usage_error([&] { bad.validate(); }, {"v_head_dim", "-1"});
+  // V and the output are bounded like Q and K.
+  bad = p;
+  bad.batch = 1, bad.heads = 1, bad.kv_heads = 0, bad.seq_q = 1, bad.seq_kv = int64_t{1} << 30, bad.head_dim = 1;
+  bad.v_head_dim = int64_t{1} << 30;
+  expect_usage_error([&] { bad.validate(); }, {"v_head_dim", "(the elements of V)"});
+  CHECK(Registry::instance().get("naive").unsupported_reasons_text(p).empty());
+  const std::string why = Registry::instance().get("tiled").unsupported_reasons_text(p);
+  CHECK_THAT(why, Catch::Matchers::Contains("needs V as wide as Q and K (got v_head_dim 24 != head_dim 16)"));
+}

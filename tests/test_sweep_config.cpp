@@ -1221,3 +1221,43 @@ TEST_CASE("grad_accuracy_mode prices a recurrence's own fp64 gradient as O(n d^2
     CHECK(grad_accuracy_mode(parse_problem(v + shape), small) == "full");
   }
 }
+
+TEST_CASE("plan expansion: v_head_dim is an axis crossed with head_dim; equal widths are one point",
+          "[sweep][config][value_dim]") {
+  Json j = base_config();
+  j["sweep"]["head_dim"] = {16, 32};
+  j["sweep"]["v_head_dim"] = {16, 8};
+  const auto plan = make_plan(parse_sweep_config(j, "cfg.json")).points;
+  REQUIRE(plan.size() == 2 * 2 * 2);  // head_dim x v_head_dim x seq_len
+  std::set<std::string> ids, keys;
+  for (const auto& pt : plan) {
+    ids.insert(pt.id);
+    keys.insert(pt.input_key);
+    const Problem& p = pt.problem;
+    // v_head_dim equal to head_dim is stored as 0: the same point (and id) as without the axis.
+    CHECK((p.v_head_dim == 0) == (p.value_dim() == p.head_dim));
+    CHECK((pt.id.find(",Dv=") != std::string::npos) == p.distinct_value_dim());
+    CHECK(parse_problem(p.repro()).value_dim() == p.value_dim());
+  }
+  CHECK(ids.size() == plan.size());
+  CHECK(keys.size() == plan.size());  // another d_v is another input set (V's shape)
+  CHECK(ids.count("naive:B=1,H=1,Lq=16,Lkv=16,D=16,gaussian(std=1),T=1") == 1);
+  CHECK(ids.count("naive:B=1,H=1,Lq=16,Lkv=16,D=32,Dv=16,gaussian(std=1),T=1") == 1);
+
+  SECTION("a bad value names its index") {
+    Json k = base_config();
+    k["sweep"]["v_head_dim"] = {8, 0};
+    CHECK_THAT(config_error(k), Contains("sweep.v_head_dim[1]"));
+  }
+  SECTION("the tokens regime makes V head_dim wide: another d_v is a config error") {
+    ScratchDir dir("sweepcfg");
+    dir.write("sample.txt", "the quick brown fox\n");
+    Json k = base_config();
+    k["sweep"]["v_head_dim"] = 8;
+    k["inputs"] = {{"regime", "tokens"}, {"text", "sample.txt"}};
+    const std::string e = config_error(k, dir.file("cfg.json"));
+    CHECK_THAT(e, Contains("sweep.v_head_dim"));
+    CHECK_THAT(e, Contains("regime 'tokens'"));
+    CHECK_THAT(e, Contains("v_head_dim 8"));
+  }
+}

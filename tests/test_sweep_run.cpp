@@ -1380,3 +1380,67 @@ TEST_CASE(
     CHECK(sinks.data == make_inputs(pt).sink_logits.data);
   }
 }
+
+TEST_CASE("d_v != d_k sweep: Dv in the ids, rows with v_head_dim, forward and backward accuracy, inputs' shapes",
+          "[sweep][run][value_dim]") {
+  ScratchDir dir{"sweeprun"};
+  const Json config = {{"name", "dv"},
+                       {"variants", {"naive", "tiled", "gated_delta_rule"}},
+                       {"sweep",
+                        {{"batch", 1},
+                         {"heads", 2},
+                         {"head_dim", 16},
+                         {"v_head_dim", {16, 24}},
+                         {"seq_len", 32},
+                         {"mask", "causal"},
+                         {"pass", {"forward", "backward"}},
+                         {"threads", 1}}},
+                       {"measure", measure_fast()},
+                       {"accuracy", {{"reference", "full"}}},
+                       {"memory_budget", "1GiB"},
+                       {"seed", 3}};
+  const std::string cfg = write_config(dir, "dv.json", config);
+  const fs::path out = dir.path() / "out";
+  const RunResult r = run_attnbench({"run", cfg, "--out", out.string(), "--plain"}, dir.path());
+  INFO("stdout:\n" << r.out << "\nstderr:\n" << r.err);
+  REQUIRE(r.code == 0);
+  const std::vector<Json> rows = read_rows(out / "results.jsonl");
+  REQUIRE(rows.size() == 3 * 2 * 2);  // variants x v_head_dim x passes
+  int distinct_ok = 0;
+  for (const Json& row : rows) {
+    INFO(row.dump(2));
+    const int64_t dv = row.at("v_head_dim").get<int64_t>();
+    CHECK(row.at("head_dim") == 16);
+    CHECK((row["id"].get<std::string>().find(",D=16,Dv=24,") != std::string::npos) == (dv == 24));
+    const Attention& v = Registry::instance().get(row["variant"].get<std::string>());
+    if (dv == 24 && !v.capabilities().value_dim) {
+      CHECK(row["status"] == "skipped");
+      CHECK_THAT(row["reason"].get<std::string>(), Contains("needs V as wide as Q and K"));
+      continue;
+    }
+    REQUIRE(row["status"] == "ok");
+    // K at d_k and V at d_v, fp32.
+    CHECK(row["memory"]["kv_cache_bytes"] == 4 * 32 * 2 * (16 + dv));
+    if (row["pass"] == "forward") {
+      CHECK(row["accuracy"]["max_abs_err"].get<double>() < 1e-4);
+      CHECK(row["accuracy"]["rows"] == 32);
+    } else {
+      for (const char* g : {"dq", "dk", "dv"}) CHECK(row["grad_accuracy"][g]["rel_l2_err"].get<double>() < 1e-4);
+    }
+    if (dv == 24) ++distinct_ok;
+  }
+  // naive takes d_v != d_k (forward and backward); the recurrences do where they claim it.
+  CHECK(distinct_ok == (Registry::instance().get("gated_delta_rule").capabilities().value_dim ? 4 : 2));
+
+  // `attnbench inputs` writes V, dO and the references d_v wide.
+  const std::string id = "naive:B=1,H=2,Lq=32,Lkv=32,D=16,Dv=24,causal,gaussian(std=1),T=1,pass=backward";
+  const fs::path in_dir = dir.path() / "inputs";
+  const RunResult ri = run_attnbench({"inputs", cfg, "--filter", id, "--out", in_dir.string()}, dir.path());
+  INFO("inputs stdout:\n" << ri.out << "\nstderr:\n" << ri.err);
+  REQUIRE(ri.code == 0);
+  CHECK(read_npy_float((in_dir / "q.npy").string()).shape == std::vector<int64_t>{1, 2, 32, 16});
+  CHECK(read_npy_float((in_dir / "k.npy").string()).shape == std::vector<int64_t>{1, 2, 32, 16});
+  CHECK(read_npy_float((in_dir / "v.npy").string()).shape == std::vector<int64_t>{1, 2, 32, 24});
+  CHECK(read_npy_float((in_dir / "d_out.npy").string()).shape == std::vector<int64_t>{1, 2, 32, 24});
+  CHECK(read_json(in_dir / "point.json")["problem"]["v_head_dim"] == 24);
+}

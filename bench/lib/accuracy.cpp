@@ -18,7 +18,7 @@ void fill_accuracy(AccuracySummary& a, const ErrorMetrics& m, int64_t rows) {
 }
 
 DoubleArray reference_rows(const double* ref, const Problem& p, const std::vector<int64_t>& rows) {
-  const int64_t bh = p.batch * p.heads, D = p.head_dim;
+  const int64_t bh = p.batch * p.heads, D = p.value_dim();  // output rows are d_v wide
   const auto n = static_cast<int64_t>(rows.size());
   DoubleArray out({p.batch, p.heads, n, D});
   for (int64_t x = 0; x < bh; ++x)
@@ -35,11 +35,11 @@ DoubleArray accuracy_reference(const Problem& p, const AttentionInputs& in, cons
   x.out = nullptr;
   if (variant.capabilities().own_definition) {
     // Its reference_forward writes every row.
-    DoubleArray all({p.batch, p.heads, p.seq_q, p.head_dim});
+    DoubleArray all({p.batch, p.heads, p.seq_q, p.value_dim()});
     variant.reference_forward(p, x, all.ptr());
     return reference_rows(all.ptr(), p, rows);
   }
-  DoubleArray ref({p.batch, p.heads, static_cast<int64_t>(rows.size()), p.head_dim});
+  DoubleArray ref({p.batch, p.heads, static_cast<int64_t>(rows.size()), p.value_dim()});
   reference_attention(p, x, ref.ptr(), all_rows ? nullptr : &rows);
   return ref;
 }
@@ -47,9 +47,10 @@ DoubleArray accuracy_reference(const Problem& p, const AttentionInputs& in, cons
 GradientBlocks reference_gradient_blocks(const Problem& p, const AttentionInputs& in, const float* d_out,
                                          const std::vector<int64_t>& blocks) {
   const int64_t G = p.group_size(), n = static_cast<int64_t>(blocks.size());
-  const int64_t qblock = G * p.seq_q * p.head_dim, kvblock = p.seq_kv * p.head_dim;
+  const int64_t qblock = G * p.seq_q * p.head_dim, kblock = p.seq_kv * p.head_dim,
+                vblock = p.seq_kv * p.value_dim();
   GradientBlocks r{DoubleArray({n, G, p.seq_q, p.head_dim}), DoubleArray({n, p.seq_kv, p.head_dim}),
-                   DoubleArray({n, p.seq_kv, p.head_dim})};
+                   DoubleArray({n, p.seq_kv, p.value_dim()})};
   AttentionInputs x = in;
   x.out = nullptr;
   const Attention& variant = Registry::instance().get(p.variant);
@@ -67,13 +68,14 @@ GradientBlocks reference_gradient_blocks(const Problem& p, const AttentionInputs
     return r;
   }
   DoubleArray dq({p.batch, p.heads, p.seq_q, p.head_dim});
-  DoubleArray dk({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim}), dv(dk.shape);
+  DoubleArray dk({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim});
+  DoubleArray dv({p.batch, p.num_kv_heads(), p.seq_kv, p.value_dim()});
   variant.reference_gradients(p, x, d_out, Fp64Gradients{.dq = dq.ptr(), .dk = dk.ptr(), .dv = dv.ptr()});
   for (int64_t i = 0; i < n; ++i) {
     const int64_t bkv = blocks[static_cast<std::size_t>(i)];
     std::copy_n(dq.ptr() + bkv * qblock, qblock, r.dq.ptr() + i * qblock);
-    std::copy_n(dk.ptr() + bkv * kvblock, kvblock, r.dk.ptr() + i * kvblock);
-    std::copy_n(dv.ptr() + bkv * kvblock, kvblock, r.dv.ptr() + i * kvblock);
+    std::copy_n(dk.ptr() + bkv * kblock, kblock, r.dk.ptr() + i * kblock);
+    std::copy_n(dv.ptr() + bkv * vblock, vblock, r.dv.ptr() + i * vblock);
   }
   return r;
 }
@@ -93,7 +95,7 @@ void AccuracyReferences::forward_reference(const Problem& p, const AttentionInpu
   if (have_key == key) return;
   have_key.clear();
   ref = DoubleArray();
-  ref = DoubleArray({p.batch, p.heads, static_cast<int64_t>(rows_.size()), p.head_dim});
+  ref = DoubleArray({p.batch, p.heads, static_cast<int64_t>(rows_.size()), p.value_dim()});
   reference_attention(p, in, ref.ptr(), mode == "full" ? nullptr : &rows_);
   have_key = key;
 }
@@ -123,15 +125,15 @@ void AccuracyReferences::fill_forward(const SweepPoint& pt, const AttentionInput
     stored.out = nullptr;
     forward_reference(p, stored, mode, key + "|" + dtype_name(p.dtype), stored_key_, stored_reference_);
   }
-  const int64_t bh = p.batch * p.heads;
-  const auto got = mode == "full" ? std::vector<float>(out, out + bh * p.seq_q * p.head_dim)
-                                  : gather_rows(out, bh, p.seq_q, p.head_dim, rows_);
+  const int64_t bh = p.batch * p.heads, dv = p.value_dim();  // the output's rows are d_v wide
+  const auto got = mode == "full" ? std::vector<float>(out, out + bh * p.seq_q * dv)
+                                  : gather_rows(out, bh, p.seq_q, dv, rows_);
   const auto rows = static_cast<int64_t>(rows_.size());
   const int64_t nrows = bh * rows;
-  const ErrorMetrics soft_e2e = compare_outputs(got.data(), reference_.ptr(), nrows, p.head_dim);
+  const ErrorMetrics soft_e2e = compare_outputs(got.data(), reference_.ptr(), nrows, dv);
   const ErrorMetrics soft = p.dtype == DType::fp32
                                 ? soft_e2e
-                                : compare_outputs(got.data(), stored_reference_.ptr(), nrows, p.head_dim);
+                                : compare_outputs(got.data(), stored_reference_.ptr(), nrows, dv);
   row.accuracy_vs_softmax.max_abs_err = soft.max_abs_err;
   row.accuracy_vs_softmax.rel_l2_err = soft.rel_l2_err;
   const Attention& variant = Registry::instance().get(p.variant);
@@ -148,7 +150,7 @@ void AccuracyReferences::fill_forward(const SweepPoint& pt, const AttentionInput
   fp32_in.out = nullptr;
   own_reference(variant, WideInputs::as_fp32(p), fp32_in, own_key + "|fp32", own_key_, own_reference_);
   const ErrorMetrics own_e2e =
-      compare_outputs(got.data(), own_rows(own_reference_, p).ptr(), nrows, p.head_dim);
+      compare_outputs(got.data(), own_rows(own_reference_, p).ptr(), nrows, dv);
   fill_accuracy(row.accuracy_e2e, own_e2e, rows);
   if (p.dtype == DType::fp32) {
     own_stored_key_.clear();
@@ -159,7 +161,7 @@ void AccuracyReferences::fill_forward(const SweepPoint& pt, const AttentionInput
     stored.out = nullptr;
     own_reference(variant, p, stored, own_key, own_stored_key_, own_stored_reference_);
     fill_accuracy(row.accuracy,
-                  compare_outputs(got.data(), own_rows(own_stored_reference_, p).ptr(), nrows, p.head_dim),
+                  compare_outputs(got.data(), own_rows(own_stored_reference_, p).ptr(), nrows, dv),
                   rows);
   }
 }
@@ -169,7 +171,7 @@ void AccuracyReferences::own_reference(const Attention& variant, const Problem& 
   if (have_key == key) return;
   have_key.clear();
   ref = DoubleArray();
-  ref = DoubleArray({p.batch, p.heads, p.seq_q, p.head_dim});
+  ref = DoubleArray({p.batch, p.heads, p.seq_q, p.value_dim()});
   variant.reference_forward(p, in, ref.ptr());
   have_key = key;
 }
@@ -199,27 +201,29 @@ void AccuracyReferences::fill_backward(const SweepPoint& pt, const AttentionInpu
     grad_key_ = key;
   }
   // The fp32 gradients of the same blocks, in the reference's compact layout.
-  const int64_t qblock = G * p.seq_q * p.head_dim, kvblock = p.seq_kv * p.head_dim;
-  std::vector<float> gq(static_cast<std::size_t>(n * qblock)), gk(static_cast<std::size_t>(n * kvblock)),
-      gv(gk.size());
+  const int64_t qblock = G * p.seq_q * p.head_dim, kblock = p.seq_kv * p.head_dim,
+                vblock = p.seq_kv * p.value_dim();
+  std::vector<float> gq(static_cast<std::size_t>(n * qblock)), gk(static_cast<std::size_t>(n * kblock)),
+      gv(static_cast<std::size_t>(n * vblock));
   for (int64_t x = 0; x < n; ++x) {
     const int64_t bkv = blocks[static_cast<std::size_t>(x)], b = bkv / p.num_kv_heads();
     const int64_t h0 = b * p.heads + (bkv % p.num_kv_heads()) * G;
     std::copy_n(dq + h0 * p.seq_q * p.head_dim, qblock, gq.data() + x * qblock);
-    std::copy_n(dk + bkv * kvblock, kvblock, gk.data() + x * kvblock);
-    std::copy_n(dv + bkv * kvblock, kvblock, gv.data() + x * kvblock);
+    std::copy_n(dk + bkv * kblock, kblock, gk.data() + x * kblock);
+    std::copy_n(dv + bkv * vblock, vblock, gv.data() + x * vblock);
   }
-  auto fill = [&](GradAccuracySummary::Part& part, const std::vector<float>& got, const DoubleArray& want) {
+  auto fill = [&](GradAccuracySummary::Part& part, const std::vector<float>& got, const DoubleArray& want,
+                  int64_t width) {
     const ErrorMetrics m =
-        compare_outputs(got.data(), want.ptr(), static_cast<int64_t>(got.size()) / p.head_dim, p.head_dim);
+        compare_outputs(got.data(), want.ptr(), static_cast<int64_t>(got.size()) / width, width);
     part.max_abs_err = m.max_abs_err;
     part.rel_l2_err = m.rel_l2_err;
     part.nan_count = m.nan_count;
     part.inf_count = m.inf_count;
   };
-  fill(row.grad_accuracy.dq, gq, grad_.dq);
-  fill(row.grad_accuracy.dk, gk, grad_.dk);
-  fill(row.grad_accuracy.dv, gv, grad_.dv);
+  fill(row.grad_accuracy.dq, gq, grad_.dq, p.head_dim);
+  fill(row.grad_accuracy.dk, gk, grad_.dk, p.head_dim);
+  fill(row.grad_accuracy.dv, gv, grad_.dv, p.value_dim());
 }
 
 }  // namespace attn

@@ -26,12 +26,12 @@ namespace attn {
 // The metrics of a comparison into a row's summary.
 void fill_accuracy(AccuracySummary& a, const ErrorMetrics& m, int64_t rows);
 
-// Rows `rows` of every (batch, head) of a whole [batch, heads, seq_q, head_dim] reference `ref`: [batch,
-// heads, rows.size(), head_dim].
+// Rows `rows` of every (batch, head) of a whole [batch, heads, seq_q, d_v] reference `ref`: [batch,
+// heads, rows.size(), d_v].
 DoubleArray reference_rows(const double* ref, const Problem& p, const std::vector<int64_t>& rows);
 
 // The fp64 reference `accuracy` compares with, on `rows` of every (batch, head) ([batch, heads, rows.size(),
-// head_dim]; `rows` are all of them when `all_rows`), for problem `p` on `in` (the inputs the kernel read,
+// d_v]; `rows` are all of them when `all_rows`), for problem `p` on `in` (the inputs the kernel read,
 // with the g, beta, sink logits and initial state its variant reads): the variant's own definition
 // (reference_forward) for a variant with Capabilities::own_definition, exact softmax attention otherwise.
 DoubleArray accuracy_reference(const Problem& p, const AttentionInputs& in, const std::vector<int64_t>& rows,
@@ -40,7 +40,7 @@ DoubleArray accuracy_reference(const Problem& p, const AttentionInputs& in, cons
 // The fp64 gradients `grad_accuracy` compares with: of problem `p` on `in` (the inputs the kernel read, with
 // the g in the shape its variant reads, beta, sink logits and initial state) for dO `d_out`, on the
 // (batch * kv_heads + K/V head) `blocks` in the compact layout reference_attention_backward(..., &blocks)
-// writes: dq [n, group, seq_q, head_dim], dk and dv [n, seq_kv, head_dim] (n = blocks.size(), the blocks in
+// writes: dq [n, group, seq_q, head_dim], dk [n, seq_kv, head_dim] and dv [.., d_v] (n = blocks.size(), the blocks in
 // their order). A variant with Capabilities::own_definition: the gradient of its own definition
 // (Attention::reference_gradients over the whole tensors, then these blocks); any other: exact softmax
 // attention's (same masks, bias, scale, dropout, sinks). The runner's grad_accuracy and `attnbench inputs`'
@@ -73,7 +73,7 @@ class AccuracyReferences {
   // A variant's own fp64 definition (reference_forward, every row) of `p` on `in` under `key` into `ref`.
   void own_reference(const Attention& variant, const Problem& p, const AttentionInputs& in,
                      const std::string& key, std::string& have_key, DoubleArray& ref);
-  // The compared rows (rows_) of a whole [batch, heads, seq_q, head_dim] reference, in the compact order.
+  // The compared rows (rows_) of a whole [batch, heads, seq_q, d_v] reference, in the compact order.
   DoubleArray own_rows(const DoubleArray& ref, const Problem& p) const {
     return reference_rows(ref.ptr(), p, rows_);
   }

@@ -167,7 +167,7 @@ struct EvalCall {
   ByteArray mask, pad;
   std::vector<float> slopes, sinks;
   std::vector<float> g, beta, s0;  // a recurrence's gate, beta and initial state, as float32
-  FloatArray final_state;          // [batch, heads, head_dim, head_dim], with --final-state
+  FloatArray final_state;          // [batch, heads, head_dim, d_v], with --final-state
   FloatArray d_out, forward_out;   // the backward's dO, and an earlier training forward's O
   std::vector<float> saved;        // that forward's saved state, or the one the training forward writes
   FloatArray out;
@@ -185,7 +185,7 @@ BackwardResult run_backward_step(const EvalOptions& o, const EvalCall& c) {
   BackwardResult r;
   r.dq = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
   r.dk = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim});
-  r.dv = FloatArray(r.dk.shape);
+  r.dv = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.value_dim()});
   GradientArgs g;
   g.out = c.out.ptr();
   g.saved = c.saved.empty() ? nullptr : c.saved.data();
@@ -293,9 +293,9 @@ void read_call_tensors(const EvalOptions& o, EvalCall& c) {
   const std::string q_what = "--q '" + o.q + "'", k_what = "--k '" + o.k + "'", v_what = "--v '" + o.v + "'";
   require_rank4(q_what, c.q.values.shape, "[batch, heads, seq_q, head_dim]");
   require_rank4(k_what, c.k.values.shape, "[batch, kv_heads, seq_kv, head_dim]");
-  require_rank4(v_what, c.v.values.shape, "[batch, kv_heads, seq_kv, head_dim]");
+  require_rank4(v_what, c.v.values.shape, "[batch, kv_heads, seq_kv, d_v]");
   check_kv_shapes(q_what, c.q.values.shape, k_what, c.k.values.shape, v_what, c.v.values.shape);
-  set_shape(p, c.q.values.shape, c.k.values.shape);
+  set_shape(p, c.q.values.shape, c.k.values.shape, c.v.values.shape);
   p.mask.causal = o.causal;
   p.mask.causal_lower_right = o.causal_lower_right;
   p.scale = o.scale;
@@ -338,11 +338,11 @@ void read_backward_inputs(const EvalOptions& o, EvalCall& c) {
       check_save_state_has_backward(*c.variant, "--save-state '" + o.save_state + "'");
     return;
   }
-  const std::vector<int64_t> q_shape{p.batch, p.heads, p.seq_q, p.head_dim};
-  c.d_out = read_backward_input("--grad-output", o.grad_output, q_shape, d_out_meaning("--q"));
+  const std::vector<int64_t> o_shape{p.batch, p.heads, p.seq_q, p.value_dim()};
+  c.d_out = read_backward_input("--grad-output", o.grad_output, o_shape, d_out_meaning("--q"));
   if (o.forward_output.empty()) return;
   c.forward_out =
-      read_backward_input("--forward-output", o.forward_output, q_shape, forward_output_meaning());
+      read_backward_input("--forward-output", o.forward_output, o_shape, forward_output_meaning());
   const std::size_t n = check_saved_state_given(
       *c.variant, p, !o.saved_state.empty(), "--forward-output '" + o.forward_output + "'",
       "--saved-state '" + o.saved_state + "'",
@@ -367,7 +367,7 @@ void run_call(const EvalOptions& o, EvalCall& c) {
     apply_rope_qk(c.rope, p, c.q.values.ptr(), c.k.values.ptr());
     c.q.from_fp16 = c.k.from_fp16 = false;
   }
-  c.out = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
+  c.out = FloatArray({p.batch, p.heads, p.seq_q, p.value_dim()});
   c.fp32_in = AttentionInputs{c.q.values.ptr(),
                               c.k.values.ptr(),
                               c.v.values.ptr(),
@@ -455,7 +455,7 @@ void print_comparison(const EvalOptions& o, const EvalCall& c) {
   DoubleArray want(c.out.shape);
   DoubleArray want_state(c.final_state.numel() ? c.final_state.shape : std::vector<int64_t>{0});
   reference(p, c.in, want.ptr(), want_state.numel() ? want_state.ptr() : nullptr);
-  const ErrorMetrics m = compare_outputs(c.out.ptr(), want.ptr(), rows, p.head_dim);
+  const ErrorMetrics m = compare_outputs(c.out.ptr(), want.ptr(), rows, p.value_dim());
   const std::string stored = dtype == DType::fp32 ? "fp32" : dtype_name(dtype);
   const std::string of = own ? "fp64 " + p.variant + " (its own definition)" : "fp64";
   Json accuracy = metrics_json(m, of + " on the inputs as stored (" + stored + ")");
@@ -464,7 +464,7 @@ void print_comparison(const EvalOptions& o, const EvalCall& c) {
   Json accuracy_e2e = accuracy;
   if (dtype != DType::fp32) {
     reference(WideInputs::as_fp32(p), c.fp32_in, want.ptr(), nullptr);
-    accuracy_e2e = metrics_json(compare_outputs(c.out.ptr(), want.ptr(), rows, p.head_dim),
+    accuracy_e2e = metrics_json(compare_outputs(c.out.ptr(), want.ptr(), rows, p.value_dim()),
                                 of + " on the fp32 inputs before rounding to " + stored);
   } else {
     accuracy_e2e["reference"] = "fp64 on the fp32 inputs (the same as accuracy: fp32 storage)";
@@ -500,7 +500,7 @@ void print_comparison(const EvalOptions& o, const EvalCall& c) {
   if (own) {
     reference_attention(p, c.in, want.ptr());
     j["accuracy_vs_softmax"] =
-        metrics_json(compare_outputs(c.out.ptr(), want.ptr(), rows, p.head_dim),
+        metrics_json(compare_outputs(c.out.ptr(), want.ptr(), rows, p.value_dim()),
                      "fp64 exact softmax attention on the same Q, K, V (informative: " + p.variant +
                          " is a recurrence, not an approximation of softmax attention)");
   }
@@ -527,7 +527,8 @@ int run_eval(const EvalOptions& o) {
 
 ATTN_REGISTER_COMMAND(
     "eval",
-    "run one variant on Q, K, V .npy files ([batch, heads, seq, head_dim]; K and V may have fewer heads) and "
+    "run one variant on Q, K, V .npy files ([batch, heads, seq, head_dim]; K and V may have fewer heads, V "
+    "another last extent d_v) and "
     "write O.npy",
     [](CLI::App& sub) {
       auto o = std::make_shared<attn::cli::EvalOptions>();
@@ -538,7 +539,10 @@ ATTN_REGISTER_COMMAND(
                      "keys .npy, [batch, kv_heads, seq_kv, head_dim]; kv_heads dividing heads (grouped-query "
                      "attention: query head h reads K/V head h / (heads / kv_heads)), else equal to it")
           ->required();
-      sub.add_option("--v", o->v, "values .npy, same shape as keys")->required();
+      sub.add_option("--v", o->v,
+                     "values .npy, [batch, kv_heads, seq_kv, d_v]: the keys' first three extents; d_v != "
+                     "head_dim for variants that take it (`attnbench list`: value_dim)")
+          ->required();
       sub.add_flag("--causal", o->causal, "causal mask, upper-left aligned (query i attends keys j <= i)");
       sub.add_flag("--causal-lower-right", o->causal_lower_right,
                    "causal mask, lower-right aligned (query i attends keys j <= i + seq_kv - seq_q: the last "
@@ -566,11 +570,11 @@ ATTN_REGISTER_COMMAND(
           "the delta rule's beta .npy, float32/64 [batch, heads, seq], every value in (0, 1]; "
           "required by delta_rule and gated_delta_rule, refused by others (`attnbench list`: beta)");
       sub.add_option("--initial-state", o->initial_state,
-                     "a recurrence's starting state .npy, float32/64 [batch, heads, head_dim, head_dim] "
+                     "a recurrence's starting state .npy, float32/64 [batch, heads, head_dim, d_v] "
                      "(d_k x d_v per query head), finite; default 0 (`attnbench list`: state)");
       sub.add_option("--final-state", o->final_state,
                      "a recurrence's state after the last token .npy out, float32 [batch, heads, head_dim, "
-                     "head_dim]; with --compare also final_state_accuracy against the fp64 definition's");
+                     "d_v]; with --compare also final_state_accuracy against the fp64 definition's");
       sub.add_option("--dg", o->dg, "with --grad-output and --g: dL/dg .npy out, float32, g's shape");
       sub.add_option("--dbeta", o->dbeta,
                      "with --grad-output and --beta: dL/dbeta .npy out, float32, beta's shape");
@@ -580,7 +584,7 @@ ATTN_REGISTER_COMMAND(
       sub.add_option("--seed", o->seed, "dropout seed");
       sub.add_option(
           "--out", o->out,
-          "output .npy, float32 [batch, heads, seq_q, head_dim] (required unless --forward-output)");
+          "output .npy, float32 [batch, heads, seq_q, d_v] (required unless --forward-output)");
       sub.add_flag("--compare", o->compare,
                    "print accuracy against the fp64 exact reference as JSON: `accuracy` on the inputs as "
                    "stored, `accuracy_e2e` on the fp32 inputs before rounding to --dtype (a recurrence: "
@@ -605,7 +609,7 @@ ATTN_REGISTER_COMMAND(
       o->rope_base_opt = sub.add_option("--rope-base", o->rope_base,
                                         "with --rope: base of the angles pos * base^(-2i/D) (default 10000)");
       sub.add_option("--grad-output", o->grad_output,
-                     "the backward: dL/dO .npy, float32/64 [batch, heads, seq_q, head_dim], finite; needs "
+                     "the backward: dL/dO .npy, float32/64 [batch, heads, seq_q, d_v], finite; needs "
                      "--dq, --dk, --dv (the variant must have a backward: `attnbench list`)");
       sub.add_option("--dq", o->dq, "with --grad-output: dL/dQ .npy out, float32, Q's shape");
       sub.add_option("--dk", o->dk,

@@ -5,7 +5,7 @@
 // other inputs the point's variant reads, all fp32 and never rounded: key_padding.npy (uint8), g.npy (a
 // recurrence's gate in the shape its variant reads: [batch, heads, seq_kv] or [.., head_dim]), beta.npy
 // ([batch, heads, seq_kv]), sink_logits.npy ([heads], points with sink logits) and a decode point's
-// initial_state.npy ([batch, heads, head_dim, head_dim]: the state the runner makes by a chunkwise prefill of
+// initial_state.npy ([batch, heads, head_dim, d_v]: the state the runner makes by a chunkwise prefill of
 // the context, DecodeStates). reference.npy is `accuracy`'s reference (accuracy_reference: exact softmax
 // attention, or the variant's own definition for Capabilities::own_definition, from the initial state at a
 // decode point) on the inputs rounded to the point's dtype, reference_e2e.npy (bf16 / fp16 only) the same
@@ -13,8 +13,8 @@
 // (d_out.npy, make_d_out) and the fp64 gradient its grad_accuracy is measured against
 // (reference_gradient_blocks: exact softmax attention's, or the variant's own definition's): the
 // (batch, K/V head) blocks of grad_reference_blocks (grad_blocks.npy) in reference_attention_backward's
-// compact layout (grad_dq.npy [n, group, seq_q, head_dim], grad_dk.npy and grad_dv.npy [n, seq_kv,
-// head_dim]), on the inputs rounded to the point's dtype as the runner's. point.json's "files" names every
+// compact layout (grad_dq.npy [n, group, seq_q, head_dim], grad_dk.npy [n, seq_kv, head_dim] and
+// grad_dv.npy [n, seq_kv, d_v]), on the inputs rounded to the point's dtype as the runner's. point.json's "files" names every
 // file written. The PyTorch peer (scripts/peers/torch_attention.py) and anyone reproducing a row outside
 // attnbench start from these files.
 #include <filesystem>
@@ -62,7 +62,7 @@ void write_extra_inputs(const SweepPoint& pt, const PointInputs& in, const Atten
   if (caps.beta) write_file(dir, "beta", in.beta, files);
   if (p.sinks) write_file(dir, "sink_logits", in.sink_logits, files);
   if (p.initial_state && fp32.initial_state) {
-    FloatArray state({p.batch, p.heads, p.head_dim, p.head_dim});
+    FloatArray state({p.batch, p.heads, p.head_dim, p.value_dim()});
     std::copy_n(fp32.initial_state, state.numel(), state.ptr());
     write_file(dir, "initial_state", state, files);
   }
@@ -122,9 +122,10 @@ int write_inputs(const InputsOptions& o) {
 
   const PointMemory need = point_memory(pt, plan.config);
   const bool backward = pt.pass != Pass::forward;
-  // A backward point's inputs hold dO too (Q's size, fp32) beside Q, K, V; its reference the gradients'.
+  // A backward point's inputs hold dO too (the output's size, fp32) beside Q, K, V; its reference the
+  // gradients'.
   const std::size_t inputs_need = sat_add(need.call.inputs, need.fp32_inputs,
-                                          backward ? sat_mul(to_size(p.q_elements()), sizeof(float)) : 0);
+                                          backward ? sat_mul(to_size(p.out_elements()), sizeof(float)) : 0);
   const std::size_t reference_need = sat_add(need.reference, need.grad_reference);
   if (sat_add(inputs_need, o.reference ? reference_need : 0) > *plan.config.memory_budget_bytes)
     throw NotSupported(pt.id + ": its inputs" + std::string(o.reference ? " and reference rows" : "") +

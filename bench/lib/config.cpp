@@ -370,8 +370,8 @@ void parse_variants(const Json& variants, SweepConfig& c) {
 // this machine by the plan, not here.
 void parse_sweep_axes(const Json& sweep, SweepConfig& c) {
   check_keys(sweep, "sweep",
-             {"batch", "heads", "kv_heads", "head_dim", "seq_len", "seq_q", "seq_kv", "mask", "threads",
-              "isa", "dropout", "dtype", "bias", "pass", "softcap", "sinks"});
+             {"batch", "heads", "kv_heads", "head_dim", "v_head_dim", "seq_len", "seq_q", "seq_kv", "mask",
+              "threads", "isa", "dropout", "dtype", "bias", "pass", "softcap", "sinks"});
   if (sweep.contains("batch")) c.batch = size_axis(sweep["batch"], "sweep.batch");
   if (sweep.contains("heads")) c.heads = size_axis(sweep["heads"], "sweep.heads");
   if (sweep.contains("kv_heads")) {
@@ -386,6 +386,7 @@ void parse_sweep_axes(const Json& sweep, SweepConfig& c) {
                    std::to_string(c.kv_heads[i]) + ", which does not divide heads " + std::to_string(h));
   }
   if (sweep.contains("head_dim")) c.head_dim = size_axis(sweep["head_dim"], "sweep.head_dim");
+  if (sweep.contains("v_head_dim")) c.v_head_dim = size_axis(sweep["v_head_dim"], "sweep.v_head_dim");
   const bool has_len = sweep.contains("seq_len"), has_q = sweep.contains("seq_q"),
              has_kv = sweep.contains("seq_kv");
   if (has_len && (has_q || has_kv))
@@ -542,7 +543,7 @@ void check_point_count(const SweepConfig& c) {
   uint64_t points = param_sets;
   for (const std::size_t n :
        {c.regimes.size(), c.batch.size(), c.heads.size(), std::max<std::size_t>(c.kv_heads.size(), 1),
-        c.head_dim.size(), c.seq_q.size(), c.self_attention ? std::size_t{1} : c.seq_kv.size(),
+        c.head_dim.size(), std::max<std::size_t>(c.v_head_dim.size(), 1), c.seq_q.size(), c.self_attention ? std::size_t{1} : c.seq_kv.size(),
         c.masks.size(), std::max<std::size_t>(c.threads.size(), 1), c.isas.size(), c.dtypes.size(),
         c.biases.size(), c.passes.size()})
     points = points_product(points, n);
@@ -603,6 +604,14 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
   parse_regimes(j.value("inputs", Json{{"regime", "gaussian"}, {"std", 1.0}}), "inputs",
                 dir.empty() ? "." : dir, c.head_dim,
                 sweep_raw.is_object() ? sweep_raw.value("head_dim", Json()) : Json(), c.regimes);
+  // The tokens regime projects V through the multi-head layer, whose V heads are head_dim wide.
+  for (std::size_t i = 0; i < c.regimes.size(); ++i)
+    for (const int64_t dv : c.v_head_dim)
+      if (c.regimes[i].kind == "tokens" && std::find(c.head_dim.begin(), c.head_dim.end(), dv) == c.head_dim.end())
+        fail("sweep.v_head_dim",
+             "regime 'tokens' (" + c.regimes[i].label() +
+                 ") makes V with the multi-head layer's projection, head_dim wide: v_head_dim " +
+                 std::to_string(dv) + " differs from every head_dim; use regime 'gaussian' for d_v != d_k");
   if (j.contains("measure")) parse_measure(j["measure"], c.measure);
   if (j.contains("accuracy")) parse_accuracy(j["accuracy"], c.accuracy);
   if (j.contains("memory_budget")) c.memory_budget_bytes = parse_bytes(j["memory_budget"], "memory_budget");

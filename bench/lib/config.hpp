@@ -81,6 +81,9 @@ struct SweepConfig {
   Json raw;                 // the config as given (recorded in meta.json, hashed for --resume)
   std::vector<VariantSpec> variants;
   std::vector<int64_t> batch{1}, heads{8}, head_dim{64}, seq_q, seq_kv;
+  // Widths of V and the output (sweep.v_head_dim, d_v): empty means every point's d_v is its head_dim; a
+  // value equal to a point's head_dim is that same point (Problem::v_head_dim 0).
+  std::vector<int64_t> v_head_dim;
   // K/V heads (grouped-query attention, sweep.kv_heads): empty means every point's kv_heads is its heads;
   // each value divides every value of `heads` (checked when parsing).
   std::vector<int64_t> kv_heads;

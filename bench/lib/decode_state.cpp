@@ -31,7 +31,7 @@ void DecodeStates::prepare(const SweepPoint& pt, const AttentionInputs& in) {
   if (states_.count(key)) return;
   const Attention& variant = Registry::instance().get(p.variant);
   const Capabilities caps = variant.capabilities();
-  const int64_t B = p.batch, H = p.heads, KV = p.num_kv_heads(), D = p.head_dim;
+  const int64_t B = p.batch, H = p.heads, KV = p.num_kv_heads(), D = p.head_dim, Dv = p.value_dim();
   const int64_t n = p.seq_kv, P = pre.seq_q;
   // The first P tokens of every K/V head (and of g and beta, per query head), contiguous as the prefill's
   // own [.., P, ..] tensors.
@@ -40,12 +40,12 @@ void DecodeStates::prepare(const SweepPoint& pt, const AttentionInputs& in) {
     for (int64_t b = 0; b < blocks; ++b) std::copy_n(x + b * n * width, P * width, y.ptr() + b * P * width);
     return y;
   };
-  const FloatArray k = prefix(in.k, B * KV, D), v = prefix(in.v, B * KV, D);
+  const FloatArray k = prefix(in.k, B * KV, D), v = prefix(in.v, B * KV, Dv);
   FloatArray g, beta;
   if (caps.gate != Gate::none) g = prefix(in.g, B * H, caps.gate == Gate::vector ? D : 1);
   if (caps.beta) beta = prefix(in.beta, B * H, 1);
-  FloatArray q({B, H, P, D}), out({B, H, P, D});  // zeros: the queries do not reach the state
-  FloatArray state({B, H, D, D});
+  FloatArray q({B, H, P, D}), out({B, H, P, Dv});  // zeros: the queries do not reach the state
+  FloatArray state({B, H, D, Dv});
   AttentionInputs pin;
   pin.q = q.ptr(), pin.k = k.ptr(), pin.v = v.ptr(), pin.out = out.ptr();
   pin.g = g.numel() ? g.ptr() : nullptr;

@@ -99,10 +99,10 @@ void check_kv_shapes(const std::string& q_what, const std::vector<int64_t>& q, c
                      const std::vector<int64_t>& k, const std::string& v_what,
                      const std::vector<int64_t>& v) {
   const int64_t batch = q[0], heads = q[1], head_dim = q[3];
-  const std::string allowed = "K and V must be [batch, kv_heads, seq_kv, head_dim] with Q's batch " +
+  const std::string allowed = "K must be [batch, kv_heads, seq_kv, head_dim] with Q's batch " +
                               std::to_string(batch) + " and head_dim " + std::to_string(head_dim) +
                               ", and kv_heads dividing Q's heads " + std::to_string(heads) + " (" +
-                              kv_heads_allowed(heads) + ")";
+                              kv_heads_allowed(heads) + "); V [batch, kv_heads, seq_kv, d_v]";
   auto fail = [&](const std::string& why) {
     throw UsageError(k_what + ": shape " + shape_text(k) + " does not fit " + q_what + " shape " +
                      shape_text(q) + ": " + why + "; " + allowed);
@@ -112,15 +112,18 @@ void check_kv_shapes(const std::string& q_what, const std::vector<int64_t>& q, c
     fail("head_dim " + std::to_string(k[3]) + " != Q's head_dim " + std::to_string(head_dim));
   if (heads % k[1] != 0)
     fail("kv_heads " + std::to_string(k[1]) + " does not divide Q's heads " + std::to_string(heads));
-  if (v != k)
-    throw UsageError(v_what + ": shape " + shape_text(v) + " differs from " + k_what + " shape " +
-                     shape_text(k) + " (V must have K's shape [batch, kv_heads, seq_kv, head_dim])");
+  if (v[0] != k[0] || v[1] != k[1] || v[2] != k[2])
+    throw UsageError(v_what + ": shape " + shape_text(v) + " does not fit " + k_what + " shape " +
+                     shape_text(k) + " (V must be [batch, kv_heads, seq_kv, d_v] with K's first three " +
+                     "extents; its last, d_v, may differ from head_dim for a variant that takes it)");
 }
 
-void set_shape(Problem& p, const std::vector<int64_t>& q, const std::vector<int64_t>& k) {
+void set_shape(Problem& p, const std::vector<int64_t>& q, const std::vector<int64_t>& k,
+               const std::vector<int64_t>& v) {
   p.batch = q[0], p.heads = q[1], p.seq_q = q[2], p.head_dim = q[3];
   p.kv_heads = k[1];  // kv_heads == heads: multi-head attention (no Hkv in the id)
   p.seq_kv = k[2];
+  p.v_head_dim = v[3] == q[3] ? 0 : v[3];  // 0: d_v = head_dim (no Dv in the id)
 }
 
 void require_shape(const std::string& what, const std::vector<int64_t>& got, const std::vector<int64_t>& want,
@@ -243,7 +246,7 @@ std::vector<int64_t> beta_shape(const Problem& p) {
   return {p.batch, p.heads, p.seq_q};
 }
 std::vector<int64_t> state_shape(const Problem& p) {
-  return {p.batch, p.heads, p.head_dim, p.head_dim};
+  return {p.batch, p.heads, p.head_dim, p.value_dim()};
 }
 
 std::vector<float> checked_gate(const std::string& what, const std::string& q_what,
@@ -273,14 +276,15 @@ std::vector<float> checked_initial_state(const std::string& what, const std::str
                                          const std::vector<int64_t>& shape, const double* values,
                                          const Problem& p) {
   require_shape(what, shape, state_shape(p),
-                "[batch, heads, head_dim, head_dim] (a d_k x d_v state per query head: " +
-                    sizes_from(p, q_what, true) + ")");
+                "[batch, heads, head_dim, d_v] (a d_k x d_v state per query head: " +
+                    sizes_from(p, q_what, true) + ", d_v " + std::to_string(p.value_dim()) + " from V)");
   return checked_values(
       what, shape, values, [](double) { return true; }, "every value of a state must be a finite float32");
 }
 
 Json final_state_comparison(const Problem& p, const float* got, const double* reference_state) {
-  const ErrorMetrics m = compare_outputs(got, reference_state, p.batch * p.heads * p.head_dim, p.head_dim);
+  const ErrorMetrics m =
+      compare_outputs(got, reference_state, p.batch * p.heads * p.head_dim, p.value_dim());
   return {{"reference", "fp64 final state of " + p.variant + "'s own definition"},
           {"max_abs_err", json_number(m.max_abs_err)},
           {"rel_l2_err", json_number(m.rel_l2_err)},
@@ -300,8 +304,8 @@ void check_runnable(const Attention& variant, const Problem& p, int threads, boo
   // this machine's physical memory, naming the bytes it would need.
   MemoryEstimate m = variant.estimate_memory(p, threads);
   // The inputs are already in memory; what the call adds is the output, the workspace and the fp64
-  // reference (q_elements fit: Problem::validate bounds them).
-  std::size_t reference = with_reference ? static_cast<std::size_t>(p.q_elements()) * sizeof(double) : 0;
+  // reference (out_elements fit: Problem::validate bounds them).
+  std::size_t reference = with_reference ? static_cast<std::size_t>(p.out_elements()) * sizeof(double) : 0;
   if (backward) {
     // The training forward's O and saved state, dO, the gradients and the backward's workspace (the larger
     // of the two passes'), and with --compare two fp64 gradients (the variant's own and exact attention's).
@@ -310,8 +314,9 @@ void check_runnable(const Attention& variant, const Problem& p, int threads, boo
     m.workspace = std::max(m.workspace, b.workspace);
     if (with_reference)
       reference =
-          sat_add(reference, sat_mul(2 * sizeof(double),
-                                     sat_add(to_size(p.q_elements()), sat_mul(2, to_size(p.kv_elements())))));
+          sat_add(reference,
+                  sat_mul(2 * sizeof(double),
+                          sat_add(to_size(p.q_elements()), to_size(p.kv_elements()), to_size(p.v_elements()))));
   }
   const std::size_t need = sat_add(m.beyond_inputs(), reference);
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
@@ -334,8 +339,8 @@ NonfiniteCounts count_nonfinite_values(const Problem& p, const AttentionInputs& 
   NonfiniteCounts c;
   c.q = bad(in.q, in.q16, p.q_elements());
   c.k = bad(in.k, in.k16, p.kv_elements());
-  c.v = bad(in.v, in.v16, p.kv_elements());
-  c.out = count_nonfinite(in.out, static_cast<std::size_t>(p.q_elements()));
+  c.v = bad(in.v, in.v16, p.v_elements());
+  c.out = count_nonfinite(in.out, static_cast<std::size_t>(p.out_elements()));
   return c;
 }
 
@@ -361,11 +366,11 @@ void check_backward_input(const std::string& what, const std::vector<int64_t>& s
 }
 
 std::string d_out_meaning(const std::string& q_what) {
-  return "(dL/dO has the output's shape [batch, heads, seq_q, head_dim], from " + q_what + ")";
+  return "(dL/dO has the output's shape [batch, heads, seq_q, d_v], from " + q_what + " and V)";
 }
 
 std::string forward_output_meaning() {
-  return "(the training forward's O, [batch, heads, seq_q, head_dim])";
+  return "(the training forward's O, [batch, heads, seq_q, d_v])";
 }
 
 std::string saved_state_meaning(const Attention& variant) {
@@ -399,8 +404,9 @@ void check_save_state_has_backward(const Attention& variant, const std::string& 
 }
 
 int64_t count_nonfinite_gradients(const Problem& p, const float* dq, const float* dk, const float* dv) {
-  const auto nq = static_cast<std::size_t>(p.q_elements()), nkv = static_cast<std::size_t>(p.kv_elements());
-  return count_nonfinite(dq, nq) + count_nonfinite(dk, nkv) + count_nonfinite(dv, nkv);
+  return count_nonfinite(dq, static_cast<std::size_t>(p.q_elements())) +
+         count_nonfinite(dk, static_cast<std::size_t>(p.kv_elements())) +
+         count_nonfinite(dv, static_cast<std::size_t>(p.v_elements()));
 }
 
 std::string nonfinite_gradients_note(int64_t count) {
@@ -423,15 +429,15 @@ Json gradient_metrics(const float* got, const double* want, int64_t elements, in
 Json gradient_comparison(const Attention& variant, const Problem& p, const AttentionInputs& in,
                          const float* d_out, const float* dq, const float* dk, const float* dv,
                          const ExtraGradients& extra) {
-  const int64_t nq = p.q_elements(), nkv = p.kv_elements();
-  DoubleArray wq({nq}), wk({nkv}), wv({nkv});
+  const int64_t nq = p.q_elements(), nkv = p.kv_elements(), nv = p.v_elements();
+  DoubleArray wq({nq}), wk({nkv}), wv({nv});
   AttentionInputs ref_in = in;
   ref_in.out = nullptr;
   auto metrics = [&](const std::string& reference) {
     return Json{{"reference", reference},
                 {"dq", gradient_metrics(dq, wq.ptr(), nq, p.head_dim)},
                 {"dk", gradient_metrics(dk, wk.ptr(), nkv, p.head_dim)},
-                {"dv", gradient_metrics(dv, wv.ptr(), nkv, p.head_dim)}};
+                {"dv", gradient_metrics(dv, wv.ptr(), nv, p.value_dim())}};
   };
   Json j;
   variant.reference_backward(p, ref_in, d_out, wq.ptr(), wk.ptr(), wv.ptr());

@@ -20,12 +20,14 @@ void check_storage(const Attention& variant, const Json& params, DType dtype, Bi
 void require_rank4(const std::string& what, const std::vector<int64_t>& shape, const std::string& layout);
 
 // K must be [Q's batch, kv_heads, seq_kv, Q's head_dim] with kv_heads dividing Q's heads, and V must have K's
-// shape; otherwise a UsageError naming both inputs, both shapes and what is allowed.
+// first three extents (its last, d_v, is free: the variant refuses d_v != head_dim unless it takes it);
+// otherwise a UsageError naming both inputs, both shapes and what is allowed.
 void check_kv_shapes(const std::string& q_what, const std::vector<int64_t>& q, const std::string& k_what,
                      const std::vector<int64_t>& k, const std::string& v_what, const std::vector<int64_t>& v);
 
-// Sets the problem's sizes from the checked shapes of Q [B, H, Lq, D] and K [B, Hkv, Lkv, D].
-void set_shape(Problem& p, const std::vector<int64_t>& q, const std::vector<int64_t>& k);
+// Sets the problem's sizes from the checked shapes of Q [B, H, Lq, D], K [B, Hkv, Lkv, D] and V [.., Dv].
+void set_shape(Problem& p, const std::vector<int64_t>& q, const std::vector<int64_t>& k,
+               const std::vector<int64_t>& v);
 
 // UsageError unless `got` is `want`: "WHAT: shape [..] does not match [..] MEANING".
 void require_shape(const std::string& what, const std::vector<int64_t>& got, const std::vector<int64_t>& want,

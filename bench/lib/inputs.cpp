@@ -97,7 +97,7 @@ PointInputs make_inputs(const SweepPoint& pt) {
     // K and V hold kv_heads heads (grouped-query attention; = heads otherwise, so the draws do not depend on
     // it).
     in.k = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim});
-    in.v = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim});
+    in.v = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.value_dim()});
     fill_normal(in.q.ptr(), static_cast<int64_t>(in.q.numel()), pt.input_seed * 3 + 1, pt.regime.std);
     fill_normal(in.k.ptr(), static_cast<int64_t>(in.k.numel()), pt.input_seed * 3 + 2, pt.regime.std);
     fill_normal(in.v.ptr(), static_cast<int64_t>(in.v.numel()), pt.input_seed * 3 + 3, 1.0);
@@ -120,7 +120,7 @@ PointInputs make_inputs(const SweepPoint& pt) {
 
 FloatArray make_d_out(const SweepPoint& pt) {
   const Problem& p = pt.problem;
-  FloatArray d({p.batch, p.heads, p.seq_q, p.head_dim});
+  FloatArray d({p.batch, p.heads, p.seq_q, p.value_dim()});
   fill_normal(d.ptr(), static_cast<int64_t>(d.numel()), pt.input_seed * 3 + 4);
   return d;
 }

@@ -23,8 +23,8 @@ struct PointInputs {
   AttentionInputs view(float* out) const;
 };
 
-// Q is [batch, heads, seq_q, head_dim]; K and V are [batch, kv_heads, seq_kv, head_dim]
-// (Problem::num_kv_heads). gaussian: Q, K ~ N(0, std^2), V ~ N(0, 1). A larger std makes attention more
+// Q is [batch, heads, seq_q, head_dim]; K is [batch, kv_heads, seq_kv, head_dim] and V [.., d_v]
+// (Problem::num_kv_heads, Problem::value_dim). gaussian: Q, K ~ N(0, std^2), V ~ N(0, 1). A larger std makes attention more
 // peaked (logit spread ~ std^2). tokens: see make_token_inputs. Key padding pads the trailing round(fraction
 // * seq_kv) keys of every batch. With the regime's RoPE on, Q and K are rotated (apply_point_rope) before
 // they are returned. Always fp32: a bf16 / fp16 point rounds them (StoredInputs, common/interface/half.hpp).
@@ -35,7 +35,7 @@ PointInputs make_inputs(const SweepPoint& point);
 // alone, so every point of an input set sees the same g and beta.
 void fill_recurrence_inputs(const SweepPoint& point, PointInputs& in);
 
-// Backward points' dO, [batch, heads, seq_q, head_dim]: N(0, 1) from its own stream of the input seed (Q, K
+// Backward points' dO, [batch, heads, seq_q, d_v]: N(0, 1) from its own stream of the input seed (Q, K
 // and V use input_seed * 3 + 1 .. 3, dO input_seed * 3 + 4), so every point of an input set, and the
 // PyTorch peer through `attnbench inputs`, start their backward from the same dO.
 FloatArray make_d_out(const SweepPoint& point);

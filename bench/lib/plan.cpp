@@ -149,6 +149,7 @@ std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
       for (int64_t H : c.heads)
         for (int64_t KV : c.kv_heads.empty() ? std::vector<int64_t>{H} : c.kv_heads)
           for (int64_t D : c.head_dim)
+            for (int64_t Dv : c.v_head_dim.empty() ? std::vector<int64_t>{D} : c.v_head_dim)
             for (std::size_t s = 0; s < n_seq; ++s)
               for (const MaskAxis& mask : masks_by_inputs) {
                 const int64_t Lq = c.self_attention ? c.seq_q[s] : c.seq_q[s / c.seq_kv.size()];
@@ -161,7 +162,9 @@ std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
                 // The mask's part of the key is what it adds to the inputs (the key-padding flags), not
                 // causality: a causal point and its non-causal twin read the same Q, K, V (the non-causal
                 // point's draws), so they are one input set, timed together and compared round by round.
-                key << ",Lq=" << Lq << ",Lkv=" << Lkv << ",D=" << D << "," << mask_inputs_label(mask) << ",";
+                key << ",Lq=" << Lq << ",Lkv=" << Lkv << ",D=" << D;
+                if (Dv != D) key << ",Dv=" << Dv;  // as in repro(): configs without it keep their keys
+                key << "," << mask_inputs_label(mask) << ",";
                 // The seed comes from the regime without RoPE: a point with RoPE rotates the very draws (or
                 // projections) the same point without it uses. The key has the RoPE part: other inputs.
                 const uint64_t seed = fnv1a64(key.str() + regime.base_label(), c.seed);
@@ -182,6 +185,7 @@ std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
                                   p = make_problem(v.name,
                                                    params);  // resolved already; this records the spec order
                                   p.batch = B, p.heads = H, p.seq_q = Lq, p.seq_kv = Lkv, p.head_dim = D;
+                                  p.v_head_dim = Dv == D ? 0 : Dv;  // 0: V as wide as Q and K
                                   p.kv_heads =
                                       KV == H ? 0 : KV;  // 0: multi-head attention (Problem::num_kv_heads)
                                   p.mask = mask.spec;
@@ -241,14 +245,14 @@ std::string grad_accuracy_mode(const Problem& p, const AccuracySettings& a) {
     // over every head even when only the first and last blocks are compared (reference_gradient_blocks), so
     // the whole problem is what it costs either way.
     const double all = 20.0 * static_cast<double>(p.seq_q) * static_cast<double>(p.head_dim) *
-                       static_cast<double>(p.head_dim) * static_cast<double>(p.batch * p.heads);
+                       static_cast<double>(p.value_dim()) * static_cast<double>(p.batch * p.heads);
     if (all > a.grad_max_work) return "none";
     return a.reference == "sampled" ? "sampled" : "full";
   }
   // The fp64 gradient's work per query head it covers: two passes of about 3 multiply-adds per (query, key,
-  // dim) (reference_attention_backward).
-  const double per_head =
-      6.0 * static_cast<double>(p.seq_q) * static_cast<double>(p.seq_kv) * static_cast<double>(p.head_dim);
+  // dim) (reference_attention_backward; dim: the mean of d_k and d_v, which the products split between).
+  const double per_head = 3.0 * static_cast<double>(p.seq_q) * static_cast<double>(p.seq_kv) *
+                          static_cast<double>(p.head_dim + p.value_dim());
   const double all = per_head * static_cast<double>(p.batch * p.heads);
   if (all <= a.grad_max_work && a.reference != "sampled") return "full";
   const int64_t blocks = std::min<int64_t>(2, p.batch * p.num_kv_heads());
@@ -288,7 +292,7 @@ PointMemory point_memory(const SweepPoint& pt, const SweepConfig& c) {
       // gathered copies.
       const std::size_t n = blocks.size();
       const std::size_t elems = sat_add(sat_mul(n, to_size(p.group_size() * p.seq_q * p.head_dim)),
-                                        sat_mul(2 * n, to_size(p.seq_kv * p.head_dim)));
+                                        sat_mul(n, to_size(p.seq_kv * (p.head_dim + p.value_dim()))));
       m.grad_reference = sat_add(sat_mul(elems, sizeof(double) + sizeof(float)),
                                  sat_mul(to_size(p.group_size() * p.seq_q), 2 * sizeof(double)));
       // A variant's own definition (Capabilities::own_definition) has its gradient over the whole tensors
@@ -296,14 +300,15 @@ PointMemory point_memory(const SweepPoint& pt, const SweepConfig& c) {
       if (v.capabilities().own_definition && n < to_size(p.batch * p.num_kv_heads()))
         m.grad_reference = sat_add(
             m.grad_reference,
-            sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, to_size(p.kv_elements()))), sizeof(double)));
+            sat_mul(sat_add(to_size(p.q_elements()), to_size(p.kv_elements()), to_size(p.v_elements())),
+                    sizeof(double)));
     }
   }
   // The accuracy step's fp64 reference rows and the fp32 copy of the compared output rows.
   const std::string mode = accuracy_mode(p, c.accuracy);
   if (mode != "none") {
     const int64_t rows = mode == "full" ? p.seq_q : std::min(p.seq_q, c.accuracy.rows);
-    const auto elements = static_cast<std::size_t>(p.batch * p.heads * rows * p.head_dim);
+    const auto elements = static_cast<std::size_t>(p.batch * p.heads * rows * p.value_dim());
     // bf16 / fp16: the reference on the rounded inputs (the kernel's error) and the one on the fp32 inputs
     // (the end-to-end error); fp32: one serves both.
     m.reference = elements * ((p.dtype == DType::fp32 ? 1 : 2) * sizeof(double) + sizeof(float));
@@ -311,10 +316,10 @@ PointMemory point_memory(const SweepPoint& pt, const SweepConfig& c) {
     // (Capabilities::own_definition), whose fp64 reference_forward writes every row.
     if (v.capabilities().own_definition)
       m.reference = sat_add(
-          m.reference, sat_mul(to_size(p.q_elements()), (p.dtype == DType::fp32 ? 1 : 2) * sizeof(double)));
+          m.reference, sat_mul(to_size(p.out_elements()), (p.dtype == DType::fp32 ? 1 : 2) * sizeof(double)));
   }
   if (p.dtype != DType::fp32)
-    m.fp32_inputs = static_cast<std::size_t>(p.q_elements() + 2 * p.kv_elements()) * sizeof(float);
+    m.fp32_inputs = static_cast<std::size_t>(p.q_elements() + p.kv_elements() + p.v_elements()) * sizeof(float);
   return m;
 }
 

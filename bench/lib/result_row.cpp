@@ -227,8 +227,8 @@ struct Field {
 // matters.
 constexpr Field kFields[] = {
     {"id", "string", "",
-     "the point's unique id: the problem's repro string (with `,alibi` and `,dtype=NAME` unless "
-     "the defaults, `,state0` when a recurrence starts from a state, as its decode points do), "
+     "the point's unique id: the problem's repro string (with `,Dv=N` when d_v differs from head_dim, `,alibi` and "
+     "`,dtype=NAME` unless the defaults, `,state0` when a recurrence starts from a state, as its decode points do), "
      "`,padfrac=F` with key padding, the regime (with `,rope=MODE` when RoPE is on, and a gate "
      "distribution that is not the default), `,T=` threads, `,isa=NAME` unless the requested "
      "target is `best`, and `,pass=NAME` unless the pass is the forward",
@@ -249,7 +249,11 @@ constexpr Field kFields[] = {
      OPT_DEFAULT(r.kv_heads)},
     {"seq_q", "integer", "positions", "query length", INT64(r.seq_q)},
     {"seq_kv", "integer", "positions", "key/value length", INT64(r.seq_kv)},
-    {"head_dim", "integer", "", "D", INT64(r.head_dim)},
+    {"head_dim", "integer", "", "D (d_k: the width of Q and K)", INT64(r.head_dim)},
+    {"v_head_dim", "integer", "",
+     "d_v, the width of V and the output (sweep.v_head_dim); equal to `head_dim` unless set, and in rows "
+     "written before the field existed",
+     OPT_DEFAULT(r.v_head_dim)},
     {"mask", "string", "",
      "`none`, `causal`, `causal_lower_right`, `pad=F`, or `+`-joined (`causal+pad=F`, "
      "`causal_lower_right+pad=F`)",
@@ -499,7 +503,7 @@ constexpr Field kFields[] = {
      OPT_INT(r.memory.state_bytes)},
     {"memory.kv_cache_bytes", "integer|null", "B",
      "beside it, the KV cache exact attention keeps at the same context: K and V, batch x kv_heads "
-     "x seq_kv x head_dim at `dtype`'s width; null in older rows",
+     "x seq_kv x (head_dim + v_head_dim) at `dtype`'s width; null in older rows",
      OPT_INT(r.memory.kv_cache_bytes)},
     {"memory.peak_bytes", "integer|null", "B",
      "measured increase of the resident high-water mark during the point's untimed checked call "
@@ -581,6 +585,7 @@ void complete_and_check(const Reader& in, ResultRow& r) {
     in.fail("status", "must be ok, skipped or failed, got '" + r.status + "'");
   // Before grouped-query attention: K/V had `heads` heads.
   if (in.is_null("kv_heads")) r.kv_heads = r.heads;
+  if (in.is_null("v_head_dim")) r.v_head_dim = r.head_dim;  // before d_v was an axis: V as wide as Q, K
   // Before precision, position and the backward pass were axes: the defaults.
   if (r.dtype.empty()) r.dtype = "fp32";
   if (r.dtype != "fp32" && r.dtype != "bf16" && r.dtype != "fp16")

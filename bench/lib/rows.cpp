@@ -17,7 +17,7 @@ ResultRow base_row(const SweepPoint& pt, const SweepConfig& c, const std::string
   r.variant = p.variant;
   r.params = p.params;
   r.batch = p.batch, r.heads = p.heads, r.kv_heads = p.num_kv_heads(), r.seq_q = p.seq_q, r.seq_kv = p.seq_kv,
-  r.head_dim = p.head_dim;
+  r.head_dim = p.head_dim, r.v_head_dim = p.value_dim();
   r.mask = pt.mask.label();
   r.regime = pt.regime.label();
   r.threads = pt.threads;
@@ -68,6 +68,7 @@ Json point_json(const SweepPoint& pt, const SweepConfig& c) {
         {"seq_q", p.seq_q},
         {"seq_kv", p.seq_kv},
         {"head_dim", p.head_dim},
+        {"v_head_dim", p.value_dim()},
         {"scale", p.effective_scale()},
         {"causal", p.mask.causal},
         {"causal_lower_right", p.mask.causal_lower_right},

@@ -182,12 +182,12 @@ void PointRunner::check_points(const std::vector<SweepPoint>& group, GroupRun& r
 
 PointRunner::GroupBuffers::GroupBuffers(const Problem& p0, const std::vector<SweepPoint>& group,
                                         const std::vector<std::size_t>& timed)
-    : out({p0.batch, p0.heads, p0.seq_q, p0.head_dim}) {
+    : out({p0.batch, p0.heads, p0.seq_q, p0.value_dim()}) {
   for (std::size_t j : timed)
     if (group[j].pass != Pass::forward) {
       dq = FloatArray({p0.batch, p0.heads, p0.seq_q, p0.head_dim});
       dk = FloatArray({p0.batch, p0.num_kv_heads(), p0.seq_kv, p0.head_dim});
-      dv = FloatArray(dk.shape);
+      dv = FloatArray({p0.batch, p0.num_kv_heads(), p0.seq_kv, p0.value_dim()});
       return;
     }
 }
@@ -357,7 +357,7 @@ void PointRunner::run_and_check(const SweepPoint& pt, ResultRow& row, TrainingSt
   // What the variant reads: the fp32 inputs, or their bf16 / fp16 rounding.
   AttentionInputs in = inputs_for(p);
   probe_.reset();
-  GuardedArray out("O", static_cast<std::size_t>(p.q_elements()));  // O has the query heads, as Q
+  GuardedArray out("O", static_cast<std::size_t>(p.out_elements()));  // the query heads, d_v wide
   in.out = out.ptr();
   {
     ThreadScope scope(pt.threads);
@@ -402,7 +402,7 @@ void PointRunner::check_backward(const SweepPoint& pt, ResultRow& row, TrainingS
   // A training step's peak covers both passes (its O and saved state are allocated under the probe);
   // the backward's starts once the forward's state exists.
   if (pt.pass == Pass::forward_backward) probe_.reset();
-  state.out = GuardedArray("O", static_cast<std::size_t>(p.q_elements()));
+  state.out = GuardedArray("O", static_cast<std::size_t>(p.out_elements()));
   state.saved.assign(variant.saved_floats(p), 0.0f);
   in.out = state.out.ptr();
   double forward_ms = 0;
@@ -413,8 +413,8 @@ void PointRunner::check_backward(const SweepPoint& pt, ResultRow& row, TrainingS
     forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   if (pt.pass == Pass::backward) probe_.reset();
-  const auto kv_numel = static_cast<std::size_t>(p.kv_elements());
-  GuardedArray dq("dQ", state.out.numel()), dk("dK", kv_numel), dv("dV", kv_numel);
+  GuardedArray dq("dQ", static_cast<std::size_t>(p.q_elements())),
+      dk("dK", static_cast<std::size_t>(p.kv_elements())), dv("dV", static_cast<std::size_t>(p.v_elements()));
   GradientArgs g;
   g.out = state.out.ptr();
   g.saved = state.saved.empty() ? nullptr : state.saved.data();

@@ -138,8 +138,13 @@ int eval_setup(const EvalOptions& o, EvalSetup& e, std::string& message) {
         require_rank4(k_what, ks, "[batch, kv_heads, seq_kv, head_dim]");
         require_rank4(v_what, vs, "[batch, kv_heads, seq_kv, head_dim]");
         check_kv_shapes(q_what, qs, k_what, ks, v_what, vs);
+        if (vs[3] != qs[3])
+          throw NotSupported(v_what + " has d_v = " + std::to_string(vs[3]) + " and " + q_what +
+                             " head_dim = " + std::to_string(qs[3]) +
+                             ": ring attention's block partials carry one head width, so d_v must equal "
+                             "head_dim");
         Problem p = make_problem(e.variant, e.params);
-        set_shape(p, qs, ks);
+        set_shape(p, qs, ks, vs);
         p.scale = o.scale;
         p.mask.causal = o.causal;
         p.validate();

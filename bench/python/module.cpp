@@ -246,9 +246,9 @@ Call prepare(Problem p, py::handle q, py::handle k, py::handle v, const CallOpti
   const std::vector<int64_t> qs = shape_of(*c.q), ks = shape_of(*c.k), vs = shape_of(*c.v);
   require_rank4("q", qs, "[batch, heads, seq_q, head_dim]");
   require_rank4("k", ks, "[batch, kv_heads, seq_kv, head_dim]");
-  require_rank4("v", vs, "[batch, kv_heads, seq_kv, head_dim]");
+  require_rank4("v", vs, "[batch, kv_heads, seq_kv, d_v]");
   check_kv_shapes("q", qs, "k", ks, "v", vs);
-  set_shape(p, qs, ks);
+  set_shape(p, qs, ks, vs);
   p.mask.causal = o.causal;
   p.mask.causal_lower_right = o.causal_lower_right;
   p.scale = o.scale;
@@ -382,7 +382,7 @@ struct StoredCopies {
     };
     in.q16 = store(in.q, p.q_elements(), q16);
     in.k16 = store(in.k, p.kv_elements(), k16);
-    in.v16 = store(in.v, p.kv_elements(), v16);
+    in.v16 = store(in.v, p.v_elements(), v16);
     in.q = in.k = in.v = nullptr;
   }
 };
@@ -407,7 +407,7 @@ py::object forward(const std::string& variant_name, py::object q, py::object k, 
   check_runnable(variant, pr, estimate_threads(threads), false);
   if (save_state) check_save_state_has_backward(variant, "save_state=True");
 
-  py::array_t<float> out = float_array({pr.batch, pr.heads, pr.seq_q, pr.head_dim});
+  py::array_t<float> out = float_array({pr.batch, pr.heads, pr.seq_q, pr.value_dim()});
   py::array_t<float> state = float_array({save_state ? static_cast<int64_t>(variant.saved_floats(pr)) : 0});
   py::array_t<float> final_state =
       float_array(return_final_state ? state_shape(pr) : std::vector<int64_t>{0});
@@ -425,7 +425,7 @@ py::object forward(const std::string& variant_name, py::object q, py::object k, 
       variant.run_saving(pr, in, saved);
     else
       variant.run(pr, in);
-    if (count_nonfinite(in.out, static_cast<std::size_t>(pr.q_elements())))
+    if (count_nonfinite(in.out, static_cast<std::size_t>(pr.out_elements())))
       note = nonfinite_output_note(count_nonfinite_values(pr, in));
   }
   warn(note);
@@ -445,9 +445,9 @@ GivenForward checked_forward_output(const Attention& variant, const Problem& pr,
                                     py::object state) {
   GivenForward f;
   if (out.is_none()) return f;
-  const std::vector<int64_t> q_shape{pr.batch, pr.heads, pr.seq_q, pr.head_dim};
+  const std::vector<int64_t> o_shape{pr.batch, pr.heads, pr.seq_q, pr.value_dim()};
   f.out = numeric_array<FloatArg>(out, "out");
-  check_backward_input("out", shape_of(*f.out), f.out->data(), q_shape, forward_output_meaning());
+  check_backward_input("out", shape_of(*f.out), f.out->data(), o_shape, forward_output_meaning());
   std::optional<FloatArg> s;
   if (!state.is_none()) s = numeric_array<FloatArg>(state, "state");
   const bool given = s && s->size() > 0;
@@ -474,15 +474,17 @@ py::object backward(const std::string& variant_name, py::object q, py::object k,
   const Problem& pr = vc.call.problem;
   check_runnable(variant, pr, estimate_threads(threads), compare, /*backward=*/true);
   const std::vector<int64_t> q_shape{pr.batch, pr.heads, pr.seq_q, pr.head_dim},
-      kv_shape{pr.batch, pr.num_kv_heads(), pr.seq_kv, pr.head_dim};
+      o_shape{pr.batch, pr.heads, pr.seq_q, pr.value_dim()},
+      k_shape{pr.batch, pr.num_kv_heads(), pr.seq_kv, pr.head_dim},
+      v_shape{pr.batch, pr.num_kv_heads(), pr.seq_kv, pr.value_dim()};
   const FloatArg d = numeric_array<FloatArg>(d_out, "d_out");
-  check_backward_input("d_out", shape_of(d), d.data(), q_shape, d_out_meaning("q"));
+  check_backward_input("d_out", shape_of(d), d.data(), o_shape, d_out_meaning("q"));
   const GivenForward given = checked_forward_output(variant, pr, out, state);
 
   // O and the state of the training forward run here, when none is given.
-  py::array_t<float> o_run = float_array(given.out ? std::vector<int64_t>{0} : q_shape);
+  py::array_t<float> o_run = float_array(given.out ? std::vector<int64_t>{0} : o_shape);
   std::vector<float> saved(given.out ? 0 : variant.saved_floats(pr));
-  py::array_t<float> dq = float_array(q_shape), dk = float_array(kv_shape), dv = float_array(kv_shape);
+  py::array_t<float> dq = float_array(q_shape), dk = float_array(k_shape), dv = float_array(v_shape);
   // A recurrence's input gradients, in the order of the inputs: dg, dbeta, d_initial_state where given.
   const Call& call = vc.call;
   py::array_t<float> dg = float_array(call.g.empty() ? std::vector<int64_t>{0} : gate_shape(pr, call.gate)),
@@ -556,7 +558,7 @@ py::object reference(py::object q, py::object k, py::object v, const CallOptions
     Call c = prepare(std::move(p), q, k, v, o);
     const Problem& pr = c.problem;
     pr.validate();
-    py::array_t<double> out(std::vector<py::ssize_t>{pr.batch, pr.heads, pr.seq_q, pr.head_dim});
+    py::array_t<double> out(std::vector<py::ssize_t>{pr.batch, pr.heads, pr.seq_q, pr.value_dim()});
     const AttentionInputs in = c.inputs();
     double* dst = out.mutable_data();
     {
@@ -573,7 +575,7 @@ py::object reference(py::object q, py::object k, py::object v, const CallOptions
   pr.validate();
   if (const std::string why = variant.unsupported_reasons_text(pr); !why.empty())
     throw NotSupported(pr.repro() + ": " + why);
-  py::array_t<double> out(std::vector<py::ssize_t>{pr.batch, pr.heads, pr.seq_q, pr.head_dim});
+  py::array_t<double> out(std::vector<py::ssize_t>{pr.batch, pr.heads, pr.seq_q, pr.value_dim()});
   const std::vector<int64_t> ss = return_final_state ? state_shape(pr) : std::vector<int64_t>{0};
   py::array_t<double> final_state(std::vector<py::ssize_t>(ss.begin(), ss.end()));
   const AttentionInputs in = vc.call.inputs();
@@ -598,13 +600,14 @@ py::tuple reference_backward(const std::string& variant_name, py::object q, py::
     throw NotSupported(pr.repro() + ": " + why);
   const std::vector<int64_t> q_shape{pr.batch, pr.heads, pr.seq_q, pr.head_dim};
   const FloatArg d = numeric_array<FloatArg>(d_out, "d_out");
-  check_backward_input("d_out", shape_of(d), d.data(), q_shape, d_out_meaning("q"));
+  check_backward_input("d_out", shape_of(d), d.data(), {pr.batch, pr.heads, pr.seq_q, pr.value_dim()},
+                       d_out_meaning("q"));
   auto doubles = [](const std::vector<int64_t>& shape) {
     return py::array_t<double>(std::vector<py::ssize_t>(shape.begin(), shape.end()));
   };
   py::array_t<double> dq = doubles(q_shape),
                       dk = doubles({pr.batch, pr.num_kv_heads(), pr.seq_kv, pr.head_dim}),
-                      dv = doubles({pr.batch, pr.num_kv_heads(), pr.seq_kv, pr.head_dim});
+                      dv = doubles({pr.batch, pr.num_kv_heads(), pr.seq_kv, pr.value_dim()});
   const Call& call = vc.call;
   py::array_t<double> dg = doubles(call.g.empty() ? std::vector<int64_t>{0} : gate_shape(pr, call.gate)),
                       dbeta = doubles(call.beta.empty() ? std::vector<int64_t>{0} : beta_shape(pr)),
@@ -710,13 +713,14 @@ constexpr const char* kForwardDoc =
         -> numpy.ndarray | tuple
 
 Runs one registered variant, as `attnbench eval` does, and returns O, a new float32 array
-[batch, heads, seq_q, head_dim]. save_state=True runs the training forward instead (`eval --save-state`;
+[batch, heads, seq_q, d_v]. save_state=True runs the training forward instead (`eval --save-state`;
 the variant must have a backward: variants()'s capabilities["backward"]) and returns (O, state): the same O,
 and state, a new 1-D float32 array of what the variant keeps for its backward (variants()'s "saved_state"
 says what; empty when it keeps nothing), for backward(..., out=O, state=state).
 
-q: [batch, heads, seq_q, head_dim]; k, v: [batch, kv_heads, seq_kv, head_dim], kv_heads dividing heads
-(grouped-query attention: query head h reads K/V head h // (heads // kv_heads)). Any array-like numpy can
+q: [batch, heads, seq_q, head_dim]; k: [batch, kv_heads, seq_kv, head_dim], v: [batch, kv_heads, seq_kv, d_v],
+kv_heads dividing heads (grouped-query attention: query head h reads K/V head h // (heads // kv_heads)); d_v
+(V's and O's width) may differ from head_dim for the variants whose capabilities list "value_dim". Any array-like numpy can
 convert (numpy arrays, torch CPU tensors or their .numpy()): a C-contiguous float32 array is read in place,
 without a copy; another dtype (float64, float16, ...) or layout (a transposed view) is converted to a
 C-contiguous float32 copy first.
@@ -734,9 +738,9 @@ A recurrence's inputs (variants()'s capabilities "gate", "beta", "state"; `eval 
 --final-state`), converted as q is: g, the gate, every value finite and <= 0, [batch, heads, seq] for a scalar
 gate (simple_gla, gated_delta_rule) or [batch, heads, seq, head_dim] for a per-channel one (gla); beta,
 [batch, heads, seq], every value in (0, 1] (delta_rule, gated_delta_rule); initial_state, the starting state
-[batch, heads, head_dim, head_dim] (default 0). A variant needing one must be given it, and one it does not
+[batch, heads, head_dim, d_v] (default 0). A variant needing one must be given it, and one it does not
 read is refused (ValueError naming both). return_final_state=True returns (O, final_state), final_state a new
-float32 [batch, heads, head_dim, head_dim] array (with save_state: (O, state, final_state)).
+float32 [batch, heads, head_dim, d_v] array (with save_state: (O, state, final_state)).
 softcap: logit soft-capping C > 0 (s <- C tanh(s / C) after the scale, before masks; `eval --softcap`).
 sink_logits: [heads], one learned sink logit per query head, finite (`eval --sink-logits`): each row's
 softmax gets one more logit whose weight is dropped. Both for the variants that list softcap / sinks
@@ -753,10 +757,9 @@ constexpr const char* kBackwardDoc =
 
 The backward pass of one registered variant with a backward (variants()'s capabilities["backward"]), as
 `attnbench eval --grad-output` runs it: returns (dq, dk, dv), new float32 arrays, dq of q's shape, dk and dv
-of k's shape [batch, kv_heads, seq_kv, head_dim] (grouped-query heads: each sums over its group's query
-heads). The gradients are those of L = sum(d_out * O) for O = forward(variant, q, k, v, ...).
+of k's and v's shapes (grouped-query heads: each sums over its group's query heads). The gradients are those of L = sum(d_out * O) for O = forward(variant, q, k, v, ...).
 
-d_out: dL/dO, [batch, heads, seq_q, head_dim], finite (converted to float32 as q is). Without out, the
+d_out: dL/dO, [batch, heads, seq_q, d_v], finite (converted to float32 as q is). Without out, the
 training forward runs first (the same O as forward()). out, state: O and the state of an earlier
 forward(..., save_state=True) on the same inputs and options (`eval --forward-output --saved-state`): no
 forward runs; state is needed exactly when the variant keeps one (an empty array counts as none), and may
@@ -785,12 +788,12 @@ constexpr const char* kReferenceDoc =
 
 The fp64 oracle (common/reference/reference.hpp): exact softmax attention in double on the float32 values of q, k, v
 (converted as forward() converts them), with the same masks, scale, dropout decisions and ALiBi bias as
-forward(), and forward()'s softcap and sink_logits. Returns a new float64 array [batch, heads, seq_q, head_dim]; a query row with no allowed key is
+forward(), and forward()'s softcap and sink_logits. Returns a new float64 array [batch, heads, seq_q, d_v]; a query row with no allowed key is
 zeros. variant (with its params): that variant's own fp64 definition instead (Attention::reference_forward:
 exact attention for the exact variants, e.g. linformer's projections for linformer), on a problem the variant
 can run (attnbench.NotSupported otherwise). A recurrence's g, beta, initial_state (with variant only) are
 forward()'s, checked the same way; return_final_state=True returns (O, final_state), the definition's final
-state in float64 [batch, heads, head_dim, head_dim]. The GIL is released while it runs. Bad arguments raise
+state in float64 [batch, heads, head_dim, d_v]. The GIL is released while it runs. Bad arguments raise
 ValueError.)";
 
 constexpr const char* kReferenceBackwardDoc =

@@ -41,8 +41,8 @@ struct CaseData {
   CaseData(const Problem& p, uint64_t seed, double logit_scale = 1.0) {
     q = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
     k = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim});
-    v = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim});
-    out = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim}, std::nanf(""));  // unwritten rows show up
+    v = FloatArray({p.batch, p.num_kv_heads(), p.seq_kv, p.value_dim()});
+    out = FloatArray({p.batch, p.heads, p.seq_q, p.value_dim()}, std::nanf(""));  // unwritten rows show up
     fill_normal(q.ptr(), q.numel(), seed * 3 + 1, logit_scale);
     fill_normal(k.ptr(), k.numel(), seed * 3 + 2, logit_scale);
     fill_normal(v.ptr(), v.numel(), seed * 3 + 3);
@@ -181,7 +181,7 @@ class Checker {
     DoubleArray want(data.out.shape);
     v_.reference_forward(p, data.inputs(p), want.ptr());
     const int64_t rows = p.batch * p.heads * p.seq_q;
-    const ErrorMetrics m = compare_outputs(data.out.ptr(), want.ptr(), rows, p.head_dim);
+    const ErrorMetrics m = compare_outputs(data.out.ptr(), want.ptr(), rows, p.value_dim());
     const double tol = v_.abs_tolerance(p, data.inputs(p));
     std::string detail =
         "max_abs_err " + fmt(m.max_abs_err) + " (bound " + fmt(tol) + "), rel_l2 " + fmt(m.rel_l2_err);
@@ -202,7 +202,7 @@ class Checker {
         for (std::size_t e = 0; e < rounded.numel(); ++e)
           base_out.data[e] = static_cast<float>(rounded.data[e]);
       }
-      const ErrorMetrics mb = compare_outputs(base_out.ptr(), want.ptr(), rows, p.head_dim);
+      const ErrorMetrics mb = compare_outputs(base_out.ptr(), want.ptr(), rows, p.value_dim());
       // 2x the baseline's error, plus 4 fp32 ulps of the largest |v| (2^-22 max|v|): on tiny problems the
       // baseline can be exact (one key: the output is that value), and a 1-ulp difference is no failure.
       double vmax = 0;
@@ -220,10 +220,10 @@ class Checker {
       report({check, p.repro(), CheckStatus::failed,
               std::to_string(m.nan_count) + " NaN and " + std::to_string(m.inf_count) +
                   " Inf in the output; " +
-                  worst_element(data.out.ptr(), want.ptr(), data.out.numel(), p.head_dim)});
+                  worst_element(data.out.ptr(), want.ptr(), data.out.numel(), p.value_dim())});
     } else if (!(m.max_abs_err <= tol)) {
       report({check, p.repro(), CheckStatus::failed,
-              detail + "; " + worst_element(data.out.ptr(), want.ptr(), data.out.numel(), p.head_dim)});
+              detail + "; " + worst_element(data.out.ptr(), want.ptr(), data.out.numel(), p.value_dim())});
     } else {
       report({check, p.repro(), CheckStatus::passed, detail});
     }
@@ -248,14 +248,15 @@ class Checker {
       return idx;
     };
     const auto pq = shuffled(p.seq_q), pk = shuffled(p.seq_kv);
-    const int64_t D = p.head_dim;
+    const int64_t D = p.head_dim, Dv = p.value_dim();
     for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
       for (int64_t i = 0; i < p.seq_q; ++i)
         std::memcpy(&perm.q.data[(bh * p.seq_q + i) * D], &base.q.data[(bh * p.seq_q + pq[i]) * D], D * 4);
     for (int64_t bh = 0; bh < p.batch * p.num_kv_heads(); ++bh) {
       for (int64_t j = 0; j < p.seq_kv; ++j) {
         std::memcpy(&perm.k.data[(bh * p.seq_kv + j) * D], &base.k.data[(bh * p.seq_kv + pk[j]) * D], D * 4);
-        std::memcpy(&perm.v.data[(bh * p.seq_kv + j) * D], &base.v.data[(bh * p.seq_kv + pk[j]) * D], D * 4);
+        std::memcpy(&perm.v.data[(bh * p.seq_kv + j) * Dv], &base.v.data[(bh * p.seq_kv + pk[j]) * Dv],
+                    Dv * 4);
       }
     }
     if (!run(p, perm, check)) return;
@@ -263,9 +264,9 @@ class Checker {
     DoubleArray want(base.out.shape);
     for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
       for (int64_t i = 0; i < p.seq_q; ++i)
-        for (int64_t d = 0; d < D; ++d)
-          want.data[(bh * p.seq_q + i) * D + d] = base.out.data[(bh * p.seq_q + pq[i]) * D + d];
-    const ErrorMetrics m = compare_outputs(perm.out.ptr(), want.ptr(), p.batch * p.heads * p.seq_q, D);
+        for (int64_t d = 0; d < Dv; ++d)
+          want.data[(bh * p.seq_q + i) * Dv + d] = base.out.data[(bh * p.seq_q + pq[i]) * Dv + d];
+    const ErrorMetrics m = compare_outputs(perm.out.ptr(), want.ptr(), p.batch * p.heads * p.seq_q, Dv);
     const double tol = 2 * v_.abs_tolerance(p, base.inputs(p));  // two fp32 results, each within the bound
     const bool ok = m.nan_count == 0 && m.max_abs_err <= tol;
     report({check, p.repro(), ok ? CheckStatus::passed : CheckStatus::failed,
@@ -278,7 +279,7 @@ class Checker {
     if (!mine() || !supported(check, p)) return;
     CaseData base(p, seed), changed(p, seed);
     if (!run(p, base, check)) return;
-    const int64_t t = p.seq_q / 2, D = p.head_dim;
+    const int64_t t = p.seq_q / 2, D = p.head_dim, Dv = p.value_dim();
     Rng rng(seed + 99);
     // Keys after t + causal_offset are hidden from rows 0..t (the offset is 0 for causal, positive for
     // lower-right with more keys than queries).
@@ -288,18 +289,18 @@ class Checker {
         for (int64_t d = 0; d < D; ++d)
           changed.q.data[(bh * p.seq_q + i) * D + d] = 10.0f * (float)rng.normal();
     for (int64_t bh = 0; bh < p.batch * p.num_kv_heads(); ++bh) {
-      for (int64_t j = kfirst; j < p.seq_kv; ++j)
-        for (int64_t d = 0; d < D; ++d) {
-          changed.k.data[(bh * p.seq_kv + j) * D + d] = 10.0f * (float)rng.normal();
-          changed.v.data[(bh * p.seq_kv + j) * D + d] = 1e3f * (float)rng.normal();
-        }
+      for (int64_t j = kfirst; j < p.seq_kv; ++j) {
+        for (int64_t d = 0; d < D; ++d) changed.k.data[(bh * p.seq_kv + j) * D + d] = 10.0f * (float)rng.normal();
+        for (int64_t d = 0; d < Dv; ++d)
+          changed.v.data[(bh * p.seq_kv + j) * Dv + d] = 1e3f * (float)rng.normal();
+      }
     }
     if (!run(p, changed, check)) return;
     double worst = 0;
     for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
       for (int64_t i = 0; i <= t; ++i)
-        for (int64_t d = 0; d < D; ++d) {
-          const std::size_t e = static_cast<std::size_t>((bh * p.seq_q + i) * D + d);
+        for (int64_t d = 0; d < Dv; ++d) {
+          const std::size_t e = static_cast<std::size_t>((bh * p.seq_q + i) * Dv + d);
           worst = std::max(worst, std::isfinite(changed.out.data[e])
                                       ? (double)std::fabs(changed.out.data[e] - base.out.data[e])
                                       : INFINITY);
@@ -374,7 +375,7 @@ class Checker {
   }
 
   static FloatArray make_d_out(const Problem& p, uint64_t seed) {
-    FloatArray d({p.batch, p.heads, p.seq_q, p.head_dim});
+    FloatArray d({p.batch, p.heads, p.seq_q, p.value_dim()});
     fill_normal(d.ptr(), d.numel(), seed * 3 + 7);
     return d;
   }
@@ -405,14 +406,17 @@ class Checker {
       const FloatArray& got;
       const DoubleArray& want;
       double tol;
+      int64_t width;  // the tensor's last extent: head_dim, or d_v for dv
     };
-    const Part parts[] = {{"dq", gr.dq, wq, tol.dq}, {"dk", gr.dk, wk, tol.dk}, {"dv", gr.dv, wv, tol.dv}};
+    const Part parts[] = {{"dq", gr.dq, wq, tol.dq, p.head_dim},
+                          {"dk", gr.dk, wk, tol.dk, p.head_dim},
+                          {"dv", gr.dv, wv, tol.dv, p.value_dim()}};
     ErrorMetrics m[3];
     std::string detail;
     for (int i = 0; i < 3; ++i) {
       const Part& pt = parts[i];
-      m[i] = compare_outputs(pt.got.ptr(), pt.want.ptr(), static_cast<int64_t>(pt.got.numel() / p.head_dim),
-                             p.head_dim);
+      m[i] = compare_outputs(pt.got.ptr(), pt.want.ptr(), static_cast<int64_t>(pt.got.numel() / pt.width),
+                             pt.width);
       detail += std::string(i ? "; " : "") + pt.name + " max_abs_err " + fmt(m[i].max_abs_err) + " (bound " +
                 fmt(pt.tol) + ")";
     }
@@ -422,7 +426,7 @@ class Checker {
         report({check, p.repro(), CheckStatus::failed,
                 detail + "; " + pt.name + ": " + std::to_string(m[i].nan_count) + " NaN, " +
                     std::to_string(m[i].inf_count) + " Inf, " +
-                    worst_element(pt.got.ptr(), pt.want.ptr(), pt.got.numel(), p.head_dim)});
+                    worst_element(pt.got.ptr(), pt.want.ptr(), pt.got.numel(), pt.width)});
         return;
       }
     }
@@ -444,7 +448,7 @@ class Checker {
           const Part& pt = parts[i];
           const ErrorMetrics mb =
               compare_outputs(base_parts[i]->ptr(), pt.want.ptr(),
-                              static_cast<int64_t>(pt.got.numel() / p.head_dim), p.head_dim);
+                              static_cast<int64_t>(pt.got.numel() / pt.width), pt.width);
           // The rule on the norm-wise error, plus 2^-22 relative: at these sizes both gradients sit a few
           // ulps from fp64, where the largest single-element error of two correct implementations differs by
           // 1.5-2.2x from seed to seed (measured for tiled vs naive over 20 seeds), while the norm-wise
@@ -800,6 +804,32 @@ void run_property_checks(Checker& c, const Problem& base, uint64_t& seed) {
   }
 }
 
+// V (and the output) of another width than Q and K (Capabilities::value_dim; others skip with the
+// reason): narrower and wider than head_dim, odd widths against SIMD tails, every mask kind the variant
+// takes, grouped-query heads, cross and decode shapes, its gradients and their definition.
+void run_value_dim_checks(Checker& c, const Problem& base, uint64_t& seed) {
+  struct Case {
+    Shape s;
+    int64_t kv_heads, v_head_dim;
+    const char* mask;
+  };
+  const Case cases[] = {{{1, 2, 7, 7, 16}, 0, 24, "none"},      {{2, 3, 17, 17, 32}, 0, 8, "causal"},
+                        {{1, 2, 130, 130, 20}, 0, 33, "causal"}, {{2, 4, 19, 19, 12}, 2, 40, "causal+pad"},
+                        {{2, 2, 7, 19, 16}, 0, 5, "none"},       {{1, 4, 1, 300, 24}, 1, 16, "causal_lower_right"}};
+  for (const Case& x : cases) {
+    Problem p = base;
+    p.batch = x.s.batch, p.heads = x.s.heads, p.kv_heads = x.kv_heads, p.seq_q = x.s.seq_q,
+    p.seq_kv = x.s.seq_kv, p.head_dim = x.s.head_dim, p.v_head_dim = x.v_head_dim;
+    p.mask = parse_mask(x.mask, "check");
+    c.against_reference(p, ++seed, 1.0, "value-dim");
+    c.gradient(p, ++seed, 1.0, "grad-value-dim");
+  }
+  Problem p = base;
+  p.batch = 1, p.heads = 2, p.seq_q = p.seq_kv = 9, p.head_dim = 6, p.v_head_dim = 3;
+  p.mask = parse_mask("causal", "check");
+  c.gradient_definition(p, ++seed);
+}
+
 // The backward checks (capabilities().backward): fp32 gradients against reference_backward over the mask,
 // shape, cross, grouped-query, dropout, ALiBi, large-logit, storage and decode cases (a smaller set than
 // the forward's: every kernel path, not every combination), bitwise determinism, and reference_backward
@@ -919,6 +949,7 @@ std::vector<CheckResult> run_checks(const Attention& variant,
     run_logit_checks(c, base, seed);
     run_property_checks(c, base, seed);
     run_gradient_checks(c, base, seed);
+    run_value_dim_checks(c, base, seed);
   }
   return std::move(c.results);
 }

@@ -35,7 +35,7 @@ void Attention::reference_gradients(const Problem& p, const AttentionInputs& in,
   if (g.dq && g.dk && g.dv) reference_backward(p, in, d_out, g.dq, g.dk, g.dv);
   if (p.sinks && g.d_sink_logits) {
     std::vector<double> dq(static_cast<std::size_t>(p.q_elements())),
-        dk(static_cast<std::size_t>(p.kv_elements())), dv(dk.size());
+        dk(static_cast<std::size_t>(p.kv_elements())), dv(static_cast<std::size_t>(p.v_elements()));
     reference_attention_backward(p, in, d_out, dq.data(), dk.data(), dv.data(), nullptr, g.d_sink_logits);
   }
 }

@@ -43,7 +43,7 @@ void reference_attention(const Problem& p, const AttentionInputs& in16, double* 
   const AttentionInputs& in = wide.get();
   const bool alibi = p.bias == Bias::alibi;
   const std::vector<double> slopes = alibi ? alibi_slopes(p, in) : std::vector<double>();
-  const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv;
+  const int64_t D = p.head_dim, Dv = p.value_dim(), Lq = p.seq_q, Lkv = p.seq_kv;
   const int64_t nrows = rows ? static_cast<int64_t>(rows->size()) : Lq;
   const double scale = p.effective_scale();
   // Parallel over (batch, head): each task writes its own rows, so the result is independent of threads.
@@ -52,10 +52,10 @@ void reference_attention(const Problem& p, const AttentionInputs& in16, double* 
     std::vector<double> s(static_cast<std::size_t>(Lkv));
     const float* q = in.q + bh * Lq * D;
     const float* k = in.k + p.kv_block(b, h) * Lkv * D;  // grouped-query: the group's shared K/V head
-    const float* v = in.v + p.kv_block(b, h) * Lkv * D;
+    const float* v = in.v + p.kv_block(b, h) * Lkv * Dv;
     for (int64_t r = 0; r < nrows; ++r) {
       const int64_t i = rows ? (*rows)[static_cast<std::size_t>(r)] : r;
-      double* o = out + (bh * nrows + r) * D;
+      double* o = out + (bh * nrows + r) * Dv;
       double mx = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < Lkv; ++j) {
         if (!key_allowed(p, in, b, i, j)) {
@@ -70,7 +70,7 @@ void reference_attention(const Problem& p, const AttentionInputs& in16, double* 
         mx = std::isnan(s[j]) || std::isnan(mx) ? std::numeric_limits<double>::quiet_NaN()
                                                 : std::max(mx, s[j]);
       }
-      std::fill(o, o + D, 0.0);
+      std::fill(o, o + Dv, 0.0);
       // Fully masked row: zeros. (A NaN logit, from a NaN or Inf input, is not a mask: mx is NaN then, and
       // the NaN reaches the output row as it does in every variant.)
       if (mx == -std::numeric_limits<double>::infinity()) continue;
@@ -88,7 +88,7 @@ void reference_attention(const Problem& p, const AttentionInputs& in16, double* 
         double w = s[j] / sum;
         if (weights != DType::fp32) w = widen(weights, round_to(weights, static_cast<float>(w)));
         if (p.dropout > 0) w = drop.keep(j) ? w * (1.0 / (1.0 - p.dropout)) : 0.0;
-        for (int64_t d = 0; d < D; ++d) o[d] += w * v[j * D + d];
+        for (int64_t d = 0; d < Dv; ++d) o[d] += w * v[j * Dv + d];
       }
     }
   });
@@ -194,7 +194,7 @@ double exact_abs_tolerance(const Problem& p, const AttentionInputs& in16, DType 
   const double qn = max_row_norm(in.q, bh * p.seq_q, p.head_dim);
   const double kn = max_row_norm(in.k, bkv * p.seq_kv, p.head_dim);
   double vmax = 0;
-  for (int64_t e = 0; e < p.kv_elements(); ++e) vmax = std::max(vmax, std::fabs((double)in.v[e]));
+  for (int64_t e = 0; e < p.v_elements(); ++e) vmax = std::max(vmax, std::fabs((double)in.v[e]));
   const double u = std::ldexp(1.0, -24);
   const double S = p.effective_scale() * qn * kn;
   double bias_max = 0;
@@ -239,7 +239,7 @@ class Fp64Softmax {
   // Q rows of query head h of batch entry b, and the K, V rows of K/V block bkv.
   const float* q(int64_t b, int64_t h) const { return in_.q + (b * p_.heads + h) * p_.seq_q * p_.head_dim; }
   const float* k(int64_t bkv) const { return in_.k + bkv * p_.seq_kv * p_.head_dim; }
-  const float* v(int64_t bkv) const { return in_.v + bkv * p_.seq_kv * p_.head_dim; }
+  const float* v(int64_t bkv) const { return in_.v + bkv * p_.seq_kv * p_.value_dim(); }
   // The logit of query row i of head h against key j (the bias included), or -inf where masked; `mag`, if
   // given, receives scale * sum_d |q_id k_jd| (the error analysis' magnitude of the sum) and `bias` the bias.
   // `cap`, if given, receives d(capped logit)/d(raw logit) = 1 - tanh^2 (1 without soft-capping).
@@ -314,7 +314,7 @@ class BlockGradient {
   void query_pass(double* dq) {
     tbb::parallel_for(int64_t{0}, p_.group_size() * p_.seq_q, [&](int64_t hi) { query_row(hi, dq); });
   }
-  // dk, dv: the block's [seq_kv][D].
+  // dk, dv: the block's [seq_kv][D] and [seq_kv][Dv].
   // Adds this block's sink-logit gradients into d_sinks[h] (rows in order).
   void add_sink_gradients(double* d_sinks) const {
     for (int64_t g = 0; g < p_.group_size(); ++g)
@@ -323,21 +323,22 @@ class BlockGradient {
   }
   void key_pass(double* dk, double* dv) const {
     tbb::parallel_for(int64_t{0}, p_.seq_kv,
-                      [&](int64_t j) { key_row(j, dk + j * p_.head_dim, dv + j * p_.head_dim); });
+                      [&](int64_t j) { key_row(j, dk + j * p_.head_dim, dv + j * p_.value_dim()); });
   }
 
  private:
   int64_t head(int64_t g) const { return kvh_ * p_.group_size() + g; }
-  const float* d_out(int64_t h) const { return d_out_ + (b_ * p_.heads + h) * p_.seq_q * p_.head_dim; }
+  const float* d_out(int64_t h) const { return d_out_ + (b_ * p_.heads + h) * p_.seq_q * p_.value_dim(); }
 
   // Row hi = g * seq_q + i: weights w, w~ = w after dropout, O = sum w~ v, delta = dO . O, dS = w (dP' -
   // delta) with dP' = dO . v (times keep / (1 - p)), and dQ = scale sum dS k.
   void query_row(int64_t hi, double* dq) {
-    const int64_t D = p_.head_dim, Lkv = p_.seq_kv, g = hi / p_.seq_q, i = hi % p_.seq_q, h = head(g);
-    const float *q = f_.q(b_, h), *k = f_.k(bkv_), *v = f_.v(bkv_), *go = d_out(h) + i * D;
+    const int64_t D = p_.head_dim, Dv = p_.value_dim(), Lkv = p_.seq_kv, g = hi / p_.seq_q, i = hi % p_.seq_q,
+                  h = head(g);
+    const float *q = f_.q(b_, h), *k = f_.k(bkv_), *v = f_.v(bkv_), *go = d_out(h) + i * Dv;
     double* dqi = dq + hi * D;
     std::fill(dqi, dqi + D, 0.0);
-    std::vector<double> w(static_cast<std::size_t>(Lkv)), o(static_cast<std::size_t>(D), 0.0);
+    std::vector<double> w(static_cast<std::size_t>(Lkv)), o(static_cast<std::size_t>(Dv), 0.0);
     std::vector<double> cap(static_cast<std::size_t>(Lkv), 1.0);
     for (int64_t j = 0; j < Lkv; ++j) w[j] = f_.logit(b_, h, q, k, i, j, nullptr, nullptr, &cap[j]);
     lse_[hi] = Fp64Softmax::softmax(w, p_.sinks, p_.sinks ? f_.sink(h) : 0.0);
@@ -346,15 +347,15 @@ class BlockGradient {
     if (lse_[hi] == kInf) return;  // no allowed key: O = 0 and no gradient
     for (int64_t j = 0; j < Lkv; ++j)
       if (const double wd = weight_after_dropout(hi, j, w[j]); wd != 0)
-        for (int64_t d = 0; d < D; ++d) o[d] += wd * v[j * D + d];
+        for (int64_t d = 0; d < Dv; ++d) o[d] += wd * v[j * Dv + d];
     double dl = 0;
-    for (int64_t d = 0; d < D; ++d) dl += static_cast<double>(go[d]) * o[d];
+    for (int64_t d = 0; d < Dv; ++d) dl += static_cast<double>(go[d]) * o[d];
     delta_[hi] = dl;
     // The sink's weight takes no value: its dS is p_sink (0 - delta).
     if (p_.sinks) sink_grad_[hi] = -std::exp(f_.sink(h) - lse_[hi]) * dl;
     for (int64_t j = 0; j < Lkv; ++j) {
       if (w[j] == 0) continue;  // a masked key (weight exactly 0) receives nothing from this row
-      const double ds = f_.scale() * cap[j] * w[j] * (dp_after_dropout(hi, j, go, v + j * D) - dl);
+      const double ds = f_.scale() * cap[j] * w[j] * (dp_after_dropout(hi, j, go, v + j * Dv) - dl);
       for (int64_t d = 0; d < D; ++d) dqi[d] += ds * k[j * D + d];
     }
   }
@@ -362,10 +363,10 @@ class BlockGradient {
   // Key j: dK_j = scale sum_{h, i} dS_ij q_i and dV_j = sum w~_ij dO_i over the group's query rows in order,
   // the weights recomputed from the rows' log-sum-exp.
   void key_row(int64_t j, double* dkj, double* dvj) const {
-    const int64_t D = p_.head_dim;
+    const int64_t D = p_.head_dim, Dv = p_.value_dim();
     const float *k = f_.k(bkv_), *v = f_.v(bkv_);
     std::fill(dkj, dkj + D, 0.0);
-    std::fill(dvj, dvj + D, 0.0);
+    std::fill(dvj, dvj + Dv, 0.0);
     for (int64_t g = 0; g < p_.group_size(); ++g) {
       const int64_t h = head(g);
       const float* q = f_.q(b_, h);
@@ -375,13 +376,11 @@ class BlockGradient {
         const double w =
             std::exp(f_.logit(b_, h, q, k, i, j, nullptr, nullptr, &cap) - lse_[hi]);  // 0: masked
         if (w == 0) continue;
-        const float* go = d_out(h) + i * D;
-        const double ds = f_.scale() * cap * w * (dp_after_dropout(hi, j, go, v + j * D) - delta_[hi]);
+        const float* go = d_out(h) + i * Dv;
+        const double ds = f_.scale() * cap * w * (dp_after_dropout(hi, j, go, v + j * Dv) - delta_[hi]);
         const double wd = weight_after_dropout(hi, j, w);
-        for (int64_t d = 0; d < D; ++d) {
-          dkj[d] += ds * q[i * D + d];
-          dvj[d] += wd * go[d];
-        }
+        for (int64_t d = 0; d < D; ++d) dkj[d] += ds * q[i * D + d];
+        for (int64_t d = 0; d < Dv; ++d) dvj[d] += wd * go[d];
       }
     }
   }
@@ -392,7 +391,7 @@ class BlockGradient {
   }
   double dp_after_dropout(int64_t hi, int64_t j, const float* go, const float* vj) const {
     double dp = 0;
-    for (int64_t d = 0; d < p_.head_dim; ++d) dp += static_cast<double>(go[d]) * vj[d];
+    for (int64_t d = 0; d < p_.value_dim(); ++d) dp += static_cast<double>(go[d]) * vj[d];
     return weight_after_dropout(hi, j, dp);
   }
 
@@ -411,7 +410,7 @@ void reference_attention_backward(const Problem& p, const AttentionInputs& in16,
                                   double* d_sinks) {
   check_inputs(p, in16, /*needs_out=*/false);
   const Fp64Softmax f(p, in16);
-  const int64_t D = p.head_dim, G = p.group_size(), Hkv = p.num_kv_heads();
+  const int64_t D = p.head_dim, Dv = p.value_dim(), G = p.group_size(), Hkv = p.num_kv_heads();
   if (d_sinks) std::fill(d_sinks, d_sinks + p.heads, 0.0);
   std::vector<int64_t> blocks;
   if (kv_blocks)
@@ -424,7 +423,7 @@ void reference_attention_backward(const Problem& p, const AttentionInputs& in16,
     const int64_t at = static_cast<int64_t>(n);
     double* dqb = kv_blocks ? dq + at * G * p.seq_q * D : dq + (b * p.heads + kvh * G) * p.seq_q * D;
     double* dkb = kv_blocks ? dk + at * p.seq_kv * D : dk + bkv * p.seq_kv * D;
-    double* dvb = kv_blocks ? dv + at * p.seq_kv * D : dv + bkv * p.seq_kv * D;
+    double* dvb = kv_blocks ? dv + at * p.seq_kv * Dv : dv + bkv * p.seq_kv * Dv;
     BlockGradient g(f, d_out, bkv);
     g.query_pass(dqb);
     g.key_pass(dkb, dvb);
@@ -436,13 +435,13 @@ void reference_attention_backward(const Problem& p, const AttentionInputs& in16,
 // (the magnitudes actually met, not their maxima), with u = 2^-24 and gamma_n = n u the bound of an n-term
 // fp32 sum of products (any order, so any blocking or thread split): |fl(sum a_t b_t) - sum a_t b_t| <=
 // gamma_n sum |a_t b_t|. For row i of query head h and key j (p = dropout, kd = 1 / (1 - p)):
-//  * the logit s_ij = scale q_i . k_j (+ bias): err_s <= (D + 1) u scale sum_d |q_id k_jd| + 2 u |bias|;
+//  * the logit s_ij = scale q_i . k_j (+ bias): err_s <= (D + 1) u (D = d_k; D_v = d_v below) scale sum_d |q_id k_jd| + 2 u |bias|;
 //  * the log-sum-exp lse_i (the forward's, or recomputed): max_j err_s + (L + 2) u (an L-term sum of positive
 //    terms is off by L u relative, so its log by L u absolute) + the exp's few ulps;
 //  * a weight P_ij = exp(s_ij - lse_i) recomputed from them: relative error eps_ij = err_s + err_lse +
 //    2 u (|s_ij| + |lse_i|) (the rounding of the exponent's argument) + 4 u (the exp polynomial);
-//  * dP_ij = dO_i . v_j (times keep kd): err <= (D + 1) u sum_d |dO_id v_jd|; delta_i = dO_i . O_i:
-//    (D + 1) u sum_d |dO_id O_id| + sum_d |dO_id| err(O_id), with err(O_id) <= sum_j P~_ij |v_jd| (eps_ij +
+//  * dP_ij = dO_i . v_j (times keep kd): err <= (D_v + 1) u sum_d |dO_id v_jd|; delta_i = dO_i . O_i:
+//    (D_v + 1) u sum_d |dO_id O_id| + sum_d |dO_id| err(O_id), with err(O_id) <= sum_j P~_ij |v_jd| (eps_ij +
 //    (L + 1) u) the forward's own (P~ = P after dropout);
 //  * dS_ij = P_ij (dP_ij - delta_i): err <= P_ij (err_dP + err_delta + 2 u |dP_ij - delta_i|) + P_ij eps_ij
 //    |dP_ij - delta_i|;
@@ -472,7 +471,7 @@ class BlockBound {
         b_(bkv / p_.num_kv_heads()),
         kvh_(bkv % p_.num_kv_heads()),
         ek_(static_cast<std::size_t>(p_.seq_kv * p_.head_dim), 0.0),
-        ev_(ek_.size(), 0.0) {}
+        ev_(static_cast<std::size_t>(p_.seq_kv * p_.value_dim()), 0.0) {}
   // The block's largest bounds on dq, dk, dv (before the safety factor).
   GradientTolerance run() {
     for (int64_t g = 0; g < p_.group_size(); ++g)
@@ -486,10 +485,10 @@ class BlockBound {
 
  private:
   void row(int64_t h, int64_t i) {
-    const int64_t D = p_.head_dim, Lkv = p_.seq_kv;
+    const int64_t D = p_.head_dim, Dv = p_.value_dim(), Lkv = p_.seq_kv;
     const double u = std::ldexp(1.0, -24), kd = f_.keep_scale();
     const float *q = f_.q(b_, h), *k = f_.k(bkv_), *v = f_.v(bkv_);
-    const float* g = d_out_ + ((b_ * p_.heads + h) * p_.seq_q + i) * D;
+    const float* g = d_out_ + ((b_ * p_.heads + h) * p_.seq_q + i) * Dv;
     // Logits and their errors (err_s), the log-sum-exp and its error (err_lse), then eps_ij.
     std::vector<double> w(static_cast<std::size_t>(Lkv)), es(w.size(), 0.0), ds(w.size()), eds(w.size());
     std::vector<double> cap(w.size(), 1.0);
@@ -512,33 +511,34 @@ class BlockBound {
     const double e_lse = es_max + (Lkv + 4) * u + 2 * u * std::fabs(sink) + uw_;
     const DropoutRow drop = p_.dropout > 0 ? DropoutRow(p_.dropout, p_.seed, b_, h, i) : DropoutRow();
     auto kept = [&](int64_t j) { return p_.dropout == 0 || drop.keep(j); };
-    std::vector<double> o(static_cast<std::size_t>(D), 0.0), eo(o.size(), 0.0);
+    std::vector<double> o(static_cast<std::size_t>(Dv), 0.0), eo(o.size(), 0.0);
     for (int64_t j = 0; j < Lkv; ++j) {
       if (w[j] == 0) continue;
       es[j] += e_lse + 2 * u * (std::fabs(s[j]) + std::fabs(lse)) + 4 * u + uw_;  // eps_ij, relative
       const double wd = kept(j) ? w[j] * kd : 0.0;
-      for (int64_t d = 0; d < D; ++d) {
-        o[d] += wd * v[j * D + d];
-        eo[d] += wd * std::fabs(v[j * D + d]) * (es[j] + (Lkv + 1) * u);
+      for (int64_t d = 0; d < Dv; ++d) {
+        o[d] += wd * v[j * Dv + d];
+        eo[d] += wd * std::fabs(v[j * Dv + d]) * (es[j] + (Lkv + 1) * u);
       }
     }
+    // dO . O and dO . v_j are d_v-term sums (the logits' are d_k-term: D above).
     double delta = 0, e_delta = 0;
-    for (int64_t d = 0; d < D; ++d) {
+    for (int64_t d = 0; d < Dv; ++d) {
       delta += static_cast<double>(g[d]) * o[d];
-      e_delta += (D + 1) * u * std::fabs(g[d] * o[d]) + std::fabs(g[d]) * eo[d];
+      e_delta += (Dv + 1) * u * std::fabs(g[d] * o[d]) + std::fabs(g[d]) * eo[d];
     }
     for (int64_t j = 0; j < Lkv; ++j) {
       if (w[j] == 0) continue;
       double acc = 0, mag = 0;
-      for (int64_t d = 0; d < D; ++d) {
-        const double t = static_cast<double>(g[d]) * v[j * D + d];
+      for (int64_t d = 0; d < Dv; ++d) {
+        const double t = static_cast<double>(g[d]) * v[j * Dv + d];
         acc += t, mag += std::fabs(t);
       }
       const double keep = kept(j) ? kd : 0.0, diff = acc * keep - delta;
       // With soft-capping dS carries the factor 1 - tanh^2, itself off by about 2 |tanh| err(tanh) + u <= 9
       // u.
       ds[j] = cap[j] * w[j] * diff;
-      eds[j] = cap[j] * (w[j] * ((D + 1) * u * mag * keep + e_delta + 2 * u * std::fabs(diff)) +
+      eds[j] = cap[j] * (w[j] * ((Dv + 1) * u * mag * keep + e_delta + 2 * u * std::fabs(diff)) +
                          w[j] * es[j] * std::fabs(diff)) +
                (p_.softcap ? 9 * u * w[j] * std::fabs(diff) : 0.0);
     }
@@ -555,7 +555,7 @@ class BlockBound {
   template <class WeightAfterDropout>
   void accumulate(const std::vector<double>& w, const std::vector<double>& ds, const std::vector<double>& eds,
                   const std::vector<double>& es, const float* qi, const float* g, WeightAfterDropout wd) {
-    const int64_t D = p_.head_dim, Lkv = p_.seq_kv;
+    const int64_t D = p_.head_dim, Dv = p_.value_dim(), Lkv = p_.seq_kv;
     const double u = std::ldexp(1.0, -24), scale = f_.scale();
     const double rows_in = static_cast<double>(p_.group_size() * p_.seq_q);  // terms of one dK / dV sum
     const float* k = f_.k(bkv_);
@@ -569,10 +569,10 @@ class BlockBound {
     for (int64_t j = 0; j < Lkv; ++j) {
       if (w[j] == 0) continue;
       for (int64_t d = 0; d < D; ++d) {
-        const double qa = std::fabs(qi[d]), ga = std::fabs(g[d]);
+        const double qa = std::fabs(qi[d]);
         ek_[j * D + d] += scale * (eds[j] * qa + (rows_in + 1) * u * std::fabs(ds[j]) * qa);
-        ev_[j * D + d] += wd(j) * ga * (es[j] + (rows_in + 1) * u);
       }
+      for (int64_t d = 0; d < Dv; ++d) ev_[j * Dv + d] += wd(j) * std::fabs(g[d]) * (es[j] + (rows_in + 1) * u);
     }
   }
 
@@ -634,24 +634,25 @@ DirectionalCheck check_reference_gradient(const Attention& variant, const Proble
     }
     return out;
   };
-  const int64_t nq = p.q_elements(), nkv = p.kv_elements();
-  std::vector<float> q = quantise(in.q, nq), k = quantise(in.k, nkv), v = quantise(in.v, nkv);
+  const int64_t nq = p.q_elements(), nkv = p.kv_elements(), nv = p.v_elements(), no = p.out_elements();
+  std::vector<float> q = quantise(in.q, nq), k = quantise(in.k, nkv), v = quantise(in.v, nv);
   AttentionInputs x = in;
   x.q = q.data(), x.k = k.data(), x.v = v.data(), x.out = nullptr;
-  std::vector<double> gq(static_cast<std::size_t>(nq)), gk(static_cast<std::size_t>(nkv)), gv(gk.size());
+  std::vector<double> gq(static_cast<std::size_t>(nq)), gk(static_cast<std::size_t>(nkv)),
+      gv(static_cast<std::size_t>(nv));
   variant.reference_backward(p, x, d_out, gq.data(), gk.data(), gv.data());
-  std::vector<double> o(static_cast<std::size_t>(nq));
+  std::vector<double> o(static_cast<std::size_t>(no));
   auto loss = [&](const AttentionInputs& at) {
     variant.reference_forward(p, at, o.data());
     double l = 0;
-    for (int64_t e = 0; e < nq; ++e) l += static_cast<double>(d_out[e]) * o[e];
+    for (int64_t e = 0; e < no; ++e) l += static_cast<double>(d_out[e]) * o[e];
     return l;
   };
   double gnorm2 = 0;
   for (double g : gq) gnorm2 += g * g;
   for (double g : gk) gnorm2 += g * g;
   for (double g : gv) gnorm2 += g * g;
-  const double n_total = static_cast<double>(nq + 2 * nkv);
+  const double n_total = static_cast<double>(nq + nkv + nv);
   Rng rng(seed);
   DirectionalCheck res;
   std::vector<float> uq(q.size()), uk(k.size()), uv(v.size()), pq(q.size()), pk(k.size()), pv(v.size());

@@ -111,8 +111,8 @@ def crossover(ns, ratios):
     return n, f"n ≈ {n:.0f} (between {n1} and {n2})"
 
 
-POINT_FIELDS = ["mask", "regime", "batch", "heads", "kv_heads", "head_dim", "threads", "seq_q", "seq_kv", "pass", "isa",
-                "dtype", "bias"]
+POINT_FIELDS = ["mask", "regime", "batch", "heads", "kv_heads", "head_dim", "v_head_dim", "threads", "seq_q", "seq_kv",
+                "pass", "isa", "dtype", "bias"]
 
 
 def point_key(r):

@@ -14,7 +14,7 @@ from .common import PROG, InputError, num
 
 # Besides mask and n. "pass" (forward, backward, forward_backward) comes first: when a sweep has several,
 # every curve, facet and comparison is within one pass, and the figures give each pass its own column.
-CONTEXT_DIMS = ["pass", "regime", "batch", "heads", "kv_heads", "head_dim", "threads", "seq_q"]
+CONTEXT_DIMS = ["pass", "regime", "batch", "heads", "kv_heads", "head_dim", "v_head_dim", "threads", "seq_q"]
 # The passes a row can time (sweep.pass), in the order the figures and tables show them; rows written before
 # the field are forward rows.
 PASSES = ["forward", "backward", "forward_backward"]
@@ -174,7 +174,8 @@ class Row:
     value, None when absent), and the VIEWS attributes name the ones the figures use. Metrics are floats
     (inf/nan from the rows' "inf"/"nan" strings). Besides them:
       source: "attnbench" (results.jsonl) or "peer" (results.peers.jsonl);
-      kv_heads: K/V heads (rows without the field: heads); e2e_max_abs_err: accuracy_e2e.max_abs_err, the
+      kv_heads: K/V heads (rows without the field: heads); v_head_dim: d_v (rows without it: head_dim);
+        e2e_max_abs_err: accuracy_e2e.max_abs_err, the
         error against fp64 on the fp32 inputs (rows without it: accuracy's);
       samples: every repetition in ms; interference: the probe's readings as a dict (None: not measured);
       attempts: timed measurements (rows without the field: 1 when measured, 0 when not); conditions_recorded:
@@ -190,6 +191,7 @@ class Row:
             setattr(self, attr, f[path] if f[path] is not None else default)
         self.source = source
         self.kv_heads = f["kv_heads"] if f["kv_heads"] is not None else self.heads
+        self.v_head_dim = f["v_head_dim"] if f["v_head_dim"] is not None else self.head_dim
         e2e = f["accuracy_e2e.max_abs_err"]
         self.e2e_max_abs_err = e2e if isinstance(d.get("accuracy_e2e"), dict) else self.max_abs_err
         self.samples = [x for x in (num(s) for s in f["time_ms.samples"] or []) if x is not None]
@@ -291,6 +293,8 @@ def context_value(r, dim):
         return r.seq_q if r.seq_q != r.seq_kv else None
     if dim == "kv_heads":  # grouped-query attention: its own facet; multi-head rows (kv_heads = heads) have none
         return r.kv_heads if r.kv_heads != r.heads else None
+    if dim == "v_head_dim":  # d_v != d_k: its own facet; rows with V as wide as Q and K have none
+        return r.v_head_dim if r.v_head_dim != r.head_dim else None
     return getattr(r, dim)
 
 

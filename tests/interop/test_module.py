@@ -324,7 +324,7 @@ def bad_inputs(exe, tmp):
         ("empty q", fwd(q=q[:, :, :0]), "q: shape [1, 4, 0, 16] is empty"),
         ("k with another head_dim", fwd(k=k[..., :8], v=v[..., :8]), "k: shape [1, 4, 8, 8] does not fit q"),
         ("k with 3 heads for 4", fwd(k=k[:, :3], v=v[:, :3]), "k: shape [1, 3, 8, 16] does not fit q"),
-        ("v unlike k", fwd(v=v[:, :, :5]), "v: shape [1, 4, 5, 16] differs from k"),
+        ("v unlike k", fwd(v=v[:, :, :5]), "v: shape [1, 4, 5, 16] does not fit k"),
         ("mask shape", fwd(mask=np.ones((8, 7), bool)), "mask: shape [8, 7] does not match [8, 8]"),
         ("mask with NaN", fwd(mask=np.full((8, 8), np.nan)), "mask: mask element 0 is NaN"),
         ("key_padding shape", fwd(key_padding=np.zeros((2, 8), bool)), "key_padding: shape [2, 8] does not match"),
@@ -386,6 +386,43 @@ def reference_oracle():
     ref = attnbench.reference(q, k, v, causal_lower_right=True, scale=0.5, dropout=0.3, seed=4)
     check(np.abs(out - ref).max() < 1e-5 and np.abs(ref - got).max() > 1e-3,
           "reference() with dropout draws forward()'s keep decisions (naive within 1e-5; differs from no dropout)")
+
+
+def value_dim():
+    """V of another width than Q and K (d_v != d_k): forward, backward and the fp64 definitions take it from v's
+    shape; the variants that need V as wide as Q and K raise NotSupported."""
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((2, 4, 10, 8)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 10, 8)).astype(np.float32)  # grouped-query: 2 K/V heads
+    v = rng.standard_normal((2, 2, 10, 3)).astype(np.float32)
+    d_out = rng.standard_normal((2, 4, 10, 3)).astype(np.float32)
+    kk, vv = np.repeat(k, 2, axis=1).astype(np.float64), np.repeat(v, 2, axis=1).astype(np.float64)
+    s = q.astype(np.float64) @ kk.transpose(0, 1, 3, 2) / np.sqrt(8)
+    s = np.where(np.tril(np.ones((10, 10), bool)), s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    want = (w / w.sum(-1, keepdims=True)) @ vv
+    ref = attnbench.reference(q, k, v, causal=True)
+    check(ref.shape == (2, 4, 10, 3) and np.abs(ref - want).max() < 1e-12,
+          "reference() with d_v 3 != d_k 8: numpy's float64 attention, [batch, heads, seq, d_v]")
+    out = attnbench.forward("naive", q, k, v, causal=True)
+    check(out.shape == (2, 4, 10, 3) and np.abs(out - want).max() < 1e-5,
+          "forward('naive') with d_v != d_k: O [2, 4, 10, 3] within 1e-5 of numpy's")
+    dq, dk, dv = attnbench.backward("naive", q, k, v, d_out, causal=True)
+    rq, rk, rv = attnbench.reference_backward("naive", q, k, v, d_out, causal=True)
+    check(dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape and rv.shape == v.shape,
+          "backward('naive') with d_v != d_k: dq, dk, dv in q's, k's and v's shapes")
+    err = max(np.abs(g - r).max() / np.abs(r).max() for g, r in ((dq, rq), (dk, rk), (dv, rv)))
+    check(err < 1e-5, "backward('naive') with d_v != d_k within 1e-5 of reference_backward (%.2g)" % err)
+    try:
+        attnbench.forward("tiled", q, k, v, causal=True)
+        check(False, "forward('tiled') with d_v != d_k: refused")
+    except attnbench.NotSupported as e:
+        check("needs V as wide as Q and K" in str(e), "forward('tiled') with d_v != d_k: NotSupported (%s)" % e)
+    try:
+        attnbench.backward("naive", q, k, v, q, causal=True)
+        check(False, "backward with d_out of q's width: refused")
+    except ValueError as e:
+        check("d_out" in str(e), "backward with d_out [.., d_k] instead of [.., d_v]: ValueError naming d_out")
 
 
 def softcap_and_sinks():
@@ -820,7 +857,7 @@ def bad_backward_inputs(exe, tmp):
 
     dqkv = ["--dq", path("dq"), "--dk", path("dk"), "--dv", path("dv")]
     grad = ["--grad-output", path("d_out"), "--out", path("o")] + dqkv
-    d_name = [("--grad-output '%s'" % path("d_out"), "d_out"), ("from --q)", "from q)")]
+    d_name = [("--grad-output '%s'" % path("d_out"), "d_out"), ("from --q and V)", "from q and V)")]
     both("d_out of another shape", grad, lambda: attnbench.backward(variant, q, k, v, d[..., :8]), d_name,
          [("d_out", d[..., :8])])
     for bad, what in ((np.nan, "NaN"), (np.inf, "infinite")):
@@ -1159,6 +1196,7 @@ def main():
         bad_inputs(exe, tmp)
         reference_oracle()
         softcap_and_sinks()
+        value_dim()
         backward_cli_equivalence(exe, tmp)
         bad_backward_inputs(exe, tmp)
         reference_gradients()

@@ -114,7 +114,8 @@ class Naive final : public Attention {
             .baseline = true,
             .backward = true,
             .sinks = true,
-            .softcap = true};
+            .softcap = true,
+            .value_dim = true};
   }
   double flops(const Problem& p) const override {
     // The shared exact-attention count (common/kernels/mask.hpp). Causal GEMMs stop at each row block's last
@@ -127,7 +128,7 @@ class Naive final : public Attention {
     // loops over heads), and the score matrix is materialised: written by the first GEMM and read by the
     // second (the softmax pass in between is counted as cached). Only the pairs the causal trapezoid
     // computes are counted.
-    const double kv_head = 2.0 * static_cast<double>(p.seq_kv * p.head_dim) * sizeof(float);
+    const double kv_head = static_cast<double>(p.seq_kv * (p.head_dim + p.value_dim())) * sizeof(float);
     const double rereads = static_cast<double>(p.batch * (p.heads - p.num_kv_heads())) * kv_head;
     const double scores = 2.0 * static_cast<double>(p.batch * p.heads) * causal_pairs(p) * sizeof(float);
     return compulsory_bytes(p) + rereads + scores;
@@ -142,7 +143,7 @@ class Naive final : public Attention {
     const std::size_t widened =
         p.dtype == DType::fp32
             ? 0
-            : static_cast<std::size_t>(p.q_elements() + 2 * p.kv_elements()) * sizeof(float);
+            : static_cast<std::size_t>(p.q_elements() + p.kv_elements() + p.v_elements()) * sizeof(float);
     return ScoreBuffer::allocated_bytes(static_cast<std::size_t>(floats)) + widened;
   }
 
@@ -181,7 +182,7 @@ class Naive final : public Attention {
   // grouped-query heads add into their K/V head's dK, dV in head order. Bitwise independent of the threads.
   void backward(const Problem& p, const AttentionInputs& in, const GradientArgs& g) const override {
     const std::vector<float> slopes = alibi_slopes_f32(p, in);
-    const int64_t Lq = p.seq_q, Lkv = p.seq_kv, D = p.head_dim, BH = p.batch * p.heads;
+    const int64_t Lq = p.seq_q, Lkv = p.seq_kv, D = p.head_dim, Dv = p.value_dim(), BH = p.batch * p.heads;
     const int64_t group = backward_heads_per_group(p), rows = rows_per_block(p);
     const int64_t blocks_per_head = (Lq + rows - 1) / rows;
     const int64_t key_cols = std::clamp<int64_t>(Lkv / 8, 16, 128),
@@ -192,7 +193,7 @@ class Naive final : public Attention {
         dscores(static_cast<std::size_t>(group) * Lq * Lkv);
     std::vector<float> delta(static_cast<std::size_t>(group * Lq));
     std::fill(g.dk, g.dk + p.kv_elements(), 0.0f);
-    std::fill(g.dv, g.dv + p.kv_elements(), 0.0f);
+    std::fill(g.dv, g.dv + p.v_elements(), 0.0f);
     std::vector<float> sink_rows(p.sinks ? static_cast<std::size_t>(BH * Lq) : 0, 0.0f);
     const int64_t Hkv = p.num_kv_heads(), G = p.group_size();
     for (int64_t g0 = 0; g0 < BH; g0 += group) {
@@ -206,9 +207,9 @@ class Naive final : public Attention {
         float* ds = dscores.data() + ((bh - g0) * Lq + r0) * Lkv;
         const float* q = in.q + (bh * Lq + r0) * D;
         const float* k = in.k + p.kv_block(b, h) * Lkv * D;
-        const float* v = in.v + p.kv_block(b, h) * Lkv * D;
-        const float* o = g.out + (bh * Lq + r0) * D;
-        const float* dout = g.d_out + (bh * Lq + r0) * D;
+        const float* v = in.v + p.kv_block(b, h) * Lkv * Dv;
+        const float* o = g.out + (bh * Lq + r0) * Dv;
+        const float* dout = g.d_out + (bh * Lq + r0) * Dv;
         const float* lse = g.saved + bh * Lq + r0;
         float* dq = g.dq + (bh * Lq + r0) * D;
         const int64_t keys = causal_key_end(p, r1 - 1);
@@ -223,13 +224,13 @@ class Naive final : public Attention {
           return;
         }
         sgemm(false, true, nr, keys, D, scale, q, D, k, D, 0.0f, pr, Lkv);
-        sgemm(false, true, nr, keys, D, 1.0f, dout, D, v, D, 0.0f, ds, Lkv);
+        sgemm(false, true, nr, keys, Dv, 1.0f, dout, Dv, v, Dv, 0.0f, ds, Lkv);
         for (int64_t r = 0; r < nr; ++r) {
           const int64_t i = r0 + r;
           float* prow = pr + r * Lkv;
           float* drow = ds + r * Lkv;
           float dl = 0;
-          for (int64_t e = 0; e < D; ++e) dl += dout[r * D + e] * o[r * D + e];
+          for (int64_t e = 0; e < Dv; ++e) dl += dout[r * Dv + e] * o[r * Dv + e];
           delta[static_cast<std::size_t>((bh - g0) * Lq + i)] = dl;
           probabilities_row(p, in, b, h, i, prow, keys, slopes.empty() ? 0.0f : slopes[h], lse[r],
                             p.softcap ? cap_factor.data() : nullptr);
@@ -260,7 +261,7 @@ class Naive final : public Attention {
         const int64_t nc = std::min(key_cols, Lkv - c0);
         const int64_t b = bkv / Hkv;
         float* dk = g.dk + (bkv * Lkv + c0) * D;
-        float* dv = g.dv + (bkv * Lkv + c0) * D;
+        float* dv = g.dv + (bkv * Lkv + c0) * Dv;
         // Rows that may see key c0 under the causal rule (c0 <= i + offset); earlier rows hold zeros there.
         const int64_t r_start = p.mask.any_causal() ? std::clamp<int64_t>(c0 - causal_offset(p), 0, Lq) : 0;
         if (r_start >= Lq) return;
@@ -269,8 +270,8 @@ class Naive final : public Attention {
           const float* pr = probs.data() + ((bh - g0) * Lq + r_start) * Lkv + c0;
           const float* ds = dscores.data() + ((bh - g0) * Lq + r_start) * Lkv + c0;
           const float* q = in.q + (bh * Lq + r_start) * D;
-          const float* dout = g.d_out + (bh * Lq + r_start) * D;
-          sgemm(true, false, nc, D, Lq - r_start, 1.0f, pr, Lkv, dout, D, 1.0f, dv, D);
+          const float* dout = g.d_out + (bh * Lq + r_start) * Dv;
+          sgemm(true, false, nc, Dv, Lq - r_start, 1.0f, pr, Lkv, dout, Dv, 1.0f, dv, Dv);
           sgemm(true, false, nc, D, Lq - r_start, scale, ds, Lkv, q, D, 1.0f, dk, D);
         }
       });
@@ -288,7 +289,7 @@ class Naive final : public Attention {
     const WideInputs wide(p, stored);  // bf16 / fp16: converted to fp32 once, up front
     const AttentionInputs& in = wide.get();
     const std::vector<float> slopes = alibi_slopes_f32(p, in);
-    const int64_t Lq = p.seq_q, Lkv = p.seq_kv, D = p.head_dim, BH = p.batch * p.heads;
+    const int64_t Lq = p.seq_q, Lkv = p.seq_kv, D = p.head_dim, Dv = p.value_dim(), BH = p.batch * p.heads;
     const int64_t group = heads_per_group(p), rows = rows_per_block(p);
     const int64_t blocks_per_head = (Lq + rows - 1) / rows;
     const float scale = static_cast<float>(p.effective_scale());
@@ -303,13 +304,13 @@ class Naive final : public Attention {
         float* s = scores.data() + ((bh - g0) * Lq + r0) * Lkv;
         const float* q = in.q + (bh * Lq + r0) * D;
         const float* k = in.k + p.kv_block(b, h) * Lkv * D;  // grouped-query: the group's K/V, not a copy
-        const float* v = in.v + p.kv_block(b, h) * Lkv * D;
-        float* o = in.out + (bh * Lq + r0) * D;
+        const float* v = in.v + p.kv_block(b, h) * Lkv * Dv;
+        float* o = in.out + (bh * Lq + r0) * Dv;
         // Causal (query i attends keys j <= i + c, mask.hpp): keys past the block's last row's limit are
         // hidden from every row of the block, so both GEMMs stop there.
         const int64_t keys = causal_key_end(p, r1 - 1);
         if (keys == 0) {  // lower-right with seq_q > seq_kv: no row of this block sees a key
-          std::fill(o, o + nr * D, 0.0f);
+          std::fill(o, o + nr * Dv, 0.0f);
           if (saved)
             std::fill(saved + bh * Lq + r0, saved + bh * Lq + r1, std::numeric_limits<float>::infinity());
           return;
@@ -320,7 +321,7 @@ class Naive final : public Attention {
               softmax_row(p, in, b, h, r0 + r, s + r * Lkv, keys, slopes.empty() ? 0.0f : slopes[h]);
           if (saved) saved[bh * Lq + r0 + r] = lse;
         }
-        sgemm(false, false, nr, D, keys, 1.0f, s, Lkv, v, D, 0.0f, o, D);
+        sgemm(false, false, nr, Dv, keys, 1.0f, s, Lkv, v, Dv, 0.0f, o, Dv);
       });
     }
   }
