@@ -496,6 +496,36 @@ TEST_CASE("recurrences: d_k != d_v on every supported SIMD target, forward and c
   }
 }
 
+TEST_CASE("recurrences: FLOPs and workspace count d_k and d_v apart", "[recurrent]") {
+  auto problem = [](const char* name, const Json& params, int64_t dk, int64_t dv) {
+    Problem p = make_problem(name, params);
+    p.heads = 4, p.seq_q = p.seq_kv = 1000, p.head_dim = dk, p.v_head_dim = dv, p.mask.causal = true;
+    return p;
+  };
+  for (const char* name : kVariants) {
+    const Attention& v = Registry::instance().get(name);
+    INFO(name);
+    // The recurrent form's work is all on the d_k x d_v state: proportional to d_k d_v.
+    const Json rec = {{"form", "recurrent"}};
+    CHECK(v.flops(problem(name, rec, 64, 32)) == v.flops(problem(name, rec, 32, 64)));
+    CHECK(v.flops(problem(name, rec, 64, 32)) == 0.5 * v.flops(problem(name, rec, 64, 64)));
+    CHECK(v.backward_flops(problem(name, rec, 64, 32)) == 0.5 * v.backward_flops(problem(name, rec, 64, 64)));
+    // The chunk form's products: between the square problems on either side, in every count.
+    for (const auto& [dk, dv] : {std::pair<int64_t, int64_t>{64, 32}, {32, 64}}) {
+      const Problem small = problem(name, Json::object(), 32, 32),
+                    mid = problem(name, Json::object(), dk, dv), big = problem(name, Json::object(), 64, 64);
+      CHECK(v.flops(small) < v.flops(mid));
+      CHECK(v.flops(mid) < v.flops(big));
+      CHECK(v.backward_flops(small) < v.backward_flops(mid));
+      CHECK(v.backward_flops(mid) < v.backward_flops(big));
+      CHECK(v.workspace_bytes(small, 2) < v.workspace_bytes(mid, 2));
+      CHECK(v.workspace_bytes(mid, 2) < v.workspace_bytes(big, 2));
+      CHECK(v.backward_workspace_bytes(small, 2) < v.backward_workspace_bytes(mid, 2));
+      CHECK(v.backward_workspace_bytes(mid, 2) < v.backward_workspace_bytes(big, 2));
+    }
+  }
+}
+
 TEST_CASE("recurrences: hostile inputs are clear errors", "[recurrent]") {
   auto throws_usage = [](RecCase& c, const std::string& has) {
     INFO(c.p.repro() + " expecting '" + has + "'");

@@ -117,11 +117,11 @@ void add_decayed(const double* hi, const double* lo, const float* x, float* y, i
   for (int64_t c = 0; c < n; ++c) y[c] += scratch[c];
 }
 
-// gla's intra-chunk sums (d = d_k) dQ_t += sum_{s <= t} P_ts k_s ⊙ e^(Gamma_t - Gamma_s) and dK_s += sum_{t
-// >= s} P_ts q_t ⊙ e^(Gamma_t - Gamma_s), by blocks of kGlaBlock tokens: the diagonal blocks elementwise
-// (diag_pair), the others through the forward's split e^(Gamma_t - Gamma_s) = e^(Gamma_t - Gamma_r)
-// e^(Gamma_r - Gamma_e) e^(Gamma_e - Gamma_s) (r the token before t's block, e the last of s's block; every
-// factor <= 1).
+// gla's intra-chunk sums dQ_t += sum_{s <= t} P_ts k_s ⊙ e^(Gamma_t - Gamma_s) and dK_s += sum_{t >= s}
+// P_ts q_t ⊙ e^(Gamma_t - Gamma_s) (rows of d = d_k), by blocks of kGlaBlock tokens: the diagonal blocks
+// elementwise (diag_pair), the others through the forward's split e^(Gamma_t - Gamma_s) = e^(Gamma_t -
+// Gamma_r) e^(Gamma_r - Gamma_e) e^(Gamma_e - Gamma_s) (r the token before t's block, e the last of s's
+// block; every factor <= 1).
 void gla_intra_grads(int64_t L, int64_t d, const ChunkBuffers& cb, BackBuffers& bb, float* dq, float* dk,
                      float* xd) {
   const float *k = cb.kp, *q = cb.qp, *P = bb.p.data();
