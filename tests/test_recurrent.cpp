@@ -1,7 +1,8 @@
 // The gated / delta-rule recurrences (variants/recurrent, common/kernels/recurrence.*): both forms against an
 // independent fp64 recurrence written here, uneven last chunks, grouped-query heads, gates down to -30 and
 // at 0, beta near 0 and at 1, state carry-over, gradients (dg, dbeta, d_initial_state included) and hostile
-// inputs. d_k == d_v throughout: the interface has one head_dim for K and V.
+// inputs; with V as wide as Q and K (d_k = d_v) and of another width (Problem::v_head_dim, d_k != d_v both
+// ways: a d_k x d_v state, d_v-wide outputs).
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
@@ -16,6 +17,7 @@
 #include "common/interface/attention.hpp"
 #include "common/interface/half.hpp"
 #include "common/kernels/recurrence.hpp"
+#include "common/kernels/simd.hpp"
 #include "common/support/error.hpp"
 #include "common/support/random.hpp"
 #include "common/support/tensor.hpp"
@@ -30,20 +32,23 @@ bool is_delta(const std::string& v) {
   return v == "delta_rule" || v == "gated_delta_rule";
 }
 
-// One problem with its tensors: g = logsigmoid(N(0, 1)), beta = sigmoid(N(0, 1)) unless changed.
+// One problem with its tensors: g = logsigmoid(N(0, 1)), beta = sigmoid(N(0, 1)) unless changed. d: d_k
+// (Q, K, a vector gate); dv: d_v (V, the output; 0: d).
 struct RecCase {
   const Attention& variant;
   Problem p;
   FloatArray q, k, v, g, beta, s0, out, fin;
 
   RecCase(const std::string& name, const Json& params, int64_t batch, int64_t heads, int64_t kv_heads,
-          int64_t n, int64_t d, uint64_t seed)
+          int64_t n, int64_t d, uint64_t seed, int64_t dv = 0)
       : variant(Registry::instance().get(name)), p(make_problem(name, params)) {
     p.batch = batch, p.heads = heads, p.kv_heads = kv_heads, p.seq_q = p.seq_kv = n, p.head_dim = d;
+    p.v_head_dim = dv;
     p.mask.causal = true;
+    dv = p.value_dim();
     q = FloatArray({batch, heads, n, d});
     k = FloatArray({batch, p.num_kv_heads(), n, d});
-    v = FloatArray(k.shape);
+    v = FloatArray({batch, p.num_kv_heads(), n, dv});
     fill_normal(q.ptr(), static_cast<int64_t>(q.numel()), seed);
     fill_normal(k.ptr(), static_cast<int64_t>(k.numel()), seed + 1);
     fill_normal(v.ptr(), static_cast<int64_t>(v.numel()), seed + 2);
@@ -58,11 +63,11 @@ struct RecCase {
       fill_normal(beta.ptr(), static_cast<int64_t>(beta.numel()), seed + 4);
       for (float& x : beta.data) x = static_cast<float>(1 / (1 + std::exp(-double(x))));
     }
-    out = FloatArray(q.shape, std::nanf(""));
-    fin = FloatArray({batch, heads, d, d}, std::nanf(""));
+    out = FloatArray({batch, heads, n, dv}, std::nanf(""));
+    fin = FloatArray({batch, heads, d, dv}, std::nanf(""));
   }
   void with_initial_state(uint64_t seed) {
-    s0 = FloatArray({p.batch, p.heads, p.head_dim, p.head_dim});
+    s0 = FloatArray({p.batch, p.heads, p.head_dim, p.value_dim()});
     fill_normal(s0.ptr(), static_cast<int64_t>(s0.numel()), seed, 0.5);
     p.initial_state = true;
   }
@@ -78,52 +83,52 @@ struct RecCase {
 };
 
 // The definitions of issue 32, written out independently of common/kernels/recurrence.*: out and the final
-// state.
+// state. S is d_k x d_v: row i (key channel i) decays with g's channel i, column j is value column j.
 struct Naive {
   std::vector<double> out, fin;
 };
 Naive naive(const RecCase& c) {
   const Problem& p = c.p;
   const std::string name = p.variant;
-  const int64_t n = p.seq_q, d = p.head_dim;
+  const int64_t n = p.seq_q, dk = p.head_dim, dv = p.value_dim(), dd = dk * dv;
   const bool normalize = is_delta(name) && p.param_int("normalize_keys") != 0;
-  Naive r{std::vector<double>(c.q.numel()), std::vector<double>(c.fin.numel())};
+  Naive r{std::vector<double>(c.out.numel()), std::vector<double>(c.fin.numel())};
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads; ++h) {
       const int64_t bh = b * p.heads + h, kv = b * p.num_kv_heads() + h / (p.heads / p.num_kv_heads());
-      std::vector<double> S(d * d, 0.0), kt(d), pred(d), decay(d);
+      std::vector<double> S(dd, 0.0), kt(dk), pred(dv), decay(dk);
       if (p.initial_state)
-        for (int64_t e = 0; e < d * d; ++e) S[e] = c.s0.data[bh * d * d + e];
+        for (int64_t e = 0; e < dd; ++e) S[e] = c.s0.data[bh * dd + e];
       for (int64_t t = 0; t < n; ++t) {
         double norm = 0;
-        for (int64_t i = 0; i < d; ++i) kt[i] = c.k.data[(kv * n + t) * d + i], norm += kt[i] * kt[i];
+        for (int64_t i = 0; i < dk; ++i) kt[i] = c.k.data[(kv * n + t) * dk + i], norm += kt[i] * kt[i];
         if (normalize)
           for (double& x : kt) x /= std::sqrt(norm);
-        for (int64_t i = 0; i < d; ++i) {
+        for (int64_t i = 0; i < dk; ++i) {
           if (name == "retention") decay[i] = 1 - std::pow(2.0, -5.0 - double(h));
           if (name == "simple_gla" || name == "gated_delta_rule")
             decay[i] = std::exp(double(c.g.data[bh * n + t]));
-          if (name == "gla") decay[i] = std::exp(double(c.g.data[(bh * n + t) * d + i]));
+          if (name == "gla") decay[i] = std::exp(double(c.g.data[(bh * n + t) * dk + i]));
           if (name == "delta_rule") decay[i] = 1;
         }
-        for (int64_t i = 0; i < d; ++i)
-          for (int64_t j = 0; j < d; ++j) S[i * d + j] *= decay[i];
-        const float* vt = c.v.ptr() + (kv * n + t) * d;
+        for (int64_t i = 0; i < dk; ++i)
+          for (int64_t j = 0; j < dv; ++j) S[i * dv + j] *= decay[i];
+        const float* vt = c.v.ptr() + (kv * n + t) * dv;
         const double beta = is_delta(name) ? double(c.beta.data[bh * n + t]) : 1.0;
-        for (int64_t j = 0; j < d; ++j) {
+        for (int64_t j = 0; j < dv; ++j) {
           pred[j] = 0;
           if (is_delta(name))
-            for (int64_t i = 0; i < d; ++i) pred[j] += kt[i] * S[i * d + j];
+            for (int64_t i = 0; i < dk; ++i) pred[j] += kt[i] * S[i * dv + j];
         }
-        for (int64_t i = 0; i < d; ++i)
-          for (int64_t j = 0; j < d; ++j) S[i * d + j] += beta * kt[i] * (vt[j] - pred[j]);
-        for (int64_t j = 0; j < d; ++j) {
+        for (int64_t i = 0; i < dk; ++i)
+          for (int64_t j = 0; j < dv; ++j) S[i * dv + j] += beta * kt[i] * (vt[j] - pred[j]);
+        for (int64_t j = 0; j < dv; ++j) {
           double o = 0;
-          for (int64_t i = 0; i < d; ++i) o += double(c.q.data[(bh * n + t) * d + i]) * S[i * d + j];
-          r.out[(bh * n + t) * d + j] = p.effective_scale() * o;
+          for (int64_t i = 0; i < dk; ++i) o += double(c.q.data[(bh * n + t) * dk + i]) * S[i * dv + j];
+          r.out[(bh * n + t) * dv + j] = p.effective_scale() * o;
         }
       }
-      for (int64_t e = 0; e < d * d; ++e) r.fin[bh * d * d + e] = S[e];
+      for (int64_t e = 0; e < dd; ++e) r.fin[bh * dd + e] = S[e];
     }
   return r;
 }
@@ -190,6 +195,37 @@ TEST_CASE("recurrences: chunk sizes 1, 7 and larger than the sequence, initial s
     }
 }
 
+namespace {
+// (d_k, d_v) with d_k != d_v both ways: d_v wider and narrower than d_k, widths not a multiple of the SIMD
+// vector (d_v 24 and 40 leave 8 columns to the element-by-element tails on AVX-512's 16 lanes; d_k 20 leaves
+// 4 on AVX-512 and AVX2), and a d_v of 8, narrower than an AVX-512 vector (every value column in the tails).
+const std::pair<int64_t, int64_t> kWidths[] = {{16, 24}, {32, 8}, {20, 40}};
+}  // namespace
+
+TEST_CASE("recurrences: d_k != d_v, both forms match the fp64 recurrence, uneven last chunk, GQA",
+          "[recurrent]") {
+  for (const auto& [dk, dv] : kWidths)
+    for (const char* name : kVariants)
+      for (const Json& form : kForms) {
+        RecCase c(name, form, 2, 4, 2, 100, dk, 11, dv);  // 100 = 3 x 32 + 4 = 64 + 36 = 6 x 16 + 4
+        REQUIRE(c.p.repro().find(",Dv=" + std::to_string(dv)) != std::string::npos);
+        expect_matches(c);
+      }
+}
+
+TEST_CASE("recurrences: d_k != d_v, a d_k x d_v initial state in and final state out, chunks 1, 7, 512",
+          "[recurrent]") {
+  for (const auto& [dk, dv] : kWidths)
+    for (const char* name : kVariants)
+      for (const Json& form : {Json{{"chunk", 1}}, Json{{"chunk", 7}}, Json{{"chunk", 512}},
+                               Json{{"form", "recurrent"}, {"chunk", 7}}}) {
+        RecCase c(name, form, 1, 2, 0, 60, dk, 31, dv);
+        c.with_initial_state(77);
+        REQUIRE(c.s0.numel() == static_cast<std::size_t>(2 * dk * dv));
+        expect_matches(c);
+      }
+}
+
 TEST_CASE("recurrences: gates at -30 and at 0, beta near 0 and at 1", "[recurrent]") {
   for (const char* name : {"simple_gla", "gla", "gated_delta_rule", "delta_rule"})
     for (const Json& form : kForms) {
@@ -209,38 +245,42 @@ TEST_CASE("recurrences: gates at -30 and at 0, beta near 0 and at 1", "[recurren
     }
 }
 
-TEST_CASE("recurrences: two calls carrying the final state equal one call", "[recurrent]") {
-  for (const char* name : kVariants)
-    for (const Json& form : kForms) {
-      const int64_t n = 200, first = 77, d = 16;  // 77: mid-chunk for every chunk size
-      RecCase whole(name, form, 1, 2, 0, n, d, 51);
-      whole.run();
-      auto part = [&](int64_t t0, int64_t len, const FloatArray* state) {
-        RecCase c(name, form, 1, 2, 0, len, d, 51);
-        auto slice = [&](const FloatArray& src, FloatArray& dst, int64_t w) {
-          for (int64_t bh = 0; bh < 2; ++bh)
-            std::copy_n(src.ptr() + (bh * n + t0) * w, len * w, dst.ptr() + bh * len * w);
+TEST_CASE("recurrences: two calls carrying the final state equal one call (d_k = d_v and d_k != d_v)",
+          "[recurrent]") {
+  // (d_k, d_v): equal, then a d_k x d_v state with d_v wider (20: not a multiple of any SIMD width) and
+  // narrower than d_k.
+  for (const auto& [d, dv] : {std::pair<int64_t, int64_t>{16, 16}, {12, 20}, {24, 8}})
+    for (const char* name : kVariants)
+      for (const Json& form : kForms) {
+        const int64_t n = 200, first = 77;  // 77: mid-chunk for every chunk size
+        RecCase whole(name, form, 1, 2, 0, n, d, 51, dv);
+        whole.run();
+        auto part = [&](int64_t t0, int64_t len, const FloatArray* state) {
+          RecCase c(name, form, 1, 2, 0, len, d, 51, dv);
+          auto slice = [&](const FloatArray& src, FloatArray& dst, int64_t w) {
+            for (int64_t bh = 0; bh < 2; ++bh)
+              std::copy_n(src.ptr() + (bh * n + t0) * w, len * w, dst.ptr() + bh * len * w);
+          };
+          slice(whole.q, c.q, d), slice(whole.k, c.k, d), slice(whole.v, c.v, dv);
+          if (whole.g.numel()) slice(whole.g, c.g, whole.g.numel() / (2 * n));
+          if (whole.beta.numel()) slice(whole.beta, c.beta, 1);
+          if (state) c.s0 = *state, c.p.initial_state = true;
+          c.run();
+          return c;
         };
-        slice(whole.q, c.q, d), slice(whole.k, c.k, d), slice(whole.v, c.v, d);
-        if (whole.g.numel()) slice(whole.g, c.g, whole.g.numel() / (2 * n));
-        if (whole.beta.numel()) slice(whole.beta, c.beta, 1);
-        if (state) c.s0 = *state, c.p.initial_state = true;
-        c.run();
-        return c;
-      };
-      const RecCase a = part(0, first, nullptr);
-      const RecCase b = part(first, n - first, &a.fin);
-      std::vector<double> joined(whole.out.numel());
-      for (int64_t bh = 0; bh < 2; ++bh)
-        for (int64_t t = 0; t < n; ++t)
-          for (int64_t j = 0; j < d; ++j)
-            joined[(bh * n + t) * d + j] = t < first ? a.out.data[(bh * first + t) * d + j]
-                                                     : b.out.data[(bh * (n - first) + t - first) * d + j];
-      INFO(std::string(name) + " " + form.dump());
-      CHECK(rel_l2(whole.out.ptr(), joined.data(), joined.size()) <= 1e-5);
-      std::vector<double> bfin(b.fin.data.begin(), b.fin.data.end());
-      CHECK(rel_l2(whole.fin.ptr(), bfin.data(), bfin.size()) <= 1e-5);
-    }
+        const RecCase a = part(0, first, nullptr);
+        const RecCase b = part(first, n - first, &a.fin);
+        std::vector<double> joined(whole.out.numel());
+        for (int64_t bh = 0; bh < 2; ++bh)
+          for (int64_t t = 0; t < n; ++t)
+            for (int64_t j = 0; j < dv; ++j)
+              joined[(bh * n + t) * dv + j] = t < first ? a.out.data[(bh * first + t) * dv + j]
+                                                        : b.out.data[(bh * (n - first) + t - first) * dv + j];
+        INFO(whole.p.repro() + " " + form.dump());
+        CHECK(rel_l2(whole.out.ptr(), joined.data(), joined.size()) <= 1e-5);
+        std::vector<double> bfin(b.fin.data.begin(), b.fin.data.end());
+        CHECK(rel_l2(whole.fin.ptr(), bfin.data(), bfin.size()) <= 1e-5);
+      }
 }
 
 namespace {
@@ -295,47 +335,57 @@ void quantise(FloatArray& x) {
 
 TEST_CASE("recurrences: gradients (dq, dk, dv, dg, dbeta, d_initial_state) against fp64, both forms",
           "[recurrent]") {
-  for (const char* name : kVariants)
-    for (const Json& form :
-         {Json{{"form", "chunk"}, {"chunk", 16}}, Json{{"form", "recurrent"}, {"chunk", 7}}}) {
-      RecCase c(name, form, 1, 4, 2, 90, 12, 61);
-      c.with_initial_state(62);
-      for (float& x : c.g.data) x = std::min(x, -1.0f / 256);  // keep g - h <= 0 for the differences
-      quantise(c.g), quantise(c.beta), quantise(c.s0);
-      for (float& x : c.beta.data) x = std::clamp(x, 1.0f / 256, 1.0f - 1.0f / 256);
-      const FloatArray d_out = [&] {
-        FloatArray d(c.q.shape);
-        fill_normal(d.ptr(), static_cast<int64_t>(d.numel()), 63);
-        return d;
-      }();
-      const Trained got = train(c, d_out);
-      const AttentionInputs in = c.inputs();
-      RecurrenceKind kind;
-      kind.gate = c.variant.capabilities().gate;
-      kind.retention = std::string(name) == "retention";
-      kind.delta = is_delta(name);
-      kind.normalize_keys = kind.delta;
-      DoubleArray wq(c.q.shape), wk(c.k.shape), wv(c.v.shape), wg(c.g.shape), wb(c.beta.shape),
-          ws(c.s0.shape);
-      RecurrenceGrads<double> want{
-          wq.ptr(), wk.ptr(), wv.ptr(), c.g.numel() ? wg.ptr() : nullptr, c.beta.numel() ? wb.ptr() : nullptr,
-          ws.ptr()};
-      recurrence_reference_backward(c.p, in, kind, d_out.ptr(), want);
-      INFO(c.p.repro());
-      CHECK(rel_l2(got.dq.ptr(), wq.ptr(), wq.numel()) <= 1e-5);
-      CHECK(rel_l2(got.dk.ptr(), wk.ptr(), wk.numel()) <= 1e-5);
-      CHECK(rel_l2(got.dv.ptr(), wv.ptr(), wv.numel()) <= 1e-5);
-      CHECK(rel_l2(got.ds0.ptr(), ws.ptr(), ws.numel()) <= 1e-5);
-      if (c.g.numel()) CHECK(rel_l2(got.dg.ptr(), wg.ptr(), wg.numel()) <= 1e-5);
-      if (c.beta.numel()) CHECK(rel_l2(got.dbeta.ptr(), wb.ptr(), wb.numel()) <= 1e-5);
-      // The fp64 gradients of the per-token inputs are derivatives of the independent definition.
-      for (std::size_t e : {std::size_t{0}, std::size_t{37}, std::size_t{171}}) {
-        if (c.g.numel()) expect_derivative(c, c.g, e % c.g.numel(), wg.data[e % c.g.numel()], d_out, "dg");
-        if (c.beta.numel())
-          expect_derivative(c, c.beta, e % c.beta.numel(), wb.data[e % c.beta.numel()], d_out, "dbeta");
-        expect_derivative(c, c.s0, e % c.s0.numel(), ws.data[e % c.s0.numel()], d_out, "d_initial_state");
+  // (d_k, d_v): equal, then d_v wider (20: not a multiple of a vector) and narrower than d_k.
+  for (const auto& [dk, dv] : {std::pair<int64_t, int64_t>{12, 12}, {12, 20}, {20, 8}})
+    for (const char* name : kVariants)
+      for (const Json& form :
+           {Json{{"form", "chunk"}, {"chunk", 16}}, Json{{"form", "recurrent"}, {"chunk", 7}}}) {
+        RecCase c(name, form, 1, 4, 2, 90, dk, 61, dv);
+        c.with_initial_state(62);
+        for (float& x : c.g.data) x = std::min(x, -1.0f / 256);  // keep g - h <= 0 for the differences
+        quantise(c.q), quantise(c.k), quantise(c.v), quantise(c.g), quantise(c.beta), quantise(c.s0);
+        for (float& x : c.beta.data) x = std::clamp(x, 1.0f / 256, 1.0f - 1.0f / 256);
+        const FloatArray d_out = [&] {
+          FloatArray d(c.out.shape);
+          fill_normal(d.ptr(), static_cast<int64_t>(d.numel()), 63);
+          return d;
+        }();
+        const Trained got = train(c, d_out);
+        const AttentionInputs in = c.inputs();
+        RecurrenceKind kind;
+        kind.gate = c.variant.capabilities().gate;
+        kind.retention = std::string(name) == "retention";
+        kind.delta = is_delta(name);
+        kind.normalize_keys = kind.delta;
+        DoubleArray wq(c.q.shape), wk(c.k.shape), wv(c.v.shape), wg(c.g.shape), wb(c.beta.shape),
+            ws(c.s0.shape);
+        RecurrenceGrads<double> want{wq.ptr(),
+                                     wk.ptr(),
+                                     wv.ptr(),
+                                     c.g.numel() ? wg.ptr() : nullptr,
+                                     c.beta.numel() ? wb.ptr() : nullptr,
+                                     ws.ptr()};
+        recurrence_reference_backward(c.p, in, kind, d_out.ptr(), want);
+        INFO(c.p.repro());
+        CHECK(rel_l2(got.dq.ptr(), wq.ptr(), wq.numel()) <= 1e-5);
+        CHECK(rel_l2(got.dk.ptr(), wk.ptr(), wk.numel()) <= 1e-5);
+        CHECK(rel_l2(got.dv.ptr(), wv.ptr(), wv.numel()) <= 1e-5);
+        CHECK(rel_l2(got.ds0.ptr(), ws.ptr(), ws.numel()) <= 1e-5);
+        if (c.g.numel()) CHECK(rel_l2(got.dg.ptr(), wg.ptr(), wg.numel()) <= 1e-5);
+        if (c.beta.numel()) CHECK(rel_l2(got.dbeta.ptr(), wb.ptr(), wb.numel()) <= 1e-5);
+        // The fp64 gradients of the per-token inputs are derivatives of the independent definition.
+        for (std::size_t e : {std::size_t{0}, std::size_t{37}, std::size_t{171}}) {
+          if (c.g.numel()) expect_derivative(c, c.g, e % c.g.numel(), wg.data[e % c.g.numel()], d_out, "dg");
+          if (c.beta.numel())
+            expect_derivative(c, c.beta, e % c.beta.numel(), wb.data[e % c.beta.numel()], d_out, "dbeta");
+          expect_derivative(c, c.s0, e % c.s0.numel(), ws.data[e % c.s0.numel()], d_out, "d_initial_state");
+          // dq, dk (n x d_k rows) and dv (n x d_v rows, summed over the grouped-query heads): the shapes the
+          // widths could mix up.
+          expect_derivative(c, c.q, e % c.q.numel(), wq.data[e % c.q.numel()], d_out, "dq");
+          expect_derivative(c, c.k, e % c.k.numel(), wk.data[e % c.k.numel()], d_out, "dk");
+          expect_derivative(c, c.v, e % c.v.numel(), wv.data[e % c.v.numel()], d_out, "dv");
+        }
       }
-    }
 }
 
 namespace {
@@ -373,10 +423,16 @@ double rel_l2(const FloatArray& got, const FloatArray& want) {
 // (L2) of the fp64 definition's, and within the derived bound element by element.
 TEST_CASE("recurrences: the chunkwise backward at n = 1000 against fp64, gates down to -30", "[recurrent]") {
   // mild: g / 50, so a chunk's decay stays near 1 and the state's terms weigh in dg (with logsigmoid(N(0, 1))
-  // alone, e^Gamma_C is ~e^-20 over a chunk of 32).
+  // alone, e^Gamma_C is ~e^-20 over a chunk of 32). d_k = 20; d_v = 20, then 40 and 8 (d_k != d_v both ways).
+  struct Config {
+    int chunk;
+    bool mild;
+    int64_t dv;
+  };
   for (const char* name : kVariants)
-    for (const auto& [chunk, mild] : {std::pair{16, false}, {32, true}, {64, false}, {64, true}}) {
-      RecCase c(name, {{"form", "chunk"}, {"chunk", chunk}}, 1, 4, 2, 1000, 20, 71 + chunk);
+    for (const auto& [chunk, mild, dv] : {Config{16, false, 20}, Config{32, true, 20}, Config{64, false, 20},
+                                          Config{64, true, 20}, Config{32, false, 40}, Config{16, true, 8}}) {
+      RecCase c(name, {{"form", "chunk"}, {"chunk", chunk}}, 1, 4, 2, 1000, 20, 71 + chunk, dv);
       c.with_initial_state(72);
       for (std::size_t e = 0; e < c.g.numel(); ++e) {
         const std::size_t t = (e / (c.g.numel() / 4000)) % 1000;  // token of element e (4 heads)
@@ -386,7 +442,7 @@ TEST_CASE("recurrences: the chunkwise backward at n = 1000 against fp64, gates d
       }
       for (std::size_t e = 0; e < c.beta.numel(); ++e)
         c.beta.data[e] = e % 5 == 0 ? 1e-6f : e % 5 == 1 ? 1.0f : c.beta.data[e];
-      FloatArray d_out(c.q.shape);
+      FloatArray d_out(c.out.shape);
       fill_normal(d_out.ptr(), static_cast<int64_t>(d_out.numel()), 73);
       const Trained got = train(c, d_out);
       const Trained want = reference_grads(c, d_out);
@@ -406,6 +462,68 @@ TEST_CASE("recurrences: the chunkwise backward at n = 1000 against fp64, gates d
       CHECK(max_abs(got.dk.ptr(), wk.data(), wk.size()) <= tol.dk);
       CHECK(max_abs(got.dv.ptr(), wv.data(), wv.size()) <= tol.dv);
     }
+}
+
+// The chunk form's kernels are compiled once per SIMD target, and their vector loops and scalar tails split
+// d_k and d_v columns differently on each (16, 8, 4 lanes or 1): every supported target runs the d_k != d_v
+// widths, forward (both forms) and the chunkwise backward, against the fp64 definition.
+TEST_CASE("recurrences: d_k != d_v on every supported SIMD target, forward and chunkwise backward",
+          "[recurrent]") {
+  for (const std::string& isa : simd::isa_info().supported) {
+    const simd::ScopedIsa scoped(isa);
+    REQUIRE(simd::active_isa() == isa);
+    for (const auto& [dk, dv] : kWidths)
+      for (const char* name : kVariants) {
+        for (const Json& form : {Json{{"chunk", 16}}, Json{{"form", "recurrent"}}}) {
+          RecCase c(name, form, 1, 4, 2, 45, dk, 81, dv);  // 45 = 2 x 16 + 13
+          INFO(isa);
+          expect_matches(c);
+        }
+        RecCase c(name, {{"chunk", 16}}, 1, 4, 2, 45, dk, 83, dv);
+        c.with_initial_state(84);
+        FloatArray d_out(c.out.shape);
+        fill_normal(d_out.ptr(), static_cast<int64_t>(d_out.numel()), 85);
+        const Trained got = train(c, d_out);
+        const Trained want = reference_grads(c, d_out);
+        INFO(isa << " " << c.p.repro());
+        CHECK(rel_l2(got.dq, want.dq) <= 1e-5);
+        CHECK(rel_l2(got.dk, want.dk) <= 1e-5);
+        CHECK(rel_l2(got.dv, want.dv) <= 1e-5);
+        CHECK(rel_l2(got.ds0, want.ds0) <= 1e-5);
+        if (c.g.numel()) CHECK(rel_l2(got.dg, want.dg) <= 1e-5);
+        if (c.beta.numel()) CHECK(rel_l2(got.dbeta, want.dbeta) <= 1e-5);
+      }
+  }
+}
+
+TEST_CASE("recurrences: FLOPs and workspace count d_k and d_v apart", "[recurrent]") {
+  auto problem = [](const char* name, const Json& params, int64_t dk, int64_t dv) {
+    Problem p = make_problem(name, params);
+    p.heads = 4, p.seq_q = p.seq_kv = 1000, p.head_dim = dk, p.v_head_dim = dv, p.mask.causal = true;
+    return p;
+  };
+  for (const char* name : kVariants) {
+    const Attention& v = Registry::instance().get(name);
+    INFO(name);
+    // The recurrent form's work is all on the d_k x d_v state: proportional to d_k d_v.
+    const Json rec = {{"form", "recurrent"}};
+    CHECK(v.flops(problem(name, rec, 64, 32)) == v.flops(problem(name, rec, 32, 64)));
+    CHECK(v.flops(problem(name, rec, 64, 32)) == 0.5 * v.flops(problem(name, rec, 64, 64)));
+    CHECK(v.backward_flops(problem(name, rec, 64, 32)) == 0.5 * v.backward_flops(problem(name, rec, 64, 64)));
+    // The chunk form's products: between the square problems on either side, in every count.
+    for (const auto& [dk, dv] : {std::pair<int64_t, int64_t>{64, 32}, {32, 64}}) {
+      const Problem small = problem(name, Json::object(), 32, 32),
+                    mid = problem(name, Json::object(), dk, dv), big = problem(name, Json::object(), 64, 64);
+      CHECK(v.flops(small) < v.flops(mid));
+      CHECK(v.flops(mid) < v.flops(big));
+      CHECK(v.backward_flops(small) < v.backward_flops(mid));
+      CHECK(v.backward_flops(mid) < v.backward_flops(big));
+      CHECK(v.workspace_bytes(small, 2) < v.workspace_bytes(mid, 2));
+      CHECK(v.workspace_bytes(mid, 2) < v.workspace_bytes(big, 2));
+      CHECK(v.backward_workspace_bytes(small, 2) < v.backward_workspace_bytes(mid, 2));
+      CHECK(v.backward_workspace_bytes(mid, 2) < v.backward_workspace_bytes(big, 2));
+    }
+  }
 }
 
 TEST_CASE("recurrences: hostile inputs are clear errors", "[recurrent]") {
@@ -465,12 +583,14 @@ FloatArray token_slice(const FloatArray& src, int64_t blocks, int64_t n, int64_t
 
 // One decode step of `whole`'s variant at token t: seq_q = 1, seq_kv = t + 1 under causal_lower_right, the
 // context's K, V, g, beta as given (the tokens before t are there, as in a KV cache, and must not be read),
-// from `state`; writes the output row of every head into `out` ([batch, heads, d]) and the new state.
+// from `state` ([batch, heads, d_k, d_v]); writes the output row of every head into `out` ([batch, heads,
+// d_v]) and the new state.
 void decode_step(const RecCase& whole, const Json& params, int64_t t, FloatArray& state, FloatArray& out) {
   const Problem& pw = whole.p;
   const int64_t n = pw.seq_q, d = pw.head_dim, bh = pw.batch * pw.heads, bkv = pw.batch * pw.num_kv_heads();
   Problem p = make_problem(pw.variant, params);
   p.batch = pw.batch, p.heads = pw.heads, p.kv_heads = pw.kv_heads, p.head_dim = d;
+  p.v_head_dim = pw.v_head_dim;
   p.seq_q = 1, p.seq_kv = t + 1;
   p.mask.causal_lower_right = true;
   p.initial_state = true;
@@ -493,102 +613,113 @@ void decode_step(const RecCase& whole, const Json& params, int64_t t, FloatArray
 TEST_CASE("recurrences: chunked prefill then token-by-token decode equals one chunkwise call",
           "[recurrent]") {
   // Prefill lengths with an uneven final chunk for each chunk size (77 = 4 x 16 + 13, 50 = 7 x 7 + 1,
-  // 130 = 2 x 64 + 2), then 20 decode steps; grouped-query heads (4 query heads on 2 K/V heads).
+  // 130 = 2 x 64 + 2), then 20 decode steps; grouped-query heads (4 query heads on 2 K/V heads); d_k = d_v,
+  // then a d_k x d_v state both ways (d_v wider, 24, and narrower, 8).
   struct Split {
     int64_t chunk, prefill;
     const char* decode_form;
   };
   const Split splits[] = {{16, 77, "chunk"}, {7, 50, "recurrent"}, {64, 130, "chunk"}};
-  const int64_t steps = 20, d = 16, whole_chunk = 32;
-  for (const char* name : kVariants)
-    for (const Split& s : splits) {
-      const int64_t n = s.prefill + steps;
-      RecCase whole(name, {{"chunk", whole_chunk}}, 1, 4, 2, n, d, 91);
-      whole.run();
-      // The chunked prefill: one chunk-form call on the first tokens, keeping its final state.
-      RecCase pre(name, {{"chunk", s.chunk}}, 1, 4, 2, s.prefill, d, 91);
-      pre.q = token_slice(whole.q, 4, n, 0, s.prefill);
-      pre.k = token_slice(whole.k, 2, n, 0, s.prefill), pre.v = token_slice(whole.v, 2, n, 0, s.prefill);
-      if (whole.g.numel()) pre.g = token_slice(whole.g, 4, n, 0, s.prefill);
-      if (whole.beta.numel()) pre.beta = token_slice(whole.beta, 4, n, 0, s.prefill);
-      pre.run();
-      FloatArray state = pre.fin, row({1, 4, d});
-      std::vector<double> joined(whole.out.numel());
-      for (int64_t h = 0; h < 4; ++h)
-        for (int64_t t = 0; t < s.prefill; ++t)
-          for (int64_t j = 0; j < d; ++j)
-            joined[(h * n + t) * d + j] = pre.out.data[(h * s.prefill + t) * d + j];
-      for (int64_t t = s.prefill; t < n; ++t) {
-        decode_step(whole, {{"form", s.decode_form}, {"chunk", s.chunk}}, t, state, row);
+  const int64_t steps = 20, whole_chunk = 32;
+  for (const auto& [d, dv] : {std::pair<int64_t, int64_t>{16, 16}, {16, 24}, {32, 8}})
+    for (const char* name : kVariants)
+      for (const Split& s : splits) {
+        const int64_t n = s.prefill + steps;
+        RecCase whole(name, {{"chunk", whole_chunk}}, 1, 4, 2, n, d, 91, dv);
+        whole.run();
+        // The chunked prefill: one chunk-form call on the first tokens, keeping its final state.
+        RecCase pre(name, {{"chunk", s.chunk}}, 1, 4, 2, s.prefill, d, 91, dv);
+        pre.q = token_slice(whole.q, 4, n, 0, s.prefill);
+        pre.k = token_slice(whole.k, 2, n, 0, s.prefill), pre.v = token_slice(whole.v, 2, n, 0, s.prefill);
+        if (whole.g.numel()) pre.g = token_slice(whole.g, 4, n, 0, s.prefill);
+        if (whole.beta.numel()) pre.beta = token_slice(whole.beta, 4, n, 0, s.prefill);
+        pre.run();
+        REQUIRE(pre.fin.numel() == static_cast<std::size_t>(4 * d * dv));
+        FloatArray state = pre.fin, row({1, 4, dv});
+        std::vector<double> joined(whole.out.numel());
         for (int64_t h = 0; h < 4; ++h)
-          for (int64_t j = 0; j < d; ++j) joined[(h * n + t) * d + j] = row.data[h * d + j];
+          for (int64_t t = 0; t < s.prefill; ++t)
+            for (int64_t j = 0; j < dv; ++j)
+              joined[(h * n + t) * dv + j] = pre.out.data[(h * s.prefill + t) * dv + j];
+        for (int64_t t = s.prefill; t < n; ++t) {
+          decode_step(whole, {{"form", s.decode_form}, {"chunk", s.chunk}}, t, state, row);
+          for (int64_t h = 0; h < 4; ++h)
+            for (int64_t j = 0; j < dv; ++j) joined[(h * n + t) * dv + j] = row.data[h * dv + j];
+        }
+        // Why this bound: the split run and the one call are both fp32 evaluations of one recurrence. Each
+        // step of either commits a local rounding of at most (d_k + 8 + C) u (1 + ||k||^2)^2 (||S|| + ||v||),
+        // u = 2^-24, C the chunk (0 for a recurrent step; the forward's sums run over d_k and C, not d_v),
+        // and both propagate it through the same transitions (recurrence_abs_tolerance's derivation): so each
+        // is within the bound derived for the whole sequence at the larger chunk, from epsilon, d_k, C and
+        // the length, of the fp64 definition, and they are within twice it of each other. The same holds for
+        // the state with its running bound (recurrence_state_tolerance).
+        RecurrenceConfig cfg;
+        {
+          const Json params = {{"chunk", std::max(s.chunk, whole_chunk)}};
+          Problem wide = make_problem(name, params);
+          wide.batch = 1, wide.heads = 4, wide.kv_heads = 2, wide.seq_q = wide.seq_kv = n, wide.head_dim = d;
+          wide.v_head_dim = dv;
+          wide.mask.causal = true;
+          cfg.kind.gate = whole.variant.capabilities().gate;
+          cfg.kind.retention = std::string(name) == "retention";
+          cfg.kind.delta = is_delta(name);
+          cfg.kind.normalize_keys = is_delta(name);
+          cfg.chunk = std::max(s.chunk, whole_chunk);
+          const double out_bound = 2 * whole.variant.abs_tolerance(wide, whole.inputs());
+          const double state_bound = 2 * recurrence_state_tolerance(wide, whole.inputs(), cfg);
+          INFO(wide.repro() + " chunk " + std::to_string(s.chunk) + " prefill " + std::to_string(s.prefill) +
+               ": output bound " + std::to_string(out_bound) + ", state bound " +
+               std::to_string(state_bound));
+          CHECK(max_abs(whole.out.ptr(), joined.data(), joined.size()) <= out_bound);
+          const std::vector<double> fin(state.data.begin(), state.data.end());
+          CHECK(max_abs(whole.fin.ptr(), fin.data(), fin.size()) <= state_bound);
+          // And both within 1e-5 relative, as every form is of the fp64 recurrence.
+          CHECK(rel_l2(whole.out.ptr(), joined.data(), joined.size()) <= 1e-5);
+          CHECK(rel_l2(whole.fin.ptr(), fin.data(), fin.size()) <= 1e-5);
+        }
       }
-      // Why this bound: the split run and the one call are both fp32 evaluations of one recurrence. Each
-      // step of either commits a local rounding of at most (d + 8 + C) u (1 + ||k||^2)^2 (||S|| + ||v||),
-      // u = 2^-24, C the chunk (0 for a recurrent step), and both propagate it through the same transitions
-      // (recurrence_abs_tolerance's derivation): so each is within the bound derived for the whole sequence
-      // at the larger chunk, from epsilon, d, C and the length, of the fp64 definition, and they are within
-      // twice it of each other. The same holds for the state with its running bound
-      // (recurrence_state_tolerance).
-      RecurrenceConfig cfg;
-      {
-        const Json params = {{"chunk", std::max(s.chunk, whole_chunk)}};
-        Problem wide = make_problem(name, params);
-        wide.batch = 1, wide.heads = 4, wide.kv_heads = 2, wide.seq_q = wide.seq_kv = n, wide.head_dim = d;
-        wide.mask.causal = true;
-        cfg.kind.gate = whole.variant.capabilities().gate;
-        cfg.kind.retention = std::string(name) == "retention";
-        cfg.kind.delta = is_delta(name);
-        cfg.kind.normalize_keys = is_delta(name);
-        cfg.chunk = std::max(s.chunk, whole_chunk);
-        const double out_bound = 2 * whole.variant.abs_tolerance(wide, whole.inputs());
-        const double state_bound = 2 * recurrence_state_tolerance(wide, whole.inputs(), cfg);
-        INFO(std::string(name) + " chunk " + std::to_string(s.chunk) + " prefill " +
-             std::to_string(s.prefill) + ": output bound " + std::to_string(out_bound) + ", state bound " +
-             std::to_string(state_bound));
-        CHECK(max_abs(whole.out.ptr(), joined.data(), joined.size()) <= out_bound);
-        const std::vector<double> fin(state.data.begin(), state.data.end());
-        CHECK(max_abs(whole.fin.ptr(), fin.data(), fin.size()) <= state_bound);
-        // And both within 1e-5 relative, as every form is of the fp64 recurrence.
-        CHECK(rel_l2(whole.out.ptr(), joined.data(), joined.size()) <= 1e-5);
-        CHECK(rel_l2(whole.fin.ptr(), fin.data(), fin.size()) <= 1e-5);
-      }
-    }
 }
 
-TEST_CASE("recurrences: a decode step reads only its own token's K, V, g, beta and costs O(d^2) per head",
+TEST_CASE("recurrences: a decode step reads only its own token's K, V, g, beta and costs O(d_k d_v) per head",
           "[recurrent]") {
-  for (const char* name : kVariants) {
-    const int64_t n = 40, d = 8;
-    RecCase whole(name, Json::object(), 1, 2, 0, n, d, 7);
-    FloatArray state({1, 2, d, d}), clean({1, 2, d}), poisoned({1, 2, d});
-    fill_normal(state.ptr(), static_cast<int64_t>(state.numel()), 5, 0.5);
-    FloatArray s1 = state, s2 = state;
-    decode_step(whole, Json::object(), n - 1, s1, clean);
-    // NaN in every earlier token: a step that read them would give NaN.
-    for (FloatArray* x : {&whole.k, &whole.v, &whole.g, &whole.beta}) {
-      const int64_t blocks = x == &whole.k || x == &whole.v ? whole.p.num_kv_heads() : whole.p.heads;
-      if (!x->numel()) continue;
-      const int64_t width = static_cast<int64_t>(x->numel()) / (blocks * n);
-      for (int64_t b = 0; b < blocks; ++b)
-        std::fill_n(x->ptr() + b * n * width, (n - 1) * width, std::nanf(""));
+  for (const int64_t dv : {8, 12})  // d_v = d_k, then wider
+    for (const char* name : kVariants) {
+      const int64_t n = 40, d = 8;
+      RecCase whole(name, Json::object(), 1, 2, 0, n, d, 7, dv);
+      FloatArray state({1, 2, d, dv}), clean({1, 2, dv}), poisoned({1, 2, dv});
+      fill_normal(state.ptr(), static_cast<int64_t>(state.numel()), 5, 0.5);
+      FloatArray s1 = state, s2 = state;
+      decode_step(whole, Json::object(), n - 1, s1, clean);
+      // NaN in every earlier token: a step that read them would give NaN.
+      for (FloatArray* x : {&whole.k, &whole.v, &whole.g, &whole.beta}) {
+        const int64_t blocks = x == &whole.k || x == &whole.v ? whole.p.num_kv_heads() : whole.p.heads;
+        if (!x->numel()) continue;
+        const int64_t width = static_cast<int64_t>(x->numel()) / (blocks * n);
+        for (int64_t b = 0; b < blocks; ++b)
+          std::fill_n(x->ptr() + b * n * width, (n - 1) * width, std::nanf(""));
+      }
+      decode_step(whole, Json::object(), n - 1, s2, poisoned);
+      INFO(whole.p.repro());
+      CHECK(clean.data == poisoned.data);
+      CHECK(s1.data == s2.data);
+      // The same work and workspace at any context.
+      Problem a = make_problem(name), b = make_problem(name);
+      for (Problem* p : {&a, &b}) {
+        p->heads = 8, p->head_dim = 64, p->seq_q = 1, p->mask.causal_lower_right = true,
+        p->initial_state = true;
+      }
+      a.seq_kv = 1024, b.seq_kv = 32768;
+      CHECK(whole.variant.flops(a) == whole.variant.flops(b));
+      CHECK(whole.variant.workspace_bytes(a, 2) == whole.variant.workspace_bytes(b, 2));
+      CHECK(whole.variant.decode_state_bytes(b) == 8u * 64 * 64 * sizeof(float));
+      CHECK(kv_cache_bytes(b) == 2u * 8 * 32768 * 64 * sizeof(float));
+      // d_v = 32 beside d_k = 64: the state is d_k x d_v per head, and still independent of the context.
+      a.v_head_dim = b.v_head_dim = 32;
+      CHECK(whole.variant.unsupported_reasons_text(b).empty());
+      CHECK(whole.variant.flops(a) == whole.variant.flops(b));
+      CHECK(whole.variant.workspace_bytes(a, 2) == whole.variant.workspace_bytes(b, 2));
+      CHECK(whole.variant.decode_state_bytes(b) == 8u * 64 * 32 * sizeof(float));
     }
-    decode_step(whole, Json::object(), n - 1, s2, poisoned);
-    INFO(name);
-    CHECK(clean.data == poisoned.data);
-    CHECK(s1.data == s2.data);
-    // The same work and workspace at any context.
-    Problem a = make_problem(name), b = make_problem(name);
-    for (Problem* p : {&a, &b}) {
-      p->heads = 8, p->head_dim = 64, p->seq_q = 1, p->mask.causal_lower_right = true,
-      p->initial_state = true;
-    }
-    a.seq_kv = 1024, b.seq_kv = 32768;
-    CHECK(whole.variant.flops(a) == whole.variant.flops(b));
-    CHECK(whole.variant.workspace_bytes(a, 2) == whole.variant.workspace_bytes(b, 2));
-    CHECK(whole.variant.decode_state_bytes(b) == 8u * 64 * 64 * sizeof(float));
-    CHECK(kv_cache_bytes(b) == 2u * 8 * 32768 * 64 * sizeof(float));
-  }
 }
 
 TEST_CASE("recurrences: a decode problem without an initial state is refused with the reason",
@@ -680,38 +811,43 @@ TEST_CASE("sweep decode points: a state from the chunkwise prefill, rows with ow
 }
 
 TEST_CASE("recurrences: a bf16 / fp16 decode step widens only its own token", "[recurrent]") {
-  for (const char* name : kVariants)
-    for (DType t : {DType::bf16, DType::fp16}) {
-      const int64_t n = 64, d = 8;
-      RecCase whole(name, Json::object(), 1, 4, 2, n, d, 17);
-      Problem p = make_problem(name);
-      p.heads = 4, p.kv_heads = 2, p.head_dim = d, p.seq_q = 1, p.seq_kv = n, p.dtype = t;
-      p.mask.causal_lower_right = true;
-      p.initial_state = true;
-      FloatArray state({1, 4, d, d}), out({1, 4, 1, d});
-      fill_normal(state.ptr(), static_cast<int64_t>(state.numel()), 9, 0.5);
-      const FloatArray q = token_slice(whole.q, 4, n, n - 1, 1);
-      AttentionInputs in;
-      in.q = q.ptr(), in.k = whole.k.ptr(), in.v = whole.v.ptr();
-      in.g = whole.g.numel() ? whole.g.ptr() : nullptr;
-      in.beta = whole.beta.numel() ? whole.beta.ptr() : nullptr;
-      in.initial_state = state.ptr();
-      const StoredInputs stored(p, in);
-      AttentionInputs s16 = stored.get();
-      s16.out = out.ptr();
-      DoubleArray want({1, 4, 1, d});
-      whole.variant.reference_forward(p, s16, want.ptr());
-      // NaN (fp16) or 2^125 (bf16) in every earlier token's 16-bit K and V rows: the step reads none of them.
-      std::vector<uint16_t> k(s16.k16, s16.k16 + whole.k.numel()), v(s16.v16, s16.v16 + whole.v.numel());
-      for (int64_t b = 0; b < 2; ++b)
-        for (int64_t e = 0; e < (n - 1) * d; ++e) k[b * n * d + e] = v[b * n * d + e] = 0x7e00;
-      s16.k16 = k.data(), s16.v16 = v.data();
-      whole.variant.run(p, s16);
-      INFO(std::string(name) + " " + dtype_name(t));
-      CHECK(max_abs(out.ptr(), want.ptr(), out.numel()) <= whole.variant.abs_tolerance(p, stored.get()));
-      // It widens the step's tokens, not the context: the same workspace at any context.
-      Problem longer = p;
-      longer.seq_kv = 32768;
-      CHECK(whole.variant.workspace_bytes(longer, 2) == whole.variant.workspace_bytes(p, 2));
-    }
+  for (const int64_t dv : {8, 20})  // d_v = d_k, then wider
+    for (const char* name : kVariants)
+      for (DType t : {DType::bf16, DType::fp16}) {
+        const int64_t n = 64, d = 8;
+        RecCase whole(name, Json::object(), 1, 4, 2, n, d, 17, dv);
+        Problem p = make_problem(name);
+        p.heads = 4, p.kv_heads = 2, p.head_dim = d, p.v_head_dim = dv, p.seq_q = 1, p.seq_kv = n,
+        p.dtype = t;
+        p.mask.causal_lower_right = true;
+        p.initial_state = true;
+        FloatArray state({1, 4, d, dv}), out({1, 4, 1, dv});
+        fill_normal(state.ptr(), static_cast<int64_t>(state.numel()), 9, 0.5);
+        const FloatArray q = token_slice(whole.q, 4, n, n - 1, 1);
+        AttentionInputs in;
+        in.q = q.ptr(), in.k = whole.k.ptr(), in.v = whole.v.ptr();
+        in.g = whole.g.numel() ? whole.g.ptr() : nullptr;
+        in.beta = whole.beta.numel() ? whole.beta.ptr() : nullptr;
+        in.initial_state = state.ptr();
+        const StoredInputs stored(p, in);
+        AttentionInputs s16 = stored.get();
+        s16.out = out.ptr();
+        DoubleArray want({1, 4, 1, dv});
+        whole.variant.reference_forward(p, s16, want.ptr());
+        // NaN (fp16) or 2^125 (bf16) in every earlier token's 16-bit K and V rows: the step reads none of
+        // them.
+        std::vector<uint16_t> k(s16.k16, s16.k16 + whole.k.numel()), v(s16.v16, s16.v16 + whole.v.numel());
+        for (int64_t b = 0; b < 2; ++b) {
+          for (int64_t e = 0; e < (n - 1) * d; ++e) k[b * n * d + e] = 0x7e00;
+          for (int64_t e = 0; e < (n - 1) * dv; ++e) v[b * n * dv + e] = 0x7e00;
+        }
+        s16.k16 = k.data(), s16.v16 = v.data();
+        whole.variant.run(p, s16);
+        INFO(p.repro());
+        CHECK(max_abs(out.ptr(), want.ptr(), out.numel()) <= whole.variant.abs_tolerance(p, stored.get()));
+        // It widens the step's tokens, not the context: the same workspace at any context.
+        Problem longer = p;
+        longer.seq_kv = 32768;
+        CHECK(whole.variant.workspace_bytes(longer, 2) == whole.variant.workspace_bytes(p, 2));
+      }
 }

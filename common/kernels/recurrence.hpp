@@ -14,9 +14,10 @@
 // chunk). The fp64 reference is the definition token by token in double; the backward is reverse mode through
 // the recurrence, recomputing the states of each chunk of C tokens from a checkpoint kept every C tokens.
 //
-// Layout: q [batch, heads, seq, d], k and v [batch, kv_heads, seq, d] (d_k = d_v = head_dim: the interface
-// has one head_dim), g [batch, heads, seq] (scalar) or [batch, heads, seq, d] (vector), beta [batch, heads,
-// seq], states [batch, heads, d, d]. Grouped-query heads read K/V head p.kv_head_of(h).
+// Layout, with d_k = p.head_dim and d_v = p.value_dim(): q [batch, heads, seq, d_k], k [batch, kv_heads, seq,
+// d_k], v [batch, kv_heads, seq, d_v], the output (and dO) [batch, heads, seq, d_v], g [batch, heads, seq]
+// (scalar) or [batch, heads, seq, d_k] (vector: one decay per key channel, i.e. per row of S), beta [batch,
+// heads, seq], states [batch, heads, d_k, d_v]. Grouped-query heads read K/V head p.kv_head_of(h).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -51,14 +52,14 @@ void check_recurrence_inputs(const Problem& p, const AttentionInputs& in, const 
 // (one TBB task per (batch, query head)). Q, K, V fp32 in in.q, in.k, in.v.
 void recurrence_forward(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg);
 
-// The fp64 definition, token by token: out [batch, heads, seq, d]; final_state [batch, heads, d, d] when
-// not null.
+// The fp64 definition, token by token: out [batch, heads, seq, d_v]; final_state [batch, heads, d_k, d_v]
+// when not null.
 void recurrence_reference(const Problem& p, const AttentionInputs& in, const RecurrenceKind& kind,
                           double* out, double* final_state = nullptr);
 
 // Gradients of L = sum(d_out * O) (no gradient flows into the final state). Null pointers: not wanted
-// (dq, dk, dv are always written). dk, dv: K's shape, summed over each grouped-query group; dg: g's shape;
-// dbeta: beta's; d_initial_state: [batch, heads, d, d].
+// (dq, dk, dv are always written). dq: Q's shape; dk, dv: K's and V's shapes, summed over each grouped-query
+// group; dg: g's shape; dbeta: beta's; d_initial_state: [batch, heads, d_k, d_v]. d_out: the output's shape.
 template <class T>
 struct RecurrenceGrads {
   T* dq = nullptr;
@@ -95,14 +96,15 @@ std::size_t recurrence_backward_workspace_bytes(const Problem& p, const Recurren
 void recurrence_chunk_forward(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg);
 
 // One (batch, query head)'s view of the inputs, shared by both forms (internal, but both .cpp files use it).
+// dk: the width of q, k and a vector gate (the state's rows); dv: of v and the output (the state's columns).
 struct HeadInputs {
-  int64_t n = 0, d = 0;
-  const float* q = nullptr;     // n x d
-  const float* k = nullptr;     // n x d (the K/V head's rows)
-  const float* v = nullptr;     // n x d
-  const float* g = nullptr;     // n (scalar) or n x d (vector); null: no gate input
+  int64_t n = 0, dk = 0, dv = 0;
+  const float* q = nullptr;     // n x dk
+  const float* k = nullptr;     // n x dk (the K/V head's rows)
+  const float* v = nullptr;     // n x dv
+  const float* g = nullptr;     // n (scalar) or n x dk (vector); null: no gate input
   const float* beta = nullptr;  // n; null unless delta
-  const float* s0 = nullptr;    // d x d or null
+  const float* s0 = nullptr;    // dk x dv or null
   double log_gamma = 0;         // retention's constant log decay (0 otherwise)
   double scale = 1;
 };
@@ -110,7 +112,7 @@ HeadInputs head_inputs(const Problem& p, const AttentionInputs& in, const Recurr
                        int64_t h);
 
 // The chunk form's backward of one (batch, head) (recurrence_chunk_backward.cpp): g's pointers are that
-// head's rows (dq, dk, dv always; dg, dbeta, d_initial_state when not null).
+// head's rows (dq, dk, dv always; dg, dbeta, d_initial_state when not null); d_out: its n x dv rows.
 void recurrence_chunk_head_backward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t chunk,
                                     const float* d_out, const RecurrenceGrads<float>& g);
 // Whether the configured form's backward is the chunkwise one.

@@ -4,20 +4,21 @@
 // guard).
 //
 // The chunkwise-parallel form of the gated / delta-rule recurrences (common/kernels/recurrence.hpp). Per
-// (batch, head), chunks of C tokens in order, the state S (d x d, fp32) carried across. Inside a chunk, with
-// Gamma_t = sum of the log decays from the chunk's start to token t (inclusive), and u_t the value row each
-// token adds (v_t, or the delta rule's beta_t (v_t - exp(g_t) k_t S_{t-1})):
+// (batch, head), chunks of C tokens in order, the state S (d_k x d_v, fp32) carried across. Inside a chunk,
+// with Gamma_t = sum of the log decays from the chunk's start to token t (inclusive), and u_t the value row
+// each token adds (v_t, or the delta rule's beta_t (v_t - exp(g_t) k_t S_{t-1})):
 //
 //   S_t = exp(Gamma_t) S_0 + sum_{s <= t} exp(Gamma_t - Gamma_s) k_sᵀ u_s        (scalar gates)
 //   o_t = scale (exp(Gamma_t) q_t S_0 + sum_{s <= t} exp(Gamma_t - Gamma_s) (q_t . k_s) u_s)
 //
 // i.e. O = scale (diag(e^Gamma) Q S_0 + (Q Kᵀ ⊙ D) U) with D_ts = exp(Gamma_t - Gamma_s) below the diagonal,
-// and S_C = e^Gamma_C S_0 + (diag(e^(Gamma_C - Gamma)) K)ᵀ U. Vector gates (gla) make every exponent per key
-// channel. The delta rule's U solves (I + A) U = diag(beta) (V - diag(e^Gamma) K S_0) with A_ts = beta_t
-// D_ts (k_t . k_s) strictly below the diagonal: the UT transform of DeltaNet / Gated DeltaNet (Yang et al.
-// 2024; flash-linear-attention's chunk_delta_rule computes T = (I + A)^-1 and W = T diag(beta) K,
-// U = T diag(beta) V to run chunks in parallel; here chunks run in order with the state known, so one forward
-// substitution on the combined right-hand side replaces T, W and U).
+// and S_C = e^Gamma_C S_0 + (diag(e^(Gamma_C - Gamma)) K)ᵀ U. The scores Q Kᵀ (C x C) are sums over d_k; U,
+// the products with U and S's columns are d_v wide. Vector gates (gla) make every exponent per key channel
+// (d_k of them). The delta rule's U (C x d_v) solves (I + A) U = diag(beta) (V - diag(e^Gamma) K S_0) with
+// A_ts = beta_t D_ts (k_t . k_s) strictly below the diagonal: the UT transform of DeltaNet / Gated DeltaNet
+// (Yang et al. 2024; flash-linear-attention's chunk_delta_rule computes T = (I + A)^-1 and W = T diag(beta)
+// K, U = T diag(beta) V to run chunks in parallel; here chunks run in order with the state known, so one
+// forward substitution on the combined right-hand side replaces T, W and U).
 //
 // Overflow and underflow: every exponential taken is of Gamma_t - Gamma_s with s <= t (or of Gamma_t,
 // Gamma_C - Gamma_s, relative to the chunk start or end), all <= 0, so no factor exceeds 1; the cumulative
@@ -30,9 +31,9 @@
 // vector_scores), and takes the diagonal blocks elementwise.
 //
 // The exponentials are the softmax's exp2 polynomial (common/kernels/simd-inl.hpp: <= 1.5 ulp, 0 below
-// 2^-126) of x log2(e), x the fp32 difference (std::exp for the last columns when d is not a multiple of the
-// vector): rounding x and the log2(e) multiply change e^x by at most e^x |x| 2^-24 <= 2^-24 / e in absolute
-// terms, as the factors multiply quantities they are bounded against.
+// 2^-126) of x log2(e), x the fp32 difference (std::exp for the last columns when d_k is not a multiple of
+// the vector): rounding x and the log2(e) multiply change e^x by at most e^x |x| 2^-24 <= 2^-24 / e in
+// absolute terms, as the factors multiply quantities they are bounded against.
 #if defined(ATTN_COMMON_RECURRENCE_CHUNK_INL_HPP_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ATTN_COMMON_RECURRENCE_CHUNK_INL_HPP_
 #undef ATTN_COMMON_RECURRENCE_CHUNK_INL_HPP_
@@ -59,29 +60,30 @@ using simd::HWY_NAMESPACE::kPadLanes;
 constexpr int64_t kGlaBlock = 16;  // gla's intra-chunk block of query rows (see above)
 constexpr float kLog2e = 1.4426950408889634f;
 
-// One head's buffers for one chunk (at most C rows).
+// One head's buffers for one chunk (at most C rows), d_k the width of Q, K and the gates, d_v of V.
 struct ChunkBuffers {
-  // qk: [K; Q] (2C x d: the chunk's normalised keys, then its queries; the delta rule); kt: Kᵀ (d x C); x:
-  // [K; Q] S_0 (2C x d; gla: scratch); bp: [K; Q] Kᵀ (2C x C); a: the masked, decayed scores (C x C); dm: D
-  // (C x C, scalar gates); u, kd, qg: C x d (gla's off-diagonal blocks keep kd transposed, d x C); s: the
-  // state (d x d); xd: exponent differences (C x d + d).
+  // qk: [K; Q] (2C x d_k: the chunk's normalised keys, then its queries; the delta rule); kt: Kᵀ (d_k x C);
+  // x: [K; Q] S_0 (2C x d_v; gla: the d_k x C scratch of vector_scores); bp: [K; Q] Kᵀ (2C x C); a: the
+  // masked, decayed scores (C x C); dm: D (C x C, scalar gates); u: the delta rule's U (C x d_v; gla: a row
+  // of d_k scratch); kd, qg: C x d_k (gla's off-diagonal blocks keep kd transposed, d_k x C); s: the state
+  // (d_k x d_v); xd: exponent differences (C x d_k + d_k).
   std::vector<float> qk, kt, x, bp, a, dm, u, kd, qg, s, xd;
-  std::vector<double> gam;                   // C (scalar) or C x d (vector) cumulative log decays
+  std::vector<double> gam;                   // C (scalar) or C x d_k (vector) cumulative log decays
   const float *kp = nullptr, *qp = nullptr;  // the chunk's keys and queries (load_rows)
   std::vector<float> ed, el;                 // C: e^Gamma_t, e^(Gamma_C - Gamma_t) (scalar gates)
-  ChunkBuffers(int64_t c, int64_t d)
-      : qk(2 * c * d),
-        kt(c * d),
-        x(2 * c * d),
+  ChunkBuffers(int64_t c, int64_t dk, int64_t dv)
+      : qk(2 * c * dk),
+        kt(c * dk),
+        x(c * std::max(2 * dv, dk)),
         bp(2 * c * c),
         a(c * c),
         dm(c * c),
-        u(c * d),
-        kd(c * d),
-        qg(c * d),
-        s(d * d),
-        xd(c * d + d),
-        gam(c * d),
+        u(std::max(c * dv, dk)),
+        kd(c * dk),
+        qg(c * dk),
+        s(dk * dv),
+        xd(c * dk + dk),
+        gam(c * dk),
         ed(c),
         el(c) {}
 };
@@ -253,8 +255,8 @@ inline float dot(const float* x, const float* y, int64_t n) {
 }
 
 // out[s - s0] = sum_c q_c k_sc exp(gt_c - g_sc) for s in [s0, s1) (gt <= g_s elementwise; k and g rows of
-// d), the differences in fp64, rounded once (into xd, (s1 - s0) x d). Four keys at a time: four independent
-// chains of exponentials and sums.
+// d = d_k), the differences in fp64, rounded once (into xd, (s1 - s0) x d). Four keys at a time: four
+// independent chains of exponentials and sums.
 inline void decayed_row(const float* q, const float* k, const double* gt, const double* g, int64_t s0,
                         int64_t s1, int64_t d, float* xd, float* out) {
   for (int64_t s = s0; s < s1; ++s)
@@ -295,7 +297,7 @@ inline void decayed_row(const float* q, const float* k, const double* gt, const 
 // [K; Q] in cb.qk for the delta rule (else the inputs themselves), and Kᵀ into cb.kt (but for gla).
 inline void load_rows(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, int64_t L,
                       ChunkBuffers& cb) {
-  const int64_t d = hi.d;
+  const int64_t d = hi.dk;
   cb.kp = hi.k + t0 * d, cb.qp = hi.q + t0 * d;
   if (kind.delta) {  // one product over [K; Q] each for [K; Q] Kᵀ and [K; Q] S_0
     for (int64_t i = 0; i < L; ++i) {
@@ -312,11 +314,11 @@ inline void load_rows(const HeadInputs& hi, const RecurrenceKind& kind, int64_t 
       for (int64_t c = 0; c < d; ++c) cb.kt[c * L + i] = cb.kp[i * d + c];
 }
 
-// Gamma_t (fp64) for the chunk; width 1 (scalar, retention, none) or d (vector). Scalar gates: also
+// Gamma_t (fp64) for the chunk; width 1 (scalar, retention, none) or d_k (vector). Scalar gates: also
 // e^Gamma_t, e^(Gamma_C - Gamma_t) and D (zero above the diagonal).
 inline void load_gammas(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, int64_t L,
                         ChunkBuffers& cb) {
-  const int64_t w = kind.gate == Gate::vector ? hi.d : 1;
+  const int64_t w = kind.gate == Gate::vector ? hi.dk : 1;
   double* gam = cb.gam.data();
   if (kind.gate == Gate::vector) {
     const float* g = hi.g + t0 * w;
@@ -340,7 +342,7 @@ inline void load_gammas(const HeadInputs& hi, const RecurrenceKind& kind, int64_
 }
 
 // The lower triangle of cb.bp = [K; Q] Kᵀ (K Kᵀ's only for the delta rule), then cb.a (L x L) = Q Kᵀ ⊙ D,
-// zero above the diagonal (scalar gates).
+// zero above the diagonal (scalar gates). d: d_k (the scores' sums).
 inline void scalar_scores(const RecurrenceKind& kind, int64_t L, int64_t d, ChunkBuffers& cb) {
   for (int64_t half = kind.delta ? 0 : 1; half < 2; ++half)
     gemm({.a = half ? cb.qp : cb.kp,
@@ -368,7 +370,7 @@ inline void scalar_scores(const RecurrenceKind& kind, int64_t L, int64_t d, Chun
 // every factor <= 1: q~_t = q_t ⊙ the first (once per query row), k~_s = k_s ⊙ the third (once per key row,
 // kept transposed in cb.kd), the middle one (d values per pair of blocks, 1 when j = i - 1) scales k~'s
 // columns of block j, and block row i is one product Q~_i [k~ of blocks 0 .. i-1]ᵀ. The diagonal blocks are
-// elementwise. (A factor below fp32's normal range is 0: the true product is smaller still.)
+// elementwise. (A factor below fp32's normal range is 0: the true product is smaller still.) d: d_k.
 inline void vector_scores(int64_t L, int64_t d, ChunkBuffers& cb) {
   const float* k = cb.kp;
   const float* q = cb.qp;
@@ -464,7 +466,8 @@ HWY_INLINE void substitute_columns(const float* m, int64_t L, float* U, int64_t 
   }
 }
 
-// U = (I + M)^-1 R in place (M strictly lower triangular, L x L row-major; U L x d holding R on entry).
+// U = (I + M)^-1 R in place (M strictly lower triangular, L x L row-major; U L x d holding R on entry, d its
+// columns: d_v for the delta rule's U).
 inline void forward_substitute(const float* m, int64_t L, float* U, int64_t d) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
@@ -479,7 +482,7 @@ inline void forward_substitute(const float* m, int64_t L, float* U, int64_t d) {
 // The delta rule's U into cb.u: (I + A) U = diag(beta) (V - diag(e^Gamma) K S_0), A_ts = beta_t D_ts k_t.k_s
 // (s < t), by forward substitution. cb.x holds [K; Q] S_0 and cb.bp [K; Q] Kᵀ (its first L rows become A).
 inline void delta_values(const HeadInputs& hi, int64_t t0, int64_t L, ChunkBuffers& cb) {
-  const int64_t d = hi.d;
+  const int64_t d = hi.dv;  // U, R, V and K S_0 are L x d_v
   const float* v = hi.v + t0 * d;
   const float* beta = hi.beta + t0;
   for (int64_t t = 0; t < L; ++t) {
@@ -494,7 +497,8 @@ inline void delta_values(const HeadInputs& hi, int64_t t0, int64_t L, ChunkBuffe
   forward_substitute(cb.bp.data(), L, cb.u.data(), d);
 }
 
-// cb.kd (L x d) = K ⊙ e^(Gamma_C - Gamma): each key row decayed to the chunk's end (per channel for gla).
+// cb.kd (L x d, d = d_k) = K ⊙ e^(Gamma_C - Gamma): each key row decayed to the chunk's end (per channel for
+// gla).
 inline void decayed_keys(const RecurrenceKind& kind, int64_t L, int64_t d, ChunkBuffers& cb) {
   const double* last = cb.gam.data() + (L - 1) * d;
   for (int64_t t = 0; t < L; ++t) {
@@ -505,30 +509,31 @@ inline void decayed_keys(const RecurrenceKind& kind, int64_t L, int64_t d, Chunk
   }
 }
 
-// The state from the chunk's start to its end: S = diag(e^Gamma_C) S + (K ⊙ e^(Gamma_C - Gamma))ᵀ U (U: the
-// value rows the tokens add, L x d).
-inline void carry_state(const RecurrenceKind& kind, int64_t L, int64_t d, const float* U, ChunkBuffers& cb) {
-  decayed_keys(kind, L, d, cb);
+// The state (d_k x d_v) from the chunk's start to its end: S = diag(e^Gamma_C) S + (K ⊙ e^(Gamma_C -
+// Gamma))ᵀ U (U: the value rows the tokens add, L x d_v).
+inline void carry_state(const RecurrenceKind& kind, int64_t L, int64_t dk, int64_t dv, const float* U,
+                        ChunkBuffers& cb) {
+  decayed_keys(kind, L, dk, cb);
   float* xd = cb.xd.data();
   if (kind.gate == Gate::vector) {
-    const double* last = cb.gam.data() + (L - 1) * d;
-    for (int64_t c = 0; c < d; ++c) xd[c] = static_cast<float>(last[c]);
-    exp_row(xd, xd, d);
-    for (int64_t c = 0; c < d; ++c)
-      for (int64_t j = 0; j < d; ++j) cb.s[c * d + j] *= xd[c];
+    const double* last = cb.gam.data() + (L - 1) * dk;
+    for (int64_t c = 0; c < dk; ++c) xd[c] = static_cast<float>(last[c]);
+    exp_row(xd, xd, dk);
+    for (int64_t c = 0; c < dk; ++c)
+      for (int64_t j = 0; j < dv; ++j) cb.s[c * dv + j] *= xd[c];
   } else {
     const float decay = cb.ed[L - 1];
-    for (int64_t e = 0; e < d * d; ++e) cb.s[e] *= decay;
+    for (int64_t e = 0; e < dk * dv; ++e) cb.s[e] *= decay;
   }
   gemm({.a = cb.kd.data(),
         .ars = 1,
-        .acs = d,
+        .acs = dk,
         .b = U,
-        .ldb = d,
+        .ldb = dv,
         .c = cb.s.data(),
-        .ldc = d,
-        .m = d,
-        .n = d,
+        .ldc = dv,
+        .m = dk,
+        .n = dv,
         .k = L,
         .accumulate = true});
 }

@@ -20,88 +20,88 @@
 HWY_BEFORE_NAMESPACE();
 namespace attn::chunk::HWY_NAMESPACE {  // hn, DF, Exp2, kPadLanes: recurrence_chunk-inl.hpp
 
-// O rows = scale (inter + intra), then the state moves to the chunk's end.
+// O rows (L x d_v) = scale (inter + intra), then the state moves to the chunk's end. U: L x d_v.
 void finish_chunk(const HeadInputs& hi, const RecurrenceKind& kind, int64_t L, const float* U, float* out,
                   ChunkBuffers& cb) {
-  const int64_t d = hi.d;
+  const int64_t dk = hi.dk, dv = hi.dv;
   const float* q = cb.qp;
   const float scale = static_cast<float>(hi.scale);
   if (kind.gate == Gate::vector) {  // (Q ⊙ e^Gamma) S_0
     for (int64_t t = 0; t < L; ++t)
-      mul_exp_diff(cb.gam.data() + t * d, nullptr, q + t * d, cb.qg.data() + t * d, d, cb.xd.data());
+      mul_exp_diff(cb.gam.data() + t * dk, nullptr, q + t * dk, cb.qg.data() + t * dk, dk, cb.xd.data());
     gemm({.a = cb.qg.data(),
-          .ars = d,
+          .ars = dk,
           .acs = 1,
           .b = cb.s.data(),
-          .ldb = d,
+          .ldb = dv,
           .c = out,
-          .ldc = d,
+          .ldc = dv,
           .m = L,
-          .n = d,
-          .k = d,
+          .n = dv,
+          .k = dk,
           .alpha = scale});
   } else {
     if (!kind.delta)  // the delta rule computed [K; Q] S_0 before its solve
       gemm({.a = q,
-            .ars = d,
+            .ars = dk,
             .acs = 1,
             .b = cb.s.data(),
-            .ldb = d,
-            .c = cb.x.data() + L * d,
-            .ldc = d,
+            .ldb = dv,
+            .c = cb.x.data() + L * dv,
+            .ldc = dv,
             .m = L,
-            .n = d,
-            .k = d});
-    const float* qs = cb.x.data() + L * d;
+            .n = dv,
+            .k = dk});
+    const float* qs = cb.x.data() + L * dv;
     for (int64_t t = 0; t < L; ++t) {
       const float f = scale * cb.ed[t];
-      for (int64_t j = 0; j < d; ++j) out[t * d + j] = f * qs[t * d + j];
+      for (int64_t j = 0; j < dv; ++j) out[t * dv + j] = f * qs[t * dv + j];
     }
   }
   gemm({.a = cb.a.data(),
         .ars = L,
         .acs = 1,
         .b = U,
-        .ldb = d,
+        .ldb = dv,
         .c = out,
-        .ldc = d,
+        .ldc = dv,
         .m = L,
-        .n = d,
+        .n = dv,
         .k = L,
         .alpha = scale,
         .accumulate = true,
         .lower_a = true});
-  carry_state(kind, L, d, U, cb);
+  carry_state(kind, L, dk, dv, U, cb);
 }
 
 void ChunkHead(const HeadInputs& hi, const RecurrenceKind& kind, int64_t C, float* out, float* final_state) {
-  const int64_t n = hi.n, d = hi.d;
-  ChunkBuffers cb(std::min(C, n), d);
-  if (hi.s0) std::copy_n(hi.s0, d * d, cb.s.begin());
+  const int64_t n = hi.n, dk = hi.dk, dv = hi.dv;
+  ChunkBuffers cb(std::min(C, n), dk, dv);
+  if (hi.s0) std::copy_n(hi.s0, dk * dv, cb.s.begin());
   for (int64_t t0 = 0; t0 < n; t0 += C) {
     const int64_t L = std::min(C, n - t0);
     load_rows(hi, kind, t0, L, cb);
     load_gammas(hi, kind, t0, L, cb);
     if (kind.gate == Gate::vector)
-      vector_scores(L, d, cb);
+      vector_scores(L, dk, cb);
     else
-      scalar_scores(kind, L, d, cb);
-    if (kind.delta) {  // [K; Q] S_0, then the solve
+      scalar_scores(kind, L, dk, cb);
+    if (kind.delta) {  // [K; Q] S_0 (2L x d_v), then the solve
       gemm({.a = cb.qk.data(),
-            .ars = d,
+            .ars = dk,
             .acs = 1,
             .b = cb.s.data(),
-            .ldb = d,
+            .ldb = dv,
             .c = cb.x.data(),
-            .ldc = d,
+            .ldc = dv,
             .m = 2 * L,
-            .n = d,
-            .k = d});
+            .n = dv,
+            .k = dk});
       delta_values(hi, t0, L, cb);
     }
-    finish_chunk(hi, kind, L, kind.delta ? cb.u.data() : hi.v + t0 * d, out + t0 * d, cb);
+    finish_chunk(hi, kind, L, kind.delta ? cb.u.data() : hi.v + t0 * dv, out + t0 * dv, cb);
   }
-  if (final_state) std::copy_n(cb.s.data(), d * d, final_state);
+  if (final_state) std::copy_n(cb.s.data(), dk * dv, final_state);
 }
 
 }  // namespace attn::chunk::HWY_NAMESPACE
@@ -117,11 +117,11 @@ void chunk_head(const HeadInputs& hi, const RecurrenceKind& kind, int64_t C, flo
 }  // namespace chunk
 
 void recurrence_chunk_forward(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg) {
-  const int64_t n = p.seq_q, d = p.head_dim;
+  const int64_t n = p.seq_q, dv = p.value_dim(), dd = p.head_dim * dv;
   tbb::parallel_for(int64_t{0}, p.batch * p.heads, [&](int64_t bh) {
     const HeadInputs hi = head_inputs(p, in, cfg.kind, bh / p.heads, bh % p.heads);
-    chunk::chunk_head(hi, cfg.kind, cfg.chunk, in.out + bh * n * d,
-                      in.final_state ? in.final_state + bh * d * d : nullptr);
+    chunk::chunk_head(hi, cfg.kind, cfg.chunk, in.out + bh * n * dv,
+                      in.final_state ? in.final_state + bh * dd : nullptr);
   });
 }
 }  // namespace attn

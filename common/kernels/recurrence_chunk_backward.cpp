@@ -3,7 +3,7 @@
 // (retention, simple_gla, gla); the delta rule's, through its UT solve, at chunk_backward_delta.
 //
 // Per (batch, head): a first pass runs the chunks forward keeping the state at every chunk's start (n / C
-// states of d x d). Then, for each chunk in reverse with its start state S_0 and dS = dL/dS_C (zero after
+// states of d_k x d_v). Then, for each chunk in reverse with its start state S_0 and dS = dL/dS_C (zero after
 // the last chunk: no gradient flows into the final state), with Gamma the cumulative log decays from the
 // chunk's start, A = Q Kᵀ ⊙ D the forward's masked scores and P = scale (dO Vᵀ) masked to s <= t:
 //
@@ -38,28 +38,29 @@
 HWY_BEFORE_NAMESPACE();
 namespace attn::chunk::HWY_NAMESPACE {
 
-// The backward's buffers for one chunk, beside the forward's ChunkBuffers.
+// The backward's buffers for one chunk, beside the forward's ChunkBuffers (d_k: Q, K, the gates; d_v: V).
 struct BackBuffers {
-  std::vector<float> vt;      // Vᵀ (d x C; the delta rule: Uᵀ)
+  std::vector<float> vt;      // Vᵀ (d_v x C; the delta rule: Uᵀ)
   std::vector<float> p;       // P (C x C), then P ⊙ D for scalar gates
-  std::vector<float> tr;      // a d x d transpose (S_0ᵀ, then dSᵀ)
-  std::vector<float> qe;      // Q ⊙ e^Gamma (C x d)
-  std::vector<float> kf;      // gla: e^(Gamma_e - Gamma_s), s's block ending at e (C x d); delta: dU, dR
-  std::vector<float> bm;      // gla: the decayed keys of the earlier blocks (C x d); delta: dKn
-  std::vector<float> x, y;    // gla: C x d scratch; delta: dX_K in x
-  std::vector<double> dl;     // dL/dGamma (C or C x d)
+  std::vector<float> tr;      // a d_v x d_k transpose (S_0ᵀ, then dSᵀ)
+  std::vector<float> qe;      // Q ⊙ e^Gamma (C x d_k)
+  std::vector<float> kf;      // gla: e^(Gamma_e - Gamma_s), s's block ending at e (C x d_k); delta: dU, dR
+                              // (C x d_v)
+  std::vector<float> bm;      // gla: the decayed keys of the earlier blocks (C x d_k); delta: dKn (C x d_k)
+  std::vector<float> x, y;    // gla: C x d_k scratch; delta: dX_K (C x d_v) in x
+  std::vector<double> dl;     // dL/dGamma (C or C x d_k)
   std::vector<float> kk, gm;  // the delta rule: (Kn Knᵀ) ⊙ D and dL/dM, then E (C x C, strictly lower)
   std::vector<float> ex, yv;  // the delta rule: C each (delta_gamma_grads)
-  BackBuffers(int64_t c, int64_t d, bool delta)
-      : vt(c * d),
+  BackBuffers(int64_t c, int64_t dk, int64_t dv, bool delta)
+      : vt(c * dv),
         p(c * c),
-        tr(d * d),
-        qe(c * d),
-        kf(c * d),
-        bm(c * d),
-        x(c * d),
-        y(c * d),
-        dl(c * d),
+        tr(dk * dv),
+        qe(c * dk),
+        kf(c * std::max(dk, dv)),
+        bm(c * dk),
+        x(c * std::max(dk, dv)),
+        y(c * dk),
+        dl(c * dk),
         kk(delta ? c * c : 0),
         gm(delta ? c * c : 0),
         ex(c),
@@ -116,10 +117,11 @@ void add_decayed(const double* hi, const double* lo, const float* x, float* y, i
   for (int64_t c = 0; c < n; ++c) y[c] += scratch[c];
 }
 
-// gla's intra-chunk sums dQ_t += sum_{s <= t} P_ts k_s ⊙ e^(Gamma_t - Gamma_s) and dK_s += sum_{t >= s} P_ts
-// q_t ⊙ e^(Gamma_t - Gamma_s), by blocks of kGlaBlock tokens: the diagonal blocks elementwise (diag_pair),
-// the others through the forward's split e^(Gamma_t - Gamma_s) = e^(Gamma_t - Gamma_r) e^(Gamma_r -
-// Gamma_e) e^(Gamma_e - Gamma_s) (r the token before t's block, e the last of s's block; every factor <= 1).
+// gla's intra-chunk sums dQ_t += sum_{s <= t} P_ts k_s ⊙ e^(Gamma_t - Gamma_s) and dK_s += sum_{t >= s}
+// P_ts q_t ⊙ e^(Gamma_t - Gamma_s) (rows of d = d_k), by blocks of kGlaBlock tokens: the diagonal blocks
+// elementwise (diag_pair), the others through the forward's split e^(Gamma_t - Gamma_s) = e^(Gamma_t -
+// Gamma_r) e^(Gamma_r - Gamma_e) e^(Gamma_e - Gamma_s) (r the token before t's block, e the last of s's
+// block; every factor <= 1).
 void gla_intra_grads(int64_t L, int64_t d, const ChunkBuffers& cb, BackBuffers& bb, float* dq, float* dk,
                      float* xd) {
   const float *k = cb.kp, *q = cb.qp, *P = bb.p.data();
@@ -161,7 +163,7 @@ void gla_intra_grads(int64_t L, int64_t d, const ChunkBuffers& cb, BackBuffers& 
   }
 }
 
-// P = scale dO Vᵀ on and below the diagonal, 0 above; times D for scalar gates.
+// P = scale dO Vᵀ on and below the diagonal, 0 above; times D for scalar gates. d: d_v (dO's and V's rows).
 void masked_p(const RecurrenceKind& kind, const float* dout, const float* v, int64_t L, int64_t d,
               float scale, const ChunkBuffers& cb, BackBuffers& bb) {
   transpose(v, L, d, bb.vt.data());
@@ -185,7 +187,8 @@ void masked_p(const RecurrenceKind& kind, const float* dout, const float* v, int
   }
 }
 
-// y_t ⊙= e^Gamma_t (from the chunk's start) or e^(Gamma_C - Gamma_t) (to its end), per row.
+// y_t ⊙= e^Gamma_t (from the chunk's start) or e^(Gamma_C - Gamma_t) (to its end), per row of d = d_k (the
+// decays are per key channel).
 void decay_rows(const RecurrenceKind& kind, int64_t L, int64_t d, bool to_end, float* y, ChunkBuffers& cb) {
   const double* last = cb.gam.data() + (L - 1) * d;
   for (int64_t t = 0; t < L; ++t) {
@@ -201,70 +204,72 @@ void decay_rows(const RecurrenceKind& kind, int64_t L, int64_t d, bool to_end, f
 
 // dg of the chunk's tokens from dL/dGamma (see the file comment); s_end: the state at the chunk's end (null
 // for the last chunk, where dS = 0).
-void gate_grads(const RecurrenceKind& kind, int64_t L, int64_t d, const float* dq, const float* dk,
-                const float* ds, const float* s_end, const ChunkBuffers& cb, BackBuffers& bb, float* dg) {
-  const int64_t w = kind.gate == Gate::vector ? d : 1;
+void gate_grads(const RecurrenceKind& kind, int64_t L, int64_t dkw, int64_t dvw, const float* dq,
+                const float* dk, const float* ds, const float* s_end, const ChunkBuffers& cb, BackBuffers& bb,
+                float* dg) {
+  const int64_t w = kind.gate == Gate::vector ? dkw : 1;
   double* dl = bb.dl.data();
   std::fill(dl, dl + L * w, 0.0);
   for (int64_t t = 0; t < L; ++t)
-    for (int64_t c = 0; c < d; ++c)
+    for (int64_t c = 0; c < dkw; ++c)
       dl[t * w + (w == 1 ? 0 : c)] +=
-          double(cb.qp[t * d + c]) * dq[t * d + c] - double(cb.kp[t * d + c]) * dk[t * d + c];
-  if (s_end)
-    for (int64_t c = 0; c < d; ++c)
-      for (int64_t j = 0; j < d; ++j)
-        dl[(L - 1) * w + (w == 1 ? 0 : c)] += double(ds[c * d + j]) * s_end[c * d + j];
+          double(cb.qp[t * dkw + c]) * dq[t * dkw + c] - double(cb.kp[t * dkw + c]) * dk[t * dkw + c];
+  if (s_end)  // row c of S decays with key channel c
+    for (int64_t c = 0; c < dkw; ++c)
+      for (int64_t j = 0; j < dvw; ++j)
+        dl[(L - 1) * w + (w == 1 ? 0 : c)] += double(ds[c * dvw + j]) * s_end[c * dvw + j];
   for (int64_t c = 0; c < w; ++c) {
     double acc = 0;
     for (int64_t t = L - 1; t >= 0; --t) acc += dl[t * w + c], dg[t * w + c] = static_cast<float>(acc);
   }
 }
 
-// dS <- diag(e^Gamma_C) dS + scale (Q ⊙ e^Gamma)ᵀ dO: dL/dS_0 through the decay and the outputs.
-void state_grad(const RecurrenceKind& kind, int64_t L, int64_t d, const float* dout, float scale, float* ds,
-                ChunkBuffers& cb, BackBuffers& bb) {
-  std::copy_n(cb.qp, L * d, bb.qe.data());
-  decay_rows(kind, L, d, false, bb.qe.data(), cb);
-  float* xd = cb.xd.data();  // the state's decay over the chunk, per key channel
+// dS (d_k x d_v) <- diag(e^Gamma_C) dS + scale (Q ⊙ e^Gamma)ᵀ dO: dL/dS_0 through the decay and the outputs.
+void state_grad(const RecurrenceKind& kind, int64_t L, int64_t dk, int64_t dv, const float* dout, float scale,
+                float* ds, ChunkBuffers& cb, BackBuffers& bb) {
+  std::copy_n(cb.qp, L * dk, bb.qe.data());
+  decay_rows(kind, L, dk, false, bb.qe.data(), cb);
+  float* xd = cb.xd.data();  // the state's decay over the chunk, per key channel (row of S)
   if (kind.gate == Gate::vector) {
-    const double* last = cb.gam.data() + (L - 1) * d;
-    for (int64_t c = 0; c < d; ++c) xd[c] = static_cast<float>(last[c]);
-    exp_row(xd, xd, d);
+    const double* last = cb.gam.data() + (L - 1) * dk;
+    for (int64_t c = 0; c < dk; ++c) xd[c] = static_cast<float>(last[c]);
+    exp_row(xd, xd, dk);
   } else {
-    std::fill(xd, xd + d, cb.ed[L - 1]);
+    std::fill(xd, xd + dk, cb.ed[L - 1]);
   }
-  for (int64_t c = 0; c < d; ++c)
-    for (int64_t j = 0; j < d; ++j) ds[c * d + j] *= xd[c];
-  mm(bb.qe.data(), true, d, dout, d, ds, d, d, d, L, scale, true);
+  for (int64_t c = 0; c < dk; ++c)
+    for (int64_t j = 0; j < dv; ++j) ds[c * dv + j] *= xd[c];
+  mm(bb.qe.data(), true, dk, dout, dv, ds, dv, dk, dv, L, scale, true);
 }
 
 // dQ = scale e^Gamma ⊙ dO S_0ᵀ + the intra-chunk sums of P ⊙ D with the keys, and dK = e^(Gamma_C - Gamma)
-// ⊙ U dSᵀ + those with the queries (U: the value rows the tokens add, V or the delta rule's U; P from
-// masked_p; gla's sums by gla_intra_grads). Leaves dSᵀ in bb.tr.
-void query_key_grads(const RecurrenceKind& kind, int64_t L, int64_t d, const float* dout, const float* v,
-                     const float* ds, float scale, ChunkBuffers& cb, BackBuffers& bb, float* dq, float* dk) {
-  transpose(cb.s.data(), d, d, bb.tr.data());
-  mm(dout, false, d, bb.tr.data(), d, dq, d, L, d, d, scale);
-  decay_rows(kind, L, d, false, dq, cb);
-  transpose(ds, d, d, bb.tr.data());
-  mm(v, false, d, bb.tr.data(), d, dk, d, L, d, d);
-  decay_rows(kind, L, d, true, dk, cb);
+// ⊙ U dSᵀ + those with the queries (U: the value rows the tokens add, V or the delta rule's U, L x d_v; dO
+// L x d_v; dQ, dK L x d_k; P from masked_p; gla's sums by gla_intra_grads). Leaves dSᵀ (d_v x d_k) in bb.tr.
+void query_key_grads(const RecurrenceKind& kind, int64_t L, int64_t dkw, int64_t dvw, const float* dout,
+                     const float* v, const float* ds, float scale, ChunkBuffers& cb, BackBuffers& bb,
+                     float* dq, float* dk) {
+  transpose(cb.s.data(), dkw, dvw, bb.tr.data());
+  mm(dout, false, dvw, bb.tr.data(), dkw, dq, dkw, L, dkw, dvw, scale);
+  decay_rows(kind, L, dkw, false, dq, cb);
+  transpose(ds, dkw, dvw, bb.tr.data());
+  mm(v, false, dvw, bb.tr.data(), dkw, dk, dkw, L, dkw, dvw);
+  decay_rows(kind, L, dkw, true, dk, cb);
   if (kind.gate == Gate::vector) {
-    gla_intra_grads(L, d, cb, bb, dq, dk, cb.xd.data());
+    gla_intra_grads(L, dkw, cb, bb, dq, dk, cb.xd.data());
   } else {
     gemm({.a = bb.p.data(),
           .ars = L,
           .acs = 1,
           .b = cb.kp,
-          .ldb = d,
+          .ldb = dkw,
           .c = dq,
-          .ldc = d,
+          .ldc = dkw,
           .m = L,
-          .n = d,
+          .n = dkw,
           .k = L,
           .accumulate = true,
           .lower_a = true});
-    mm(bb.p.data(), true, L, cb.qp, d, dk, d, L, d, L, 1.0f, true);
+    mm(bb.p.data(), true, L, cb.qp, dkw, dk, dkw, L, dkw, L, 1.0f, true);
   }
 }
 
@@ -273,25 +278,26 @@ void query_key_grads(const RecurrenceKind& kind, int64_t L, int64_t d, const flo
 void chunk_backward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, int64_t L,
                     const float* dout, const float* s_end, float* ds, ChunkBuffers& cb, BackBuffers& bb,
                     const RecurrenceGrads<float>& g) {
-  const int64_t d = hi.d;
+  const int64_t dkw = hi.dk, dvw = hi.dv;
   const float scale = static_cast<float>(hi.scale);
-  const float* v = hi.v + t0 * d;
-  float *dq = g.dq + t0 * d, *dk = g.dk + t0 * d, *dv = g.dv + t0 * d;
+  const float* v = hi.v + t0 * dvw;
+  float *dq = g.dq + t0 * dkw, *dk = g.dk + t0 * dkw, *dv = g.dv + t0 * dvw;
   load_rows(hi, kind, t0, L, cb);
   load_gammas(hi, kind, t0, L, cb);
   if (kind.gate == Gate::vector)
-    vector_scores(L, d, cb);
+    vector_scores(L, dkw, cb);
   else
-    scalar_scores(kind, L, d, cb);
-  masked_p(kind, dout, v, L, d, scale, cb, bb);
-  query_key_grads(kind, L, d, dout, v, ds, scale, cb, bb, dq, dk);
+    scalar_scores(kind, L, dkw, cb);
+  masked_p(kind, dout, v, L, dvw, scale, cb, bb);
+  query_key_grads(kind, L, dkw, dvw, dout, v, ds, scale, cb, bb, dq, dk);
   // dV = K^ dS + scale Aᵀ dO.
-  decayed_keys(kind, L, d, cb);
-  mm(cb.kd.data(), false, d, ds, d, dv, d, L, d, d);
-  mm(cb.a.data(), true, L, dout, d, dv, d, L, d, L, scale, true);
+  decayed_keys(kind, L, dkw, cb);
+  mm(cb.kd.data(), false, dkw, ds, dvw, dv, dvw, L, dvw, dkw);
+  mm(cb.a.data(), true, L, dout, dvw, dv, dvw, L, dvw, L, scale, true);
   if (g.dg && kind.gate != Gate::none)
-    gate_grads(kind, L, d, dq, dk, ds, s_end, cb, bb, g.dg + t0 * (kind.gate == Gate::vector ? d : 1));
-  state_grad(kind, L, d, dout, scale, ds, cb, bb);
+    gate_grads(kind, L, dkw, dvw, dq, dk, ds, s_end, cb, bb,
+               g.dg + t0 * (kind.gate == Gate::vector ? dkw : 1));
+  state_grad(kind, L, dkw, dvw, dout, scale, ds, cb, bb);
 }
 
 // The delta rule's chunk up to U (the forward's steps): the scores, [Kn; Q] S_0 into cb.x, and the solve
@@ -299,19 +305,19 @@ void chunk_backward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0
 // strictly below the diagonal, kept before the solve scales it into M.
 void delta_forward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, int64_t L, ChunkBuffers& cb,
                    float* kk) {
-  const int64_t d = hi.d;
+  const int64_t dk = hi.dk, dv = hi.dv;
   load_rows(hi, kind, t0, L, cb);
   load_gammas(hi, kind, t0, L, cb);
-  scalar_scores(kind, L, d, cb);
+  scalar_scores(kind, L, dk, cb);
   if (kk)
     for (int64_t t = 0; t < L; ++t)
       for (int64_t s = 0; s < L; ++s) kk[t * L + s] = s < t ? cb.bp[t * L + s] * cb.dm[t * L + s] : 0.0f;
-  mm(cb.qk.data(), false, d, cb.s.data(), d, cb.x.data(), d, 2 * L, d, d);
+  mm(cb.qk.data(), false, dk, cb.s.data(), dv, cb.x.data(), dv, 2 * L, dv, dk);
   delta_values(hi, t0, L, cb);
 }
 
-// dR = (I + M)^-ᵀ dU in place (M strictly lower, L x L; dU L x d): dR_t = dU_t - sum_{s > t} M_st dR_s, t
-// from the last row up.
+// dR = (I + M)^-ᵀ dU in place (M strictly lower, L x L; dU L x d, d = d_v): dR_t = dU_t - sum_{s > t} M_st
+// dR_s, t from the last row up.
 void back_substitute(const float* m, int64_t L, float* x, int64_t d) {
   for (int64_t t = L - 2; t >= 0; --t) {
     float* xt = x + t * d;
@@ -327,8 +333,8 @@ void back_substitute(const float* m, int64_t L, float* x, int64_t d) {
 // output's Q S_0 term and R's K S_0 term: ed_t times their gradients, ex[t]), through D in A and M (each pair
 // (t, s) adds W_ts = dX_ts X_ts to Gamma_t and takes it from Gamma_s), and through the state's decays
 // (-y_t at t, with y_t = el_t (Kn_t dS) . U_t, and sum_t y_t + e^Gamma_C <dS, S_0> at the last token).
-void delta_gamma_grads(int64_t L, int64_t d, const float* ex, const float* y, double state_term,
-                       const ChunkBuffers& cb, BackBuffers& bb) {
+void delta_gamma_grads(int64_t L, const float* ex, const float* y, double state_term, const ChunkBuffers& cb,
+                       BackBuffers& bb) {
   double* dl = bb.dl.data();
   const float* qk = cb.bp.data() + L * L;  // Q Knᵀ (lower)
   const float* M = cb.bp.data();
@@ -356,36 +362,38 @@ void delta_gamma_grads(int64_t L, int64_t d, const float* ex, const float* y, do
 void chunk_backward_delta(const HeadInputs& hi, const RecurrenceKind& kind, int64_t t0, int64_t L,
                           const float* dout, float* ds, ChunkBuffers& cb, BackBuffers& bb,
                           const RecurrenceGrads<float>& g) {
-  const int64_t d = hi.d;
+  const int64_t dkw = hi.dk, dvw = hi.dv;
   const float scale = static_cast<float>(hi.scale);
-  const float *v = hi.v + t0 * d, *beta = hi.beta + t0, *xk = cb.x.data(), *xq = cb.x.data() + L * d;
-  float *dq = g.dq + t0 * d, *dk = g.dk + t0 * d, *dv = g.dv + t0 * d;
+  // X_K = Kn S_0 and X_Q = Q S_0: L x d_v each.
+  const float *v = hi.v + t0 * dvw, *beta = hi.beta + t0, *xk = cb.x.data(), *xq = cb.x.data() + L * dvw;
+  float *dq = g.dq + t0 * dkw, *dk = g.dk + t0 * dkw, *dv = g.dv + t0 * dvw;
+  // dU, dR, dX_K: L x d_v; dKn: L x d_k.
   float *du = bb.kf.data(), *dkn = bb.bm.data(), *dx = bb.x.data(), *ex = bb.ex.data(), *y = bb.yv.data();
   delta_forward(hi, kind, t0, L, cb, bb.kk.data());
   const float* U = cb.u.data();
-  masked_p(kind, dout, U, L, d, scale, cb, bb);                      // P = dA ⊙ D; bb.vt = Uᵀ
-  query_key_grads(kind, L, d, dout, U, ds, scale, cb, bb, dq, dkn);  // dKn: its U dSᵀ and Pᵀ Q terms
+  masked_p(kind, dout, U, L, dvw, scale, cb, bb);                           // P = dA ⊙ D; bb.vt = Uᵀ
+  query_key_grads(kind, L, dkw, dvw, dout, U, ds, scale, cb, bb, dq, dkn);  // dKn: its U dSᵀ and Pᵀ Q terms
   // dU, with y_t = (el_t Kn_t dS) . U_t taken before Aᵀ dO joins it.
-  decayed_keys(kind, L, d, cb);
-  mm(cb.kd.data(), false, d, ds, d, du, d, L, d, d);
-  for (int64_t t = 0; t < L; ++t) y[t] = dot(du + t * d, U + t * d, d);
-  mm(cb.a.data(), true, L, dout, d, du, d, L, d, L, scale, true);
-  back_substitute(cb.bp.data(), L, du, d);  // du = dR
+  decayed_keys(kind, L, dkw, cb);
+  mm(cb.kd.data(), false, dkw, ds, dvw, du, dvw, L, dvw, dkw);
+  for (int64_t t = 0; t < L; ++t) y[t] = dot(du + t * dvw, U + t * dvw, dvw);
+  mm(cb.a.data(), true, L, dout, dvw, du, dvw, L, dvw, L, scale, true);
+  back_substitute(cb.bp.data(), L, du, dvw);  // du = dR
   // dV, dbeta (R's part), e^Gamma's gradients, dX_K.
   for (int64_t t = 0; t < L; ++t) {
-    const float* r = du + t * d;
+    const float* r = du + t * dvw;
     const float e = cb.ed[t], b = beta[t];
     double db = 0;
-    for (int64_t j = 0; j < d; ++j) {
-      dv[t * d + j] = b * r[j];
-      db += double(r[j]) * (v[t * d + j] - e * xk[t * d + j]);
-      dx[t * d + j] = -b * e * r[j];
+    for (int64_t j = 0; j < dvw; ++j) {
+      dv[t * dvw + j] = b * r[j];
+      db += double(r[j]) * (v[t * dvw + j] - e * xk[t * dvw + j]);
+      dx[t * dvw + j] = -b * e * r[j];
     }
     if (g.dbeta) g.dbeta[t0 + t] = static_cast<float>(db);
-    ex[t] = e * (scale * dot(dout + t * d, xq + t * d, d) - b * dot(r, xk + t * d, d));
+    ex[t] = e * (scale * dot(dout + t * dvw, xq + t * dvw, dvw) - b * dot(r, xk + t * dvw, dvw));
   }
   // dM = -dR Uᵀ below the diagonal, and dbeta's M part.
-  mm(du, false, d, bb.vt.data(), L, bb.gm.data(), L, L, L, d, -1.0f);
+  mm(du, false, dvw, bb.vt.data(), L, bb.gm.data(), L, L, L, dvw, -1.0f);
   for (int64_t t = 0; t < L; ++t) {
     double db = 0;
     for (int64_t s = 0; s < L; ++s) {
@@ -397,44 +405,44 @@ void chunk_backward_delta(const HeadInputs& hi, const RecurrenceKind& kind, int6
   }
   if (g.dg && kind.gate == Gate::scalar) {
     double state_term = 0;
-    for (int64_t e = 0; e < d * d; ++e) state_term += double(ds[e]) * cb.s[e];
-    delta_gamma_grads(L, d, ex, y, state_term * cb.ed[L - 1], cb, bb);
+    for (int64_t e = 0; e < dkw * dvw; ++e) state_term += double(ds[e]) * cb.s[e];
+    delta_gamma_grads(L, ex, y, state_term * cb.ed[L - 1], cb, bb);
     double acc = 0;
     for (int64_t t = L - 1; t >= 0; --t) acc += bb.dl[t], g.dg[t0 + t] = static_cast<float>(acc);
   }
   // dKn += E Kn + Eᵀ Kn + dX_K S_0ᵀ (E overwrites dM: beta_t D_ts dM_ts).
-  transpose(cb.s.data(), d, d, bb.tr.data());
-  mm(dx, false, d, bb.tr.data(), d, dkn, d, L, d, d, 1.0f, true);
+  transpose(cb.s.data(), dkw, dvw, bb.tr.data());
+  mm(dx, false, dvw, bb.tr.data(), dkw, dkn, dkw, L, dkw, dvw, 1.0f, true);
   for (int64_t t = 0; t < L; ++t)
     for (int64_t s = 0; s < t; ++s) bb.gm[t * L + s] *= beta[t] * cb.dm[t * L + s];
-  mm(bb.gm.data(), false, L, cb.kp, d, dkn, d, L, d, L, 1.0f, true);
-  mm(bb.gm.data(), true, L, cb.kp, d, dkn, d, L, d, L, 1.0f, true);
+  mm(bb.gm.data(), false, L, cb.kp, dkw, dkn, dkw, L, dkw, L, 1.0f, true);
+  mm(bb.gm.data(), true, L, cb.kp, dkw, dkn, dkw, L, dkw, L, 1.0f, true);
   // dS_0, then dK through the normalisation.
-  state_grad(kind, L, d, dout, scale, ds, cb, bb);
-  mm(cb.kp, true, d, dx, d, ds, d, d, d, L, 1.0f, true);
+  state_grad(kind, L, dkw, dvw, dout, scale, ds, cb, bb);
+  mm(cb.kp, true, dkw, dx, dvw, ds, dvw, dkw, dvw, L, 1.0f, true);
   for (int64_t t = 0; t < L; ++t) {
-    const float* kn = cb.kp + t * d;
-    const float* raw = hi.k + (t0 + t) * d;
-    const float* dn = dkn + t * d;
+    const float* kn = cb.kp + t * dkw;
+    const float* raw = hi.k + (t0 + t) * dkw;
+    const float* dn = dkn + t * dkw;
     if (!kind.normalize_keys) {
-      std::copy_n(dn, d, dk + t * d);
+      std::copy_n(dn, dkw, dk + t * dkw);
       continue;
     }
-    const float r = std::sqrt(dot(raw, raw, d));
-    const float inv = r > 0 ? 1.0f / r : 0.0f, kd = dot(kn, dn, d);
-    for (int64_t c = 0; c < d; ++c) dk[t * d + c] = (dn[c] - kn[c] * kd) * inv;
+    const float r = std::sqrt(dot(raw, raw, dkw));
+    const float inv = r > 0 ? 1.0f / r : 0.0f, kd = dot(kn, dn, dkw);
+    for (int64_t c = 0; c < dkw; ++c) dk[t * dkw + c] = (dn[c] - kn[c] * kd) * inv;
   }
 }
 
 // One (batch, head): the states at every chunk's start, then the chunks in reverse. g's pointers are this
-// head's rows (dq, dk, dv: n x d; dg: n or n x d; d_initial_state: d x d; null when not wanted, but dq, dk,
-// dv).
+// head's rows (dq, dk: n x d_k; dv: n x d_v; dg: n or n x d_k; d_initial_state: d_k x d_v; null when not
+// wanted, but dq, dk, dv); d_out: n x d_v.
 void ChunkHeadBackward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t C, const float* d_out,
                        const RecurrenceGrads<float>& g) {
-  const int64_t n = hi.n, d = hi.d, dd = d * d, chunks = (n + C - 1) / C;
+  const int64_t n = hi.n, dk = hi.dk, dv = hi.dv, dd = dk * dv, chunks = (n + C - 1) / C;
   const int64_t c = std::min(C, n);
-  ChunkBuffers cb(c, d);
-  BackBuffers bb(c, d, kind.delta);
+  ChunkBuffers cb(c, dk, dv);
+  BackBuffers bb(c, dk, dv, kind.delta);
   std::vector<float> starts(static_cast<std::size_t>(chunks * dd)), ds(dd, 0.0f);
   if (hi.s0) std::copy_n(hi.s0, dd, cb.s.begin());
   for (int64_t m = 0; m < chunks; ++m) {
@@ -443,21 +451,21 @@ void ChunkHeadBackward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t
     if (m + 1 == chunks) break;  // the final state is not needed
     if (kind.delta) {
       delta_forward(hi, kind, t0, L, cb, nullptr);
-      carry_state(kind, L, d, cb.u.data(), cb);
+      carry_state(kind, L, dk, dv, cb.u.data(), cb);
       continue;
     }
     load_rows(hi, kind, t0, L, cb);
     load_gammas(hi, kind, t0, L, cb);
-    carry_state(kind, L, d, hi.v + t0 * d, cb);
+    carry_state(kind, L, dk, dv, hi.v + t0 * dv, cb);
   }
   for (int64_t m = chunks - 1; m >= 0; --m) {
     const int64_t t0 = m * C, L = std::min(C, n - t0);
     std::copy_n(starts.data() + m * dd, dd, cb.s.data());
     const float* s_end = m + 1 < chunks ? starts.data() + (m + 1) * dd : nullptr;
     if (kind.delta)
-      chunk_backward_delta(hi, kind, t0, L, d_out + t0 * d, ds.data(), cb, bb, g);
+      chunk_backward_delta(hi, kind, t0, L, d_out + t0 * dv, ds.data(), cb, bb, g);
     else
-      chunk_backward(hi, kind, t0, L, d_out + t0 * d, s_end, ds.data(), cb, bb, g);
+      chunk_backward(hi, kind, t0, L, d_out + t0 * dv, s_end, ds.data(), cb, bb, g);
   }
   if (g.d_initial_state) std::copy_n(ds.data(), dd, g.d_initial_state);
 }

@@ -39,7 +39,8 @@ class Recurrent final : public Attention {
     // from an initial state: the state after the first seq_kv - seq_q tokens, whose K, V, g, beta are then
     // not read; without an initial state such a problem is refused (the base says why), never run over the
     // whole context behind the caller's back. bf16 / fp16: widened to fp32 up front (a decode widens only
-    // the tokens it reads: forward()).
+    // the tokens it reads: forward()). V may be of another width d_v than Q and K (value_dim): the state is
+    // d_k x d_v, the output d_v wide.
     return {.exact = false,
             .causal = true,
             .causal_lower_right = true,
@@ -51,7 +52,8 @@ class Recurrent final : public Attention {
             .beta = spec_.kind.delta,
             .state = true,
             .decode = true,
-            .own_definition = true};
+            .own_definition = true,
+            .value_dim = true};
   }
   std::vector<ParamSpec> param_specs() const override {
     std::vector<ParamSpec> specs = {
@@ -61,12 +63,13 @@ class Recurrent final : public Attention {
          .help = "chunk: chunkwise-parallel (intra-chunk C x C products, state carried across chunks); "
                  "recurrent: the definition token by token",
          .choices = {"chunk", "recurrent"}},
-        // 32 by default: per token the chunk form does 2 d^2 multiply-adds on the state whatever C (Q S_0 and
-        // Kᵀ U; the delta rule adds K S_0) and about C d inside the chunk (the masked scores and their
-        // product; the delta rule's K Kᵀ and solve as much again), so a larger C only adds work unless it
-        // makes the products faster, which on a CPU it did not: at d = 64, n = 16384, one thread, C = 64 took
-        // 5-15% longer than 32 for every variant, C = 16 was within the noise of 32, and C = 8 up to twice as
-        // long (vectors of 16 lanes left part empty). GPU kernels take 64 to fill their tensor-core tiles.
+        // 32 by default: per token the chunk form does 2 d_k d_v multiply-adds on the state whatever C (Q S_0
+        // and Kᵀ U; the delta rule adds K S_0) and about C (d_k + d_v) / 2 inside the chunk (the masked
+        // scores and their product; the delta rule's K Kᵀ and solve as much again), so a larger C only adds
+        // work unless it makes the products faster, which on a CPU it did not: at d_k = d_v = 64, n = 16384,
+        // one thread, C = 64 took 5-15% longer than 32 for every variant, C = 16 was within the noise of 32,
+        // and C = 8 up to twice as long (vectors of 16 lanes left part empty). GPU kernels take 64 to fill
+        // their tensor-core tiles.
         {.name = "chunk",
          .type = ParamType::integer,
          .default_value = 32,
@@ -100,22 +103,23 @@ class Recurrent final : public Attention {
   }
   // The d_k x d_v fp32 state per (batch, query head): what a decode keeps, whatever the context.
   std::size_t decode_state_bytes(const Problem& p) const override {
-    return sat_mul(to_size(p.batch * p.heads), to_size(p.head_dim * p.head_dim), sizeof(float));
+    return sat_mul(to_size(p.batch * p.heads), to_size(p.head_dim * p.value_dim()), sizeof(float));
   }
-  // Q and O once, K and V of the tokens read (a decode's last seq_q only), g and beta of those tokens, and
-  // the initial state read once when there is one (the final state, written only when asked for, is not
-  // counted: the problem does not say).
+  // Q and O (fp32, d_v wide) once, K and V of the tokens read (a decode's last seq_q only; d_k and d_v wide),
+  // g and beta of those tokens, and the initial state read once when there is one (the final state, written
+  // only when asked for, is not counted: the problem does not say).
   double bytes_moved(const Problem& p) const override {
     const double w = static_cast<double>(dtype_bytes(p.dtype)), tokens = static_cast<double>(p.seq_q);
-    const double q = static_cast<double>(p.q_elements());
-    const double kv = 2.0 * static_cast<double>(p.batch * p.num_kv_heads() * p.head_dim) * tokens;
+    const double q = static_cast<double>(p.q_elements()), o = static_cast<double>(p.out_elements());
+    const double kv = static_cast<double>(p.batch * p.num_kv_heads()) *
+                      static_cast<double>(p.head_dim + p.value_dim()) * tokens;
     const double heads = static_cast<double>(p.batch * p.heads);
     const double gates = heads * tokens *
                          ((spec_.kind.gate == Gate::vector   ? static_cast<double>(p.head_dim)
                            : spec_.kind.gate == Gate::scalar ? 1.0
                                                              : 0.0) +
                           (spec_.kind.delta ? 1.0 : 0.0));
-    return (q + kv) * w + q * 4.0 + gates * 4.0 +
+    return (q + kv) * w + o * 4.0 + gates * 4.0 +
            (p.initial_state ? static_cast<double>(decode_state_bytes(p)) : 0.0);
   }
 
@@ -143,9 +147,9 @@ class Recurrent final : public Attention {
   void reference_gradients(const Problem& p, const AttentionInputs& stored, const float* d_out,
                            const Fp64Gradients& fg) const override {
     const WideInputs wide(p, stored);
-    const int64_t nq = p.q_elements(), nkv = p.kv_elements();
+    const int64_t nq = p.q_elements(), nk = p.kv_elements(), nv = p.v_elements();
     // recurrence_reference_backward always writes dq, dk, dv: scratch for those not wanted.
-    std::vector<double> sq(fg.dq ? 0 : nq), sk(fg.dk ? 0 : nkv), sv(fg.dv ? 0 : nkv);
+    std::vector<double> sq(fg.dq ? 0 : nq), sk(fg.dk ? 0 : nk), sv(fg.dv ? 0 : nv);
     RecurrenceGrads<double> g;
     g.dq = fg.dq ? fg.dq : sq.data(), g.dk = fg.dk ? fg.dk : sk.data(), g.dv = fg.dv ? fg.dv : sv.data();
     g.dg = spec_.kind.gate != Gate::none ? fg.dg : nullptr;
@@ -170,12 +174,12 @@ class Recurrent final : public Attention {
     recurrence_forward(p, wide.get(), config(p));
   }
   // A 16-bit decode step: the tokens it reads (the last seq_q of every K/V head, and their g and beta) as a
-  // self-shaped problem of seq_q tokens from the same state, widened to fp32 (O(seq_q d) whatever the
-  // context, where WideInputs would widen the whole K/V).
+  // self-shaped problem of seq_q tokens from the same state, widened to fp32 (O(seq_q (d_k + d_v)) whatever
+  // the context, where WideInputs would widen the whole K/V).
   void decode16(const Problem& p, const AttentionInputs& stored) const {
     Problem step = p;
     step.seq_kv = p.seq_q;
-    const int64_t n = p.seq_q, skip = p.seq_kv - p.seq_q, d = p.head_dim;
+    const int64_t n = p.seq_q, skip = p.seq_kv - p.seq_q, d = p.head_dim, dv = p.value_dim();
     auto tail = [&](const auto* x, int64_t blocks, int64_t width) {  // rows [skip, seq_kv) of every block
       std::vector<std::remove_const_t<std::remove_pointer_t<decltype(x)>>> y(to_size(blocks * n * width));
       for (int64_t b = 0; b < blocks; ++b)
@@ -183,7 +187,7 @@ class Recurrent final : public Attention {
       return y;
     };
     const int64_t kv = p.batch * p.num_kv_heads(), bh = p.batch * p.heads;
-    const std::vector<uint16_t> k = tail(stored.k16, kv, d), v = tail(stored.v16, kv, d);
+    const std::vector<uint16_t> k = tail(stored.k16, kv, d), v = tail(stored.v16, kv, dv);
     std::vector<float> g, beta;
     if (spec_.kind.gate != Gate::none) g = tail(stored.g, bh, spec_.kind.gate == Gate::vector ? d : 1);
     if (spec_.kind.delta) beta = tail(stored.beta, bh, 1);
@@ -220,16 +224,17 @@ class Recurrent final : public Attention {
     return cfg;
   }
   // bf16 / fp16: fp32 copies of Q, K, V; a decode (decode16) widens only the seq_q tokens it reads, after
-  // gathering their 16-bit K, V rows and their g and beta.
+  // gathering their 16-bit K, V rows (d_k + d_v per token and K/V head) and their g and beta.
   static std::size_t widened_bytes(const Problem& p) {
     if (p.dtype == DType::fp32) return 0;
     if (p.seq_q == p.seq_kv)
-      return sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, to_size(p.kv_elements()))), sizeof(float));
-    const std::size_t kv = sat_mul(to_size(p.batch * p.num_kv_heads() * p.head_dim), to_size(p.seq_q));
+      return sat_mul(sat_add(to_size(p.q_elements()), to_size(p.kv_elements()), to_size(p.v_elements())),
+                     sizeof(float));
+    const std::size_t kv =
+        sat_mul(to_size(p.batch * p.num_kv_heads()), to_size(p.head_dim + p.value_dim()), to_size(p.seq_q));
     const std::size_t tokens = to_size(p.batch * p.heads * p.seq_q);
-    return sat_add(sat_mul(sat_add(to_size(p.q_elements()), sat_mul(2, kv)), sizeof(float)),
-                   sat_mul(2 * kv, sizeof(uint16_t)),
-                   sat_mul(tokens, to_size(p.head_dim + 1), sizeof(float)));
+    return sat_add(sat_mul(sat_add(to_size(p.q_elements()), kv), sizeof(float)),
+                   sat_mul(kv, sizeof(uint16_t)), sat_mul(tokens, to_size(p.head_dim + 1), sizeof(float)));
   }
   RecurrentSpec spec_;
 };
