@@ -384,9 +384,10 @@ TEST_CASE("attnbench without a known subcommand exits 2", "[cli]") {
   CHECK(contains(unknown.err, "frobnicate"));
 }
 
-TEST_CASE("attnbench eval with V of another width (d_v != d_k): O, dO and dV d_v wide, and a variant without "
-          "value_dim exits 2",
-          "[cli][value_dim]") {
+TEST_CASE(
+    "attnbench eval with V of another width (d_v != d_k): O, dO and dV d_v wide, and a variant without "
+    "value_dim exits 2",
+    "[cli][value_dim]") {
   ScratchDir dir("cli");
   // Q, K [1, 2, 9, 8] and V [1, 2, 9, 5], from the test's own draws.
   FloatArray q({1, 2, 9, 8}), k({1, 2, 9, 8}), v({1, 2, 9, 5}), d_out({1, 2, 9, 5});
@@ -394,15 +395,15 @@ TEST_CASE("attnbench eval with V of another width (d_v != d_k): O, dO and dV d_v
   fill_normal(k.ptr(), static_cast<int64_t>(k.numel()), 12);
   fill_normal(v.ptr(), static_cast<int64_t>(v.numel()), 13);
   fill_normal(d_out.ptr(), static_cast<int64_t>(d_out.numel()), 14);
-  for (const auto& [name, t] : {std::pair<const char*, const FloatArray*>{"q", &q}, {"k", &k}, {"v", &v},
-                                {"do", &d_out}})
+  for (const auto& [name, t] :
+       {std::pair<const char*, const FloatArray*>{"q", &q}, {"k", &k}, {"v", &v}, {"do", &d_out}})
     write_npy(dir.file(std::string(name) + ".npy"), *t);
   const Args qkv{"--q", dir.file("q.npy"), "--k", dir.file("k.npy"), "--v", dir.file("v.npy")};
-  const ProcResult r = attnbench(
-      dir, Args{"eval", "--variant", "naive", "--causal", "--compare", "--out", dir.file("O.npy"),
-                "--grad-output", dir.file("do.npy"), "--dq", dir.file("dq.npy"), "--dk", dir.file("dk.npy"),
-                "--dv", dir.file("dv.npy")} +
-               qkv);
+  const ProcResult r =
+      attnbench(dir, Args{"eval", "--variant", "naive", "--causal", "--compare", "--out", dir.file("O.npy"),
+                          "--grad-output", dir.file("do.npy"), "--dq", dir.file("dq.npy"), "--dk",
+                          dir.file("dk.npy"), "--dv", dir.file("dv.npy")} +
+                         qkv);
   INFO(r.out << r.err);
   REQUIRE(r.code == 0);
   const Json j = Json::parse(r.out);
@@ -413,7 +414,8 @@ TEST_CASE("attnbench eval with V of another width (d_v != d_k): O, dO and dV d_v
   CHECK(read_npy_float(dir.file("dq.npy")).shape == std::vector<int64_t>{1, 2, 9, 8});
   CHECK(read_npy_float(dir.file("dk.npy")).shape == std::vector<int64_t>{1, 2, 9, 8});
   CHECK(read_npy_float(dir.file("dv.npy")).shape == std::vector<int64_t>{1, 2, 9, 5});
-  // The output against an fp64 softmax written out here: o_i = sum_j softmax(q_i . k_j / sqrt(8)) v_j, j <= i.
+  // The output against an fp64 softmax written out here: o_i = sum_j softmax(q_i . k_j / sqrt(8)) v_j, j <=
+  // i.
   const FloatArray o = read_npy_float(dir.file("O.npy"));
   double worst = 0;
   for (int64_t h = 0; h < 2; ++h)
@@ -422,7 +424,8 @@ TEST_CASE("attnbench eval with V of another width (d_v != d_k): O, dO and dV d_v
       double mx = -1e300, sum = 0;
       for (int64_t jj = 0; jj <= i; ++jj) {
         double s = 0;
-        for (int64_t d = 0; d < 8; ++d) s += double(q.data[(h * 9 + i) * 8 + d]) * k.data[(h * 9 + jj) * 8 + d];
+        for (int64_t d = 0; d < 8; ++d)
+          s += double(q.data[(h * 9 + i) * 8 + d]) * k.data[(h * 9 + jj) * 8 + d];
         w[jj] = s / std::sqrt(8.0), mx = std::max(mx, w[jj]);
       }
       for (double& x : w) sum += (x = std::exp(x - mx));
@@ -435,10 +438,11 @@ TEST_CASE("attnbench eval with V of another width (d_v != d_k): O, dO and dV d_v
   CHECK(worst < 1e-5);
   // dO of Q's width instead of V's: the shape error names both.
   write_npy(dir.file("do_q.npy"), q);
-  const ProcResult bad_do = attnbench(
-      dir, Args{"eval", "--variant", "naive", "--out", dir.file("O2.npy"), "--grad-output", dir.file("do_q.npy"),
-                "--dq", dir.file("dq2.npy"), "--dk", dir.file("dk2.npy"), "--dv", dir.file("dv2.npy")} +
-               qkv);
+  const ProcResult bad_do =
+      attnbench(dir, Args{"eval", "--variant", "naive", "--out", dir.file("O2.npy"), "--grad-output",
+                          dir.file("do_q.npy"), "--dq", dir.file("dq2.npy"), "--dk", dir.file("dk2.npy"),
+                          "--dv", dir.file("dv2.npy")} +
+                         qkv);
   CHECK(bad_do.code == 2);
   CHECK(contains(bad_do.err, "[1, 2, 9, 8]"));
   CHECK(contains(bad_do.err, "[1, 2, 9, 5]"));

@@ -386,7 +386,8 @@ TEST_CASE("d_v != d_k: sizes, repro Dv=, validation, and a variant without value
   expect_usage_error([&] { bad.validate(); }, {"v_head_dim", "-1"});
   // V and the output are bounded like Q and K.
   bad = p;
-  bad.batch = 1, bad.heads = 1, bad.kv_heads = 0, bad.seq_q = 1, bad.seq_kv = int64_t{1} << 30, bad.head_dim = 1;
+  bad.batch = 1, bad.heads = 1, bad.kv_heads = 0, bad.seq_q = 1, bad.seq_kv = int64_t{1} << 30,
+  bad.head_dim = 1;
   bad.v_head_dim = int64_t{1} << 30;
   expect_usage_error([&] { bad.validate(); }, {"v_head_dim", "(the elements of V)"});
   CHECK(Registry::instance().get("naive").unsupported_reasons_text(p).empty());

@@ -1381,8 +1381,9 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("d_v != d_k sweep: Dv in the ids, rows with v_head_dim, forward and backward accuracy, inputs' shapes",
-          "[sweep][run][value_dim]") {
+TEST_CASE(
+    "d_v != d_k sweep: Dv in the ids, rows with v_head_dim, forward and backward accuracy, inputs' shapes",
+    "[sweep][run][value_dim]") {
   ScratchDir dir{"sweeprun"};
   const Json config = {{"name", "dv"},
                        {"variants", {"naive", "tiled", "gated_delta_rule"}},
@@ -1425,7 +1426,8 @@ TEST_CASE("d_v != d_k sweep: Dv in the ids, rows with v_head_dim, forward and ba
       CHECK(row["accuracy"]["max_abs_err"].get<double>() < 1e-4);
       CHECK(row["accuracy"]["rows"] == 32);
     } else {
-      for (const char* g : {"dq", "dk", "dv"}) CHECK(row["grad_accuracy"][g]["rel_l2_err"].get<double>() < 1e-4);
+      for (const char* g : {"dq", "dk", "dv"})
+        CHECK(row["grad_accuracy"][g]["rel_l2_err"].get<double>() < 1e-4);
     }
     if (dv == 24) ++distinct_ok;
   }

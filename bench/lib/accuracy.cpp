@@ -131,9 +131,8 @@ void AccuracyReferences::fill_forward(const SweepPoint& pt, const AttentionInput
   const auto rows = static_cast<int64_t>(rows_.size());
   const int64_t nrows = bh * rows;
   const ErrorMetrics soft_e2e = compare_outputs(got.data(), reference_.ptr(), nrows, dv);
-  const ErrorMetrics soft = p.dtype == DType::fp32
-                                ? soft_e2e
-                                : compare_outputs(got.data(), stored_reference_.ptr(), nrows, dv);
+  const ErrorMetrics soft =
+      p.dtype == DType::fp32 ? soft_e2e : compare_outputs(got.data(), stored_reference_.ptr(), nrows, dv);
   row.accuracy_vs_softmax.max_abs_err = soft.max_abs_err;
   row.accuracy_vs_softmax.rel_l2_err = soft.rel_l2_err;
   const Attention& variant = Registry::instance().get(p.variant);
@@ -149,8 +148,7 @@ void AccuracyReferences::fill_forward(const SweepPoint& pt, const AttentionInput
   AttentionInputs fp32_in = fp32;
   fp32_in.out = nullptr;
   own_reference(variant, WideInputs::as_fp32(p), fp32_in, own_key + "|fp32", own_key_, own_reference_);
-  const ErrorMetrics own_e2e =
-      compare_outputs(got.data(), own_rows(own_reference_, p).ptr(), nrows, dv);
+  const ErrorMetrics own_e2e = compare_outputs(got.data(), own_rows(own_reference_, p).ptr(), nrows, dv);
   fill_accuracy(row.accuracy_e2e, own_e2e, rows);
   if (p.dtype == DType::fp32) {
     own_stored_key_.clear();
@@ -161,8 +159,7 @@ void AccuracyReferences::fill_forward(const SweepPoint& pt, const AttentionInput
     stored.out = nullptr;
     own_reference(variant, p, stored, own_key, own_stored_key_, own_stored_reference_);
     fill_accuracy(row.accuracy,
-                  compare_outputs(got.data(), own_rows(own_stored_reference_, p).ptr(), nrows, dv),
-                  rows);
+                  compare_outputs(got.data(), own_rows(own_stored_reference_, p).ptr(), nrows, dv), rows);
   }
 }
 

@@ -40,8 +40,8 @@ DoubleArray accuracy_reference(const Problem& p, const AttentionInputs& in, cons
 // The fp64 gradients `grad_accuracy` compares with: of problem `p` on `in` (the inputs the kernel read, with
 // the g in the shape its variant reads, beta, sink logits and initial state) for dO `d_out`, on the
 // (batch * kv_heads + K/V head) `blocks` in the compact layout reference_attention_backward(..., &blocks)
-// writes: dq [n, group, seq_q, head_dim], dk [n, seq_kv, head_dim] and dv [.., d_v] (n = blocks.size(), the blocks in
-// their order). A variant with Capabilities::own_definition: the gradient of its own definition
+// writes: dq [n, group, seq_q, head_dim], dk [n, seq_kv, head_dim] and dv [.., d_v] (n = blocks.size(), the
+// blocks in their order). A variant with Capabilities::own_definition: the gradient of its own definition
 // (Attention::reference_gradients over the whole tensors, then these blocks); any other: exact softmax
 // attention's (same masks, bias, scale, dropout, sinks). The runner's grad_accuracy and `attnbench inputs`'
 // grad_*.npy both come from here.

@@ -582,9 +582,8 @@ ATTN_REGISTER_COMMAND(
                      "with --grad-output and --initial-state: dL/dS0 .npy out, float32, the state's shape");
       sub.add_option("--dropout", o->dropout, "dropout probability on the attention weights, in [0, 1)");
       sub.add_option("--seed", o->seed, "dropout seed");
-      sub.add_option(
-          "--out", o->out,
-          "output .npy, float32 [batch, heads, seq_q, d_v] (required unless --forward-output)");
+      sub.add_option("--out", o->out,
+                     "output .npy, float32 [batch, heads, seq_q, d_v] (required unless --forward-output)");
       sub.add_flag("--compare", o->compare,
                    "print accuracy against the fp64 exact reference as JSON: `accuracy` on the inputs as "
                    "stored, `accuracy_e2e` on the fp32 inputs before rounding to --dtype (a recurrence: "

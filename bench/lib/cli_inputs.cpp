@@ -14,9 +14,9 @@
 // (reference_gradient_blocks: exact softmax attention's, or the variant's own definition's): the
 // (batch, K/V head) blocks of grad_reference_blocks (grad_blocks.npy) in reference_attention_backward's
 // compact layout (grad_dq.npy [n, group, seq_q, head_dim], grad_dk.npy [n, seq_kv, head_dim] and
-// grad_dv.npy [n, seq_kv, d_v]), on the inputs rounded to the point's dtype as the runner's. point.json's "files" names every
-// file written. The PyTorch peer (scripts/peers/torch_attention.py) and anyone reproducing a row outside
-// attnbench start from these files.
+// grad_dv.npy [n, seq_kv, d_v]), on the inputs rounded to the point's dtype as the runner's. point.json's
+// "files" names every file written. The PyTorch peer (scripts/peers/torch_attention.py) and anyone
+// reproducing a row outside attnbench start from these files.
 #include <filesystem>
 #include <iostream>
 #include <set>

@@ -543,9 +543,10 @@ void check_point_count(const SweepConfig& c) {
   uint64_t points = param_sets;
   for (const std::size_t n :
        {c.regimes.size(), c.batch.size(), c.heads.size(), std::max<std::size_t>(c.kv_heads.size(), 1),
-        c.head_dim.size(), std::max<std::size_t>(c.v_head_dim.size(), 1), c.seq_q.size(), c.self_attention ? std::size_t{1} : c.seq_kv.size(),
-        c.masks.size(), std::max<std::size_t>(c.threads.size(), 1), c.isas.size(), c.dtypes.size(),
-        c.biases.size(), c.passes.size()})
+        c.head_dim.size(), std::max<std::size_t>(c.v_head_dim.size(), 1), c.seq_q.size(),
+        c.self_attention ? std::size_t{1} : c.seq_kv.size(), c.masks.size(),
+        std::max<std::size_t>(c.threads.size(), 1), c.isas.size(), c.dtypes.size(), c.biases.size(),
+        c.passes.size()})
     points = points_product(points, n);
   if (points > kMaxPoints)
     fail("config", "the cross product of variants, parameters, sweep.*, and inputs has more than " +
@@ -607,7 +608,8 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
   // The tokens regime projects V through the multi-head layer, whose V heads are head_dim wide.
   for (std::size_t i = 0; i < c.regimes.size(); ++i)
     for (const int64_t dv : c.v_head_dim)
-      if (c.regimes[i].kind == "tokens" && std::find(c.head_dim.begin(), c.head_dim.end(), dv) == c.head_dim.end())
+      if (c.regimes[i].kind == "tokens" &&
+          std::find(c.head_dim.begin(), c.head_dim.end(), dv) == c.head_dim.end())
         fail("sweep.v_head_dim",
              "regime 'tokens' (" + c.regimes[i].label() +
                  ") makes V with the multi-head layer's projection, head_dim wide: v_head_dim " +

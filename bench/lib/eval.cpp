@@ -283,8 +283,7 @@ std::vector<float> checked_initial_state(const std::string& what, const std::str
 }
 
 Json final_state_comparison(const Problem& p, const float* got, const double* reference_state) {
-  const ErrorMetrics m =
-      compare_outputs(got, reference_state, p.batch * p.heads * p.head_dim, p.value_dim());
+  const ErrorMetrics m = compare_outputs(got, reference_state, p.batch * p.heads * p.head_dim, p.value_dim());
   return {{"reference", "fp64 final state of " + p.variant + "'s own definition"},
           {"max_abs_err", json_number(m.max_abs_err)},
           {"rel_l2_err", json_number(m.rel_l2_err)},
@@ -313,10 +312,9 @@ void check_runnable(const Attention& variant, const Problem& p, int threads, boo
     m.output = sat_add(b.output, sat_mul(2, m.output), sat_mul(variant.saved_floats(p), sizeof(float)));
     m.workspace = std::max(m.workspace, b.workspace);
     if (with_reference)
-      reference =
-          sat_add(reference,
-                  sat_mul(2 * sizeof(double),
-                          sat_add(to_size(p.q_elements()), to_size(p.kv_elements()), to_size(p.v_elements()))));
+      reference = sat_add(
+          reference, sat_mul(2 * sizeof(double), sat_add(to_size(p.q_elements()), to_size(p.kv_elements()),
+                                                         to_size(p.v_elements()))));
   }
   const std::size_t need = sat_add(m.beyond_inputs(), reference);
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);

@@ -24,8 +24,9 @@ struct PointInputs {
 };
 
 // Q is [batch, heads, seq_q, head_dim]; K is [batch, kv_heads, seq_kv, head_dim] and V [.., d_v]
-// (Problem::num_kv_heads, Problem::value_dim). gaussian: Q, K ~ N(0, std^2), V ~ N(0, 1). A larger std makes attention more
-// peaked (logit spread ~ std^2). tokens: see make_token_inputs. Key padding pads the trailing round(fraction
+// (Problem::num_kv_heads, Problem::value_dim). gaussian: Q, K ~ N(0, std^2), V ~ N(0, 1). A larger std makes
+// attention more peaked (logit spread ~ std^2). tokens: see make_token_inputs. Key padding pads the trailing
+// round(fraction
 // * seq_kv) keys of every batch. With the regime's RoPE on, Q and K are rotated (apply_point_rope) before
 // they are returned. Always fp32: a bf16 / fp16 point rounds them (StoredInputs, common/interface/half.hpp).
 PointInputs make_inputs(const SweepPoint& point);

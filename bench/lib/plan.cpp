@@ -150,76 +150,77 @@ std::vector<SweepPoint> expand_plan(const SweepConfig& c) {
         for (int64_t KV : c.kv_heads.empty() ? std::vector<int64_t>{H} : c.kv_heads)
           for (int64_t D : c.head_dim)
             for (int64_t Dv : c.v_head_dim.empty() ? std::vector<int64_t>{D} : c.v_head_dim)
-            for (std::size_t s = 0; s < n_seq; ++s)
-              for (const MaskAxis& mask : masks_by_inputs) {
-                const int64_t Lq = c.self_attention ? c.seq_q[s] : c.seq_q[s / c.seq_kv.size()];
-                const int64_t Lkv = c.self_attention ? c.seq_kv[s] : c.seq_kv[s % c.seq_kv.size()];
-                std::ostringstream key;
-                // Hkv only when it differs from H, as in repro(): configs without sweep.kv_heads keep their
-                // input keys, and so their input seeds and inputs.
-                key << "B=" << B << ",H=" << H;
-                if (KV != H) key << ",Hkv=" << KV;
-                // The mask's part of the key is what it adds to the inputs (the key-padding flags), not
-                // causality: a causal point and its non-causal twin read the same Q, K, V (the non-causal
-                // point's draws), so they are one input set, timed together and compared round by round.
-                key << ",Lq=" << Lq << ",Lkv=" << Lkv << ",D=" << D;
-                if (Dv != D) key << ",Dv=" << Dv;  // as in repro(): configs without it keep their keys
-                key << "," << mask_inputs_label(mask) << ",";
-                // The seed comes from the regime without RoPE: a point with RoPE rotates the very draws (or
-                // projections) the same point without it uses. The key has the RoPE part: other inputs.
-                const uint64_t seed = fnv1a64(key.str() + regime.base_label(), c.seed);
-                key << regime.label();
-                // The storage dtype and the bias leave the fp32 inputs as they are: points differing only in
-                // them share the input key (and the fp32 reference of the end-to-end accuracy).
-                for (const Bias bias : c.biases)
-                  for (const double cap : c.softcaps)
-                    for (const bool sinks : c.sinks)
-                      for (const DType dtype : c.dtypes)
-                        for (const VariantSpec& v : c.variants)
-                          for (const Json& params : v.param_sets)
-                            for (int T : c.threads)
-                              for (const std::string& isa : c.isas)
-                                for (const Pass pass : c.passes) {
-                                  SweepPoint pt;
-                                  Problem& p = pt.problem;
-                                  p = make_problem(v.name,
-                                                   params);  // resolved already; this records the spec order
-                                  p.batch = B, p.heads = H, p.seq_q = Lq, p.seq_kv = Lkv, p.head_dim = D;
-                                  p.v_head_dim = Dv == D ? 0 : Dv;  // 0: V as wide as Q and K
-                                  p.kv_heads =
-                                      KV == H ? 0 : KV;  // 0: multi-head attention (Problem::num_kv_heads)
-                                  p.mask = mask.spec;
-                                  p.dropout = c.dropout;
-                                  p.seed = c.seed;
-                                  p.dtype = dtype;
-                                  p.bias = bias;
-                                  if (cap > 0) p.softcap = cap;
-                                  p.sinks = sinks;
-                                  // A recurrence's decode point runs from the state a chunkwise prefill of
-                                  // the context makes (untimed; decode_state.hpp).
-                                  p.initial_state = decode_from_prefill(p);
-                                  pt.mask = mask;
-                                  pt.regime = regime;
-                                  pt.threads = T;
-                                  pt.isa = isa;
-                                  pt.pass = pass;
-                                  pt.input_key = key.str();
-                                  pt.input_seed = seed;
-                                  std::ostringstream id;
-                                  id << p.repro();
-                                  if (mask.spec.key_padding)
-                                    id << ",padfrac=" << shortest_double_text(mask.pad_fraction);
-                                  id << "," << regime.label() << ",T=" << T;
-                                  // "best" adds nothing: configs without sweep.isa keep the ids (and --filter
-                                  // texts and resumable folders) they had before the axis existed.
-                                  if (isa != "best") id << ",isa=" << isa;
-                                  // The forward adds nothing, so ids from before the pass axis stay as they
-                                  // were.
-                                  if (pass != Pass::forward) id << ",pass=" << pass_name(pass);
-                                  pt.id = id.str();
-                                  plan.push_back(std::move(pt));
-                                }
-              }
+              for (std::size_t s = 0; s < n_seq; ++s)
+                for (const MaskAxis& mask : masks_by_inputs) {
+                  const int64_t Lq = c.self_attention ? c.seq_q[s] : c.seq_q[s / c.seq_kv.size()];
+                  const int64_t Lkv = c.self_attention ? c.seq_kv[s] : c.seq_kv[s % c.seq_kv.size()];
+                  std::ostringstream key;
+                  // Hkv only when it differs from H, as in repro(): configs without sweep.kv_heads keep their
+                  // input keys, and so their input seeds and inputs.
+                  key << "B=" << B << ",H=" << H;
+                  if (KV != H) key << ",Hkv=" << KV;
+                  // The mask's part of the key is what it adds to the inputs (the key-padding flags), not
+                  // causality: a causal point and its non-causal twin read the same Q, K, V (the non-causal
+                  // point's draws), so they are one input set, timed together and compared round by round.
+                  key << ",Lq=" << Lq << ",Lkv=" << Lkv << ",D=" << D;
+                  if (Dv != D) key << ",Dv=" << Dv;  // as in repro(): configs without it keep their keys
+                  key << "," << mask_inputs_label(mask) << ",";
+                  // The seed comes from the regime without RoPE: a point with RoPE rotates the very draws (or
+                  // projections) the same point without it uses. The key has the RoPE part: other inputs.
+                  const uint64_t seed = fnv1a64(key.str() + regime.base_label(), c.seed);
+                  key << regime.label();
+                  // The storage dtype and the bias leave the fp32 inputs as they are: points differing only
+                  // in them share the input key (and the fp32 reference of the end-to-end accuracy).
+                  for (const Bias bias : c.biases)
+                    for (const double cap : c.softcaps)
+                      for (const bool sinks : c.sinks)
+                        for (const DType dtype : c.dtypes)
+                          for (const VariantSpec& v : c.variants)
+                            for (const Json& params : v.param_sets)
+                              for (int T : c.threads)
+                                for (const std::string& isa : c.isas)
+                                  for (const Pass pass : c.passes) {
+                                    SweepPoint pt;
+                                    Problem& p = pt.problem;
+                                    p = make_problem(
+                                        v.name,
+                                        params);  // resolved already; this records the spec order
+                                    p.batch = B, p.heads = H, p.seq_q = Lq, p.seq_kv = Lkv, p.head_dim = D;
+                                    p.v_head_dim = Dv == D ? 0 : Dv;  // 0: V as wide as Q and K
+                                    p.kv_heads =
+                                        KV == H ? 0 : KV;  // 0: multi-head attention (Problem::num_kv_heads)
+                                    p.mask = mask.spec;
+                                    p.dropout = c.dropout;
+                                    p.seed = c.seed;
+                                    p.dtype = dtype;
+                                    p.bias = bias;
+                                    if (cap > 0) p.softcap = cap;
+                                    p.sinks = sinks;
+                                    // A recurrence's decode point runs from the state a chunkwise prefill of
+                                    // the context makes (untimed; decode_state.hpp).
+                                    p.initial_state = decode_from_prefill(p);
+                                    pt.mask = mask;
+                                    pt.regime = regime;
+                                    pt.threads = T;
+                                    pt.isa = isa;
+                                    pt.pass = pass;
+                                    pt.input_key = key.str();
+                                    pt.input_seed = seed;
+                                    std::ostringstream id;
+                                    id << p.repro();
+                                    if (mask.spec.key_padding)
+                                      id << ",padfrac=" << shortest_double_text(mask.pad_fraction);
+                                    id << "," << regime.label() << ",T=" << T;
+                                    // "best" adds nothing: configs without sweep.isa keep the ids (and
+                                    // --filter texts and resumable folders) they had before the axis existed.
+                                    if (isa != "best") id << ",isa=" << isa;
+                                    // The forward adds nothing, so ids from before the pass axis stay as they
+                                    // were.
+                                    if (pass != Pass::forward) id << ",pass=" << pass_name(pass);
+                                    pt.id = id.str();
+                                    plan.push_back(std::move(pt));
+                                  }
+                }
   return plan;
 }
 
@@ -319,7 +320,8 @@ PointMemory point_memory(const SweepPoint& pt, const SweepConfig& c) {
           m.reference, sat_mul(to_size(p.out_elements()), (p.dtype == DType::fp32 ? 1 : 2) * sizeof(double)));
   }
   if (p.dtype != DType::fp32)
-    m.fp32_inputs = static_cast<std::size_t>(p.q_elements() + p.kv_elements() + p.v_elements()) * sizeof(float);
+    m.fp32_inputs =
+        static_cast<std::size_t>(p.q_elements() + p.kv_elements() + p.v_elements()) * sizeof(float);
   return m;
 }
 

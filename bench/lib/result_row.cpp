@@ -227,8 +227,10 @@ struct Field {
 // matters.
 constexpr Field kFields[] = {
     {"id", "string", "",
-     "the point's unique id: the problem's repro string (with `,Dv=N` when d_v differs from head_dim, `,alibi` and "
-     "`,dtype=NAME` unless the defaults, `,state0` when a recurrence starts from a state, as its decode points do), "
+     "the point's unique id: the problem's repro string (with `,Dv=N` when d_v differs from head_dim, "
+     "`,alibi` and "
+     "`,dtype=NAME` unless the defaults, `,state0` when a recurrence starts from a state, as its decode "
+     "points do), "
      "`,padfrac=F` with key padding, the regime (with `,rope=MODE` when RoPE is on, and a gate "
      "distribution that is not the default), `,T=` threads, `,isa=NAME` unless the requested "
      "target is `best`, and `,pass=NAME` unless the pass is the forward",

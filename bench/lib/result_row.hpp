@@ -105,8 +105,8 @@ struct ResultRow {
   int64_t batch = 0, heads = 0, seq_q = 0, seq_kv = 0, head_dim = 0;
   int64_t kv_heads = 0;    // K/V heads (= heads unless grouped-query); rows from before it read as heads
   int64_t v_head_dim = 0;  // d_v, V's and the output's width (= head_dim unless set); older rows: head_dim
-  std::string mask;      // MaskAxis::label()
-  std::string regime;    // Regime::label()
+  std::string mask;        // MaskAxis::label()
+  std::string regime;      // Regime::label()
   int threads = 0;
   std::string isa;  // the SIMD target that ran
   double dropout = 0;

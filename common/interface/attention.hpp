@@ -86,12 +86,13 @@ Json variants_json();
 
 // Pointers to contiguous tensors. q: [batch, heads, seq_q, head_dim], out: [batch, heads, seq_q, d_v]; k:
 // [batch, kv_heads, seq_kv, head_dim], v: [batch, kv_heads, seq_kv, d_v] (kv_heads = heads unless
-// grouped-query, Problem::num_kv_heads; d_v = Problem::value_dim(), head_dim unless Capabilities::value_dim). Q, K and V are fp32 in
-// q, k, v when problem.dtype is fp32, and the 16-bit patterns of bf16 / fp16 values in q16, k16, v16
-// otherwise (common/interface/half.hpp; the other three are then unused). out is always fp32. mask: [seq_q,
-// seq_kv] (nonzero = may attend), required iff problem.mask.boolean. key_padding: [batch, seq_kv] (nonzero =
-// padded), required iff problem.mask.key_padding. alibi_slopes: [heads], the ALiBi slope of each query head;
-// null means the default slopes (alibi_default_slopes); read only when problem.bias is alibi.
+// grouped-query, Problem::num_kv_heads; d_v = Problem::value_dim(), head_dim unless Capabilities::value_dim).
+// Q, K and V are fp32 in q, k, v when problem.dtype is fp32, and the 16-bit patterns of bf16 / fp16 values in
+// q16, k16, v16 otherwise (common/interface/half.hpp; the other three are then unused). out is always fp32.
+// mask: [seq_q, seq_kv] (nonzero = may attend), required iff problem.mask.boolean. key_padding: [batch,
+// seq_kv] (nonzero = padded), required iff problem.mask.key_padding. alibi_slopes: [heads], the ALiBi slope
+// of each query head; null means the default slopes (alibi_default_slopes); read only when problem.bias is
+// alibi.
 struct AttentionInputs {
   const float* q = nullptr;
   const float* k = nullptr;

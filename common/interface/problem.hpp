@@ -107,7 +107,8 @@ struct Problem {
   int64_t kv_elements() const { return batch * num_kv_heads() * seq_kv * head_dim; }  // of K
   int64_t v_elements() const { return batch * num_kv_heads() * seq_kv * value_dim(); }
   int64_t out_elements() const { return batch * heads * seq_q * value_dim(); }  // of the output (and dO)
-  // Of a recurrence's state [batch, heads, d_k, d_v] (not bounded by validate: saturate where it may be huge).
+  // Of a recurrence's state [batch, heads, d_k, d_v] (not bounded by validate: saturate where it may be
+  // huge).
   int64_t state_elements() const { return batch * heads * head_dim * value_dim(); }
   bool is_self_shaped() const { return seq_q == seq_kv; }
 
@@ -126,9 +127,9 @@ struct Problem {
 
 // Reads the shape part of a repro string ("B=1,H=8,Hkv=2,Lq=16,Lkv=16,D=8,Dv=4,causal,alibi,dtype=bf16,
 // scale=0.5"; softcap=C, sinks and state0 when set;
-// Hkv only when it differs from H, Dv only when it differs from D, alibi only with that bias, dtype only when not fp32) into `p` (sizes,
-// mask, scale, dropout, seed), then validates `p`; UsageError naming `where`. parse_problem (attention.hpp)
-// reads a whole repro string, parameters included.
+// Hkv only when it differs from H, Dv only when it differs from D, alibi only with that bias, dtype only when
+// not fp32) into `p` (sizes, mask, scale, dropout, seed), then validates `p`; UsageError naming `where`.
+// parse_problem (attention.hpp) reads a whole repro string, parameters included.
 void parse_problem_shape(const std::string& shape, const std::string& where, Problem& p);
 
 }  // namespace attn

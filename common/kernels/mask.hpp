@@ -46,9 +46,10 @@ inline double causal_pairs(const Problem& p) {
 }
 
 // The FLOP count of exact softmax attention every exact variant reports: 2·(d_k + d_v) per attended pair
-// (2·d_k for a row of QKᵀ, 2·d_v for P·V; 4·d when they are equal), softmax not counted. Causal counts only the pairs below the diagonal (about half
-// of 4·Lq·Lkv·d), whatever a variant computes: a variant that computes the masked half and discards it shows
-// the lower GFLOP/s it earns, and none shows more than the machine can do.
+// (2·d_k for a row of QKᵀ, 2·d_v for P·V; 4·d when they are equal), softmax not counted. Causal counts only
+// the pairs below the diagonal (about half of 4·Lq·Lkv·d), whatever a variant computes: a variant that
+// computes the masked half and discards it shows the lower GFLOP/s it earns, and none shows more than the
+// machine can do.
 inline double exact_attention_flops(const Problem& p) {
   return 2.0 * static_cast<double>(p.batch * p.heads) * static_cast<double>(p.head_dim + p.value_dim()) *
          causal_pairs(p);

@@ -290,7 +290,8 @@ class Checker {
           changed.q.data[(bh * p.seq_q + i) * D + d] = 10.0f * (float)rng.normal();
     for (int64_t bh = 0; bh < p.batch * p.num_kv_heads(); ++bh) {
       for (int64_t j = kfirst; j < p.seq_kv; ++j) {
-        for (int64_t d = 0; d < D; ++d) changed.k.data[(bh * p.seq_kv + j) * D + d] = 10.0f * (float)rng.normal();
+        for (int64_t d = 0; d < D; ++d)
+          changed.k.data[(bh * p.seq_kv + j) * D + d] = 10.0f * (float)rng.normal();
         for (int64_t d = 0; d < Dv; ++d)
           changed.v.data[(bh * p.seq_kv + j) * Dv + d] = 1e3f * (float)rng.normal();
       }
@@ -446,9 +447,8 @@ class Checker {
         const FloatArray* base_parts[] = {&bg.dq, &bg.dk, &bg.dv};
         for (int i = 0; i < 3; ++i) {
           const Part& pt = parts[i];
-          const ErrorMetrics mb =
-              compare_outputs(base_parts[i]->ptr(), pt.want.ptr(),
-                              static_cast<int64_t>(pt.got.numel() / pt.width), pt.width);
+          const ErrorMetrics mb = compare_outputs(base_parts[i]->ptr(), pt.want.ptr(),
+                                                  static_cast<int64_t>(pt.got.numel() / pt.width), pt.width);
           // The rule on the norm-wise error, plus 2^-22 relative: at these sizes both gradients sit a few
           // ulps from fp64, where the largest single-element error of two correct implementations differs by
           // 1.5-2.2x from seed to seed (measured for tiled vs naive over 20 seeds), while the norm-wise
@@ -813,9 +813,10 @@ void run_value_dim_checks(Checker& c, const Problem& base, uint64_t& seed) {
     int64_t kv_heads, v_head_dim;
     const char* mask;
   };
-  const Case cases[] = {{{1, 2, 7, 7, 16}, 0, 24, "none"},      {{2, 3, 17, 17, 32}, 0, 8, "causal"},
-                        {{1, 2, 130, 130, 20}, 0, 33, "causal"}, {{2, 4, 19, 19, 12}, 2, 40, "causal+pad"},
-                        {{2, 2, 7, 19, 16}, 0, 5, "none"},       {{1, 4, 1, 300, 24}, 1, 16, "causal_lower_right"}};
+  const Case cases[] = {
+      {{1, 2, 7, 7, 16}, 0, 24, "none"},       {{2, 3, 17, 17, 32}, 0, 8, "causal"},
+      {{1, 2, 130, 130, 20}, 0, 33, "causal"}, {{2, 4, 19, 19, 12}, 2, 40, "causal+pad"},
+      {{2, 2, 7, 19, 16}, 0, 5, "none"},       {{1, 4, 1, 300, 24}, 1, 16, "causal_lower_right"}};
   for (const Case& x : cases) {
     Problem p = base;
     p.batch = x.s.batch, p.heads = x.s.heads, p.kv_heads = x.kv_heads, p.seq_q = x.s.seq_q,

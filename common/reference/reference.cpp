@@ -435,7 +435,8 @@ void reference_attention_backward(const Problem& p, const AttentionInputs& in16,
 // (the magnitudes actually met, not their maxima), with u = 2^-24 and gamma_n = n u the bound of an n-term
 // fp32 sum of products (any order, so any blocking or thread split): |fl(sum a_t b_t) - sum a_t b_t| <=
 // gamma_n sum |a_t b_t|. For row i of query head h and key j (p = dropout, kd = 1 / (1 - p)):
-//  * the logit s_ij = scale q_i . k_j (+ bias): err_s <= (D + 1) u (D = d_k; D_v = d_v below) scale sum_d |q_id k_jd| + 2 u |bias|;
+//  * the logit s_ij = scale q_i . k_j (+ bias): err_s <= (D + 1) u (D = d_k; D_v = d_v below) scale sum_d
+//  |q_id k_jd| + 2 u |bias|;
 //  * the log-sum-exp lse_i (the forward's, or recomputed): max_j err_s + (L + 2) u (an L-term sum of positive
 //    terms is off by L u relative, so its log by L u absolute) + the exp's few ulps;
 //  * a weight P_ij = exp(s_ij - lse_i) recomputed from them: relative error eps_ij = err_s + err_lse +
@@ -572,7 +573,8 @@ class BlockBound {
         const double qa = std::fabs(qi[d]);
         ek_[j * D + d] += scale * (eds[j] * qa + (rows_in + 1) * u * std::fabs(ds[j]) * qa);
       }
-      for (int64_t d = 0; d < Dv; ++d) ev_[j * Dv + d] += wd(j) * std::fabs(g[d]) * (es[j] + (rows_in + 1) * u);
+      for (int64_t d = 0; d < Dv; ++d)
+        ev_[j * Dv + d] += wd(j) * std::fabs(g[d]) * (es[j] + (rows_in + 1) * u);
     }
   }
 

@@ -46,15 +46,14 @@ std::vector<float> gather_rows(const float* x, int64_t bh, int64_t seq, int64_t 
 double exact_abs_tolerance(const Problem& p, const AttentionInputs& in, DType weights = DType::fp32);
 
 // The fp64 gradient of exact softmax attention (reference_attention, same masks, bias, scale and dropout
-// keep decisions) for L = sum(d_out * O): dq [B,H,seq_q,D], dk [B,Hkv,seq_kv,D] and dv [..,Dv] (grouped-query: summed
-// over the group's query heads). Computed in double from Q, K, V and dO alone (P recomputed, no state of any
-// variant): a pass over query rows (dQ, each row's log-sum-exp and dO . O), then a pass over keys (dK, dV),
-// each parallel with every output element summed by one task in a fixed order, so the result is independent
-// of the thread count. The ALiBi bias depends on neither Q nor K and has no gradient. A row with no allowed
-// key contributes nothing.
-// kv_blocks: only those (batch * kv_heads + K/V head) blocks, written compactly in that order: dq
-// [n][group][seq_q][D] (the block's query heads), dk [n][seq_kv][D] and dv [n][seq_kv][Dv] (the sweep's sampled gradient
-// accuracy); null: every block, in place.
+// keep decisions) for L = sum(d_out * O): dq [B,H,seq_q,D], dk [B,Hkv,seq_kv,D] and dv [..,Dv]
+// (grouped-query: summed over the group's query heads). Computed in double from Q, K, V and dO alone (P
+// recomputed, no state of any variant): a pass over query rows (dQ, each row's log-sum-exp and dO . O), then
+// a pass over keys (dK, dV), each parallel with every output element summed by one task in a fixed order, so
+// the result is independent of the thread count. The ALiBi bias depends on neither Q nor K and has no
+// gradient. A row with no allowed key contributes nothing. kv_blocks: only those (batch * kv_heads + K/V
+// head) blocks, written compactly in that order: dq [n][group][seq_q][D] (the block's query heads), dk
+// [n][seq_kv][D] and dv [n][seq_kv][Dv] (the sweep's sampled gradient accuracy); null: every block, in place.
 // d_sinks (Problem::sinks): dL/d sink_logits [heads], summed over the batch (the covered blocks).
 void reference_attention_backward(const Problem& p, const AttentionInputs& in, const float* d_out, double* dq,
                                   double* dk, double* dv, const std::vector<int64_t>* kv_blocks = nullptr,
