@@ -321,7 +321,9 @@ TEST_CASE("run: seq_len 10^12 is skipped with the bytes it needs, before allocat
     const uint64_t workspace = variant.workspace_bytes(pt.problem, 1);
     CHECK(mem.at("workspace_bytes") == workspace);
     uint64_t need = 0;
-    const bool wraps = __builtin_add_overflow(3 * q * 4 + q * 4 + reference, workspace, &need);
+    // Besides Q, K, V, O, the reference and the workspace: the per-head sink logits every point draws (fp32).
+    const uint64_t sinks = 8 * sizeof(float);
+    const bool wraps = __builtin_add_overflow(3 * q * 4 + q * 4 + reference + sinks, workspace, &need);
     const std::string reason = row.at("reason");
     // A variant that cannot run the problem at all (the recurrences need the causal mask) says so first.
     if (const std::string why = variant.unsupported_reasons_text(pt.problem); !why.empty()) {
@@ -467,20 +469,21 @@ TEST_CASE("eval: truncated, foreign, empty and mismatched .npy inputs exit 2 nam
       {"K of another batch",
        {"--k", array_file("k_b1.npy", {1, 2, 6, 8})},
        {"--k '" + dir.file("k_b1.npy") + "': shape [1, 2, 6, 8] does not fit --q '" + qp +
-        "' shape [2, 2, 6, 8]: batch 1 != Q's batch 2; K and V must be [batch, kv_heads, seq_kv, head_dim] "
-        "with Q's batch 2 and head_dim 8, and kv_heads dividing Q's heads 2 (1 or 2)"}},
+        "' shape [2, 2, 6, 8]: batch 1 != Q's batch 2; K must be [batch, kv_heads, seq_kv, head_dim] "
+        "with Q's batch 2 and head_dim 8, and kv_heads dividing Q's heads 2 (1 or 2); V [batch, kv_heads, "
+        "seq_kv, d_v]"}},
       {"K with heads not dividing Q's",
        {"--k", array_file("k_h3.npy", {2, 3, 6, 8})},
        {"--k '" + dir.file("k_h3.npy") + "': shape [2, 3, 6, 8] does not fit --q '" + qp +
         "' shape [2, 2, 6, 8]: kv_heads 3 does not divide Q's heads 2"}},
       {"V of another batch",
        {"--v", array_file("v_b3.npy", {3, 2, 6, 8})},
-       {"--v '" + dir.file("v_b3.npy") + "': shape [3, 2, 6, 8] differs from --k '" + kp +
-        "' shape [2, 2, 6, 8] (V must have K's shape [batch, kv_heads, seq_kv, head_dim])"}},
-      {"V of another head_dim",
-       {"--v", array_file("v_d4.npy", {2, 2, 6, 4})},
-       {"--v '" + dir.file("v_d4.npy") + "': shape [2, 2, 6, 4] differs from --k '" + kp +
-        "' shape [2, 2, 6, 8]"}},
+       {"--v '" + dir.file("v_b3.npy") + "': shape [3, 2, 6, 8] does not fit --k '" + kp +
+        "' shape [2, 2, 6, 8] (V must be [batch, kv_heads, seq_kv, d_v] with K's first three extents"}},
+      // V of another width is d_v != d_k: refused by a variant that needs V as wide as Q and K.
+      {"V of another head_dim for a variant without value_dim",
+       {"--variant", "tiled", "--v", array_file("v_d4.npy", {2, 2, 6, 4})},
+       {"attnbench: not supported: tiled", "needs V as wide as Q and K (got v_head_dim 4 != head_dim 8)"}},
       {"K and V longer than Q for a self-attention-only variant",
        {"--variant", "sliding_window", "--k", array_file("k_7.npy", {2, 2, 7, 8}), "--v",
         array_file("v_7.npy", {2, 2, 7, 8})},
@@ -1061,7 +1064,7 @@ TEST_CASE("eval: a recurrence's g, beta and states: unused, missing or misshapen
            {"--g '" + f.gv + "'", "shape [1, 2, 6, 8]", "does not match [1, 2, 6]"}},
           {f.args("simple_gla", {"--g", f.g, "--initial-state", f.s0_shape}),
            {"--initial-state '" + f.s0_shape + "'", "[1, 2, 8, 7]", "does not match [1, 2, 8, 8]",
-            "[batch, heads, head_dim, head_dim]"}},
+            "[batch, heads, head_dim, d_v]", "d_v 8 from V"}},
       });
 }
 

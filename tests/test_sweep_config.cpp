@@ -1222,7 +1222,7 @@ TEST_CASE("grad_accuracy_mode prices a recurrence's own fp64 gradient as O(n d^2
   }
 }
 
-TEST_CASE("plan expansion: v_head_dim is an axis crossed with head_dim; equal widths are one point",
+TEST_CASE("plan expansion: v_head_dim is an axis crossed with head_dim, equal widths are one point",
           "[sweep][config][value_dim]") {
   Json j = base_config();
   j["sweep"]["head_dim"] = {16, 32};
@@ -1260,4 +1260,31 @@ TEST_CASE("plan expansion: v_head_dim is an axis crossed with head_dim; equal wi
     CHECK_THAT(e, Contains("regime 'tokens'"));
     CHECK_THAT(e, Contains("v_head_dim 8"));
   }
+}
+
+TEST_CASE("memory: a recurrence's per-token inputs and a decode point's prefill count against memory_budget",
+          "[sweep][config][recurrent]") {
+  Json j = base_config();
+  j["variants"] = {"gated_delta_rule"};
+  j["sweep"] = {{"batch", 1},      {"heads", 2},       {"head_dim", 16},           {"v_head_dim", 24},
+                {"seq_q", 1},      {"seq_kv", 4096},   {"mask", "causal_lower_right"}, {"threads", 1}};
+  const SweepConfig c = parse_sweep_config(j, "cfg.json");
+  const Plan plan = make_plan(c);
+  REQUIRE(plan.points.size() == 1);
+  const SweepPoint& pt = plan.points[0];
+  REQUIRE(pt.problem.initial_state);  // a decode point runs from the state its prefill makes
+  const PointMemory m = point_memory(pt, plan.config);
+  // g and beta over the 4096 context tokens of 2 heads, 2 sink logits, the 16 x 24 state per head (fp32).
+  CHECK(m.extra_inputs == (2 * 4096 + 2 * 4096 + 2 + 2 * 16 * 24) * sizeof(float));
+  // The prefill of 4095 tokens holds at least its K (d 16), V (d 24), zero Q and output, g and beta.
+  CHECK(m.prefill >= (4095 * 2 * (16 + 24) + 4095 * 2 * (16 + 24) + 2 * 4095 * 2) * sizeof(float));
+  CHECK(m.need() >= m.call.total() + m.extra_inputs + m.prefill);
+  // A budget that holds the call but not the prefill skips the point, naming the prefill.
+  SweepConfig tight = plan.config;
+  tight.memory_budget_bytes = m.need() - 1;
+  const std::string why = skip_reason(pt, tight);
+  CHECK_THAT(why, Contains("the decode state's prefill"));
+  CHECK_THAT(why, Contains("per-token inputs"));
+  tight.memory_budget_bytes = m.need();
+  CHECK(skip_reason(pt, tight).empty());
 }

@@ -273,7 +273,7 @@ std::vector<int64_t> grad_reference_blocks(const Problem& p, const AccuracySetti
 }
 
 std::size_t PointMemory::need() const {
-  return sat_add(call.total(), reference, fp32_inputs, grad_reference);
+  return sat_add(call.total(), reference, fp32_inputs, grad_reference, extra_inputs, prefill);
 }
 
 PointMemory point_memory(const SweepPoint& pt, const SweepConfig& c) {
@@ -322,6 +322,26 @@ PointMemory point_memory(const SweepPoint& pt, const SweepConfig& c) {
   if (p.dtype != DType::fp32)
     m.fp32_inputs =
         static_cast<std::size_t>(p.q_elements() + p.kv_elements() + p.v_elements()) * sizeof(float);
+  const Capabilities caps = v.capabilities();
+  // Per key token (every point draws them over the whole context) and head; saturating: the state's size is
+  // not bounded by Problem::validate.
+  const std::size_t tokens = to_size(p.batch * p.heads * p.seq_kv);
+  const std::size_t gate = caps.gate == Gate::vector   ? sat_mul(tokens, to_size(p.head_dim))
+                           : caps.gate == Gate::scalar ? tokens
+                                                       : 0;
+  const std::size_t state = sat_mul(to_size(p.batch * p.heads), to_size(p.head_dim), to_size(p.value_dim()));
+  m.extra_inputs =
+      sat_mul(sat_add(gate, caps.beta ? tokens : 0, to_size(p.heads), p.initial_state ? state : 0), sizeof(float));
+  if (decode_from_prefill(p)) {
+    const Problem pre = prefill_problem(p);
+    const std::size_t pre_tokens = to_size(pre.batch * pre.heads * pre.seq_q);
+    const std::size_t pre_gate = caps.gate == Gate::vector   ? sat_mul(pre_tokens, to_size(pre.head_dim))
+                                 : caps.gate == Gate::scalar ? pre_tokens
+                                                             : 0;
+    // Its Q, K, V, output and workspace (fp32: the prefill runs in fp32), the g and beta prefixes, the state.
+    m.prefill = sat_add(v.estimate_memory(pre, pt.threads).total(),
+                        sat_mul(sat_add(pre_gate, caps.beta ? pre_tokens : 0, state), sizeof(float)));
+  }
   return m;
 }
 
@@ -344,6 +364,11 @@ std::string skip_reason(const SweepPoint& pt, const SweepConfig& c) {
          (m.fp32_inputs ? ", fp32 inputs the " + std::string(dtype_name(pt.problem.dtype)) +
                               " ones are rounded from " + format_bytes(static_cast<double>(m.fp32_inputs))
                         : std::string()) +
+         (m.extra_inputs ? ", per-token inputs (g, beta, sinks, state) " +
+                               format_bytes(static_cast<double>(m.extra_inputs))
+                         : std::string()) +
+         (m.prefill ? ", the decode state's prefill " + format_bytes(static_cast<double>(m.prefill))
+                    : std::string()) +
          ") > memory_budget " + format_bytes(static_cast<double>(budget));
 }
 

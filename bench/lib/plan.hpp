@@ -80,6 +80,13 @@ struct PointMemory {
   std::size_t fp32_inputs = 0;  // bf16 / fp16: the fp32 Q, K, V the stored ones are rounded from (kept)
   // Backward points: the fp64 gradients of the covered blocks and the fp32 copies compared with them.
   std::size_t grad_reference = 0;
+  // The inputs besides Q, K, V and the masks the point holds (PointInputs, fp32): a recurrence's g ([batch,
+  // heads, seq_kv] or [.., head_dim]) and beta, the sink logits, a decode point's initial state.
+  std::size_t extra_inputs = 0;
+  // A recurrence's decode point: the untimed chunkwise prefill of its context that makes the state
+  // (DecodeStates::prepare) holds copies of the context's K, V, g, beta, a zero Q, its output and its workspace
+  // while it runs.
+  std::size_t prefill = 0;
   std::size_t need() const;  // everything the point holds at once (saturating)
 };
 PointMemory point_memory(const SweepPoint& pt, const SweepConfig& resolved);
