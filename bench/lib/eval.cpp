@@ -209,10 +209,13 @@ std::vector<float> checked_values(const std::string& what, const std::vector<int
   return out;
 }
 
+// The sizes a per-token or per-head input takes from Q (and K: g and beta have one value per key token, so a
+// decode problem's, seq_q < seq_kv, cover its whole context as the sweep's do).
 std::string sizes_from(const Problem& p, const std::string& q_what, bool head_dim) {
+  const std::string seq = p.seq_q == p.seq_kv ? ", seq " + std::to_string(p.seq_kv)
+                                              : ", seq " + std::to_string(p.seq_kv) + " (seq_kv, one per key token)";
   return "batch " + std::to_string(p.batch) + ", heads " + std::to_string(p.heads) +
-         (head_dim ? ", head_dim " + std::to_string(p.head_dim) : ", seq " + std::to_string(p.seq_q)) +
-         " from " + q_what;
+         (head_dim ? ", head_dim " + std::to_string(p.head_dim) : seq) + " from " + q_what;
 }
 
 }  // namespace
@@ -239,11 +242,12 @@ void check_extra_inputs_given(const Attention& variant, const ExtraInputNames& g
 }
 
 std::vector<int64_t> gate_shape(const Problem& p, Gate gate) {
-  if (gate == Gate::vector) return {p.batch, p.heads, p.seq_q, p.head_dim};
-  return {p.batch, p.heads, p.seq_q};
+  // One per key token (the kernels index them by position in the context: a decode problem's last seq_q).
+  if (gate == Gate::vector) return {p.batch, p.heads, p.seq_kv, p.head_dim};
+  return {p.batch, p.heads, p.seq_kv};
 }
 std::vector<int64_t> beta_shape(const Problem& p) {
-  return {p.batch, p.heads, p.seq_q};
+  return {p.batch, p.heads, p.seq_kv};
 }
 std::vector<int64_t> state_shape(const Problem& p) {
   return {p.batch, p.heads, p.head_dim, p.value_dim()};

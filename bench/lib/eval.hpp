@@ -64,8 +64,9 @@ struct ExtraInputNames {
 // values allowed).
 void check_extra_inputs_given(const Attention& variant, const ExtraInputNames& given);
 
-// The gate g as the variant reads it (float32, one value per element): `shape` must be [batch, heads, seq_q]
-// for a scalar gate and [batch, heads, seq_q, head_dim] for a per-channel one (sizes from `q_what`), and
+// The gate g as the variant reads it (float32, one value per element): `shape` must be [batch, heads, seq_kv]
+// for a scalar gate and [batch, heads, seq_kv, head_dim] for a per-channel one (one per key token: a decode
+// problem's cover its context, of which it reads the last seq_q; sizes from `q_what` and K), and
 // every value finite and <= 0 as a float32 (a decay exp(g) in (0, 1]). Otherwise a UsageError naming `what`,
 // the shape and what is allowed, or the first offending element's index and value.
 std::vector<float> checked_gate(const std::string& what, const std::string& q_what,

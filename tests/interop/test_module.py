@@ -425,6 +425,38 @@ def value_dim():
         check("d_out" in str(e), "backward with d_out [.., d_k] instead of [.., d_v]: ValueError naming d_out")
 
 
+def recurrence_decode():
+    """A recurrence's decode through forward(): g and beta cover the context (one per key token, as the kernels
+    index them), the state is d_k x d_v; chunked prefill + token-by-token decode equals one chunkwise call."""
+    rng = np.random.default_rng(5)
+    n, P, dk, dv = 40, 33, 8, 12
+    q = rng.standard_normal((1, 2, n, dk)).astype(np.float32)
+    k = rng.standard_normal((1, 2, n, dk)).astype(np.float32) / 3
+    v = rng.standard_normal((1, 2, n, dv)).astype(np.float32)
+    g = -np.log1p(np.exp(-rng.standard_normal((1, 2, n)))).astype(np.float32)
+    beta = (1 / (1 + np.exp(-rng.standard_normal((1, 2, n))))).astype(np.float32)
+    o_all, s_all = attnbench.forward("gated_delta_rule", q, k, v, causal=True, g=g, beta=beta,
+                                     return_final_state=True)
+    outs, (o, s) = [], attnbench.forward("gated_delta_rule", q[:, :, :P], k[:, :, :P], v[:, :, :P], causal=True,
+                                         g=g[..., :P], beta=beta[..., :P], return_final_state=True)
+    outs.append(o)
+    for t in range(P, n):
+        o, s = attnbench.forward("gated_delta_rule", q[:, :, t:t + 1], k[:, :, :t + 1], v[:, :, :t + 1],
+                                 causal_lower_right=True, g=g[..., :t + 1], beta=beta[..., :t + 1], initial_state=s,
+                                 return_final_state=True)
+        outs.append(o)
+    err = max(np.abs(np.concatenate(outs, axis=2) - o_all).max(), np.abs(s - s_all).max())
+    check(s.shape == (1, 2, dk, dv) and err < 1e-5,
+          "gated_delta_rule prefill + decode through forward() (d_k 8, d_v 12) equals one call (%.2g)" % err)
+    try:
+        attnbench.forward("gated_delta_rule", q[:, :, n - 1:], k, v, causal_lower_right=True, g=g[..., n - 1:],
+                          beta=beta, initial_state=s)
+        check(False, "a decode step's g of seq_q (not seq_kv) values: refused")
+    except ValueError as e:
+        check("g" in str(e) and "seq_kv" in str(e),
+              "a decode step's g of seq_q values: ValueError naming g and seq_kv (%s)" % e)
+
+
 def softcap_and_sinks():
     """softcap and sink_logits (eval's --softcap, --sink-logits): forward, backward and the fp64 definitions."""
     rng = np.random.default_rng(7)
@@ -1197,6 +1229,7 @@ def main():
         reference_oracle()
         softcap_and_sinks()
         value_dim()
+        recurrence_decode()
         backward_cli_equivalence(exe, tmp)
         bad_backward_inputs(exe, tmp)
         reference_gradients()
