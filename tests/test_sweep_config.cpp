@@ -1266,8 +1266,14 @@ TEST_CASE("memory: a recurrence's per-token inputs and a decode point's prefill 
           "[sweep][config][recurrent]") {
   Json j = base_config();
   j["variants"] = {"gated_delta_rule"};
-  j["sweep"] = {{"batch", 1},      {"heads", 2},       {"head_dim", 16},           {"v_head_dim", 24},
-                {"seq_q", 1},      {"seq_kv", 4096},   {"mask", "causal_lower_right"}, {"threads", 1}};
+  j["sweep"] = {{"batch", 1},
+                {"heads", 2},
+                {"head_dim", 16},
+                {"v_head_dim", 24},
+                {"seq_q", 1},
+                {"seq_kv", 4096},
+                {"mask", "causal_lower_right"},
+                {"threads", 1}};
   const SweepConfig c = parse_sweep_config(j, "cfg.json");
   const Plan plan = make_plan(c);
   REQUIRE(plan.points.size() == 1);

@@ -462,8 +462,8 @@ TEST_CASE("points over the memory budget or unsupported are skipped with the rea
       INFO(r->dump(2));
       CHECK(r->at("status") == "skipped");
       const std::string reason = r->at("reason");
-      // The budget covers the inputs, the variant's output + workspace estimate, the accuracy reference and the
-      // per-head sink logits every point draws (fp32, `heads` of them: the reason names them).
+      // The budget covers the inputs, the variant's output + workspace estimate, the accuracy reference and
+      // the per-head sink logits every point draws (fp32, `heads` of them: the reason names them).
       const uint64_t need = r->at("memory").at("inputs_bytes").get<uint64_t>() +
                             r->at("memory").at("estimated_bytes").get<uint64_t>() +
                             r->at("memory").at("reference_bytes").get<uint64_t>() +

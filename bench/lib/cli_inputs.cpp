@@ -125,9 +125,8 @@ int write_inputs(const InputsOptions& o) {
   // A backward point's inputs hold dO too (the output's size, fp32) beside Q, K, V; its reference the
   // gradients'.
   // The per-token inputs (g, beta, sinks, a decode point's state) and the prefill making that state too.
-  const std::size_t inputs_need =
-      sat_add(need.call.inputs, need.fp32_inputs, need.extra_inputs, need.prefill,
-              backward ? sat_mul(to_size(p.out_elements()), sizeof(float)) : 0);
+  const std::size_t inputs_need = sat_add(need.call.inputs, need.fp32_inputs, need.extra_inputs, need.prefill,
+                                          backward ? sat_mul(to_size(p.out_elements()), sizeof(float)) : 0);
   const std::size_t reference_need = sat_add(need.reference, need.grad_reference);
   if (sat_add(inputs_need, o.reference ? reference_need : 0) > *plan.config.memory_budget_bytes)
     throw NotSupported(pt.id + ": its inputs" + std::string(o.reference ? " and reference rows" : "") +

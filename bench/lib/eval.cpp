@@ -212,8 +212,9 @@ std::vector<float> checked_values(const std::string& what, const std::vector<int
 // The sizes a per-token or per-head input takes from Q (and K: g and beta have one value per key token, so a
 // decode problem's, seq_q < seq_kv, cover its whole context as the sweep's do).
 std::string sizes_from(const Problem& p, const std::string& q_what, bool head_dim) {
-  const std::string seq = p.seq_q == p.seq_kv ? ", seq " + std::to_string(p.seq_kv)
-                                              : ", seq " + std::to_string(p.seq_kv) + " (seq_kv, one per key token)";
+  const std::string seq = p.seq_q == p.seq_kv
+                              ? ", seq " + std::to_string(p.seq_kv)
+                              : ", seq " + std::to_string(p.seq_kv) + " (seq_kv, one per key token)";
   return "batch " + std::to_string(p.batch) + ", heads " + std::to_string(p.heads) +
          (head_dim ? ", head_dim " + std::to_string(p.head_dim) : seq) + " from " + q_what;
 }

@@ -330,8 +330,8 @@ PointMemory point_memory(const SweepPoint& pt, const SweepConfig& c) {
                            : caps.gate == Gate::scalar ? tokens
                                                        : 0;
   const std::size_t state = sat_mul(to_size(p.batch * p.heads), to_size(p.head_dim), to_size(p.value_dim()));
-  m.extra_inputs =
-      sat_mul(sat_add(gate, caps.beta ? tokens : 0, to_size(p.heads), p.initial_state ? state : 0), sizeof(float));
+  m.extra_inputs = sat_mul(
+      sat_add(gate, caps.beta ? tokens : 0, to_size(p.heads), p.initial_state ? state : 0), sizeof(float));
   if (decode_from_prefill(p)) {
     const Problem pre = prefill_problem(p);
     const std::size_t pre_tokens = to_size(pre.batch * pre.heads * pre.seq_q);

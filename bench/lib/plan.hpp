@@ -84,8 +84,8 @@ struct PointMemory {
   // heads, seq_kv] or [.., head_dim]) and beta, the sink logits, a decode point's initial state.
   std::size_t extra_inputs = 0;
   // A recurrence's decode point: the untimed chunkwise prefill of its context that makes the state
-  // (DecodeStates::prepare) holds copies of the context's K, V, g, beta, a zero Q, its output and its workspace
-  // while it runs.
+  // (DecodeStates::prepare) holds copies of the context's K, V, g, beta, a zero Q, its output and its
+  // workspace while it runs.
   std::size_t prefill = 0;
   std::size_t need() const;  // everything the point holds at once (saturating)
 };
