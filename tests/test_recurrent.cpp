@@ -249,10 +249,11 @@ TEST_CASE("recurrences: two calls carrying the final state equal one call (d_k =
           "[recurrent]") {
   // (d_k, d_v): equal, then a d_k x d_v state with d_v wider (20: not a multiple of any SIMD width) and
   // narrower than d_k.
-  for (const auto& [d, dv] : {std::pair<int64_t, int64_t>{16, 16}, {12, 20}, {24, 8}})
+  for (const auto& widths : {std::pair<int64_t, int64_t>{16, 16}, {12, 20}, {24, 8}})
     for (const char* name : kVariants)
       for (const Json& form : kForms) {
-        const int64_t n = 200, first = 77;  // 77: mid-chunk for every chunk size
+        const int64_t d = widths.first, dv = widths.second;  // named, not bound: lambdas capture them
+        const int64_t n = 200, first = 77;                   // 77: mid-chunk for every chunk size
         RecCase whole(name, form, 1, 2, 0, n, d, 51, dv);
         whole.run();
         auto part = [&](int64_t t0, int64_t len, const FloatArray* state) {
