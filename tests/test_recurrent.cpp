@@ -416,6 +416,17 @@ double rel_l2(const FloatArray& got, const FloatArray& want) {
   return rel_l2(got.ptr(), w.data(), w.size());
 }
 
+// Every gradient of `c` (dq, dk, dv, d_initial_state, and dg, dbeta where it has g, beta) within 1e-5
+// relative L2 of the fp64 definition's.
+void expect_grads_close(const Trained& got, const Trained& want, const RecCase& c) {
+  CHECK(rel_l2(got.dq, want.dq) <= 1e-5);
+  CHECK(rel_l2(got.dk, want.dk) <= 1e-5);
+  CHECK(rel_l2(got.dv, want.dv) <= 1e-5);
+  CHECK(rel_l2(got.ds0, want.ds0) <= 1e-5);
+  if (c.g.numel()) CHECK(rel_l2(got.dg, want.dg) <= 1e-5);
+  if (c.beta.numel()) CHECK(rel_l2(got.dbeta, want.dbeta) <= 1e-5);
+}
+
 }  // namespace
 
 // The chunk form's own backward at a longer sequence than the test above, with uneven last chunks,
@@ -450,12 +461,7 @@ TEST_CASE("recurrences: the chunkwise backward at n = 1000 against fp64, gates d
       INFO(c.p.repro());
       for (const FloatArray* x : {&got.dq, &got.dk, &got.dv, &got.dg, &got.dbeta, &got.ds0})
         for (float y : x->data) REQUIRE(std::isfinite(y));
-      CHECK(rel_l2(got.dq, want.dq) <= 1e-5);
-      CHECK(rel_l2(got.dk, want.dk) <= 1e-5);
-      CHECK(rel_l2(got.dv, want.dv) <= 1e-5);
-      CHECK(rel_l2(got.ds0, want.ds0) <= 1e-5);
-      if (c.g.numel()) CHECK(rel_l2(got.dg, want.dg) <= 1e-5);
-      if (c.beta.numel()) CHECK(rel_l2(got.dbeta, want.dbeta) <= 1e-5);
+      expect_grads_close(got, want, c);
       const GradientTolerance tol = c.variant.grad_tolerance(c.p, c.inputs(), d_out.ptr());
       std::vector<double> wq(want.dq.data.begin(), want.dq.data.end()),
           wk(want.dk.data.begin(), want.dk.data.end()), wv(want.dv.data.begin(), want.dv.data.end());
@@ -487,12 +493,7 @@ TEST_CASE("recurrences: d_k != d_v on every supported SIMD target, forward and c
         const Trained got = train(c, d_out);
         const Trained want = reference_grads(c, d_out);
         INFO(isa << " " << c.p.repro());
-        CHECK(rel_l2(got.dq, want.dq) <= 1e-5);
-        CHECK(rel_l2(got.dk, want.dk) <= 1e-5);
-        CHECK(rel_l2(got.dv, want.dv) <= 1e-5);
-        CHECK(rel_l2(got.ds0, want.ds0) <= 1e-5);
-        if (c.g.numel()) CHECK(rel_l2(got.dg, want.dg) <= 1e-5);
-        if (c.beta.numel()) CHECK(rel_l2(got.dbeta, want.dbeta) <= 1e-5);
+        expect_grads_close(got, want, c);
       }
   }
 }

@@ -212,9 +212,8 @@ std::vector<float> checked_values(const std::string& what, const std::vector<int
 // The sizes a per-token or per-head input takes from Q (and K: g and beta have one value per key token, so a
 // decode problem's, seq_q < seq_kv, cover its whole context as the sweep's do).
 std::string sizes_from(const Problem& p, const std::string& q_what, bool head_dim) {
-  const std::string seq = p.seq_q == p.seq_kv
-                              ? ", seq " + std::to_string(p.seq_kv)
-                              : ", seq " + std::to_string(p.seq_kv) + " (seq_kv, one per key token)";
+  const std::string seq =
+      ", seq " + std::to_string(p.seq_kv) + (p.seq_q == p.seq_kv ? "" : " (seq_kv, one per key token)");
   return "batch " + std::to_string(p.batch) + ", heads " + std::to_string(p.heads) +
          (head_dim ? ", head_dim " + std::to_string(p.head_dim) : seq) + " from " + q_what;
 }
@@ -317,9 +316,7 @@ void check_runnable(const Attention& variant, const Problem& p, int threads, boo
     m.output = sat_add(b.output, sat_mul(2, m.output), sat_mul(variant.saved_floats(p), sizeof(float)));
     m.workspace = std::max(m.workspace, b.workspace);
     if (with_reference)
-      reference = sat_add(
-          reference, sat_mul(2 * sizeof(double), sat_add(to_size(p.q_elements()), to_size(p.kv_elements()),
-                                                         to_size(p.v_elements()))));
+      reference = sat_add(reference, sat_mul(2 * sizeof(double), to_size(p.qkv_elements())));
   }
   const std::size_t need = sat_add(m.beyond_inputs(), reference);
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);

@@ -299,10 +299,7 @@ PointMemory point_memory(const SweepPoint& pt, const SweepConfig& c) {
       // A variant's own definition (Capabilities::own_definition) has its gradient over the whole tensors
       // (reference_gradients): some of the blocks are gathered from a whole fp64 dQ, dK, dV.
       if (v.capabilities().own_definition && n < to_size(p.batch * p.num_kv_heads()))
-        m.grad_reference = sat_add(
-            m.grad_reference,
-            sat_mul(sat_add(to_size(p.q_elements()), to_size(p.kv_elements()), to_size(p.v_elements())),
-                    sizeof(double)));
+        m.grad_reference = sat_add(m.grad_reference, sat_mul(to_size(p.qkv_elements()), sizeof(double)));
     }
   }
   // The accuracy step's fp64 reference rows and the fp32 copy of the compared output rows.
@@ -319,9 +316,7 @@ PointMemory point_memory(const SweepPoint& pt, const SweepConfig& c) {
       m.reference = sat_add(
           m.reference, sat_mul(to_size(p.out_elements()), (p.dtype == DType::fp32 ? 1 : 2) * sizeof(double)));
   }
-  if (p.dtype != DType::fp32)
-    m.fp32_inputs =
-        static_cast<std::size_t>(p.q_elements() + p.kv_elements() + p.v_elements()) * sizeof(float);
+  if (p.dtype != DType::fp32) m.fp32_inputs = to_size(p.qkv_elements()) * sizeof(float);
   const Capabilities caps = v.capabilities();
   // Per key token (every point draws them over the whole context) and head; saturating: the state's size is
   // not bounded by Problem::validate.

@@ -65,7 +65,7 @@ namespace {
 // so their bytes fit in 64 bits; the boolean mask (seq_q × seq_kv, up to 2^80) and the sum saturate.
 MemoryEstimate io_bytes(const Problem& p) {
   MemoryEstimate m;
-  m.inputs = sat_add(to_size(p.q_elements() + p.kv_elements() + p.v_elements()) * dtype_bytes(p.dtype),
+  m.inputs = sat_add(to_size(p.qkv_elements()) * dtype_bytes(p.dtype),
                      p.mask.boolean ? sat_mul(to_size(p.seq_q), to_size(p.seq_kv)) : 0,
                      p.mask.key_padding ? to_size(p.batch * p.seq_kv) : 0);
   m.output = static_cast<std::size_t>(p.out_elements()) * sizeof(float);
@@ -280,7 +280,7 @@ MemoryEstimate Attention::estimate_backward_memory(const Problem& p, int threads
   const std::size_t o_bytes = m.output;
   m.inputs = sat_add(m.inputs, sat_mul(2, o_bytes), sat_mul(saved_floats(p), sizeof(float)));
   // dQ, dK, dV in fp32 (Q's, K's and V's shapes).
-  const std::size_t qkv = sat_add(to_size(p.q_elements()), to_size(p.kv_elements()), to_size(p.v_elements()));
+  const std::size_t qkv = to_size(p.qkv_elements());
   m.output = sat_mul(qkv, sizeof(float));
   // bf16 / fp16: run_backward's fp32 copies of Q, K, V.
   const std::size_t widened = p.dtype == DType::fp32 ? 0 : sat_mul(qkv, sizeof(float));

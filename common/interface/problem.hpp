@@ -107,6 +107,8 @@ struct Problem {
   int64_t kv_elements() const { return batch * num_kv_heads() * seq_kv * head_dim; }  // of K
   int64_t v_elements() const { return batch * num_kv_heads() * seq_kv * value_dim(); }
   int64_t out_elements() const { return batch * heads * seq_q * value_dim(); }  // of the output (and dO)
+  // Of Q, K and V together (each at most 2^58 elements: the sum fits).
+  int64_t qkv_elements() const { return q_elements() + kv_elements() + v_elements(); }
   // Of a recurrence's state [batch, heads, d_k, d_v] (not bounded by validate: saturate where it may be
   // huge).
   int64_t state_elements() const { return batch * heads * head_dim * value_dim(); }

@@ -140,10 +140,7 @@ class Naive final : public Attention {
                           static_cast<double>(p.seq_kv);
     if (floats * sizeof(float) >= 0x1p63) return SIZE_MAX;
     // bf16 / fp16: fp32 copies of Q, K and V (the baseline a user writes converts, then runs fp32).
-    const std::size_t widened =
-        p.dtype == DType::fp32
-            ? 0
-            : static_cast<std::size_t>(p.q_elements() + p.kv_elements() + p.v_elements()) * sizeof(float);
+    const std::size_t widened = p.dtype == DType::fp32 ? 0 : to_size(p.qkv_elements()) * sizeof(float);
     return ScoreBuffer::allocated_bytes(static_cast<std::size_t>(floats)) + widened;
   }
 

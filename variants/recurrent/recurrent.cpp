@@ -227,9 +227,7 @@ class Recurrent final : public Attention {
   // gathering their 16-bit K, V rows (d_k + d_v per token and K/V head) and their g and beta.
   static std::size_t widened_bytes(const Problem& p) {
     if (p.dtype == DType::fp32) return 0;
-    if (p.seq_q == p.seq_kv)
-      return sat_mul(sat_add(to_size(p.q_elements()), to_size(p.kv_elements()), to_size(p.v_elements())),
-                     sizeof(float));
+    if (p.seq_q == p.seq_kv) return sat_mul(to_size(p.qkv_elements()), sizeof(float));
     const std::size_t kv =
         sat_mul(to_size(p.batch * p.num_kv_heads()), to_size(p.head_dim + p.value_dim()), to_size(p.seq_q));
     const std::size_t tokens = to_size(p.batch * p.heads * p.seq_q);
