@@ -5,6 +5,11 @@
 // sliding_window's band, linear attention's normalised kernel all multiply V), so with V's column c set to
 // the unit vector e_{j0+c} (zeros elsewhere) output column c is weight column j0 + c. Looping j0 over the
 // keys in steps of head_dim measures the whole [seq, seq] matrix with ceil(seq / head_dim) forward calls.
+// The recurrences are linear in V too (their state is a sum of terms linear in V, for given Q, K, g and
+// beta): the probe gives the effective weights of their output on each value, signed (the delta rule
+// subtracts what it overwrites) and not normalised. Their g and beta come from the sweep's own draw
+// (fill_recurrence_inputs, the documented default distributions, seeded by --seed), recorded in
+// patterns.json.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -13,6 +18,7 @@
 #include <set>
 
 #include "bench/lib/command.hpp"
+#include "bench/lib/inputs.hpp"
 #include "common/frontends/embedding.hpp"
 #include "common/frontends/multihead.hpp"
 #include "common/frontends/positional.hpp"
@@ -37,9 +43,15 @@ struct PatternsOptions {
   uint64_t seed = 0;
   double std = 1.0;
   bool causal = false;
+  // --mask: none, causal, or auto (causal for every variant that has a causal form, unmasked for the others,
+  // so one call draws every variant: the newcomer's scripts/run). --causal is --mask causal.
+  std::string mask = "none";
   std::vector<std::string> variants, params;
-  CLI::Option *seq_opt = nullptr, *text_opt = nullptr, *std_opt = nullptr, *max_tokens_opt = nullptr;
+  CLI::Option *seq_opt = nullptr, *text_opt = nullptr, *std_opt = nullptr, *max_tokens_opt = nullptr,
+              *mask_opt = nullptr;
 };
+
+constexpr const char* kMaskModes = "none, causal or auto";
 
 struct Inputs {
   FloatArray q, k;                  // [1, heads, seq, head_dim]
@@ -69,6 +81,9 @@ void check_options(const PatternsOptions& o) {
     throw UsageError("--max-tokens applies to --text only");
   if (o.max_tokens_opt->count() && o.max_tokens < 1)
     throw UsageError("--max-tokens " + std::to_string(o.max_tokens) + ": must be >= 1");
+  if (o.mask != "none" && o.mask != "causal" && o.mask != "auto")
+    throw UsageError("--mask '" + o.mask + "': must be " + kMaskModes +
+                     " (auto: causal where the variant has a causal form, unmasked elsewhere)");
   if (fs::exists(o.out) && !fs::is_directory(o.out))
     throw UsageError("--out '" + o.out + "': exists and is not a directory");
 }
@@ -135,8 +150,10 @@ std::map<std::string, std::vector<std::string>> group_params(const std::vector<s
   return by_variant;
 }
 
-// The [heads, seq, seq] weights `variant` applies to (q, k), measured through V = unit vectors.
-FloatArray measure_weights(const Attention& variant, const Problem& p, const Inputs& in) {
+// The [heads, seq, seq] weights `variant` applies to (q, k), measured through V = unit vectors. `extra`
+// holds the per-token inputs the variant reads besides Q, K, V (a recurrence's g and beta), or nothing.
+FloatArray measure_weights(const Attention& variant, const Problem& p, const Inputs& in,
+                           const PointInputs& extra) {
   const int64_t H = p.heads, N = p.seq_q, D = p.head_dim;
   FloatArray w({H, N, N});
   FloatArray v({1, H, N, D}), out({1, H, N, D});
@@ -146,11 +163,11 @@ FloatArray measure_weights(const Attention& variant, const Problem& p, const Inp
     for (int64_t h = 0; h < H; ++h)
       for (int64_t c = 0; c < cols; ++c) v.data[static_cast<std::size_t>((h * N + j0 + c) * D + c)] = 1.0f;
     std::fill(out.data.begin(), out.data.end(), 0.0f);
-    AttentionInputs ai;
+    AttentionInputs ai = extra.view(out.ptr());
+    ai.g = extra.gate_for(p);
     ai.q = in.q.ptr();
     ai.k = in.k.ptr();
     ai.v = v.ptr();
-    ai.out = out.ptr();
     variant.run(p, ai);
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < N; ++i)
@@ -186,29 +203,69 @@ int run_patterns(const PatternsOptions& o) {
                      " variants = " + std::to_string(static_cast<int64_t>(total)) + " bytes of weights > " +
                      std::to_string(static_cast<int64_t>(kMaxOutputBytes)) +
                      "; draw fewer heads, a shorter sequence or fewer --variant");
+  const std::string mask = o.causal ? "causal" : o.mask;
+  int failed = 0;
   Json variants_json = Json::array();
-  std::vector<std::pair<std::string, FloatArray>> results;
+  struct Measured {
+    std::string name;
+    FloatArray weights;
+    PointInputs extra;  // the g and beta it read, written beside its weights
+  };
+  std::vector<Measured> results;
   for (const auto& name : names) {
     const Attention& variant = reg.get(name);
     const auto it = params.find(name);
+    const Capabilities caps = variant.capabilities();
     Problem p = make_problem(
         name, parse_cli_params(variant, it == params.end() ? std::vector<std::string>{} : it->second));
     p.batch = 1, p.heads = o.heads, p.seq_q = p.seq_kv = N, p.head_dim = o.head_dim;
-    p.mask.causal = o.causal;
+    p.mask.causal = mask == "causal" || (mask == "auto" && caps.causal);
     p.validate();
     Json entry = {{"name", name},
                   {"params", p.params},
-                  {"exact", variant.capabilities().exact},
+                  {"exact", caps.exact},
+                  {"causal", p.mask.causal},
                   {"description", variant.description()},
                   {"repro", p.repro()}};
     if (const std::string why = variant.unsupported_reasons_text(p); !why.empty()) {
       entry["status"] = "skipped";
       entry["reason"] = why;
-      std::cout << name << ": skipped (" << entry["reason"].get<std::string>() << ")\n";
+      std::cout << name << ": skipped (" << why << ")\n";
       variants_json.push_back(entry);
       continue;
     }
-    FloatArray w = measure_weights(variant, p, in);
+    // A recurrence's g and beta: the sweep's own draw (fill_recurrence_inputs) for a point of this problem in
+    // the default regime (g = logsigmoid(N(0,1)), beta = sigmoid(N(0,1))), with --seed as its input seed.
+    SweepPoint point;
+    point.problem = p;
+    point.input_seed = o.seed;
+    PointInputs extra;
+    fill_recurrence_inputs(point, extra);
+    if (caps.gate != Gate::none || caps.beta) {
+      Json drawn = Json::object();
+      if (caps.gate != Gate::none)
+        drawn["g"] = {{"distribution", "logsigmoid(" + point.regime.g.normal() + ")"},
+                      {"shape", caps.gate == Gate::vector ? extra.g_vector.shape : extra.g.shape},
+                      {"file", name + ".g.npy"}};
+      if (caps.beta)
+        drawn["beta"] = {{"distribution", "sigmoid(" + point.regime.beta.normal() + ")"},
+                         {"shape", extra.beta.shape},
+                         {"file", name + ".beta.npy"}};
+      drawn["seed"] = o.seed;
+      entry["inputs"] = drawn;
+    }
+    FloatArray w;
+    try {
+      w = measure_weights(variant, p, in, extra);
+    } catch (const std::exception& e) {
+      // One variant's failure costs its pattern, not the others': listed with the reason, exit 1 at the end.
+      entry["status"] = "failed";
+      entry["reason"] = e.what();
+      std::cerr << "attnbench: error: " << name << ": " << e.what() << "\n";
+      ++failed;
+      variants_json.push_back(entry);
+      continue;
+    }
     const auto bad = std::count_if(w.data.begin(), w.data.end(), [](float x) { return !std::isfinite(x); });
     entry["status"] = "ok";
     entry["file"] = name + ".npy";
@@ -218,7 +275,7 @@ int run_patterns(const PatternsOptions& o) {
     std::cout << name << ": " << w.shape_str() << " -> " << (fs::path(o.out) / (name + ".npy")).string()
               << "\n";
     variants_json.push_back(entry);
-    results.emplace_back(name, std::move(w));
+    results.push_back({name, std::move(w), std::move(extra)});
   }
 
   fs::create_directories(o.out);
@@ -226,17 +283,28 @@ int run_patterns(const PatternsOptions& o) {
   // Each file is written to a temporary and renamed; patterns.json, the index, comes last.
   write_npy((dir / "q.npy").string(), in.q);
   write_npy((dir / "k.npy").string(), in.k);
-  for (const auto& [name, w] : results) write_npy((dir / (name + ".npy")).string(), w);
+  for (const Measured& m : results) {
+    write_npy((dir / (m.name + ".npy")).string(), m.weights);
+    const Capabilities caps = reg.get(m.name).capabilities();
+    if (caps.gate != Gate::none)
+      write_npy((dir / (m.name + ".g.npy")).string(),
+                caps.gate == Gate::vector ? m.extra.g_vector : m.extra.g);
+    if (caps.beta) write_npy((dir / (m.name + ".beta.npy")).string(), m.extra.beta);
+  }
   Json meta = {{"source", o.text_opt->count() ? "text" : "seq"},
                {"seq", N},
                {"heads", o.heads},
                {"head_dim", o.head_dim},
-               {"causal", o.causal},
+               {"causal", mask != "none"},
+               {"mask", mask},
                {"scale", 1.0 / std::sqrt(static_cast<double>(o.head_dim))},
                {"seed", o.seed},
                {"layout",
                 "<variant>.npy: float32 [heads, seq_q, seq_kv], row i = the weights query i puts on "
-                "each key; q.npy, k.npy: float32 [1, heads, seq, head_dim]"},
+                "each key (a recurrence's: the signed, unnormalised weight of each value in its output; its "
+                "entry's inputs name the g and beta it read); q.npy, k.npy: float32 [1, heads, seq, "
+                "head_dim]; each variant's entry: status ok, skipped or failed (with the reason) and whether "
+                "it was drawn causal"},
                {"q", "q.npy"},
                {"k", "k.npy"},
                {"variants", variants_json}};
@@ -252,7 +320,10 @@ int run_patterns(const PatternsOptions& o) {
     meta["inputs"] = "seeded gaussian Q, K ~ N(0, std^2)";
   }
   write_file_atomic((dir / "patterns.json").string(), meta.dump(2) + "\n");
-  return 0;
+  if (failed)
+    std::cerr << "attnbench: " << failed << " of " << names.size()
+              << " variants failed (listed in patterns.json with the reason); the others were written\n";
+  return failed ? 1 : 0;
 }
 
 }  // namespace
@@ -274,7 +345,13 @@ ATTN_REGISTER_COMMAND(
       sub.add_option("--variant", o->variants, "variant to draw (repeatable; default every registered one)");
       sub.add_option("--param", o->params,
                      "VARIANT.NAME=VALUE for that variant, e.g. sliding_window.window=4 (repeatable)");
-      sub.add_flag("--causal", o->causal, "causal mask (query i attends keys j <= i)");
+      auto* causal_opt =
+          sub.add_flag("--causal", o->causal, "causal mask (query i attends keys j <= i): --mask causal");
+      o->mask_opt =
+          sub.add_option("--mask", o->mask,
+                         "none (default), causal, or auto: causal for every variant with a causal form, "
+                         "unmasked for the others (each entry of patterns.json records its own)");
+      causal_opt->excludes(o->mask_opt);
       sub.add_option("--heads", o->heads, "heads (default 4)");
       sub.add_option("--head-dim", o->head_dim, "head dimension (default 16)");
       sub.add_option("--seed", o->seed, "seed of Q, K (--seq) or of the embedding and projections (--text)");

@@ -218,6 +218,88 @@ def check_bigbird(exe, tmp):
                   f"{tag} global rows see all {nb} blocks, the others at most window + global + random")
 
 
+def recurrence_weights(name, q, k, g, beta, normalize_keys=True):
+    """The effective weights of a recurrence on each value, [heads, n, n], from its definition token by token
+    (common/kernels/recurrence.hpp) with V = the identity: o_t = scale q_t S_t, so row t of the output is the
+    weight each value v_j carries in o_t. g: [heads, n] (scalar) or [heads, n, d] (vector) or None; beta
+    [heads, n] or None (the plain rule)."""
+    import numpy as np
+    heads, n, d = q.shape
+    w = np.zeros((heads, n, n))
+    for h in range(heads):
+        S = np.zeros((d, n))
+        for t in range(n):
+            kt = k[h, t] / np.linalg.norm(k[h, t]) if normalize_keys else k[h, t]
+            if name == "retention":
+                a = np.full(d, 1 - 2.0 ** (-5 - h))
+            elif g is None:
+                a = np.ones(d)
+            elif g.ndim == 3:
+                a = np.exp(g[h, t])
+            else:
+                a = np.full(d, np.exp(g[h, t]))
+            S = a[:, None] * S
+            vt = np.eye(n)[t]
+            if beta is None:
+                S = S + np.outer(kt, vt)
+            else:
+                S = S + np.outer(kt, beta[h, t] * (vt - kt @ S))
+            w[h, t] = q[h, t] @ S / np.sqrt(d)
+    return w
+
+
+def check_every_variant(exe, tmp):
+    """--mask auto draws every registered variant (the newcomer's scripts/run): each has a pattern, causal where
+    it has a causal form, and the recurrences' weights are their definitions' with the g and beta written beside."""
+    import numpy as np
+    listed = json.loads(subprocess.run([exe, "list", "--json"], capture_output=True, text=True, check=True).stdout)
+    out = os.path.join(tmp, "auto")
+    r = run(exe, "--seq", str(N), "--heads", str(HEADS), "--head-dim", str(HEAD_DIM), "--seed", "5", "--mask", "auto",
+            "--out", out)
+    if not check(r.returncode == 0, f"[auto] patterns --mask auto exits 0 (got {r.returncode}: {r.stderr.strip()})"):
+        return
+    with open(os.path.join(out, "patterns.json")) as f:
+        meta = json.load(f)
+    entries = {v["name"]: v for v in meta["variants"]}
+    check(sorted(entries) == sorted(v["name"] for v in listed), f"[auto] patterns.json lists every registered variant")
+    check(meta["mask"] == "auto", "[auto] patterns.json records the mask mode")
+    q = np.load(os.path.join(out, "q.npy")).astype(np.float64)[0]
+    k = np.load(os.path.join(out, "k.npy")).astype(np.float64)[0]
+    recurrences = 0
+    for v in listed:
+        e = entries.get(v["name"], {})
+        caps = v["capabilities"]
+        if not check(e.get("status") == "ok", f"[auto] {v['name']}: a pattern ({e.get('status')}: {e.get('reason', '')})"):
+            continue
+        check(e["causal"] == bool(caps.get("causal")), f"[auto] {v['name']}: causal exactly where it has a causal form")
+        w = np.load(os.path.join(out, e["file"])).astype(np.float64)
+        check(np.isfinite(w).all(), f"[auto] {v['name']}: finite weights")
+        if caps.get("own_definition") and v["name"] in ("retention", "simple_gla", "gla", "delta_rule", "gated_delta_rule"):
+            recurrences += 1
+            ins = e.get("inputs", {})
+            g = np.load(os.path.join(out, ins["g"]["file"])).astype(np.float64)[0] if "g" in ins else None
+            beta = np.load(os.path.join(out, ins["beta"]["file"])).astype(np.float64)[0] if "beta" in ins else None
+            check((g is not None) == (caps.get("gate", "none") != "none") and (beta is not None) == bool(caps.get("beta")),
+                  f"[auto] {v['name']}: g / beta written exactly when it reads them ({sorted(ins)})")
+            if g is not None:
+                check(ins["g"]["distribution"] == "logsigmoid(N(0,1))" and (g <= 0).all(),
+                      f"[auto] {v['name']}: g = logsigmoid(N(0,1)), every g <= 0")
+            if beta is not None:
+                check(ins["beta"]["distribution"] == "sigmoid(N(0,1))" and ((beta > 0) & (beta <= 1)).all(),
+                      f"[auto] {v['name']}: beta = sigmoid(N(0,1)) in (0, 1]")
+            want = recurrence_weights(v["name"], q, k, g, beta, normalize_keys=e["params"].get("normalize_keys", 0) == 1)
+            err = abs(w - want).max()
+            # fp32 against the fp64 definition: each weight is a sum over N tokens of (d + 2)-term products (the
+            # state update, the delta correction, the read-out), each rounded at most once per term in fp32, so
+            # |err| <= N (d + 2) u max(1, max|w|); 4x for the chunk form's reassociation (2e-5 .. 1e-4 here, 100x the
+            # ~1e-7 seen).
+            tol = 4 * N * (HEAD_DIM + 2) * 2.0 ** -24 * max(1.0, abs(want).max())
+            check(err < tol, f"[auto] {v['name']}: weights == its definition with V = I (max err {err:.2e} < {tol:.1e})")
+            if beta is not None:
+                check((w < -1e-3).any(), f"[auto] {v['name']}: the delta rule's corrections give negative weights")
+    check(recurrences == 5, f"[auto] the five recurrences were checked against their definitions ({recurrences})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--attnbench", required=True, help="path of the attnbench binary")
@@ -233,6 +315,7 @@ def main():
         text = check_text(a.attnbench, tmp)
         check_errors(a.attnbench, tmp)
         check_bigbird(a.attnbench, tmp)
+        check_every_variant(a.attnbench, tmp)
         try:
             import matplotlib  # noqa: F401
             check_plot(full, text)
