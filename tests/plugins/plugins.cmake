@@ -3,9 +3,10 @@
 #   plugin_good          plugin_good_exact, a correct exact variant (forward, causal, grouped-query heads);
 #   plugin_hostile       plugin_throws, plugin_nan, plugin_oob (writes past the end of O);
 #   plugin_clash         a variant named naive (a built-in name);
+#   plugin_needs_input   needs_alibi_slopes, needing an input no default path supplies (tests/defaults);
 #   plugin_wrong_abi     only a marker claiming ABI 999 (NO_ENTRY);
 #   plugin_not_a_plugin  a plain shared library (NO_ENTRY).
-set(ATTN_TEST_PLUGINS plugin_good plugin_hostile plugin_clash)
+set(ATTN_TEST_PLUGINS plugin_good plugin_hostile plugin_clash plugin_needs_input)
 set(ATTN_TEST_PLUGINS_NO_ENTRY plugin_wrong_abi plugin_not_a_plugin)
 foreach(name ${ATTN_TEST_PLUGINS})
   attn_add_plugin(${name} SOURCES ${CMAKE_SOURCE_DIR}/tests/plugins/${name}.cpp)
@@ -21,4 +22,14 @@ if(TARGET attn_tests)
     add_dependencies(attn_tests attnbench_gbench)
     target_compile_definitions(attn_tests PRIVATE ATTNBENCH_GBENCH_EXE="$<TARGET_FILE:attnbench_gbench>")
   endif()
+endif()
+
+# Every default path over every variant, the built-ins and plugin_good's (tests/defaults/test_default_paths.py),
+# and its self-test: plugin_needs_input's variant, which needs an input no default supplies, must fail it.
+if(ATTN_BUILD_TESTS)
+  set(ATTN_DEFAULT_PATHS ${CMAKE_SOURCE_DIR}/tests/defaults/test_default_paths.py --attnbench $<TARGET_FILE:attnbench>)
+  add_test(NAME defaults.every_variant COMMAND /usr/bin/python3 ${ATTN_DEFAULT_PATHS} --plugin $<TARGET_FILE:plugin_good>)
+  add_test(NAME defaults.self_test COMMAND /usr/bin/python3 ${ATTN_DEFAULT_PATHS}
+                                           --plugin $<TARGET_FILE:plugin_needs_input> --expect-failure needs_alibi_slopes)
+  set_tests_properties(defaults.every_variant defaults.self_test PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900)
 endif()
