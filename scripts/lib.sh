@@ -50,12 +50,15 @@ attn_ensure_packages() {
 }
 
 # attn_build PRESET: configure (once, and again when CMakePresets.json changed since: its cache variables
-# apply only when configuring) and build with CMake presets into build/PRESET.
+# apply only when configuring) and build with CMake presets into build/PRESET. ATTN_WERROR=ON in the
+# environment (CI sets it: .ci/run) builds with warnings as errors (the ATTN_WERROR option; a user's build
+# leaves it OFF): a change of it reconfigures the tree.
 attn_build() {
-  local preset="$1"
+  local preset="$1" werror="${ATTN_WERROR:-OFF}"
   cd "$ATTN_ROOT"
-  if [ ! -f "build/$preset/CMakeCache.txt" ] || [ CMakePresets.json -nt "build/$preset/CMakeCache.txt" ]; then
-    cmake --preset "$preset" >/dev/null
+  local cache="build/$preset/CMakeCache.txt"
+  if [ ! -f "$cache" ] || [ CMakePresets.json -nt "$cache" ] || ! grep -qx "ATTN_WERROR:BOOL=$werror" "$cache"; then
+    cmake --preset "$preset" -DATTN_WERROR="$werror" >/dev/null
   fi
   cmake --build --preset "$preset" -j "$(nproc)"
 }

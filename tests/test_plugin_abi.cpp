@@ -24,8 +24,10 @@ uint64_t abi_headers_hash() {
 
 TEST_CASE("the plugin ABI version is bumped when the plugin-facing headers change", "[plugin]") {
   // Update both together: the version in plugin_abi.hpp (bump) and this hash (the value printed on failure).
+  // An edit that changes no layout, signature or exported symbol (a comment; plugin_entry.hpp's marker
+  // declared once instead of twice, for GCC's -Wattributes) stores the new hash alone, and its commit says so.
   constexpr int kVersion = 2;
-  constexpr uint64_t kHeadersHash = 0xb8df7fb5d44b3267ULL;
+  constexpr uint64_t kHeadersHash = 0x10b081a6768329d0ULL;
   char printed[32];
   std::snprintf(printed, sizeof printed, "0x%016llx", static_cast<unsigned long long>(abi_headers_hash()));
   INFO("the headers hash to " << printed << ": bump ATTNBENCH_ABI_VERSION and store the new hash here");

@@ -32,9 +32,10 @@ struct Shard {
   std::vector<ResultRow> rows;
 };
 
-std::optional<int> parse_uint(const std::string& s) {
-  if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos)
-    return std::nullopt;
+// A decimal number of at most 9 digits, or -1. (An int, not an optional: GCC 12 reads optionals as maybe
+// uninitialised once inlined into map::operator[].)
+int parse_uint(const std::string& s) {
+  if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos) return -1;
   return std::stoi(s);
 }
 
@@ -164,14 +165,14 @@ class ShardMerger {
     for (const auto& entry : fs::directory_iterator(shards_dir_)) {
       const std::string name = entry.path().filename().string();
       const std::size_t of = name.find("-of-");
-      const auto index = of == std::string::npos ? std::nullopt : parse_uint(name.substr(0, of));
-      const auto count = of == std::string::npos ? std::nullopt : parse_uint(name.substr(of + 4));
-      if (!entry.is_directory() || !index || !count || *count < 1 || *index >= *count) {
+      const int index = of == std::string::npos ? -1 : parse_uint(name.substr(0, of));
+      const int count = of == std::string::npos ? -1 : parse_uint(name.substr(of + 4));
+      if (!entry.is_directory() || index < 0 || count < 1 || index >= count) {
         result_.notes.push_back("ignored shards/" + name + " (not a shard folder I-of-N with I < N)");
         continue;
       }
-      by_count[*count].push_back(name);
-      folders.emplace_back(*index, entry.path());
+      by_count[count].push_back(name);
+      folders.emplace_back(index, entry.path());
     }
     if (folders.empty())
       throw UsageError("merge: '" + shards_dir_.string() + "' holds no shard folder (I-of-N)");

@@ -41,8 +41,9 @@ bool add_factory(Factory make) {
 
 extern "C" {
 // Read from the file by the loader (never through dlsym): the ABI version and the attnbench version.
-ATTNBENCH_PLUGIN_EXPORT extern const char attnbench_plugin_marker[];
-ATTNBENCH_PLUGIN_EXPORT const char attnbench_plugin_marker[] =
+// `extern` on the definition itself gives the const array external linkage (a separate declaration made
+// GCC ignore the attributes on one of the two).
+ATTNBENCH_PLUGIN_EXPORT extern const char attnbench_plugin_marker[] =
     "attnbench-plugin-abi:" ATTNBENCH_STR(ATTNBENCH_ABI_VERSION) ";attnbench=" ATTNBENCH_BUILT_AGAINST ";";
 
 ATTNBENCH_PLUGIN_EXPORT int attnbench_plugin_abi(void) {

@@ -301,15 +301,11 @@ class Tiled final : public Attention {
   void forward_impl(const Problem& p, const AttentionInputs& in, float* lse) const {
     const Schedule sched = make_schedule(p);
     AlignedVector<float> partials(sched.partial_floats(p));
-    Context c{p,
-              in,
-              sched,
-              static_cast<float>(p.effective_scale() * std::numbers::log2e),
-              partials.empty() ? nullptr : partials.data(),
-              {},
-              0,
-              false,
-              false};
+    Context c{.p = p,
+              .in = in,
+              .sched = sched,
+              .q_scale = static_cast<float>(p.effective_scale() * std::numbers::log2e),
+              .partials = partials.empty() ? nullptr : partials.data()};
     if (p.bias == Bias::alibi) {
       for (double sl : alibi_slopes(p, in))
         c.alibi_l2e.push_back(static_cast<float>(-sl * std::numbers::log2e));
@@ -384,9 +380,12 @@ void accumulate_block(const Problem& p, const AttentionInputs& in, const Partial
   // forward()'s split-KV path with every task writing partial rows (splits == 1 included).
   AlignedVector<float> partials(sat_mul(to_size(sched.units), to_size(sched.splits), to_size(sched.rows),
                                         to_size(sched.partial_stride(p))));
-  Context c{
-      p, in,    sched, static_cast<float>(p.effective_scale() * std::numbers::log2e), partials.data(), {},
-      0, false, true};
+  Context c{.p = p,
+            .in = in,
+            .sched = sched,
+            .q_scale = static_cast<float>(p.effective_scale() * std::numbers::log2e),
+            .partials = partials.data(),
+            .partial_out = true};
   tbb::enumerable_thread_specific<Scratch> scratch;
   // As in forward(): tasks fixed by the problem, the merge visits a unit's splits in order, so the state is
   // bitwise independent of the thread count.

@@ -142,7 +142,7 @@ struct Context {
   float q_scale;    // scale * log2(e): the kernels exponentiate with 2^x
   float* partials;  // split-KV: [units][splits][rows][partial_stride] (null without splits)
   // ALiBi: -slope_h * log2(e) per query head (empty without the bias), and the LaneBias kind.
-  std::vector<float> alibi_l2e;
+  std::vector<float> alibi_l2e{};
   int bias_kind = 0;
   // The native bf16 kernels (tiled.cpp native_bf16: bf16 storage, an even head_dim, bf16_kernel not widen,
   // AVX512_BF16 and the AVX-512 target): the GEMM-path tiles compute Q K^T and P V with vdpbf16ps.
@@ -152,7 +152,7 @@ struct Context {
   // Logit soft-capping in base 2: C log2(e) (0: none); sink logits times log2(e) per query head (empty:
   // none).
   float cap2 = 0;
-  std::vector<float> sink_l2e;
+  std::vector<float> sink_l2e{};
   // The training forward (forward_saving): each query row's max m of the scale * log2(e) logits at
   // lse[row] and log2 of its sum of 2^(s - m) at lse[rows + row], row = (b * heads + h) * seq_q + i, rows =
   // batch * heads * seq_q (m = +inf for a row with no allowed key): the log-sum-exp in two parts.
@@ -217,7 +217,7 @@ struct BackwardContext {
   float* dq_part;      // [chunks][batch * heads * seq_q][dp], zeroed: each chunk's dQ / scale
   // ALiBi as the forward's: -slope_h * log2(e) per query head, kind 1 (causal) or 2 (|distance|), and the
   // query's offset in the key sequence.
-  std::vector<float> alibi_l2e;
+  std::vector<float> alibi_l2e{};
   int bias_kind = 0;
   int64_t alibi_shift = 0;
   // The forward's query tiles (positions per tile, Schedule::tiles.q): a tile of at most kDotRows rows ran
