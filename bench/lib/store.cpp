@@ -74,6 +74,7 @@ ResultStore::ResultStore(std::string dir, Mode mode, const SweepConfig& config, 
     meta_["resumed_at"].push_back(now_iso8601());
     // A folder from before plugins: the plugins of this run (rows record their own in `plugin`).
     if (!meta_.contains("plugins")) meta_["plugins"] = plugins_json();
+    if (!meta_.contains("registry")) meta_["registry"] = Registry::instance().names();
   } else {
     if (has_results && mode != Mode::force)
       throw UsageError(
@@ -90,6 +91,9 @@ ResultStore::ResultStore(std::string dir, Mode mode, const SweepConfig& config, 
     meta_["baseline"] = Registry::instance().baseline().name();
     // The plugins loaded (--plugin, ATTNBENCH_PLUGINS, the config's "plugins"): path, hash, ABI, variants.
     meta_["plugins"] = plugins_json();
+    // Every registered variant's name in the registry's order (plugins' included): the plots give each its
+    // own colour and marker from its place here, the same in every figure.
+    meta_["registry"] = Registry::instance().names();
     meta_.update(machine_meta);
     // meta.json (with the config hash) exists before results.jsonl, so a kill at any later moment leaves a
     // folder that --resume accepts.
