@@ -178,121 +178,98 @@ FloatArray measure_weights(const Attention& variant, const Problem& p, const Inp
   return w;
 }
 
-int run_patterns(const PatternsOptions& o) {
-  check_options(o);
-  auto& reg = Registry::instance();
-  std::vector<std::string> names = o.variants;
-  if (names.empty()) names = reg.names();
-  std::vector<std::string> unique;
-  for (const auto& n : names) {
-    if (!reg.find(n)) throw UsageError("--variant '" + n + "': " + reg.unknown_variant_message(n));
-    if (std::find(unique.begin(), unique.end(), n) == unique.end()) unique.push_back(n);
-  }
-  names = unique;
-  const auto params = group_params(o.params, names);
+// One variant's pattern: its entry of patterns.json, and its weights (with the g and beta it read) when ok.
+struct Measured {
+  std::string name;
+  FloatArray weights;
+  PointInputs extra;  // the g and beta it read, written beside its weights
+};
 
-  // Everything is computed before anything is written: a failure leaves the output folder as it was.
-  const Inputs in = o.text_opt->count() ? text_inputs(o) : gaussian_inputs(o);
-  const int64_t N = in.q.shape[2];
-  // Every variant's weights are held until all are computed (so a failure writes nothing): bound the total.
-  const double total = 4.0 * static_cast<double>(o.heads) * static_cast<double>(N) * static_cast<double>(N) *
-                       static_cast<double>(names.size());
-  if (total > kMaxOutputBytes)
-    throw UsageError("--heads " + std::to_string(o.heads) + " x n " + std::to_string(N) + "^2 x " +
-                     std::to_string(names.size()) +
-                     " variants = " + std::to_string(static_cast<int64_t>(total)) + " bytes of weights > " +
-                     std::to_string(static_cast<int64_t>(kMaxOutputBytes)) +
-                     "; draw fewer heads, a shorter sequence or fewer --variant");
-  const std::string mask = o.causal ? "causal" : o.mask;
-  int failed = 0;
-  Json variants_json = Json::array();
-  struct Measured {
-    std::string name;
-    FloatArray weights;
-    PointInputs extra;  // the g and beta it read, written beside its weights
-  };
-  std::vector<Measured> results;
-  for (const auto& name : names) {
-    const Attention& variant = reg.get(name);
-    const auto it = params.find(name);
-    const Capabilities caps = variant.capabilities();
-    Problem p = make_problem(
-        name, parse_cli_params(variant, it == params.end() ? std::vector<std::string>{} : it->second));
-    p.batch = 1, p.heads = o.heads, p.seq_q = p.seq_kv = N, p.head_dim = o.head_dim;
-    p.mask.causal = mask == "causal" || (mask == "auto" && caps.causal);
-    p.validate();
-    Json entry = {{"name", name},
-                  {"params", p.params},
-                  {"exact", caps.exact},
-                  {"causal", p.mask.causal},
-                  {"description", variant.description()},
-                  {"repro", p.repro()}};
-    if (const std::string why = variant.unsupported_reasons_text(p); !why.empty()) {
-      entry["status"] = "skipped";
-      entry["reason"] = why;
-      std::cout << name << ": skipped (" << why << ")\n";
-      variants_json.push_back(entry);
-      continue;
-    }
-    // A recurrence's g and beta: the sweep's own draw (fill_recurrence_inputs) for a point of this problem in
-    // the default regime (g = logsigmoid(N(0,1)), beta = sigmoid(N(0,1))), with --seed as its input seed.
-    SweepPoint point;
-    point.problem = p;
-    point.input_seed = o.seed;
-    PointInputs extra;
-    fill_recurrence_inputs(point, extra);
-    if (caps.gate != Gate::none || caps.beta) {
-      Json drawn = Json::object();
-      if (caps.gate != Gate::none)
-        drawn["g"] = {{"distribution", "logsigmoid(" + point.regime.g.normal() + ")"},
-                      {"shape", caps.gate == Gate::vector ? extra.g_vector.shape : extra.g.shape},
-                      {"file", name + ".g.npy"}};
-      if (caps.beta)
-        drawn["beta"] = {{"distribution", "sigmoid(" + point.regime.beta.normal() + ")"},
-                         {"shape", extra.beta.shape},
-                         {"file", name + ".beta.npy"}};
-      drawn["seed"] = o.seed;
-      entry["inputs"] = drawn;
-    }
-    FloatArray w;
-    try {
-      w = measure_weights(variant, p, in, extra);
-    } catch (const std::exception& e) {
-      // One variant's failure costs its pattern, not the others': listed with the reason, exit 1 at the end.
-      entry["status"] = "failed";
-      entry["reason"] = e.what();
-      std::cerr << "attnbench: error: " << name << ": " << e.what() << "\n";
-      ++failed;
-      variants_json.push_back(entry);
-      continue;
-    }
-    const auto bad = std::count_if(w.data.begin(), w.data.end(), [](float x) { return !std::isfinite(x); });
-    entry["status"] = "ok";
-    entry["file"] = name + ".npy";
-    entry["shape"] = w.shape;
-    entry["nonfinite"] = bad;
-    if (bad) std::cerr << "attnbench: warning: " << name << ": " << bad << " NaN/Inf weights\n";
-    std::cout << name << ": " << w.shape_str() << " -> " << (fs::path(o.out) / (name + ".npy")).string()
-              << "\n";
-    variants_json.push_back(entry);
-    results.push_back({name, std::move(w), std::move(extra)});
-  }
+// The per-token inputs a recurrence reads, for a pattern: the sweep's own draw (fill_recurrence_inputs) for a
+// point of this problem in the default regime (g = logsigmoid(N(0,1)), beta = sigmoid(N(0,1))), with --seed
+// as its input seed; `entry` records their distributions, shapes and files. Nothing for other variants.
+PointInputs draw_recurrence_inputs(const Problem& p, const Capabilities& caps, uint64_t seed, Json& entry) {
+  SweepPoint point;
+  point.problem = p;
+  point.input_seed = seed;
+  PointInputs extra;
+  fill_recurrence_inputs(point, extra);
+  if (caps.gate == Gate::none && !caps.beta) return extra;
+  Json drawn = Json::object();
+  if (caps.gate != Gate::none)
+    drawn["g"] = {{"distribution", "logsigmoid(" + point.regime.g.normal() + ")"},
+                  {"shape", caps.gate == Gate::vector ? extra.g_vector.shape : extra.g.shape},
+                  {"file", p.variant + ".g.npy"}};
+  if (caps.beta)
+    drawn["beta"] = {{"distribution", "sigmoid(" + point.regime.beta.normal() + ")"},
+                     {"shape", extra.beta.shape},
+                     {"file", p.variant + ".beta.npy"}};
+  drawn["seed"] = seed;
+  entry["inputs"] = drawn;
+  return extra;
+}
 
+// Draws `variant` on `in` under `mask` (none, causal, auto): its patterns.json entry, status ok (the weights
+// appended to `results`), skipped (a problem it cannot run) or failed (it threw: the others go on).
+Json draw_variant(const Attention& variant, const std::vector<std::string>& params, const PatternsOptions& o,
+                  const std::string& mask, const Inputs& in, std::vector<Measured>& results) {
+  const std::string name = variant.name();
+  const Capabilities caps = variant.capabilities();
+  Problem p = make_problem(name, parse_cli_params(variant, params));
+  p.batch = 1, p.heads = o.heads, p.seq_q = p.seq_kv = in.q.shape[2], p.head_dim = o.head_dim;
+  p.mask.causal = mask == "causal" || (mask == "auto" && caps.causal);
+  p.validate();
+  Json entry = {{"name", name},
+                {"params", p.params},
+                {"exact", caps.exact},
+                {"causal", p.mask.causal},
+                {"description", variant.description()},
+                {"repro", p.repro()}};
+  if (const std::string why = variant.unsupported_reasons_text(p); !why.empty()) {
+    entry["status"] = "skipped";
+    entry["reason"] = why;
+    std::cout << name << ": skipped (" << why << ")\n";
+    return entry;
+  }
+  PointInputs extra = draw_recurrence_inputs(p, caps, o.seed, entry);
+  FloatArray w;
+  try {
+    w = measure_weights(variant, p, in, extra);
+  } catch (const std::exception& e) {
+    entry["status"] = "failed";
+    entry["reason"] = e.what();
+    std::cerr << "attnbench: error: " << name << ": " << e.what() << "\n";
+    return entry;
+  }
+  const auto bad = std::count_if(w.data.begin(), w.data.end(), [](float x) { return !std::isfinite(x); });
+  entry["status"] = "ok";
+  entry["file"] = name + ".npy";
+  entry["shape"] = w.shape;
+  entry["nonfinite"] = bad;
+  if (bad) std::cerr << "attnbench: warning: " << name << ": " << bad << " NaN/Inf weights\n";
+  std::cout << name << ": " << w.shape_str() << " -> " << (fs::path(o.out) / (name + ".npy")).string()
+            << "\n";
+  results.push_back({name, std::move(w), std::move(extra)});
+  return entry;
+}
+
+// Writes the folder: each file to a temporary and renamed, patterns.json (the index) last.
+void write_patterns(const PatternsOptions& o, const std::string& mask, const Inputs& in,
+                    const std::vector<Measured>& results, const Json& variants_json) {
   fs::create_directories(o.out);
   const fs::path dir = o.out;
-  // Each file is written to a temporary and renamed; patterns.json, the index, comes last.
   write_npy((dir / "q.npy").string(), in.q);
   write_npy((dir / "k.npy").string(), in.k);
   for (const Measured& m : results) {
     write_npy((dir / (m.name + ".npy")).string(), m.weights);
-    const Capabilities caps = reg.get(m.name).capabilities();
+    const Capabilities caps = Registry::instance().get(m.name).capabilities();
     if (caps.gate != Gate::none)
       write_npy((dir / (m.name + ".g.npy")).string(),
                 caps.gate == Gate::vector ? m.extra.g_vector : m.extra.g);
     if (caps.beta) write_npy((dir / (m.name + ".beta.npy")).string(), m.extra.beta);
   }
   Json meta = {{"source", o.text_opt->count() ? "text" : "seq"},
-               {"seq", N},
+               {"seq", in.q.shape[2]},
                {"heads", o.heads},
                {"head_dim", o.head_dim},
                {"causal", mask != "none"},
@@ -320,6 +297,45 @@ int run_patterns(const PatternsOptions& o) {
     meta["inputs"] = "seeded gaussian Q, K ~ N(0, std^2)";
   }
   write_file_atomic((dir / "patterns.json").string(), meta.dump(2) + "\n");
+}
+
+int run_patterns(const PatternsOptions& o) {
+  check_options(o);
+  auto& reg = Registry::instance();
+  std::vector<std::string> names = o.variants;
+  if (names.empty()) names = reg.names();
+  std::vector<std::string> unique;
+  for (const auto& n : names) {
+    if (!reg.find(n)) throw UsageError("--variant '" + n + "': " + reg.unknown_variant_message(n));
+    if (std::find(unique.begin(), unique.end(), n) == unique.end()) unique.push_back(n);
+  }
+  names = unique;
+  const auto params = group_params(o.params, names);
+
+  // Everything is computed before anything is written: a failure leaves the output folder as it was.
+  const Inputs in = o.text_opt->count() ? text_inputs(o) : gaussian_inputs(o);
+  const int64_t N = in.q.shape[2];
+  // Every variant's weights are held until all are computed (so a failure writes nothing): bound the total.
+  const double total = 4.0 * static_cast<double>(o.heads) * static_cast<double>(N) * static_cast<double>(N) *
+                       static_cast<double>(names.size());
+  if (total > kMaxOutputBytes)
+    throw UsageError("--heads " + std::to_string(o.heads) + " x n " + std::to_string(N) + "^2 x " +
+                     std::to_string(names.size()) +
+                     " variants = " + std::to_string(static_cast<int64_t>(total)) + " bytes of weights > " +
+                     std::to_string(static_cast<int64_t>(kMaxOutputBytes)) +
+                     "; draw fewer heads, a shorter sequence or fewer --variant");
+  const std::string mask = o.causal ? "causal" : o.mask;
+  Json variants_json = Json::array();
+  std::vector<Measured> results;
+  int failed = 0;
+  for (const auto& name : names) {
+    const auto it = params.find(name);
+    variants_json.push_back(draw_variant(
+        reg.get(name), it == params.end() ? std::vector<std::string>{} : it->second, o, mask, in, results));
+    // One variant's failure costs its pattern, not the others': listed with the reason, exit 1 at the end.
+    failed += variants_json.back()["status"] == "failed";
+  }
+  write_patterns(o, mask, in, results, variants_json);
   if (failed)
     std::cerr << "attnbench: " << failed << " of " << names.size()
               << " variants failed (listed in patterns.json with the reason); the others were written\n";
