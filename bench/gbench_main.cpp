@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/lib/decode_state.hpp"
 #include "bench/lib/inputs.hpp"
 #include "bench/lib/plan.hpp"
 #include "common/interface/half.hpp"
@@ -24,13 +25,19 @@
 
 namespace {
 
-void run_point(benchmark::State& state, const attn::SweepPoint& pt) {
+void time_point(benchmark::State& state, const attn::SweepPoint& pt) {
   const attn::Attention& variant = attn::Registry::instance().get(pt.problem.variant);
   const attn::PointInputs inputs = attn::make_inputs(pt);
   // O has the query heads, d_v wide; K and V (in `inputs`) kv_heads.
   attn::FloatArray out({pt.problem.batch, pt.problem.heads, pt.problem.seq_q, pt.problem.value_dim()});
-  // A bf16 / fp16 point (sweep.dtype) reads its inputs rounded from the fp32 ones, as in `attnbench run`.
-  const attn::StoredInputs stored(pt.problem, inputs.view(nullptr));
+  // What `attnbench run` gives the kernel (PointRunner::inputs_for): the gate its variant reads, a decode
+  // point's state by the same untimed chunkwise prefill, and for a bf16 / fp16 point (sweep.dtype) Q, K, V
+  // rounded from the fp32 ones.
+  attn::AttentionInputs fp32 = inputs.view(pt.problem, nullptr);
+  attn::DecodeStates states;
+  states.prepare(pt, fp32);
+  fp32.initial_state = states.state_for(pt.problem);
+  const attn::StoredInputs stored(pt.problem, fp32);
   attn::AttentionInputs in = stored.get();
   in.out = out.ptr();
   const attn::simd::ScopedIsa isa(pt.isa, "sweep.isa");
@@ -71,6 +78,16 @@ void run_point(benchmark::State& state, const attn::SweepPoint& pt) {
   if (const auto bytes = attn::point_bytes(pt))
     state.counters["GB/s"] = benchmark::Counter(*bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = pt.threads;
+}
+
+// A point whose variant throws (a missing input, a plugin's bug) is reported as this benchmark's error, and
+// the others run: Google Benchmark names it with error_occurred and the message.
+void run_point(benchmark::State& state, const attn::SweepPoint& pt) {
+  try {
+    time_point(state, pt);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
 }
 
 }  // namespace

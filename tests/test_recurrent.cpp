@@ -785,8 +785,7 @@ TEST_CASE("sweep decode points: a state from the chunkwise prefill, rows with ow
     // The prefill's state, then the decode step from it, equal the fp64 definition run over the whole
     // context (a self-attention problem of 300 tokens whose last query is the decode's).
     PointInputs in = make_inputs(pt);
-    AttentionInputs view = in.view(nullptr);
-    view.g = in.gate_for(p);
+    AttentionInputs view = in.view(p, nullptr);
     DecodeStates states;
     states.prepare(pt, view);
     REQUIRE(states.state_for(p) != nullptr);

@@ -140,8 +140,7 @@ int write_inputs(const InputsOptions& o) {
   // What the kernel reads, as the runner's (PointRunner::inputs_for): the fp32 inputs with the gate its
   // variant reads, and a decode point's state by the same chunkwise prefill; rounded to the point's dtype.
   PointInputs in = make_inputs(pt);
-  AttentionInputs fp32 = in.view(nullptr);
-  fp32.g = in.gate_for(p);
+  AttentionInputs fp32 = in.view(p, nullptr);
   DecodeStates states;
   states.prepare(pt, fp32);
   fp32.initial_state = states.state_for(p);

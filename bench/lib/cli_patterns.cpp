@@ -163,8 +163,7 @@ FloatArray measure_weights(const Attention& variant, const Problem& p, const Inp
     for (int64_t h = 0; h < H; ++h)
       for (int64_t c = 0; c < cols; ++c) v.data[static_cast<std::size_t>((h * N + j0 + c) * D + c)] = 1.0f;
     std::fill(out.data.begin(), out.data.end(), 0.0f);
-    AttentionInputs ai = extra.view(out.ptr());
-    ai.g = extra.gate_for(p);
+    AttentionInputs ai = extra.view(p, out.ptr());
     ai.q = in.q.ptr();
     ai.k = in.k.ptr();
     ai.v = v.ptr();

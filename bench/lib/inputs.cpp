@@ -16,14 +16,14 @@ std::size_t PointInputs::bytes() const {
          key_padding.numel();
 }
 
-AttentionInputs PointInputs::view(float* out) const {
+AttentionInputs PointInputs::view(const Problem& p, float* out) const {
   AttentionInputs in;
   in.q = q.ptr();
   in.k = k.ptr();
   in.v = v.ptr();
   in.key_padding = key_padding.numel() ? key_padding.ptr() : nullptr;
   in.sink_logits = sink_logits.numel() ? sink_logits.ptr() : nullptr;
-  in.g = g.numel() ? g.ptr() : nullptr;
+  in.g = gate_for(p);
   in.beta = beta.numel() ? beta.ptr() : nullptr;
   in.out = out;
   return in;

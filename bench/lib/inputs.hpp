@@ -13,14 +13,15 @@ struct PointInputs {
   // g = logsigmoid(N(mean, std^2)) ([batch, heads, seq] or [.., head_dim]) and beta = sigmoid(N(mean, std^2))
   // ([batch, heads, seq]) with the regime's distributions (inputs[].g, inputs[].beta; the documented default
   // N(0, 1) for both), from their own streams of the input seed.
-  // g_vector is the per-channel gate ([.., head_dim]); view() passes the scalar g, gate_for() picks by
-  // variant.
+  // g_vector is the per-channel gate ([.., head_dim]); gate_for() picks the one a variant reads.
   FloatArray g, g_vector, beta;
   // The gate `p`'s variant reads (g, g_vector or null).
   const float* gate_for(const Problem& p) const;
   FloatArray sink_logits;  // [heads], N(0, 1): read only by points with sink logits (Problem::sinks)
   std::size_t bytes() const;
-  AttentionInputs view(float* out) const;
+  // Pointers to every tensor here, with the gate `p`'s variant reads (gate_for): what its kernel is given
+  // (every caller once had to remember to pick the gate; one did not, and a per-channel gate went missing).
+  AttentionInputs view(const Problem& p, float* out) const;
 };
 
 // Q is [batch, heads, seq_q, head_dim]; K is [batch, kv_heads, seq_kv, head_dim] and V [.., d_v]

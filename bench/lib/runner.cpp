@@ -90,11 +90,11 @@ void PointRunner::prepare_inputs(const SweepPoint& pt) {
   decode_states_.prepare(pt, fp32_inputs_for(pt.problem));
   const DType t = pt.problem.dtype;
   if (t != DType::fp32 && !stored_.count(t))
-    stored_[t] = std::make_unique<StoredInputs>(pt.problem, inputs_.view(nullptr));
+    stored_[t] = std::make_unique<StoredInputs>(pt.problem, inputs_.view(pt.problem, nullptr));
 }
 
 AttentionInputs PointRunner::inputs_for(const Problem& p) const {
-  AttentionInputs in = p.dtype == DType::fp32 ? inputs_.view(nullptr) : stored_.at(p.dtype)->get();
+  AttentionInputs in = p.dtype == DType::fp32 ? inputs_.view(p, nullptr) : stored_.at(p.dtype)->get();
   // The gate this variant reads (scalar or per channel), and beta as drawn now (the rounded copies were made
   // at their first point).
   in.g = inputs_.gate_for(p);
@@ -104,8 +104,7 @@ AttentionInputs PointRunner::inputs_for(const Problem& p) const {
 }
 
 AttentionInputs PointRunner::fp32_inputs_for(const Problem& p) const {
-  AttentionInputs in = inputs_.view(nullptr);
-  in.g = inputs_.gate_for(p);
+  AttentionInputs in = inputs_.view(p, nullptr);
   in.initial_state = decode_states_.state_for(p);
   return in;
 }

@@ -252,7 +252,8 @@ class RingExecutor final : public Executor {
   void fill_row(const SweepPoint& pt, const PointInputs& inputs, const RingRun& run, ResultRow& row) {
     fill_timing(row, summarize(run.samples_ms), point_flops(pt), nullptr);
     row.attempts = 1;
-    references_.fill_forward(pt, inputs.view(nullptr), inputs.view(nullptr), run.out.ptr(), row);
+    references_.fill_forward(pt, inputs.view(pt.problem, nullptr), inputs.view(pt.problem, nullptr),
+                             run.out.ptr(), row);
     const int64_t bad_in = count_nonfinite(inputs.q.ptr(), inputs.q.numel()) +
                            count_nonfinite(inputs.k.ptr(), inputs.k.numel()) +
                            count_nonfinite(inputs.v.ptr(), inputs.v.numel());

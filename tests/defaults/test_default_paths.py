@@ -9,6 +9,7 @@ For every variant:
   run        a tiny sweep of every variant, forward and forward + backward, unmasked and causal: no failed
              row, and an ok forward row (and an ok backward row where it has a backward);
   inputs     `attnbench inputs` writes that point's inputs (the sweep's own helper: g, beta, dO ...);
+  gbench     attnbench_gbench (the Google Benchmark driver over the registry) on the tiny sweep: no errors;
   eval       `attnbench eval --compare` on them, and `--grad-output` with their dO: the accuracy equals the
              sweep row's, bit for bit (same inputs, kernel and reference);
 and `attnbench run --dry-run` plans every sweep config shipped in configs/.
@@ -214,6 +215,26 @@ def check_inputs_eval(cli, name, caps, row, config, tmp):
         fail(name, "eval --grad-output", f"dQ max_abs_err {have!r} != the sweep row's {want!r} on the same inputs")
 
 
+def check_gbench(gbench, plugins, variants, config):
+    """The Google Benchmark driver over the tiny sweep: every variant's points run (one short iteration each),
+    none reports an error."""
+    args = [gbench, *[f"--plugin={p}" for p in plugins], f"--config={config}", "--benchmark_min_time=0.0001",
+            "--benchmark_format=json"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        return fail("", "attnbench_gbench", f"exit {r.returncode}: {first_line(r)}")
+    benchmarks = json.loads(r.stdout)["benchmarks"]
+    for name in variants:
+        mine = [b for b in benchmarks if b["name"].startswith((name + "{", name + ":"))]
+        errors = [f"{b['name']}: {b.get('error_message', '')}" for b in mine if b.get("error_occurred")]
+        if errors:
+            fail(name, "attnbench_gbench", "; ".join(errors[:2]))
+        elif not mine:
+            fail(name, "attnbench_gbench", "ran no benchmark of it")
+        else:
+            ok(name, "attnbench_gbench", f"{len(mine)} benchmark(s) ran")
+
+
 def check_dry_runs(cli, variants):
     """Every sweep config shipped in configs/ plans with the plugin loaded; "all" configs plan every variant."""
     for path in sorted(glob.glob(os.path.join(ROOT, "configs", "*.json"))):
@@ -242,6 +263,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--attnbench", required=True)
     ap.add_argument("--plugin", action="append", default=[], help="a plugin to load in every command (repeatable)")
+    ap.add_argument("--gbench", help="the Google Benchmark driver, attnbench_gbench (absent from sanitizer builds)")
     ap.add_argument("--expect-failure", metavar="VARIANT",
                     help="self-test: VARIANT (from --plugin) must fail under every command, and nothing else")
     a = ap.parse_args()
@@ -267,12 +289,16 @@ def main():
         for name in variants:
             for row in picked.get(name, {}).values():
                 check_inputs_eval(cli, name, caps[name], row, config, tmp)
+        if a.gbench:
+            check_gbench(a.gbench, a.plugin, variants, config)
+        else:
+            print("note  attnbench_gbench not given (a build without it): not run")
         if not a.expect_failure:
             check_dry_runs(cli, variants)
     if a.expect_failure:
         commands = {c for v, c, _ in failures if v == a.expect_failure}
         others = [(v, c, m) for v, c, m in failures if v != a.expect_failure]
-        want = {"patterns", "run"}
+        want = {"patterns", "run"} | ({"attnbench_gbench"} if a.gbench else set())
         print(f"self-test: {a.expect_failure} failed under {sorted(commands)}; other failures: {len(others)}")
         passed = want <= commands and not others
         print("self-test " + ("passed" if passed else f"FAILED: want {sorted(want)} for {a.expect_failure}, none else"))
@@ -280,7 +306,8 @@ def main():
     if failures:
         print(f"\n{len(failures)} failure(s):")
         for v, c, m in failures:
-            print(f"  {v or '(all)'} under `attnbench {c}`: {m}")
+            command = c if c.startswith("attnbench") else f"attnbench {c}"
+            print(f"  {v or '(all variants)'} under `{command}`: {m}")
         return 1
     print("all passed")
     return 0

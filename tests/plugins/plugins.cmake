@@ -28,6 +28,9 @@ endif()
 # and its self-test: plugin_needs_input's variant, which needs an input no default supplies, must fail it.
 if(ATTN_BUILD_TESTS)
   set(ATTN_DEFAULT_PATHS ${CMAKE_SOURCE_DIR}/tests/defaults/test_default_paths.py --attnbench $<TARGET_FILE:attnbench>)
+  if(TARGET attnbench_gbench)
+    list(APPEND ATTN_DEFAULT_PATHS --gbench $<TARGET_FILE:attnbench_gbench>)
+  endif()
   add_test(NAME defaults.every_variant COMMAND /usr/bin/python3 ${ATTN_DEFAULT_PATHS} --plugin $<TARGET_FILE:plugin_good>)
   add_test(NAME defaults.self_test COMMAND /usr/bin/python3 ${ATTN_DEFAULT_PATHS}
                                            --plugin $<TARGET_FILE:plugin_needs_input> --expect-failure needs_alibi_slopes)
