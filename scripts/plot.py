@@ -20,6 +20,11 @@ section, several storage dtypes (sweep.dtype) plots/dtype_vs_fp32 in the Accurac
 accuracy_vs_softmax an "Accuracy against each reference" section. Needs numpy and matplotlib only (Debian's python3-numpy, python3-matplotlib); runs headless (Agg).
 Exit codes: 0 done, 2 bad input (the message names the file or option).
 
+On stdout: the path of every file written, one a line (RESULTS_DIR: REPORT.md's last), then for RESULTS_DIR a
+short summary for the terminal (scripts/run ends on it; at most ~15 lines for the default sweep), its first line
+starting "Summary (": per mask (and setting) the fastest variant at each n with its time and whether it is exact,
+then the crossovers REPORT.md's Crossover table names (plotlib/terminal.py). Warnings go to stderr.
+
 This is the command line; the work is in scripts/plotlib/, one stage per module: results (read the folder)
 -> analysis (every number, before anything is drawn; it is summary.json) -> figures (draw only) -> report.
 """
@@ -34,6 +39,7 @@ from plotlib.common import PROG, InputError, atomic_write_text  # noqa: E402
 from plotlib.results import Results  # noqa: E402
 from plotlib.analysis import analyse  # noqa: E402
 from plotlib.report import write_report  # noqa: E402
+from plotlib.terminal import summary_lines  # noqa: E402
 
 
 def plot_patterns_only(pdir, out_dir):
@@ -63,6 +69,7 @@ def plot_results(results_dir, out_dir):
     for p in written:
         print(p)
     print(report)
+    print("\n".join(summary_lines(analysis)))
     return 0
 
 

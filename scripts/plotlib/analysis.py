@@ -18,6 +18,8 @@ a plain dict of JSON values, which plot.py writes as summary.json (adding "files
     key_figures                 per series: its figures at its largest n (and whether that row is noisy) and its
                                 worst error
     best_exact                  per point: the fastest exact attnbench row and the exact one with least memory
+    fastest                     per facet (mask, context) and n: the fastest attnbench series, exact or not, its
+                                time and whether it is exact (what plot.py prints at its end, terminal.py)
     pareto                      per facet: every row's speed-up over the fastest exact row at its point against
                                 its error, and which of them form the Pareto front
     accuracy_by_dtype           per variant x dtype (x regime, x bias when several): median and max of the
@@ -121,16 +123,23 @@ def point_key(r):
     return tuple(r.pass_ if f == "pass" else getattr(r, f) for f in POINT_FIELDS)
 
 
+def fastest_by(rows, key):
+    """{key(r): the fastest of the rows with that key} (the first of equal times)."""
+    fastest = {}
+    for r in rows:
+        k = key(r)
+        if k not in fastest or r.time_median < fastest[k].time_median:
+            fastest[k] = r
+    return fastest
+
+
 def best_exact(res):
     """Per point: the fastest exact attnbench row and (bytes, row) of the exact attnbench row with least memory.
     The PyTorch peer is left out, so the crossovers do not change with whether it was run."""
-    fastest, least_mem = {}, {}
-    for r in res.ok:
-        if not r.exact or r.source != "attnbench":
-            continue
+    exact = [r for r in res.ok if r.exact and r.source == "attnbench"]
+    fastest, least_mem = fastest_by(exact, point_key), {}
+    for r in exact:
         k = point_key(r)
-        if k not in fastest or r.time_median < fastest[k].time_median:
-            fastest[k] = r
         m, _ = r.memory()
         if m is not None and (k not in least_mem or m < least_mem[k][0]):
             least_mem[k] = (m, r)
@@ -362,6 +371,17 @@ def _excluded(res):
                "n": sorted({r.seq_kv for r in rs}), "example": (rs[0].reason or "")[:200]}
               for (st, variant, reason), rs in sorted(reasons.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
     return counts, groups
+
+
+def _fastest(res):
+    """Per facet (mask, context) and n, in the tables' order: the fastest measured attnbench row, exact or not, of
+    any dtype or SIMD target (its series names them when they vary); the peer left out as in best_exact."""
+    rows = [r for r in res.ok if r.source == "attnbench"]
+    fastest = fastest_by(rows, lambda r: (r.mask, res.rest_key(r), r.seq_kv))
+    return [{"mask": mask, "context": res.rest_title(rk), "seq_kv": n, "series": r.label, "exact": r.exact,
+             "time_ms": json_num(r.time_median), "noisy": r.noisy, "id": r.id}
+            for (mask, rk, n), r in sorted(fastest.items(), key=lambda kv: (mask_order(kv[0][0]),
+                                                                            res.facet_key_order(kv[0][1]), kv[0][2]))]
 
 
 def _key_figures(res, table_series):
@@ -904,6 +924,7 @@ def analyse(res):
         "excluded_reasons": groups,
         "key_figures": _key_figures(res, table_series),
         "best_exact": _best_exact_list(fastest, least_mem),
+        "fastest": _fastest(res),
         "pareto": _pareto(res, fastest),
         "roofline": _roofline(res),
         "accuracy_by_dtype": _accuracy_by_dtype(res),
