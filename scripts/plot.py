@@ -10,7 +10,8 @@ RESULTS_DIR holds what `attnbench run` writes (results.jsonl, meta.json) and, op
 (results.peers.jsonl, scripts/peers/torch_attention.py). Figures go to OUT/plots/, the report to
 OUT/REPORT.md and the numbers behind it (fitted exponents, crossovers, key ratios, measurement conditions) to
 OUT/summary.json; OUT defaults to RESULTS_DIR. A RESULTS_DIR/patterns/ folder written by `attnbench patterns`
-is drawn and embedded too. --compare draws OUT/compare.png and .svg (OUT defaults to the file's folder) from
+is drawn and embedded too (a variant without a pattern is listed with its reason; a folder with none is bad
+input). --compare draws OUT/compare.png and .svg (OUT defaults to the file's folder) from
 what `attnbench compare A B --json` printed (scripts/plotlib/compare.py). --drift draws OUT/drift.png and .svg
 (OUT defaults to the first file's folder) from what `attnbench drift ... --json` printed (scripts/plotlib/drift.py).
 Results of backward passes (sweep.pass) draw each pass side by side and add a "Training (forward + backward)"
@@ -36,6 +37,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))  # plotlib/ next to this file (any cwd, symlinks)
 
 from plotlib.common import PROG, InputError, atomic_write_text  # noqa: E402
+from plotlib.patterns import load_patterns  # noqa: E402
 from plotlib.results import Results  # noqa: E402
 from plotlib.analysis import analyse  # noqa: E402
 from plotlib.report import write_report  # noqa: E402
@@ -43,10 +45,11 @@ from plotlib.terminal import summary_lines  # noqa: E402
 
 
 def plot_patterns_only(pdir, out_dir):
+    pats = load_patterns(pdir)
     from plotlib import figures
 
     os.makedirs(out_dir, exist_ok=True)
-    for p in figures.draw_patterns(pdir, out_dir):
+    for p in figures.draw_patterns(pats, out_dir):
         print(p)
     return 0
 
@@ -59,9 +62,8 @@ def plot_results(results_dir, out_dir):
     plots = os.path.join(out_dir, "plots")
     os.makedirs(plots, exist_ok=True)
     written = figures.draw_results(res, analysis, plots)
-    pdir = os.path.join(results_dir, "patterns")
-    if os.path.isfile(os.path.join(pdir, "patterns.json")):
-        written += figures.draw_patterns(pdir, plots)
+    if res.patterns:  # RESULTS_DIR/patterns/
+        written += figures.draw_patterns(res.patterns, plots)
     files = [os.path.relpath(p, out_dir) for p in written]
     report = write_report(res, analysis, out_dir, files)
     summary = dict(analysis, files=files + ["REPORT.md"])

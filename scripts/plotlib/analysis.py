@@ -64,6 +64,10 @@ a plain dict of JSON values, which plot.py writes as summary.json (adding "files
     accuracy_references         None unless rows have accuracy_vs_softmax; else per such series the worst
                                 `accuracy` (against its own fp64 reference) and `accuracy_vs_softmax` (against
                                 exact softmax attention) errors, and which reference `accuracy` is against
+    patterns                    None without a patterns/ folder; else (patterns.summarise) its mask mode, size and
+                                the heads drawn, per variant drawn its colour scale (signed where a weight is
+                                negative), range, mask and the recurrences' g / beta, and the variants not drawn
+                                with their status and reason
 
 With several passes (sweep.pass, #27) the pass is a context dimension: every series, facet, point and
 comparison is within one pass, and key_ratios gains a "pass" kind (backward and training step vs forward).
@@ -79,6 +83,7 @@ import re
 import numpy as np
 
 from .common import json_num, num
+from .patterns import summarise as patterns_summary
 from .results import CONTEXT_DIMS, context_value, facet_order, mask_order, pass_order, series_label, worst
 
 ERR_FLOOR = 1e-12  # errors below this are drawn (log axes) and ranked for the Pareto front as this
@@ -935,4 +940,5 @@ def analyse(res):
         "decode": _decode(res, table_series, fastest),
         "chunk_sweep": _chunk_sweep(res),
         "accuracy_references": _accuracy_references(res, table_series),
+        "patterns": patterns_summary(res.patterns) if res.patterns else None,
     }

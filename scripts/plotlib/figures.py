@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import tempfile
+import textwrap
 
 import numpy as np
 import matplotlib
@@ -26,8 +27,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from .analysis import ERR_FLOOR  # noqa: E402
 from .common import CHUNK_SIZE, DECODE, DTYPE_VS_FP32, FIGURES, PATTERNS, PROG, ROOFLINE, fmt_bytes, num  # noqa: E402
-from .results import (PASSES, load_patterns, mask_order, params_text, pass_order, pass_short, pass_title,  # noqa: E402
-                      passes_text)
+from . import patterns  # noqa: E402
+from .results import PASSES, mask_order, params_text, pass_order, pass_short, pass_title, passes_text  # noqa: E402
 from .styles import results_table, series_styles  # noqa: E402
 
 matplotlib.rcParams["svg.hashsalt"] = "attnbench"
@@ -715,41 +716,71 @@ FIGURE_FUNCTIONS = dict(zip(FIGURES, (fig_time, fig_memory, fig_accuracy, fig_pa
                                       fig_decode, fig_chunk_size, fig_dtype_vs_fp32)))
 
 
-def fig_patterns(meta, tokens, panels):
-    heads = min(4, panels[0][1].shape[0])
-    n = panels[0][1].shape[1]
-    nc = len(panels)
-    side = 3.2 if n <= MAX_TOKEN_LABELS or tokens is None else 2.8
-    # Constrained layout keeps each column's colour bar right under it, with no gap to the title.
-    fig, axes = plt.subplots(heads, nc, figsize=(side * nc + 0.8, side * heads + 1.0), squeeze=False,
+PATTERN_COLUMNS = 5  # heatmaps per row of the patterns figure: a variant's heads side by side, variants wrapped
+PATTERN_SIDE = 2.6  # inches per heatmap (3.2 with the tokens on its axes)
+
+
+def _pattern_norm(w, scale):
+    """A variant's colour scale over all its heads (finite weights): √ from 0 to its largest weight (magma), or
+    for a variant with negative weights signed √ symmetric about 0 (red positive, blue negative, 0 white)."""
+    finite = np.abs(w[np.isfinite(w)])
+    top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    if scale == "signed_sqrt":
+        return "RdBu_r", mcolors.FuncNorm((lambda x: np.sign(x) * np.sqrt(np.abs(x)), lambda y: np.sign(y) * y * y),
+                                          vmin=-top, vmax=top)
+    return "magma", mcolors.PowerNorm(gamma=0.5, vmin=0.0, vmax=top)
+
+
+def fig_patterns(p):
+    """The heatmaps of a patterns folder (patterns.load_patterns): per variant its first heads
+    (patterns.heads_shown: all of up to 4 for a few variants, one for 13) side by side with its own colour bar
+    (patterns.SCALES: √ from 0, or signed √ for a variant with a negative weight), the variants wrapped
+    PATTERN_COLUMNS heatmaps to a row; under them the footnote of patterns.notes (scales, unmasked variants, the
+    recurrences' g / beta, the variants not drawn and why)."""
+    summary = patterns.summarise(p)
+    meta, tokens, drawn = p["meta"], p["tokens"], p["drawn"]
+    shown, n = summary["heads_shown"], summary["seq"]
+    per_row = max(1, PATTERN_COLUMNS // shown)
+    rows = -(-len(drawn) // per_row)
+    per_row = -(-len(drawn) // rows)  # as many variants in every row, the last but fewer
+    label_tokens = tokens is not None and len(tokens) <= MAX_TOKEN_LABELS
+    side = 3.2 if label_tokens else PATTERN_SIDE
+    width = (side * shown + 0.9) * per_row
+    fig, axes = plt.subplots(rows, per_row * shown, figsize=(width, (side + 0.7) * rows + 0.6), squeeze=False,
                              layout="constrained")
     src = (f"text '{os.path.basename(meta.get('text', ''))}'" if meta.get("source") == "text"
            else f"gaussian Q, K (std={meta.get('std')})")
-    fig.suptitle(f"Attention weights per head, n={n}, {src}{', causal' if meta.get('causal') else ''} "
-                 "(row = query, column = key; colour ∝ √weight)", fontsize=10)
-    label_tokens = tokens is not None and len(tokens) <= MAX_TOKEN_LABELS
-    for j, (v, w) in enumerate(panels):
-        # One colour scale per variant (a column), square-root so diffuse patterns stay visible next to
-        # peaked ones; exact zeros (masked, outside the band) stay the darkest colour.
-        vmax = float(np.nanmax(w[:heads])) or 1.0
-        norm = mcolors.PowerNorm(gamma=0.5, vmin=0.0, vmax=vmax)
-        for h in range(heads):
-            ax = axes[h][j]
-            im = ax.imshow(w[h], cmap="magma", norm=norm, interpolation="nearest")
+    fig.suptitle(f"Attention weights, n={n}, {src}, {patterns.MASKS[summary['mask']]}; "
+                 f"{patterns.heads_text(shown, summary['heads'])} (row = query, column = key)", fontsize=11)
+    for ax in axes.flat[len(drawn) * shown:]:
+        ax.set_axis_off()  # the last row's empty places
+    for i, ((entry, w), info) in enumerate(zip(drawn, summary["variants"])):
+        r, c = divmod(i, per_row)
+        block = [axes[r][c * shown + h] for h in range(shown)]
+        cmap, norm = _pattern_norm(w, info["scale"])
+        params = textwrap.fill(params_text(entry.get("params", {})).replace(",", ", "), 30 * shown)
+        for h, ax in enumerate(block):
+            im = ax.imshow(np.ma.masked_invalid(w[h]), cmap=cmap, norm=norm, interpolation="nearest")
+            head = f"head {h}" if shown > 1 else ""
             if h == 0:
-                extra = params_text(v.get("params", {})).replace(",", ", ")
-                ax.set_title(v["name"] + ("\n" + extra if extra else "\n"), fontsize=8)
-            if j == 0:
-                ax.set_ylabel(f"head {h}\nquery")
+                title = info["variant"] + patterns.unmasked_note(meta, entry)
+                ax.set_title("\n".join(x for x in (title, params, head) if x), fontsize=8, loc="left")
+            else:
+                ax.set_title(head, fontsize=8, loc="left")
             if label_tokens:
                 ax.set_xticks(range(n))
                 ax.set_yticks(range(n))
                 ax.set_xticklabels(tokens, rotation=90, fontsize=5)
                 ax.set_yticklabels(tokens, fontsize=5)
-            if h == heads - 1:
-                ax.set_xlabel("key")
-        fig.colorbar(im, ax=[axes[h][j] for h in range(heads)], orientation="horizontal", fraction=0.03,
-                     shrink=0.85, label="weight")
+            ax.tick_params(labelsize=6)
+            ax.set_xlabel("key", fontsize=7)
+            if h == 0:
+                ax.set_ylabel("query", fontsize=7)
+        cb = fig.colorbar(im, ax=block, fraction=0.05, shrink=0.85, pad=0.02)
+        cb.set_label("weight, " + ("signed √" if info["scale"] == "signed_sqrt" else "√") + " scale", fontsize=7)
+        cb.ax.tick_params(labelsize=6)
+    text = "\n".join(textwrap.fill(line, int(width * 17)) for line in patterns.notes(summary))
+    fig.text(0.005, 0.0, text, fontsize=7.5, va="top", ha="left", color="dimgray")
     return fig
 
 
@@ -788,6 +819,7 @@ def draw_results(res, an, plots_dir):
     return written
 
 
-def draw_patterns(pdir, out_dir):
-    """The heatmaps of an `attnbench patterns` folder as out_dir/patterns.png and .svg; returns the paths."""
-    return save_figure(fig_patterns(*load_patterns(pdir)), out_dir, PATTERNS)
+def draw_patterns(p, out_dir):
+    """The heatmaps of an `attnbench patterns` folder (patterns.load_patterns) as out_dir/patterns.png and .svg;
+    returns the paths."""
+    return save_figure(fig_patterns(p), out_dir, PATTERNS)

@@ -10,6 +10,7 @@ figure sections.
 import json
 import os
 
+from . import patterns
 from .lra import lra_section
 from .common import (CHUNK_SIZE, DECODE, DTYPE_VS_FP32, FIGURES, PATTERNS, ROOFLINE, SECTION_FIGURES,
                      atomic_write_text, fmt_bytes, fmt_num, md_table, num)
@@ -489,6 +490,26 @@ def roofline_section(an, drawn):
     return "\n".join(md)
 
 
+def patterns_section(summary):
+    """The Attention patterns section's text under its figure: what the heatmaps are, a table of each variant's
+    mask, colour scale and range of weights, and the notes of the figure's footnote (patterns.notes)."""
+    text = ("The weights each variant applies on a small input (`attnbench patterns`), measured through its forward "
+            "pass with V set to unit vectors: row i is the weight query i puts on each key; for a recurrence, the "
+            "signed, unnormalised weight of each value in its output (rows need not sum to 1, nor need Nyström's "
+            "and Linformer's).")
+    if summary is None:
+        return text + " ([SVG](plots/patterns.svg))"
+    text += (f" n = {summary['seq']}, {patterns.MASKS[summary['mask']]}; the figure draws "
+             f"{patterns.heads_text(summary['heads_shown'], summary['heads'])} of each variant. "
+             "([SVG](plots/patterns.svg))")
+    table = [[f"`{v['variant']}`", "causal" if v["causal"] else "unmasked", patterns.SCALES[v["scale"]],
+              patterns.range_text(v)] for v in summary["variants"]]
+    table += [[f"`{m['variant']}`", "—", f"not drawn: {m['status']} ({m['reason']})", "—"]
+              for m in summary["missing"]]
+    return "\n".join([text, "", md_table(["variant", "mask", "colour scale", "weights (min, max)"], table), ""]
+                     + [f"- {line}" for line in patterns.notes(summary)])
+
+
 MAX_CALIBRATION_ROWS = 24
 
 
@@ -651,8 +672,7 @@ def render_report(res, an, figure_files):
     md += ["## Roofline", "", roofline_section(an, drawn), ""]
     if PATTERNS in drawn:
         md += ["## Attention patterns", "", "![Attention patterns](plots/patterns.png)", "",
-               "The weights each variant applies on a small input (`attnbench patterns`), measured through its "
-               "forward pass with V set to unit vectors. ([SVG](plots/patterns.svg))", ""]
+               patterns_section(an.get("patterns")), ""]
     md += ["## Points left out of the curves", "", excluded_section(an), ""]
     md += ["## Measurement conditions", "", measurement_section(an), ""]
     md += ["## Machine", "", machine_section(meta), ""]
