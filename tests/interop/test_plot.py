@@ -324,7 +324,8 @@ def test_terminal_summary(tmp):
     rows, ns = [], [256, 512, 1024, 2048, 4096]
     for mask in ("none", "causal"):
         for n in ns:
-            rows += [row("tiled", n, 1e-6 * n * n, True, 1e-7, mask=mask), row("naive", n, 2e-6 * n * n, True, 1e-7, mask=mask)]
+            rows += [row("tiled", n, 1e-6 * n * n, True, 1e-7, mask=mask),
+                     row("naive", n, 2e-6 * n * n, True, 1e-7, mask=mask)]
             rows += [row(v, n, c * n, False, 0.1, mask=mask) for v, c in speeds.items()
                      if mask == "causal" or v not in recurrences]
     write_rows(d, rows)
@@ -346,8 +347,10 @@ def test_terminal_summary(tmp):
     ok = ("     n | mask=none                     | mask=causal" in text
           and "   256 | linear 0.0256 ms, approximate | retention 0.0128 ms, approximate" in text
           and "  4096 | linear 0.41 ms, approximate   | retention 0.205 ms, approximate" in text)
-    check(ok, "[terminal] the fastest variant at each n per mask, its time and 'approximate'" + ("" if ok else "\n" + text))
-    check("mask=none (against tiled): at every n: linear; from n ≈ 600: nystrom; from n ≈ 700: sliding_window;" in text
+    check(ok, "[terminal] the fastest variant at each n per mask, its time and 'approximate'"
+          + ("" if ok else "\n" + text))
+    check("mask=none (against tiled): at every n: linear; from n ≈ 600: nystrom; from n ≈ 700: sliding_window;"
+          in text
           and "from n ≈ 2000: performer; not within the measured n: linformer" in text.replace("\n      ", " "),
           "[terminal] the crossovers against tiled, in n order, as REPORT.md's table has them")
     check("at every n: delta_rule, gated_delta_rule, linear, retention, simple_gla;" in text.replace("\n      ", " ")

@@ -235,7 +235,8 @@ def test_figures(tmp):
     # new one sorts before it: both take the next free pairs in the registry's order); results written before
     # meta.json had "registry": nothing moves.
     def but_plugin(styles_by_stem):
-        return {stem: [x for x in items if variant_of.get(x[0], x[0]) != PLUGIN] for stem, items in styles_by_stem.items()}
+        return {stem: [x for x in items if variant_of.get(x[0], x[0]) != PLUGIN]
+                for stem, items in styles_by_stem.items()}
     for what, registry, moves in (("'aardvark' registered (sorting first)", ["aardvark"] + reg, True),
                                   ("'zeta' registered (sorting last)", reg + ["zeta"], False),
                                   ("no registry in meta.json", None, False)):
