@@ -1322,6 +1322,31 @@ def run_case(case, tmp):
     return _case.lines
 
 
+def run_file(prefix, cases):
+    """main() of a test file built on this one, run as `/usr/bin/python3 FILE --attnbench PATH`: the path in
+    os.environ["ATTNBENCH"] (for the cases that run the binary), 77 (skip) without numpy or matplotlib, each
+    case(tmp) in turn in one temporary folder named with prefix (an exception fails that case, the others still
+    run); 0 when every check passed, else 1."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--attnbench", help="path of the attnbench binary (for the cases that run it)")
+    a = ap.parse_args()
+    if a.attnbench:
+        os.environ["ATTNBENCH"] = os.path.abspath(a.attnbench)
+    try:
+        import numpy  # noqa: F401
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        print(f"skipped: {e} (install python3-numpy python3-matplotlib)")
+        return 77
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        for case in cases:
+            print(f"--    {case.__name__}")
+            for line in run_case(case, tmp):
+                print(line)
+    print(f"{len(failures)} failure(s)" if failures else "all passed")
+    return 1 if failures else 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--attnbench", help="path of the attnbench binary (plot.py reads files only; the PyTorch "

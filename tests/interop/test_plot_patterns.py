@@ -13,13 +13,11 @@
 
 Run by ctest as `/usr/bin/python3 test_plot_patterns.py --attnbench PATH`. Exit 0 pass, 1 fail, 77 skip (numpy or
 matplotlib missing)."""
-import argparse
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import test_plot as tp  # check, run_plot and the failures they record (next to this file)
 
@@ -172,12 +170,16 @@ def test_layout(tmp):
         plt.close(fig)
 
 
-def test_real(tmp, exe):
+def test_real(tmp):
     import matplotlib.pyplot as plt
     import numpy as np
     from plotlib import figures
     from plotlib.patterns import load_patterns
 
+    exe = os.environ.get("ATTNBENCH")
+    if not exe:
+        tp.say("skip  [real] no --attnbench PATH given")
+        return
     out = os.path.join(tmp, "real")
     r = subprocess.run([exe, "patterns", "--seq", "64", "--mask", "auto", "--param", "sliding_window.window=8",
                         "--param", "sliding_window.global_tokens=1", "--out", out], capture_output=True, text=True,
@@ -222,23 +224,5 @@ def test_real(tmp, exe):
         check(width <= 3000 and height <= 2500, f"[real] patterns.png is {width} x {height} px (at most 3000 x 2500)")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--attnbench", required=True, help="path of the attnbench binary")
-    a = ap.parse_args()
-    try:
-        import numpy  # noqa: F401
-        import matplotlib  # noqa: F401
-    except ImportError as e:
-        print(f"skipped: {e} (install python3-numpy python3-matplotlib)")
-        return 77
-    with tempfile.TemporaryDirectory(prefix="attnbench-test-plot-patterns-") as tmp:
-        test_hand_made(tmp)
-        test_layout(tmp)
-        test_real(tmp, os.path.abspath(a.attnbench))
-    print(f"{len(tp.failures)} failure(s)" if tp.failures else "all passed")
-    return 1 if tp.failures else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tp.run_file("attnbench-test-plot-patterns-", [test_hand_made, test_layout, test_real]))

@@ -14,12 +14,10 @@
 
 Run by ctest as `/usr/bin/python3 test_plot_styles.py --attnbench PATH` (the path is not used: plot.py reads
 files only). Exit 0 pass, 1 fail, 77 skip (numpy or matplotlib missing)."""
-import argparse
 import itertools
 import json
 import os
 import sys
-import tempfile
 
 import test_plot as tp  # check, run_plot and the failures they record (next to this file)
 
@@ -45,7 +43,7 @@ def delta_e(a, b):
     return sum((x - y) ** 2 for x, y in zip(lab(a), lab(b))) ** 0.5
 
 
-def test_table():
+def test_table(_tmp):
     from plotlib import styles
 
     pinned = styles.PINNED
@@ -283,23 +281,5 @@ def test_svg_stable(tmp):
     check(len(svgs[0]) >= 9 and svgs[0] == svgs[1], f"two runs write the same SVG bytes ({len(svgs[0])} SVGs)")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--attnbench", help="not used: plot.py reads files only")
-    ap.parse_args()
-    try:
-        import numpy  # noqa: F401
-        import matplotlib  # noqa: F401
-    except ImportError as e:
-        print(f"skipped: {e} (install python3-numpy python3-matplotlib)")
-        return 77
-    with tempfile.TemporaryDirectory(prefix="attnbench-test-plot-styles-") as tmp:
-        test_table()
-        test_figures(tmp)
-        test_svg_stable(tmp)
-    print(f"{len(tp.failures)} failure(s)" if tp.failures else "all passed")
-    return 1 if tp.failures else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(tp.run_file("attnbench-test-plot-styles-", [test_table, test_figures, test_svg_stable]))
