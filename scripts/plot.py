@@ -10,7 +10,8 @@ RESULTS_DIR holds what `attnbench run` writes (results.jsonl, meta.json) and, op
 (results.peers.jsonl, scripts/peers/torch_attention.py). Figures go to OUT/plots/, the report to
 OUT/REPORT.md and the numbers behind it (fitted exponents, crossovers, key ratios, measurement conditions) to
 OUT/summary.json; OUT defaults to RESULTS_DIR. A RESULTS_DIR/patterns/ folder written by `attnbench patterns`
-is drawn and embedded too. --compare draws OUT/compare.png and .svg (OUT defaults to the file's folder) from
+is drawn and embedded too (a variant without a pattern is listed with its reason; a folder with none is bad
+input). --compare draws OUT/compare.png and .svg (OUT defaults to the file's folder) from
 what `attnbench compare A B --json` printed (scripts/plotlib/compare.py). --drift draws OUT/drift.png and .svg
 (OUT defaults to the first file's folder) from what `attnbench drift ... --json` printed (scripts/plotlib/drift.py).
 Results of backward passes (sweep.pass) draw each pass side by side and add a "Training (forward + backward)"
@@ -19,6 +20,11 @@ plots/decode and a Decode section, a variant measured at several `chunk` values 
 section, several storage dtypes (sweep.dtype) plots/dtype_vs_fp32 in the Accuracy by dtype section, rows with
 accuracy_vs_softmax an "Accuracy against each reference" section. Needs numpy and matplotlib only (Debian's python3-numpy, python3-matplotlib); runs headless (Agg).
 Exit codes: 0 done, 2 bad input (the message names the file or option).
+
+On stdout: the path of every file written, one a line (RESULTS_DIR: REPORT.md's last), then for RESULTS_DIR a
+short summary for the terminal (scripts/run ends on it; at most ~15 lines for the default sweep), its first line
+starting "Summary (": per mask (and setting) the fastest variant at each n with its time and whether it is exact,
+then the crossovers REPORT.md's Crossover table names (plotlib/terminal.py). Warnings go to stderr.
 
 This is the command line; the work is in scripts/plotlib/, one stage per module: results (read the folder)
 -> analysis (every number, before anything is drawn; it is summary.json) -> figures (draw only) -> report.
@@ -31,16 +37,19 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))  # plotlib/ next to this file (any cwd, symlinks)
 
 from plotlib.common import PROG, InputError, atomic_write_text  # noqa: E402
+from plotlib.patterns import load_patterns  # noqa: E402
 from plotlib.results import Results  # noqa: E402
 from plotlib.analysis import analyse  # noqa: E402
 from plotlib.report import write_report  # noqa: E402
+from plotlib.terminal import summary_lines  # noqa: E402
 
 
 def plot_patterns_only(pdir, out_dir):
+    pats = load_patterns(pdir)
     from plotlib import figures
 
     os.makedirs(out_dir, exist_ok=True)
-    for p in figures.draw_patterns(pdir, out_dir):
+    for p in figures.draw_patterns(pats, out_dir):
         print(p)
     return 0
 
@@ -53,9 +62,8 @@ def plot_results(results_dir, out_dir):
     plots = os.path.join(out_dir, "plots")
     os.makedirs(plots, exist_ok=True)
     written = figures.draw_results(res, analysis, plots)
-    pdir = os.path.join(results_dir, "patterns")
-    if os.path.isfile(os.path.join(pdir, "patterns.json")):
-        written += figures.draw_patterns(pdir, plots)
+    if res.patterns:  # RESULTS_DIR/patterns/
+        written += figures.draw_patterns(res.patterns, plots)
     files = [os.path.relpath(p, out_dir) for p in written]
     report = write_report(res, analysis, out_dir, files)
     summary = dict(analysis, files=files + ["REPORT.md"])
@@ -63,6 +71,7 @@ def plot_results(results_dir, out_dir):
     for p in written:
         print(p)
     print(report)
+    print("\n".join(summary_lines(analysis)))
     return 0
 
 

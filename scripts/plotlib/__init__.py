@@ -8,6 +8,8 @@
               written.
     report    Results + analysis + the figure files written -> REPORT.md (no matplotlib): it does not depend
               on whether, or in which order, figures were drawn.
+    terminal  the analysis -> the few lines plot.py prints at its end (the fastest variant per n, the crossovers).
+    styles    one colour and one marker per variant, the same in every figure (no matplotlib).
     common    what they share: the error type, number formatting, atomic writes.
 
 Importing the package, results, analysis or report does not import matplotlib; only figures does.

@@ -18,6 +18,8 @@ a plain dict of JSON values, which plot.py writes as summary.json (adding "files
     key_figures                 per series: its figures at its largest n (and whether that row is noisy) and its
                                 worst error
     best_exact                  per point: the fastest exact attnbench row and the exact one with least memory
+    fastest                     per facet (mask, context) and n: the fastest attnbench series, exact or not, its
+                                time and whether it is exact (what plot.py prints at its end, terminal.py)
     pareto                      per facet: every row's speed-up over the fastest exact row at its point against
                                 its error, and which of them form the Pareto front
     accuracy_by_dtype           per variant x dtype (x regime, x bias when several): median and max of the
@@ -62,6 +64,10 @@ a plain dict of JSON values, which plot.py writes as summary.json (adding "files
     accuracy_references         None unless rows have accuracy_vs_softmax; else per such series the worst
                                 `accuracy` (against its own fp64 reference) and `accuracy_vs_softmax` (against
                                 exact softmax attention) errors, and which reference `accuracy` is against
+    patterns                    None without a patterns/ folder; else (patterns.summarise) its mask mode, size and
+                                the heads drawn, per variant drawn its colour scale (signed where a weight is
+                                negative), range, mask and the recurrences' g / beta, and the variants not drawn
+                                with their status and reason
 
 With several passes (sweep.pass, #27) the pass is a context dimension: every series, facet, point and
 comparison is within one pass, and key_ratios gains a "pass" kind (backward and training step vs forward).
@@ -77,6 +83,7 @@ import re
 import numpy as np
 
 from .common import json_num, num
+from .patterns import summarise as patterns_summary
 from .results import CONTEXT_DIMS, context_value, facet_order, mask_order, pass_order, series_label, worst
 
 ERR_FLOOR = 1e-12  # errors below this are drawn (log axes) and ranked for the Pareto front as this
@@ -121,16 +128,23 @@ def point_key(r):
     return tuple(r.pass_ if f == "pass" else getattr(r, f) for f in POINT_FIELDS)
 
 
+def fastest_by(rows, key):
+    """{key(r): the fastest of the rows with that key} (the first of equal times)."""
+    fastest = {}
+    for r in rows:
+        k = key(r)
+        if k not in fastest or r.time_median < fastest[k].time_median:
+            fastest[k] = r
+    return fastest
+
+
 def best_exact(res):
     """Per point: the fastest exact attnbench row and (bytes, row) of the exact attnbench row with least memory.
     The PyTorch peer is left out, so the crossovers do not change with whether it was run."""
-    fastest, least_mem = {}, {}
-    for r in res.ok:
-        if not r.exact or r.source != "attnbench":
-            continue
+    exact = [r for r in res.ok if r.exact and r.source == "attnbench"]
+    fastest, least_mem = fastest_by(exact, point_key), {}
+    for r in exact:
         k = point_key(r)
-        if k not in fastest or r.time_median < fastest[k].time_median:
-            fastest[k] = r
         m, _ = r.memory()
         if m is not None and (k not in least_mem or m < least_mem[k][0]):
             least_mem[k] = (m, r)
@@ -362,6 +376,17 @@ def _excluded(res):
                "n": sorted({r.seq_kv for r in rs}), "example": (rs[0].reason or "")[:200]}
               for (st, variant, reason), rs in sorted(reasons.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
     return counts, groups
+
+
+def _fastest(res):
+    """Per facet (mask, context) and n, in the tables' order: the fastest measured attnbench row, exact or not, of
+    any dtype or SIMD target (its series names them when they vary); the peer left out as in best_exact."""
+    rows = [r for r in res.ok if r.source == "attnbench"]
+    fastest = fastest_by(rows, lambda r: (r.mask, res.rest_key(r), r.seq_kv))
+    return [{"mask": mask, "context": res.rest_title(rk), "seq_kv": n, "series": r.label, "exact": r.exact,
+             "time_ms": json_num(r.time_median), "noisy": r.noisy, "id": r.id}
+            for (mask, rk, n), r in sorted(fastest.items(), key=lambda kv: (mask_order(kv[0][0]),
+                                                                            res.facet_key_order(kv[0][1]), kv[0][2]))]
 
 
 def _key_figures(res, table_series):
@@ -904,6 +929,7 @@ def analyse(res):
         "excluded_reasons": groups,
         "key_figures": _key_figures(res, table_series),
         "best_exact": _best_exact_list(fastest, least_mem),
+        "fastest": _fastest(res),
         "pareto": _pareto(res, fastest),
         "roofline": _roofline(res),
         "accuracy_by_dtype": _accuracy_by_dtype(res),
@@ -914,4 +940,5 @@ def analyse(res):
         "decode": _decode(res, table_series, fastest),
         "chunk_sweep": _chunk_sweep(res),
         "accuracy_references": _accuracy_references(res, table_series),
+        "patterns": patterns_summary(res.patterns) if res.patterns else None,
     }

@@ -1,6 +1,7 @@
 """The figure of `attnbench drift --json`: rel_l2 of each variant's fp32 hidden states against the fp64 stack
-(log scale) after each layer, one line per variant (the exact baseline dashed: the fp32 floor), from one or
-more drift JSON documents (several files: each line's label names its file). A variant whose states went
+(log scale) after each layer, one line per variant in its colour and marker (styles.py, as in every figure; the
+exact baseline thicker: the fp32 floor), from one or more drift JSON documents (several files: one line style per
+file, each line's label naming its file; one file: the baseline dashed). A variant whose states went
 NaN/Inf is drawn up to its last finite layer with an x at the failing layer; skipped variants are listed under
 the title. The CPU (or CPUs) in the title. Saved as OUT/drift.png and .svg (figures.save_figure: written to a
 temporary name, then renamed)."""
@@ -8,8 +9,10 @@ import json
 import os
 
 from .common import InputError, num
+from .styles import StyleTable, registry_order
 
 STEM = "drift"
+LINESTYLES = ["-", "--", ":", "-."]  # one per drift document when there are several
 
 
 def load_drift(path):
@@ -44,30 +47,34 @@ def describe(doc):
 def fig_drift(docs):
     """docs: [(path, doc)]."""
     import matplotlib.pyplot as plt
+    from .figures import tag
 
     fig, ax = plt.subplots(figsize=(8, 5))
     ax.set_yscale("log")
     several = len(docs) > 1
+    # The documents carry no registry: the built-ins' pinned styles, any other variant's by its sorted name.
+    table = StyleTable(registry_order({}, {v["name"] for _, doc in docs for v in doc["variants"]}))
     notes, cpus, max_layer, drawn = [], [], 0, 0
     for k, (path, doc) in enumerate(docs):
         cpu = doc.get("cpu_model") or "unknown CPU"
         if cpu not in cpus:
             cpus.append(cpu)
-        tag = f" [{os.path.splitext(os.path.basename(path))[0]}]" if several else ""
-        marker = "os^vD"[k % 5]
+        suffix = f" [{os.path.splitext(os.path.basename(path))[0]}]" if several else ""
         for v in doc["variants"]:
-            name = v["name"] + tag
+            name = v["name"] + suffix
             if v.get("status") == "skipped":
                 notes.append(f"skipped: {name} ({v.get('reason', '')})")
                 continue
             pts = [(m["layer"], num(m["rel_l2"])) for m in v["layers"]]
             pts = [(x, y) for x, y in pts if y is not None and y > 0 and y == y and y != float("inf")]
             baseline = bool(v.get("baseline"))
-            style = dict(ls="--", color="black", lw=1.6, zorder=5) if baseline and not several \
-                else dict(ls="--" if baseline else "-")
+            st = table.of(v["name"])
+            ls = LINESTYLES[k % len(LINESTYLES)] if several else "--" if baseline else "-"
             label = name + (" (baseline: fp32 floor)" if baseline else "")
             if pts:
-                line, = ax.plot([x for x, _ in pts], [y for _, y in pts], marker=marker, ms=4, label=label, **style)
+                line, = tag(ax.plot([x for x, _ in pts], [y for _, y in pts], marker=st.marker, ms=4.5,
+                                    color=st.color, ls=ls, lw=2.0 if baseline else 1.4, zorder=5 if baseline else 2,
+                                    label=label), v["name"])
                 drawn += 1
                 max_layer = max(max_layer, pts[-1][0])
                 if v.get("status") == "nonfinite" and isinstance(v.get("failed_layer"), int):

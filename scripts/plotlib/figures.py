@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import tempfile
+import textwrap
 
 import numpy as np
 import matplotlib
@@ -21,12 +22,14 @@ import matplotlib
 matplotlib.use("Agg")  # headless: no display on CI or over ssh
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import colors as mcolors, ticker  # noqa: E402
+from matplotlib.container import ErrorbarContainer  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from .analysis import ERR_FLOOR  # noqa: E402
 from .common import CHUNK_SIZE, DECODE, DTYPE_VS_FP32, FIGURES, PATTERNS, PROG, ROOFLINE, fmt_bytes, num  # noqa: E402
-from .results import (PASSES, load_patterns, mask_order, params_text, pass_order, pass_short, pass_title,  # noqa: E402
-                      passes_text)
+from . import patterns  # noqa: E402
+from .results import PASSES, mask_order, params_text, pass_order, pass_short, pass_title, passes_text  # noqa: E402
+from .styles import results_table, series_styles  # noqa: E402
 
 matplotlib.rcParams["svg.hashsalt"] = "attnbench"
 matplotlib.rcParams["font.size"] = 9
@@ -35,13 +38,30 @@ MAX_FACETS = 24  # subplots per figure; beyond this a figure is unreadable anywa
 MAX_TOKEN_LABELS = 48  # pattern heatmaps label their axes with the tokens up to this many
 
 
-def color_map(labels):
-    palette = list(plt.get_cmap("tab10").colors) + list(plt.get_cmap("Dark2").colors)
-    return {label: palette[i % len(palette)] for i, label in enumerate(labels)}
+MS = 4.5  # marker size of a series' points: large enough to tell its variant's marker (styles.MARKERS) apart
+# A noisy point (interference above the threshold on every attempt): a ring around the series' marker.
+NOISY_RING = dict(ls="none", marker="o", ms=8, mfc="none", mew=1.3)
+# The attribute naming what an artist draws, (series label, "style") in the series' style or (variant, "hue") in
+# its marker and a shade of its hue (the chunk-size figure's n): tests read each figure's styles from the artists.
+SERIES_ATTR = "_attnbench_series"
 
 
-def series_colors(res):
-    return color_map(sorted({r.label for r in res.ok}))
+def tag(artists, series, kind="style"):
+    """Marks the artists that draw `series` (a Line2D list from ax.plot, an errorbar container, a scatter
+    collection) as drawn in its style, or with kind "hue" in its variant's marker and a shade of its hue; returns
+    what it was given."""
+    if isinstance(artists, ErrorbarContainer):
+        drawn = artists.lines[:1]  # the data line; the bars and caps are drawn in its colour, without markers
+    else:
+        drawn = artists if isinstance(artists, list) else [artists]
+    for a in drawn:
+        setattr(a, SERIES_ATTR, (series, kind))
+    return artists
+
+
+def plot_series(ax, series, st, *xy, **kw):
+    """ax.plot of a series in its style st (styles.py: colour, marker; MS unless kw says otherwise), tagged."""
+    return tag(ax.plot(*xy, **dict(dict(color=st.color, marker=st.marker, ms=MS), **kw)), series)
 
 
 def line_style(rows):
@@ -154,6 +174,11 @@ def finish_axes(cells, xlabel, ylabel, legend=True):
             ax.legend(fontsize=7, loc="best", framealpha=0.85)
 
 
+def noisy_legend(ax):
+    """One legend entry for the hollow rings around noisy points."""
+    ax.plot([], [], mec="black", label="hollow: noisy (interference on every attempt)", **NOISY_RING)
+
+
 def log2_axis(ax):
     """Sequence lengths on a base-2 log axis, labelled as plain numbers (256, not 2^8)."""
     ax.set_xscale("log", base=2)
@@ -181,7 +206,7 @@ def fig_time(res, an):
         fig, cells, extras = pass_grid(res, title, share_y=True, extra="time ÷ forward time, same point")
     else:
         fig, cells = facet_grid(res, title)
-    colors = series_colors(res)
+    styles = series_styles(res)
     fits = {(f["series"], f["mask"], f["context"]): f for f in an["fits"]}
     noisy_cells = set()
     for (label, mask, rk), rows in res.sorted_series():
@@ -198,11 +223,13 @@ def fig_time(res, an):
         k = f["exponent"]
         rng = f"n={f['n_min']}–{f['n_max']}"
         name = f"{label}  $n^{{{k:.2f}}}$ ({rng})" if k is not None else f"{label}  (one size)"
-        ax.errorbar(ns, ts, yerr=[np.maximum(0, np.subtract(ts, lo)), np.maximum(0, np.subtract(hi, ts))],
-                    marker="o", ms=3.5, lw=1.4, capsize=2, ls=line_style(rows), color=colors[label], label=name)
+        st = styles[label]
+        tag(ax.errorbar(ns, ts, yerr=[np.maximum(0, np.subtract(ts, lo)), np.maximum(0, np.subtract(hi, ts))],
+                        marker=st.marker, ms=MS, lw=1.4, capsize=2, ls=line_style(rows), color=st.color, label=name),
+            label)
         noisy = [(r.seq_kv, r.time_median) for r in rows if r.noisy]
         if noisy:  # hollow: interference stayed above the threshold on every attempt
-            ax.plot(*zip(*noisy), ls="none", marker="o", ms=7, mfc="white", mec=colors[label], mew=1.3, zorder=3)
+            ax.plot(*zip(*noisy), mec=st.color, zorder=3, **NOISY_RING)
             noisy_cells.add((mask, rk))
     for (m, rk), ax in cells.items():
         pts = [(r.seq_kv, r.time_median) for r in res.ok if r.mask == m and res.rest_key(r) == rk]
@@ -210,21 +237,20 @@ def fig_time(res, an):
             slope_guides(ax, [p[0] for p in pts], [p[1] for p in pts])
         log2_axis(ax)
         ax.set_yscale("log")
-        if (m, rk) in noisy_cells:  # one legend entry for the hollow markers
-            ax.plot([], [], ls="none", marker="o", ms=7, mfc="white", mec="black", mew=1.3,
-                    label="hollow: noisy (interference on every attempt)")
+        if (m, rk) in noisy_cells:
+            noisy_legend(ax)
     bars = {"ci95": "bars 95% CI of the median", "mixed": "bars 95% CI of the median, else p10–p90"}
     finish_axes(cells, "sequence length n (tokens)",
                 f"time (ms, median; {bars.get(an['measurement']['error_bars'], 'bars p10–p90')})")
     if extras:
-        draw_pass_ratios(res, an, extras, colors)
+        draw_pass_ratios(res, an, extras, styles)
     return fig
 
 
-def draw_pass_ratios(res, an, extras, colors):
-    """The time figure's last column with several passes: per series, its backward time over its forward time
-    at each n (solid) and its training step's over its forward's (dashed), from the analysis's training rows;
-    dotted grey: the backward's FLOP ratio (2.5 by the FlashAttention-2 convention)."""
+def draw_pass_ratios(res, an, extras, styles):
+    """The time figure's last column with several passes: per series (in its style), its backward time over its
+    forward time at each n (solid) and its training step's over its forward's (dashed, thinner), from the
+    analysis's training rows; dotted grey: the backward's FLOP ratio (2.5 by the FlashAttention-2 convention)."""
     by_title = {(m, res.base_title(base)): ax for (m, base), ax in extras.items()}
     lines = {}
     for e in an["training"]["rows"] if an.get("training") else []:
@@ -234,9 +260,9 @@ def draw_pass_ratios(res, an, extras, colors):
                 lines.setdefault((ax, e["series"], what), []).append((e["seq_kv"], num(ratio["ratio"])))
     for (ax, label, what), pts in sorted(lines.items(), key=lambda kv: (id(kv[0][0]), kv[0][1], kv[0][2])):
         pts.sort()
-        ax.plot(*zip(*pts), marker="o" if what == "bwd" else "s", ms=3.5 if what == "bwd" else 3,
-                lw=1.4 if what == "bwd" else 1.0, ls="-" if what == "bwd" else "--", color=colors.get(label, "gray"),
-                label=f"{label}: backward ÷ forward" if what == "bwd" else f"{label}: (fwd+bwd) ÷ forward")
+        plot_series(ax, label, styles[label], *zip(*pts), ms=MS if what == "bwd" else MS - 1,
+                    lw=1.4 if what == "bwd" else 1.0, ls="-" if what == "bwd" else "--",
+                    label=f"{label}: backward ÷ forward" if what == "bwd" else f"{label}: (fwd+bwd) ÷ forward")
     fr = an["training"]["flops_ratio"] if an.get("training") else {}
     for ax in extras.values():
         log2_axis(ax)
@@ -257,19 +283,19 @@ def draw_pass_ratios(res, an, extras, colors):
 def fig_memory(res, an):
     fig, cells = facet_grid(res, f"Peak memory vs sequence length{pass_phrase(res)}{on_cpu(res)}: measured (solid) "
                             "and estimated (dashed)", share_y=True)
-    colors = series_colors(res)
+    styles = series_styles(res)
     for (label, mask, rk), rows in res.sorted_series():
         ax = cells.get((mask, rk))
         if ax is None:
             continue
-        color = colors[label]
+        st = styles[label]
         meas = [(r.seq_kv, r.peak_bytes) for r in rows if r.peak_bytes is not None and r.peak_bytes > 0]
         est = [(r.seq_kv, r.estimated_bytes) for r in rows if r.estimated_bytes is not None and r.estimated_bytes > 0]
         if meas:
-            ax.plot(*zip(*meas), marker="o", ms=3.5, lw=1.4, color=color, label=f"{label} measured")
-        if est:
-            ax.plot(*zip(*est), marker="x", ms=3.5, lw=1.0, ls="--", color=color,
-                    label=f"{label} estimated" if meas else f"{label} estimated (not measured)")
+            plot_series(ax, label, st, *zip(*meas), lw=1.4, label=f"{label} measured")
+        if est:  # the series' marker, hollow: an estimate, not a measurement
+            plot_series(ax, label, st, *zip(*est), mfc="white", lw=1.0, ls="--",
+                        label=f"{label} estimated" if meas else f"{label} estimated (not measured)")
     for ax in cells.values():
         log2_axis(ax)
         ax.set_yscale("log", base=2)
@@ -291,22 +317,22 @@ def fig_accuracy(res, an):
     else:
         title = "Error vs exact fp64 softmax attention (rel. L2), approximate variants"
     fig, cells = facet_grid(res, title + pass_phrase(res) + on_cpu(res), share_y=True)
-    colors = series_colors(res)
+    styles = series_styles(res)
     for (label, mask, rk), rows in res.sorted_series():
         ax = cells.get((mask, rk))
         if ax is None:
             continue
+        st = styles[label]
         pts = [(r.seq_kv, r.pass_error()) for r in rows]  # backward rows: the gradient's
         bad = [n for n, e in pts if e is not None and not math.isfinite(e)]
         good = [(n, max(e, ERR_FLOOR)) for n, e in pts if e is not None and math.isfinite(e)]
         exact = rows[0].exact
         note = f" ({len(bad)} non-finite, ▲)" if bad else ""
         if good:
-            ax.plot(*zip(*good), marker="o", ms=3.5, lw=1.4 if not exact else 0.8, ls=line_style(rows),
-                    color=colors[label], alpha=1.0 if not exact else 0.6,
-                    label=label + (" (exact: fp32 floor)" if exact else "") + note)
+            plot_series(ax, label, st, *zip(*good), lw=1.4 if not exact else 0.8, ls=line_style(rows),
+                        alpha=1.0 if not exact else 0.6, label=label + (" (exact: fp32 floor)" if exact else "") + note)
         if bad:  # non-finite errors are drawn at the top edge, never silently dropped
-            ax.plot(bad, [1.0] * len(bad), ls="none", marker="^", ms=7, color=colors[label],
+            ax.plot(bad, [1.0] * len(bad), ls="none", marker="^", ms=7, color=st.color,
                     transform=ax.get_xaxis_transform(), clip_on=False, label=None if good else label + note)
     for ax in cells.values():
         log2_axis(ax)
@@ -320,7 +346,7 @@ def fig_pareto(res, an):
     fig, cells = facet_grid(res, "Speed vs accuracy: speed-up over the fastest exact variant at the same point"
                             + (" and pass" if res.by_pass() else "") + pass_phrase(res) + on_cpu(res)
                             + ("\n(marker size grows with n, labels = n)" if res.by_pass() else ""))
-    colors = series_colors(res)
+    styles = series_styles(res)
     by_title = {(m, res.rest_title(rk)): ax for (m, rk), ax in cells.items()}
     ns_all = sorted({r.seq_kv for r in res.ok})
     size_of = {n: 14 + 60 * i / max(1, len(ns_all) - 1) for i, n in enumerate(ns_all)}
@@ -331,9 +357,10 @@ def fig_pareto(res, an):
         pts = [(max(p["rel_l2_err"], ERR_FLOOR), num(p["speedup"]), p) for p in cell["points"]]
         for label in sorted({p["series"] for p in cell["points"]}):
             mine = [q for q in pts if q[2]["series"] == label]
-            ax.scatter([q[0] for q in mine], [q[1] for q in mine], s=[size_of[q[2]["seq_kv"]] for q in mine],
-                       color=colors[label], alpha=0.85, edgecolors="black", linewidths=0.4, label=label,
-                       marker="o" if mine[0][2]["exact"] else "D")
+            tag(ax.scatter([q[0] for q in mine], [q[1] for q in mine], s=[size_of[q[2]["seq_kv"]] for q in mine],
+                           color=styles[label].color, alpha=0.85, edgecolors="black", linewidths=0.4,
+                           label=label + (" (exact)" if mine[0][2]["exact"] else ""), marker=styles[label].marker),
+                label)
             for e, s, p in mine:
                 if not p["exact"]:
                     ax.annotate(str(p["seq_kv"]), (e, s), fontsize=6, textcoords="offset points", xytext=(4, 2))
@@ -355,13 +382,13 @@ def fig_throughput(res, an):
     cal = ", ".join(f"{t} thread{'s' if t > 1 else ''}: {g:.1f} GFLOP/s" for t, g in sorted(res.calibration.items()))
     fig, cells = facet_grid(res, "Throughput as a fraction of the in-run sgemm calibration" + pass_phrase(res) + on_cpu(res)
                             + (f"\n({cal})" if cal else ""), share_y=True)
-    colors = series_colors(res)
+    styles = series_styles(res)
     for (label, mask, rk), rows in res.sorted_series():
         ax = cells.get((mask, rk))
         pts = [(r.seq_kv, r.frac_sgemm) for r in rows if r.frac_sgemm is not None and math.isfinite(r.frac_sgemm)]
         if ax is None or not pts:
             continue
-        ax.plot(*zip(*pts), marker="o", ms=3.5, lw=1.4, ls=line_style(rows), color=colors[label], label=label)
+        plot_series(ax, label, styles[label], *zip(*pts), lw=1.4, ls=line_style(rows), label=label)
     for ax in cells.values():
         log2_axis(ax)
         ax.set_ylim(bottom=0)
@@ -370,30 +397,35 @@ def fig_throughput(res, an):
     return fig
 
 
-MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">"]
+# The roofline's points of one series apart by pass and kv_heads: filled, hollow, half filled (the series keeps
+# its colour and marker).
+FILLS = ["full", "none", "left", "bottom", "right", "top"]
 MAX_ROOFLINE_PANELS = 4
 
 
 def fig_roofline(res, an):
     """Arithmetic intensity (flops / bytes, each variant's own counts) against achieved GFLOP/s, with the run's
     ceilings: the sgemm the rows were divided by (horizontal: their median, shaded: their range) and the
-    memory bandwidth x intensity (diagonal), one panel per thread count. Colour: variant; marker: kv_heads (the K/V heads, = heads for multi-head attention)."""
+    memory bandwidth x intensity (diagonal), one panel per thread count. Colour and marker: the series' style
+    (styles.py); fill: the pass and kv_heads (the K/V heads, = heads for multi-head attention), filled for the
+    first of them (FILLS)."""
     roof = an["roofline"]
     panels = roof["panels"][:MAX_ROOFLINE_PANELS] or [None]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels) + 0.6, 4.6), squeeze=False)
     fig.suptitle(f"Roofline on {cpu_name(res)}: achieved GFLOP/s vs arithmetic intensity ("
-                 + ("every pass, coloured apart" if res.by_pass() else pass_short(res.passes[0])) + ")", fontsize=11)
-    # Several passes: each variant's passes are their own points (their own FLOPs and bytes), coloured apart.
+                 + ("every pass, filled apart" if res.by_pass() else pass_short(res.passes[0])) + ")", fontsize=11)
+    # Several passes: each series' passes are their own points (their own FLOPs and bytes), filled apart.
     several = len({p.get("pass") for pan in roof["panels"] for p in pan["points"]}) > 1
+    styles = series_styles(res)
+    kinds = sorted({(pass_order(p.get("pass")), p["kv_heads"]) for pan in roof["panels"] for p in pan["points"]},
+                   key=lambda k: (k[0], k[1] is None, k[1]))
+    fill = {k: FILLS[i % len(FILLS)] for i, k in enumerate(kinds)}
+    several_kv = len({k[1] for k in kinds}) > 1
 
-    def who(p):  # a legend entry's sort key: the variant, then its pass in PASSES order
-        return (p["variant"], pass_order(p.get("pass")) if several else ())
-
-    def name(w):
-        return f"{w[0]} [{PASSES[w[1][0]] if w[1][0] < len(PASSES) else w[1][1]}]" if several else w[0]
-    colors = color_map(sorted({who(p) for pan in roof["panels"] for p in pan["points"]}))
-    kvs = sorted({p["kv_heads"] for pan in roof["panels"] for p in pan["points"]}, key=lambda k: (k is None, k))
-    marker = {k: MARKERS[i % len(MARKERS)] for i, k in enumerate(kvs)}
+    def name(label, kind, heads):  # the pass and kv_heads only where they vary
+        p = PASSES[kind[0][0]] if kind[0][0] < len(PASSES) else kind[0][1]
+        return ((f"{label} [{p}]" if several else label)
+                + (f", kv_heads={kind[1]}" + (" (MHA)" if kind[1] == heads else "") if several_kv else ""))
     for ax, pan in zip(axes[0], panels):
         ax.grid(True, which="both", alpha=0.25)
         ax.set_xscale("log")
@@ -427,15 +459,18 @@ def fig_roofline(res, an):
                 ax.axhspan(rng[0], rng[1], color="black", alpha=0.07, lw=0)
         if bw and sg:
             ax.axvline(sg / bw, color="gray", lw=0.6, ls=":", alpha=0.7)
-        for variant in sorted({who(p) for p in pan["points"]}):
-            for k in kvs:
-                mine = [p for p in pan["points"] if who(p) == variant and p["kv_heads"] == k]
+        for label in sorted({p["series"] for p in pan["points"]}):
+            st = styles[label]
+            for kind in kinds:
+                mine = [p for p in pan["points"]
+                        if p["series"] == label and (pass_order(p.get("pass")), p["kv_heads"]) == kind]
                 if not mine:
                     continue
-                heads = mine[0]["heads"]
-                ax.scatter([p["intensity"] for p in mine], [num(p["gflops"]) for p in mine], s=26,
-                           marker=marker[k], color=colors[variant], edgecolors="black", linewidths=0.4, alpha=0.85,
-                           label=f"{name(variant)}, kv_heads={k}" + (" (MHA)" if k == heads else ""))
+                full = fill[kind] == "full"
+                plot_series(ax, label, st, [p["intensity"] for p in mine], [num(p["gflops"]) for p in mine],
+                            ls="none", ms=6, fillstyle=fill[kind], markerfacecoloralt="white",
+                            mec="black" if full else st.color, mew=0.4 if full else 1.1, alpha=0.85,
+                            label=name(label, kind, mine[0]["heads"]))
         ax.set_xlim(lo, hi)
         top = max([y for y in ys if y] + [sg or 0])
         bottom = min(y for y in ys if y)
@@ -479,7 +514,7 @@ def fig_decode(res, an):
     fig, axes = plt.subplots(len(settings), 2, figsize=(11.5, 4.0 * len(settings) + 0.7), squeeze=False,
                              layout="constrained")
     fig.suptitle(title, fontsize=11)
-    colors = series_colors(res)
+    styles = series_styles(res)
     for (mask, context), (at, am) in zip(settings, axes):
         where = f"mask={mask}" + (f", {context}" if context else "")
         at.set_title(f"time per token (median time ÷ seq_q)\n{where}", fontsize=9)
@@ -488,15 +523,15 @@ def fig_decode(res, an):
         for e in dec["series"]:
             if (e["mask"], e["context"]) != (mask, context):
                 continue
-            color = colors.get(e["series"], "gray")
+            st = styles[e["series"]]
             ls = "-" if e["exact"] else "--"
             pts = [(p["seq_kv"], num(p["time_per_token_ms"])) for p in e["points"]]
-            at.plot(*zip(*pts), marker="o", ms=3.5, lw=1.4, ls=ls, color=color, label=e["series"])
-            st = [(p["seq_kv"], p["state_bytes"]) for p in e["points"] if p["state_bytes"]]
-            if st:
+            plot_series(at, e["series"], st, *zip(*pts), lw=1.4, ls=ls, label=e["series"])
+            state = [(p["seq_kv"], p["state_bytes"]) for p in e["points"] if p["state_bytes"]]
+            if state:
                 grow = e["state_exponent"]
                 how = "constant" if grow == 0 else f"$n^{{{grow:.2f}}}$" if grow is not None else "one context"
-                am.plot(*zip(*st), marker="o", ms=3.5, lw=1.4, ls=ls, color=color, label=f"{e['series']}: state ({how})")
+                plot_series(am, e["series"], st, *zip(*state), lw=1.4, ls=ls, label=f"{e['series']}: state ({how})")
             kv = tuple((p["seq_kv"], p["kv_cache_bytes"]) for p in e["points"] if p["kv_cache_bytes"])
             if kv and kv not in kv_lines:
                 kv_lines.append(kv)
@@ -524,7 +559,8 @@ LINESTYLES = ["-", "--", ":", "-."]
 
 def fig_chunk_size(res, an):
     """Chunk size (analysis "chunk_sweep"): per variant and setting, its time and its GFLOP/s against the chunk,
-    one line per n (colour) and family (line style: the series less its chunk, e.g. form=chunk / recurrent)."""
+    one line per n and family (line style: the series less its chunk, e.g. form=chunk / recurrent), in the
+    variant's marker and hue: light at the smallest n, dark at the largest (Style.ramp)."""
     title = f"Chunk size{on_cpu(res)}: time and GFLOP/s vs chunk, one line per n"
     sweep = an.get("chunk_sweep")
     if not sweep:
@@ -537,9 +573,10 @@ def fig_chunk_size(res, an):
                              layout="constrained")
     fig.suptitle(title, fontsize=11)
     all_n = sorted({s["seq_kv"] for e in entries for f in e["families"] for s in f["by_n"]})
-    cmap = plt.get_cmap("viridis")
-    color_of = {n: cmap(0.85 * i / max(1, len(all_n) - 1)) for i, n in enumerate(all_n)}
+    table = results_table(res)
     for e, (at, ag) in zip(entries, axes):
+        st = table.of(e["variant"], e["source"])
+        color_of = {n: st.ramp(i, len(all_n)).color for i, n in enumerate(all_n)}
         where = f"mask={e['mask']}" + (f", {e['context']}" if e["context"] else "")
         name = e["variant"] + (" (PyTorch)" if e["source"] == "peer" else "")
         at.set_title(f"{name}: time\n{where}", fontsize=9)
@@ -550,11 +587,12 @@ def fig_chunk_size(res, an):
             for s in f["by_n"]:
                 cs = [p["chunk"] for p in s["points"]]
                 chunks.update(cs)
-                style = dict(marker="o", ms=3.5, lw=1.4, ls=LINESTYLES[j % len(LINESTYLES)], color=color_of[s["seq_kv"]])
-                at.plot(cs, [num(p["time_ms"]) for p in s["points"]], **style)
+                style = dict(marker=st.marker, ms=MS, lw=1.4, ls=LINESTYLES[j % len(LINESTYLES)],
+                             color=color_of[s["seq_kv"]])
+                tag(at.plot(cs, [num(p["time_ms"]) for p in s["points"]], **style), e["variant"], "hue")
                 gf = [(c, num(p["gflops"])) for c, p in zip(cs, s["points"]) if num(p["gflops"]) is not None]
                 if gf:
-                    ag.plot(*zip(*gf), **style)
+                    tag(ag.plot(*zip(*gf), **style), e["variant"], "hue")
                 best = s["best_chunk"]
                 at.plot([best], [num(s["best_time_ms"])], ls="none", marker="*", ms=9, color=color_of[s["seq_kv"]],
                         mec="black", mew=0.5, zorder=3)
@@ -570,7 +608,7 @@ def fig_chunk_size(res, an):
         ag.set_ylabel("GFLOP/s")
         # One legend entry per n (colour) and per family (line style), not one per line.
         ns = sorted({s["seq_kv"] for f in e["families"] for s in f["by_n"]})
-        handles = [Line2D([], [], color=color_of[n], marker="o", ms=3.5, lw=1.4, label=f"n={n}") for n in ns]
+        handles = [Line2D([], [], color=color_of[n], marker=st.marker, ms=MS, lw=1.4, label=f"n={n}") for n in ns]
         if several:
             handles += [Line2D([], [], color="black", lw=1.2, ls=LINESTYLES[j % len(LINESTYLES)], label=f["series"])
                         for j, f in enumerate(e["families"])]
@@ -579,17 +617,17 @@ def fig_chunk_size(res, an):
     return fig
 
 
-def _error_line(ax, pts, color, ls, marker, lw=1.4, alpha=1.0):
-    """max_abs_err against n on a log axis: finite errors (below ERR_FLOOR drawn at it) as a line, non-finite ones
-    as triangles on the top edge (never dropped), as the accuracy figure draws them. Returns how many were
-    non-finite."""
+def _error_line(ax, pts, series, st, ls, lw=1.4, alpha=1.0):
+    """max_abs_err against n on a log axis in the series' style st: finite errors (below ERR_FLOOR drawn at it) as
+    a line, non-finite ones as triangles on the top edge (never dropped), as the accuracy figure draws them.
+    Returns how many were non-finite."""
     pts = [(n, e) for n, e in pts if e is not None]
     good = [(n, max(e, ERR_FLOOR)) for n, e in pts if math.isfinite(e)]
     bad = [n for n, e in pts if not math.isfinite(e)]
     if good:
-        ax.plot(*zip(*good), marker=marker, ms=3.5, lw=lw, ls=ls, color=color, alpha=alpha)
+        plot_series(ax, series, st, *zip(*good), lw=lw, ls=ls, alpha=alpha)
     if bad:
-        ax.plot(bad, [1.0] * len(bad), ls="none", marker="^", ms=7, color=color, transform=ax.get_xaxis_transform(),
+        ax.plot(bad, [1.0] * len(bad), ls="none", marker="^", ms=7, color=st.color, transform=ax.get_xaxis_transform(),
                 clip_on=False)
     return len(bad)
 
@@ -614,7 +652,7 @@ def fig_dtype_vs_fp32(res, an):
     fig, axes = plt.subplots(len(settings), 2, figsize=(13.5, 4.0 * len(settings) + 0.7), squeeze=False,
                              layout="constrained")
     fig.suptitle(title, fontsize=11)
-    colors = series_colors(res)
+    styles = series_styles(res)
     for (mask, context), (asp, aerr) in zip(settings, axes):
         where = f"mask={mask}" + (f", {context}" if context else "")
         asp.set_title(f"speed-up over fp32: time_fp32 ÷ time at the same point (> 1: faster)\n{where}", fontsize=9)
@@ -624,7 +662,7 @@ def fig_dtype_vs_fp32(res, an):
         for e in dv["series"]:
             if (e["mask"], e["context"]) != (mask, context):
                 continue
-            color = colors.get(e["series"], "gray")
+            st = styles[e["series"]]
             sp = [(p["seq_kv"], num(p["speedup"]), p) for p in e["points"]
                   if num(p["speedup"]) is not None and math.isfinite(num(p["speedup"]))]
             if sp:
@@ -632,22 +670,23 @@ def fig_dtype_vs_fp32(res, an):
                 ivs = [q[2]["speedup_interval"] for q in sp]
                 lo = [max(0.0, y - iv[0]) if iv else 0.0 for y, iv in zip(ys, ivs)]
                 hi = [max(0.0, iv[1] - y) if iv else 0.0 for y, iv in zip(ys, ivs)]
-                asp.errorbar(ns, ys, yerr=[lo, hi], marker="o", ms=3.5, lw=1.4, capsize=2, color=color)
+                tag(asp.errorbar(ns, ys, yerr=[lo, hi], marker=st.marker, ms=MS, lw=1.4, capsize=2, color=st.color,
+                                 label=e["series"]), e["series"])
                 top = max([top] + [y + h for y, h in zip(ys, hi)])
                 noisy = [(n, y) for n, y, p in sp if p["noisy"] or p["fp32_noisy"]]
                 if noisy:  # hollow: interference stayed above the threshold on every attempt (either row)
-                    asp.plot(*zip(*noisy), ls="none", marker="o", ms=7, mfc="white", mec=color, mew=1.3, zorder=3)
+                    asp.plot(*zip(*noisy), mec=st.color, zorder=3, **NOISY_RING)
                     noisy_any = True
-            bad = _error_line(aerr, [(p["seq_kv"], num(p["kernel_max_abs_err"])) for p in e["points"]], color, "-", "o")
-            bad += _error_line(aerr, [(p["seq_kv"], num(p["e2e_max_abs_err"])) for p in e["points"]], color, "--", "s")
-            handles.append(Line2D([], [], color=color, marker="o", ms=3.5, lw=1.4,
+            bad = sum(_error_line(aerr, [(p["seq_kv"], num(p[key])) for p in e["points"]], e["series"], st, ls)
+                      for key, ls in (("kernel_max_abs_err", "-"), ("e2e_max_abs_err", "--")))
+            handles.append(Line2D([], [], color=st.color, marker=st.marker, ms=MS, lw=1.4,
                                   label=e["series"] + (f" ({bad} non-finite, ▲)" if bad else "")))
             for p in e["points"]:
                 if p["fp32_series"] is not None:
                     floors.setdefault(p["fp32_series"], {})[p["seq_kv"]] = num(p["fp32_max_abs_err"])
         for label, by_n in sorted(floors.items()):  # once per fp32 series (bf16 and fp16 share it)
-            bad = _error_line(aerr, sorted(by_n.items()), colors.get(label, "gray"), ":", "x", lw=1.0, alpha=0.8)
-            handles.append(Line2D([], [], color=colors.get(label, "gray"), marker="x", ms=3.5, lw=1.0, ls=":",
+            bad = _error_line(aerr, sorted(by_n.items()), label, styles[label], ":", lw=1.0, alpha=0.8)
+            handles.append(Line2D([], [], color=styles[label].color, marker=styles[label].marker, ms=MS, lw=1.0, ls=":",
                                   label=f"{label}: floor" + (f" ({bad} non-finite, ▲)" if bad else "")))
         handles += [Line2D([], [], color="black", lw=1.2, ls="-", label="solid: kernel (accuracy)"),
                     Line2D([], [], color="black", lw=1.2, ls="--", label="dashed: end to end (accuracy_e2e)")]
@@ -657,9 +696,8 @@ def fig_dtype_vs_fp32(res, an):
         aerr.set_yscale("log")
         if asp.has_data():
             asp.axhline(1.0, color="gray", lw=0.9, ls="--", label="as fast as fp32 (1×)")
-            if noisy_any:  # one legend entry for the hollow markers
-                asp.plot([], [], ls="none", marker="o", ms=7, mfc="white", mec="black", mew=1.3,
-                         label="hollow: noisy (interference on every attempt)")
+            if noisy_any:
+                noisy_legend(asp)
             asp.set_ylim(bottom=0, top=max(1.5, top * 1.15))
             asp.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}×"))
             finish_axes({0: asp}, "sequence length n (tokens)", "speed-up over fp32 (×)")
@@ -678,41 +716,71 @@ FIGURE_FUNCTIONS = dict(zip(FIGURES, (fig_time, fig_memory, fig_accuracy, fig_pa
                                       fig_decode, fig_chunk_size, fig_dtype_vs_fp32)))
 
 
-def fig_patterns(meta, tokens, panels):
-    heads = min(4, panels[0][1].shape[0])
-    n = panels[0][1].shape[1]
-    nc = len(panels)
-    side = 3.2 if n <= MAX_TOKEN_LABELS or tokens is None else 2.8
-    # Constrained layout keeps each column's colour bar right under it, with no gap to the title.
-    fig, axes = plt.subplots(heads, nc, figsize=(side * nc + 0.8, side * heads + 1.0), squeeze=False,
+PATTERN_COLUMNS = 5  # heatmaps per row of the patterns figure: a variant's heads side by side, variants wrapped
+PATTERN_SIDE = 2.6  # inches per heatmap (3.2 with the tokens on its axes)
+
+
+def _pattern_norm(w, scale):
+    """A variant's colour scale over all its heads (finite weights): √ from 0 to its largest weight (magma), or
+    for a variant with negative weights signed √ symmetric about 0 (red positive, blue negative, 0 white)."""
+    finite = np.abs(w[np.isfinite(w)])
+    top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    if scale == "signed_sqrt":
+        return "RdBu_r", mcolors.FuncNorm((lambda x: np.sign(x) * np.sqrt(np.abs(x)), lambda y: np.sign(y) * y * y),
+                                          vmin=-top, vmax=top)
+    return "magma", mcolors.PowerNorm(gamma=0.5, vmin=0.0, vmax=top)
+
+
+def fig_patterns(p):
+    """The heatmaps of a patterns folder (patterns.load_patterns): per variant its first heads
+    (patterns.heads_shown: all of up to 4 for a few variants, one for 13) side by side with its own colour bar
+    (patterns.SCALES: √ from 0, or signed √ for a variant with a negative weight), the variants wrapped
+    PATTERN_COLUMNS heatmaps to a row; under them the footnote of patterns.notes (scales, unmasked variants, the
+    recurrences' g / beta, the variants not drawn and why)."""
+    summary = patterns.summarise(p)
+    meta, tokens, drawn = p["meta"], p["tokens"], p["drawn"]
+    shown, n = summary["heads_shown"], summary["seq"]
+    per_row = max(1, PATTERN_COLUMNS // shown)
+    rows = -(-len(drawn) // per_row)
+    per_row = -(-len(drawn) // rows)  # as many variants in every row, the last but fewer
+    label_tokens = tokens is not None and len(tokens) <= MAX_TOKEN_LABELS
+    side = 3.2 if label_tokens else PATTERN_SIDE
+    width = (side * shown + 0.9) * per_row
+    fig, axes = plt.subplots(rows, per_row * shown, figsize=(width, (side + 0.7) * rows + 0.6), squeeze=False,
                              layout="constrained")
     src = (f"text '{os.path.basename(meta.get('text', ''))}'" if meta.get("source") == "text"
            else f"gaussian Q, K (std={meta.get('std')})")
-    fig.suptitle(f"Attention weights per head, n={n}, {src}{', causal' if meta.get('causal') else ''} "
-                 "(row = query, column = key; colour ∝ √weight)", fontsize=10)
-    label_tokens = tokens is not None and len(tokens) <= MAX_TOKEN_LABELS
-    for j, (v, w) in enumerate(panels):
-        # One colour scale per variant (a column), square-root so diffuse patterns stay visible next to
-        # peaked ones; exact zeros (masked, outside the band) stay the darkest colour.
-        vmax = float(np.nanmax(w[:heads])) or 1.0
-        norm = mcolors.PowerNorm(gamma=0.5, vmin=0.0, vmax=vmax)
-        for h in range(heads):
-            ax = axes[h][j]
-            im = ax.imshow(w[h], cmap="magma", norm=norm, interpolation="nearest")
+    fig.suptitle(f"Attention weights, n={n}, {src}, {patterns.MASKS[summary['mask']]}; "
+                 f"{patterns.heads_text(shown, summary['heads'])} (row = query, column = key)", fontsize=11)
+    for ax in axes.flat[len(drawn) * shown:]:
+        ax.set_axis_off()  # the last row's empty places
+    for i, ((entry, w), info) in enumerate(zip(drawn, summary["variants"])):
+        r, c = divmod(i, per_row)
+        block = [axes[r][c * shown + h] for h in range(shown)]
+        cmap, norm = _pattern_norm(w, info["scale"])
+        params = textwrap.fill(params_text(entry.get("params", {})).replace(",", ", "), 30 * shown)
+        for h, ax in enumerate(block):
+            im = ax.imshow(np.ma.masked_invalid(w[h]), cmap=cmap, norm=norm, interpolation="nearest")
+            head = f"head {h}" if shown > 1 else ""
             if h == 0:
-                extra = params_text(v.get("params", {})).replace(",", ", ")
-                ax.set_title(v["name"] + ("\n" + extra if extra else "\n"), fontsize=8)
-            if j == 0:
-                ax.set_ylabel(f"head {h}\nquery")
+                title = info["variant"] + patterns.unmasked_note(meta, entry)
+                ax.set_title("\n".join(x for x in (title, params, head) if x), fontsize=8, loc="left")
+            else:
+                ax.set_title(head, fontsize=8, loc="left")
             if label_tokens:
                 ax.set_xticks(range(n))
                 ax.set_yticks(range(n))
                 ax.set_xticklabels(tokens, rotation=90, fontsize=5)
                 ax.set_yticklabels(tokens, fontsize=5)
-            if h == heads - 1:
-                ax.set_xlabel("key")
-        fig.colorbar(im, ax=[axes[h][j] for h in range(heads)], orientation="horizontal", fraction=0.03,
-                     shrink=0.85, label="weight")
+            ax.tick_params(labelsize=6)
+            ax.set_xlabel("key", fontsize=7)
+            if h == 0:
+                ax.set_ylabel("query", fontsize=7)
+        cb = fig.colorbar(im, ax=block, fraction=0.05, shrink=0.85, pad=0.02)
+        cb.set_label("weight, " + ("signed √" if info["scale"] == "signed_sqrt" else "√") + " scale", fontsize=7)
+        cb.ax.tick_params(labelsize=6)
+    text = "\n".join(textwrap.fill(line, int(width * 17)) for line in patterns.notes(summary))
+    fig.text(0.005, 0.0, text, fontsize=7.5, va="top", ha="left", color="dimgray")
     return fig
 
 
@@ -751,6 +819,7 @@ def draw_results(res, an, plots_dir):
     return written
 
 
-def draw_patterns(pdir, out_dir):
-    """The heatmaps of an `attnbench patterns` folder as out_dir/patterns.png and .svg; returns the paths."""
-    return save_figure(fig_patterns(*load_patterns(pdir)), out_dir, PATTERNS)
+def draw_patterns(p, out_dir):
+    """The heatmaps of an `attnbench patterns` folder (patterns.load_patterns) as out_dir/patterns.png and .svg;
+    returns the paths."""
+    return save_figure(fig_patterns(p), out_dir, PATTERNS)

@@ -10,6 +10,7 @@ figure sections.
 import json
 import os
 
+from . import patterns
 from .lra import lra_section
 from .common import (CHUNK_SIZE, DECODE, DTYPE_VS_FP32, FIGURES, PATTERNS, ROOFLINE, SECTION_FIGURES,
                      atomic_write_text, fmt_bytes, fmt_num, md_table, num)
@@ -24,7 +25,9 @@ BLURBS = {
                    "least-squares fit of log(time) on log(n) over the series' measured sizes (range in "
                    "brackets): exact attention's quadratic cost shows as k ≈ 2 once n is large enough for "
                    "the n² terms to dominate. Dotted grey guides have slopes 1 and 2. Solid: exact; "
-                   "dashed: approximate; dotted: PyTorch peer.",
+                   "dashed: approximate; dotted: PyTorch peer. Each variant has one colour and one marker in "
+                   "every figure (its series, such as other parameters or dtypes, in shades of that colour); "
+                   "the PyTorch peer is black.",
     "memory_vs_seq": "Solid: the peak resident-memory increase measured while timing (VmHWM, output and "
                      "workspace; the inputs are allocated before the probe is reset). Dashed: the "
                      "variant's own estimate (output + workspace_bytes).",
@@ -42,8 +45,9 @@ BLURBS = {
                 "it must move, `bytes_moved`) against its GFLOP/s, on log axes. The ceilings come from the same "
                 "run: the sgemm calibration (dash-dot, horizontal) and the streaming-read memory bandwidth × "
                 "intensity (dashed diagonal); the dotted vertical line is the ridge where they meet. Left of it "
-                "a kernel is memory-bound (decode, small seq_q), right of it compute-bound. Colour: variant; "
-                "marker: kv_heads.",
+                "a kernel is memory-bound (decode, small seq_q), right of it compute-bound. Colour and marker: "
+                "the series, as in every figure; filled, hollow or half filled: the pass and kv_heads, where "
+                "they vary.",
     "decode": "Left: the median time of one decode call divided by its new tokens (seq_q) against the context "
               "seq_kv, on log axes (solid: exact; dashed: the others). Right: what each series keeps between "
               "decode steps at that context (`memory.state_bytes`: a recurrence's d_k × d_v state per (batch, "
@@ -51,8 +55,9 @@ BLURBS = {
               "KV cache exact attention keeps at the same context (`memory.kv_cache_bytes`): the KV cache grows "
               "with the context, a recurrence's state does not.",
     "chunk_size": "Per variant (and setting): its median time (left, log) and GFLOP/s (right) against the chunk "
-                  "size, one line per n (colour) and per family of series that differ only in the chunk (line "
-                  "style); the star marks the fastest chunk at each n.",
+                  "size, one line per n (the variant's marker, in shades of its colour from light at the smallest n "
+                  "to dark at the largest) and per family of series that differ only in the chunk (line style); "
+                  "the star marks the fastest chunk at each n.",
     "dtype_vs_fp32": "Per series stored in a 16-bit dtype (its label names the dtype, and the parameters that vary, "
                      "such as `bf16_kernel`), one row of panels per mask and setting. Left: its speed-up over the "
                      "same variant's fp32 row at the same point (same parameters, shape, mask, inputs, bias, "
@@ -485,6 +490,26 @@ def roofline_section(an, drawn):
     return "\n".join(md)
 
 
+def patterns_section(summary):
+    """The Attention patterns section's text under its figure: what the heatmaps are, a table of each variant's
+    mask, colour scale and range of weights, and the notes of the figure's footnote (patterns.notes)."""
+    text = ("The weights each variant applies on a small input (`attnbench patterns`), measured through its forward "
+            "pass with V set to unit vectors: row i is the weight query i puts on each key; for a recurrence, the "
+            "signed, unnormalised weight of each value in its output (rows need not sum to 1, nor need Nyström's "
+            "and Linformer's).")
+    if summary is None:
+        return text + " ([SVG](plots/patterns.svg))"
+    text += (f" n = {summary['seq']}, {patterns.MASKS[summary['mask']]}; the figure draws "
+             f"{patterns.heads_text(summary['heads_shown'], summary['heads'])} of each variant. "
+             "([SVG](plots/patterns.svg))")
+    table = [[f"`{v['variant']}`", "causal" if v["causal"] else "unmasked", patterns.SCALES[v["scale"]],
+              patterns.range_text(v)] for v in summary["variants"]]
+    table += [[f"`{m['variant']}`", "—", f"not drawn: {m['status']} ({m['reason']})", "—"]
+              for m in summary["missing"]]
+    return "\n".join([text, "", md_table(["variant", "mask", "colour scale", "weights (min, max)"], table), ""]
+                     + [f"- {line}" for line in patterns.notes(summary)])
+
+
 MAX_CALIBRATION_ROWS = 24
 
 
@@ -647,8 +672,7 @@ def render_report(res, an, figure_files):
     md += ["## Roofline", "", roofline_section(an, drawn), ""]
     if PATTERNS in drawn:
         md += ["## Attention patterns", "", "![Attention patterns](plots/patterns.png)", "",
-               "The weights each variant applies on a small input (`attnbench patterns`), measured through its "
-               "forward pass with V set to unit vectors. ([SVG](plots/patterns.svg))", ""]
+               patterns_section(an.get("patterns")), ""]
     md += ["## Points left out of the curves", "", excluded_section(an), ""]
     md += ["## Measurement conditions", "", measurement_section(an), ""]
     md += ["## Machine", "", machine_section(meta), ""]

@@ -1,6 +1,7 @@
 """Reading a results folder: results.jsonl (attnbench's rows), results.peers.jsonl (the PyTorch peer's rows,
 optional) and meta.json into Row objects, grouped into the series and facets every figure and table shares;
-and reading a patterns/ folder (`attnbench patterns`). The row fields are configs/README.md's "Result rows".
+and a patterns/ folder (`attnbench patterns`, read by patterns.py). The row fields are configs/README.md's
+"Result rows".
 
 Bad input raises InputError naming the file (and line): plot.py reports it and exits 2. Needs numpy only for
 the patterns' .npy files; no matplotlib.
@@ -11,6 +12,7 @@ import os
 import sys
 
 from .common import PROG, InputError, num
+from .patterns import load_patterns
 
 # Besides mask and n. "pass" (forward, backward, forward_backward) comes first: when a sweep has several,
 # every curve, facet and comparison is within one pass, and the figures give each pass its own column.
@@ -380,6 +382,9 @@ class Results:
         # The passes (sweep.pass) among the measured rows and among all rows (skipped backward points included).
         self.passes = sorted({r.pass_ for r in self.ok}, key=pass_order) or ["forward"]
         self.all_passes = sorted({r.pass_ for r in all_rows}, key=pass_order)
+        # The attention patterns (patterns.load_patterns) of a patterns/ folder beside the rows, else None.
+        pdir = os.path.join(results_dir, "patterns")
+        self.patterns = load_patterns(pdir) if os.path.isfile(os.path.join(pdir, "patterns.json")) else None
 
     def _label_rows(self, rows):
         # A series label names the variant and only the parameters that vary for it in these results (the
@@ -457,37 +462,3 @@ class Results:
     def sorted_series(self, rows=None):
         """series(rows or ok) as (key, rows) pairs sorted by (label, mask, facet): the order of the legends."""
         return sorted(self.series(self.ok if rows is None else rows).items(), key=lambda kv: self.series_order(kv[0]))
-
-
-def load_patterns(pdir):
-    """A folder written by `attnbench patterns`: (patterns.json, the tokens or None, [(variant entry,
-    weights [heads, n, n])] of the variants with status ok)."""
-    import numpy as np
-
-    meta_path = os.path.join(pdir, "patterns.json")
-    if not os.path.isfile(meta_path):
-        raise InputError(f"--patterns '{pdir}': no patterns.json (write one with `attnbench patterns ... --out DIR`)")
-    try:
-        with open(meta_path, encoding="utf-8") as f:
-            meta = json.load(f)
-    except ValueError as e:
-        raise InputError(f"{meta_path}: not valid JSON ({e})")
-    tokens = None
-    if meta.get("tokens"):
-        with open(os.path.join(pdir, meta["tokens"]), encoding="utf-8") as f:
-            tokens = json.load(f)
-    panels = []
-    for v in meta.get("variants", []):
-        if v.get("status") != "ok":
-            continue
-        path = os.path.join(pdir, v["file"])
-        try:
-            w = np.load(path)
-        except (OSError, ValueError) as e:
-            raise InputError(f"{path}: cannot read ({e})")
-        if w.ndim != 3 or w.shape[1] != w.shape[2]:
-            raise InputError(f"{path}: shape {w.shape}; expected [heads, n, n]")
-        panels.append((v, w))
-    if not panels:
-        raise InputError(f"{meta_path}: lists no variant with status ok")
-    return meta, tokens, panels

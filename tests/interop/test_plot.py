@@ -309,6 +309,66 @@ def test_never_and_always(tmp):
     check(cross["fast"]["less_memory"] == "never within measured range", f"fast memory: {cross['fast']['less_memory']}")
 
 
+def test_terminal_summary(tmp):
+    """What plot.py prints after the files it wrote, on a sweep shaped like the default one (13 variants, n = 256
+    … 4096, unmasked and causal, the recurrences causal only, a PyTorch peer) with known answers: tiled (exact)
+    at 1e-6 n² ms; an approximate variant at c n ms crosses it at n = c / 1e-6 exactly (log-log interpolation is
+    exact for power laws): linear (c = 1e-4) at every n, performer (2e-3) from n ≈ 2000, linformer (1e-2) never;
+    the fastest at each n is linear unmasked (1e-4 n) and retention causal (5e-5 n); the peer, faster still, is
+    never named. At most 15 lines, after REPORT.md's path."""
+    d = os.path.join(tmp, "terminal")
+    speeds = {"linear": 1e-4, "performer": 2e-3, "linformer": 1e-2, "retention": 5e-5, "bigbird": 1.5e-3,
+              "nystrom": 6e-4, "sliding_window": 7e-4, "delta_rule": 2e-4, "gated_delta_rule": 2.2e-4, "gla": 4e-4,
+              "simple_gla": 6e-5}
+    recurrences = ("delta_rule", "gated_delta_rule", "gla", "retention", "simple_gla")
+    rows, ns = [], [256, 512, 1024, 2048, 4096]
+    for mask in ("none", "causal"):
+        for n in ns:
+            rows += [row("tiled", n, 1e-6 * n * n, True, 1e-7, mask=mask),
+                     row("naive", n, 2e-6 * n * n, True, 1e-7, mask=mask)]
+            rows += [row(v, n, c * n, False, 0.1, mask=mask) for v, c in speeds.items()
+                     if mask == "causal" or v not in recurrences]
+    write_rows(d, rows)
+    with open(os.path.join(d, "results.peers.jsonl"), "w") as f:
+        for n in ns:
+            p = row("torch_naive", n, 1e-6 * n, True, 1e-7)
+            f.write(json.dumps(dict(p, id="peer/" + p["id"])) + "\n")
+    r = run_plot(d)
+    if not check(r.returncode == 0, "[terminal] plot.py exits 0" + (f" (rc {r.returncode}: {r.stderr.strip()[-300:]})"
+                                                                     if r.returncode else "")):
+        return
+    out = r.stdout.splitlines()
+    report = out.index(os.path.join(d, "REPORT.md")) if os.path.join(d, "REPORT.md") in out else len(out)
+    summary = out[report + 1:]
+    check(all(os.path.isfile(p) for p in out[:report + 1]) and summary and summary[0].startswith("Summary ("),
+          f"[terminal] stdout: the files written, REPORT.md's path last, then the summary ({out[report:report + 2]})")
+    check(0 < len(summary) <= 15, f"[terminal] the summary has at most 15 lines ({len(summary)})")
+    text = "\n".join(summary)
+    ok = ("     n | mask=none                     | mask=causal" in text
+          and "   256 | linear 0.0256 ms, approximate | retention 0.0128 ms, approximate" in text
+          and "  4096 | linear 0.41 ms, approximate   | retention 0.205 ms, approximate" in text)
+    check(ok, "[terminal] the fastest variant at each n per mask, its time and 'approximate'"
+          + ("" if ok else "\n" + text))
+    check("mask=none (against tiled): at every n: linear; from n ≈ 600: nystrom; from n ≈ 700: sliding_window;"
+          in text
+          and "from n ≈ 2000: performer; not within the measured n: linformer" in text.replace("\n      ", " "),
+          "[terminal] the crossovers against tiled, in n order, as REPORT.md's table has them")
+    check("at every n: delta_rule, gated_delta_rule, linear, retention, simple_gla;" in text.replace("\n      ", " ")
+          and "from n ≈ 400: gla" in text, "[terminal] the causal crossovers")
+    check("torch" not in text and "naive" not in text, "[terminal] the peer and the slower exact variant are not named")
+    with open(os.path.join(d, "summary.json"), encoding="utf-8") as f:
+        fastest = json.load(f)["fastest"]
+    check([(e["mask"], e["seq_kv"], e["series"], e["exact"]) for e in fastest]
+          == [("none", n, "linear", False) for n in ns] + [("causal", n, "retention", False) for n in ns],
+          "[terminal] summary.json 'fastest': per mask and n the fastest attnbench series")
+    exact_only = os.path.join(tmp, "terminal-exact")
+    write_rows(exact_only, [x for x in rows if x["exact"]])
+    r = run_plot(exact_only)
+    text = r.stdout.split("REPORT.md\n", 1)[-1]
+    ok = r.returncode == 0 and "   256 | tiled 0.0655 ms, exact" in text and "Crossover" not in text
+    check(ok, "[terminal] exact variants only: tiled, 'exact', and no crossover lines" + ("" if ok else "\n" + text))
+
+
 def test_isa(tmp):
     """A sweep over SIMD targets (sweep.isa): one curve per target ("tiled [scalar]"), variants compared within
     a target, and meta.json's fma_peak (one entry per threads and target) listed in the machine section."""
@@ -1262,6 +1322,31 @@ def run_case(case, tmp):
     return _case.lines
 
 
+def run_file(prefix, cases):
+    """main() of a test file built on this one, run as `/usr/bin/python3 FILE --attnbench PATH`: the path in
+    os.environ["ATTNBENCH"] (for the cases that run the binary), 77 (skip) without numpy or matplotlib, each
+    case(tmp) in turn in one temporary folder named with prefix (an exception fails that case, the others still
+    run); 0 when every check passed, else 1."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--attnbench", help="path of the attnbench binary (for the cases that run it)")
+    a = ap.parse_args()
+    if a.attnbench:
+        os.environ["ATTNBENCH"] = os.path.abspath(a.attnbench)
+    try:
+        import numpy  # noqa: F401
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        print(f"skipped: {e} (install python3-numpy python3-matplotlib)")
+        return 77
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        for case in cases:
+            print(f"--    {case.__name__}")
+            for line in run_case(case, tmp):
+                print(line)
+    print(f"{len(failures)} failure(s)" if failures else "all passed")
+    return 1 if failures else 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--attnbench", help="path of the attnbench binary (plot.py reads files only; the PyTorch "
@@ -1277,7 +1362,7 @@ def main():
         return 77
     cases = [test_fixture, test_synthetic, test_never_and_always, test_isa, test_dtype, test_many_facets,
              test_cross_attention, test_measurement, test_paired, test_measurement_odd_values, test_roofline, test_errors,
-             test_peer, test_lra, test_passes]
+             test_peer, test_lra, test_passes, test_terminal_summary]
     with tempfile.TemporaryDirectory(prefix="attnbench-test-plot-") as tmp:
         # Longest first: the fixture's and the peer's plot.py runs take most of the time.
         order = [test_fixture, test_peer] + [c for c in cases if c not in (test_fixture, test_peer)]
