@@ -70,8 +70,10 @@ install(FILES ${CMAKE_SOURCE_DIR}/scripts/plot.py DESTINATION ${CMAKE_INSTALL_DA
         PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/scripts/plotlib DESTINATION ${CMAKE_INSTALL_DATADIR}/attnbench/scripts
         PATTERN "__pycache__" EXCLUDE)
-# plotlib/lra.py reads the LRA paper's table from ../../configs, as in this tree.
-install(FILES ${CMAKE_SOURCE_DIR}/configs/lra_table2.json DESTINATION ${CMAKE_INSTALL_DATADIR}/attnbench/configs)
+# plotlib/lra.py reads the LRA paper's table and plotlib/styles.py the pinned styles from ../../configs, as in
+# this tree.
+install(FILES ${CMAKE_SOURCE_DIR}/configs/lra_table2.json ${CMAKE_SOURCE_DIR}/configs/plot_styles.json
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/attnbench/configs)
 
 # --- tests: the example as a user builds it, and the suite's own test plugins ----------------------------
 if(ATTN_BUILD_TESTS)

@@ -1,5 +1,5 @@
 """One colour and one marker per variant, the same in every figure of every report: the style table. The 13
-built-in variants have pinned styles (PINNED); any other variant (a plugin's, one added later) gets the next
+built-in variants have pinned styles (PINNED, in the order of configs/plot_styles.json); any other variant (a plugin's, one added later) gets the next
 (colour, marker) pair no variant has, in the order of the registry (meta.json "registry", the order of
 `attnbench list --json`, plugins' variants included; results written before it: the sorted names of their
 rows). So adding a variant never moves a built-in's style; only variants that are not built in, and registered
@@ -12,6 +12,8 @@ markers: those say "estimated" (memory) and the rings around markers say "noisy"
 recognisably its variant's (same marker, same hue) while telling the series apart side by side.
 No matplotlib here: colours are "#rrggbb" strings.
 """
+import json
+import os
 from collections import namedtuple
 
 # Sixteen colours told apart on a white background: tab10 without its grey (the figures' guides and "no data"
@@ -52,10 +54,12 @@ def pair(i):
     return Style(PALETTE[i % len(PALETTE)], MARKERS[i % len(MARKERS)])
 
 
-# The built-in variants' styles, pinned: the first 13 pairs in the registry's (alphabetical) order of today. A
+# The built-in variants' styles, pinned: the first 13 pairs in the registry's (alphabetical) order of today,
+# read from configs/plot_styles.json (data, not code: no variant is named outside variants/ and configs/). A
 # variant added later, wherever its name sorts, takes a pair after these and moves none of them.
-BUILT_IN = ["bigbird", "delta_rule", "gated_delta_rule", "gla", "linear", "linformer", "naive", "nystrom",
-            "performer", "retention", "simple_gla", "sliding_window", "tiled"]
+_PINNED_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs", "plot_styles.json")
+with open(_PINNED_PATH, encoding="utf-8") as _f:
+    BUILT_IN = json.load(_f)["pinned"]
 PINNED = {v: pair(i) for i, v in enumerate(BUILT_IN)}
 # The peers: black and greys with markers no variant has, so a peer's style is never a variant's.
 PEER_COLORS = ["#000000", "#5c5c5c", "#9a9a9a"]
