@@ -44,6 +44,9 @@ std::vector<float> gather_rows(const float* x, int64_t bh, int64_t seq, int64_t 
 // its definition in reference.cpp). weights: the precision the weights are rounded to before P V
 // (Attention::weight_dtype; fp32: none).
 double exact_abs_tolerance(const Problem& p, const AttentionInputs& in, DType weights = DType::fp32);
+// The growth factor of an n-term fp32 sum's error the exact tolerance allows, in units of u * sum|x_i|:
+// min(n, 8 sqrt(n)) (probabilistic for n > 64; reference.cpp says why).
+double sum_growth(int64_t n);
 
 // The fp64 gradient of exact softmax attention (reference_attention, same masks, bias, scale and dropout
 // keep decisions) for L = sum(d_out * O): dq [B,H,seq_q,D], dk [B,Hkv,seq_kv,D] and dv [..,Dv]
