@@ -49,16 +49,19 @@ attn_ensure_packages() {
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-# attn_build PRESET: configure (once, and again when CMakePresets.json changed since: its cache variables
-# apply only when configuring) and build with CMake presets into build/PRESET. ATTN_WERROR=ON in the
+# attn_build PRESET [TARGET...]: configure (once, and again when CMakePresets.json changed since: its cache
+# variables apply only when configuring) and build with CMake presets into build/PRESET (every target, or the
+# TARGETs named). ATTN_WERROR=ON in the
 # environment (CI sets it: .ci/run) builds with warnings as errors (the ATTN_WERROR option; a user's build
 # leaves it OFF): a change of it reconfigures the tree.
 attn_build() {
-  local preset="$1" werror="${ATTN_WERROR:-OFF}"
+  local preset="$1" werror="${ATTN_WERROR:-OFF}" targets=()
+  shift
+  [ $# -eq 0 ] || targets=(--target "$@")
   cd "$ATTN_ROOT"
   local cache="build/$preset/CMakeCache.txt"
   if [ ! -f "$cache" ] || [ CMakePresets.json -nt "$cache" ] || ! grep -qx "ATTN_WERROR:BOOL=$werror" "$cache"; then
     cmake --preset "$preset" -DATTN_WERROR="$werror" >/dev/null
   fi
-  cmake --build --preset "$preset" -j "$(nproc)"
+  cmake --build --preset "$preset" -j "$(nproc)" "${targets[@]}"
 }

@@ -3,11 +3,19 @@
 // every test case name follows so that ctest runs it (catch_discover_tests in CMakeLists.txt).
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
+#include <iostream>
 #include <string>
 
+#include "common/interface/attention.hpp"
 #include "tests/support/variant_tests.hpp"
 
 int main(int argc, char* argv[]) {
+  // --list-variants: the registered variants, one per line (scripts/sanitize takes the TSan run's tags from
+  // them: the TSan build has no attnbench executable to ask).
+  if (argc == 2 && std::string(argv[1]) == "--list-variants") {
+    for (const std::string& name : attn::Registry::instance().names()) std::cout << name << '\n';
+    return 0;
+  }
   attn::test::register_variant_tests();
   return Catch::Session().run(argc, argv);
 }

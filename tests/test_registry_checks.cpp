@@ -4,6 +4,7 @@
 // alone.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -15,7 +16,20 @@ using namespace attn;
 
 namespace {
 constexpr const char* kChecksTitle = "{} passes the equivalence checks on every supported SIMD target";
+
+// The targets to run: every supported one, or the one ATTN_TEST_ISA names ("best": the best supported).
+// scripts/sanitize's TSan run sets it to best: the kernels' parallel loops (what TSan checks) are the same on
+// every target, and TSan runs each target's checks ~5x slower than release.
+std::vector<std::string> isas_to_check() {
+  const char* only = std::getenv("ATTN_TEST_ISA");
+  if (only == nullptr || *only == '\0') return simd::isa_info().supported;
+  const std::string name = std::string(only) == "best" ? simd::isa_info().best : std::string(only);
+  const auto& supported = simd::isa_info().supported;
+  if (std::find(supported.begin(), supported.end(), name) == supported.end())
+    FAIL("ATTN_TEST_ISA=" << only << " is not a target this CPU supports (best or one of the supported)");
+  return {name};
 }
+}  // namespace
 
 TEST_CASE("the registry holds the variants, and each has its own equivalence-check test case", "[registry]") {
   REQUIRE(!Registry::instance().all().empty());
@@ -31,7 +45,7 @@ TEST_CASE("the registry holds the variants, and each has its own equivalence-che
 }
 
 TEST_CASE_PER_VARIANT(kChecksTitle, "[registry][check]") {
-  for (const std::string& isa : simd::isa_info().supported) {
+  for (const std::string& isa : isas_to_check()) {
     DYNAMIC_SECTION(variant.name() << " on " << isa) {
       const simd::ScopedIsa scoped(isa);
       REQUIRE(simd::active_isa() == isa);  // the kernels really run on that target
