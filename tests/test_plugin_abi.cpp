@@ -25,7 +25,8 @@ uint64_t abi_headers_hash() {
 TEST_CASE("the plugin ABI version is bumped when the plugin-facing headers change", "[plugin]") {
   // Update both together: the version in plugin_abi.hpp (bump) and this hash (the value printed on failure).
   // An edit that changes no layout, signature or exported symbol (a comment; plugin_entry.hpp's marker
-  // declared once instead of twice, for GCC's -Wattributes) stores the new hash alone, and its commit says so.
+  // declared once instead of twice, for GCC's -Wattributes) stores the new hash alone, and its commit says
+  // so.
   constexpr int kVersion = 2;
   constexpr uint64_t kHeadersHash = 0x10b081a6768329d0ULL;
   char printed[32];
