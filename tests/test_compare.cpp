@@ -361,6 +361,43 @@ TEST_CASE("compare: fewer than 2 repetitions give no p-value, with a note", "[co
   CHECK(j["points"][0]["p_method"].is_null());
 }
 
+TEST_CASE("compare: quality rows (a task block) show what each side learned beside the step times",
+          "[compare]") {
+  ScratchDir dir("compare");
+  const Json meta = meta_json(config_json(kMeasure), "1", "abc", "AMD EPYC");
+  const std::string id = "mqar:tiled:L=128,kv=8,V=512,d_model=64,layers=2,heads=1,lr=0.001,conv=0,seed=1";
+  const auto trained = [&](const std::vector<double>& steps_ms, double accuracy, bool converged) {
+    ResultRow r = ok_row(id, "tiled", steps_ms, 0);
+    r.task.emplace();
+    r.task->name = "mqar";
+    r.task->best_accuracy = accuracy;
+    r.task->best_loss = 0.05;
+    r.task->steps = static_cast<int64_t>(steps_ms.size());
+    r.task->converged = converged;
+    return r;
+  };
+  write_folder(dir.path() / "a", meta, {trained(kBase, 0.995, true)});
+  write_folder(dir.path() / "b", meta, {trained(scaled(kBaseAgain, 2), 0.71, false)});
+  const Comparison c =
+      compare_results(load_results_folder(dir.file("a"), "A"), load_results_folder(dir.file("b"), "B"));
+  REQUIRE(c.points.size() == 1);
+  CHECK(c.points[0].verdict == "slower");  // the training steps' times, as for any row
+  const Json j = comparison_json(c, std::nullopt)["points"][0];
+  CHECK(j["task_a"]["accuracy"] == 0.995);
+  CHECK(j["task_b"]["accuracy"] == 0.71);
+  CHECK(j["task_b"]["converged"] == false);
+  const std::string md = comparison_markdown(c, std::nullopt);
+  CHECK_THAT(md, Contains("## What the points learned (quality rows)"));
+  CHECK_THAT(md, Contains("| 0.9950 | 0.7100 |"));
+  CHECK_THAT(md, Contains("9 (not converged)"));
+  // Sweep rows have no task block: no such section.
+  write_folder(dir.path() / "c", meta, {ok_row(id, "tiled", kBase, 0)});
+  const Comparison plain =
+      compare_results(load_results_folder(dir.file("c"), "A"), load_results_folder(dir.file("c"), "B"));
+  CHECK(comparison_json(plain, std::nullopt)["points"][0]["task_a"].is_null());
+  CHECK(comparison_markdown(plain, std::nullopt).find("What the points learned") == std::string::npos);
+}
+
 TEST_CASE("attnbench compare: Markdown, --json, --fail-above and exit codes", "[compare][cli]") {
   ScratchDir dir("compare");
   write_pair(dir.path() / "a", dir.path() / "b");

@@ -4,10 +4,12 @@
 // with the field named.
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
 #include "bench/lib/result_row.hpp"
+#include "bench/lib/store.hpp"
 #include "common/io/npy.hpp"
 #include "common/support/error.hpp"
 
@@ -20,7 +22,7 @@ std::set<std::string> leaf_paths(const Json& j, const std::string& prefix = "") 
   std::set<std::string> out;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string k = prefix.empty() ? it.key() : prefix + "." + it.key();
-    if (it.value().is_object() && it.key() != "params") {
+    if (it.value().is_object() && it.key() != "params" && it.key() != "data") {  // objects held whole
       const auto sub = leaf_paths(it.value(), k);
       out.insert(sub.begin(), sub.end());
     } else {
@@ -39,10 +41,11 @@ TEST_CASE("result row: the fixture round-trips byte for byte and every field is 
   const Json fixture = Json::parse(read_file_bytes(kFixture));
   REQUIRE(fixture.is_array());
   REQUIRE(fixture.size() >= 3);
-  // Single-process rows hold every field but attnbench_mpi's ring figures (ring_only).
+  // Sweep rows hold every field but attnbench_mpi's ring figures (ring_only) and the quality harness's task
+  // block (task_only).
   std::set<std::string> documented;
   for (const RowField& f : row_fields())
-    if (!f.ring_only) documented.insert(f.path);
+    if (!f.ring_only && !f.task_only) documented.insert(f.path);
   for (std::size_t i = 0; i < fixture.size(); ++i) {
     INFO("fixture row " << i);
     const ResultRow row = row_from_json(fixture[i], "fixture");
@@ -67,6 +70,7 @@ TEST_CASE("result row: scripts/plotlib/row_schema.json is the declaration the Py
     CHECK(schema[i].at("unit") == f.unit);
     CHECK(schema[i].at("meaning") == f.meaning);
     CHECK(schema[i].at("ring_only") == f.ring_only);
+    CHECK(schema[i].at("task_only") == f.task_only);
   }
 }
 
@@ -74,6 +78,39 @@ TEST_CASE("result row: configs/README.md holds the table generated from row_fiel
   const std::string readme = read_file_bytes(std::string(ATTN_SOURCE_DIR) + "/configs/README.md");
   INFO("regenerate the table with `attnbench info --row-fields`");
   CHECK_THAT(readme, Contains(row_fields_markdown()));
+}
+
+TEST_CASE("result row: a quality row's task block round-trips, only its rows have it, and the CSV adds it",
+          "[row]") {
+  ResultRow row = row_from_json(Json::parse(read_file_bytes(kFixture))[0], "fixture");
+  CHECK_FALSE(to_json(row).contains("task"));
+  CHECK(results_csv({row}).find("task.") == std::string::npos);
+  row.task.emplace();
+  row.task->name = "mqar";
+  row.task->size = 8, row.task->seq_len = 128, row.task->vocab = 512, row.task->d_model = 64;
+  row.task->layers = 2, row.task->seed = 3, row.task->steps = 1900, row.task->short_conv = true;
+  row.task->lr = 1e-3, row.task->train_s = 240.5, row.task->converged = true,
+  row.task->stop = "stop_accuracy";
+  row.task->best_accuracy = 0.995, row.task->loss = std::numeric_limits<double>::infinity();
+  row.task->curve = Json::array({{{"step", 100}, {"loss", 2.5}, {"accuracy", 0.1}}});
+  const Json j = to_json(row);
+  std::set<std::string> task_fields;
+  for (const RowField& f : row_fields())
+    if (f.task_only) task_fields.insert(f.path);
+  std::set<std::string> written;
+  for (const std::string& path : leaf_paths(j["task"], "task")) written.insert(path);
+  CHECK(written == task_fields);
+  CHECK(j["task"]["setting"].is_null());
+  CHECK(j["task"]["loss"] == "inf");
+  CHECK(to_json(row_from_json(j, "again")).dump() == j.dump());
+  const std::string csv = results_csv({row});
+  CHECK_THAT(csv.substr(0, csv.find('\n')), Contains("task.best_accuracy"));
+  Json bad = j;
+  bad["task"]["steps"] = "many";
+  CHECK_THROWS_WITH(row_from_json(bad, "x"), Contains("field 'task.steps': must be an integer"));
+  bad = j;
+  bad["task"].erase("name");
+  CHECK_THROWS_WITH(row_from_json(bad, "x"), Contains("field 'task.name': missing"));
 }
 
 TEST_CASE("result row: the reader names the field of a bad row", "[row]") {

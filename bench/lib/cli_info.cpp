@@ -28,7 +28,8 @@ int run_info(bool as_json, bool row_fields) {
                           {"type", f.type},
                           {"unit", f.unit},
                           {"meaning", f.meaning},
-                          {"ring_only", f.ring_only}});
+                          {"ring_only", f.ring_only},
+                          {"task_only", f.task_only}});
       std::cout << fields.dump(2) << "\n";
     } else {
       std::cout << row_fields_markdown();

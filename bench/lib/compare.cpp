@@ -111,6 +111,19 @@ std::optional<double> median_of(const TimingSummary& t) {
   return std::nullopt;
 }
 
+std::optional<TaskOutcome> task_outcome(const ResultRow& r) {
+  if (!r.task) return std::nullopt;
+  return TaskOutcome{r.task->best_accuracy, r.task->best_loss, r.task->steps, r.task->converged};
+}
+
+Json task_json(const std::optional<TaskOutcome>& t) {
+  if (!t) return nullptr;
+  return {{"accuracy", opt_json(t->accuracy)},
+          {"loss", opt_json(t->loss)},
+          {"steps", t->steps},
+          {"converged", t->converged}};
+}
+
 PointComparison compare_point(const std::string& key, const ResultRow& a, const ResultRow& b) {
   PointComparison p;
   p.id = key, p.id_a = a.id, p.id_b = b.id;
@@ -158,6 +171,7 @@ PointComparison compare_point(const std::string& key, const ResultRow& a, const 
                       " (interference above measure.max_interference)");
   p.max_abs_err_a = a.accuracy.max_abs_err, p.max_abs_err_b = b.accuracy.max_abs_err;
   if (p.max_abs_err_a && p.max_abs_err_b) p.max_abs_err_diff = *p.max_abs_err_b - *p.max_abs_err_a;
+  p.task_a = task_outcome(a), p.task_b = task_outcome(b);
   if (a.isa != b.isa) p.notes.push_back("isa " + a.isa + " -> " + b.isa);
   return p;
 }
@@ -349,6 +363,8 @@ Json comparison_json(const Comparison& c, std::optional<double> fail_above) {
                       {"max_abs_err_a", opt_json(p.max_abs_err_a)},
                       {"max_abs_err_b", opt_json(p.max_abs_err_b)},
                       {"max_abs_err_diff", opt_json(p.max_abs_err_diff)},
+                      {"task_a", task_json(p.task_a)},
+                      {"task_b", task_json(p.task_b)},
                       {"notes", p.notes}});
   }
   j["points"] = points;
@@ -428,6 +444,31 @@ void markdown_sides(std::ostringstream& md, const Comparison& c) {
   md << "\n\n";
 }
 
+// Quality rows (ResultRow::task): what each side's training run learned, beside the step times above.
+void markdown_tasks(std::ostringstream& md, const Comparison& c) {
+  const bool any = std::any_of(c.points.begin(), c.points.end(), [](const PointComparison& p) {
+    return p.task_a.has_value() || p.task_b.has_value();
+  });
+  if (!any) return;
+  const auto side = [](const std::optional<TaskOutcome>& t, auto get) {
+    return t ? get(*t) : std::string("—");
+  };
+  const auto acc = [](const TaskOutcome& t) { return fmt(t.accuracy, "%.4f"); };
+  const auto loss = [](const TaskOutcome& t) { return fmt(t.loss, "%.3g"); };
+  const auto steps = [](const TaskOutcome& t) {
+    return std::to_string(t.steps) + (t.converged ? "" : " (not converged)");
+  };
+  md << "## What the points learned (quality rows)\n\n"
+     << "| point | accuracy A | accuracy B | loss A | loss B | steps A | steps B |\n"
+     << "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  for (const PointComparison& p : c.points)
+    md << "| `" << cell(p.id) << "` | " << side(p.task_a, acc) << " | " << side(p.task_b, acc) << " | "
+       << side(p.task_a, loss) << " | " << side(p.task_b, loss) << " | " << side(p.task_a, steps) << " | "
+       << side(p.task_b, steps) << " |\n";
+  md << "\nThe best evaluation of each run (`task.best_accuracy`, `task.best_loss`); the times above are its "
+        "training steps (`time_ms`).\n\n";
+}
+
 // The points measured on both sides, with their verdicts and summary.
 void markdown_points(std::ostringstream& md, const Comparison& c) {
   md << "## Points measured on both sides (" << c.points.size() << ")\n\n";
@@ -461,6 +502,7 @@ void markdown_points(std::ostringstream& md, const Comparison& c) {
     if (verdicts["different"]) md << ", " << verdicts["different"] << " different with equal medians";
     md << ".\n\n";
   }
+  markdown_tasks(md, c);
 }
 
 // The points on one side only, the ones not compared, and the regression gate.

@@ -25,6 +25,14 @@ struct ResultsFolder {
 // folder or file, or JSON that does not parse.
 ResultsFolder load_results_folder(const std::string& dir, const std::string& label);
 
+// A quality row's outcome (ResultRow::task) as compare shows it: the best evaluation accuracy and loss, the
+// training steps and whether the run converged.
+struct TaskOutcome {
+  std::optional<double> accuracy, loss;
+  int64_t steps = 0;
+  bool converged = false;
+};
+
 // One point measured (status ok) on both sides.
 struct PointComparison {
   std::string id;          // the match key (see compare_results)
@@ -44,6 +52,7 @@ struct PointComparison {
       verdict;  // "slower", "faster", "different" (p < alpha, equal medians), "not significant", "no p-value"
   bool noisy_a = false, noisy_b = false;
   std::optional<double> max_abs_err_a, max_abs_err_b, max_abs_err_diff;  // accuracy.max_abs_err, diff = B - A
+  std::optional<TaskOutcome> task_a, task_b;  // quality rows: what each side learned
   std::vector<std::string> notes;
   bool significant() const { return p_value && *p_value < kCompareAlpha; }
 };

@@ -37,6 +37,15 @@ Json leaf_json(int x) {
 Json leaf_json(const std::string& x) {
   return x;
 }
+Json leaf_json(bool x) {
+  return x;
+}
+Json leaf_json(const std::optional<int64_t>& x) {
+  return opt(x);
+}
+Json leaf_json(const Json& x) {
+  return x;
+}
 
 // Reading: every accessor names the field's path in its error.
 class Reader {
@@ -136,6 +145,12 @@ class Reader {
       return integer(path);
     else if constexpr (std::is_same_v<T, int>)
       return static_cast<int>(integer(path));
+    else if constexpr (std::is_same_v<T, bool>)
+      return boolean(path);
+    else if constexpr (std::is_same_v<T, std::optional<int64_t>>)
+      return opt_integer(path);
+    else if constexpr (std::is_same_v<T, Json>)
+      return any(path);
     else
       return str(path);
   }
@@ -552,6 +567,74 @@ constexpr Field kRingFields[] = {
      [](const Reader& in, const char* path, ResultRow& r) { r.ring->report = in.any(path); }},
 };
 
+// The quality harness's task block: written only in its rows (ResultRow::task), so sweep rows keep exactly
+// the fields above. Every leaf is read and written as the type RowTask stores it.
+#define TASK(leaf)                                                                            \
+  [](const ResultRow& r) -> Json { return leaf_json(r.task->leaf); },                         \
+      [](const Reader& in, const char* path, ResultRow& r) {                                  \
+        r.task->leaf = in.template as<std::remove_reference_t<decltype(r.task->leaf)>>(path); \
+      }
+constexpr Field kTaskFields[] = {
+    {"task.name", "string", "",
+     "quality rows only (`scripts/quality`, bench/quality): the task trained, `capacity` (Schlag et al. "
+     "2021's "
+     "associative retrieval) or `mqar` (Zoology's multi-query associative recall)",
+     TASK(name)},
+    {"task.setting", "integer|null", "",
+     "capacity: 1 (N distinct keys) or 2 (2N keys drawn with replacement, the last occurrence counts); null "
+     "for mqar",
+     TASK(setting)},
+    {"task.size", "integer", "",
+     "the task's size: capacity N (key-value pairs), mqar the kv pairs per example", TASK(size)},
+    {"task.seq_len", "integer", "tokens",
+     "tokens per training example: capacity N (setting 1) or 2N (setting 2), mqar the input length L",
+     TASK(seq_len)},
+    {"task.vocab", "integer|null", "",
+     "mqar: the vocabulary (keys from the first half, values from the second)", TASK(vocab)},
+    {"task.d_model", "integer", "", "mqar: the model width; capacity: d, the width of Q and K",
+     TASK(d_model)},
+    {"task.layers", "integer", "", "sequence-mixer layers (capacity: 1, its single read-out)", TASK(layers)},
+    {"task.short_conv", "boolean", "",
+     "mqar: the short causal depthwise convolution (kernel 4) on q, k, v of every layer", TASK(short_conv)},
+    {"task.lr", "number", "", "the learning rate (Adam for capacity, AdamW for mqar)", TASK(lr)},
+    {"task.seed", "integer", "",
+     "the seed of the data and the model (initialisation, dropout, shuffling): one seed, one curve",
+     TASK(seed)},
+    {"task.loss", "number|string|null", "",
+     "the last evaluation's loss: capacity 0.5 ||onehot(v) - y||^2 (0.5 = nothing retrieved), mqar the "
+     "cross-entropy at the query positions",
+     TASK(loss)},
+    {"task.best_loss", "number|string|null", "", "the lowest evaluation loss of the run", TASK(best_loss)},
+    {"task.accuracy", "number|null", "",
+     "the last evaluation's accuracy: the fraction of queries whose largest output (capacity) or logit "
+     "(mqar) "
+     "is the right value",
+     TASK(accuracy)},
+    {"task.best_accuracy", "number|null", "", "the highest evaluation accuracy of the run",
+     TASK(best_accuracy)},
+    {"task.steps", "integer", "", "training steps taken (each one batch: forward, loss, backward, optimiser)",
+     TASK(steps)},
+    {"task.train_s", "number", "s", "wall time of the training steps (the sum of `time_ms.samples`)",
+     TASK(train_s)},
+    {"task.eval_s", "number", "s", "wall time of the evaluations", TASK(eval_s)},
+    {"task.wall_s", "number", "s", "wall time of the whole point: data, model, training and evaluations",
+     TASK(wall_s)},
+    {"task.converged", "boolean", "",
+     "the run met the task's criterion: capacity evaluation loss <= stop_loss, mqar test accuracy > "
+     "stop_accuracy",
+     TASK(converged)},
+    {"task.stop", "string", "",
+     "why training stopped: `stop_loss`, `stop_accuracy` (converged), `no_improvement` (capacity: more than "
+     "`patience` evaluations without a lower loss), `max_steps`, `epochs`; `\"\"` for a failed point",
+     TASK(stop)},
+    {"task.curve", "array", "", "every evaluation of the run in order: {step, loss, accuracy}", TASK(curve)},
+    {"task.data", "object", "",
+     "the task's data: capacity `eval_sequences`; mqar `train_examples`, `test_examples`, `test_seed` and "
+     "`leaked` (test examples also in the training set)",
+     TASK(data)},
+};
+
+#undef TASK
 #undef GROUP_SGEMM
 #undef INTERLEAVE
 #undef INTERFERENCE
@@ -611,6 +694,8 @@ Json to_json(const ResultRow& r) {
   for (const Field& f : kFields) set_path(j, f.path, f.get(r));
   if (r.ring)
     for (const Field& f : kRingFields) set_path(j, f.path, f.get(r));
+  if (r.task)
+    for (const Field& f : kTaskFields) set_path(j, f.path, f.get(r));
   return j;
 }
 
@@ -622,6 +707,11 @@ ResultRow row_from_json(const Json& j, const std::string& where) {
     r.ring.emplace();
     for (const Field& f : kRingFields) f.set(in, f.path, r);
   }
+  if (!in.is_null("task")) {
+    r.task.emplace();
+    for (const Field& f : kTaskFields) f.set(in, f.path, r);
+    if (r.task->name.empty()) in.fail("task.name", "missing (every row with a task block has it)");
+  }
   complete_and_check(in, r);
   return r;
 }
@@ -629,8 +719,9 @@ ResultRow row_from_json(const Json& j, const std::string& where) {
 const std::vector<RowField>& row_fields() {
   static const std::vector<RowField> documented = [] {
     std::vector<RowField> out;
-    for (const Field& f : kFields) out.push_back({f.path, f.type, f.unit, f.meaning, false});
-    for (const Field& f : kRingFields) out.push_back({f.path, f.type, f.unit, f.meaning, true});
+    for (const Field& f : kFields) out.push_back({f.path, f.type, f.unit, f.meaning, false, false});
+    for (const Field& f : kRingFields) out.push_back({f.path, f.type, f.unit, f.meaning, true, false});
+    for (const Field& f : kTaskFields) out.push_back({f.path, f.type, f.unit, f.meaning, false, true});
     return out;
   }();
   return documented;

@@ -95,6 +95,20 @@ struct RowRing {
   Json report;  // null for a skipped point
 };
 
+// What a quality row trained and how well it learned (bench/quality, `scripts/quality`): absent from every
+// other row. Documented at its fields (result_row.cpp kTaskFields).
+struct RowTask {
+  std::string name;  // "capacity" | "mqar"
+  std::optional<int64_t> setting, vocab;
+  int64_t size = 0, seq_len = 0, d_model = 0, layers = 0, seed = 0, steps = 0;
+  bool short_conv = false, converged = false;
+  double lr = 0, train_s = 0, eval_s = 0, wall_s = 0;
+  std::optional<double> loss, best_loss, accuracy, best_accuracy;
+  std::string stop;
+  Json curve = Json::array();  // [{step, loss, accuracy}]
+  Json data = Json::object();  // the task's data facts (examples, seeds, leakage)
+};
+
 struct ResultRow {
   std::string id;
   std::string variant;
@@ -162,6 +176,10 @@ struct ResultRow {
   // and the per-rank report (ring.hpp rank_report).
   using Ring = RowRing;
   std::optional<Ring> ring;
+  // Rows of the quality harness (absent from sweep rows): the task trained and its outcome; time_ms then
+  // holds the training steps' wall times.
+  using Task = RowTask;
+  std::optional<Task> task;
   std::string timestamp;  // when the row was written (UTC ISO 8601)
 };
 
@@ -177,6 +195,7 @@ struct RowField {
   std::string unit;  // "ms", "B", "GFLOP/s", ... ("" when dimensionless or not a quantity)
   std::string meaning;
   bool ring_only = false;  // written only in attnbench_mpi's rows (ResultRow::ring)
+  bool task_only = false;  // written only in the quality harness's rows (ResultRow::task)
 };
 // Every field of the row in the order the documentation lists them.
 const std::vector<RowField>& row_fields();

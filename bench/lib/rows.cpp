@@ -123,20 +123,26 @@ Json point_json(const SweepPoint& pt, const SweepConfig& c) {
   return j;
 }
 
+TimingSummary time_summary(const TimingStats& t) {
+  TimingSummary s;
+  s.median = t.median_ms;
+  s.p10 = t.p10_ms;
+  s.p90 = t.p90_ms;
+  s.mean = t.mean_ms;
+  s.cv = t.cv;
+  s.reps = t.reps;
+  s.samples = t.samples_ms;
+  if (t.ci.ok) {
+    s.ci_lo = t.ci.lo;
+    s.ci_hi = t.ci.hi;
+    s.ci_level = t.ci.level;
+  }
+  return s;
+}
+
 void fill_timing(ResultRow& row, const TimingStats& t, double flops, const Calibration* cal) {
   const double gflops = flops / (t.median_ms * 1e6);
-  row.time_ms.median = t.median_ms;
-  row.time_ms.p10 = t.p10_ms;
-  row.time_ms.p90 = t.p90_ms;
-  row.time_ms.mean = t.mean_ms;
-  row.time_ms.cv = t.cv;
-  row.time_ms.reps = t.reps;
-  row.time_ms.samples = t.samples_ms;
-  if (t.ci.ok) {
-    row.time_ms.ci_lo = t.ci.lo;
-    row.time_ms.ci_hi = t.ci.hi;
-    row.time_ms.ci_level = t.ci.level;
-  }
+  row.time_ms = time_summary(t);
   row.flops = flops;
   row.gflops = gflops;
   if (row.bytes && *row.bytes > 0) row.gbytes_per_s = *row.bytes / (t.median_ms * 1e6);

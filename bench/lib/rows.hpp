@@ -20,9 +20,13 @@ ResultRow base_row(const SweepPoint& pt, const SweepConfig& resolved, const std:
 // accuracy mode and rows, FLOPs, bytes moved, memory, skip reason and its base row.
 Json point_json(const SweepPoint& pt, const SweepConfig& resolved);
 
-// time_ms from `t`, flops and gflops, and the fractions: frac_sgemm and frac_peak of `cal` at the row's
-// threads (and frac_peak at the row's isa), gbytes_per_s and frac_bandwidth from the row's bytes; `cal` null:
-// no fractions (calibration null too).
+// time_ms from `t`: median, percentiles, mean, cv, the repetitions and the median's interval (also the
+// quality harness's training-step times, through the Python module's timing_summary).
+TimingSummary time_summary(const TimingStats& t);
+
+// time_ms from `t` (time_summary), flops and gflops, and the fractions: frac_sgemm and frac_peak of `cal` at
+// the row's threads (and frac_peak at the row's isa), gbytes_per_s and frac_bandwidth from the row's bytes;
+// `cal` null: no fractions (calibration null too).
 void fill_timing(ResultRow& row, const TimingStats& t, double flops, const Calibration* cal);
 
 }  // namespace attn

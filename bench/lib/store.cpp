@@ -180,13 +180,13 @@ std::vector<ResultRow> read_results_jsonl(const std::string& path, bool repair) 
 }
 
 std::string results_csv(const std::vector<ResultRow>& rows) {
-  // The columns are the declared fields in their order (row_fields()); the ring's only when a row has them.
-  // Arrays and objects (time_ms.samples, params, ring) go in one cell as JSON text.
-  bool ring = false;
-  for (const ResultRow& r : rows) ring = ring || r.ring.has_value();
+  // The columns are the declared fields in their order (row_fields()); the ring's and the task's only when a
+  // row has them. Arrays and objects (time_ms.samples, params, ring, task.curve) go in one cell as JSON text.
+  bool ring = false, task = false;
+  for (const ResultRow& r : rows) ring = ring || r.ring.has_value(), task = task || r.task.has_value();
   std::vector<std::string> columns;
   for (const RowField& f : row_fields())
-    if (!f.ring_only || ring) columns.push_back(f.path);
+    if ((!f.ring_only || ring) && (!f.task_only || task)) columns.push_back(f.path);
   std::ostringstream out;
   for (std::size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << csv_field(columns[c]);
   out << "\n";

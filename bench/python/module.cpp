@@ -18,6 +18,8 @@
 
 #include "bench/lib/eval.hpp"
 #include "bench/lib/result_row.hpp"
+#include "bench/lib/rows.hpp"
+#include "bench/lib/stats.hpp"
 #include "bench/lib/store.hpp"
 #include "bench/lib/sweep.hpp"
 #include "bench/lib/sysinfo.hpp"
@@ -937,6 +939,52 @@ py::object load_plugin(const std::string& path) {
   return to_python(attn::plugin_json(attn::load_plugin(path, "load_plugin")));
 }
 
+// result_row(), results_csv() and timing_summary(): the result row's one definition (result_row.cpp) for rows
+// written from Python (the quality harness, bench/quality), so they are the rows `attnbench run` writes.
+void def_rows(py::module_& m) {
+  m.def(
+      "result_row",
+      [](py::object row) { return to_python(to_json(row_from_json(from_python(row, "row"), "row"))); },
+      "result_row(row: dict) -> dict\n\nThe row as `attnbench run` writes it: read as results.jsonl rows are "
+      "read (row_from_json: a field of the wrong type or a missing id, variant or status raises ValueError "
+      "naming it) and written back with every field (to_json: null until known), in the declared order. A "
+      "`task` object makes it a quality row (configs/README.md, the row fields).",
+      "row"_a);
+  m.def(
+      "results_csv",
+      [](py::object rows) {
+        std::vector<ResultRow> parsed;
+        std::size_t i = 0;
+        for (py::handle r : rows) {
+          const std::string where = "rows[" + std::to_string(i++) + "]";
+          parsed.push_back(row_from_json(from_python(r, where), where));
+        }
+        return results_csv(parsed);
+      },
+      "results_csv(rows: list[dict]) -> str\n\nresults.csv as `attnbench run` writes it for these rows: one "
+      "column per declared field (the ring's and the task's only when a row has them), arrays and objects as "
+      "JSON text.",
+      "rows"_a);
+  m.def(
+      "timing_summary",
+      [](std::vector<double> samples_ms) {
+        if (samples_ms.empty()) throw UsageError("timing_summary: samples_ms is empty");
+        ResultRow row;
+        row.time_ms = time_summary(summarize(std::move(samples_ms)));
+        return to_python(to_json(row)["time_ms"]);
+      },
+      "timing_summary(samples_ms: list[float]) -> dict\n\nA row's time_ms from the given repetitions (ms), "
+      "computed as `attnbench run` computes it: median, p10, p90 (numpy's linear interpolation), mean, cv, "
+      "reps, "
+      "the distribution-free 95% interval of the median (ci_lo, ci_hi, ci_level) and the samples.",
+      "samples_ms"_a);
+  m.def(
+      "system_info", [] { return to_python(system_info()); },
+      "system_info() -> dict\n\nmeta.json's `system` as `attnbench run` writes it: CPU model and SIMD flags, "
+      "targets, cores, memory, hostname, compiler, build type and flags, the git commit built, library "
+      "versions.");
+}
+
 }  // namespace
 }  // namespace attn::python
 
@@ -978,6 +1026,7 @@ PYBIND11_MODULE(attnbench, m) {
         "filter"_a = py::none());
   m.def("load_results", &load_results, kLoadResultsDoc, "dir"_a);
   m.def("load_plugin", &load_plugin, kLoadPluginDoc, "path"_a);
+  def_rows(m);
   // ATTNBENCH_PLUGINS loads at import, as the CLI loads it at start: a bad entry fails the import, naming it.
   if (std::getenv("ATTNBENCH_PLUGINS")) {
     make_module_global();

@@ -177,7 +177,7 @@ def test_sweep(exe, mod, tmp):
     # ... and they are what `attnbench run` measured: naive on them (attnbench eval) has the run row's error.
     table = {f["field"]: f["type"] for f in json.loads(subprocess.run(
         [exe, "info", "--row-fields", "--json"], capture_output=True, text=True, timeout=60).stdout)
-        if not f.get("ring_only")}  # attnbench_mpi's ring figures are in its rows only
+        if not f.get("ring_only") and not f.get("task_only")}  # the ring's and the quality task's: their rows only
     for pid in (want_ids[0], next(i for i in want_ids if "causal+pad" in i and "tokens(" in i)):
         data, c = fed[pid], cpp[pid.removeprefix("peer/torch_")]
         paths = {}
@@ -492,7 +492,7 @@ def test_backward_sweep(exe, mod, tmp):
           f"inputs fetched once per input set, from its backward point ({len(fetched)} fetches, {len(sets)} sets)")
     table = {f["field"]: f["type"] for f in json.loads(subprocess.run(
         [exe, "info", "--row-fields", "--json"], capture_output=True, text=True, timeout=60).stdout)
-        if not f.get("ring_only")}
+        if not f.get("ring_only") and not f.get("task_only")}
     wrong = {"fields": [], "types": [], "identity": [], "grad": [], "flops": []}
     same = ("pass", "batch", "heads", "kv_heads", "seq_q", "seq_kv", "mask", "flops", "memory.inputs_bytes",
             "memory.reference_bytes", "grad_accuracy.reference", "grad_accuracy.blocks", "accuracy.rows")
