@@ -5,6 +5,7 @@
     /usr/bin/python3 scripts/plot.py --patterns DIR [--out DIR]     (or RESULTS_DIR holding patterns.json)
     /usr/bin/python3 scripts/plot.py --compare COMPARE_JSON [--out DIR]
     /usr/bin/python3 scripts/plot.py --drift DRIFT_JSON [DRIFT_JSON ...] [--out DIR]
+    /usr/bin/python3 scripts/plot.py QUALITY_DIR [--speed RESULTS_DIR] [--out DIR]
 
 RESULTS_DIR holds what `attnbench run` writes (results.jsonl, meta.json) and, optionally, the PyTorch peer rows
 (results.peers.jsonl, scripts/peers/torch_attention.py). Figures go to OUT/plots/, the report to
@@ -14,6 +15,9 @@ is drawn and embedded too (a variant without a pattern is listed with its reason
 input). --compare draws OUT/compare.png and .svg (OUT defaults to the file's folder) from
 what `attnbench compare A B --json` printed (scripts/plotlib/compare.py). --drift draws OUT/drift.png and .svg
 (OUT defaults to the first file's folder) from what `attnbench drift ... --json` printed (scripts/plotlib/drift.py).
+A QUALITY_DIR written by scripts/quality gets the task-quality figures and a REPORT.md with its "What it can learn"
+section (scripts/plotlib/quality.py); --speed names a sweep's folder whose times at the tasks' lengths the
+accuracy-against-time figure uses (default: the config's speed_results, else the training step times).
 Results of backward passes (sweep.pass) draw each pass side by side and add a "Training (forward + backward)"
 section and a training crossover column to the report; decode rows (seq_q < seq_kv, causal_lower_right) add
 plots/decode and a Decode section, a variant measured at several `chunk` values plots/chunk_size and a Chunk size
@@ -84,6 +88,8 @@ def main(argv):
     ap.add_argument("--drift", metavar="DRIFT_JSON", nargs="+",
                     help="draw drift.png/.svg from what `attnbench drift ... --json` printed (one or more files) instead")
     ap.add_argument("--out", metavar="DIR", help="where to write (default: the input folder)")
+    ap.add_argument("--speed", metavar="RESULTS_DIR", help="a quality folder's accuracy-against-time figure: the "
+                    "times of this sweep's folder at the tasks' lengths")
     a = ap.parse_args(argv)
     try:
         if sum(bool(x) for x in (a.results_dir, a.patterns, a.compare, a.drift)) > 1:
@@ -102,6 +108,12 @@ def main(argv):
             raise InputError("missing RESULTS_DIR (or --patterns DIR, or --compare COMPARE_JSON); see --help")
         if os.path.isfile(os.path.join(a.results_dir, "patterns.json")):
             return plot_patterns_only(a.results_dir, a.out or a.results_dir)
+        from plotlib import quality
+
+        if quality.is_quality_folder(a.results_dir):
+            return quality.plot_quality(a.results_dir, a.out or a.results_dir, a.speed)
+        if a.speed:
+            raise InputError("--speed applies to a quality folder (written by scripts/quality) only")
         return plot_results(a.results_dir, a.out or a.results_dir)
     except InputError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
