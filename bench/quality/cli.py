@@ -21,6 +21,7 @@ from . import models, rows, store, train
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_CONFIG = os.path.join(ROOT, "configs", "quality.json")
 PROG = "quality"
+PRINT_EVERY_S = 15  # at most one evaluation line per point in this many seconds
 
 
 def log(message):
@@ -45,7 +46,7 @@ class Progress:
     def __init__(self, points):
         self.points = points
         self.pace = {}  # task -> [seconds, steps] of the training steps so far
-        self.start = time.perf_counter()
+        self.start = self.printed = time.perf_counter()
         self.index = 0
 
     def seconds_per_step(self, task):
@@ -53,16 +54,17 @@ class Progress:
         return s / n if n else None
 
     def bound(self, current=None):
-        """Seconds left at most: the points after the current one to their step limits, plus the current's."""
-        total, unknown = 0.0, False
-        for p in self.points[self.index + 1:]:
-            per = self.seconds_per_step(p.task)
-            unknown |= per is None
-            total += (per or 0.0) * p.steps_bound()
+        """Seconds left at most: the points after the current one to their step limits (at their task's pace, or
+        the current point's while its task has none), plus the current one's."""
+        total, unknown, own = 0.0, False, {}
         if current is not None:
             point, outcome = current
-            per = sum(outcome.step_times) / max(outcome.steps, 1)
-            total += per * max(point.steps_bound() - outcome.steps, 0)
+            own[point.task] = sum(outcome.step_times) / max(outcome.steps, 1)
+            total += own[point.task] * max(point.steps_bound() - outcome.steps, 0)
+        for p in self.points[self.index + 1:]:
+            per = self.seconds_per_step(p.task) or own.get(p.task)
+            unknown |= per is None
+            total += (per or 0.0) * p.steps_bound()
         return total, unknown
 
     def eta_text(self, current=None):
@@ -74,6 +76,12 @@ class Progress:
         log(f"[{index + 1}/{len(self.points)}] {point.id}")
 
     def evaluation(self, point, outcome, train_loss):
+        """A line for the evaluation, at most one per PRINT_EVERY_S of a point (the first and the point's end
+        line always): long runs evaluate every few seconds."""
+        now = time.perf_counter()
+        if len(outcome.curve) > 1 and now - self.printed < PRINT_EVERY_S:
+            return
+        self.printed = now
         e = outcome.curve[-1]
         per = sum(outcome.step_times) / max(outcome.steps, 1)
         log(f"  step {e['step']:6d}  train loss {train_loss:.4g}  eval loss {e['loss']:.4g}  accuracy "
@@ -154,7 +162,7 @@ def main(argv):
         return 2
     info = attnbench.info()
     threads = cfg.threads or info["cores_available"]
-    torch.set_num_threads(threads)
+    torch.set_num_threads(cfg.torch_threads)
     meta = meta_json(attnbench, torch, cfg, threads)
     folder.prepare(args.resume, meta)
     status = run_all(attnbench, cfg, folder, points, threads, info["isa"]["best"])
@@ -172,7 +180,7 @@ def meta_json(attnbench, torch, cfg, threads):
         "tool": "attnbench quality", "config_name": cfg.name, "config_path": os.path.abspath(cfg.path),
         "config_hash": cfg.hash, "config": cfg.data, "description": cfg.data.get("description", ""),
         "deviations": cfg.deviations, "model_notes": models.MODEL_NOTES, "speed_results": cfg.speed_results,
-        "threads": threads,
+        "threads": threads, "torch_threads": cfg.torch_threads,
         "system": attnbench.system_info(),
         "python": {"version": sys.version.split()[0], "torch": torch.__version__, "numpy": numpy.__version__},
         "registry": [v["name"] for v in registry],
@@ -186,7 +194,8 @@ def run_all(attnbench, cfg, folder, points, threads, isa):
     todo = [p for p in points if p.id not in done]
     plugins = {v["name"]: v.get("plugin", "") for v in attnbench.variants()}
     log(f"{cfg.name}: {len(points)} points, {len(points) - len(todo)} already in {folder.out}, {len(todo)} to run "
-        f"({sum(1 for p in todo if p.skip)} skipped); {threads} threads")
+        f"({sum(1 for p in todo if p.skip)} skipped); attnbench's kernels on {threads} threads, torch's ops on "
+        f"{cfg.torch_threads}")
     progress = Progress(todo)
     failed, interrupted = 0, False
 

@@ -112,7 +112,11 @@ ID_AXES = {
     "mqar": [("seq_len", "L"), ("kv_pairs", "kv"), ("vocab", "V"), ("d_model", "d_model"), ("layers", "layers"),
              ("heads", "heads"), ("lr", "lr"), ("short_conv", "conv")],
 }
-TOP_KEYS = ("name", "description", "variants", "seeds", "threads", "speed_results", "deviations", "tasks")
+TOP_KEYS = ("name", "description", "variants", "seeds", "threads", "torch_threads", "speed_results", "deviations",
+            "tasks")
+# torch's own intra-op threads: its ops here are small ([64, 128, 64] activations), and with 2 OpenMP threads on
+# a 2-core VM whose other core is busy a training step took 3-5x longer than with 1 (bench/quality/README.md).
+DEFAULT_TORCH_THREADS = 1
 
 
 def _fmt(v):
@@ -156,6 +160,7 @@ class Config:
         self.name = data["name"]
         self.hash = hashlib.sha256(text.encode()).hexdigest()[:16]
         self.threads = data.get("threads")
+        self.torch_threads = data.get("torch_threads", DEFAULT_TORCH_THREADS)
         self.deviations = list(data.get("deviations", []))
         speed = data.get("speed_results")
         self.speed_results = None if speed is None else os.path.join(os.path.dirname(os.path.abspath(path)), speed)
@@ -204,8 +209,9 @@ class _Parser:
         if not isinstance(deviations, list) or not all(isinstance(d, str) for d in deviations):
             self.fail("deviations", "must be a list of strings (where this config departs from the papers)",
                       deviations)
-        if "threads" in data and POSITIVE_INT(data["threads"]):
-            self.fail("threads", "must be a positive integer", data["threads"])
+        for key in ("threads", "torch_threads"):
+            if key in data and POSITIVE_INT(data[key]):
+                self.fail(key, "must be a positive integer", data[key])
         variants = self.variants(data.get("variants", "all"), "variants")
         seeds = self.seeds(data.get("seeds", [1]), "seeds")
         tasks = data.get("tasks")

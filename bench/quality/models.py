@@ -132,7 +132,9 @@ class SequenceMixer(nn.Module):
         b, length, width = x.shape
         qkv = self.qkv(x)
         if self.conv is not None:  # causal: keep the first L outputs of the left-and-right padded convolution
-            qkv = F.silu(self.conv(qkv.transpose(1, 2))[..., :length]).transpose(1, 2)
+            # (a contiguous [B, C, L] input: torch 1.13's CPU depthwise convolution is several times slower on
+            # the transposed view)
+            qkv = F.silu(self.conv(qkv.transpose(1, 2).contiguous())[..., :length]).transpose(1, 2)
         q, k, v = (t.reshape(b, length, self.heads, self.head_dim).transpose(1, 2).contiguous()
                    for t in qkv.split(width, dim=-1))
         if self.spec.delta:
