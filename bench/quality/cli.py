@@ -165,11 +165,36 @@ def main(argv):
     torch.set_num_threads(cfg.torch_threads)
     meta = meta_json(attnbench, torch, cfg, threads)
     folder.prepare(args.resume, meta)
+    folder.write_meta(**{f"loadavg_{'resume' if args.resume else 'start'}": loadavg()})
     status = run_all(attnbench, cfg, folder, points, threads, info["isa"]["best"])
+    folder.write_meta(loadavg_end=loadavg())
     if status != 130 and not args.no_plot:
         plotted = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "plot.py"), out]).returncode
         status = status or (1 if plotted else 0)
     return status
+
+
+def harness_commit():
+    """The checkout's commit, "+dirty" when bench/quality or the configs differ from it (system.git_commit is
+    the module's build, which may predate the harness's Python)."""
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "bench/quality", "configs"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def loadavg():
+    """/proc/loadavg's 1, 5 and 15 minute averages: how busy the machine was (the step times depend on it)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    except (OSError, ValueError):
+        return None
 
 
 def meta_json(attnbench, torch, cfg, threads):
@@ -181,7 +206,7 @@ def meta_json(attnbench, torch, cfg, threads):
         "config_hash": cfg.hash, "config": cfg.data, "description": cfg.data.get("description", ""),
         "deviations": cfg.deviations, "model_notes": models.MODEL_NOTES, "speed_results": cfg.speed_results,
         "threads": threads, "torch_threads": cfg.torch_threads,
-        "system": attnbench.system_info(),
+        "system": attnbench.system_info(), "harness_commit": harness_commit(),
         "python": {"version": sys.version.split()[0], "torch": torch.__version__, "numpy": numpy.__version__},
         "registry": [v["name"] for v in registry],
         "baseline": next((v["name"] for v in registry if v["capabilities"].get("baseline")), None),
