@@ -18,16 +18,22 @@ when it reads them (capabilities gate, beta); "kernel" variants (feature-map att
 recurrences get no learned positions in the LanguageModel (Zoology gives them to attention only) and Schlag's
 linear-model init in the CapacityModel; every other variant is of the softmax family.
 """
+import json
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 # Feature-map attention (Katharopoulos et al., FAVOR+): Schlag's PrefixSumLinearAttentionModel, not his softmax
-# model; no softmax over keys, so no learned positions in Zoology's recipe. A name list because no capability
-# tells a feature-map variant from a softmax one; a plugin variant counts as softmax unless named here.
-KERNEL_VARIANTS = ("linear", "performer")
+# model; no softmax over keys, so no learned positions in Zoology's recipe. A list of names because no
+# capability tells a feature-map variant from a softmax one, kept as data in configs/quality_families.json
+# (no variant is named outside variants/ and configs/); a variant not listed counts as softmax.
+_FAMILIES_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs",
+                              "quality_families.json")
+with open(_FAMILIES_PATH, encoding="utf-8") as _f:
+    KERNEL_VARIANTS = tuple(json.load(_f)["feature_map"])
 # fla's GLA divides logsigmoid(gate logits) by 16 so that a fresh layer (logits near 0) decays by
 # exp(-log(2)/16) = 0.958 per token rather than 0.5; every gated variant here gets the same.
 GATE_LOGIT_NORMALIZER = 16.0

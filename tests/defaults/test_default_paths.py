@@ -30,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # Files in configs/ that are not sweep configs (no "sweep"): data the plotting scripts read. Keep it short.
 NOT_SWEEPS = {"lra_table2.json": "LRA Table 2's published figures, read by scripts/plotlib/lra.py",
               "plot_styles.json": "the variants with pinned figure styles, read by scripts/plotlib/styles.py",
+              "quality_families.json": "the feature-map variants of the quality models, read by bench/quality/models.py",
               "quality_published.json": "published task-quality figures, read by scripts/plotlib/quality.py",
               "quality.json": "a quality config (scripts/quality), planned by tests/interop/test_quality_harness.py",
               "quality_full.json": "a quality config (scripts/quality), planned by tests/interop/test_quality_harness.py"}
