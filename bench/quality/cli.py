@@ -144,7 +144,7 @@ def main(argv):
         log(f"error: {e} (build the module: scripts/quality builds it; run with Debian's /usr/bin/python3)")
         return 2
     try:
-        cfg = config_mod.load(args.config, attnbench.variants())
+        cfg = config_mod.load(args.config, attnbench.variants, attnbench.load_plugin)
     except config_mod.ConfigError as e:
         log(f"error: {e}")
         return 2
@@ -209,6 +209,7 @@ def meta_json(attnbench, torch, cfg, threads):
         "system": attnbench.system_info(), "harness_commit": harness_commit(),
         "python": {"version": sys.version.split()[0], "torch": torch.__version__, "numpy": numpy.__version__},
         "registry": [v["name"] for v in registry],
+        "plugins": cfg.plugins,
         "baseline": next((v["name"] for v in registry if v["capabilities"].get("baseline")), None),
         "points_planned": len(cfg.points),
     }

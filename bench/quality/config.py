@@ -112,8 +112,8 @@ ID_AXES = {
     "mqar": [("seq_len", "L"), ("kv_pairs", "kv"), ("vocab", "V"), ("d_model", "d_model"), ("layers", "layers"),
              ("heads", "heads"), ("lr", "lr"), ("short_conv", "conv")],
 }
-TOP_KEYS = ("name", "description", "variants", "seeds", "threads", "torch_threads", "speed_results", "deviations",
-            "tasks")
+TOP_KEYS = ("name", "description", "plugins", "variants", "seeds", "threads", "torch_threads", "speed_results",
+            "deviations", "tasks")
 # torch's own intra-op threads: its ops here are small ([64, 128, 64] activations), and with 2 OpenMP threads on
 # a 2-core VM whose other core is busy a training step took 3-5x longer than with 1 (bench/quality/README.md).
 DEFAULT_TORCH_THREADS = 1
@@ -155,8 +155,9 @@ class Point:
 
 
 class Config:
-    def __init__(self, path, data, points, text):
+    def __init__(self, path, data, points, text, plugins=()):
         self.path, self.data, self.points = path, data, points
+        self.plugins = list(plugins)  # what load_plugin returned for each of the config's "plugins"
         self.name = data["name"]
         self.hash = hashlib.sha256(text.encode()).hexdigest()[:16]
         self.threads = data.get("threads")
@@ -166,9 +167,11 @@ class Config:
         self.speed_results = None if speed is None else os.path.join(os.path.dirname(os.path.abspath(path)), speed)
 
 
-def load(path, registry):
-    """Reads, validates and expands the config at `path` against `registry` (attnbench.variants()); raises
-    ConfigError. `registry`'s order is the variants' order when the config says "all"."""
+def load(path, registry, load_plugin=None):
+    """Reads, validates and expands the config at `path` against `registry` (attnbench.variants(), or a
+    callable returning it, called after the config's plugins are loaded); raises ConfigError. `registry`'s
+    order is the variants' order when the config says "all". The config's "plugins" (paths relative to its
+    folder, as in a sweep config) are loaded first with `load_plugin` (attnbench.load_plugin)."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -181,8 +184,27 @@ def load(path, registry):
     where = f"config '{path}'"
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: must be a JSON object, got {_show(data)[:60]}")
-    points = _Parser(where, registry).parse(data)
-    return Config(path, data, points, text)
+    plugins = _load_plugins(where, path, data.get("plugins", []), load_plugin)
+    points = _Parser(where, registry() if callable(registry) else registry).parse(data)
+    return Config(path, data, points, text, plugins)
+
+
+def _load_plugins(where, path, value, load_plugin):
+    """Loads the config's "plugins" (each a path to a plugin library, relative to the config's folder) before
+    its variants are read, as `attnbench run` does: [load_plugin's result per plugin]."""
+    if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
+        raise ConfigError(f"{where}: plugins: must be a list of paths to plugin libraries (relative to the "
+                          f"config's folder), got {_show(value)[:80]}")
+    if value and load_plugin is None:
+        raise ConfigError(f"{where}: plugins: this caller cannot load plugins")
+    loaded = []
+    for i, entry in enumerate(value):
+        full = entry if os.path.isabs(entry) else os.path.join(os.path.dirname(os.path.abspath(path)), entry)
+        try:
+            loaded.append(load_plugin(full))
+        except ValueError as e:
+            raise ConfigError(f"{where}: plugins[{i}]: {e}")
+    return loaded
 
 
 class _Parser:

@@ -168,6 +168,33 @@ def test_shipped_configs():
         check(r.stdout.count("\n") >= 2, f"{os.path.basename(path)} --dry-run listed {r.stdout.count(chr(10))} points")
 
 
+def test_plugins(tmp, exe):
+    """A config's "plugins" load before its variants are read (paths relative to the config's folder): the
+    test plugin's variant is planned (and skipped with its reason: it has no backward); a path that is no
+    plugin fails with exit 2 naming the entry and writes nothing."""
+    plugin = os.path.join(os.path.dirname(exe), "plugins", "libplugin_good.so")
+    if not os.path.isfile(plugin):
+        check(False, f"test plugin {plugin} not built")
+        return
+    cfg = {"name": "plug", "plugins": [os.path.relpath(plugin, tmp)], "variants": ["plugin_good_exact", "tiled"],
+           "tasks": [{"task": "capacity", "n": 8}]}
+    path = os.path.join(tmp, "plug.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    r = quality([path, "--dry-run"])
+    check(r.returncode == 0, f"plugin config --dry-run: exit {r.returncode}\n{r.stderr}")
+    check("capacity:plugin_good_exact:" in r.stdout and "has no backward pass" in r.stdout,
+          f"plugin variant not planned or not skipped for its missing backward:\n{r.stdout}")
+    cfg["plugins"] = ["no_such_plugin.so"]
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    out = os.path.join(tmp, "plug")
+    r = quality([path, "--out", out, "--no-plot"])
+    check(r.returncode == 2 and f"config '{path}': plugins[0]: " in r.stderr and "no_such_plugin.so" in r.stderr,
+          f"a missing plugin: exit {r.returncode}, stderr: {r.stderr}")
+    check(not os.path.exists(out), f"a missing plugin: {out} was created")
+
+
 def test_run_resume_compare(tmp, exe):
     path = os.path.join(tmp, "tiny.json")
     with open(path, "w") as f:
@@ -241,6 +268,7 @@ def main():
     test_shipped_configs()
     with tempfile.TemporaryDirectory() as tmp:
         test_config_errors(tmp)
+        test_plugins(tmp, os.path.abspath(args.attnbench))
         test_run_resume_compare(tmp, os.path.abspath(args.attnbench))
     if FAILURES:
         print(f"{len(FAILURES)} failure(s)")
