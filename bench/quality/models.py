@@ -54,6 +54,9 @@ MODEL_NOTES = [
     "redraws them every step and uses m positive and m negative features on x unscaled.",
     "capacity: the recurrences read Schlag's sum-normalised elu + 1 features with scale 1 (his delta rule); the "
     "other gated recurrences have no published capacity curve.",
+    "capacity: nystrom reads the query by cross-attention, one query row, whose only landmark is the query itself; "
+    "its approximation softmax(q L^T) pinv(softmax(q L^T)) softmax(q K^T) is then exact softmax attention "
+    "(measured: the same losses as tiled), so its capacity row says nothing about Nystrom at seq_q > landmarks.",
 ]
 
 
