@@ -41,7 +41,7 @@ int64_t l2_bytes() {
 // sequence so short problems do not pad. The query tile counts rows: with grouped-query attention a tile
 // holds tile_q / group positions (at least one) of each of the group's query heads.
 Tiles choose_tiles(const Problem& p) {
-  const int64_t dkv = 2 * p.head_dim;
+  const int64_t dkv = p.head_dim + p.value_dim();
   int64_t kv = p.param_int("tile_kv"), q = p.param_int("tile_q");
   if (kv == 0) kv = std::clamp<int64_t>(l2_bytes() / 16 / dkv / kLanes * kLanes, 32, 2048);
   if (q == 0) q = std::clamp<int64_t>(round_up(std::min(kv, dkv), kLanes), kLanes, 128);
@@ -71,6 +71,7 @@ BackwardSchedule make_backward_schedule(const Problem& p) {
   s.tile_q = std::clamp<int64_t>(tq > 0 ? tq : 64, 1, p.seq_q);
   s.tile_kv = std::clamp<int64_t>(tkv > 0 ? tkv : 128, 1, p.seq_kv);
   s.dp = round_up(p.head_dim, kLanes);
+  s.dpv = round_up(p.value_dim(), kLanes);
   s.kv_blocks = (p.seq_kv + s.tile_kv - 1) / s.tile_kv;
   constexpr int64_t kTargetTasks = 16, kMaxChunks = 8;
   const int64_t heads = p.batch * p.num_kv_heads();
@@ -113,6 +114,7 @@ class Tiled final : public Attention {
             .backward = true,
             .sinks = true,
             .softcap = true,
+            .value_dim = true,
             .block_partials = true};
   }
 
@@ -180,10 +182,10 @@ class Tiled final : public Attention {
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
     const Schedule s = make_schedule(p);
     const bool wide = p.dtype != DType::fp32, pairs = native_bf16(p);
-    return sat_add(
-        sat_mul(to_size(std::max(threads, 1)),
-                Scratch::bytes(round_up(s.rows, kLanes), s.tiles.kv, p.head_dim, p.dropout > 0, wide, pairs)),
-        sat_mul(s.partial_floats(p), sizeof(float)));
+    return sat_add(sat_mul(to_size(std::max(threads, 1)),
+                           Scratch::bytes(round_up(s.rows, kLanes), s.tiles.kv, p.head_dim, p.value_dim(),
+                                          p.dropout > 0, wide, pairs)),
+                   sat_mul(s.partial_floats(p), sizeof(float)));
   }
 
   void forward(const Problem& p, const AttentionInputs& in) const override { forward_impl(p, in, nullptr); }
@@ -221,9 +223,10 @@ class Tiled final : public Attention {
   std::size_t backward_workspace_bytes(const Problem& p, int threads) const override {
     const BackwardSchedule s = make_backward_schedule(p);
     const std::size_t rows = to_size(p.batch * p.heads * p.seq_q);
-    return sat_add(sat_mul(to_size(std::max(threads, 1)), BackwardScratch::bytes(s, p.head_dim)),
-                   sat_mul(rows, sizeof(float)),                                     // delta
-                   sat_mul(to_size(s.chunks), rows, to_size(s.dp), sizeof(float)));  // dQ copies
+    return sat_add(
+        sat_mul(to_size(std::max(threads, 1)), BackwardScratch::bytes(s, p.head_dim, p.value_dim())),
+        sat_mul(rows, sizeof(float)),                                     // delta
+        sat_mul(to_size(s.chunks), rows, to_size(s.dp), sizeof(float)));  // dQ copies
   }
   // dL/d sink_h = -sum over batch entries and rows of p_sink * delta, p_sink = 2^(sink log2(e) - m - log2 l)
   // from the saved row state; per row in parallel, then summed per head in order.
@@ -242,14 +245,14 @@ class Tiled final : public Attention {
 
   void backward(const Problem& p, const AttentionInputs& in, const GradientArgs& g) const override {
     const BackwardSchedule sched = make_backward_schedule(p);
-    const int64_t rows = p.batch * p.heads * p.seq_q, D = p.head_dim, dp = sched.dp;
+    const int64_t rows = p.batch * p.heads * p.seq_q, D = p.head_dim, V = p.value_dim(), dp = sched.dp;
     AlignedVector<float> delta(to_size(rows));
     AlignedVector<float> dq_part(sat_mul(to_size(sched.chunks), to_size(rows), to_size(dp)));
     // delta_i = rowsum(dO_i * O_i), and the dQ copies zeroed, in parallel over rows.
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, rows, 256), [&](const tbb::blocked_range<int64_t>& r) {
       for (int64_t i = r.begin(); i < r.end(); ++i) {
         float acc = 0;
-        for (int64_t e = 0; e < D; ++e) acc += g.d_out[i * D + e] * g.out[i * D + e];
+        for (int64_t e = 0; e < V; ++e) acc += g.d_out[i * V + e] * g.out[i * V + e];
         delta[to_size(i)] = acc;
         for (int64_t c = 0; c < sched.chunks; ++c)
           std::fill_n(dq_part.data() + (c * rows + i) * dp, dp, 0.0f);
@@ -362,16 +365,17 @@ void init_partial_state(const Problem& p, const PartialState& st) {
   const int64_t rows = p.batch * p.heads * p.seq_q;
   std::fill(st.m, st.m + rows, -std::numeric_limits<float>::infinity());
   std::fill(st.l, st.l + rows, 0.0f);
-  std::fill(st.o, st.o + rows * p.head_dim, 0.0f);
+  std::fill(st.o, st.o + rows * p.value_dim(), 0.0f);
 }
 
 std::size_t block_workspace_bytes(const Problem& p, int threads) {
   const Schedule s = make_schedule(p);
   const std::size_t partial = sat_mul(to_size(s.units), to_size(s.splits), to_size(s.rows),
                                       to_size(s.partial_stride(p)), sizeof(float));
-  return sat_add(sat_mul(to_size(std::max(threads, 1)), Scratch::bytes(round_up(s.rows, kLanes), s.tiles.kv,
-                                                                       p.head_dim, false, false, false)),
-                 partial);
+  return sat_add(
+      sat_mul(to_size(std::max(threads, 1)), Scratch::bytes(round_up(s.rows, kLanes), s.tiles.kv, p.head_dim,
+                                                            p.value_dim(), false, false, false)),
+      partial);
 }
 
 void accumulate_block(const Problem& p, const AttentionInputs& in, const PartialState& st) {
@@ -403,7 +407,7 @@ void accumulate_block(const Problem& p, const AttentionInputs& in, const Partial
 }
 
 void finish_partial_state(const Problem& p, const PartialState& st, float* out) {
-  const int64_t rows = p.batch * p.heads * p.seq_q, D = p.head_dim;
+  const int64_t rows = p.batch * p.heads * p.seq_q, D = p.value_dim();  // o rows hold d_v floats
   tbb::parallel_for(int64_t{0}, rows, [&](int64_t r) {
     const float l = st.l[r];
     const float* o = st.o + r * D;

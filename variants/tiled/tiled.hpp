@@ -71,48 +71,50 @@ void bf16_pv_tile(const uint32_t* v2, int64_t dim, const uint32_t* p2, int64_t l
 
 // Per-thread scratch for one query tile (ld = the tile's row count rounded up to kLanes). The dot-product
 // path uses the same buffers row-major: qt as [rows][D], s as [rows][tile_kv rounded to kLanes], ot as
-// [rows][D].
+// [rows][Dv]. D is head_dim (Q, K), Dv the value width p.value_dim() (V, O): equal unless the problem has a
+// distinct d_v.
 struct Scratch {
   AlignedVector<float> qt;     // [D][ld]   Q^T of the tile, times scale * log2(e)
   AlignedVector<float> s;      // [tile_kv][ld]  scores, then unnormalised probabilities
-  AlignedVector<float> ot;     // [D][ld]   running output, transposed
+  AlignedVector<float> ot;     // [Dv][ld]  running output, transposed
   AlignedVector<float> stats;  // [4][ld]   running max, running sum, tile max, rescale factor
   AlignedVector<float> bias;   // [2][ld]   ALiBi: lane positions, lane slopes (LaneBias)
-  // bf16 / fp16 storage: the current K and V tiles widened to fp32 ([tile_kv][D] each); for the native bf16
-  // kernels Q^T as bf16 pairs ([D / 2][ld]), the tile's rounded probabilities as key pairs
-  // ([tile_kv / 2][ld]) and the V tile as key pairs ([tile_kv / 2][D]).
+  // bf16 / fp16 storage: the current K and V tiles widened to fp32 ([tile_kv][D] and [tile_kv][Dv]); for
+  // the native bf16 kernels Q^T as bf16 pairs ([D / 2][ld]), the tile's rounded probabilities as key pairs
+  // ([tile_kv / 2][ld]) and the V tile as key pairs ([tile_kv / 2][Dv]).
   AlignedVector<float> kt, vt;
   AlignedVector<uint32_t> qt2, p2, vt2;
   std::vector<DropoutRow> drop;
 
   static int64_t s_floats(int64_t ld, int64_t tile_kv) { return (tile_kv + kLanes) * ld; }
-  void ensure(int64_t ld, int64_t tile_kv, int64_t dim, bool dropout, bool wide, bool pairs) {
+  void ensure(int64_t ld, int64_t tile_kv, int64_t dim, int64_t dv, bool dropout, bool wide, bool pairs) {
     auto grow = [](auto& v, int64_t n) {
       if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
     };
     grow(qt, dim * ld);
     grow(s, s_floats(ld, tile_kv));
-    grow(ot, dim * ld);
+    grow(ot, dv * ld);
     grow(stats, 4 * ld);
     grow(bias, 2 * ld);
     if (wide) {
       grow(kt, tile_kv * dim);
-      grow(vt, tile_kv * dim);
+      grow(vt, tile_kv * dv);
     }
     if (pairs) {
       grow(qt2, (dim + 1) / 2 * ld);
       grow(p2, (tile_kv + 1) / 2 * ld);
-      grow(vt2, (tile_kv + 1) / 2 * dim);
+      grow(vt2, (tile_kv + 1) / 2 * dv);
     }
     if (dropout) drop.resize(static_cast<std::size_t>(ld));
   }
   // What ensure() allocates, saturating (common/interface/util.hpp): this is also the estimate for problems
   // far too large to run (head_dim 2^40 times a 2^20-row group tile exceeds 64 bits).
-  static std::size_t bytes(int64_t ld, int64_t tile_kv, int64_t dim, bool dropout, bool wide, bool pairs) {
-    const std::size_t L = to_size(ld), K = to_size(tile_kv), D = to_size(dim);
+  static std::size_t bytes(int64_t ld, int64_t tile_kv, int64_t dim, int64_t dv, bool dropout, bool wide,
+                           bool pairs) {
+    const std::size_t L = to_size(ld), K = to_size(tile_kv), D = to_size(dim), Dv = to_size(dv);
     const std::size_t floats =
-        sat_add(sat_mul(2 * D + 6, L), sat_mul(K + kLanes, L), wide ? sat_mul(2, K, D) : 0,
-                pairs ? sat_mul((K + 1) / 2 + (D + 1) / 2, L) : 0, pairs ? sat_mul((K + 1) / 2, D) : 0);
+        sat_add(sat_mul(sat_add(D, Dv, 6), L), sat_mul(K + kLanes, L), wide ? sat_mul(K, sat_add(D, Dv)) : 0,
+                pairs ? sat_mul((K + 1) / 2 + (D + 1) / 2, L) : 0, pairs ? sat_mul((K + 1) / 2, Dv) : 0);
     return sat_add(sat_mul(floats, sizeof(float)), dropout ? sat_mul(L, sizeof(DropoutRow)) : 0,
                    sizeof(Scratch));
   }
@@ -126,8 +128,8 @@ struct Schedule {
   int64_t q_tiles = 1;  // query tiles per K/V head
   int64_t units = 1;    // batch * kv_heads * q_tiles
   int64_t splits = 1;   // key-range splits per unit (1: no split-KV)
-  // Floats of one partial row (split-KV): max, sum, then head_dim unnormalised outputs.
-  int64_t partial_stride(const Problem& p) const { return p.head_dim + 2; }
+  // Floats of one partial row (split-KV): max, sum, then d_v (p.value_dim()) unnormalised outputs.
+  int64_t partial_stride(const Problem& p) const { return p.value_dim() + 2; }
   std::size_t partial_floats(const Problem& p) const {
     return splits > 1 ? sat_mul(to_size(units), to_size(splits), to_size(rows), to_size(partial_stride(p)))
                       : 0;
@@ -165,16 +167,16 @@ struct Context {
 // writes its partial rows, and each unit's splits are merged into the state with the online-softmax rule.
 
 // The running state of the rows [batch][heads][seq_q] of a query block: m (maximum logit, in base 2: the
-// kernels' logits are scaled by log2(e)), l (sum of 2^(logit - m)) and o ([rows][head_dim], the unnormalised
-// output). Start from m = -inf, l = 0, o = 0 (init_partial_state).
+// kernels' logits are scaled by log2(e)), l (sum of 2^(logit - m)) and o ([rows][d_v], d_v = p.value_dim(),
+// the unnormalised output). Start from m = -inf, l = 0, o = 0 (init_partial_state).
 using PartialState =
     BlockState;  // common/interface/attention.hpp: the block-partials state every variant shares
 void init_partial_state(const Problem& p, const PartialState& st);
 
 // Merges the block into the state. `p` describes the block: seq_q query rows (in.q, [batch][heads][seq_q]
-// [head_dim]), seq_kv keys and values (in.k, in.v, [batch][kv_heads][seq_kv][head_dim]), fp32, no bias,
-// dropout or boolean / padding mask, tile_q / tile_kv from p.params. The causal rule is the problem's own
-// (causal_offset, common/kernels/mask.hpp), so a caller maps global positions to it: a query block at q0
+// [head_dim]), seq_kv keys and values (in.k [batch][kv_heads][seq_kv][head_dim], in.v [...][d_v]), fp32, no
+// bias, dropout or boolean / padding mask, tile_q / tile_kv from p.params. The causal rule is the problem's
+// own (causal_offset, common/kernels/mask.hpp), so a caller maps global positions to it: a query block at q0
 // against a key block at k0 needs the offset q0 - k0, which is p.mask.causal for q0 == k0 (the diagonal block
 // of equal-sized chunks), p.mask.causal_lower_right for q0 - k0 == seq_kv - seq_q, and no mask at all when
 // every key precedes every query. (A Context field for any offset was tried: it changed the code GCC
@@ -184,7 +186,7 @@ void accumulate_block(const Problem& p, const AttentionInputs& in, const Partial
 // Why accumulate_block cannot take `p` (empty: it can): storage, bias, dropout, boolean / padding masks.
 std::vector<std::string> block_reasons(const Problem& p);
 
-// The output rows [batch][heads][seq_q][head_dim] of the state: o / l, zeros for a row that saw no allowed
+// The output rows [batch][heads][seq_q][d_v] of the state: o / l, zeros for a row that saw no allowed
 // key, NaN for a row whose inputs held a NaN. `out` may be st.o (in place).
 void finish_partial_state(const Problem& p, const PartialState& st, float* out);
 
@@ -198,6 +200,7 @@ struct BackwardSchedule {
   int64_t tile_q = 64;    // query rows per block (of one query head)
   int64_t tile_kv = 128;  // keys per block
   int64_t dp = 16;        // head_dim rounded up to kLanes: the row stride of the padded [rows][dp] buffers
+  int64_t dpv = 16;       // value_dim rounded up to kLanes: the same for the d_v-wide ones (dV, dO)
   int64_t kv_blocks = 1;  // key blocks per K/V head
   // Key blocks of one (batch, K/V head) are dealt round-robin to `chunks` tasks (block jb to chunk
   // jb % chunks, which balances causal work); each chunk adds its part of dQ into its own copy.
@@ -231,12 +234,13 @@ struct BackwardContext {
 };
 
 // Per-thread scratch of the backward: the block pair's P and dS ([tile_q][tile_kv rounded up]), K^T and V^T
-// of the key block, its dK and dV accumulators ([tile_kv][dp]), the query block scaled by scale * log2(e),
-// padded copies of K, Q and dO rows when head_dim is not a multiple of kLanes, and the key-padding row.
+// of the key block, its dK and dV accumulators ([tile_kv][dp] and [tile_kv][dpv]), the query block scaled by
+// scale * log2(e), padded copies of K and Q rows when head_dim is not a multiple of kLanes and of dO rows
+// when value_dim is not, and the key-padding row.
 struct BackwardScratch {
   AlignedVector<float> s, dp, kt, vt, kpad, dk, dv, qpad, gpad, padv, qs, capf;
   static int64_t kv_padded(const BackwardSchedule& sc) { return round_up(sc.tile_kv, kLanes); }
-  void ensure(const BackwardSchedule& sc, int64_t dim) {
+  void ensure(const BackwardSchedule& sc, int64_t dim, int64_t vdim) {
     auto grow = [](auto& v, int64_t n) {
       if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
     };
@@ -244,24 +248,24 @@ struct BackwardScratch {
     grow(s, sc.tile_q * kvp);
     grow(dp, sc.tile_q * kvp);
     grow(kt, dim * kvp);
-    grow(vt, dim * kvp);
+    grow(vt, vdim * kvp);
     grow(dk, sc.tile_kv * sc.dp);
-    grow(dv, sc.tile_kv * sc.dp);
+    grow(dv, sc.tile_kv * sc.dpv);
     grow(padv, kvp);
     grow(capf, kvp);
     grow(qs, sc.tile_q * dim);
     if (dim != sc.dp) {
       grow(kpad, sc.tile_kv * sc.dp);
       grow(qpad, sc.tile_q * sc.dp);
-      grow(gpad, sc.tile_q * sc.dp);
     }
+    if (vdim != sc.dpv) grow(gpad, sc.tile_q * sc.dpv);
   }
-  static std::size_t bytes(const BackwardSchedule& sc, int64_t dim) {
+  static std::size_t bytes(const BackwardSchedule& sc, int64_t dim, int64_t dv) {
     const std::size_t Q = to_size(sc.tile_q), K = to_size(sc.tile_kv), Kp = to_size(kv_padded(sc));
-    const std::size_t D = to_size(dim), Dp = to_size(sc.dp);
-    const std::size_t floats =
-        sat_add(sat_mul(2, Q, Kp), sat_mul(2, D, Kp), sat_mul(2, K, Dp), 2 * Kp, sat_mul(Q, D),
-                dim != sc.dp ? sat_add(sat_mul(K, Dp), sat_mul(2, Q, Dp)) : 0);
+    const std::size_t D = to_size(dim), Dp = to_size(sc.dp), Dv = to_size(dv), Dpv = to_size(sc.dpv);
+    const std::size_t floats = sat_add(
+        sat_mul(2, Q, Kp), sat_mul(D + Dv, Kp), sat_mul(K, Dp + Dpv), 2 * Kp, sat_mul(Q, D),
+        dim != sc.dp ? sat_add(sat_mul(K, Dp), sat_mul(Q, Dp)) : 0, dv != sc.dpv ? sat_mul(Q, Dpv) : 0);
     return sat_add(sat_mul(floats, sizeof(float)), sizeof(BackwardScratch));
   }
 };

@@ -214,25 +214,27 @@ void BackwardTask(const BackwardContext& c, int64_t task, BackwardScratch& w) {
   const Problem& p = c.p;
   const BackwardSchedule& sc = c.sched;
   const int64_t D = p.head_dim, Lq = p.seq_q, Lkv = p.seq_kv, G = p.group_size(), Hkv = p.num_kv_heads();
-  const int64_t Bq = sc.tile_q, Bk = sc.tile_kv, dp = sc.dp, BH = p.batch * p.heads;
+  const int64_t V = p.value_dim();  // V, dO and dV rows; Q, K, dQ and dK rows are D wide
+  const int64_t Bq = sc.tile_q, Bk = sc.tile_kv, dp = sc.dp, dpv = sc.dpv, BH = p.batch * p.heads;
   const int64_t bkv = task / sc.chunks, chunk = task % sc.chunks, b = bkv / Hkv, kvh = bkv % Hkv;
-  const bool padded = D != dp;  // head_dim not a multiple of kLanes: B operands go through padded copies
-  w.ensure(sc, D);
+  const bool padded = D != dp;     // head_dim not a multiple of kLanes: B operands go through padded copies
+  const bool padded_v = V != dpv;  // the same for value_dim (dO)
+  w.ensure(sc, D, V);
   const int64_t off = p.mask.any_causal() ? causal_offset(p) : 0;
   float *s = w.s.data(), *dpb = w.dp.data(), *kt = w.kt.data(), *vt = w.vt.data();
   for (int64_t jb = chunk; jb < sc.kv_blocks; jb += sc.chunks) {
     const int64_t j0 = jb * Bk, nk = std::min(Bk, Lkv - j0), nkp = round_up(nk, kLanes);
     const float* kj = c.in.k + (bkv * Lkv + j0) * D;
-    const float* vj = c.in.v + (bkv * Lkv + j0) * D;
+    const float* vj = c.in.v + (bkv * Lkv + j0) * V;
     Transpose(kj, nk, D, D, kt, nkp);
-    Transpose(vj, nk, D, D, vt, nkp);
+    Transpose(vj, nk, V, V, vt, nkp);
     const float* kb = kj;
     if (padded) {
       PadRows(kj, nk, D, D, w.kpad.data(), dp);
       kb = w.kpad.data();
     }
     std::fill(w.dk.begin(), w.dk.begin() + nk * dp, 0.0f);
-    std::fill(w.dv.begin(), w.dv.begin() + nk * dp, 0.0f);
+    std::fill(w.dv.begin(), w.dv.begin() + nk * dpv, 0.0f);
     const float* padv = nullptr;
     if (p.mask.key_padding) {
       const uint8_t* pad = c.in.key_padding + b * Lkv + j0;
@@ -246,14 +248,14 @@ void BackwardTask(const BackwardContext& c, int64_t task, BackwardScratch& w) {
       for (int64_t i0 = i_first / Bq * Bq; i0 < Lq; i0 += Bq) {
         const int64_t nq = std::min(Bq, Lq - i0);
         const float* qi = c.in.q + (bh * Lq + i0) * D;
-        const float* gi = c.g.d_out + (bh * Lq + i0) * D;
+        const float* gi = c.g.d_out + (bh * Lq + i0) * V;
         // S = (scale log2(e) Q) K^T, Q scaled first and every sum in order 0..D-1 by FMAs, as the forward's
         // GEMM path scores: the recomputed logits are then bitwise the forward's (and P consistent with the
         // saved log-sum-exp) wherever the forward took that path.
         float* qs = w.qs.data();
         for (int64_t x = 0; x < nq * D; ++x) qs[x] = qi[x] * c.q_scale;
         Gemm(false, nq, nkp, D, qs, D, 1, kt, nkp, s, nkp, 1.0f);
-        Gemm(false, nq, nkp, D, gi, D, 1, vt, nkp, dpb, nkp, 1.0f);  // dP = dO V^T
+        Gemm(false, nq, nkp, V, gi, V, 1, vt, nkp, dpb, nkp, 1.0f);  // dP = dO V^T
         // Rows the forward scored with its dot-product kernels (decode-sized tiles) get those kernels' sums
         // instead, so the logits match the saved row max bitwise there too.
         for (int64_t r = 0; r < nq; ++r) {
@@ -271,22 +273,23 @@ void BackwardTask(const BackwardContext& c, int64_t task, BackwardScratch& w) {
         const float *qb = qi, *gb = gi;
         if (padded) {
           PadRows(qi, nq, D, D, w.qpad.data(), dp);
-          PadRows(gi, nq, D, D, w.gpad.data(), dp);
-          qb = w.qpad.data(), gb = w.gpad.data();
+          qb = w.qpad.data();
         }
-        Gemm(true, nk, dp, nq, s, 1, nkp, gb, dp, w.dv.data(), dp, 1.0f);    // dV += P^T dO
-        Gemm(true, nk, dp, nq, dpb, 1, nkp, qb, dp, w.dk.data(), dp, 1.0f);  // dK += dS^T Q
+        if (padded_v) {
+          PadRows(gi, nq, V, V, w.gpad.data(), dpv);
+          gb = w.gpad.data();
+        }
+        Gemm(true, nk, dpv, nq, s, 1, nkp, gb, dpv, w.dv.data(), dpv, 1.0f);  // dV += P^T dO
+        Gemm(true, nk, dp, nq, dpb, 1, nkp, qb, dp, w.dk.data(), dp, 1.0f);   // dK += dS^T Q
         float* dq = c.dq_part + ((chunk * BH + bh) * Lq + i0) * dp;
         Gemm(true, nq, dp, nk, dpb, nkp, 1, kb, dp, dq, dp, 1.0f);  // dQ (this chunk's copy) += dS K
       }
     }
     for (int64_t t = 0; t < nk; ++t) {
       float* dk = c.g.dk + (bkv * Lkv + j0 + t) * D;
-      float* dv = c.g.dv + (bkv * Lkv + j0 + t) * D;
-      for (int64_t e = 0; e < D; ++e) {
-        dk[e] = c.scale * w.dk[t * dp + e];
-        dv[e] = w.dv[t * dp + e];
-      }
+      float* dv = c.g.dv + (bkv * Lkv + j0 + t) * V;
+      for (int64_t e = 0; e < D; ++e) dk[e] = c.scale * w.dk[t * dp + e];
+      for (int64_t e = 0; e < V; ++e) dv[e] = w.dv[t * dpv + e];
     }
   }
 }

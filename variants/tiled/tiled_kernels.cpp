@@ -576,7 +576,7 @@ struct KvSource {
   const uint16_t* k16 = nullptr;
   const uint16_t* v16 = nullptr;
   DType dtype = DType::fp32;
-  int64_t dim = 0;
+  int64_t dim = 0, dv = 0;  // row widths of K (head_dim) and V (value_dim)
   bool wide() const { return dtype != DType::fp32; }
   const float* k_rows(int64_t j0, int64_t n, Scratch& w) const {
     if (!wide()) return k + j0 * dim;
@@ -584,22 +584,22 @@ struct KvSource {
     return w.kt.data();
   }
   const float* v_rows(int64_t j0, int64_t n, Scratch& w) const {
-    if (!wide()) return v + j0 * dim;
-    WidenValues(dtype, v16 + j0 * dim, n * dim, w.vt.data());
+    if (!wide()) return v + j0 * dv;
+    WidenValues(dtype, v16 + j0 * dv, n * dv, w.vt.data());
     return w.vt.data();
   }
 };
 
 // Rows of a dot-path tile against keys [t.ja, t.jb): leaves m, l in w.stats and the unnormalised output
-// rows in w.ot ([nr][D]).
+// rows in w.ot ([nr][V], V = value_dim).
 void DotRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& src) {
   static constexpr auto score_blocks = DotScoreBlocks(std::make_integer_sequence<int, kDotRows>());
   static constexpr auto score_singles = DotScoreSingles(std::make_integer_sequence<int, kDotRows>());
   static constexpr auto pv_blocks = DotPvBlocks(std::make_integer_sequence<int, kDotRows>());
   static constexpr auto pv_singles = DotPvSingles(std::make_integer_sequence<int, kDotRows>());
   const Problem& p = c.p;
-  const int64_t D = p.head_dim, nr = t.nr, ld = round_up(nr, kLanes);
-  const int64_t N = static_cast<int64_t>(hn::Lanes(DF())), Dv = D / N * N;
+  const int64_t D = p.head_dim, V = p.value_dim(), nr = t.nr, ld = round_up(nr, kLanes);
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF())), Vv = V / N * N;
   const int64_t lds = round_up(c.sched.tiles.kv, kLanes);
   float *qs = w.qt.data(), *s = w.s.data(), *o = w.ot.data();
   float *m = w.stats.data(), *l = m + ld, *alpha = l + 2 * ld;
@@ -621,7 +621,7 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& sr
     }
     for (; j < nk; ++j) score_singles[nr - 1](kt + j * D, D, qs, s + j, lds);
     const float* vtile = src.v_rows(j0, nk, w);
-    if (prefetch) PrefetchRows(vtile, std::min(kPvKeys, nk), D);
+    if (prefetch) PrefetchRows(vtile, std::min(kPvKeys, nk), V);
     DotSoftmax(c, t, j0, nk, s, lds, m, l, alpha, w.drop, w.bias.data(), w.bias.data() + ld);
     // P V in blocks of kPvKeys keys, every head_dim chunk of a block before the next block: each V row is
     // then read whole while it is fresh (sweeping the tile once per chunk would fetch it from memory in
@@ -630,32 +630,32 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& sr
     static const float kOnes[kDotRows] = {1, 1, 1, 1, 1, 1, 1, 1};
     for (int64_t b0 = 0; b0 < nk; b0 += kPvKeys) {
       const int64_t nb = std::min(kPvKeys, nk - b0);
-      const float* vt = vtile + b0 * D;
+      const float* vt = vtile + b0 * V;
       const float* sb = s + b0;
       const float* scale = b0 == 0 ? alpha : kOnes;
       if (prefetch && b0 + kPvKeys < nk)
-        PrefetchRows(vt + kPvKeys * D, std::min(kPvKeys, nk - b0 - kPvKeys), D);
+        PrefetchRows(vt + kPvKeys * V, std::min(kPvKeys, nk - b0 - kPvKeys), V);
       int64_t e = 0;
-      for (; e + cv * N <= Dv; e += cv * N) pv_blocks[nr - 1](vt, D, nb, sb, lds, o, scale, e);
-      for (; e < Dv; e += N) pv_singles[nr - 1](vt, D, nb, sb, lds, o, scale, e);
-      for (int64_t r = 0; r < nr; ++r)  // head_dim tail (D not a multiple of the vector width)
-        for (int64_t et = Dv; et < D; ++et) {
-          float acc = o[r * D + et] * scale[r];
-          for (int64_t jj = 0; jj < nb; ++jj) acc += sb[r * lds + jj] * vt[jj * D + et];
-          o[r * D + et] = acc;
+      for (; e + cv * N <= Vv; e += cv * N) pv_blocks[nr - 1](vt, V, nb, sb, lds, o, scale, e);
+      for (; e < Vv; e += N) pv_singles[nr - 1](vt, V, nb, sb, lds, o, scale, e);
+      for (int64_t r = 0; r < nr; ++r)  // value_dim tail (V not a multiple of the vector width)
+        for (int64_t et = Vv; et < V; ++et) {
+          float acc = o[r * V + et] * scale[r];
+          for (int64_t jj = 0; jj < nb; ++jj) acc += sb[r * lds + jj] * vt[jj * V + et];
+          o[r * V + et] = acc;
         }
     }
   }
 }
 
 // Rows of a GEMM-path tile against keys [t.ja, t.jb): leaves m, l in w.stats and the unnormalised output
-// transposed in w.ot ([D][ld]).
+// transposed in w.ot ([V][ld], V = value_dim).
 // native_bf16: score with vdpbf16ps on the bf16 K tile in place and the bf16 pairs of Q^T in w.qt2, and
 // P V with vdpbf16ps on P rounded to bf16 and the V tile packed as key pairs (tiled_bf16.cpp); otherwise
 // the fp32 kernels on K and V (widened per tile for 16-bit storage) and w.qt.
 void GemmRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& src, bool native_bf16) {
   const Problem& p = c.p;
-  const int64_t D = p.head_dim, ld = round_up(t.nr, kLanes);
+  const int64_t D = p.head_dim, V = p.value_dim(), ld = round_up(t.nr, kLanes);
   float *qt = w.qt.data(), *s = w.s.data(), *ot = w.ot.data();
   float *m = w.stats.data(), *l = m + ld, *tile_max = l + ld, *alpha = tile_max + ld;
   const int64_t off = p.mask.any_causal() ? causal_offset(p) : 0;
@@ -692,8 +692,8 @@ void GemmRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& s
             if (!w.drop[r].keep(j0 + j)) p2[j / 2 * ld + r] &= j % 2 ? 0x0000ffffu : 0xffff0000u;
       // V as key pairs, packed per tile (once per call per K/V head measured no faster at n = 4096 and
       // would make the workspace grow with seq_kv).
-      bf16_pack_pairs(src.v16 + j0 * D, nk, D, w.vt2.data());
-      bf16_pv_tile(w.vt2.data(), D, p2, ld, (nk + 1) / 2, ot, alpha);
+      bf16_pack_pairs(src.v16 + j0 * V, nk, V, w.vt2.data());
+      bf16_pv_tile(w.vt2.data(), V, p2, ld, (nk + 1) / 2, ot, alpha);
       continue;
     }
 #endif
@@ -704,7 +704,7 @@ void GemmRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& s
         for (int64_t j = 0; j < nk; ++j)
           if (!w.drop[r].keep(j0 + j)) s[j * ld + r] = 0.0f;
     }
-    PvTile(src.v_rows(j0, nk, w), D, s, ld, nk, ot, alpha);
+    PvTile(src.v_rows(j0, nk, w), V, s, ld, nk, ot, alpha);
   }
 }
 
@@ -736,13 +736,13 @@ TileRows unit_rows(const Context& c, int64_t unit) {
 
 float* out_row(const Context& c, const TileRows& t, int64_t r) {
   const Problem& p = c.p;
-  return c.in.out + ((t.b * p.heads + t.head(r)) * p.seq_q + t.pos(r)) * p.head_dim;
+  return c.in.out + ((t.b * p.heads + t.head(r)) * p.seq_q + t.pos(r)) * p.value_dim();
 }
 
 void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
   const Problem& p = c.p;
   const Schedule& sc = c.sched;
-  const int64_t D = p.head_dim, Lkv = p.seq_kv;
+  const int64_t D = p.head_dim, V = p.value_dim(), Lkv = p.seq_kv;
   TileRows t = unit_rows(c, unit);
   const int64_t nr = t.nr, ld = round_up(nr, kLanes);
   const bool dropout = p.dropout > 0, dot = nr <= kDotRows;
@@ -754,7 +754,7 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
   const bool native_bf16 = false;
 #endif
   const bool wide = p.dtype != DType::fp32;
-  w.ensure(ld, sc.tiles.kv, D, dropout, wide, native_bf16);
+  w.ensure(ld, sc.tiles.kv, D, V, dropout, wide, native_bf16);
   float *qt = w.qt.data(), *ot = w.ot.data();
   float *m = w.stats.data(), *l = m + ld;
 
@@ -797,7 +797,7 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
       bslope[r] = r < nr ? c.alibi_l2e[static_cast<std::size_t>(t.head(r))] : 0.0f;
     }
   }
-  std::fill(ot, ot + D * ld, 0.0f);
+  std::fill(ot, ot + V * ld, 0.0f);
   std::fill(m, m + ld, kNegInf);
   std::fill(l, l + ld, 0.0f);
   // Sink logits: each row's softmax starts with its sink (running max the sink, sum 2^0 = 1, no value); with
@@ -811,23 +811,24 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
     for (int64_t r = 0; r < nr; ++r) w.drop[r] = DropoutRow(p.dropout, p.seed, t.b, t.head(r), t.pos(r));
 
   // Grouped-query attention: every row of the tile reads the one K/V head they share, in place.
-  const int64_t kv_at = (t.b * p.num_kv_heads() + t.kvh) * Lkv * D;
+  const int64_t kv_rows = (t.b * p.num_kv_heads() + t.kvh) * Lkv, k_at = kv_rows * D, v_at = kv_rows * V;
   KvSource src;
   src.dtype = p.dtype;
   src.dim = D;
+  src.dv = V;
   if (wide) {
-    src.k16 = c.in.k16 + kv_at;
-    src.v16 = c.in.v16 + kv_at;
+    src.k16 = c.in.k16 + k_at;
+    src.v16 = c.in.v16 + v_at;
   } else {
-    src.k = c.in.k + kv_at;
-    src.v = c.in.v + kv_at;
+    src.k = c.in.k + k_at;
+    src.v = c.in.v + v_at;
   }
   if (dot)
     DotRows(c, t, w, src);
   else
     GemmRows(c, t, w, src, native_bf16);
 
-  auto o_at = [&](int64_t r, int64_t e) { return dot ? ot[r * D + e] : ot[e * ld + r]; };
+  auto o_at = [&](int64_t r, int64_t e) { return dot ? ot[r * V + e] : ot[e * ld + r]; };
   if (sc.splits > 1 || c.partial_out) {
     // Partial rows: running max, sum and the unnormalised output, merged by MergeSplits.
     const int64_t stride = sc.partial_stride(p);
@@ -836,7 +837,7 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
       float* pr = part + r * stride;
       pr[0] = m[r];
       pr[1] = l[r];
-      for (int64_t e = 0; e < D; ++e) pr[2 + e] = o_at(r, e);
+      for (int64_t e = 0; e < V; ++e) pr[2 + e] = o_at(r, e);
     }
     return;
   }
@@ -849,11 +850,11 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
     float* o = out_row(c, t, r);
     const float li = l[r];
     if (li == 0.0f) {
-      std::fill(o, o + D, 0.0f);
+      std::fill(o, o + V, 0.0f);
       continue;
     }
     const float inv = keep_scale / li;
-    for (int64_t e = 0; e < D; ++e) o[e] = o_at(r, e) * inv;
+    for (int64_t e = 0; e < V; ++e) o[e] = o_at(r, e) * inv;
   }
 }
 
@@ -864,7 +865,7 @@ void MergeSplits(const Context& c, int64_t unit) {
   const Problem& p = c.p;
   const Schedule& sc = c.sched;
   const DF d;
-  const int64_t D = p.head_dim, stride = sc.partial_stride(p);
+  const int64_t D = p.value_dim(), stride = sc.partial_stride(p);  // D: the output width d_v
   const TileRows t = unit_rows(c, unit);
   const float keep_scale = p.dropout > 0 ? DropoutRow(p.dropout, p.seed, 0, 0, 0).scale() : 1.0f;
   const float* part = c.partials + unit * sc.splits * sc.rows * stride;
@@ -912,7 +913,7 @@ void MergeIntoState(const Context& c, int64_t unit, const PartialState& st) {
   const Problem& p = c.p;
   const Schedule& sc = c.sched;
   const DF d;
-  const int64_t D = p.head_dim, stride = sc.partial_stride(p);
+  const int64_t D = p.value_dim(), stride = sc.partial_stride(p);  // D: the output width d_v
   const TileRows t = unit_rows(c, unit);
   const float* part = c.partials + unit * sc.splits * sc.rows * stride;
   const float nan = std::numeric_limits<float>::quiet_NaN();
