@@ -106,7 +106,8 @@ const Pinned kBuiltIns[] = {
     {"tiled",
      Gate::none,
      {"exact", "causal", "causal_lower_right", "gqa", "boolean_mask", "key_padding", "cross", "dropout",
-      "bf16", "fp16", "alibi", "permutation_equivariant", "backward", "sinks", "softcap", "block_partials"}},
+      "bf16", "fp16", "alibi", "permutation_equivariant", "backward", "sinks", "softcap", "block_partials",
+      "value_dim"}},
 };
 
 const char* yes_no(bool b) {

@@ -447,8 +447,9 @@ TEST_CASE(
   CHECK(contains(bad_do.err, "[1, 2, 9, 8]"));
   CHECK(contains(bad_do.err, "[1, 2, 9, 5]"));
   CHECK_FALSE(std::filesystem::exists(dir.file("O2.npy")));
-  // tiled needs V as wide as Q and K: exit 2 with the reason, nothing written.
-  const ProcResult t = attnbench(dir, Args{"eval", "--variant", "tiled", "--out", dir.file("O3.npy")} + qkv);
+  // sliding_window needs V as wide as Q and K: exit 2 with the reason, nothing written.
+  const ProcResult t =
+      attnbench(dir, Args{"eval", "--variant", "sliding_window", "--out", dir.file("O3.npy")} + qkv);
   CHECK(t.code == 2);
   CHECK(contains(t.err, "needs V as wide as Q and K (got v_head_dim 5 != head_dim 8)"));
   CHECK_FALSE(std::filesystem::exists(dir.file("O3.npy")));

@@ -481,8 +481,9 @@ TEST_CASE("eval: truncated, foreign, empty and mismatched .npy inputs exit 2 nam
        {"--v '" + dir.file("v_b3.npy") + "': shape [3, 2, 6, 8] does not fit --k '" + kp +
         "' shape [2, 2, 6, 8] (V must be [batch, kv_heads, seq_kv, d_v] with K's first three extents"}},
       {"V of another head_dim for a variant without value_dim",
-       {"--variant", "tiled", "--v", array_file("v_d4.npy", {2, 2, 6, 4})},
-       {"attnbench: not supported: tiled", "needs V as wide as Q and K (got v_head_dim 4 != head_dim 8)"}},
+       {"--variant", "sliding_window", "--v", array_file("v_d4.npy", {2, 2, 6, 4})},
+       {"attnbench: not supported: sliding_window",
+        "needs V as wide as Q and K (got v_head_dim 4 != head_dim 8)"}},
       {"K and V longer than Q for a self-attention-only variant",
        {"--variant", "sliding_window", "--k", array_file("k_7.npy", {2, 2, 7, 8}), "--v",
         array_file("v_7.npy", {2, 2, 7, 8})},

@@ -391,6 +391,9 @@ TEST_CASE("d_v != d_k: sizes, repro Dv=, validation, and a variant without value
   bad.v_head_dim = int64_t{1} << 30;
   expect_usage_error([&] { bad.validate(); }, {"v_head_dim", "(the elements of V)"});
   CHECK(Registry::instance().get("naive").unsupported_reasons_text(p).empty());
-  const std::string why = Registry::instance().get("tiled").unsupported_reasons_text(p);
+  Problem sw = make_problem("sliding_window");  // its own parameters; p's sizes
+  sw.batch = p.batch, sw.heads = p.heads, sw.kv_heads = p.kv_heads, sw.seq_q = sw.seq_kv = p.seq_q;
+  sw.head_dim = p.head_dim, sw.v_head_dim = p.v_head_dim;
+  const std::string why = Registry::instance().get("sliding_window").unsupported_reasons_text(sw);
   CHECK_THAT(why, Catch::Matchers::Contains("needs V as wide as Q and K (got v_head_dim 24 != head_dim 16)"));
 }

@@ -577,3 +577,241 @@ TEST_CASE(
     CHECK(tiled_variant().weight_dtype(autop) == DType::fp32);
   }
 }
+
+// ---- V of another width than Q and K (Capabilities::value_dim): V [batch][kv_heads][seq_kv][d_v], O and dO
+// [batch][heads][seq_q][d_v], d_v = value_dim(). ----
+
+namespace {
+
+// Q, K (head_dim wide) and V (d_v wide) ~ N(0, 1) from `seed`; key padding as tiled_case's.
+struct ValueDimCase {
+  Problem p;
+  FloatArray q, k, v;
+  ByteArray pad;
+  ValueDimCase(Problem problem, uint64_t seed) : p(std::move(problem)) {
+    q = normal_tensor({p.batch, p.heads, p.seq_q, p.head_dim}, seed * 3 + 1);
+    k = normal_tensor({p.batch, p.num_kv_heads(), p.seq_kv, p.head_dim}, seed * 3 + 2);
+    v = normal_tensor({p.batch, p.num_kv_heads(), p.seq_kv, p.value_dim()}, seed * 3 + 3);
+    if (p.mask.key_padding) {
+      pad = ByteArray({p.batch, p.seq_kv});
+      for (int64_t b = 0; b < p.batch; ++b)
+        for (int64_t j = 0; j < p.seq_kv; ++j)
+          pad.data[b * p.seq_kv + j] = j >= p.seq_kv - (b >= 3 ? p.seq_kv : b * p.seq_kv / 3) ? 1 : 0;
+    }
+  }
+  AttentionInputs inputs(float* o) const {
+    return {q.ptr(), k.ptr(), v.ptr(), nullptr, p.mask.key_padding ? pad.ptr() : nullptr, o};
+  }
+  std::vector<int64_t> out_shape() const { return {p.batch, p.heads, p.seq_q, p.value_dim()}; }
+};
+
+Problem value_dim_problem(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq_q, int64_t seq_kv,
+                          int64_t dk, int64_t dv, const char* mask, const Json& params = Json::object()) {
+  Problem p = make_test_problem("tiled", batch, heads, seq_q, seq_kv, dk, mask, params);
+  p.kv_heads = kv_heads;
+  p.v_head_dim = dv;
+  return p;
+}
+
+// tiled's forward against the fp64 reference within abs_tolerance (16-bit storage: on the rounded inputs),
+// and, in fp32, within 2x that bound of naive; bitwise equal at 1 and 2 threads. Returns the output.
+FloatArray check_value_dim_forward(const Problem& p, uint64_t seed) {
+  INFO(p.repro());
+  const ValueDimCase c(p, seed);
+  const StoredInputs stored(p, c.inputs(nullptr));
+  const AttentionInputs& in = stored.get();
+  FloatArray one(c.out_shape(), std::nanf("")), two(c.out_shape(), std::nanf(""));
+  {
+    ThreadScope scope(1);
+    AttentionInputs io = in;
+    io.out = one.ptr();
+    tiled_variant().run(p, io);
+  }
+  {
+    ThreadScope scope(2);
+    AttentionInputs io = in;
+    io.out = two.ptr();
+    tiled_variant().run(p, io);
+  }
+  CHECK(std::memcmp(one.ptr(), two.ptr(), one.numel() * sizeof(float)) == 0);
+  DoubleArray want(c.out_shape());
+  tiled_variant().reference_forward(p, in, want.ptr());
+  const int64_t rows = p.batch * p.heads * p.seq_q;
+  const double tol = tiled_variant().abs_tolerance(p, in);
+  const ErrorMetrics m = compare_outputs(one.ptr(), want.ptr(), rows, p.value_dim());
+  INFO("max_abs_err " << m.max_abs_err << " (bound " << tol << ")");
+  REQUIRE(m.nan_count + m.inf_count == 0);
+  CHECK(m.max_abs_err <= tol);
+  if (p.dtype == DType::fp32) {
+    Problem pn = make_problem("naive");
+    pn.batch = p.batch, pn.heads = p.heads, pn.kv_heads = p.kv_heads, pn.seq_q = p.seq_q,
+    pn.seq_kv = p.seq_kv;
+    pn.head_dim = p.head_dim, pn.v_head_dim = p.v_head_dim, pn.mask = p.mask;
+    FloatArray base(c.out_shape(), std::nanf(""));
+    AttentionInputs io = in;
+    io.out = base.ptr();
+    Registry::instance().get("naive").run(pn, io);
+    const ErrorMetrics mb = compare_outputs(one.ptr(), to_double(base).ptr(), rows, p.value_dim());
+    INFO("vs naive " << mb.max_abs_err);
+    CHECK(mb.max_abs_err <= 2 * tol);
+  }
+  return one;
+}
+
+// tiled's training step against the fp64 gradient within grad_tolerance: dQ, dK head_dim wide, dV d_v
+// wide; the training forward's O bitwise run()'s.
+void check_value_dim_backward(const Problem& p, uint64_t seed) {
+  INFO(p.repro());
+  const ValueDimCase c(p, seed);
+  const StoredInputs stored(p, c.inputs(nullptr));
+  const AttentionInputs& in = stored.get();
+  const Attention& t = tiled_variant();
+  FloatArray out(c.out_shape(), std::nanf("")), ref_out(c.out_shape(), std::nanf(""));
+  AttentionInputs io = in;
+  io.out = ref_out.ptr();
+  t.run(p, io);
+  io.out = out.ptr();
+  std::vector<float> saved(t.saved_floats(p), std::nanf(""));
+  t.run_saving(p, io, saved.data());
+  CHECK(std::memcmp(out.ptr(), ref_out.ptr(), out.numel() * sizeof(float)) == 0);
+  const FloatArray d_out = normal_tensor(c.out_shape(), seed * 3 + 7);
+  FloatArray dq(c.q.shape, std::nanf("")), dk(c.k.shape, std::nanf("")), dv(c.v.shape, std::nanf(""));
+  GradientArgs g;
+  g.out = out.ptr();
+  g.saved = saved.data();
+  g.d_out = d_out.ptr();
+  g.dq = dq.ptr(), g.dk = dk.ptr(), g.dv = dv.ptr();
+  t.run_backward(p, in, g);
+  DoubleArray wq(c.q.shape), wk(c.k.shape), wv(c.v.shape);
+  t.reference_backward(p, in, d_out.ptr(), wq.ptr(), wk.ptr(), wv.ptr());
+  const GradientTolerance tol = t.grad_tolerance(p, in, d_out.ptr());
+  struct Part {
+    const char* name;
+    const FloatArray& got;
+    const DoubleArray& want;
+    double tol;
+    int64_t width;
+  };
+  for (const Part& pt : {Part{"dq", dq, wq, tol.dq, p.head_dim}, Part{"dk", dk, wk, tol.dk, p.head_dim},
+                         Part{"dv", dv, wv, tol.dv, p.value_dim()}}) {
+    const ErrorMetrics m = compare_outputs(pt.got.ptr(), pt.want.ptr(),
+                                           static_cast<int64_t>(pt.got.numel()) / pt.width, pt.width);
+    INFO(pt.name << " max_abs_err " << m.max_abs_err << " (bound " << pt.tol << ")");
+    REQUIRE(m.nan_count + m.inf_count == 0);
+    CHECK(m.max_abs_err <= pt.tol);
+  }
+}
+
+struct Widths {
+  int64_t dk, dv;
+};
+// DeepSeek MLA (576 / 512), its no-RoPE split (192 / 128), 320 / 256, and odd widths either way round.
+const Widths kValueWidths[] = {{576, 512}, {192, 128}, {320, 256}, {24, 40}, {40, 8}, {17, 33}, {33, 5}};
+
+}  // namespace
+
+TEST_CASE("tiled with d_v != d_k: forward and backward against fp64, causal and not, tiny and default tiles",
+          "[tiled][value_dim]") {
+  uint64_t seed = 9000;
+  for (const Widths w : kValueWidths) {
+    const int64_t seq = w.dk >= 192 ? 70 : 130;  // the wide heads: fewer rows, still several tiles
+    for (const char* mask : {"none", "causal", "causal+pad"})
+      for (const Json& tiles : {Json{{"tile_q", 17}, {"tile_kv", 16}}, Json::object()}) {
+        const Problem p = value_dim_problem(4, 2, 0, seq, seq, w.dk, w.dv, mask, tiles);
+        check_value_dim_forward(p, ++seed);
+        check_value_dim_backward(p, ++seed);
+      }
+    // Cross-attention both ways.
+    check_value_dim_forward(value_dim_problem(1, 2, 0, 9, 40, w.dk, w.dv, "causal_lower_right"), ++seed);
+    check_value_dim_backward(value_dim_problem(1, 2, 0, 40, 9, w.dk, w.dv, "causal"), ++seed);
+  }
+}
+
+TEST_CASE("tiled with d_v != d_k: grouped-query and multi-query heads", "[tiled][value_dim]") {
+  uint64_t seed = 9100;
+  for (const Widths w : kValueWidths)
+    for (int64_t kv_heads : {2, 1})
+      for (const char* mask : {"none", "causal"}) {
+        const Problem p = value_dim_problem(2, 4, kv_heads, 33, 33, w.dk, w.dv, mask);
+        check_value_dim_forward(p, ++seed);
+        check_value_dim_backward(p, ++seed);
+      }
+}
+
+TEST_CASE("tiled with d_v != d_k: decode (1..4 queries) against long K/V, split-KV and dot-product tiles",
+          "[tiled][value_dim]") {
+  // One batch entry and one or two K/V heads: few units, so split-KV cuts 2048 keys into 512-key splits;
+  // tiles of at most kDotRows rows run the dot-product kernels. The backward recomputes those tiles' logits
+  // with the same kernels.
+  uint64_t seed = 9200;
+  for (const Widths w : kValueWidths)
+    for (int64_t seq_q : {1, 2, 4})
+      for (int64_t kv_heads : {1, 2}) {
+        const Problem p = value_dim_problem(1, 4, kv_heads, seq_q, 2048, w.dk, w.dv, "causal_lower_right");
+        check_value_dim_forward(p, ++seed);
+        if (seq_q == 2) check_value_dim_backward(p, ++seed);
+      }
+}
+
+TEST_CASE("tiled with d_v != d_k: bf16 and fp16 storage, native and widening kernels", "[tiled][value_dim]") {
+  if (!cpu_has_bf16_dot()) WARN("no vdpbf16ps here (or not the avx3 target): only the widening path runs");
+  uint64_t seed = 9300;
+  for (const Widths w : kValueWidths) {
+    if (w.dk % 2) continue;  // the native kernels take an even head_dim; auto widens otherwise (below)
+    for (const char* kernel : {"auto", "widen"})
+      for (const char* mask : {"none", "causal"}) {
+        Problem p = value_dim_problem(2, 4, 2, 40, 40, w.dk, w.dv, mask, {{"bf16_kernel", kernel}});
+        p.dtype = DType::bf16;
+        check_value_dim_forward(p, ++seed);
+        check_value_dim_backward(p, ++seed);
+        p = value_dim_problem(1, 4, 1, 2, 1500, w.dk, w.dv, "causal_lower_right", {{"bf16_kernel", kernel}});
+        p.dtype = DType::bf16;  // decode: widened dot-product tiles, split-KV
+        check_value_dim_forward(p, ++seed);
+      }
+  }
+  for (const Widths w : kValueWidths) {
+    Problem p = value_dim_problem(2, 2, 0, 40, 40, w.dk, w.dv, "causal");
+    p.dtype = DType::fp16;
+    check_value_dim_forward(p, ++seed);
+    p.dtype = DType::bf16;  // odd head_dim under auto: widened
+    check_value_dim_forward(p, ++seed);
+  }
+}
+
+TEST_CASE("tiled with d_v != d_k: block partials over two key blocks match the whole problem",
+          "[tiled][value_dim]") {
+  uint64_t seed = 9400;
+  for (const Widths w : kValueWidths) {
+    // The first block has 1100 keys: two splits of its key range (split-KV inside accumulate_block).
+    const Problem whole = value_dim_problem(1, 4, 2, 20, 1600, w.dk, w.dv, "none");
+    INFO(whole.repro());
+    const ValueDimCase c(whole, ++seed);
+    const int64_t rows = whole.batch * whole.heads * whole.seq_q, dv = w.dv;
+    std::vector<float> m(to_size(rows)), l(to_size(rows)), o(to_size(rows * dv));
+    const BlockState st{m.data(), l.data(), o.data()};
+    const Attention& t = tiled_variant();
+    t.init_block_state(whole, st);
+    // Two key blocks of one K/V head each (batch 1: K/V head kvh's keys are rows kvh * seq_kv ..), copied out
+    // so each block is a contiguous [kv_heads][n][d] tensor.
+    for (auto [j0, n] : {std::pair<int64_t, int64_t>{0, 1100}, {1100, 500}}) {
+      Problem p = whole;
+      p.seq_kv = n;
+      FloatArray kb({1, 2, n, w.dk}), vb({1, 2, n, dv});
+      for (int64_t h = 0; h < 2; ++h) {
+        std::copy_n(c.k.ptr() + (h * whole.seq_kv + j0) * w.dk, n * w.dk, kb.ptr() + h * n * w.dk);
+        std::copy_n(c.v.ptr() + (h * whole.seq_kv + j0) * dv, n * dv, vb.ptr() + h * n * dv);
+      }
+      t.accumulate_block(p, {c.q.ptr(), kb.ptr(), vb.ptr(), nullptr, nullptr, nullptr}, st);
+    }
+    FloatArray got(c.out_shape(), std::nanf(""));
+    t.finish_block_state(whole, st, got.ptr());
+    DoubleArray want(c.out_shape());
+    const AttentionInputs in = c.inputs(nullptr);
+    t.reference_forward(whole, in, want.ptr());
+    const ErrorMetrics e = compare_outputs(got.ptr(), want.ptr(), rows, dv);
+    const double tol = t.abs_tolerance(whole, in);
+    INFO("max_abs_err " << e.max_abs_err << " (bound " << tol << ")");
+    REQUIRE(e.nan_count + e.inf_count == 0);
+    CHECK(e.max_abs_err <= tol);
+  }
+}

@@ -413,11 +413,19 @@ def value_dim():
           "backward('naive') with d_v != d_k: dq, dk, dv in q's, k's and v's shapes")
     err = max(np.abs(g - r).max() / np.abs(r).max() for g, r in ((dq, rq), (dk, rk), (dv, rv)))
     check(err < 1e-5, "backward('naive') with d_v != d_k within 1e-5 of reference_backward (%.2g)" % err)
+    out = attnbench.forward("tiled", q, k, v, causal=True)
+    check(out.shape == (2, 4, 10, 3) and np.abs(out - want).max() < 1e-5,
+          "forward('tiled') with d_v != d_k: O [2, 4, 10, 3] within 1e-5 of numpy's")
+    tq, tk, tv = attnbench.backward("tiled", q, k, v, d_out, causal=True)
+    err = max(np.abs(g - r).max() / np.abs(r).max() for g, r in ((tq, rq), (tk, rk), (tv, rv)))
+    check(tv.shape == v.shape and err < 1e-5,
+          "backward('tiled') with d_v != d_k within 1e-5 of reference_backward (%.2g)" % err)
     try:
-        attnbench.forward("tiled", q, k, v, causal=True)
-        check(False, "forward('tiled') with d_v != d_k: refused")
+        attnbench.forward("sliding_window", q, k, v, causal=True)
+        check(False, "forward('sliding_window') with d_v != d_k: refused")
     except attnbench.NotSupported as e:
-        check("needs V as wide as Q and K" in str(e), "forward('tiled') with d_v != d_k: NotSupported (%s)" % e)
+        check("needs V as wide as Q and K" in str(e),
+              "forward('sliding_window') with d_v != d_k: NotSupported (%s)" % e)
     try:
         attnbench.backward("naive", q, k, v, q, causal=True)
         check(False, "backward with d_out of q's width: refused")
