@@ -1434,7 +1434,9 @@ TEST_CASE(
     if (dv == 24) ++distinct_ok;
   }
   // naive and tiled take d_v != d_k (forward and backward); the recurrences do where they claim it.
-  const auto claims = [](const char* v) { return Registry::instance().get(v).capabilities().value_dim ? 2 : 0; };
+  const auto claims = [](const char* v) {
+    return Registry::instance().get(v).capabilities().value_dim ? 2 : 0;
+  };
   CHECK(distinct_ok == claims("naive") + claims("tiled") + claims("gated_delta_rule"));
 
   // `attnbench inputs` writes V, dO and the references d_v wide.
