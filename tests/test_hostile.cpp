@@ -482,8 +482,7 @@ TEST_CASE("eval: truncated, foreign, empty and mismatched .npy inputs exit 2 nam
         "' shape [2, 2, 6, 8] (V must be [batch, kv_heads, seq_kv, d_v] with K's first three extents"}},
       {"V of another head_dim for a variant without value_dim",
        {"--variant", "sliding_window", "--v", array_file("v_d4.npy", {2, 2, 6, 4})},
-       {"attnbench: not supported: sliding_window",
-        "needs V as wide as Q and K (got v_head_dim 4 != head_dim 8)"}},
+       {"not supported: sliding_window", "needs V as wide as Q and K (got v_head_dim 4 != head_dim 8)"}},
       {"K and V longer than Q for a self-attention-only variant",
        {"--variant", "sliding_window", "--k", array_file("k_7.npy", {2, 2, 7, 8}), "--v",
         array_file("v_7.npy", {2, 2, 7, 8})},
@@ -605,7 +604,7 @@ TEST_CASE("layer and embed: heads not dividing d_model, absurd sizes and non-fin
   const std::vector<Case> cases = {
       {"3 heads for E = 8",
        {"layer", "--x", xp, "--weights", weights, "--heads", "3"},
-       {"--heads 3: must be >= 1 and divide E = 8 (from '" + weights + "/w_q.npy')"}},
+       {"--heads 3: must be >= 1 and divide E = 8 (from '" + weights + "/w_v.npy')"}},
       {"0 heads",
        {"layer", "--x", xp, "--weights", weights, "--heads", "0"},
        {"--heads 0: must be >= 1 and divide E = 8"}},
