@@ -136,13 +136,8 @@ int eval_setup(const EvalOptions& o, EvalSetup& e, std::string& message) {
         const auto &qs = e.readers[0]->shape(), &ks = e.readers[1]->shape(), &vs = e.readers[2]->shape();
         require_rank4(q_what, qs, "[batch, heads, seq_q, head_dim]");
         require_rank4(k_what, ks, "[batch, kv_heads, seq_kv, head_dim]");
-        require_rank4(v_what, vs, "[batch, kv_heads, seq_kv, head_dim]");
+        require_rank4(v_what, vs, "[batch, kv_heads, seq_kv, d_v]");
         check_kv_shapes(q_what, qs, k_what, ks, v_what, vs);
-        if (vs[3] != qs[3])
-          throw NotSupported(v_what + " has d_v = " + std::to_string(vs[3]) + " and " + q_what +
-                             " head_dim = " + std::to_string(qs[3]) +
-                             ": ring attention's block partials carry one head width, so d_v must equal "
-                             "head_dim");
         Problem p = make_problem(e.variant, e.params);
         set_shape(p, qs, ks, vs);
         p.scale = o.scale;
@@ -157,14 +152,15 @@ int eval_setup(const EvalOptions& o, EvalSetup& e, std::string& message) {
                            " ranks for a sequence of n = " + std::to_string(p.seq_q) + " positions (" +
                            q_what +
                            "): ring attention needs P <= n, every rank holding at least one query row");
-        e.shape = {p.batch, p.heads, p.num_kv_heads(), p.seq_q, p.head_dim};
+        e.shape = {p.batch, p.heads, p.num_kv_heads(), p.seq_q, p.head_dim, p.value_dim()};
       },
       message);
   const int worst = agree(status, message, rank);
   if (worst) return worst;
-  int64_t dims[5] = {e.shape.batch, e.shape.heads, e.shape.kv_heads, e.shape.n, e.shape.head_dim};
-  MPI_Bcast(dims, 5, MPI_INT64_T, 0, MPI_COMM_WORLD);
-  e.shape = {dims[0], dims[1], dims[2], dims[3], dims[4]};
+  int64_t dims[6] = {e.shape.batch, e.shape.heads,    e.shape.kv_heads,
+                     e.shape.n,     e.shape.head_dim, e.shape.v_dim};
+  MPI_Bcast(dims, 6, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  e.shape = {dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]};
   return 0;
 }
 
@@ -205,8 +201,8 @@ Json eval_compare(const EvalOptions& o, const Problem& base, bool causal, int P)
       {"max_abs_diff_vs_single", json_number(diff)},
       {"tolerance", json_number(tolerance)},
       {"tolerance_vs_single", json_number(2 * tolerance)},
-      {"accuracy", metrics_json(compare_outputs(ring_out.ptr(), want.ptr(), rows, p.head_dim))},
-      {"single_accuracy", metrics_json(compare_outputs(single_out.ptr(), want.ptr(), rows, p.head_dim))},
+      {"accuracy", metrics_json(compare_outputs(ring_out.ptr(), want.ptr(), rows, p.value_dim()))},
+      {"single_accuracy", metrics_json(compare_outputs(single_out.ptr(), want.ptr(), rows, p.value_dim()))},
       {"reference", "fp64 exact softmax attention on the fp32 inputs"}};
   return j["compare"];
 }
@@ -230,6 +226,7 @@ int run_eval(const EvalOptions& o, int threads) {
   base.heads = shape.heads;
   base.kv_heads = shape.kv_heads;
   base.head_dim = shape.head_dim;
+  base.v_head_dim = shape.v_dim == shape.head_dim ? 0 : shape.v_dim;
   base.seq_q = base.seq_kv = shape.n;
   base.scale = o.scale;
   const Zigzag z(shape.n, P);
@@ -240,11 +237,13 @@ int run_eval(const EvalOptions& o, int threads) {
     const RankMemory need = rank_memory(z, shape, rank, base, threads, false);
     std::size_t extra = 0;
     if (rank == 0 && o.compare) {
-      const std::size_t q = static_cast<std::size_t>(shape.batch * shape.heads * shape.n * shape.head_dim),
-                        kv =
-                            static_cast<std::size_t>(shape.batch * shape.kv_heads * shape.n * shape.head_dim);
-      extra =
-          sat_add(sat_mul(sat_add(sat_mul(3, q), sat_mul(2, kv)), sizeof(float)), sat_mul(q, sizeof(double)));
+      // Q, K, V, the ring's and the single run's outputs (fp32) and the fp64 reference output.
+      const std::size_t rows = static_cast<std::size_t>(shape.batch * shape.heads * shape.n),
+                        q = rows * static_cast<std::size_t>(shape.head_dim),
+                        out = rows * static_cast<std::size_t>(shape.v_dim),
+                        kv = static_cast<std::size_t>(shape.batch * shape.kv_heads * shape.n *
+                                                      (shape.head_dim + shape.v_dim));
+      extra = sat_add(sat_mul(sat_add(q, sat_mul(2, out), kv), sizeof(float)), sat_mul(out, sizeof(double)));
     }
     std::string why;
     if (const int worst = agree(check_node_memory(need, extra, "--q '" + o.q + "'", why), why, rank))
@@ -271,7 +270,7 @@ int run_eval(const EvalOptions& o, int threads) {
   SinkFn sink;
   if (rank == 0) {
     writer = std::make_unique<NpyWriter>(
-        o.out, std::vector<int64_t>{shape.batch, shape.heads, shape.n, shape.head_dim});
+        o.out, std::vector<int64_t>{shape.batch, shape.heads, shape.n, shape.v_dim});
     sink = [&](int64_t first, int64_t count, const float* values) { writer->write(first, count, values); };
   }
   gather(MPI_COMM_WORLD, z, shape, data, sink);

@@ -68,7 +68,8 @@ KvBlockLayout kv_layout(const Zigzag& z, const Shape& s, int rank) {
   const auto c = z.chunks_of(rank);
   l.len[0] = z.chunk_len(c[0]);
   l.len[1] = z.chunk_len(c[1]);
-  l.per_row = s.batch * s.kv_heads * s.head_dim;
+  l.k_row = s.batch * s.kv_heads * s.head_dim;
+  l.v_row = s.batch * s.kv_heads * s.v_dim;
   return l;
 }
 
@@ -87,7 +88,7 @@ RankMemory rank_memory(const Zigzag& z, const Shape& s, int rank, const Problem&
   const std::size_t own = static_cast<std::size_t>(mine.floats());
   RankMemory m;
   m.inputs = (rows * static_cast<std::size_t>(s.head_dim) + own) * f;
-  m.output = (rows * static_cast<std::size_t>(s.head_dim) + 2 * rows) * f;
+  m.output = (rows * static_cast<std::size_t>(s.v_dim) + 2 * rows) * f;
   // The spare buffer the next block arrives in holds `capacity`; an own block smaller than that is grown to
   // it (reallocated after the spare exists: old and new at once).
   m.ring = z.ranks > 1 ? (capacity + (own < capacity ? capacity : 0)) * f : 0;
@@ -155,10 +156,12 @@ RankNonfinite count_rank_nonfinite(const Zigzag& z, const Shape& s, int rank, co
   RankNonfinite c;
   const auto chunks = z.chunks_of(rank);
   for (int i = 0; i < 2; ++i) {
-    const std::size_t n = static_cast<std::size_t>(
-        s.batch * s.heads * z.chunk_len(chunks[static_cast<std::size_t>(i)]) * s.head_dim);
-    c.q += bad(d.q[i].data(), std::min(n, d.q[i].size()));
-    c.out += bad(d.out[i].data(), std::min(n, d.out[i].size()));
+    const std::size_t rows =
+        static_cast<std::size_t>(s.batch * s.heads * z.chunk_len(chunks[static_cast<std::size_t>(i)]));
+    const std::size_t nq = rows * static_cast<std::size_t>(s.head_dim),
+                      no = rows * static_cast<std::size_t>(s.v_dim);
+    c.q += bad(d.q[i].data(), std::min(nq, d.q[i].size()));
+    c.out += bad(d.out[i].data(), std::min(no, d.out[i].size()));
   }
   c.kv = bad(d.kv.data(), std::min(d.kv.size(), static_cast<std::size_t>(kv_layout(z, s, rank).floats())));
   return c;
@@ -185,7 +188,7 @@ RankStats ring_attention(MPI_Comm comm, const Problem& base, bool causal, const 
     const int64_t rows = s.batch * s.heads * len;
     m[i].resize(static_cast<std::size_t>(rows));
     l[i].resize(static_cast<std::size_t>(rows));
-    d.out[i].assign(static_cast<std::size_t>(rows * s.head_dim), 0.0f);
+    d.out[i].assign(static_cast<std::size_t>(rows * s.v_dim), 0.0f);
     state[i] = {m[i].data(), l[i].data(), d.out[i].data()};
     if (rows > 0) variant.init_block_state(qp[i], state[i]);
   }
@@ -272,14 +275,14 @@ void scatter(MPI_Comm comm, const Zigzag& z, const Shape& s, const SourceFn& sou
   int rank = 0, P = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &P);
-  const int64_t D = s.head_dim;
   {
     const KvBlockLayout mine = kv_layout(z, s, rank);
     for (int i = 0; i < 2; ++i)
-      d.q[i].assign(static_cast<std::size_t>(s.batch * s.heads * mine.len[i] * D), 0.0f);
+      d.q[i].assign(static_cast<std::size_t>(s.batch * s.heads * mine.len[i] * s.head_dim), 0.0f);
     d.kv.assign(static_cast<std::size_t>(mine.floats()), 0.0f);
   }
-  std::vector<float> staging(static_cast<std::size_t>(rank == 0 ? max_chunk_len(z) * D : 0));
+  const int64_t widest = std::max(s.head_dim, s.v_dim);
+  std::vector<float> staging(static_cast<std::size_t>(rank == 0 ? max_chunk_len(z) * widest : 0));
   for (int r = rank == 0 ? 0 : rank; r < (rank == 0 ? P : rank + 1); ++r) {
     const KvBlockLayout l = kv_layout(z, s, r);
     const auto chunks = z.chunks_of(r);
@@ -287,7 +290,7 @@ void scatter(MPI_Comm comm, const Zigzag& z, const Shape& s, const SourceFn& sou
       const int64_t start = z.chunk_start(chunks[static_cast<std::size_t>(i)]), len = l.len[i];
       if (len == 0) continue;
       for (int t = 0; t < 3; ++t) {
-        const int64_t heads = t == 0 ? s.heads : s.kv_heads;
+        const int64_t heads = t == 0 ? s.heads : s.kv_heads, D = t == 2 ? s.v_dim : s.head_dim;
         for (int64_t bh = 0; bh < s.batch * heads; ++bh) {
           const int64_t first = (bh * s.n + start) * D, count = len * D;
           float* dst = nullptr;
@@ -312,7 +315,7 @@ void gather(MPI_Comm comm, const Zigzag& z, const Shape& s, const RankData& d, c
   int rank = 0, P = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &P);
-  const int64_t D = s.head_dim;
+  const int64_t D = s.v_dim;  // output rows are d_v wide
   std::vector<float> staging(static_cast<std::size_t>(rank == 0 ? max_chunk_len(z) * D : 0));
   for (int r = rank == 0 ? 0 : rank; r < (rank == 0 ? P : rank + 1); ++r) {
     const auto chunks = z.chunks_of(r);
@@ -369,7 +372,8 @@ Json rank_report(MPI_Comm comm, const Zigzag& z, const Shape& s, const RankStats
     compute_max = std::max(compute_max, a[1]);
     compute_sum += a[1];
   }
-  const double kv_bytes = 2.0 * static_cast<double>(s.batch * s.kv_heads * s.n * s.head_dim) * sizeof(float);
+  const double kv_bytes =
+      static_cast<double>(s.batch * s.kv_heads * s.n * (s.head_dim + s.v_dim)) * sizeof(float);
   return {{"ranks", P},
           {"n", s.n},
           {"causal", causal},

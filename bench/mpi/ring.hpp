@@ -43,20 +43,22 @@ struct Zigzag {
   std::vector<int64_t> starts;  // 2P + 1 boundaries
 };
 
-// The tensor sizes every rank knows (from rank 0's headers): Q is [batch][heads][n][head_dim], K and V are
-// [batch][kv_heads][n][head_dim].
+// The tensor sizes every rank knows (from rank 0's headers): Q is [batch][heads][n][head_dim], K is
+// [batch][kv_heads][n][head_dim], V [batch][kv_heads][n][v_dim] and the output [batch][heads][n][v_dim]
+// (d_v = v_dim, equal to head_dim unless the problem has a distinct value width, e.g. MLA's 192 / 128).
 struct Shape {
-  int64_t batch = 1, heads = 1, kv_heads = 1, n = 1, head_dim = 1;
+  int64_t batch = 1, heads = 1, kv_heads = 1, n = 1, head_dim = 1, v_dim = 1;
 };
 
-// One rank's K/V block: [K of its early chunk][V of it][K of its late chunk][V of it], each
-// [batch][kv_heads][len][head_dim].
+// One rank's K/V block: [K of its early chunk][V of it][K of its late chunk][V of it], K parts
+// [batch][kv_heads][len][head_dim] and V parts [batch][kv_heads][len][v_dim].
 struct KvBlockLayout {
   int64_t len[2] = {0, 0};
-  int64_t per_row = 0;  // batch * kv_heads * head_dim: floats of one position in one of K, V
-  int64_t k_offset(int i) const { return i == 0 ? 0 : 2 * len[0] * per_row; }
-  int64_t v_offset(int i) const { return k_offset(i) + len[i] * per_row; }
-  int64_t floats() const { return 2 * (len[0] + len[1]) * per_row; }
+  int64_t k_row = 0;  // batch * kv_heads * head_dim: floats of one position in K
+  int64_t v_row = 0;  // batch * kv_heads * v_dim: the same in V
+  int64_t k_offset(int i) const { return i == 0 ? 0 : len[0] * (k_row + v_row); }
+  int64_t v_offset(int i) const { return k_offset(i) + len[i] * k_row; }
+  int64_t floats() const { return (len[0] + len[1]) * (k_row + v_row); }
 };
 KvBlockLayout kv_layout(const Zigzag& z, const Shape& s, int rank);
 // Floats of the largest K/V block any rank sends: the size of every rank's ring buffers.
@@ -64,7 +66,7 @@ int64_t kv_capacity(const Zigzag& z, const Shape& s);
 
 // What one rank holds: its two query chunks ([batch][heads][len][head_dim] each) and, on entry, its own K/V
 // block (the buffer is sized for the largest block of any rank). On return out[i] holds the output rows of
-// query chunk i (the same layout as q[i]).
+// query chunk i ([batch][heads][len][v_dim]).
 struct RankData {
   AlignedVector<float> q[2];
   AlignedVector<float> kv;
@@ -94,7 +96,7 @@ RankStats ring_attention(MPI_Comm comm, const Problem& base, bool causal, const 
 // Moving the data (collective; rank 0 is the only one that touches files or whole tensors).
 // SourceFn (rank 0): elements [first, first + count) of tensor t (0: Q, 1: K, 2: V) in C order.
 using SourceFn = std::function<void(int t, int64_t first, int64_t count, float* out)>;
-// SinkFn (rank 0): output elements [first, first + count) of [batch][heads][n][head_dim], in C order.
+// SinkFn (rank 0): output elements [first, first + count) of [batch][heads][n][v_dim], in C order.
 using SinkFn = std::function<void(int64_t first, int64_t count, const float* values)>;
 // Rank 0 reads every rank's query chunks and K/V block piece by piece (one (batch, head) row range of one
 // chunk at a time) and sends them; each rank receives straight into its RankData. Rank 0's peak is its own

@@ -70,6 +70,7 @@ struct PointMsg {
           threads = 1;
   int64_t warmup = 0, min_reps = 1, max_reps = 1;
   double scale = NAN, min_time_s = 0, max_time_s = 0;
+  int64_t v_dim = 1;  // d_v (= head_dim unless the point has a distinct value width)
 };
 
 void broadcast_string(std::string& s) {
@@ -96,7 +97,7 @@ RingRun run_point_ring(const PointMsg& msg, const Problem& base, const PointInpu
   int rank = 0, P = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &P);
-  const Shape shape{msg.batch, msg.heads, msg.kv_heads, msg.n, msg.head_dim};
+  const Shape shape{msg.batch, msg.heads, msg.kv_heads, msg.n, msg.head_dim, msg.v_dim};
   const bool causal = msg.causal != 0;
   const Zigzag z(shape.n, P);
   ThreadScope scope(static_cast<int>(msg.threads));
@@ -148,7 +149,7 @@ RingRun run_point_ring(const PointMsg& msg, const Problem& base, const PointInpu
       rank_report(MPI_COMM_WORLD, z, shape, last, peak_rss_bytes(), static_cast<int>(msg.threads), causal);
   SinkFn sink;
   if (rank == 0) {
-    run.out = FloatArray({shape.batch, shape.heads, shape.n, shape.head_dim});
+    run.out = FloatArray({shape.batch, shape.heads, shape.n, shape.v_dim});
     sink = [&](int64_t first, int64_t count, const float* v) {
       std::copy_n(v, count, run.out.ptr() + first);
     };
@@ -163,6 +164,7 @@ Problem base_problem(const PointMsg& msg, const std::string& head) {
   base.batch = msg.batch, base.heads = msg.heads,
   base.kv_heads = msg.kv_heads == msg.heads ? 0 : msg.kv_heads;
   base.head_dim = msg.head_dim, base.seq_q = base.seq_kv = msg.n;
+  base.v_head_dim = msg.v_dim == msg.head_dim ? 0 : msg.v_dim;
   if (!std::isnan(msg.scale)) base.scale = msg.scale;
   return base;
 }
@@ -237,6 +239,7 @@ class RingExecutor final : public Executor {
                  p.scale ? *p.scale : NAN,
                  ms.min_time_s,
                  ms.max_time_s};
+    msg.v_dim = p.value_dim();
     std::string head = p.repro();
     head = head.substr(0, head.rfind(':'));
     MPI_Bcast(&msg, sizeof msg, MPI_BYTE, 0, MPI_COMM_WORLD);

@@ -29,6 +29,7 @@ except ImportError:
 
 MPI_TIMEOUT = 60  # seconds per mpirun: a hang fails the test instead of stalling ctest
 FAILURES = []
+SESSION_TMP = None  # this test's own TMPDIR for mpirun (set in main)
 
 
 def check(cond, what):
@@ -41,19 +42,23 @@ def mpirun(args, P, *cmd, timeout=MPI_TIMEOUT):
     full = [args.mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(P), args.mpi, "--threads", "1",
             *cmd]
     t0 = time.monotonic()
+    # OpenMPI's session directory lives under TMPDIR (ompi.HOST.UID); two tests starting mpirun at once in the
+    # shared /tmp raced on creating it ("mkdir ... File exists", orte_init failed). Each test its own TMPDIR.
+    env = dict(os.environ, TMPDIR=SESSION_TMP) if SESSION_TMP else None
     try:
-        r = subprocess.run(full, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(full, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return None, time.monotonic() - t0
     return r, time.monotonic() - t0
 
 
-def save_inputs(folder, n, seed, B=2, H=4, Hkv=2, D=24, std=1.5):
+def save_inputs(folder, n, seed, B=2, H=4, Hkv=2, D=24, std=1.5, Dv=None):
     rng = np.random.default_rng(seed)
     paths = {}
     for name, heads, s in (("q", H, std), ("k", Hkv, std), ("v", Hkv, 1.0)):
-        a = (rng.standard_normal((B, heads, n, D)) * s).astype(np.float32)
-        paths[name] = os.path.join(folder, f"{name}{n}.npy")
+        width = Dv if name == "v" and Dv else D
+        a = (rng.standard_normal((B, heads, n, width)) * s).astype(np.float32)
+        paths[name] = os.path.join(folder, f"{name}{n}{'_dv' if Dv else ''}.npy")
         np.save(paths[name], a)
     return paths
 
@@ -142,6 +147,32 @@ def part_accuracy(args, tmp):
                 cases += 1
                 print(f"ok {what}: |ring-fp64| {err_ref:.2e} |ring-tiled| {err_tiled:.2e} bound {bound:.2e}")
     check(cases == 2 * (1 + 4 + 4 + 4), f"ran {cases} cases")
+    # d_v != d_k (V 40 wide against Q, K 24; MLA's heads are 192 / 128): the K/V blocks carry both widths and
+    # the outputs are d_v wide. Small tiles with 3 ranks (split-KV inside the blocks), and --compare.
+    n, Dv = 130, 40
+    paths = save_inputs(tmp, n, seed=11, Dv=Dv)
+    q, k, v = (np.load(paths[x]) for x in "qkv")
+    for P, causal in ((3, True), (2, False)):
+        flag = ["--causal"] if causal else []
+        tiles = ["--param", "tile_q=4", "--param", "tile_kv=8"] if P == 3 else []
+        out = os.path.join(tmp, f"ring_dv{P}.npy")
+        r, _ = mpirun(args, P, "eval", "--q", paths["q"], "--k", paths["k"], "--v", paths["v"], *flag, *tiles,
+                      "--out", out, "--compare")
+        what = f"d_v={Dv} head_dim=24 n={n} P={P} causal={causal}"
+        if r is None or r.returncode != 0:
+            check(False, f"{what}: mpirun failed or timed out: {r.stderr if r else 'timeout'}")
+            continue
+        got = np.load(out)
+        check(got.shape == (2, 4, n, Dv), f"{what}: output shape {got.shape}")
+        bound = fp32_bound(q, k, v, P)
+        err_ref = np.abs(got - reference(q, k, v, causal)).max()
+        check(err_ref <= bound, f"{what}: max |ring - fp64| = {err_ref:.3g} > bound {bound:.3g}")
+        report = json.loads(r.stdout.strip().splitlines()[-1])
+        sent = [x["bytes_sent"] for x in report["per_rank"]]
+        check(sum(sent) == (P - 1) * (k.size + v.size) * 4, f"{what}: bytes sent {sent}, total != (P-1)*|K,V|")
+        check(report["compare"]["max_abs_diff_vs_single"] <= report["compare"]["tolerance_vs_single"],
+              f"{what}: --compare against single-process tiled")
+        print(f"ok {what}: |ring-fp64| {err_ref:.2e} bound {bound:.2e}")
     # A row with no allowed key cannot occur under a causal mask on self-attention (key i is always
     # allowed); NaN inputs stay visible: a NaN in one key reaches exactly the rows that see it.
     paths = save_inputs(tmp, 7, seed=3)
@@ -298,6 +329,19 @@ def part_sweep(args, tmp):
     with open(jsonl) as f:
         check(f.read().splitlines() == again, "the refused runs left results.jsonl untouched")
 
+    # A point with d_v != head_dim (sweep.v_head_dim) runs through the ring with d_v-wide outputs.
+    cfg.update(name="mpi_dv", variants=["tiled"])
+    cfg["sweep"].update(seq_len=33, mask="causal", v_head_dim=8)
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    out = os.path.join(tmp, "res_dv")
+    r, _ = mpirun(args, 2, "run", path, "--out", out)
+    check(r is not None and r.returncode == 0, f"run d_v: {r and r.stderr}")
+    if r is not None and r.returncode == 0:
+        rows = [json.loads(line) for line in open(os.path.join(out, "results.jsonl"))]
+        check(len(rows) == 1 and rows[0]["status"] == "ok" and rows[0]["accuracy"]["max_abs_err"] < 1e-5,
+              f"d_v sweep row ok and accurate: {rows}")
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -310,6 +354,9 @@ def main():
         print("skip: no mpirun")
         return 77
     with tempfile.TemporaryDirectory() as tmp:
+        global SESSION_TMP
+        SESSION_TMP = os.path.join(tmp, "ompi-session")
+        os.makedirs(SESSION_TMP)
         globals()["part_" + args.part](args, tmp)
     print("FAILED:" if FAILURES else "passed", *FAILURES, sep="\n  ")
     return 1 if FAILURES else 0
