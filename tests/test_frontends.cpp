@@ -40,20 +40,20 @@ double gamma_n(double n) {
   return n * kU / (1.0 - n * kU);
 }  // Higham's gamma_n: n roundings of relative u
 
-// Projection of in [B, L, E] by (W, b) into out; mag receives max over outputs of sum_i |x_i W_oi| + |b_o|,
-// the size of what fp32 sums.
+// Projection of in [B, L, E] by (W [O, E], b) into out [B, L, O]; mag receives max over outputs of
+// sum_i |x_i W_oi| + |b_o|, the size of what fp32 sums.
 void project(const FloatArray& in, const FloatArray& W, const FloatArray& b, std::vector<double>& out,
              double& mag) {
-  const int64_t rows = in.shape[0] * in.shape[1], E = in.shape[2];
-  out.assign(static_cast<std::size_t>(rows * E), 0.0);
+  const int64_t rows = in.shape[0] * in.shape[1], E = in.shape[2], O = W.shape[0];
+  out.assign(static_cast<std::size_t>(rows * O), 0.0);
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t o = 0; o < E; ++o) {
+    for (int64_t o = 0; o < O; ++o) {
       double acc = b.numel() ? b.data[o] : 0.0, m = b.numel() ? std::fabs(b.data[o]) : 0.0;
       for (int64_t i = 0; i < E; ++i) {
         acc += static_cast<double>(in.data[r * E + i]) * W.data[o * E + i];
         m += std::fabs(static_cast<double>(in.data[r * E + i]) * W.data[o * E + i]);
       }
-      out[r * E + o] = acc;
+      out[r * O + o] = acc;
       mag = std::max(mag, m);
     }
 }
@@ -92,11 +92,12 @@ double max_head_norm(const std::vector<double>& t, int64_t H, int64_t D) {
   return best;
 }
 
-// Softmax attention of every head, the heads' outputs concatenated: [B, Lq, H * D].
+// Softmax attention of every head (q, k [B, L, H * D], v [B, Lkv, H * Dv]), the heads' outputs
+// concatenated: [B, Lq, H * Dv].
 std::vector<double> attend_heads(const std::vector<double>& q, const std::vector<double>& k,
                                  const std::vector<double>& v, int64_t B, int64_t Lq, int64_t Lkv, int64_t H,
-                                 int64_t D, bool causal, const ByteArray* pad) {
-  const int64_t E = H * D;
+                                 int64_t D, int64_t Dv, bool causal, const ByteArray* pad) {
+  const int64_t Eqk = H * D, E = H * Dv;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   std::vector<double> merged(static_cast<std::size_t>(B * Lq * E), 0.0), s(static_cast<std::size_t>(Lkv));
   for (int64_t b = 0; b < B; ++b)
@@ -107,7 +108,7 @@ std::vector<double> attend_heads(const std::vector<double>& q, const std::vector
           const bool allowed = !(causal && j > i) && !(pad && pad->data[b * Lkv + j]);
           double dot = 0;
           for (int64_t d = 0; d < D; ++d)
-            dot += q[(b * Lq + i) * E + h * D + d] * k[(b * Lkv + j) * E + h * D + d];
+            dot += q[(b * Lq + i) * Eqk + h * D + d] * k[(b * Lkv + j) * Eqk + h * D + d];
           s[j] = allowed ? dot * scale : -std::numeric_limits<double>::infinity();
           mx = std::max(mx, s[j]);
         }
@@ -115,8 +116,8 @@ std::vector<double> attend_heads(const std::vector<double>& q, const std::vector
         double sum = 0;
         for (int64_t j = 0; j < Lkv; ++j) sum += (s[j] = std::exp(s[j] - mx));
         for (int64_t j = 0; j < Lkv; ++j)
-          for (int64_t d = 0; d < D; ++d)
-            merged[(b * Lq + i) * E + h * D + d] += s[j] / sum * v[(b * Lkv + j) * E + h * D + d];
+          for (int64_t d = 0; d < Dv; ++d)
+            merged[(b * Lq + i) * E + h * Dv + d] += s[j] / sum * v[(b * Lkv + j) * E + h * Dv + d];
       }
   return merged;
 }
@@ -125,7 +126,8 @@ ReferenceResult reference_layer(const MultiHeadWeights& w, int64_t H, const Floa
                                 const FloatArray* ctx, bool causal, const ByteArray* pad, bool residual,
                                 const RopeSpec& rope = {}) {
   const FloatArray& kv = ctx ? *ctx : x;
-  const int64_t B = x.shape[0], Lq = x.shape[1], Lkv = kv.shape[1], E = x.shape[2], D = E / H;
+  const int64_t B = x.shape[0], Lq = x.shape[1], Lkv = kv.shape[1], E = x.shape[2], D = w.w_q.shape[0] / H,
+                Dv = E / H;
   std::vector<double> q, k, v;
   double mag_q = 0, mag_k = 0, mag_v = 0, mag_o = 0;
   project(x, w.w_q, w.b_q, q, mag_q);
@@ -141,7 +143,7 @@ ReferenceResult reference_layer(const MultiHeadWeights& w, int64_t H, const Floa
   }
   const double q_norm = max_head_norm(q, H, D), k_norm = max_head_norm(k, H, D), v_max = max_abs(v);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  const std::vector<double> merged = attend_heads(q, k, v, B, Lq, Lkv, H, D, causal, pad);
+  const std::vector<double> merged = attend_heads(q, k, v, B, Lq, Lkv, H, D, Dv, causal, pad);
   ReferenceResult r;
   r.y.assign(static_cast<std::size_t>(B * Lq * E), 0.0);
   double w_o_row_l1 = 0;
@@ -233,7 +235,8 @@ void check_layer(const MultiHeadWeights& w, int64_t H, const FloatArray& x, cons
     pairing_effect = std::max(pairing_effect, std::fabs(paired.y[e] - ref.y[e]));
   }
   CHECK(rope_effect > 10 * ref.tolerance);
-  if (x.shape[2] / H > 2) CHECK(pairing_effect > 10 * ref.tolerance);  // D = 2: both pairings are one pair
+  if (w.w_q.shape[0] / H > 2)
+    CHECK(pairing_effect > 10 * ref.tolerance);  // D = 2: both pairings are one pair
 }
 
 }  // namespace
@@ -576,6 +579,45 @@ TEST_CASE("multi-head layer: every exact variant works as the core operator", "[
   CHECK(exact_variants >= 1);
 }
 
+TEST_CASE("multi-head layer: head_dim != d_v (w_q, w_k of E_qk rows)", "[frontends][value_dim]") {
+  // E = 16 over 4 heads gives d_v = 4; E_qk = 24 and 8 give head_dim 6 and 2 (wider and narrower than d_v).
+  const FloatArray x = random_tensor({2, 19, 16}, 61), ctx = random_tensor({2, 11, 16}, 62);
+  ByteArray pad({2, 11});
+  pad.data[10] = pad.data[11 + 3] = 1;
+  int ran = 0, refused = 0;
+  for (const int64_t qk : {24, 8}) {
+    const MultiHeadWeights w = random_multihead_weights(16, 63 + static_cast<uint64_t>(qk), true, qk);
+    const MultiHeadLayer layer(w, 4);
+    REQUIRE(layer.head_dim() == qk / 4);
+    REQUIRE(layer.value_dim() == 4);
+    for (const Attention* v : Registry::instance().all()) {
+      const Capabilities caps = v->capabilities();
+      if (!caps.exact) continue;
+      MultiHeadCall call{.variant = v->name(), .causal = caps.causal};
+      if (!caps.value_dim) {  // refused with the reason, never run with V cut or padded
+        CHECK_THROWS_AS(layer.forward(x, nullptr, call), NotSupported);
+        ++refused;
+        continue;
+      }
+      check_layer(w, 4, x, nullptr, call);
+      check_layer(
+          w, 4, x, nullptr,
+          {.variant = v->name(), .causal = true, .residual = true, .rope = {RopeMode::normal, 10000.0}});
+      if (caps.cross) {
+        call.key_padding = caps.key_padding ? &pad : nullptr;
+        check_layer(w, 4, x, &ctx, call);
+      }
+      ++ran;
+    }
+  }
+  CHECK(ran >= 4);  // naive and tiled, at both widths
+  INFO("variants refusing d_v: " << refused);
+  // E_qk must split over the heads too.
+  CHECK_THROWS_WITH(MultiHeadLayer(random_multihead_weights(16, 1, false, 10), 4),
+                    Contains("heads: 4") && Contains("10 rows"));
+  CHECK_THROWS_WITH(random_multihead_weights(16, 1, false, -1), Contains("qk_width"));
+}
+
 TEST_CASE("multi-head layer: unsupported problems, bad shapes and inputs are clear errors", "[frontends]") {
   const MultiHeadWeights w = random_multihead_weights(6, 51, true);
   CHECK_THROWS_WITH(MultiHeadLayer(w, 4),
@@ -665,8 +707,16 @@ TEST_CASE("multi-head weights: seeded init, save/load round trip, directory erro
   nan_w.data[3] = std::numeric_limits<float>::quiet_NaN();
   write_npy((fs::path(d) / "w_o.npy").string(), nan_w);
   CHECK_THROWS_WITH(load_multihead_weights(d), Contains("w_o.npy") && Contains("non-finite"));
+  write_npy((fs::path(d) / "w_v.npy").string(), random_tensor({4, 8}, 1));
+  CHECK_THROWS_WITH(load_multihead_weights(d), Contains("w_v.npy") && Contains("square"));
+  write_npy((fs::path(d) / "w_v.npy").string(), w.w_v);
+  // w_q sets E_qk (head_dim != d_v): a w_q of 4 rows asks the same of w_k and b_q, naming where E_qk came
+  // from.
   write_npy((fs::path(d) / "w_q.npy").string(), random_tensor({4, 8}, 1));
-  CHECK_THROWS_WITH(load_multihead_weights(d), Contains("w_q.npy") && Contains("square"));
+  CHECK_THROWS_WITH(load_multihead_weights(d), Contains("w_k.npy") && Contains("[4, 8]") &&
+                                                   Contains("E_qk = 4 from") && Contains("w_q.npy"));
+  write_npy((fs::path(d) / "w_q.npy").string(), random_tensor({8, 7}, 1));
+  CHECK_THROWS_WITH(load_multihead_weights(d), Contains("w_q.npy") && Contains("[8, 7]") && Contains("E_qk"));
   CHECK_THROWS_WITH(load_multihead_weights(dir.file("nowhere")),
                     Contains("nowhere") && Contains("does not exist"));
   CHECK_THROWS_WITH(random_multihead_weights(0, 1, true), Contains("d_model"));

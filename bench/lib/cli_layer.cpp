@@ -54,12 +54,14 @@ int run_layer(const LayerOptions& o) {
     throw UsageError("--rope-base " + shortest_double_text(o.rope_base) +
                      " needs --rope normal or --rope neox (it is the base of the rotary angles)");
   MultiHeadWeights weights = load_multihead_weights(o.weights);
-  const int64_t E = weights.d_model();
-  if (o.heads < 1 || E % o.heads != 0)
+  const int64_t E = weights.d_model(), Eqk = weights.qk_width();
+  if (o.heads < 1 || E % o.heads != 0 || Eqk % o.heads != 0)
     throw UsageError("--heads " + std::to_string(o.heads) + ": must be >= 1 and divide E = " +
-                     std::to_string(E) + " (from '" + o.weights + "/w_q.npy')");
-  validate_rope(call.rope, E / o.heads,
-                "--rope " + o.rope + " (head_dim = E / heads = " + std::to_string(E) + " / " +
+                     std::to_string(E) + " (from '" + o.weights + "/w_v.npy')" +
+                     (Eqk != E ? " and E_qk = " + std::to_string(Eqk) + " (from '" + o.weights + "/w_q.npy')"
+                               : std::string()));
+  validate_rope(call.rope, Eqk / o.heads,
+                "--rope " + o.rope + " (head_dim = E_qk / heads = " + std::to_string(Eqk) + " / " +
                     std::to_string(o.heads) + ")");
   const MultiHeadLayer layer(std::move(weights), o.heads);
   const FloatArray x = read_sequence("--x", o.x, E);
@@ -102,9 +104,11 @@ ATTN_REGISTER_COMMAND(
       sub.add_option(
              "--weights", o->weights,
              "directory with w_q.npy w_k.npy w_v.npy w_o.npy ([E, E], torch.nn.Linear layout [out, in], "
-             "y = x W^T + b) and optional b_q.npy b_k.npy b_v.npy b_o.npy ([E])")
+             "y = x W^T + b; w_q and w_k may be [E_qk, E] for head_dim = E_qk / heads != d_v = E / heads) "
+             "and optional b_q.npy b_k.npy b_v.npy b_o.npy ([E]; b_q, b_k [E_qk])")
           ->required();
-      sub.add_option("--heads", o->heads, "number of heads; must divide E (head_dim = E / heads)")
+      sub.add_option("--heads", o->heads,
+                     "number of heads; must divide E (d_v = E / heads) and E_qk (head_dim = E_qk / heads)")
           ->required();
       sub.add_option("--variant", o->variant,
                      "core attention variant (see `attnbench list`; default: the exact baseline)");

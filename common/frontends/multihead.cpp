@@ -42,20 +42,30 @@ const char* member_name(std::size_t i) {
 // Checks shapes and finiteness; label(i) names member i in messages (a tensor name or a file).
 void validate_weights(const MultiHeadWeights& w, const std::function<std::string(std::size_t)>& label) {
   const auto all = members(w);
-  if (w.w_q.rank() != 2 || w.w_q.shape[0] != w.w_q.shape[1] || w.w_q.shape[0] < 1 ||
-      w.w_q.shape[0] > kMaxDModel)
-    throw UsageError(label(0) + ": shape " + w.w_q.shape_str() +
+  if (w.w_v.rank() != 2 || w.w_v.shape[0] != w.w_v.shape[1] || w.w_v.shape[0] < 1 ||
+      w.w_v.shape[0] > kMaxDModel)
+    throw UsageError(label(2) + ": shape " + w.w_v.shape_str() +
                      "; expected a square [E, E] (torch.nn.Linear layout [out, in]) with 1 <= E <= 65536");
-  const int64_t E = w.w_q.shape[0];
+  const int64_t E = w.w_v.shape[0];
+  // w_q sets E_qk (its rows): E for torch's layer, another width for head_dim != d_v.
+  if (w.w_q.rank() != 2 || w.w_q.shape[1] != E || w.w_q.shape[0] < 1 || w.w_q.shape[0] > kMaxDModel)
+    throw UsageError(label(0) + ": shape " + w.w_q.shape_str() + "; expected [E_qk, " + std::to_string(E) +
+                     "] (E = " + std::to_string(E) + " from " + label(2) +
+                     ", torch.nn.Linear layout [out, in]; E_qk = heads * head_dim, usually E) with "
+                     "1 <= E_qk <= 65536");
+  const int64_t Eqk = w.w_q.shape[0];
   for (std::size_t i = 0; i < all.size(); ++i) {
     const FloatArray& t = *all[i];
-    const bool bias = i >= 4;
+    const bool bias = i >= 4, qk = i % 4 < 2;               // w_q, w_k, b_q, b_k are E_qk wide
     if (bias && t.numel() == 0 && t.rank() <= 1) continue;  // absent bias
-    const std::vector<int64_t> want = bias ? std::vector<int64_t>{E} : std::vector<int64_t>{E, E};
+    const int64_t out = qk ? Eqk : E;
+    const std::vector<int64_t> want = bias ? std::vector<int64_t>{out} : std::vector<int64_t>{out, E};
     if (t.shape != want)
       throw UsageError(label(i) + ": shape " + t.shape_str() + "; expected " +
                        FloatArray::shape_to_string(want) + " (E = " + std::to_string(E) + " from " +
-                       label(0) + ", torch.nn.Linear layout " + (bias ? "[out]" : "[out, in]") + ")");
+                       label(2) +
+                       (qk ? ", E_qk = " + std::to_string(Eqk) + " from " + label(0) : std::string()) +
+                       ", torch.nn.Linear layout " + (bias ? "[out]" : "[out, in]") + ")");
     for (std::size_t e = 0; e < t.numel(); ++e)
       if (!std::isfinite(t.data[e]))
         throw UsageError(label(i) + ": non-finite value " + std::to_string(t.data[e]) + " at flat index " +
@@ -63,17 +73,17 @@ void validate_weights(const MultiHeadWeights& w, const std::function<std::string
   }
 }
 
-// y[rows, E] = x[rows, E] W^T + b (b may be empty), parallel over fixed row blocks.
+// y[rows, O] = x[rows, I] W^T + b for W [O, I] (b may be empty), parallel over fixed row blocks.
 void linear(const float* x, int64_t rows, const FloatArray& w, const FloatArray& b, float* y) {
-  const int64_t E = w.shape[0];
+  const int64_t O = w.shape[0], I = w.shape[1];
   const int64_t tasks = (rows + kRowsPerTask - 1) / kRowsPerTask;
   tbb::parallel_for(int64_t{0}, tasks, [&](int64_t task) {
     const int64_t r0 = task * kRowsPerTask, nr = std::min(kRowsPerTask, rows - r0);
-    float* out = y + r0 * E;
+    float* out = y + r0 * O;
     if (b.numel()) {
-      for (int64_t r = 0; r < nr; ++r) std::copy_n(b.ptr(), E, out + r * E);
+      for (int64_t r = 0; r < nr; ++r) std::copy_n(b.ptr(), O, out + r * O);
     }
-    sgemm(false, true, nr, E, E, 1.0f, x + r0 * E, E, w.ptr(), E, b.numel() ? 1.0f : 0.0f, out, E);
+    sgemm(false, true, nr, O, I, 1.0f, x + r0 * I, I, w.ptr(), I, b.numel() ? 1.0f : 0.0f, out, O);
   });
 }
 
@@ -102,8 +112,9 @@ void require_finite(const FloatArray& t, const std::string& name) {
   }
 }
 
-float uniform_bound_xavier(int64_t E) {
-  return static_cast<float>(std::sqrt(6.0 / (4.0 * static_cast<double>(E))));
+// Xavier-uniform over the stacked [2 E_qk + E, E] in_proj_weight: sqrt(6 / (fan_in + fan_out)).
+float uniform_bound_xavier(int64_t E, int64_t Eqk) {
+  return static_cast<float>(std::sqrt(6.0 / (2.0 * static_cast<double>(E) + 2.0 * static_cast<double>(Eqk))));
 }
 
 }  // namespace
@@ -167,18 +178,21 @@ void save_multihead_weights(const std::string& dir, const MultiHeadWeights& weig
       write_npy((std::filesystem::path(dir) / (std::string(member_name(i)) + ".npy")).string(), *all[i]);
 }
 
-MultiHeadWeights random_multihead_weights(int64_t d_model, uint64_t seed, bool with_bias) {
+MultiHeadWeights random_multihead_weights(int64_t d_model, uint64_t seed, bool with_bias, int64_t qk_width) {
   if (d_model < 1 || d_model > kMaxDModel)
     throw UsageError("d_model: must be in [1, 65536], got " + std::to_string(d_model));
-  const int64_t E = d_model;
-  const float a_in = uniform_bound_xavier(E),
+  if (qk_width < 0 || qk_width > kMaxDModel)
+    throw UsageError("qk_width: must be in [1, 65536] (0: d_model), got " + std::to_string(qk_width));
+  const int64_t E = d_model, Eqk = qk_width > 0 ? qk_width : d_model;
+  const float a_in = uniform_bound_xavier(E, Eqk),
               a_lin = static_cast<float>(1.0 / std::sqrt(static_cast<double>(E)));
   MultiHeadWeights w;
   auto slots = members(w);
   for (std::size_t i = 0; i < slots.size(); ++i) {
     const bool bias = i >= 4;
     if (bias && !with_bias) continue;
-    *slots[i] = bias ? FloatArray({E}) : FloatArray({E, E});
+    const int64_t out = i % 4 < 2 ? Eqk : E;  // w_q, w_k, b_q, b_k: E_qk rows
+    *slots[i] = bias ? FloatArray({out}) : FloatArray({out, E});
     const float a = (i < 3) ? a_in : a_lin;
     // One stream per tensor, so adding biases does not change the weights drawn for the same seed.
     fill_uniform(slots[i]->ptr(), static_cast<int64_t>(slots[i]->numel()), mix64(seed ^ mix64(0x4d48 + i)),
@@ -190,14 +204,17 @@ MultiHeadWeights random_multihead_weights(int64_t d_model, uint64_t seed, bool w
 MultiHeadLayer::MultiHeadLayer(MultiHeadWeights weights, int64_t heads)
     : weights_(std::move(weights)), heads_(heads) {
   weights_.validate();
-  const int64_t E = weights_.d_model();
+  const int64_t E = weights_.d_model(), Eqk = weights_.qk_width();
   if (heads < 1 || E % heads != 0)
     throw UsageError("heads: " + std::to_string(heads) + " does not divide d_model " + std::to_string(E) +
                      "; heads must be >= 1 and divide d_model (each head gets d_model / heads columns)");
+  if (Eqk % heads != 0)
+    throw UsageError("heads: " + std::to_string(heads) + " does not divide w_q's " + std::to_string(Eqk) +
+                     " rows (E_qk); each head's queries and keys get E_qk / heads columns");
 }
 
 MultiHeadLayer::HeadsQkv MultiHeadLayer::project(const FloatArray& x, const FloatArray* context) const {
-  const int64_t E = d_model(), H = heads_, D = head_dim();
+  const int64_t E = d_model(), H = heads_, D = head_dim(), Dv = value_dim();
   auto check = [&](const FloatArray& t, const char* name) {
     if (t.rank() != 3 || t.shape[2] != E || t.shape[0] < 1 || t.shape[1] < 1)
       throw UsageError(std::string(name) + ": shape " + t.shape_str() + "; expected [batch, seq, " +
@@ -212,19 +229,19 @@ MultiHeadLayer::HeadsQkv MultiHeadLayer::project(const FloatArray& x, const Floa
                        std::to_string(x.shape[0]) + "; they must be equal");
   }
   const int64_t B = x.shape[0], Lq = x.shape[1], Lkv = kv.shape[1];
-  std::vector<float> buf(static_cast<std::size_t>(B * std::max(Lq, Lkv) * E));
+  std::vector<float> buf(static_cast<std::size_t>(B * std::max(Lq, Lkv) * std::max(E, weights_.qk_width())));
   HeadsQkv out;
   linear(x.ptr(), B * Lq, weights_.w_q, weights_.b_q, buf.data());
   out.q = split_heads(buf, B, Lq, H, D);
   linear(kv.ptr(), B * Lkv, weights_.w_k, weights_.b_k, buf.data());
   out.k = split_heads(buf, B, Lkv, H, D);
   linear(kv.ptr(), B * Lkv, weights_.w_v, weights_.b_v, buf.data());
-  out.v = split_heads(buf, B, Lkv, H, D);
+  out.v = split_heads(buf, B, Lkv, H, Dv);
   return out;
 }
 
 FloatArray MultiHeadLayer::output_projection(const FloatArray& heads_out) const {
-  const int64_t E = d_model(), H = heads_, D = head_dim();
+  const int64_t E = d_model(), H = heads_, D = value_dim();
   if (heads_out.rank() != 4 || heads_out.shape[1] != H || heads_out.shape[3] != D)
     throw UsageError("attention output: shape " + heads_out.shape_str() + "; expected [batch, " +
                      std::to_string(H) + ", seq_q, " + std::to_string(D) + "]");
@@ -257,6 +274,7 @@ Problem MultiHeadLayer::core_problem(const MultiHeadCall& call, int64_t batch, i
   p.seq_q = seq_q;
   p.seq_kv = seq_kv;
   p.head_dim = head_dim();
+  p.v_head_dim = value_dim() == head_dim() ? 0 : value_dim();
   p.mask.causal = call.causal;
   p.mask.key_padding = call.key_padding != nullptr;
   validate_rope(call.rope, p.head_dim, "rope");
@@ -281,7 +299,7 @@ FloatArray MultiHeadLayer::forward(const FloatArray& x, const FloatArray* contex
   // Each [L, head_dim] block of q and k is one head of one batch entry: positions restart at 0 in each.
   apply_rope(call.rope, qkv.q.ptr(), B * heads_, Lq, head_dim(), rope_query_offset(p));
   apply_rope(call.rope, qkv.k.ptr(), B * heads_, Lkv, head_dim(), 0);
-  FloatArray heads_out({B, heads_, Lq, head_dim()});
+  FloatArray heads_out({B, heads_, Lq, value_dim()});
   const AttentionInputs in{
       qkv.q.ptr(),    qkv.k.ptr(), qkv.v.ptr(), nullptr, call.key_padding ? call.key_padding->ptr() : nullptr,
       heads_out.ptr()};
