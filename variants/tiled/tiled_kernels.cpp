@@ -245,7 +245,7 @@ void WidenValues(DType t, const uint16_t* HWY_RESTRICT x, int64_t n, float* HWY_
 }
 
 // O^T (dim x ld) = alpha * O^T + V_tile^T P^T.
-void PvTile(const float* v, int64_t dim, const float* s, int64_t ld, int64_t nk, float* ot,
+void PvTile(const float* v, int64_t dim, int64_t ldv, const float* s, int64_t ld, int64_t nk, float* ot,
             const float* alpha) {
   static constexpr auto kernels = PvTable(std::make_integer_sequence<int, kPvVecs>());
   const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
@@ -253,7 +253,7 @@ void PvTile(const float* v, int64_t dim, const float* s, int64_t ld, int64_t nk,
     const int64_t nv = std::min<int64_t>(kPvVecs, (ld - c0) / N);
     for (int64_t d0 = 0; d0 < dim; d0 += kPvRows) {
       const int64_t mr = std::min<int64_t>(kPvRows, dim - d0);
-      kernels[nv - 1][mr - 1](v + d0, dim, s + c0, ld, nk, ot + d0 * ld + c0, ld, alpha + c0);
+      kernels[nv - 1][mr - 1](v + d0, ldv, s + c0, ld, nk, ot + d0 * ld + c0, ld, alpha + c0);
     }
   }
 }
@@ -440,10 +440,11 @@ void TileMaxPass(const float* s, int64_t ld, int64_t nk, float* tile_max) {
 // DotScores (the scores of KB keys x NR rows) is in dot_scores-inl.hpp, shared with the backward.
 
 // O rows += P V for CV vectors of head_dim starting at e0 (CV * NR <= 8): o[r] = alpha[r] * o[r] +
-// sum_j p[r * lds + j] v[j], keys j = 0..nk-1 in order.
+// sum_j p[r * lds + j] v[j], keys j = 0..nk-1 in order. V rows are ldv floats apart, o rows D.
 template <int NR, int CV>
-HWY_NOINLINE void DotPv(const float* HWY_RESTRICT v, int64_t D, int64_t nk, const float* HWY_RESTRICT p,
-                        int64_t lds, float* HWY_RESTRICT o, const float* HWY_RESTRICT alpha, int64_t e0) {
+HWY_NOINLINE void DotPv(const float* HWY_RESTRICT v, int64_t ldv, int64_t D, int64_t nk,
+                        const float* HWY_RESTRICT p, int64_t lds, float* HWY_RESTRICT o,
+                        const float* HWY_RESTRICT alpha, int64_t e0) {
   static_assert(NR * CV <= 8);
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -454,7 +455,7 @@ HWY_NOINLINE void DotPv(const float* HWY_RESTRICT v, int64_t D, int64_t nk, cons
   ATTN_ACC8(ATTN_PV_LOAD)
 #undef ATTN_PV_LOAD
   for (int64_t j = 0; j < nk; ++j) {
-    const float* vj = v + j * D + e0;
+    const float* vj = v + j * ldv + e0;
 #define ATTN_PV_FMA(i)       \
   if constexpr (i < NR * CV) \
     a##i = hn::MulAdd(hn::Set(d, p[(i / CV) * lds + j]), hn::LoadU(d, vj + (i % CV) * N), a##i);
@@ -470,7 +471,7 @@ HWY_NOINLINE void DotPv(const float* HWY_RESTRICT v, int64_t D, int64_t nk, cons
 #undef ATTN_ACC8
 
 using DotScoreFn = void (*)(const float*, int64_t, const float*, float*, int64_t);
-using DotPvFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, const float*,
+using DotPvFn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int64_t, float*, const float*,
                          int64_t);
 template <int... R>
 constexpr std::array<DotScoreFn, sizeof...(R)> DotScoreBlocks(std::integer_sequence<int, R...>) {
@@ -577,14 +578,18 @@ struct KvSource {
   const uint16_t* v16 = nullptr;
   DType dtype = DType::fp32;
   int64_t dim = 0, dv = 0;  // row widths of K (head_dim) and V (value_dim)
+  // Floats from one V row to the next as the kernels read them: dv, or AttentionInputs::v_row_stride for
+  // fp32 V read in place (V as a view of wider rows, e.g. MLA's latent within K); widened tiles are dv.
+  int64_t ldv = 0;
   bool wide() const { return dtype != DType::fp32; }
+  int64_t v_ld() const { return wide() ? dv : ldv; }
   const float* k_rows(int64_t j0, int64_t n, Scratch& w) const {
     if (!wide()) return k + j0 * dim;
     WidenValues(dtype, k16 + j0 * dim, n * dim, w.kt.data());
     return w.kt.data();
   }
   const float* v_rows(int64_t j0, int64_t n, Scratch& w) const {
-    if (!wide()) return v + j0 * dv;
+    if (!wide()) return v + j0 * ldv;
     WidenValues(dtype, v16 + j0 * dv, n * dv, w.vt.data());
     return w.vt.data();
   }
@@ -621,7 +626,8 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& sr
     }
     for (; j < nk; ++j) score_singles[nr - 1](kt + j * D, D, qs, s + j, lds);
     const float* vtile = src.v_rows(j0, nk, w);
-    if (prefetch) PrefetchRows(vtile, std::min(kPvKeys, nk), V);
+    const int64_t ldv = src.v_ld();
+    if (prefetch) PrefetchRows(vtile, std::min(kPvKeys, nk), ldv);
     DotSoftmax(c, t, j0, nk, s, lds, m, l, alpha, w.drop, w.bias.data(), w.bias.data() + ld);
     // P V in blocks of kPvKeys keys, every head_dim chunk of a block before the next block: each V row is
     // then read whole while it is fresh (sweeping the tile once per chunk would fetch it from memory in
@@ -630,18 +636,18 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& sr
     static const float kOnes[kDotRows] = {1, 1, 1, 1, 1, 1, 1, 1};
     for (int64_t b0 = 0; b0 < nk; b0 += kPvKeys) {
       const int64_t nb = std::min(kPvKeys, nk - b0);
-      const float* vt = vtile + b0 * V;
+      const float* vt = vtile + b0 * ldv;
       const float* sb = s + b0;
       const float* scale = b0 == 0 ? alpha : kOnes;
       if (prefetch && b0 + kPvKeys < nk)
-        PrefetchRows(vt + kPvKeys * V, std::min(kPvKeys, nk - b0 - kPvKeys), V);
+        PrefetchRows(vt + kPvKeys * ldv, std::min(kPvKeys, nk - b0 - kPvKeys), ldv);
       int64_t e = 0;
-      for (; e + cv * N <= Vv; e += cv * N) pv_blocks[nr - 1](vt, V, nb, sb, lds, o, scale, e);
-      for (; e < Vv; e += N) pv_singles[nr - 1](vt, V, nb, sb, lds, o, scale, e);
+      for (; e + cv * N <= Vv; e += cv * N) pv_blocks[nr - 1](vt, ldv, V, nb, sb, lds, o, scale, e);
+      for (; e < Vv; e += N) pv_singles[nr - 1](vt, ldv, V, nb, sb, lds, o, scale, e);
       for (int64_t r = 0; r < nr; ++r)  // value_dim tail (V not a multiple of the vector width)
         for (int64_t et = Vv; et < V; ++et) {
           float acc = o[r * V + et] * scale[r];
-          for (int64_t jj = 0; jj < nb; ++jj) acc += sb[r * lds + jj] * vt[jj * V + et];
+          for (int64_t jj = 0; jj < nb; ++jj) acc += sb[r * lds + jj] * vt[jj * ldv + et];
           o[r * V + et] = acc;
         }
     }
@@ -704,7 +710,7 @@ void GemmRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& s
         for (int64_t j = 0; j < nk; ++j)
           if (!w.drop[r].keep(j0 + j)) s[j * ld + r] = 0.0f;
     }
-    PvTile(src.v_rows(j0, nk, w), V, s, ld, nk, ot, alpha);
+    PvTile(src.v_rows(j0, nk, w), V, src.v_ld(), s, ld, nk, ot, alpha);
   }
 }
 
@@ -742,7 +748,7 @@ float* out_row(const Context& c, const TileRows& t, int64_t r) {
 void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
   const Problem& p = c.p;
   const Schedule& sc = c.sched;
-  const int64_t D = p.head_dim, V = p.value_dim(), Lkv = p.seq_kv;
+  const int64_t D = p.head_dim, V = p.value_dim();
   TileRows t = unit_rows(c, unit);
   const int64_t nr = t.nr, ld = round_up(nr, kLanes);
   const bool dropout = p.dropout > 0, dot = nr <= kDotRows;
@@ -811,11 +817,16 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
     for (int64_t r = 0; r < nr; ++r) w.drop[r] = DropoutRow(p.dropout, p.seed, t.b, t.head(r), t.pos(r));
 
   // Grouped-query attention: every row of the tile reads the one K/V head they share, in place.
-  const int64_t kv_rows = (t.b * p.num_kv_heads() + t.kvh) * Lkv, k_at = kv_rows * D, v_at = kv_rows * V;
+  // A reserved cache (AttentionInputs::kv_capacity) and strided V (v_row_stride) are read in place; both are
+  // fp32 only (Attention::run refuses them otherwise), so the 16-bit offsets keep the contiguous layout.
+  const int64_t block_rows = kv_block_rows(p, c.in), ldv = v_row_stride(p, c.in);
+  const int64_t kv_rows = (t.b * p.num_kv_heads() + t.kvh) * block_rows, k_at = kv_rows * D,
+                v_at = kv_rows * (wide ? V : ldv);
   KvSource src;
   src.dtype = p.dtype;
   src.dim = D;
   src.dv = V;
+  src.ldv = ldv;
   if (wide) {
     src.k16 = c.in.k16 + k_at;
     src.v16 = c.in.v16 + v_at;
