@@ -239,13 +239,20 @@ void save_mla_weights(const std::string& dir, const MlaWeights& weights, const M
       write_npy((std::filesystem::path(dir) / (std::string(name) + ".npy")).string(), weights.*member);
 }
 
+namespace {
+// DeepSeek's names of the two forms (inference/model.py attn_impl "naive" / "absorb"); the first is the
+// name of a form of MLA, not of the variant that shares it.
+constexpr const char* kNaiveForm = "naive";  // structure: not a variant
+constexpr const char* kAbsorbedForm = "absorbed";
+}  // namespace
+
 const char* mla_form_name(MlaForm f) {
-  return f == MlaForm::naive ? "naive" : "absorbed";
+  return f == MlaForm::naive ? kNaiveForm : kAbsorbedForm;
 }
 
 MlaForm parse_mla_form(const std::string& text, const std::string& where) {
-  if (text == "naive") return MlaForm::naive;
-  if (text == "absorbed") return MlaForm::absorbed;
+  if (text == kNaiveForm) return MlaForm::naive;
+  if (text == kAbsorbedForm) return MlaForm::absorbed;
   throw UsageError(where + ": unknown MLA form '" + text + "' (allowed: naive, absorbed)");
 }
 
