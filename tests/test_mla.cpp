@@ -4,6 +4,7 @@
 // kv_capacity, v_row_stride).
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -227,6 +228,10 @@ TEST_CASE("MLA: weights saved to .npy files load back equal", "[mla]") {
     CHECK(back.q_norm.data == w.q_norm.data);
     CHECK_THROWS_WITH(load_mla_weights(path, tiny(q_lora == 0 ? 12 : 0)), Contains(path));
   }
+  const std::string typo = dir.file("q12");
+  std::filesystem::copy_file(typo + "/wkv_b.npy", typo + "/wkv_bb.npy");
+  CHECK_THROWS_WITH(load_mla_weights(typo, tiny(12)),
+                    Contains("wkv_bb.npy") && Contains("did you mean 'wkv_b.npy'"));
 }
 
 TEST_CASE("a reserved cache and V with a row stride are read in place as their contiguous copies",

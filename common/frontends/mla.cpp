@@ -216,6 +216,19 @@ MlaWeights load_mla_weights(const std::string& dir, const MlaShape& shape) {
   if (!fs::is_directory(dir, ec))
     throw UsageError("MLA weights directory '" + dir +
                      "': " + (fs::exists(dir, ec) ? "is not a directory" : "does not exist"));
+  // A file that looks like a weight but is none of them is a likely typo (it would be silently ignored).
+  std::vector<std::string> known;
+  for (const auto& [name, member] : weight_members()) known.push_back(std::string(name) + ".npy");
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string file = entry.path().filename().string();
+    const bool looks_like_weight =
+        (file.starts_with("w") || file.ends_with("_norm.npy")) && file.ends_with(".npy");
+    if (looks_like_weight && std::find(known.begin(), known.end(), file) == known.end()) {
+      std::string msg = "MLA weights directory '" + dir + "': unexpected file '" + file + "'";
+      if (auto m = did_you_mean(file, known)) msg += " (did you mean '" + *m + "'?)";
+      throw UsageError(msg + "; allowed: " + join(known, ", "));
+    }
+  }
   MlaWeights w;
   for (const auto& [name, member] : weight_members()) {
     const std::string path = (fs::path(dir) / (std::string(name) + ".npy")).string();
