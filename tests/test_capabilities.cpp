@@ -46,6 +46,7 @@ constexpr BoolField kBoolFields[] = {
     {"own_definition", &Capabilities::own_definition},
     {"value_dim", &Capabilities::value_dim},
     {"block_partials", &Capabilities::block_partials},
+    {"strided_kv", &Capabilities::strided_kv},
 };
 // Every field is one byte (bool, Gate : uint8_t), so a field added to Capabilities changes its size: then
 // add it to kBoolFields (or compare it below) and to every row of kBuiltIns.
@@ -85,7 +86,7 @@ const Pinned kBuiltIns[] = {
      Gate::none,
      {"exact", "causal", "causal_lower_right", "gqa", "boolean_mask", "key_padding", "cross", "dropout",
       "bf16", "fp16", "alibi", "permutation_equivariant", "baseline", "backward", "sinks", "softcap",
-      "value_dim"}},
+      "value_dim", "strided_kv"}},
     {"nystrom", Gate::none, {"gqa", "key_padding", "cross", "bf16", "fp16", "backward"}},
     {"performer",
      Gate::none,
@@ -107,7 +108,7 @@ const Pinned kBuiltIns[] = {
      Gate::none,
      {"exact", "causal", "causal_lower_right", "gqa", "boolean_mask", "key_padding", "cross", "dropout",
       "bf16", "fp16", "alibi", "permutation_equivariant", "backward", "sinks", "softcap", "block_partials",
-      "value_dim"}},
+      "value_dim", "strided_kv"}},
 };
 
 const char* yes_no(bool b) {

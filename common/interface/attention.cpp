@@ -35,7 +35,8 @@ Json capabilities_json(const Capabilities& c) {
           {"state", c.state},
           {"decode", c.decode},
           {"own_definition", c.own_definition},
-          {"value_dim", c.value_dim}};
+          {"value_dim", c.value_dim},
+          {"strided_kv", c.strided_kv}};
 }
 
 Json variants_json() {
@@ -151,12 +152,40 @@ void Attention::check_extra_inputs(const Problem& p, const AttentionInputs& in) 
   if (!missing.empty()) throw UsageError(name() + ": missing " + missing);
 }
 
+namespace {
+// A reserved cache or strided V (AttentionInputs::kv_capacity, v_row_stride): legal values, and a variant
+// that reads them (Capabilities::strided_kv), fp32, forward only.
+void check_kv_layout(const Attention& v, const Problem& p, const AttentionInputs& in, bool backward) {
+  if (in.kv_capacity < 0 || in.v_row_stride < 0)
+    throw UsageError(
+        "attention inputs: kv_capacity and v_row_stride must be >= 0 (0: the contiguous default), got " +
+        std::to_string(in.kv_capacity) + " and " + std::to_string(in.v_row_stride));
+  if (in.kv_capacity != 0 && in.kv_capacity < p.seq_kv)
+    throw UsageError("attention inputs: kv_capacity " + std::to_string(in.kv_capacity) + " is below seq_kv " +
+                     std::to_string(p.seq_kv) + "; it must be 0 (contiguous) or at least seq_kv");
+  if (in.v_row_stride != 0 && in.v_row_stride < p.value_dim())
+    throw UsageError("attention inputs: v_row_stride " + std::to_string(in.v_row_stride) + " is below d_v " +
+                     std::to_string(p.value_dim()) + "; it must be 0 (contiguous) or at least d_v");
+  if (!has_strided_kv(p, in)) return;
+  const std::string layout = "K/V read in place from a reserved cache or V with a row stride (kv_capacity " +
+                             std::to_string(kv_block_rows(p, in)) + ", v_row_stride " +
+                             std::to_string(v_row_stride(p, in)) + ")";
+  if (!v.capabilities().strided_kv)
+    throw NotSupported(p.repro() + ": " + v.name() + " reads K and V only contiguous, not " + layout +
+                       " (capability strided_kv)");
+  if (p.dtype != DType::fp32)
+    throw NotSupported(p.repro() + ": " + layout + " is fp32 only, got dtype " + dtype_name(p.dtype));
+  if (backward) throw NotSupported(p.repro() + ": the backward does not take " + layout);
+}
+}  // namespace
+
 void Attention::run(const Problem& p, const AttentionInputs& in) const {
   p.validate();
   if (const std::string why = unsupported_reasons_text(p); !why.empty())
     throw NotSupported(p.repro() + ": " + why);
   check_inputs(p, in);
   check_extra_inputs(p, in);
+  check_kv_layout(*this, p, in, /*backward=*/false);
   forward(p, in);
 }
 
@@ -230,6 +259,7 @@ void Attention::run_saving(const Problem& p, const AttentionInputs& in, float* s
     throw NotSupported(p.repro() + ": " + why);
   check_inputs(p, in);
   check_extra_inputs(p, in);
+  check_kv_layout(*this, p, in, /*backward=*/false);
   if (saved_floats(p) > 0 && !saved)
     throw UsageError(name() + ": the training forward needs a buffer for its saved state (" +
                      std::to_string(saved_floats(p)) + " floats: " + saved_description() + ")");
@@ -251,6 +281,7 @@ void Attention::run_backward(const Problem& p, const AttentionInputs& in, const 
     throw NotSupported(p.repro() + ": " + why);
   check_inputs(p, in, /*needs_out=*/false);
   check_extra_inputs(p, in);
+  check_kv_layout(*this, p, in, /*backward=*/true);
   std::string missing;
   auto need = [&](const void* ptr, const char* what) {
     if (!ptr) missing += (missing.empty() ? "" : ", ") + std::string(what);

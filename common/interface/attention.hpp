@@ -76,6 +76,9 @@ struct Capabilities {
   // query block against key blocks one at a time, merged into a running state, for sequence-parallel callers
   // (attnbench_mpi's ring attention runs any variant that claims it).
   bool block_partials = false;
+  // Reads K and V in place from a reserved cache (AttentionInputs::kv_capacity) and V rows with a stride
+  // (AttentionInputs::v_row_stride), fp32 forward.
+  bool strided_kv = false;
 };
 
 Json capabilities_json(const Capabilities& caps);
@@ -112,6 +115,17 @@ struct AttentionInputs {
   const float* sink_logits = nullptr;
   const float* initial_state = nullptr;
   float* final_state = nullptr;
+  // ---- A reserved KV cache read in place (Capabilities::strided_kv; appended in plugin ABI 3) ----
+  // kv_capacity: rows each [.., seq, ..] block of K and V holds in memory (a cache reserved for kv_capacity
+  // tokens of which the problem's seq_kv are filled): K/V block kb (Problem::kv_block) starts at row
+  // kb * kv_capacity. 0 means seq_kv (contiguous blocks).
+  // v_row_stride: floats from one V row to the next, >= d_v; 0 means d_v. v may point into K's rows (DeepSeek
+  // MLA's absorbed form: V is the first 512 columns of the 576-wide K = [latent | k_pe], v == k,
+  // v_row_stride == head_dim).
+  // fp32 forward only (Attention::run and run_saving refuse them otherwise); a variant without
+  // Capabilities::strided_kv is refused by name when either is not its default.
+  int64_t kv_capacity = 0;
+  int64_t v_row_stride = 0;
 };
 
 // The tensors of one backward call (Attention::run_backward). out: the forward's output O and saved: the
@@ -364,6 +378,19 @@ double compulsory_bytes(const Problem& p);
 // needs_out); throws UsageError otherwise
 // (Attention::run and reference_attention call it).
 void check_inputs(const Problem& p, const AttentionInputs& in, bool needs_out = true);
+
+// The layout of K and V in memory (AttentionInputs::kv_capacity, v_row_stride): rows per K/V block (K/V
+// block kb's row j is row kb * kv_block_rows + j) and floats per V row; and whether either differs from the
+// contiguous default. Variants with Capabilities::strided_kv index K and V through these.
+inline int64_t kv_block_rows(const Problem& p, const AttentionInputs& in) {
+  return in.kv_capacity > 0 ? in.kv_capacity : p.seq_kv;
+}
+inline int64_t v_row_stride(const Problem& p, const AttentionInputs& in) {
+  return in.v_row_stride > 0 ? in.v_row_stride : p.value_dim();
+}
+inline bool has_strided_kv(const Problem& p, const AttentionInputs& in) {
+  return kv_block_rows(p, in) != p.seq_kv || v_row_stride(p, in) != p.value_dim();
+}
 
 }  // namespace attn
 

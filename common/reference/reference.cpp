@@ -51,8 +51,11 @@ void reference_attention(const Problem& p, const AttentionInputs& in16, double* 
     const int64_t b = bh / p.heads, h = bh % p.heads;
     std::vector<double> s(static_cast<std::size_t>(Lkv));
     const float* q = in.q + bh * Lq * D;
-    const float* k = in.k + p.kv_block(b, h) * Lkv * D;  // grouped-query: the group's shared K/V head
-    const float* v = in.v + p.kv_block(b, h) * Lkv * Dv;
+    // Grouped-query: the group's shared K/V head; a reserved cache or strided V read in place
+    // (AttentionInputs::kv_capacity, v_row_stride).
+    const int64_t block_rows = kv_block_rows(p, in), ldv = v_row_stride(p, in);
+    const float* k = in.k + p.kv_block(b, h) * block_rows * D;
+    const float* v = in.v + p.kv_block(b, h) * block_rows * ldv;
     for (int64_t r = 0; r < nrows; ++r) {
       const int64_t i = rows ? (*rows)[static_cast<std::size_t>(r)] : r;
       double* o = out + (bh * nrows + r) * Dv;
@@ -88,7 +91,7 @@ void reference_attention(const Problem& p, const AttentionInputs& in16, double* 
         double w = s[j] / sum;
         if (weights != DType::fp32) w = widen(weights, round_to(weights, static_cast<float>(w)));
         if (p.dropout > 0) w = drop.keep(j) ? w * (1.0 / (1.0 - p.dropout)) : 0.0;
-        for (int64_t d = 0; d < Dv; ++d) o[d] += w * v[j * Dv + d];
+        for (int64_t d = 0; d < Dv; ++d) o[d] += w * v[j * ldv + d];
       }
     }
   });

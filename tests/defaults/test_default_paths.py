@@ -33,7 +33,8 @@ NOT_SWEEPS = {"lra_table2.json": "LRA Table 2's published figures, read by scrip
               "quality_families.json": "the feature-map variants of the quality models, read by bench/quality/models.py",
               "quality_published.json": "published task-quality figures, read by scripts/plotlib/quality.py",
               "quality.json": "a quality config (scripts/quality), planned by tests/interop/test_quality_harness.py",
-              "quality_full.json": "a quality config (scripts/quality), planned by tests/interop/test_quality_harness.py"}
+              "quality_full.json": "a quality config (scripts/quality), planned by tests/interop/test_quality_harness.py",
+              "mla.json": "MLA layer shapes for `attnbench mla --config`, checked by tests/test_mla.cpp"}
 # Variants a default path may skip, with the reason. Empty: every variant reaches every default path.
 MAY_SKIP = {}
 N, HEADS, HEAD_DIM = 24, 2, 8  # patterns: N > head_dim, so the unit-vector probe takes several passes

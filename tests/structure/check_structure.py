@@ -5,7 +5,8 @@
    its own layer or a lower one, never a higher one, and the includes inside common/ have no circle.
 2. Outside variants/ (tests and configs aside) no file includes a variant's header, and no C++ or Python
    source names a registered variant in a string literal: the harness reaches variants through the registry
-   (its baseline, its capabilities), so a variant's folder is the only place that knows it.
+   (its baseline, its capabilities), so a variant's folder is the only place that knows it. A literal that
+   only shares a variant's name (MLA's "naive" form) is allowed on a line marked "structure: not a variant".
 3. No C++ function runs past 100 lines outside the kernels (common/kernels/, variants/): long functions are
    split by their stages.
 
@@ -115,6 +116,10 @@ def check_variant_names(root, files, names):
             if m and m.group(1).startswith("variants/"):
                 breaches.append(f"{f}:{i}: includes a variant's header ({m.group(1)}); go through the registry")
             code = line.split("//")[0] if f.endswith((".hpp", ".cpp")) else line.split("#")[0]
+            # A string that is a variant's name but means something else (MLA's "naive" form) carries the
+            # marker on its line, with the reason beside it.
+            if "structure: not a variant" in line:
+                continue
             for m in literal.finditer(code):
                 breaches.append(f"{f}:{i}: names the variant {m.group(0)}; ask the registry (baseline, "
                                 "capabilities) or move the data under configs/")

@@ -115,7 +115,8 @@ class Naive final : public Attention {
             .backward = true,
             .sinks = true,
             .softcap = true,
-            .value_dim = true};
+            .value_dim = true,
+            .strided_kv = true};
   }
   double flops(const Problem& p) const override {
     // The shared exact-attention count (common/kernels/mask.hpp). Causal GEMMs stop at each row block's last
@@ -290,6 +291,7 @@ class Naive final : public Attention {
     const int64_t group = heads_per_group(p), rows = rows_per_block(p);
     const int64_t blocks_per_head = (Lq + rows - 1) / rows;
     const float scale = static_cast<float>(p.effective_scale());
+    const int64_t kv_rows = kv_block_rows(p, in), ldv = v_row_stride(p, in);
     ScoreBuffer scores(static_cast<std::size_t>(group) * Lq * Lkv);
 
     for (int64_t g0 = 0; g0 < BH; g0 += group) {
@@ -300,8 +302,9 @@ class Naive final : public Attention {
         const int64_t b = bh / p.heads, h = bh % p.heads;
         float* s = scores.data() + ((bh - g0) * Lq + r0) * Lkv;
         const float* q = in.q + (bh * Lq + r0) * D;
-        const float* k = in.k + p.kv_block(b, h) * Lkv * D;  // grouped-query: the group's K/V, not a copy
-        const float* v = in.v + p.kv_block(b, h) * Lkv * Dv;
+        // Grouped-query: the group's K/V, not a copy; a reserved cache or strided V in place (strided_kv).
+        const float* k = in.k + p.kv_block(b, h) * kv_rows * D;
+        const float* v = in.v + p.kv_block(b, h) * kv_rows * ldv;
         float* o = in.out + (bh * Lq + r0) * Dv;
         // Causal (query i attends keys j <= i + c, mask.hpp): keys past the block's last row's limit are
         // hidden from every row of the block, so both GEMMs stop there.
@@ -318,7 +321,7 @@ class Naive final : public Attention {
               softmax_row(p, in, b, h, r0 + r, s + r * Lkv, keys, slopes.empty() ? 0.0f : slopes[h]);
           if (saved) saved[bh * Lq + r0 + r] = lse;
         }
-        sgemm(false, false, nr, Dv, keys, 1.0f, s, Lkv, v, Dv, 0.0f, o, Dv);
+        sgemm(false, false, nr, Dv, keys, 1.0f, s, Lkv, v, ldv, 0.0f, o, Dv);
       });
     }
   }

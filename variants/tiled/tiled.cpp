@@ -115,7 +115,8 @@ class Tiled final : public Attention {
             .sinks = true,
             .softcap = true,
             .value_dim = true,
-            .block_partials = true};
+            .block_partials = true,
+            .strided_kv = true};
   }
 
   // ---- Block partials (tiled.hpp): forward()'s split-KV path merged into a running state ----

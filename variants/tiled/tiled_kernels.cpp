@@ -245,7 +245,7 @@ void WidenValues(DType t, const uint16_t* HWY_RESTRICT x, int64_t n, float* HWY_
 }
 
 // O^T (dim x ld) = alpha * O^T + V_tile^T P^T.
-void PvTile(const float* v, int64_t dim, const float* s, int64_t ld, int64_t nk, float* ot,
+void PvTile(const float* v, int64_t dim, int64_t ldv, const float* s, int64_t ld, int64_t nk, float* ot,
             const float* alpha) {
   static constexpr auto kernels = PvTable(std::make_integer_sequence<int, kPvVecs>());
   const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
@@ -253,7 +253,7 @@ void PvTile(const float* v, int64_t dim, const float* s, int64_t ld, int64_t nk,
     const int64_t nv = std::min<int64_t>(kPvVecs, (ld - c0) / N);
     for (int64_t d0 = 0; d0 < dim; d0 += kPvRows) {
       const int64_t mr = std::min<int64_t>(kPvRows, dim - d0);
-      kernels[nv - 1][mr - 1](v + d0, dim, s + c0, ld, nk, ot + d0 * ld + c0, ld, alpha + c0);
+      kernels[nv - 1][mr - 1](v + d0, ldv, s + c0, ld, nk, ot + d0 * ld + c0, ld, alpha + c0);
     }
   }
 }
@@ -440,9 +440,9 @@ void TileMaxPass(const float* s, int64_t ld, int64_t nk, float* tile_max) {
 // DotScores (the scores of KB keys x NR rows) is in dot_scores-inl.hpp, shared with the backward.
 
 // O rows += P V for CV vectors of head_dim starting at e0 (CV * NR <= 8): o[r] = alpha[r] * o[r] +
-// sum_j p[r * lds + j] v[j], keys j = 0..nk-1 in order.
+// sum_j p[r * lds + j] v[j], keys j = 0..nk-1 in order. V rows are ldv elements apart, o rows D.
 template <int NR, int CV, class Rows>
-HWY_NOINLINE void DotPv(const typename Rows::T* HWY_RESTRICT v, int64_t D, int64_t nk,
+HWY_NOINLINE void DotPv(const typename Rows::T* HWY_RESTRICT v, int64_t ldv, int64_t D, int64_t nk,
                         const float* HWY_RESTRICT p, int64_t lds, float* HWY_RESTRICT o,
                         const float* HWY_RESTRICT alpha, int64_t e0) {
   static_assert(NR * CV <= 8);
@@ -455,7 +455,7 @@ HWY_NOINLINE void DotPv(const typename Rows::T* HWY_RESTRICT v, int64_t D, int64
   ATTN_ACC8(ATTN_PV_LOAD)
 #undef ATTN_PV_LOAD
   for (int64_t j = 0; j < nk; ++j) {
-    const typename Rows::T* vj = v + j * D + e0;
+    const typename Rows::T* vj = v + j * ldv + e0;
 #define ATTN_PV_FMA(i)       \
   if constexpr (i < NR * CV) \
     a##i = hn::MulAdd(hn::Set(d, p[(i / CV) * lds + j]), Rows::Load(d, vj + (i % CV) * N), a##i);
@@ -473,7 +473,7 @@ HWY_NOINLINE void DotPv(const typename Rows::T* HWY_RESTRICT v, int64_t D, int64
 template <class Rows>
 using DotScoreFn = void (*)(const typename Rows::T*, int64_t, const float*, float*, int64_t);
 template <class Rows>
-using DotPvFn = void (*)(const typename Rows::T*, int64_t, int64_t, const float*, int64_t, float*,
+using DotPvFn = void (*)(const typename Rows::T*, int64_t, int64_t, int64_t, const float*, int64_t, float*,
                          const float*, int64_t);
 template <class Rows, int... R>
 constexpr std::array<DotScoreFn<Rows>, sizeof...(R)> DotScoreBlocks(std::integer_sequence<int, R...>) {
@@ -581,14 +581,18 @@ struct KvSource {
   const uint16_t* v16 = nullptr;
   DType dtype = DType::fp32;
   int64_t dim = 0, dv = 0;  // row widths of K (head_dim) and V (value_dim)
+  // Floats from one V row to the next as the kernels read them: dv, or AttentionInputs::v_row_stride for
+  // fp32 V read in place (V as a view of wider rows, e.g. MLA's latent within K); widened tiles are dv.
+  int64_t ldv = 0;
   bool wide() const { return dtype != DType::fp32; }
+  int64_t v_ld() const { return wide() ? dv : ldv; }
   const float* k_rows(int64_t j0, int64_t n, Scratch& w) const {
     if (!wide()) return k + j0 * dim;
     WidenValues(dtype, k16 + j0 * dim, n * dim, w.kt.data());
     return w.kt.data();
   }
   const float* v_rows(int64_t j0, int64_t n, Scratch& w) const {
-    if (!wide()) return v + j0 * dv;
+    if (!wide()) return v + j0 * ldv;
     WidenValues(dtype, v16 + j0 * dv, n * dv, w.vt.data());
     return w.vt.data();
   }
@@ -602,16 +606,18 @@ struct KvSource {
 template <class Rows>
 struct InPlaceRows {
   const typename Rows::T *k, *v;
-  int64_t D, V;
+  int64_t D, ldv;  // K rows D apart, V rows ldv (d_v, or AttentionInputs::v_row_stride for fp32 V)
   static constexpr bool kPrefetch = true;
   const typename Rows::T* k_tile(int64_t j0, int64_t, Scratch&) const { return k + j0 * D; }
-  const typename Rows::T* v_tile(int64_t j0, int64_t, Scratch&) const { return v + j0 * V; }
+  const typename Rows::T* v_tile(int64_t j0, int64_t, Scratch&) const { return v + j0 * ldv; }
+  int64_t v_ld() const { return ldv; }
 };
 struct WidenedRows {
   const KvSource& src;
   static constexpr bool kPrefetch = false;
   const float* k_tile(int64_t j0, int64_t n, Scratch& w) const { return src.k_rows(j0, n, w); }
   const float* v_tile(int64_t j0, int64_t n, Scratch& w) const { return src.v_rows(j0, n, w); }
+  int64_t v_ld() const { return src.v_ld(); }
 };
 
 // Rows of a dot-path tile against keys [t.ja, t.jb): leaves m, l in w.stats and the unnormalised output
@@ -647,7 +653,8 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const Tiles& tiles
     }
     for (; j < nk; ++j) score_singles[nr - 1](kt + j * D, D, qs, s + j, lds);
     const typename Rows::T* vtile = tiles.v_tile(j0, nk, w);
-    if (prefetch) PrefetchRows(vtile, std::min(kPvKeys, nk), V);
+    const int64_t ldv = tiles.v_ld();
+    if (prefetch) PrefetchRows(vtile, std::min(kPvKeys, nk), ldv);
     DotSoftmax(c, t, j0, nk, s, lds, m, l, alpha, w.drop, w.bias.data(), w.bias.data() + ld);
     // P V in blocks of kPvKeys keys, every head_dim chunk of a block before the next block: each V row is
     // then read whole while it is fresh (sweeping the tile once per chunk would fetch it from memory in
@@ -656,18 +663,18 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const Tiles& tiles
     static const float kOnes[kDotRows] = {1, 1, 1, 1, 1, 1, 1, 1};
     for (int64_t b0 = 0; b0 < nk; b0 += kPvKeys) {
       const int64_t nb = std::min(kPvKeys, nk - b0);
-      const typename Rows::T* vt = vtile + b0 * V;
+      const typename Rows::T* vt = vtile + b0 * ldv;
       const float* sb = s + b0;
       const float* scale = b0 == 0 ? alpha : kOnes;
       if (prefetch && b0 + kPvKeys < nk)
-        PrefetchRows(vt + kPvKeys * V, std::min(kPvKeys, nk - b0 - kPvKeys), V);
+        PrefetchRows(vt + kPvKeys * ldv, std::min(kPvKeys, nk - b0 - kPvKeys), ldv);
       int64_t e = 0;
-      for (; e + cv * N <= Vv; e += cv * N) pv_blocks[nr - 1](vt, V, nb, sb, lds, o, scale, e);
-      for (; e < Vv; e += N) pv_singles[nr - 1](vt, V, nb, sb, lds, o, scale, e);
+      for (; e + cv * N <= Vv; e += cv * N) pv_blocks[nr - 1](vt, ldv, V, nb, sb, lds, o, scale, e);
+      for (; e < Vv; e += N) pv_singles[nr - 1](vt, ldv, V, nb, sb, lds, o, scale, e);
       for (int64_t r = 0; r < nr; ++r)  // value_dim tail (V not a multiple of the vector width)
         for (int64_t et = Vv; et < V; ++et) {
           float acc = o[r * V + et] * scale[r];
-          for (int64_t jj = 0; jj < nb; ++jj) acc += sb[r * lds + jj] * Rows::Scalar(vt + jj * V + et);
+          for (int64_t jj = 0; jj < nb; ++jj) acc += sb[r * lds + jj] * Rows::Scalar(vt + jj * ldv + et);
           o[r * V + et] = acc;
         }
     }
@@ -730,7 +737,7 @@ void GemmRows(const Context& c, const TileRows& t, Scratch& w, const KvSource& s
         for (int64_t j = 0; j < nk; ++j)
           if (!w.drop[r].keep(j0 + j)) s[j * ld + r] = 0.0f;
     }
-    PvTile(src.v_rows(j0, nk, w), V, s, ld, nk, ot, alpha);
+    PvTile(src.v_rows(j0, nk, w), V, src.v_ld(), s, ld, nk, ot, alpha);
   }
 }
 
@@ -768,7 +775,7 @@ float* out_row(const Context& c, const TileRows& t, int64_t r) {
 void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
   const Problem& p = c.p;
   const Schedule& sc = c.sched;
-  const int64_t D = p.head_dim, V = p.value_dim(), Lkv = p.seq_kv;
+  const int64_t D = p.head_dim, V = p.value_dim();
   TileRows t = unit_rows(c, unit);
   const int64_t nr = t.nr, ld = round_up(nr, kLanes);
   const bool dropout = p.dropout > 0, dot = nr <= kDotRows;
@@ -837,11 +844,16 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
     for (int64_t r = 0; r < nr; ++r) w.drop[r] = DropoutRow(p.dropout, p.seed, t.b, t.head(r), t.pos(r));
 
   // Grouped-query attention: every row of the tile reads the one K/V head they share, in place.
-  const int64_t kv_rows = (t.b * p.num_kv_heads() + t.kvh) * Lkv, k_at = kv_rows * D, v_at = kv_rows * V;
+  // A reserved cache (AttentionInputs::kv_capacity) and strided V (v_row_stride) are read in place; both are
+  // fp32 only (Attention::run refuses them otherwise), so the 16-bit offsets keep the contiguous layout.
+  const int64_t block_rows = kv_block_rows(p, c.in), ldv = v_row_stride(p, c.in);
+  const int64_t kv_rows = (t.b * p.num_kv_heads() + t.kvh) * block_rows, k_at = kv_rows * D,
+                v_at = kv_rows * (wide ? V : ldv);
   KvSource src;
   src.dtype = p.dtype;
   src.dim = D;
   src.dv = V;
+  src.ldv = ldv;
   if (wide) {
     src.k16 = c.in.k16 + k_at;
     src.v16 = c.in.v16 + v_at;
@@ -852,7 +864,7 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(DF()));
   const bool whole_vectors = D % lanes == 0 && V % lanes == 0;
   if (dot && !wide)
-    DotRows<RowsF32>(c, t, w, InPlaceRows<RowsF32>{src.k, src.v, D, V});
+    DotRows<RowsF32>(c, t, w, InPlaceRows<RowsF32>{src.k, src.v, D, src.v_ld()});
   else if (dot && whole_vectors && p.dtype == DType::bf16)
     DotRows<RowsBf16>(c, t, w, InPlaceRows<RowsBf16>{src.k16, src.v16, D, V});
   else if (dot && whole_vectors && p.dtype == DType::fp16)
