@@ -10,4 +10,4 @@
 // they change without a bump (then bump here and update the hash there). Other headers a plugin may use (the
 // shared kernels) are called, not laid out: a changed signature there leaves a symbol the loader's dlopen
 // cannot find, which it reports as "built against another attnbench".
-#define ATTNBENCH_ABI_VERSION 2
+#define ATTNBENCH_ABI_VERSION 3
