@@ -44,6 +44,7 @@ const std::vector<std::string> kRunVolatile = {
     "/frac_bandwidth",     // gbytes_per_s over the in-run memory-bandwidth calibration, a timing too
     "/memory/peak_bytes",  // resident-memory high-water mark: page-level, depends on the allocator's state
     "/timestamp",          // when the row was written
+    "/phase_ms",           // a variant's per-phase wall times (dsa), timings too
 };
 // meta.json fields that may differ between two runs: when they ran, and the in-run calibrations (timings).
 const std::vector<std::string> kMetaVolatile = {"/start_time", "/end_time",         "/sgemm_calibration",
