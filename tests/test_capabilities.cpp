@@ -47,6 +47,7 @@ constexpr BoolField kBoolFields[] = {
     {"value_dim", &Capabilities::value_dim},
     {"block_partials", &Capabilities::block_partials},
     {"strided_kv", &Capabilities::strided_kv},
+    {"indexer", &Capabilities::indexer},
 };
 // Every field is one byte (bool, Gate : uint8_t), so a field added to Capabilities changes its size: then
 // add it to kBoolFields (or compare it below) and to every row of kBuiltIns.
@@ -65,6 +66,10 @@ const Pinned kBuiltIns[] = {
      Gate::none,
      {"causal", "causal_lower_right", "gqa", "boolean_mask", "key_padding", "dropout", "bf16", "fp16",
       "alibi", "backward"}},
+    {"dsa",
+     Gate::none,
+     {"causal", "causal_lower_right", "gqa", "boolean_mask", "key_padding", "cross", "backward", "decode",
+      "value_dim", "indexer"}},
     {"delta_rule",
      Gate::none,
      {"causal", "causal_lower_right", "gqa", "bf16", "fp16", "backward", "beta", "state", "decode",

@@ -44,6 +44,7 @@ const std::vector<std::string> kRunVolatile = {
     "/frac_bandwidth",     // gbytes_per_s over the in-run memory-bandwidth calibration, a timing too
     "/memory/peak_bytes",  // resident-memory high-water mark: page-level, depends on the allocator's state
     "/timestamp",          // when the row was written
+    "/phase_ms",           // a variant's per-phase wall times (dsa), timings too
 };
 // meta.json fields that may differ between two runs: when they ran, and the in-run calibrations (timings).
 const std::vector<std::string> kMetaVolatile = {"/start_time", "/end_time",         "/sgemm_calibration",
@@ -212,7 +213,7 @@ TEST_CASE("eval: every variant's output is bitwise identical across runs and at 
   const CaseFiles files = inputs.write_files(dir);
   const std::string qp = files.q, kp = files.k, vp = files.v, padp = files.pad, maskp = files.mask;
   // A recurrence's inputs (eval --g, --beta, --initial-state): g = logsigmoid(N(0, 1)) per token or per key
-  // channel, beta = sigmoid(N(0, 1)), an N(0, 1/4) initial state.
+  // channel, beta = sigmoid(N(0, 1)), an N(0, 1/4) initial state; an indexer's inputs N(0, 1) (kind 3).
   auto drawn = [&](const std::string& name, std::vector<int64_t> shape, uint64_t seed, int kind) {
     FloatArray x(std::move(shape));
     fill_normal(x.ptr(), static_cast<int64_t>(x.numel()), seed, kind == 2 ? 0.5 : 1.0);
@@ -238,10 +239,18 @@ TEST_CASE("eval: every variant's output is bitwise identical across runs and at 
     if (caps.beta) extra.insert(extra.end(), {"--beta", betap});
     if (caps.state) extra.insert(extra.end(), {"--initial-state", s0p});
     for (const Json& params : variant->test_param_sets()) {
+      std::vector<std::string> index_args;  // an indexer's index inputs, sized by this parameter set
+      if (caps.indexer) {
+        const IndexerShape ix(make_problem(variant->name(), params));
+        index_args = {"--index-q", drawn("index_q.npy", {B, L, ix.heads, ix.dim}, 45, 3),
+                      "--index-k", drawn("index_k.npy", {B, L, ix.dim}, 46, 3),
+                      "--index-w", drawn("index_w.npy", {B, L, ix.heads}, 47, 3)};
+      }
       for (const bool masked : {false, true}) {
         std::vector<std::string> args{"eval", "--variant", variant->name(), "--q", qp,
                                       "--k",  kp,          "--v",           vp,    "--compare"};
         args.insert(args.end(), extra.begin(), extra.end());
+        args.insert(args.end(), index_args.begin(), index_args.end());
         if (recurrence) args.push_back(masked ? "--causal-lower-right" : "--causal");
         for (auto it = params.begin(); it != params.end(); ++it)
           args.insert(args.end(), {"--param", it.key() + "=" + param_value_text(it.value())});

@@ -743,6 +743,9 @@ TEST_CASE("eval --compare with NaN/Inf inputs: counts reported, no crash, the po
     // through their state, a rule docs/numerics.md does not state for them (the refusals of their own inputs,
     // eval --g / --beta / --initial-state, are the last test case here).
     if (caps.state || caps.gate != Gate::none || caps.beta) continue;
+    // An indexer reads index inputs of its own (eval --index-q/k/w): tests/test_determinism.cpp runs it
+    // through eval, tests/test_dsa.cpp and `attnbench check` on its own inputs.
+    if (caps.indexer) continue;
     // Every variant runs the poisons with no mask, and with causal and key padding where it claims them.
     expected += static_cast<int>(poisons.size()) * (1 + caps.causal + caps.key_padding);
     for (const std::string mask : {"none", "causal", "pad"}) {

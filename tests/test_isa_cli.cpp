@@ -125,6 +125,9 @@ TEST_CASE("eval --isa scalar matches the fp64 reference and --isa best, for ever
     // The recurrences (gate / beta / state) need g, beta and files of their own for each: `attnbench check
     // --isa` (test_registry_checks) and tests/test_recurrent.cpp cover them on every target.
     if (caps.state || caps.gate != Gate::none || caps.beta) continue;
+    // An indexer reads index inputs of its own (eval --index-q/k/w): tests/test_determinism.cpp runs it
+    // through eval, tests/test_dsa.cpp and `attnbench check` on its own inputs.
+    if (caps.indexer) continue;
     for (const bool causal : {false, true}) {
       const std::string name = variant->name();
       // Odd sizes: every kernel's vector tails and remainders run.

@@ -43,6 +43,8 @@ struct EvalOptions {
   // A recurrence's inputs (the gate g, beta, a starting state), its final state out, and with the backward
   // the gradients of the three inputs out.
   std::string g, beta, initial_state, final_state, dg, dbeta, d_initial_state;
+  // A lightning indexer's inputs (Capabilities::indexer).
+  std::string index_q, index_k, index_w;
   bool backward() const { return !grad_output.empty(); }
 };
 
@@ -166,10 +168,12 @@ struct EvalCall {
   InputTensor q, k, v;
   ByteArray mask, pad;
   std::vector<float> slopes, sinks;
-  std::vector<float> g, beta, s0;  // a recurrence's gate, beta and initial state, as float32
-  FloatArray final_state;          // [batch, heads, head_dim, d_v], with --final-state
-  FloatArray d_out, forward_out;   // the backward's dO, and an earlier training forward's O
-  std::vector<float> saved;        // that forward's saved state, or the one the training forward writes
+  std::vector<float> g, beta, s0;         // a recurrence's gate, beta and initial state, as float32
+  DoubleArray index_q, index_k, index_w;  // an indexer's inputs, as read
+  std::vector<float> index_q32, index_k32, index_w32;
+  FloatArray final_state;         // [batch, heads, head_dim, d_v], with --final-state
+  FloatArray d_out, forward_out;  // the backward's dO, and an earlier training forward's O
+  std::vector<float> saved;       // that forward's saved state, or the one the training forward writes
   FloatArray out;
   // The fp32 inputs (before any rounding to the storage dtype) and the inputs the variant reads.
   AttentionInputs fp32_in, in;
@@ -265,6 +269,40 @@ DoubleArray read_double_input(const std::string& option, const std::string& path
   }
 }
 
+// An indexer's index_q [batch, seq_q, index_heads, index_dim], index_k [batch, seq_kv, index_dim] and index_w
+// [batch, seq_q, index_heads] (sizes from --q, --k and the variant's index_heads / index_dim), finite
+// float32; refused for a variant that reads none, required by one that does.
+void read_index_inputs(const EvalOptions& o, EvalCall& c) {
+  const Problem& p = c.p;
+  const bool given = !o.index_q.empty() || !o.index_k.empty() || !o.index_w.empty();
+  if (!c.variant->capabilities().indexer) {
+    if (given) throw UsageError(p.variant + " reads no index inputs (--index-q, --index-k, --index-w)");
+    return;
+  }
+  if (o.index_q.empty() || o.index_k.empty() || o.index_w.empty())
+    throw UsageError(p.variant +
+                     " needs --index-q, --index-k and --index-w (its lightning indexer's inputs)");
+  const IndexerShape ix(p);
+  auto load = [&](const char* option, const std::string& path, const std::vector<int64_t>& shape,
+                  const char* layout, std::vector<float>& out) {
+    const DoubleArray x = read_double_input(option, path);
+    if (x.shape != shape)
+      throw UsageError(std::string(option) + " '" + path + "': must be " + layout + " = " +
+                       DoubleArray::shape_to_string(shape) + ", got " + x.shape_str());
+    out.resize(x.numel());
+    for (std::size_t e = 0; e < x.numel(); ++e) {
+      out[e] = static_cast<float>(x.data[e]);
+      if (!std::isfinite(out[e]))
+        throw UsageError(std::string(option) + " '" + path + "': element " + std::to_string(e) +
+                         " is not a finite float32");
+    }
+  };
+  load("--index-q", o.index_q, {p.batch, p.seq_q, ix.heads, ix.dim}, "[batch, seq_q, index_heads, index_dim]",
+       c.index_q32);
+  load("--index-k", o.index_k, {p.batch, p.seq_kv, ix.dim}, "[batch, seq_kv, index_dim]", c.index_k32);
+  load("--index-w", o.index_w, {p.batch, p.seq_q, ix.heads}, "[batch, seq_q, index_heads]", c.index_w32);
+}
+
 // A recurrence's g, beta and initial state, read and checked against the sizes from --q (eval.hpp's rules;
 // check_call_options has checked the variant reads each one given and is given each one it needs).
 void read_recurrence_inputs(const EvalOptions& o, EvalCall& c) {
@@ -282,6 +320,7 @@ void read_recurrence_inputs(const EvalOptions& o, EvalCall& c) {
     c.s0 = checked_initial_state("--initial-state '" + o.initial_state + "'", "--q", x.shape, x.ptr(), p);
     p.initial_state = true;
   }
+  read_index_inputs(o, c);
 }
 
 // Q, K, V, the masks and the slopes, read and checked; the problem's sizes and options from them.
@@ -382,6 +421,9 @@ void run_call(const EvalOptions& o, EvalCall& c) {
   c.fp32_in.g = c.g.empty() ? nullptr : c.g.data();
   c.fp32_in.beta = c.beta.empty() ? nullptr : c.beta.data();
   c.fp32_in.initial_state = c.s0.empty() ? nullptr : c.s0.data();
+  c.fp32_in.index_q = c.index_q32.empty() ? nullptr : c.index_q32.data();
+  c.fp32_in.index_k = c.index_k32.empty() ? nullptr : c.index_k32.data();
+  c.fp32_in.index_w = c.index_w32.empty() ? nullptr : c.index_w32.data();
   if (!o.final_state.empty()) {
     c.final_state = FloatArray(state_shape(p));
     c.fp32_in.final_state = c.final_state.ptr();
@@ -522,6 +564,21 @@ int run_eval(const EvalOptions& o) {
   return 0;
 }
 
+// eval's options for a recurrence's initial state and a lightning indexer's inputs (Capabilities::state,
+// indexer).
+void add_extra_input_options(CLI::App& sub, EvalOptions& o) {
+  sub.add_option("--initial-state", o.initial_state,
+                 "a recurrence's starting state .npy, float32/64 [batch, heads, head_dim, d_v] "
+                 "(d_k x d_v per query head), finite; default 0 (`attnbench list`: state)");
+  sub.add_option("--index-q", o.index_q,
+                 "a lightning indexer's index queries .npy, float32/64 [batch, seq_q, index_heads, "
+                 "index_dim]; with --index-k [batch, seq_kv, index_dim] and --index-w [batch, seq_q, "
+                 "index_heads] required by the variants that read them (`attnbench list`: indexer), "
+                 "refused by others");
+  sub.add_option("--index-k", o.index_k, "a lightning indexer's index keys .npy (see --index-q)");
+  sub.add_option("--index-w", o.index_w, "a lightning indexer's head weights .npy (see --index-q)");
+}
+
 }  // namespace
 }  // namespace attn::cli
 
@@ -569,9 +626,7 @@ ATTN_REGISTER_COMMAND(
           "--beta", o->beta,
           "the delta rule's beta .npy, float32/64 [batch, heads, seq], every value in (0, 1]; "
           "required by delta_rule and gated_delta_rule, refused by others (`attnbench list`: beta)");
-      sub.add_option("--initial-state", o->initial_state,
-                     "a recurrence's starting state .npy, float32/64 [batch, heads, head_dim, d_v] "
-                     "(d_k x d_v per query head), finite; default 0 (`attnbench list`: state)");
+      attn::cli::add_extra_input_options(sub, *o);
       sub.add_option("--final-state", o->final_state,
                      "a recurrence's state after the last token .npy out, float32 [batch, heads, head_dim, "
                      "d_v]; with --compare also final_state_accuracy against the fp64 definition's");

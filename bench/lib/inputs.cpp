@@ -12,7 +12,9 @@
 namespace attn {
 
 std::size_t PointInputs::bytes() const {
-  return (q.numel() + k.numel() + v.numel() + g.numel() + g_vector.numel() + beta.numel()) * sizeof(float) +
+  return (q.numel() + k.numel() + v.numel() + g.numel() + g_vector.numel() + beta.numel() + index_q.numel() +
+          index_k.numel() + index_w.numel()) *
+             sizeof(float) +
          key_padding.numel();
 }
 
@@ -25,6 +27,9 @@ AttentionInputs PointInputs::view(const Problem& p, float* out) const {
   in.sink_logits = sink_logits.numel() ? sink_logits.ptr() : nullptr;
   in.g = gate_for(p);
   in.beta = beta.numel() ? beta.ptr() : nullptr;
+  in.index_q = index_q.numel() ? index_q.ptr() : nullptr;
+  in.index_k = index_k.numel() ? index_k.ptr() : nullptr;
+  in.index_w = index_w.numel() ? index_w.ptr() : nullptr;
   in.out = out;
   return in;
 }
@@ -44,6 +49,14 @@ namespace {
 // inputs[].beta; default N(0, 1)), then g = logsigmoid(z), beta = sigmoid(z). The same N(0, 1) draws serve
 // every distribution of an input seed.
 constexpr uint64_t kGateStream = 0x9e3779b97f4a7c15ULL;
+// An indexer's inputs: input_seed * 3 + 1 .. 3 offset by another constant (apart from the gate streams).
+constexpr uint64_t kIndexStream = 0xd1b54a32d192ed03ULL;
+
+void draw_normal(FloatArray& x, std::vector<int64_t> shape, uint64_t seed) {
+  if (x.shape == shape) return;
+  x = FloatArray(std::move(shape));
+  fill_normal(x.ptr(), static_cast<int64_t>(x.numel()), seed);
+}
 
 void draw_into(FloatArray& x, std::vector<int64_t> shape, uint64_t seed, const GateDistribution& dist,
                bool logsigmoid) {
@@ -78,6 +91,12 @@ void fill_recurrence_inputs(const SweepPoint& pt, PointInputs& in) {
     draw_into(in.g_vector, channels, pt.input_seed * 3 + 1 + kGateStream, pt.regime.g, true);
   if (caps.beta && in.beta.shape != tokens)
     draw_into(in.beta, tokens, pt.input_seed * 3 + 2 + kGateStream, pt.regime.beta, false);
+  if (caps.indexer) {
+    const IndexerShape ix(p);
+    draw_normal(in.index_q, {p.batch, p.seq_q, ix.heads, ix.dim}, pt.input_seed * 3 + 1 + kIndexStream);
+    draw_normal(in.index_k, {p.batch, p.seq_kv, ix.dim}, pt.input_seed * 3 + 2 + kIndexStream);
+    draw_normal(in.index_w, {p.batch, p.seq_q, ix.heads}, pt.input_seed * 3 + 3 + kIndexStream);
+  }
 }
 
 const float* PointInputs::gate_for(const Problem& p) const {

@@ -18,6 +18,10 @@ struct PointInputs {
   // The gate `p`'s variant reads (g, g_vector or null).
   const float* gate_for(const Problem& p) const;
   FloatArray sink_logits;  // [heads], N(0, 1): read only by points with sink logits (Problem::sinks)
+  // A lightning indexer's inputs (Capabilities::indexer), only for a variant that reads them: index_q
+  // [batch, seq_q, index_heads, index_dim], index_k [batch, seq_kv, index_dim], index_w [batch, seq_q,
+  // index_heads] (IndexerShape), each N(0, 1) from its own stream of the input seed.
+  FloatArray index_q, index_k, index_w;
   std::size_t bytes() const;
   // Pointers to every tensor here, with the gate `p`'s variant reads (gate_for): what its kernel is given
   // (every caller once had to remember to pick the gate; one did not, and a per-channel gate went missing).
@@ -34,7 +38,8 @@ PointInputs make_inputs(const SweepPoint& point);
 
 // Draws in.g, in.g_vector and in.beta where the point's variant reads them and they are not there yet (points
 // sharing inputs may be variants with a scalar and a per-channel gate); the draws depend on the input seed
-// alone, so every point of an input set sees the same g and beta.
+// alone, so every point of an input set sees the same g and beta. Likewise an indexer's index_q, index_k and
+// index_w (redrawn when a point's index_heads or index_dim give them another shape).
 void fill_recurrence_inputs(const SweepPoint& point, PointInputs& in);
 
 // Backward points' dO, [batch, heads, seq_q, d_v]: N(0, 1) from its own stream of the input seed (Q, K

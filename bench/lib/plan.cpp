@@ -325,8 +325,14 @@ PointMemory point_memory(const SweepPoint& pt, const SweepConfig& c) {
                            : caps.gate == Gate::scalar ? tokens
                                                        : 0;
   const std::size_t state = sat_mul(to_size(p.batch * p.heads), to_size(p.head_dim), to_size(p.value_dim()));
-  m.extra_inputs = sat_mul(
-      sat_add(gate, caps.beta ? tokens : 0, to_size(p.heads), p.initial_state ? state : 0), sizeof(float));
+  // An indexer's index_q, index_k and index_w (IndexerShape).
+  const std::size_t index =
+      caps.indexer ? sat_add(to_size(IndexerShape(p).q_elements(p)), to_size(IndexerShape(p).k_elements(p)),
+                             to_size(IndexerShape(p).w_elements(p)))
+                   : 0;
+  m.extra_inputs =
+      sat_mul(sat_add(gate, caps.beta ? tokens : 0, to_size(p.heads), p.initial_state ? state : 0, index),
+              sizeof(float));
   if (decode_from_prefill(p)) {
     const Problem pre = prefill_problem(p);
     const std::size_t pre_tokens = to_size(pre.batch * pre.heads * pre.seq_q);
@@ -359,7 +365,7 @@ std::string skip_reason(const SweepPoint& pt, const SweepConfig& c) {
          (m.fp32_inputs ? ", fp32 inputs the " + std::string(dtype_name(pt.problem.dtype)) +
                               " ones are rounded from " + format_bytes(static_cast<double>(m.fp32_inputs))
                         : std::string()) +
-         (m.extra_inputs ? ", per-token inputs (g, beta, sinks, state) " +
+         (m.extra_inputs ? ", per-token inputs (g, beta, sinks, state, index inputs) " +
                                format_bytes(static_cast<double>(m.extra_inputs))
                          : std::string()) +
          (m.prefill ? ", the decode state's prefill " + format_bytes(static_cast<double>(m.prefill))

@@ -302,6 +302,12 @@ constexpr Field kFields[] = {
      "median milliseconds of applying RoPE to Q and K once, at the row's threads and target (not "
      "part of `time_ms`); null when `rope` is `none`",
      OPT_NUM(r.rope_ms)},
+    {"phase_ms", "object|null", "ms",
+     "median milliseconds of each phase of the timed forward calls, by name, for a variant that reports its "
+     "phases (dsa: `indexer`, `selection`, `attention`; they sum to about `time_ms.median`); null for "
+     "other variants, backward passes and rows written before the field existed",
+     [](const ResultRow& r) -> Json { return r.phase_ms; },
+     [](const Reader& in, const char* path, ResultRow& r) { r.phase_ms = in.any(path); }},
     {"pass", "string", "",
      "what was timed (sweep.pass): `forward`; `backward` (dQ, dK, dV from the O, saved state and "
      "dO an untimed training forward left); or `forward_backward` (the training forward then the "

@@ -133,6 +133,9 @@ struct ResultRow {
   bool sinks = false;             // learned sink logits, one per head
   std::string rope = "none";
   std::optional<double> rope_ms;  // median ms of applying RoPE to Q and K once (null: RoPE off, not measured)
+  // {phase: median ms} of a variant that reports its phases (AttentionInputs::phase_times; dsa: indexer,
+  // selection, attention) over the timed forward calls; null otherwise.
+  Json phase_ms;
   // The pass timed (sweep.pass): "forward", "backward" or "forward_backward"; rows from before it read as
   // "forward".
   std::string pass = "forward";

@@ -65,6 +65,22 @@ int64_t count_nonfinite16(DType t, const uint16_t* x, std::size_t n) {
   return bad;
 }
 
+// The median milliseconds of each phase over a point's timed forward calls ({name: ms}), null when its
+// variant reports no phases.
+Json phase_medians_ms(const std::vector<PhaseTimes>& samples) {
+  if (samples.empty()) return nullptr;
+  Json out = Json::object();
+  for (int i = 0; i < samples[0].count; ++i) {
+    std::vector<double> ms;
+    for (const PhaseTimes& s : samples)
+      for (int k = 0; k < s.count; ++k)
+        if (std::string_view(s.names[k]) == samples[0].names[i]) ms.push_back(1e3 * s.seconds[k]);
+    std::nth_element(ms.begin(), ms.begin() + static_cast<std::ptrdiff_t>(ms.size() / 2), ms.end());
+    out[samples[0].names[i]] = ms[ms.size() / 2];
+  }
+  return out;
+}
+
 }  // namespace
 
 ResultRow PointRunner::measure(const SweepPoint& pt) {
@@ -99,6 +115,9 @@ AttentionInputs PointRunner::inputs_for(const Problem& p) const {
   // at their first point).
   in.g = inputs_.gate_for(p);
   in.beta = inputs_.beta.numel() ? inputs_.beta.ptr() : nullptr;
+  in.index_q = inputs_.index_q.numel() ? inputs_.index_q.ptr() : nullptr;
+  in.index_k = inputs_.index_k.numel() ? inputs_.index_k.ptr() : nullptr;
+  in.index_w = inputs_.index_w.numel() ? inputs_.index_w.ptr() : nullptr;
   in.initial_state = decode_states_.state_for(p);
   return in;
 }
@@ -177,6 +196,7 @@ void PointRunner::check_points(const std::vector<SweepPoint>& group, GroupRun& r
       row.memory.peak_note = "not measured: the point failed before it was timed";
   }
   run.errors.assign(run.timed.size(), "");
+  run.phases.assign(run.timed.size(), {});
 }
 
 PointRunner::GroupBuffers::GroupBuffers(const Problem& p0, const std::vector<SweepPoint>& group,
@@ -194,7 +214,8 @@ PointRunner::GroupBuffers::GroupBuffers(const Problem& p0, const std::vector<Swe
 // One timed call of a point: its pass on the group's buffers (forward points write the shared O; backward
 // points read their own training forward's O and state and write the shared gradients). Returns the
 // milliseconds, or -1 with the error kept.
-double PointRunner::timed_call(const SweepPoint& pt, TrainingState& st, GroupBuffers& b, std::string& error) {
+double PointRunner::timed_call(const SweepPoint& pt, TrainingState& st, GroupBuffers& b, std::string& error,
+                               std::vector<PhaseTimes>* phases) {
   const simd::ScopedIsa isa_scope(pt.isa, "sweep.isa");
   const Attention& variant = Registry::instance().get(pt.problem.variant);
   AttentionInputs in = inputs_for(pt.problem);
@@ -209,11 +230,14 @@ double PointRunner::timed_call(const SweepPoint& pt, TrainingState& st, GroupBuf
     g.dq = b.dq.ptr(), g.dk = b.dk.ptr(), g.dv = b.dv.ptr();
   }
   ThreadScope scope(pt.threads);
+  PhaseTimes phase_times;  // a forward call's phases, for a variant that reports them
+  if (pt.pass == Pass::forward) in.phase_times = &phase_times;
   try {
     const auto t0 = std::chrono::steady_clock::now();
     switch (pt.pass) {
       case Pass::forward:
         variant.run(pt.problem, in);
+        if (phase_times.count > 0) phases->push_back(phase_times);
         break;
       case Pass::backward:
         variant.run_backward(pt.problem, in, g);
@@ -241,8 +265,9 @@ PointRunner::TimedCalls PointRunner::timed_calls(const std::vector<SweepPoint>& 
     const SweepPoint& pt = group[run.timed[j]];
     TrainingState& st = run.states[run.timed[j]];
     c.max_threads = std::max(c.max_threads, pt.threads);
-    c.calls.push_back(
-        [this, &pt, &st, &buffers, &run, j] { return timed_call(pt, st, buffers, run.errors[j]); });
+    c.calls.push_back([this, &pt, &st, &buffers, &run, j] {
+      return timed_call(pt, st, buffers, run.errors[j], &run.phases[j]);
+    });
   }
   c.followers.assign(c.calls.size(), false);
   if (!config_.measure.group_sgemm) return c;
@@ -279,12 +304,14 @@ bool PointRunner::time_rounds(const TimedCalls& calls, GroupRun& run, const std:
       std::this_thread::sleep_for(
           std::chrono::duration<double>(std::clamp(2 * last_window_s, 0.01, 0.25 * (attempt - 1))));
     interference_probe_.start();
+    for (auto& p : run.phases) p.clear();
     InterleavedTiming ti = time_interleaved(calls.calls, m, stop, calls.followers);
     const InterferenceSummary ni = interference_probe_.stop(calls.max_threads);
     if (ti.interrupted) return false;
     last_window_s = ni.window_s;
     run.attempts = attempt;
-    if (attempt == 1 || ni.score < run.noise.score) run.timing = std::move(ti), run.noise = ni;
+    if (attempt == 1 || ni.score < run.noise.score)
+      run.timing = std::move(ti), run.noise = ni, run.kept_phases = run.phases;
     if (ni.score <= m.max_interference) break;
   }
   return true;
@@ -308,6 +335,7 @@ void PointRunner::fill_timed_rows(const std::vector<SweepPoint>& group, GroupRun
       row.interleave = ResultRow::Interleave{group[run.timed[0]].id, static_cast<int>(run.timed.size()),
                                              static_cast<int>(j), t.rounds};
     fill_timing(row, t.stats[j], point_flops(pt), &calibration_);
+    if (j < run.kept_phases.size()) row.phase_ms = phase_medians_ms(run.kept_phases[j]);
     if (const auto it = run.sgemm_call.find(pt.threads);
         it != run.sgemm_call.end() && it->second < t.stats.size() && !t.stats[it->second].samples_ms.empty())
       fill_group_sgemm(t.stats[j], t.stats[it->second], row);

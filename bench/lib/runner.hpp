@@ -90,6 +90,9 @@ class PointRunner final : public Executor {
     int attempts = 0;
     std::vector<std::string> errors;
     std::map<int, std::size_t> sgemm_call;
+    // Per timed point, the phase times (AttentionInputs::phase_times) of each forward call of the attempt
+    // under way, and of the attempt kept (the one whose timing the rows report).
+    std::vector<std::vector<PhaseTimes>> phases, kept_phases;
   };
   // The output every forward point of a group writes, and the gradients its backward points write (one set:
   // they share the input set, so the shapes).
@@ -104,7 +107,8 @@ class PointRunner final : public Executor {
     int max_threads = 1;
   };
   void check_points(const std::vector<SweepPoint>& group, GroupRun& run);
-  double timed_call(const SweepPoint& pt, TrainingState& st, GroupBuffers& b, std::string& error);
+  double timed_call(const SweepPoint& pt, TrainingState& st, GroupBuffers& b, std::string& error,
+                    std::vector<PhaseTimes>* phases);
   TimedCalls timed_calls(const std::vector<SweepPoint>& group, GroupRun& run, GroupBuffers& buffers);
   bool time_rounds(const TimedCalls& calls, GroupRun& run, const std::function<bool()>& stop);
   void fill_timed_rows(const std::vector<SweepPoint>& group, GroupRun& run, bool noisy) const;

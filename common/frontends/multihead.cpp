@@ -283,6 +283,11 @@ Problem MultiHeadLayer::core_problem(const MultiHeadCall& call, int64_t batch, i
     throw NotSupported(p.repro() + ": " + why);
   if (const Capabilities caps = variant.capabilities(); caps.gate != Gate::none || caps.beta)
     throw NotSupported(p.repro() + ": " + recurrence_inputs_reason(variant));
+  if (variant.capabilities().indexer)
+    throw NotSupported(
+        p.repro() + ": " + variant.name() +
+        " reads a lightning indexer's inputs (index_q, index_k, index_w), which the layer does not "
+        "make");
   return p;
 }
 

@@ -36,7 +36,8 @@ Json capabilities_json(const Capabilities& c) {
           {"decode", c.decode},
           {"own_definition", c.own_definition},
           {"value_dim", c.value_dim},
-          {"strided_kv", c.strided_kv}};
+          {"strided_kv", c.strided_kv},
+          {"indexer", c.indexer}};
 }
 
 Json variants_json() {
@@ -149,6 +150,9 @@ void Attention::check_extra_inputs(const Problem& p, const AttentionInputs& in) 
   need(c.beta, in.beta, "beta [batch, heads, seq]");
   need(p.sinks, in.sink_logits, "sink_logits [heads]");
   need(p.initial_state, in.initial_state, "initial_state [batch, heads, head_dim, v_head_dim]");
+  need(c.indexer, in.index_q, "index_q [batch, seq_q, index_heads, index_dim]");
+  need(c.indexer, in.index_k, "index_k [batch, seq_kv, index_dim]");
+  need(c.indexer, in.index_w, "index_w [batch, seq_q, index_heads]");
   if (!missing.empty()) throw UsageError(name() + ": missing " + missing);
 }
 

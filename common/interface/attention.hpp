@@ -79,6 +79,10 @@ struct Capabilities {
   // Reads K and V in place from a reserved cache (AttentionInputs::kv_capacity) and V rows with a stride
   // (AttentionInputs::v_row_stride), fp32 forward.
   bool strided_kv = false;
+  // Reads a lightning indexer's inputs (DeepSeek Sparse Attention, variants/dsa): AttentionInputs::index_q,
+  // index_k, index_w, shaped by the variant's integer parameters "index_heads" and "index_dim"
+  // (IndexerShape). The harness draws them for such a variant as it draws g and beta for a recurrence.
+  bool indexer = false;
 };
 
 Json capabilities_json(const Capabilities& caps);
@@ -86,6 +90,24 @@ Json capabilities_json(const Capabilities& caps);
 // Every registered variant, by name: name, description, capabilities (capabilities_json) and params (each
 // param_spec_json), as `attnbench list --json` prints them and the Python module's variants() returns them.
 Json variants_json();
+
+// Wall seconds of the named phases of one call (e.g. dsa's "indexer", "selection", "attention"), written by
+// a variant that has phases when AttentionInputs::phase_times is not null. add() accumulates by name (a
+// name must be a string literal: it is kept as a pointer); at most kMax phases.
+struct PhaseTimes {
+  static constexpr int kMax = 8;
+  int count = 0;
+  const char* names[kMax] = {};
+  double seconds[kMax] = {};
+  void add(const char* name, double s) {
+    for (int i = 0; i < count; ++i)
+      if (std::string_view(names[i]) == name) {
+        seconds[i] += s;
+        return;
+      }
+    if (count < kMax) names[count] = name, seconds[count++] = s;
+  }
+};
 
 // Pointers to contiguous tensors. q: [batch, heads, seq_q, head_dim], out: [batch, heads, seq_q, d_v]; k:
 // [batch, kv_heads, seq_kv, head_dim], v: [batch, kv_heads, seq_kv, d_v] (kv_heads = heads unless
@@ -126,6 +148,27 @@ struct AttentionInputs {
   // Capabilities::strided_kv is refused by name when either is not its default.
   int64_t kv_capacity = 0;
   int64_t v_row_stride = 0;
+  // A lightning indexer's inputs (Capabilities::indexer; shapes from IndexerShape, all fp32, contiguous):
+  // index_q [batch, seq_q, index_heads, index_dim] (index queries per query token), index_k [batch, seq_kv,
+  // index_dim] (one index key per key token, shared by every head: MQA) and index_w [batch, seq_q,
+  // index_heads] (the weight of each index head per query token, any scaling folded in).
+  const float* index_q = nullptr;
+  const float* index_k = nullptr;
+  const float* index_w = nullptr;
+  // Optional: where a variant that splits its work into phases (PhaseTimes) adds each phase's wall time of
+  // this call; null: not wanted. The runner passes one for its timed calls and reports the medians.
+  PhaseTimes* phase_times = nullptr;
+};
+
+// The index tensors' sizes of a variant with Capabilities::indexer: its resolved "index_heads" and
+// "index_dim" parameters (std::logic_error when it lacks them).
+struct IndexerShape {
+  int64_t heads = 0, dim = 0;
+  explicit IndexerShape(const Problem& p)
+      : heads(p.param_int("index_heads")), dim(p.param_int("index_dim")) {}
+  int64_t q_elements(const Problem& p) const { return p.batch * p.seq_q * heads * dim; }
+  int64_t k_elements(const Problem& p) const { return p.batch * p.seq_kv * dim; }
+  int64_t w_elements(const Problem& p) const { return p.batch * p.seq_q * heads; }
 };
 
 // The tensors of one backward call (Attention::run_backward). out: the forward's output O and saved: the

@@ -36,7 +36,8 @@ namespace {
 struct CaseData {
   FloatArray q, k, v, out;
   ByteArray mask, key_padding;
-  FloatArray g, beta;  // recurrences only (fill_recurrence_inputs)
+  FloatArray g, beta;                    // recurrences only (fill_recurrence_inputs)
+  FloatArray index_q, index_k, index_w;  // an indexer's only (fill_recurrence_inputs)
 
   CaseData(const Problem& p, uint64_t seed, double logit_scale = 1.0) {
     q = FloatArray({p.batch, p.heads, p.seq_q, p.head_dim});
@@ -87,6 +88,17 @@ struct CaseData {
       fill_normal(beta.ptr(), tokens, seed * 11 + 4);
       for (float& x : beta.data) x = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x))));
     }
+    if (caps.indexer) {
+      // A lightning indexer's inputs (Capabilities::indexer), N(0, 1) each: index weights of both signs, as a
+      // learned projection gives.
+      const IndexerShape ix(p);
+      index_q = FloatArray({p.batch, p.seq_q, ix.heads, ix.dim});
+      index_k = FloatArray({p.batch, p.seq_kv, ix.dim});
+      index_w = FloatArray({p.batch, p.seq_q, ix.heads});
+      fill_normal(index_q.ptr(), ix.q_elements(p), seed * 11 + 5);
+      fill_normal(index_k.ptr(), ix.k_elements(p), seed * 11 + 6);
+      fill_normal(index_w.ptr(), ix.w_elements(p), seed * 11 + 7);
+    }
   }
   // The fp32 tensors as the problem's storage: for bf16 / fp16, Q, K and V rounded
   // (common/interface/half.hpp) when first asked for; the tensors must not change after that.
@@ -108,6 +120,9 @@ struct CaseData {
     in.sink_logits = sinks.empty() ? nullptr : sinks.data();
     in.g = g.numel() ? g.ptr() : nullptr;
     in.beta = beta.numel() ? beta.ptr() : nullptr;
+    in.index_q = index_q.numel() ? index_q.ptr() : nullptr;
+    in.index_k = index_k.numel() ? index_k.ptr() : nullptr;
+    in.index_w = index_w.numel() ? index_w.ptr() : nullptr;
     return in;
   }
   std::vector<float> slopes;  // ALiBi slopes given by the caller (empty: the defaults)

@@ -51,7 +51,8 @@ except ImportError:
 FAILURES = []
 # Row fields that depend on the timing run, not on the point: left out when rows of two runs are compared.
 TIMING_FIELDS = {"time_ms", "gflops", "gbytes_per_s", "frac_sgemm", "frac_peak", "frac_bandwidth", "timestamp",
-                 "interference", "attempts", "noisy", "memory", "calibration", "rope_ms"}
+                 "interference", "attempts", "noisy", "memory", "calibration", "rope_ms",
+                 "phase_ms"}
 # measure settings of the small sweeps: correctness, not timing (no re-measuring under the test load).
 FAST_MEASURE = {"warmup": 0, "min_reps": 1, "max_reps": 2, "min_time_s": 0, "max_time_s": 1,
                 "max_interference": 1, "calibrate_every": 0}
@@ -203,6 +204,8 @@ def cli_equivalence(exe, tmp):
     supported = attnbench.info()["isa"]["supported"]
     for v in attnbench.variants():
         name, caps = v["name"], v["capabilities"]
+        if reads_index(v):
+            continue  # its index inputs (eval --index-q/k/w) have no module argument yet
         # A recurrence's g and beta go with every case (refusals then come from the case's own option).
         needed = needed_inputs(caps)
         case = lambda *a, **kw: eval_case(*a, **dict(needed, **kw))
@@ -277,7 +280,7 @@ def layouts_and_dtypes():
     rng = np.random.default_rng(5)
     q, k, v = (rng.standard_normal((2, 3, 19, 20)).astype(np.float32) for _ in range(3))
     # The recurrences need the causal mask and their g / beta (made here for q's shape).
-    for x in attnbench.variants():
+    for x in module_variants(lambda v: not reads_index(v)):
         variant, opts = x["name"], recurrence_kwargs(x["capabilities"], q, rng)
         forward = lambda *a, **kw: attnbench.forward(*a, **dict(opts, **kw))
         want = forward(variant, q, k, v)
@@ -724,9 +727,15 @@ def is_recurrence(v):
     return caps["state"] or caps["gate"] != "none" or caps["beta"]
 
 
+def reads_index(v):
+    """A variant reading a lightning indexer's inputs (capabilities["indexer"]: dsa), which the module does not
+    take yet (`attnbench eval --index-q/k/w` and the C++ tests run it)."""
+    return v["capabilities"].get("indexer", False)
+
+
 def backward_variants():
     """The registered variants with a backward pass (capabilities["backward"]) the module can run."""
-    return module_variants(lambda v: v["capabilities"]["backward"])
+    return module_variants(lambda v: v["capabilities"]["backward"] and not reads_index(v))
 
 
 def cli_options(inputs, options):
