@@ -314,7 +314,7 @@ TEST_CASE("a reserved cache and V with a row stride are read in place as their c
                     Contains("backward does not take"));
 }
 
-TEST_CASE("MLA: configs/mla.json's presets are the built-in ones; bad preset files are refused by name",
+TEST_CASE("MLA: configs/mla.json's presets are the built-in ones, bad preset files are refused by name",
           "[mla]") {
   const auto presets = load_mla_presets(std::string(ATTN_SOURCE_DIR) + "/configs/mla.json");
   REQUIRE(presets.size() == 2);

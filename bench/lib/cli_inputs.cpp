@@ -60,6 +60,11 @@ void write_extra_inputs(const SweepPoint& pt, const PointInputs& in, const Atten
   if (p.mask.key_padding) write_file(dir, "key_padding", in.key_padding, files);
   if (caps.gate != Gate::none) write_file(dir, "g", caps.gate == Gate::vector ? in.g_vector : in.g, files);
   if (caps.beta) write_file(dir, "beta", in.beta, files);
+  if (caps.indexer) {  // eval's --index-q, --index-k, --index-w
+    write_file(dir, "index_q", in.index_q, files);
+    write_file(dir, "index_k", in.index_k, files);
+    write_file(dir, "index_w", in.index_w, files);
+  }
   if (p.sinks) write_file(dir, "sink_logits", in.sink_logits, files);
   if (p.initial_state && fp32.initial_state) {
     FloatArray state({p.batch, p.heads, p.head_dim, p.value_dim()});

@@ -193,7 +193,7 @@ PointInputs draw_recurrence_inputs(const Problem& p, const Capabilities& caps, u
   point.input_seed = seed;
   PointInputs extra;
   fill_recurrence_inputs(point, extra);
-  if (caps.gate == Gate::none && !caps.beta) return extra;
+  if (caps.gate == Gate::none && !caps.beta && !caps.indexer) return extra;
   Json drawn = Json::object();
   if (caps.gate != Gate::none)
     drawn["g"] = {{"distribution", "logsigmoid(" + point.regime.g.normal() + ")"},
@@ -203,6 +203,12 @@ PointInputs draw_recurrence_inputs(const Problem& p, const Capabilities& caps, u
     drawn["beta"] = {{"distribution", "sigmoid(" + point.regime.beta.normal() + ")"},
                      {"shape", extra.beta.shape},
                      {"file", p.variant + ".beta.npy"}};
+  if (caps.indexer)  // a lightning indexer's inputs (dsa), N(0, 1) as the sweep draws them
+    for (const auto& [name, a] : {std::pair<const char*, const FloatArray*>{"index_q", &extra.index_q},
+                                  {"index_k", &extra.index_k},
+                                  {"index_w", &extra.index_w}})
+      drawn[name] = {
+          {"distribution", "N(0, 1)"}, {"shape", a->shape}, {"file", p.variant + "." + name + ".npy"}};
   drawn["seed"] = seed;
   entry["inputs"] = drawn;
   return extra;
@@ -266,6 +272,11 @@ void write_patterns(const PatternsOptions& o, const std::string& mask, const Inp
       write_npy((dir / (m.name + ".g.npy")).string(),
                 caps.gate == Gate::vector ? m.extra.g_vector : m.extra.g);
     if (caps.beta) write_npy((dir / (m.name + ".beta.npy")).string(), m.extra.beta);
+    if (caps.indexer) {
+      write_npy((dir / (m.name + ".index_q.npy")).string(), m.extra.index_q);
+      write_npy((dir / (m.name + ".index_k.npy")).string(), m.extra.index_k);
+      write_npy((dir / (m.name + ".index_w.npy")).string(), m.extra.index_w);
+    }
   }
   Json meta = {{"source", o.text_opt->count() ? "text" : "seq"},
                {"seq", in.q.shape[2]},

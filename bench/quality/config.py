@@ -378,6 +378,9 @@ def skip_reason(kind, name, caps):
     """Why a variant cannot be trained on the task (capabilities, not crashes), or None."""
     if not caps.get("backward"):
         return f"variant '{name}' has no backward pass: it cannot be trained"
+    if caps.get("indexer"):
+        return (f"variant '{name}' reads a lightning indexer's inputs (index_q, index_k, index_w), which neither "
+                "the Python module nor these models produce yet")
     if kind == "mqar" and not caps.get("causal"):
         return (f"variant '{name}' has no causal form: MQAR trains a causal language model (next-token targets), "
                 "and a non-causal mixer would read the answers")

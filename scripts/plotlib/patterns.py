@@ -113,10 +113,11 @@ def scale_of(w):
 
 
 def _inputs(entry):
-    """{"g": {"distribution", "shape", "file"}, "beta": ...} of a recurrence's entry (what it read), else {}."""
+    """{"g": {"distribution", "shape", "file"}, "beta": ...} of a recurrence's entry (what it read), or an
+    indexer's index_q / index_k / index_w (dsa), else {}."""
     ins = entry.get("inputs") if isinstance(entry.get("inputs"), dict) else {}
-    return {k: {f: ins[k].get(f) for f in ("distribution", "shape", "file")} for k in ("g", "beta")
-            if isinstance(ins.get(k), dict)}
+    return {k: {f: ins[k].get(f) for f in ("distribution", "shape", "file")}
+            for k in ("g", "beta", "index_q", "index_k", "index_w") if isinstance(ins.get(k), dict)}
 
 
 def summarise(p):

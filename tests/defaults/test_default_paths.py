@@ -65,8 +65,11 @@ def first_line(r):
     return text[-1] if text else f"exit {r.returncode}, no output"
 
 
-def eval_args(variant, params, causal, files, g=None, beta=None):
+def eval_args(variant, params, causal, files, g=None, beta=None, index_q=None, index_k=None, index_w=None):
     args = ["eval", "--variant", variant, "--q", files["q"], "--k", files["k"], "--v", files["v"]]
+    for flag, path in (("--index-q", index_q), ("--index-k", index_k), ("--index-w", index_w)):
+        if path:  # a lightning indexer's inputs (dsa)
+            args += [flag, path]
     for k, v in params.items():
         args += ["--param", f"{k}={v}"]
     if causal:
@@ -104,7 +107,8 @@ def check_patterns(cli, variants, tmp):
             continue
         w = np.load(os.path.join(out, e["file"])).astype(np.float64)
         ins = e.get("inputs", {})
-        extra = {k: os.path.join(out, ins[k]["file"]) for k in ("g", "beta") if k in ins}
+        extra = {k: os.path.join(out, ins[k]["file"]) for k in ("g", "beta", "index_q", "index_k", "index_w")
+                 if k in ins}
         o_path = os.path.join(tmp, f"patterns_{name}.npy")
         r = cli(*eval_args(name, e["params"], e["causal"], files, **extra), "--out", o_path)
         if r.returncode != 0:
@@ -179,7 +183,8 @@ def check_inputs_eval(cli, name, caps, row, config, tmp):
     if unexpected or prob["causal_lower_right"] or prob["dtype"] != "fp32" or prob["softcap"] is not None:
         return fail(name, "inputs", f"the tiny point has inputs this test does not pass on: {sorted(unexpected)}")
     ok(name, "inputs", f"wrote {', '.join(sorted(point['files']))}")
-    args = eval_args(name, point["params"], prob["causal"], files, files.get("g"), files.get("beta"))
+    args = eval_args(name, point["params"], prob["causal"], files, files.get("g"), files.get("beta"),
+                     files.get("index_q"), files.get("index_k"), files.get("index_w"))
     out = os.path.join(d, "o.npy")
     r = cli(*args, "--out", out, "--compare")
     if r.returncode != 0:
