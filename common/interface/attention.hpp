@@ -166,9 +166,16 @@ struct IndexerShape {
   int64_t heads = 0, dim = 0;
   explicit IndexerShape(const Problem& p)
       : heads(p.param_int("index_heads")), dim(p.param_int("index_dim")) {}
-  int64_t q_elements(const Problem& p) const { return p.batch * p.seq_q * heads * dim; }
-  int64_t k_elements(const Problem& p) const { return p.batch * p.seq_kv * dim; }
-  int64_t w_elements(const Problem& p) const { return p.batch * p.seq_q * heads; }
+  // Element counts, saturating at INT64_MAX: size estimates of problems far too large to run stay defined.
+  int64_t q_elements(const Problem& p) const {
+    return product(product(p.batch, p.seq_q), product(heads, dim));
+  }
+  int64_t k_elements(const Problem& p) const { return product(product(p.batch, p.seq_kv), dim); }
+  int64_t w_elements(const Problem& p) const { return product(product(p.batch, p.seq_q), heads); }
+  static int64_t product(int64_t a, int64_t b) {
+    int64_t r = 0;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+  }
 };
 
 // The tensors of one backward call (Attention::run_backward). out: the forward's output O and saved: the

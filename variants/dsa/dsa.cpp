@@ -221,10 +221,11 @@ class Dsa final : public Attention {
     // gather's reads (a key selected by several tokens is read again for each).
     const IndexerShape ix(p);
     const double f = sizeof(float);
-    return f * (static_cast<double>(p.q_elements() + p.out_elements()) +
-                static_cast<double>(ix.q_elements(p) + ix.k_elements(p) + ix.w_elements(p)) +
-                static_cast<double>(p.batch * p.num_kv_heads()) * selected_pairs(p) *
-                    static_cast<double>(p.head_dim + p.value_dim()));
+    return f *
+           (static_cast<double>(p.q_elements() + p.out_elements()) + static_cast<double>(ix.q_elements(p)) +
+            static_cast<double>(ix.k_elements(p)) + static_cast<double>(ix.w_elements(p)) +
+            static_cast<double>(p.batch * p.num_kv_heads()) * selected_pairs(p) *
+                static_cast<double>(p.head_dim + p.value_dim()));
   }
   std::size_t decode_state_bytes(const Problem& p) const override {
     // The KV cache and the index keys of every cached token.
