@@ -58,6 +58,10 @@ a plain dict of JSON values, which plot.py writes as summary.json (adding "files
                                 per series and context seq_kv: time per new token, speed-up over the fastest
                                 exact row, memory.state_bytes beside memory.kv_cache_bytes, and the exponents
                                 of their growth with the context (0: a state that does not grow)
+    phases                      None unless forward rows carry phase_ms (dsa: indexer, selection, attention);
+                                else per series and context: each phase's ms and share, the fastest exact row
+                                and the speed-up over it, each phase's growth exponent, and where one phase
+                                passes another (measured between two contexts, or extrapolated and said so)
     chunk_sweep                 None unless a variant was measured at several `chunk` values; else per
                                 variant, setting and family (its series less the chunk), at each n: time,
                                 GFLOP/s and frac_peak per chunk, the fastest chunk, slowest / fastest
@@ -278,7 +282,8 @@ def _decode(res, table_series, fastest):
                         "time_per_token_ms": json_num(r.time_median / r.seq_q), "state_bytes": st,
                         "kv_cache_bytes": kv, "state_over_kv_cache": st / kv if st is not None and kv else None,
                         "speedup_vs_fastest_exact": json_num(base.time_median / r.time_median) if base else None,
-                        "fastest_exact": base.label if base else None, "noisy": r.noisy})
+                        "fastest_exact": base.label if base else None, "noisy": r.noisy,
+                        "frac_bandwidth": json_num(r.frac_bandwidth)})
         ns = [p["seq_kv"] for p in pts]
         states = [p["state_bytes"] for p in pts]
         out.append({"series": label, "variant": rows[0].variant, "exact": rows[0].exact, "source": rows[0].source,
@@ -287,6 +292,82 @@ def _decode(res, table_series, fastest):
                     "state_exponent": _growth(ns, states),
                     "kv_cache_exponent": _growth(ns, [p["kv_cache_bytes"] for p in pts]),
                     "state_constant": (len({x for x in states}) == 1) if all(x is not None for x in states) else None})
+    return {"series": out} if out else None
+
+
+MIN_GROWTH_GAP = 0.05  # growth exponents closer than this: two phases that grow alike (noise apart) never cross
+MAX_EXTRAPOLATION = 16  # a phase crossing is extrapolated up to 16x the largest measured context, not beyond
+
+
+def _phase_crossing(ns, a, b, ka, kb):
+    """Where phase a's time passes phase b's: the context from which a >= b at every measured context after it
+    (interpolated in log-log between the bracketing contexts), "from the smallest measured context" when a >= b
+    throughout; beyond the largest context, extrapolated from the two phases' growth exponents over the last two
+    contexts (ka - kb >= MIN_GROWTH_GAP needed, and up to MAX_EXTRAPOLATION times the largest); None when a stays
+    below b and does not grow faster. Returns (n, how)."""
+    pts = [(n, y / x) for n, x, y in zip(ns, a, b) if x and y and x > 0 and y > 0]
+    if not pts:
+        return None, None
+    n_at, how = crossover([n for n, _ in pts], [r for _, r in pts])
+    if n_at is not None:
+        return n_at, "measured"
+    if how == "at every measured n":
+        return float(pts[0][0]), "from the smallest context"
+    if ka is None or kb is None or ka - kb < MIN_GROWTH_GAP:
+        return None, None
+    n_max, r_max = pts[-1]  # b / a at the largest context, > 1 here: a catches up as n^(ka - kb)
+    log_n = math.log(n_max) + math.log(r_max) / (ka - kb)
+    if log_n > math.log(n_max * MAX_EXTRAPOLATION):
+        return None, None  # too far beyond what was measured to be worth a number
+    return float(math.exp(log_n)), "extrapolated"
+
+
+def _phases(res, table_series, fastest):
+    """The phase view, None unless some forward row carries phase_ms (a variant that times its phases, dsa:
+    indexer, selection, attention): per series and setting, at each context seq_kv, each phase's median ms and
+    share of the call, the call's time, the fastest exact row's at the same point and the speed-up over it; how
+    each phase grows with the context (fitted exponent); and, per pair of phases whose order changes within or
+    beyond the measured contexts, where the one passes the other (measured: interpolated between two measured
+    contexts; extrapolated: from the growth over the two largest, and said so)."""
+    out = []
+    for (label, mask, rk), rows in table_series:
+        rows = sorted((r for r in rows if r.pass_ == "forward" and isinstance(r.fields.get("phase_ms"), dict)),
+                      key=lambda r: r.seq_kv)
+        if not rows:
+            continue
+        names = []
+        for r in rows:
+            names += [k for k in r.fields["phase_ms"] if k not in names]
+        pts = []
+        for r in rows:
+            ph = {k: num(r.fields["phase_ms"].get(k)) for k in names}
+            base = fastest.get(point_key(r))
+            pts.append({"id": r.id, "seq_q": r.seq_q, "seq_kv": r.seq_kv, "time_ms": json_num(r.time_median),
+                        "phase_ms": {k: json_num(v) for k, v in ph.items()},
+                        "share": {k: json_num(v / r.time_median) if v is not None else None for k, v in ph.items()},
+                        "fastest_exact": base.label if base else None,
+                        "fastest_exact_ms": json_num(base.time_median) if base else None,
+                        "speedup_vs_fastest_exact": json_num(base.time_median / r.time_median) if base else None,
+                        "noisy": r.noisy})
+        ns = [p["seq_kv"] for p in pts]
+        series_ph = {k: [num(p["phase_ms"][k]) for p in pts] for k in names}
+        growth = {k: _growth(ns, v) if all(x is not None and x > 0 for x in v) else None
+                  for k, v in series_ph.items()}
+        tail = {k: fit_exponent(ns[-2:], v[-2:]) if len(ns) >= 2 and all(x and x > 0 for x in v[-2:]) else None
+                for k, v in series_ph.items()}
+        crossings = []
+        for a in names:
+            for b in names:
+                if a == b:
+                    continue
+                first_a, first_b = series_ph[a][0], series_ph[b][0]
+                if first_a is None or first_b is None or first_a >= first_b:
+                    continue  # only a phase that starts below another can pass it
+                n_at, how = _phase_crossing(ns, series_ph[a], series_ph[b], tail[a], tail[b])
+                if n_at is not None:
+                    crossings.append({"phase": a, "passes": b, "seq_kv": json_num(n_at), "how": how})
+        out.append({"series": label, "variant": rows[0].variant, "mask": mask, "context": res.rest_title(rk),
+                    "phases": names, "points": pts, "growth": growth, "crossings": crossings})
     return {"series": out} if out else None
 
 
@@ -938,6 +1019,7 @@ def analyse(res):
         "measurement": _measurement(res),
         "training": _training(res),
         "decode": _decode(res, table_series, fastest),
+        "phases": _phases(res, table_series, fastest),
         "chunk_sweep": _chunk_sweep(res),
         "accuracy_references": _accuracy_references(res, table_series),
         "patterns": patterns_summary(res.patterns) if res.patterns else None,

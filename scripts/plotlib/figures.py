@@ -26,7 +26,7 @@ from matplotlib.container import ErrorbarContainer  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from .analysis import ERR_FLOOR  # noqa: E402
-from .common import CHUNK_SIZE, DECODE, DTYPE_VS_FP32, FIGURES, PATTERNS, PROG, ROOFLINE, fmt_bytes, num  # noqa: E402
+from .common import CHUNK_SIZE, DECODE, DTYPE_VS_FP32, FIGURES, PATTERNS, PHASES, PROG, ROOFLINE, fmt_bytes, num  # noqa: E402
 from . import patterns  # noqa: E402
 from .results import PASSES, mask_order, params_text, pass_order, pass_short, pass_title, passes_text  # noqa: E402
 from .styles import results_table, series_styles  # noqa: E402
@@ -554,6 +554,50 @@ def fig_decode(res, an):
     return fig
 
 
+def fig_phases(res, an):
+    """Phases (analysis "phases"): per series with phase_ms and setting, each phase's median time stacked against
+    the context seq_kv, the call's median time (black) and the fastest exact row's (grey dashed)."""
+    title = f"Phases{on_cpu(res)}: where a call's time goes vs context"
+    ph = an.get("phases")
+    if not ph:
+        return _no_data_figure(title, "no rows with phase_ms")
+    entries = ph["series"][:MAX_FACETS // 2]
+    if len(entries) < len(ph["series"]):
+        title += f" (first {len(entries)} of {len(ph['series'])} series)"
+    cols = min(2, len(entries))
+    rows = -(-len(entries) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.0 * cols, 4.2 * rows + 0.7), squeeze=False, layout="constrained")
+    fig.suptitle(title, fontsize=11)
+    for ax in axes.flat[len(entries):]:
+        ax.set_axis_off()
+    colours = plt.get_cmap("tab10").colors
+    for e, ax in zip(entries, axes.flat):
+        ax.set_title(f"{e['series']}\nmask={e['mask']}" + (f", {e['context']}" if e["context"] else ""), fontsize=9)
+        ns = [p["seq_kv"] for p in e["points"]]
+        bottom = np.zeros(len(ns))
+        for i, k in enumerate(e["phases"]):
+            ys = np.array([num(p["phase_ms"][k]) or 0.0 for p in e["points"]])
+            ax.fill_between(ns, bottom, bottom + ys, color=colours[i % len(colours)], alpha=0.55, lw=0, label=k)
+            bottom = bottom + ys
+        ax.plot(ns, [num(p["time_ms"]) for p in e["points"]], color="black", marker="o", ms=MS, lw=1.2,
+                label="call (median)")
+        dense = [(p["seq_kv"], num(p["fastest_exact_ms"])) for p in e["points"] if p["fastest_exact_ms"] is not None]
+        if dense:
+            names = sorted({p["fastest_exact"] for p in e["points"] if p["fastest_exact"]})
+            ax.plot(*zip(*dense), color="gray", ls="--", marker="x", ms=MS, lw=1.2,
+                    label="fastest exact (" + ", ".join(names) + ")")
+        for c in e["crossings"]:
+            if c["how"] == "measured":
+                ax.axvline(num(c["seq_kv"]), color="gray", lw=0.8, ls=":")
+                ax.annotate(f"{c['phase']} > {c['passes']}", (num(c["seq_kv"]), 0), xytext=(3, 3),
+                            textcoords="offset points", fontsize=7, color="dimgray", rotation=90, va="bottom")
+        ax.grid(True, which="both", alpha=0.25)
+        log2_axis(ax)
+        ax.set_ylim(bottom=0)
+        finish_axes({0: ax}, "context seq_kv (tokens)", "ms (median)")
+    return fig
+
+
 LINESTYLES = ["-", "--", ":", "-."]
 
 
@@ -713,7 +757,7 @@ def fig_dtype_vs_fp32(res, an):
 
 
 FIGURE_FUNCTIONS = dict(zip(FIGURES, (fig_time, fig_memory, fig_accuracy, fig_pareto, fig_throughput, fig_roofline,
-                                      fig_decode, fig_chunk_size, fig_dtype_vs_fp32)))
+                                      fig_decode, fig_phases, fig_chunk_size, fig_dtype_vs_fp32)))
 
 
 PATTERN_COLUMNS = 5  # heatmaps per row of the patterns figure: a variant's heads side by side, variants wrapped
@@ -805,14 +849,15 @@ def save_figure(fig, out_dir, stem):
 
 def draw_results(res, an, plots_dir):
     """Every figure of FIGURES into plots_dir (the roofline only when some row has bytes, decode only with
-    decode rows, chunk_size only with a chunk sweep, dtype_vs_fp32 only with several storage dtypes); returns the
+    decode rows, phases only with rows that carry phase_ms, chunk_size only with a chunk sweep, dtype_vs_fp32 only with several storage dtypes); returns the
     paths written."""
     written = []
     for stem in FIGURES:
         if stem == ROOFLINE and not any(p["points"] for p in an["roofline"]["panels"]):
             continue  # older results: no row has bytes; the report's Roofline section says so
-        if (stem == DECODE and not an.get("decode")) or (stem == CHUNK_SIZE and not an.get("chunk_sweep")):
-            continue  # no decode rows / no chunk sweep: neither the figure nor its report section
+        if ((stem == DECODE and not an.get("decode")) or (stem == CHUNK_SIZE and not an.get("chunk_sweep"))
+                or (stem == PHASES and not an.get("phases"))):
+            continue  # no decode rows / no chunk sweep / no phases: neither the figure nor its report section
         if stem == DTYPE_VS_FP32 and not (an.get("dtype_vs_fp32") or {}).get("series"):
             continue  # one storage dtype: the Accuracy by dtype section has its table only
         written += save_figure(FIGURE_FUNCTIONS[stem](res, an), plots_dir, stem)

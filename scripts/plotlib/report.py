@@ -1,5 +1,5 @@
 """REPORT.md: the key figures and ratios, crossover, training (when the results time backward passes), decode
-(when they have decode rows), chunk size (when a variant was measured at several chunks), accuracy by dtype (with
+(when they have decode rows), phases (when rows time their phases: dsa), chunk size (when a variant was measured at several chunks), accuracy by dtype (with
 its speed-up and error figure when the results have several dtypes), accuracy against each reference (when rows
 have accuracy_vs_softmax), roofline and left-out tables, the measurement conditions,
 the machine and the config, from the Results and the analysis (analysis.analyse) alone, plus a section
@@ -12,13 +12,13 @@ import os
 
 from . import patterns
 from .lra import lra_section
-from .common import (CHUNK_SIZE, DECODE, DTYPE_VS_FP32, FIGURES, PATTERNS, ROOFLINE, SECTION_FIGURES,
+from .common import (CHUNK_SIZE, DECODE, DTYPE_VS_FP32, FIGURES, PATTERNS, PHASES, ROOFLINE, SECTION_FIGURES,
                      atomic_write_text, fmt_bytes, fmt_num, md_table, num)
 from .results import pass_title
 
 TITLES = {"time_vs_seq": "Time vs sequence length", "memory_vs_seq": "Peak memory vs sequence length",
           "accuracy_vs_seq": "Accuracy vs sequence length", "pareto": "Speed–accuracy trade-off",
-          "throughput": "Throughput vs sgemm", "roofline": "Roofline", "decode": "Decode",
+          "throughput": "Throughput vs sgemm", "roofline": "Roofline", "decode": "Decode", "phases": "Phases",
           "chunk_size": "Chunk size", "dtype_vs_fp32": "Speed-up and error by dtype"}
 BLURBS = {
     "time_vs_seq": "Median time of one forward call; bars span p10–p90. The legend gives the exponent k of a "
@@ -54,6 +54,12 @@ BLURBS = {
               "head), sliding_window's rolling cache, the KV cache for the other variants) and, black dashed, the "
               "KV cache exact attention keeps at the same context (`memory.kv_cache_bytes`): the KV cache grows "
               "with the context, a recurrence's state does not.",
+    "phases": "Per series that times its phases (dsa: the lightning indexer, the top-k selection, the attention over "
+              "the selected keys) and setting: each phase's median time stacked against the context seq_kv (log "
+              "axes for the context), the call's median time (black markers, solid) and the fastest exact "
+              "attnbench row's at the same point (dashed, grey). Where the stack passes the dashed line the sparse "
+              "variant stops paying off; where the indexer's band passes the attention's, the O(n) scoring "
+              "dominates the O(topk) attention.",
     "chunk_size": "Per variant (and setting): its median time (left, log) and GFLOP/s (right) against the chunk "
                   "size, one line per n (the variant's marker, in shades of its colour from light at the smallest n "
                   "to dark at the largest) and per family of series that differ only in the chunk (line style); "
@@ -348,17 +354,21 @@ def decode_section(an, drawn):
                           fmt_num(num(p["time_per_token_ms"]), ".4g") + (" (noisy)" if p["noisy"] else ""),
                           (fmt_num(num(p["speedup_vs_fastest_exact"]), ".3g") + f"× (`{p['fastest_exact']}`)")
                           if p["fastest_exact"] else "—",
+                          fmt_num(num(p.get("frac_bandwidth")), ".2f"),
                           fmt_bytes(p["state_bytes"]), fmt_bytes(p["kv_cache_bytes"]),
                           fmt_num(ratio, ".3g") if ratio is not None else "—"])
         ns = [p["seq_kv"] for p in e["points"]]
         growth.append([name, _where(e), f"{min(ns)}–{max(ns)}", _growth_text(e["time_per_token_exponent"], "constant"),
                        _growth_text(e["state_exponent"], "constant"), _growth_text(e["kv_cache_exponent"], "constant")])
     md = [md_table(["series", "mask", "seq_q", "context seq_kv", "time per token (ms)", "speed-up over fastest exact",
-                    "state kept", "KV cache (exact attention)", "state ÷ KV cache"], table), "",
+                    "of bandwidth", "state kept", "KV cache (exact attention)", "state ÷ KV cache"], table), "",
           "Decode rows: fewer new queries (seq_q) than keys (the context seq_kv) under the lower-right causal mask, "
           "timed forward. *time per token*: the median time of one call divided by seq_q. *speed-up over fastest "
           "exact*: the fastest exact attnbench variant's time at the same point over this one's (that variant in "
-          "brackets). *state kept*: `memory.state_bytes`, what the series keeps between decode steps at that "
+          "brackets). *of bandwidth*: `frac_bandwidth`, the bytes the call must read (`bytes`) per second over the "
+          "streaming-read bandwidth measured in the same run (a decode step that reads its whole KV cache is "
+          "memory-bound: 1 is the limit; above 1, part of the cache stayed in the CPU's caches between calls). "
+          "*state kept*: `memory.state_bytes`, what the series keeps between decode steps at that "
           "context (a recurrence's d_k × d_v state per (batch, head), sliding_window's rolling cache, the KV cache "
           "for the other variants); *KV cache*: `memory.kv_cache_bytes`, the KV cache exact attention keeps at the "
           "same context.", "",
@@ -366,6 +376,48 @@ def decode_section(an, drawn):
           "How each grows with the context: the exponent k of a least-squares fit of log(y) on log(seq_kv) over "
           "the measured contexts (*constant*: the same at every context)."]
     return "\n".join(md + _figure_subsection(DECODE, drawn))
+
+
+def phases_section(an, drawn):
+    """REPORT.md's Phases section (without its heading), None unless rows carry phase_ms."""
+    ph = an.get("phases")
+    if not ph:
+        return None
+    md = []
+    for e in ph["series"]:
+        names = e["phases"]
+        table = []
+        for p in e["points"]:
+            cells = [f"{fmt_num(num(p['phase_ms'][k]), '.3g')} ({fmt_num(100 * num(p['share'][k]), '.0f')}%)"
+                     if p["phase_ms"][k] is not None and p["share"][k] is not None else "—" for k in names]
+            speed = num(p["speedup_vs_fastest_exact"])
+            table.append([p["seq_q"], p["seq_kv"], *cells,
+                          fmt_num(num(p["time_ms"]), ".4g") + (" (noisy)" if p["noisy"] else ""),
+                          (fmt_num(num(p["fastest_exact_ms"]), ".4g") + f" (`{p['fastest_exact']}`)")
+                          if p["fastest_exact"] else "—",
+                          fmt_num(speed, ".3g") + "×" if speed is not None else "—"])
+        md += [f"**`{e['series']}`**, {_where(e)}", "",
+               md_table(["seq_q", "context seq_kv", *[f"{k} ms (share)" for k in names], "call ms",
+                         "fastest exact ms", "speed-up"], table), ""]
+        grow = ", ".join(f"{k} {_growth_text(e['growth'][k], 'constant')}" for k in names)
+        lines = [f"Growth with the context: {grow}."]
+        for c in e["crossings"]:
+            n = num(c["seq_kv"])
+            if c["how"] == "measured":
+                lines.append(f"*{c['phase']}* passes *{c['passes']}* at a context of ≈ {n:,.0f} tokens "
+                             "(interpolated between the measured contexts).")
+            elif c["how"] == "from the smallest context":
+                lines.append(f"*{c['phase']}* takes longer than *{c['passes']}* from the smallest measured "
+                             f"context on ({n:,.0f}).")
+            else:
+                lines.append(f"*{c['phase']}* would pass *{c['passes']}* at ≈ {n:,.0f} tokens: **extrapolated** "
+                             "from their growth between the two largest measured contexts, not measured.")
+        md += [" ".join(lines), ""]
+    md.append("Each phase's time is the median over the timed calls of that phase alone (`phase_ms`); the shares "
+              "are of the call's median and need not sum to 100%. *fastest exact*: the fastest exact attnbench "
+              "row at the same point; *speed-up*: its time over this series' (above 1×: the sparse variant is "
+              "faster). Where the variant becomes faster for good is in the Crossover table above.")
+    return "\n".join(md + _figure_subsection(PHASES, drawn))
 
 
 def chunk_section(an, drawn):
@@ -654,6 +706,9 @@ def render_report(res, an, figure_files):
     decode = decode_section(an, drawn)
     if decode is not None:
         md += ["## Decode", "", decode, ""]
+    phases = phases_section(an, drawn)
+    if phases is not None:
+        md += ["## Phases", "", phases, ""]
     chunks = chunk_section(an, drawn)
     if chunks is not None:
         md += ["## Chunk size", "", chunks, ""]

@@ -13,7 +13,11 @@
 - accuracy: the recurrence's `accuracy` (against its own definition) and `accuracy_vs_softmax` differ, tiled's
   are the same figures, linear's rows have no accuracy_vs_softmax;
 
-all in summary.json and REPORT.md, and the figures decode and chunk_size drawn; results without decode rows,
+- phases: dsa rows with phase_ms (indexer ∝ n, constant selection and attention) beside tiled: each phase's
+  share, where the indexer passes the attention (measured, and extrapolated when the contexts stop short),
+  where dsa passes tiled;
+
+all in summary.json and REPORT.md, and the figures decode, phases and chunk_size drawn; results without decode rows,
 chunk sweeps or accuracy_vs_softmax get none of those sections or figures; decode rows written before
 memory.state_bytes still get their time per token. The stages apart (analysis without
 matplotlib, the report without figures) as test_plot.py checks them.
@@ -176,7 +180,7 @@ def test_decode(summary, md, d):
     check(close(t1["state_exponent"], 1.0) and t1["state_constant"] is False and close(t1["time_per_token_exponent"], 1.0),
           "[decode] tiled keeps its KV cache: the state grows with the context")
     sec = section(md, "Decode")
-    check("| `gla(chunk=64,form=recurrent)` | causal_lower_right; seq_q=1 | 1 | 16384 | 0.01 | 16.4× (`tiled`) | "
+    check("| `gla(chunk=64,form=recurrent)` | causal_lower_right; seq_q=1 | 1 | 16384 | 0.01 | 16.4× (`tiled`) | — | "
           "128 KiB | 64 MiB | 0.00195 |" in sec,
           "[decode] REPORT.md's Decode table: time per token, speed-up, state beside the KV cache, their ratio")
     check("| `gla(chunk=64,form=recurrent)` | causal_lower_right; seq_q=1 | 1024–16384 | constant | constant | ∝ n^1.00 |"
@@ -271,12 +275,75 @@ def test_old_decode(tmp):
     check(g.get("state_exponent") is None and g.get("state_constant") is None
           and [p["time_per_token_ms"] for p in g.get("points", [])] == [0.01] * 3,
           "[old decode] time per token without state: the state's exponent is null")
-    check("| `gla` | causal_lower_right; seq_q=1 | 1 | 1024 | 0.01 | 1.02× (`tiled`) | — | — | — |"
+    check("| `gla` | causal_lower_right; seq_q=1 | 1 | 1024 | 0.01 | 1.02× (`tiled`) | — | — | — | — |"
           in section(md, "Decode"), "[old decode] the Decode table shows — for the state and the KV cache")
     check(summary["accuracy_references"] is None and "## Accuracy against each reference" not in md,
           "[old decode] no accuracy_vs_softmax: no accuracy-reference section")
     with open(os.path.join(d, "plots", "decode.svg"), encoding="utf-8") as f:
         check("no memory.state_bytes in these rows" in f.read(), "[old decode] the figure's memory panel says why it is empty")
+
+
+def phase_rows():
+    """dsa decode rows with phase_ms beside tiled's: indexer n / 4096 ms, selection 0.1 ms, attention 6 ms per
+    call; tiled n / 1024 ms. seq_q = 1 at 4K ... 32K (the indexer passes the attention at 6 * 4096 = 24576,
+    measured between 16K and 32K: the ratio is a power law, so the log-log interpolation is exact; dsa passes
+    tiled between 8K and 16K), seq_q = 4 at 4K ... 16K only (the same crossing, extrapolated from the last two
+    contexts' growth: exponents 1 and 0)."""
+    rows = []
+    for q, contexts in ((1, [4096, 8192, 16384, 32768]), (4, [4096, 8192, 16384])):
+        for n in contexts:
+            rows.append(row("tiled", {}, n, n / 1024, True, seq_q=q, mask="causal_lower_right", kv=kv_cache(n),
+                            state=kv_cache(n)))
+            phases = {"indexer": n / 4096, "selection": 0.1, "attention": 6.0}
+            r = row("dsa", {"topk": 2048}, n, sum(phases.values()), False, seq_q=q, mask="causal_lower_right",
+                    kv=kv_cache(n), state=kv_cache(n))
+            r["phase_ms"] = phases
+            rows.append(r)
+    return rows
+
+
+def test_phases(tmp):
+    d = os.path.join(tmp, "phases")
+    summary, md = plot(d, phase_rows())
+    if summary is None:
+        return
+    ph = {e["context"]: e for e in (summary.get("phases") or {}).get("series", [])}
+    check(sorted(ph) == ["seq_q=1", "seq_q=4"] and all(e["series"] == "dsa" for e in ph.values()),
+          f"[phases] one phase series per setting, dsa only ({sorted(ph)})")
+    one, four = ph.get("seq_q=1"), ph.get("seq_q=4")
+    if not (one and four):
+        return
+    check(one["phases"] == ["indexer", "selection", "attention"], "[phases] the phases in the rows' order")
+    last = one["points"][-1]
+    check(close(last["phase_ms"]["indexer"], 8.0) and close(last["share"]["attention"], 6.0 / 14.1)
+          and close(last["speedup_vs_fastest_exact"], 32.0 / 14.1) and last["fastest_exact"] == "tiled",
+          f"[phases] at 32K: each phase, its share, the speed-up over tiled ({last})")
+    check(close(one["growth"]["indexer"], 1.0) and one["growth"]["attention"] == 0.0,
+          "[phases] the indexer grows as n, the attention not at all")
+    c1 = {(c["phase"], c["passes"]): c for c in one["crossings"]}
+    check(list(c1) == [("indexer", "attention")] and close(c1[("indexer", "attention")]["seq_kv"], 24576.0)
+          and c1[("indexer", "attention")]["how"] == "measured",
+          f"[phases] the indexer passes the attention at 24576, measured; no other crossing ({one['crossings']})")
+    c4 = {(c["phase"], c["passes"]): c for c in four["crossings"]}
+    check(list(c4) == [("indexer", "attention")] and close(c4[("indexer", "attention")]["seq_kv"], 24576.0)
+          and c4[("indexer", "attention")]["how"] == "extrapolated",
+          f"[phases] up to 16K only: the same crossing, extrapolated and marked so ({four['crossings']})")
+    cross = {(e["series"], e["context"]): e for e in summary["crossover"]}
+    check("between 8192 and 16384" in (cross.get(("dsa(topk=2048)", "seq_q=1")) or cross.get(("dsa", "seq_q=1"))
+                                       or {}).get("faster", ""),
+          f"[phases] the Crossover names where dsa passes tiled ({summary['crossover']})")
+    sec = section(md, "Phases")
+    check("| 1 | 32768 | 8 (57%) | 0.1 (1%) | 6 (43%) | 14.1 | 32 (`tiled`) | 2.27× |" in sec,
+          "[phases] REPORT.md's Phases table: each phase with its share, the call, tiled and the speed-up")
+    check("*indexer* passes *attention* at a context of ≈ 24,576 tokens (interpolated" in sec
+          and "*indexer* would pass *attention* at ≈ 24,576 tokens: **extrapolated**" in sec,
+          "[phases] REPORT.md names the measured and the extrapolated crossing, the latter as such")
+    check("![Phases](plots/phases.png)" in sec and "plots/phases.svg" in summary["files"],
+          "[phases] the phases figure is drawn and embedded in its section")
+    with open(os.path.join(d, "plots", "phases.svg"), encoding="utf-8") as f:
+        svg = f.read()
+    check("Roster Test CPU 7" in svg and "fastest exact (tiled)" in svg, "[phases] the figure names the CPU and tiled")
+    tp.check_stages("phases", d, summary, md)
 
 
 def main():
@@ -290,7 +357,7 @@ def main():
         print(f"skipped: {e} (install python3-numpy python3-matplotlib)")
         return 77
     with tempfile.TemporaryDirectory(prefix="attnbench-test-plot-roster-") as tmp:
-        for case in (test_roster, test_without, test_old_decode):
+        for case in (test_roster, test_without, test_old_decode, test_phases):
             print(f"--    {case.__name__}")
             try:
                 case(tmp)
