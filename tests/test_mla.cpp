@@ -11,6 +11,7 @@
 #include "common/frontends/mla.hpp"
 #include "common/interface/attention.hpp"
 #include "common/reference/mla_reference.hpp"
+#include "common/reference/reference.hpp"
 #include "common/support/error.hpp"
 #include "common/support/random.hpp"
 #include "tests/support/scratch_dir.hpp"
@@ -259,6 +260,8 @@ TEST_CASE("a reserved cache and V with a row stride are read in place as their c
       FloatArray q({B, H, seq_q, D}), cache({B, cap, D});
       fill_normal(q.ptr(), static_cast<int64_t>(q.numel()), 1);
       fill_normal(cache.ptr(), static_cast<int64_t>(cache.numel()), 2);
+      for (int64_t b = 0; b < B; ++b)  // the reserved rows past seq_kv: never read, by the kernels or the bound
+        std::fill_n(cache.ptr() + (b * cap + p.seq_kv) * D, (cap - p.seq_kv) * D, 1e6f);
       FloatArray k({B, 1, p.seq_kv, D}), v({B, 1, p.seq_kv, Dv});
       for (int64_t b = 0; b < B; ++b)
         for (int64_t j = 0; j < p.seq_kv; ++j) {
@@ -280,6 +283,8 @@ TEST_CASE("a reserved cache and V with a row stride are read in place as their c
       in_place.out = got.ptr();
       a.run(p, in_place);
       CHECK(got.data == want.data);  // the same operations on the same values
+      // The forward's error bound reads the same K rows and V values as the kernels, not the layout's gaps.
+      CHECK(exact_abs_tolerance(p, in_place) == exact_abs_tolerance(p, contiguous));
     }
   // Refusals: a variant without the capability, 16-bit storage, the backward, a capacity below seq_kv.
   Problem p = make_problem("linear");

@@ -211,9 +211,17 @@ double exact_abs_tolerance(const Problem& p, const AttentionInputs& in16, DType 
   };
   const int64_t bh = p.batch * p.heads, bkv = p.batch * p.num_kv_heads();
   const double qn = max_row_norm(in.q, bh * p.seq_q, p.head_dim);
-  const double kn = max_row_norm(in.k, bkv * p.seq_kv, p.head_dim);
-  double vmax = 0;
-  for (int64_t e = 0; e < p.v_elements(); ++e) vmax = std::max(vmax, std::fabs((double)in.v[e]));
+  // K and V through their layout (a reserved cache of kv_block_rows rows per block, V rows v_row_stride
+  // apart, e.g. MLA's latent inside K): only the seq_kv rows and d_v values the attention reads.
+  const int64_t rows = kv_block_rows(p, in), ldv = v_row_stride(p, in), dv = p.value_dim();
+  double kn = 0, vmax = 0;
+  for (int64_t kb = 0; kb < bkv; ++kb) {
+    kn = std::max(kn, max_row_norm(in.k + kb * rows * p.head_dim, p.seq_kv, p.head_dim));
+    for (int64_t j = 0; j < p.seq_kv; ++j) {
+      const float* v = in.v + (kb * rows + j) * ldv;
+      for (int64_t e = 0; e < dv; ++e) vmax = std::max(vmax, std::fabs(static_cast<double>(v[e])));
+    }
+  }
   const double u = std::ldexp(1.0, -24);
   const double S = p.effective_scale() * qn * kn;
   double bias_max = 0;
