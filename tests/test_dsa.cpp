@@ -220,6 +220,21 @@ TEST_CASE("dsa at MLA's absorbed shape: d_k 576, d_v 512, one K/V head", "[dsa]"
   require_matches_definition(c);
 }
 
+TEST_CASE("dsa with more query heads per K/V head than one attention task takes", "[dsa]") {
+  // Groups above 32 heads (MLA's absorbed MQA: 128 on one latent) share each token's gathered rows between
+  // head blocks of 32; the last block partial (72 = 32 + 32 + 8, 40 = 32 + 8), decode and prefill, and rows
+  // with no allowed key (seq_q 5 > seq_kv 3 under the lower-right rule: the first two rows see none).
+  struct Shape {
+    int64_t heads, kv_heads, seq_q, seq_kv;
+  };
+  for (const Shape& s : {Shape{72, 1, 1, 300}, Shape{72, 1, 6, 300}, Shape{80, 2, 4, 90}, Shape{72, 1, 5, 3}}) {
+    DsaCase c(1, s.heads, s.kv_heads, s.seq_q, s.seq_kv, 24, 16, "causal_lower_right",
+              {{"topk", 40}, {"index_heads", 4}, {"index_dim", 8}}, 53 + s.seq_q);
+    require_same_selection(c);
+    require_matches_definition(c);
+  }
+}
+
 TEST_CASE("dsa decodes one and four queries against a long cache", "[dsa]") {
   // V3.2's indexer (64 heads of 128, topk 2048) against 3000 cached keys, lower-right causal.
   for (int64_t seq_q : {1, 4}) {
