@@ -554,9 +554,13 @@ def fig_decode(res, an):
     return fig
 
 
+PHASE_HATCHES = ["", "//", "..", "xx", "\\\\", "++"]  # the phases of one series: bands of its colour, told apart by hatching
+
+
 def fig_phases(res, an):
     """Phases (analysis "phases"): per series with phase_ms and setting, each phase's median time stacked against
-    the context seq_kv, the call's median time (black) and the fastest exact row's (grey dashed)."""
+    the context seq_kv (bands of the series' colour, a hatching each), the call's median time (the series' line,
+    in its style) and the fastest exact row's (dashed, in that series' style)."""
     title = f"Phases{on_cpu(res)}: where a call's time goes vs context"
     ph = an.get("phases")
     if not ph:
@@ -570,22 +574,22 @@ def fig_phases(res, an):
     fig.suptitle(title, fontsize=11)
     for ax in axes.flat[len(entries):]:
         ax.set_axis_off()
-    colours = plt.get_cmap("tab10").colors
+    styles = series_styles(res)
     for e, ax in zip(entries, axes.flat):
         ax.set_title(f"{e['series']}\nmask={e['mask']}" + (f", {e['context']}" if e["context"] else ""), fontsize=9)
+        st = styles[e["series"]]
         ns = [p["seq_kv"] for p in e["points"]]
         bottom = np.zeros(len(ns))
         for i, k in enumerate(e["phases"]):
             ys = np.array([num(p["phase_ms"][k]) or 0.0 for p in e["points"]])
-            ax.fill_between(ns, bottom, bottom + ys, color=colours[i % len(colours)], alpha=0.55, lw=0, label=k)
+            ax.fill_between(ns, bottom, bottom + ys, facecolor=mcolors.to_rgba(st.color, 0.15 + 0.5 * i / max(1, len(e["phases"]) - 1)),
+                            edgecolor=st.color, hatch=PHASE_HATCHES[i % len(PHASE_HATCHES)], lw=0.4, label=k)
             bottom = bottom + ys
-        ax.plot(ns, [num(p["time_ms"]) for p in e["points"]], color="black", marker="o", ms=MS, lw=1.2,
-                label="call (median)")
-        dense = [(p["seq_kv"], num(p["fastest_exact_ms"])) for p in e["points"] if p["fastest_exact_ms"] is not None]
-        if dense:
-            names = sorted({p["fastest_exact"] for p in e["points"] if p["fastest_exact"]})
-            ax.plot(*zip(*dense), color="gray", ls="--", marker="x", ms=MS, lw=1.2,
-                    label="fastest exact (" + ", ".join(names) + ")")
+        plot_series(ax, e["series"], st, ns, [num(p["time_ms"]) for p in e["points"]], lw=1.4,
+                    label=f"{e['series']}: call (median)")
+        for name in dict.fromkeys(p["fastest_exact"] for p in e["points"] if p["fastest_exact"]):
+            pts = [(p["seq_kv"], num(p["fastest_exact_ms"])) for p in e["points"] if p["fastest_exact"] == name]
+            plot_series(ax, name, styles[name], *zip(*pts), lw=1.2, ls="--", label=f"fastest exact ({name})")
         for c in e["crossings"]:
             if c["how"] == "measured":
                 ax.axvline(num(c["seq_kv"]), color="gray", lw=0.8, ls=":")

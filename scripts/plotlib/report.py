@@ -56,8 +56,8 @@ BLURBS = {
               "with the context, a recurrence's state does not.",
     "phases": "Per series that times its phases (dsa: the lightning indexer, the top-k selection, the attention over "
               "the selected keys) and setting: each phase's median time stacked against the context seq_kv (log "
-              "axes for the context), the call's median time (black markers, solid) and the fastest exact "
-              "attnbench row's at the same point (dashed, grey). Where the stack passes the dashed line the sparse "
+              "axis for the context; bands in the series' colour, one hatching per phase), the call's median time "
+              "(the series' line) and the fastest exact attnbench row's at the same point (dashed, in its style). Where the stack passes the dashed line the sparse "
               "variant stops paying off; where the indexer's band passes the attention's, the O(n) scoring "
               "dominates the O(topk) attention.",
     "chunk_size": "Per variant (and setting): its median time (left, log) and GFLOP/s (right) against the chunk "

@@ -114,6 +114,8 @@ def results_rows():
                                     {"form": form, "chunk": chunk}))
                 continue
             rows.append(row(v, n, t, exact, err=1e-7 if exact else 1e-2))
+            if v == "nystrom":  # as a variant that times its phases (dsa does): the phases figure
+                rows[-1]["phase_ms"] = {"indexer": 0.3 * t, "selection": 0.1 * t, "attention": 0.5 * t}
             if v == "tiled":  # a second dtype: dtype_vs_fp32
                 rows.append(row(v, n, t * 0.7, exact, dtype="bf16", err=1e-3))
         if v in ("naive", "retention"):  # decode: one new token against contexts of 1024 and 2048
