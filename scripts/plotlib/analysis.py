@@ -295,6 +295,7 @@ def _decode(res, table_series, fastest):
     return {"series": out} if out else None
 
 
+PHASE_ORDER = ["indexer", "selection", "attention"]  # dsa's phases, in the order a call runs them
 MIN_GROWTH_GAP = 0.05  # growth exponents closer than this: two phases that grow alike (noise apart) never cross
 MAX_EXTRAPOLATION = 16  # a phase crossing is extrapolated up to 16x the largest measured context, not beyond
 
@@ -338,6 +339,8 @@ def _phases(res, table_series, fastest):
         names = []
         for r in rows:
             names += [k for k in r.fields["phase_ms"] if k not in names]
+        # The rows' objects come with their keys sorted; the phases a variant is known to run in order first.
+        names.sort(key=lambda k: PHASE_ORDER.index(k) if k in PHASE_ORDER else len(PHASE_ORDER))
         pts = []
         for r in rows:
             ph = {k: num(r.fields["phase_ms"].get(k)) for k in names}

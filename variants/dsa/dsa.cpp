@@ -32,6 +32,8 @@ using dsa::Selection;
 
 // Query heads of one K/V group per attention task: the gathered K / V rows serve this many heads' GEMMs.
 constexpr int64_t kHeadBlock = 32;
+// Below this many (token, K/V head) tasks in a chunk, attend_chunk gathers each one's rows in parallel.
+constexpr int64_t kSharedGatherTasks = 4;
 // Keys per task of the backward's dK / dV reduction.
 constexpr int64_t kGradKeys = 32;
 
@@ -101,8 +103,8 @@ struct Task {
 };
 
 // Tokens [t0, t1) of batch entry b when a K/V head serves several head blocks (MLA's absorbed MQA: 128
-// query heads on one latent): each token's selected rows are gathered once, in parallel over the keys, and
-// shared by the head blocks' GEMMs (one task each). Gathering per task instead copied them once per block:
+// query heads on one latent) or the chunk is a decode step: each token's selected rows are gathered once, in
+// parallel over the keys, and shared by the head blocks' GEMMs (one task each). Gathering per task instead copied them once per block:
 // 4 x 8.9 MB per decoded token at V3.2's shapes. The GEMMs are the same calls on the same values.
 void attend_chunk_shared(const Problem& p, const AttentionInputs& in, int64_t b, int64_t t0, int64_t t1,
                          const int32_t* keys, const int32_t* count, int64_t capacity) {
@@ -142,7 +144,12 @@ void attend_chunk_shared(const Problem& p, const AttentionInputs& in, int64_t b,
 // Output rows of tokens [t0, t1) of batch entry b over their selected keys (keys / count: rows from t0).
 void attend_chunk(const Problem& p, const AttentionInputs& in, int64_t b, int64_t t0, int64_t t1,
                   const int32_t* keys, const int32_t* count, int64_t capacity) {
-  if (head_blocks(p) > 1) return attend_chunk_shared(p, in, b, t0, t1, keys, count, capacity);
+  // The shared gather when a K/V head serves several head blocks, or when the chunk has too few tasks to
+  // keep the threads busy (decode: one token per K/V head), where gathering in parallel over the keys is the
+  // only parallelism left. Either way each head block makes the same GEMM calls on the same values, so the
+  // outputs do not depend on the path (chosen by shape, not by the thread count).
+  if (head_blocks(p) > 1 || (t1 - t0) * p.num_kv_heads() < kSharedGatherTasks)
+    return attend_chunk_shared(p, in, b, t0, t1, keys, count, capacity);
   const int64_t Dv = p.value_dim(), tasks = (t1 - t0) * p.num_kv_heads() * head_blocks(p);
   tbb::enumerable_thread_specific<GatherScratch> scratch;
   tbb::parallel_for(int64_t{0}, tasks, [&](int64_t index) {
