@@ -102,6 +102,60 @@ float ExpSubSum(float* x, int64_t n, float m) {
   return hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0, sum1)));
 }
 
+void GatheredDots(const float* HWY_RESTRICT q, const float* HWY_RESTRICT rows, int64_t ld, int64_t d,
+                  const int32_t* HWY_RESTRICT idx, int64_t n, float scale, float* HWY_RESTRICT s) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), dv = d / N * N;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* r = rows + static_cast<int64_t>(idx[j]) * ld;
+    auto a0 = hn::Zero(df), a1 = hn::Zero(df);  // two chains: even and odd vectors
+    int64_t e = 0;
+    for (; e + 2 * N <= dv; e += 2 * N) {
+      a0 = hn::MulAdd(hn::LoadU(df, q + e), hn::LoadU(df, r + e), a0);
+      a1 = hn::MulAdd(hn::LoadU(df, q + e + N), hn::LoadU(df, r + e + N), a1);
+    }
+    if (e < dv) a0 = hn::MulAdd(hn::LoadU(df, q + e), hn::LoadU(df, r + e), a0);
+    float tail = 0.0f;
+    for (int64_t c = dv; c < d; ++c) tail += q[c] * r[c];
+    s[j] = scale * (hn::GetLane(hn::SumOfLanes(df, hn::Add(a0, a1))) + tail);
+  }
+}
+
+void GatheredAxpy(const float* HWY_RESTRICT w, const float* HWY_RESTRICT rows, int64_t ld, int64_t d,
+                  const int32_t* HWY_RESTRICT idx, int64_t n, float* HWY_RESTRICT out) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), dv = d / N * N;
+  // Four vectors of the output at a time stay in registers across every selected row.
+  int64_t e = 0;
+  for (; e + 4 * N <= dv; e += 4 * N) {
+    auto o0 = hn::LoadU(df, out + e), o1 = hn::LoadU(df, out + e + N), o2 = hn::LoadU(df, out + e + 2 * N),
+         o3 = hn::LoadU(df, out + e + 3 * N);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* r = rows + static_cast<int64_t>(idx[j]) * ld + e;
+      const auto wj = hn::Set(df, w[j]);
+      o0 = hn::MulAdd(wj, hn::LoadU(df, r), o0);
+      o1 = hn::MulAdd(wj, hn::LoadU(df, r + N), o1);
+      o2 = hn::MulAdd(wj, hn::LoadU(df, r + 2 * N), o2);
+      o3 = hn::MulAdd(wj, hn::LoadU(df, r + 3 * N), o3);
+    }
+    hn::StoreU(o0, df, out + e);
+    hn::StoreU(o1, df, out + e + N);
+    hn::StoreU(o2, df, out + e + 2 * N);
+    hn::StoreU(o3, df, out + e + 3 * N);
+  }
+  for (; e < dv; e += N) {
+    auto o = hn::LoadU(df, out + e);
+    for (int64_t j = 0; j < n; ++j)
+      o = hn::MulAdd(hn::Set(df, w[j]), hn::LoadU(df, rows + static_cast<int64_t>(idx[j]) * ld + e), o);
+    hn::StoreU(o, df, out + e);
+  }
+  for (int64_t c = dv; c < d; ++c) {
+    float acc = out[c];
+    for (int64_t j = 0; j < n; ++j) acc += w[j] * rows[static_cast<int64_t>(idx[j]) * ld + c];
+    out[c] = acc;
+  }
+}
+
 void ScaleRow(float* x, int64_t n, float s) {
   const DF d;
   // Lambdas capture scalars only: SVE vectors are sizeless types, which a lambda cannot capture.
@@ -144,6 +198,8 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace attn {
+HWY_EXPORT(GatheredDots);
+HWY_EXPORT(GatheredAxpy);
 HWY_EXPORT(RowMax);
 HWY_EXPORT(Softcap);
 HWY_EXPORT(ExpSubSum);
@@ -154,6 +210,14 @@ HWY_EXPORT(Relu);
 
 float row_max(const float* x, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(RowMax)(x, n);
+}
+void gathered_dots(const float* q, const float* rows, int64_t ld, int64_t d, const int32_t* idx, int64_t n,
+                   float scale, float* s) {
+  HWY_DYNAMIC_DISPATCH(GatheredDots)(q, rows, ld, d, idx, n, scale, s);
+}
+void gathered_axpy(const float* w, const float* rows, int64_t ld, int64_t d, const int32_t* idx, int64_t n,
+                   float* out) {
+  HWY_DYNAMIC_DISPATCH(GatheredAxpy)(w, rows, ld, d, idx, n, out);
 }
 float exp_sub_sum(float* x, int64_t n, float m) {
   return HWY_DYNAMIC_DISPATCH(ExpSubSum)(x, n, m);
