@@ -3,8 +3,8 @@
 // index key per token shared by every head, a weight per token and index head); the masks remove keys; each
 // query keeps its topk keys by I (ties: the lower key index); then softmax attention over those keys only,
 // every query head of a token using that token's keys. Inputs and the selection proof: dsa.hpp, indexer.cpp.
-// The attention gathers the selected K / V rows once per (token, K/V head, block of query heads) and runs two
-// GEMMs over them; the backward (dQ, dK, dV through the selected keys; the indexer's inputs get no gradient:
+// The attention reads the selected K / V rows in place for small groups (gathered dots and axpys) or gathers
+// them once per (token, K/V head) for two GEMMs per block of query heads (attend_chunk); the backward (dQ, dK, dV through the selected keys; the indexer's inputs get no gradient:
 // DeepSeek trains the indexer by its own KL loss against the main attention, with the indexer's input
 // detached) recomputes the selection and reduces dK, dV per key in a fixed order.
 #include "variants/dsa/dsa.hpp"
