@@ -227,7 +227,8 @@ TEST_CASE("dsa with more query heads per K/V head than one attention task takes"
   struct Shape {
     int64_t heads, kv_heads, seq_q, seq_kv;
   };
-  for (const Shape& s : {Shape{72, 1, 1, 300}, Shape{72, 1, 6, 300}, Shape{80, 2, 4, 90}, Shape{72, 1, 5, 3}}) {
+  for (const Shape& s :
+       {Shape{72, 1, 1, 300}, Shape{72, 1, 6, 300}, Shape{80, 2, 4, 90}, Shape{72, 1, 5, 3}}) {
     DsaCase c(1, s.heads, s.kv_heads, s.seq_q, s.seq_kv, 24, 16, "causal_lower_right",
               {{"topk", 40}, {"index_heads", 4}, {"index_dim", 8}}, 53 + s.seq_q);
     require_same_selection(c);

@@ -1,5 +1,5 @@
-// dsa through the harness: `attnbench run` draws the index inputs, and the rows carry the phase split. Its own
-// file because it starts the attnbench executable: tests/test_dsa.cpp stays in-process, so the TSan run
+// dsa through the harness: `attnbench run` draws the index inputs, and the rows carry the phase split. Its
+// own file because it starts the attnbench executable: tests/test_dsa.cpp stays in-process, so the TSan run
 // (scripts/sanitize) covers dsa's TBB-parallel code.
 #include <catch2/catch.hpp>
 #include <sstream>

@@ -260,7 +260,8 @@ TEST_CASE("a reserved cache and V with a row stride are read in place as their c
       FloatArray q({B, H, seq_q, D}), cache({B, cap, D});
       fill_normal(q.ptr(), static_cast<int64_t>(q.numel()), 1);
       fill_normal(cache.ptr(), static_cast<int64_t>(cache.numel()), 2);
-      for (int64_t b = 0; b < B; ++b)  // the reserved rows past seq_kv: never read, by the kernels or the bound
+      for (int64_t b = 0; b < B;
+           ++b)  // the reserved rows past seq_kv: never read, by the kernels or the bound
         std::fill_n(cache.ptr() + (b * cap + p.seq_kv) * D, (cap - p.seq_kv) * D, 1e6f);
       FloatArray k({B, 1, p.seq_kv, D}), v({B, 1, p.seq_kv, Dv});
       for (int64_t b = 0; b < B; ++b)

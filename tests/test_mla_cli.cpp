@@ -13,12 +13,13 @@
 using namespace attn;
 using namespace attn::test;
 
-TEST_CASE("attnbench mla: both forms' rows carry FLOPs, the FMA peak and their fraction of it", "[mla][cli]") {
+TEST_CASE("attnbench mla: both forms' rows carry FLOPs, the FMA peak and their fraction of it",
+          "[mla][cli]") {
   ScratchDir dir("mla-cli");
-  const ProcResult r = run_attnbench({"mla", "--preset", "tiny", "--context", "40", "--new", "1", "--form", "both",
-                                      "--repeats", "3", "--warmup", "1", "--threads", "1", "--out",
-                                      dir.file("mla.jsonl")},
-                                     dir.path());
+  const ProcResult r =
+      run_attnbench({"mla", "--preset", "tiny", "--context", "40", "--new", "1", "--form", "both",
+                     "--repeats", "3", "--warmup", "1", "--threads", "1", "--out", dir.file("mla.jsonl")},
+                    dir.path());
   INFO(r.out << r.err);
   REQUIRE(r.code == 0);
   CHECK(contains(r.out, "FMA peak"));
@@ -29,7 +30,8 @@ TEST_CASE("attnbench mla: both forms' rows carry FLOPs, the FMA peak and their f
     const Json row = Json::parse(line);
     INFO(row.dump());
     CHECK(row.at("kind") == "mla");
-    const double gflops = row.at("gflops_per_s").get<double>(), peak = row.at("fma_peak").at("gflops").get<double>();
+    const double gflops = row.at("gflops_per_s").get<double>(),
+                 peak = row.at("fma_peak").at("gflops").get<double>();
     REQUIRE(gflops > 0);
     REQUIRE(peak > 0);
     CHECK(row.at("fma_peak").at("threads") == 1);

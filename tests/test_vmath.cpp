@@ -120,11 +120,12 @@ TEST_CASE(
   CHECK(tiny * small == before);  // restored
 }
 
-TEST_CASE("gathered dots and axpys match fp64 on every supported SIMD target and every width", "[simd][vmath]") {
-  // Rows picked by index, repeated and out of order, from a table with a row stride above the width; widths 1 to
-  // 40 (every vector tail of every target, and the 4-vector blocks of the axpy). Each dot is d products summed:
-  // |error| <= d u sum |q_c r_c| (u = 2^-24, the fp32 unit roundoff; the lane split only reorders the sum),
-  // times the scale; each axpy output is n products added to it: <= (n + 1) u sum |w_j r_jc| + u |out|.
+TEST_CASE("gathered dots and axpys match fp64 on every supported SIMD target and every width",
+          "[simd][vmath]") {
+  // Rows picked by index, repeated and out of order, from a table with a row stride above the width; widths 1
+  // to 40 (every vector tail of every target, and the 4-vector blocks of the axpy). Each dot is d products
+  // summed: |error| <= d u sum |q_c r_c| (u = 2^-24, the fp32 unit roundoff; the lane split only reorders the
+  // sum), times the scale; each axpy output is n products added to it: <= (n + 1) u sum |w_j r_jc| + u |out|.
   const double u = std::ldexp(1.0, -24);
   const int32_t idx[] = {5, 0, 7, 5, 2, 9, 1};
   const int64_t n = 7, rows_n = 10;

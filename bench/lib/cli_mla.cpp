@@ -214,13 +214,15 @@ int run_mla(const MlaOptions& o) {
   fill_normal(x.ptr(), static_cast<int64_t>(x.numel()), mix64(static_cast<uint64_t>(o.seed) ^ 0x78));
   std::optional<DoubleArray> want;
   if (!o.no_check) want = mla_reference(s, layer.weights(), x, o.context);
-  // The absorbed form's decode is compute-bound (fp32 cache: ~15 FLOP per byte at 16 heads, ~120 at V3's 128): its
-  // GFLOP/s reads against the machine's fp32 FMA peak on the same threads and SIMD target, measured here.
+  // The absorbed form's decode is compute-bound (fp32 cache: ~15 FLOP per byte at 16 heads, ~120 at V3's
+  // 128): its GFLOP/s reads against the machine's fp32 FMA peak on the same threads and SIMD target, measured
+  // here.
   const FmaPeak peak = calibrate_fma_peak(threads);
-  std::printf("mla %s  batch %lld  context %lld  new %lld  core %s  threads %d  cpu %s  FMA peak %.1f GFLOP/s (%s)\n",
-              s.str().c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.context),
-              static_cast<long long>(o.fresh), variant.c_str(), threads, cpu_model().c_str(), peak.gflops,
-              peak.isa.c_str());
+  std::printf(
+      "mla %s  batch %lld  context %lld  new %lld  core %s  threads %d  cpu %s  FMA peak %.1f GFLOP/s (%s)\n",
+      s.str().c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.context),
+      static_cast<long long>(o.fresh), variant.c_str(), threads, cpu_model().c_str(), peak.gflops,
+      peak.isa.c_str());
   std::string lines;
   std::vector<FormResult> results;
   for (MlaForm form : forms) {
@@ -230,8 +232,9 @@ int run_mla(const MlaOptions& o) {
         "  %-8s median %10.4f ms (p10 %.4f, p90 %.4f, %d reps)  %.4g GFLOP  %8.2f GFLOP/s (%.2f of peak)  "
         "cache %zu B/token  read %.4g MB (%.2f GB/s)  rel_l2 %s\n",
         mla_form_name(form), r.time.median_ms, r.time.p10_ms, r.time.p90_ms, r.time.reps, r.flops * 1e-9,
-        r.flops / sec * 1e-9, peak.gflops > 0 ? r.flops / sec * 1e-9 / peak.gflops : 0.0, r.cache_bytes_per_token,
-        r.bytes_read * 1e-6, r.bytes_read / sec * 1e-9, error_text(r.rel_l2).c_str());
+        r.flops / sec * 1e-9, peak.gflops > 0 ? r.flops / sec * 1e-9 / peak.gflops : 0.0,
+        r.cache_bytes_per_token, r.bytes_read * 1e-6, r.bytes_read / sec * 1e-9,
+        error_text(r.rel_l2).c_str());
     lines += result_row(o, s, r, variant, threads, peak).dump() + "\n";
     results.push_back(r);
   }

@@ -21,7 +21,8 @@ void relu(const float* src, float* dst, int64_t n);
 // x = cap * tanh(x / cap) in place (logit soft-capping, Highway's Tanh). -inf becomes -cap (tanh saturates),
 // so masks that write -inf go after it; NaN stays NaN.
 void softcap(float* x, int64_t n, float cap);
-// Rows picked by index (sparse attention over selected keys, without copying them): s[j] = scale * (q . rows[idx[j]
+// Rows picked by index (sparse attention over selected keys, without copying them): s[j] = scale * (q .
+// rows[idx[j]
 // * ld .. + d)) for j < n, each dot in vector lanes then a scalar tail, in a fixed order; and out[0..d) +=
 // sum_j w[j] rows[idx[j] * ld ..] (out read and written once per call, the sum over j in order).
 void gathered_dots(const float* q, const float* rows, int64_t ld, int64_t d, const int32_t* idx, int64_t n,

@@ -4,9 +4,10 @@
 // query keeps its topk keys by I (ties: the lower key index); then softmax attention over those keys only,
 // every query head of a token using that token's keys. Inputs and the selection proof: dsa.hpp, indexer.cpp.
 // The attention reads the selected K / V rows in place for small groups (gathered dots and axpys) or gathers
-// them once per (token, K/V head) for two GEMMs per block of query heads (attend_chunk); the backward (dQ, dK, dV through the selected keys; the indexer's inputs get no gradient:
-// DeepSeek trains the indexer by its own KL loss against the main attention, with the indexer's input
-// detached) recomputes the selection and reduces dK, dV per key in a fixed order.
+// them once per (token, K/V head) for two GEMMs per block of query heads (attend_chunk); the backward (dQ,
+// dK, dV through the selected keys; the indexer's inputs get no gradient: DeepSeek trains the indexer by its
+// own KL loss against the main attention, with the indexer's input detached) recomputes the selection and
+// reduces dK, dV per key in a fixed order.
 #include "variants/dsa/dsa.hpp"
 
 #include <tbb/blocked_range.h>
@@ -108,8 +109,9 @@ struct Task {
 
 // Tokens [t0, t1) of batch entry b when a K/V head serves several head blocks (MLA's absorbed MQA: 128
 // query heads on one latent) or the chunk is a decode step: each token's selected rows are gathered once, in
-// parallel over the keys, and shared by the head blocks' GEMMs (one task each). Gathering per task instead copied them once per block:
-// 4 x 8.9 MB per decoded token at V3.2's shapes. The GEMMs are the same calls on the same values.
+// parallel over the keys, and shared by the head blocks' GEMMs (one task each). Gathering per task instead
+// copied them once per block: 4 x 8.9 MB per decoded token at V3.2's shapes. The GEMMs are the same calls on
+// the same values.
 void attend_chunk_shared(const Problem& p, const AttentionInputs& in, int64_t b, int64_t t0, int64_t t1,
                          const int32_t* keys, const int32_t* count, int64_t capacity) {
   const int64_t D = p.head_dim, Dv = p.value_dim(), blocks = head_blocks(p);
