@@ -65,18 +65,28 @@ struct GatherScratch {
   AlignedVector<float> k, v, s, dp;
 };
 
-// Gathers the selected rows of K/V head g of batch entry b into sc.k ([n, head_dim]) and sc.v ([n, d_v]).
-void gather(const Problem& p, const AttentionInputs& in, int64_t b, int64_t g, const int32_t* keys, int64_t n,
-            GatherScratch& sc) {
+// Copies the selected rows j0 <= j < j1 of K/V head g of batch entry b into sc.k ([n, head_dim]) and sc.v
+// ([n, d_v]), sized for `capacity` rows beforehand.
+void gather_rows(const Problem& p, const AttentionInputs& in, int64_t b, int64_t g, const int32_t* keys,
+                 int64_t j0, int64_t j1, GatherScratch& sc) {
   const int64_t D = p.head_dim, Dv = p.value_dim(), blk = b * p.num_kv_heads() + g;
-  sc.k.resize(static_cast<std::size_t>(std::max<int64_t>(n, 1) * D));
-  sc.v.resize(static_cast<std::size_t>(std::max<int64_t>(n, 1) * Dv));
   const float* k = in.k + blk * p.seq_kv * D;
   const float* v = in.v + blk * p.seq_kv * Dv;
-  for (int64_t j = 0; j < n; ++j) {
+  for (int64_t j = j0; j < j1; ++j) {
     std::memcpy(sc.k.data() + j * D, k + keys[j] * D, sizeof(float) * D);
     std::memcpy(sc.v.data() + j * Dv, v + keys[j] * Dv, sizeof(float) * Dv);
   }
+}
+void size_gather(const Problem& p, int64_t capacity, GatherScratch& sc) {
+  sc.k.resize(static_cast<std::size_t>(std::max<int64_t>(capacity, 1) * p.head_dim));
+  sc.v.resize(static_cast<std::size_t>(std::max<int64_t>(capacity, 1) * p.value_dim()));
+}
+
+// Gathers the n selected rows of K/V head g of batch entry b into sc.k and sc.v.
+void gather(const Problem& p, const AttentionInputs& in, int64_t b, int64_t g, const int32_t* keys, int64_t n,
+            GatherScratch& sc) {
+  size_gather(p, n, sc);
+  gather_rows(p, in, b, g, keys, 0, n, sc);
 }
 
 // The softmax weights of `nh` query heads from h0 of token t against the gathered keys kg ([n, head_dim])
@@ -114,23 +124,16 @@ struct Task {
 // the same values.
 void attend_chunk_shared(const Problem& p, const AttentionInputs& in, int64_t b, int64_t t0, int64_t t1,
                          const int32_t* keys, const int32_t* count, int64_t capacity) {
-  const int64_t D = p.head_dim, Dv = p.value_dim(), blocks = head_blocks(p);
+  const int64_t Dv = p.value_dim(), blocks = head_blocks(p);
   GatherScratch shared;
-  shared.k.resize(static_cast<std::size_t>(std::max<int64_t>(capacity, 1) * D));
-  shared.v.resize(static_cast<std::size_t>(std::max<int64_t>(capacity, 1) * Dv));
+  size_gather(p, capacity, shared);
   tbb::enumerable_thread_specific<GatherScratch> scratch;
   for (int64_t t = t0; t < t1; ++t)
     for (int64_t g = 0; g < p.num_kv_heads(); ++g) {
       const int64_t n = count[t - t0];
       const int32_t* sel = keys + (t - t0) * capacity;
-      const int64_t blk = b * p.num_kv_heads() + g;
-      const float* k = in.k + blk * p.seq_kv * D;
-      const float* v = in.v + blk * p.seq_kv * Dv;
       tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 64), [&](const tbb::blocked_range<int64_t>& r) {
-        for (int64_t j = r.begin(); j < r.end(); ++j) {
-          std::memcpy(shared.k.data() + j * D, k + sel[j] * D, sizeof(float) * D);
-          std::memcpy(shared.v.data() + j * Dv, v + sel[j] * Dv, sizeof(float) * Dv);
-        }
+        gather_rows(p, in, b, g, sel, r.begin(), r.end(), shared);
       });
       tbb::parallel_for(int64_t{0}, blocks, [&](int64_t hb) {
         const int64_t h0 = g * p.group_size() + hb * kHeadBlock;
@@ -152,8 +155,8 @@ void attend_chunk(const Problem& p, const AttentionInputs& in, int64_t b, int64_
                   const int32_t* keys, const int32_t* count, int64_t capacity) {
   // The shared gather when a K/V head serves several head blocks, or when the chunk has too few tasks to
   // keep the threads busy (decode: one token per K/V head), where gathering in parallel over the keys is the
-  // only parallelism left. Either way each head block makes the same GEMM calls on the same values, so the
-  // outputs do not depend on the path (chosen by shape, not by the thread count).
+  // only parallelism left; it makes the same GEMM calls as a task's own gather. The path depends on the
+  // problem's shape only, never on the thread count, so outputs are the same at any number of threads.
   if (head_blocks(p) > 1 || (t1 - t0) * p.num_kv_heads() < kSharedGatherTasks)
     return attend_chunk_shared(p, in, b, t0, t1, keys, count, capacity);
   const int64_t Dv = p.value_dim(), tasks = (t1 - t0) * p.num_kv_heads() * head_blocks(p);
