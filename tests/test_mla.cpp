@@ -174,6 +174,42 @@ TEST_CASE("MLA: a sequence prefilled in pieces equals the sequence prefilled at 
   }
 }
 
+TEST_CASE("MLA: a cache filled by append() holds what forward() writes, and decodes to the definition",
+          "[mla]") {
+  const MlaShape s = tiny(12);
+  const MlaWeights w = random_mla_weights(s, 6);
+  const MlaLayer layer(s, w);
+  const FloatArray x = tokens(2, 31, s.d_model, 4);
+  const DoubleArray want = mla_reference(s, w, x, 29);  // rows 29, 30 of each batch entry
+  for (const MlaForm form : {MlaForm::naive, MlaForm::absorbed}) {
+    INFO(mla_form_name(form));
+    MlaCache forwarded(s, form, 2, 40), appended(s, form, 2, 40);
+    layer.forward(slice(x, 0, 29), forwarded, {});
+    layer.append(slice(x, 0, 4),
+                 appended);  // in pieces, a decode-sized one (the dot-product path) among them
+    layer.append(slice(x, 4, 1), appended);
+    layer.append(slice(x, 5, 24), appended);
+    CHECK(appended.length() == 29);
+    const FloatArray& a = form == MlaForm::absorbed ? forwarded.kv : forwarded.k;
+    const FloatArray& b = form == MlaForm::absorbed ? appended.kv : appended.k;
+    const FloatArray& av = form == MlaForm::absorbed ? forwarded.kv : forwarded.v;
+    const FloatArray& bv = form == MlaForm::absorbed ? appended.kv : appended.v;
+    // The same code computes the rows; only the projection's blocking (one row or many) may differ, within
+    // fp32 rounding of a width-32 dot product.
+    double worst = 0;
+    for (std::size_t e = 0; e < a.numel(); ++e)
+      worst = std::max<double>(worst, std::fabs(a.data[e] - b.data[e]));
+    for (std::size_t e = 0; e < av.numel(); ++e)
+      worst = std::max<double>(worst, std::fabs(av.data[e] - bv.data[e]));
+    CHECK(worst <= 1e-5);
+    const FloatArray y = layer.forward(slice(x, 29, 2), appended, {});
+    CHECK(rel_l2(y, want.ptr()) <= kRelL2);
+  }
+  MlaCache full(s, MlaForm::absorbed, 2, 3);
+  CHECK_THROWS_WITH(layer.append(slice(x, 0, 4), full), Contains("4 more do not fit"));
+  CHECK_THROWS_WITH(layer.append(tokens(2, 2, 31, 1), full), Contains("x: shape [2, 2, 31]"));
+}
+
 TEST_CASE("MLA: bad shapes, weights, inputs and cores are refused by name", "[mla]") {
   MlaShape s = tiny(12);
   s.qk_rope_dim = 5;

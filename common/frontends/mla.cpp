@@ -6,14 +6,17 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <stdexcept>
 #include <utility>
 
 #include "common/interface/attention.hpp"
 #include "common/interface/util.hpp"
 #include "common/io/npy.hpp"
 #include "common/kernels/rope.hpp"
+#include "common/kernels/vmath.hpp"
 #include "common/support/error.hpp"
 #include "common/support/random.hpp"
 #include "common/support/runtime.hpp"
@@ -28,6 +31,47 @@ constexpr int64_t kRowsPerTask = 64;
 constexpr int64_t kColsPerTask = 256;
 constexpr double kRmsEps = 1e-6;  // DeepSeek's RMSNorm eps
 
+// Up to this many rows (a decode step's few tokens) a product with a weight matrix runs as dot products /
+// axpys over its rows in vector lanes (vmath), reading each weight once per row straight from memory; sgemm
+// would first pack the whole weight block, and a one-row GEMM is all packing (V3's absorbed decode step
+// read its 0.75 GB of weights at ~15 GB/s through it). Fixed by the problem, so the operations do not depend
+// on the thread count.
+constexpr int64_t kDotRows = 4;
+// Output columns of one dot-product block: the block's weight rows (<= 16 x the input width, 448 KiB at
+// V3's 7168) stay in L2 while the (<= kDotRows) input rows go over them.
+constexpr int64_t kDotCols = 16;
+
+// 0, 1, 2, ...: the index list of consecutive rows for vmath's gathered kernels.
+const int32_t* iota_index(int64_t n) {
+  static const std::vector<int32_t> idx = [] {
+    std::vector<int32_t> v(1 << 16);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int32_t>(i);
+    return v;
+  }();
+  if (n > static_cast<int64_t>(idx.size())) throw std::logic_error("iota_index: too long");
+  return idx.data();
+}
+
+// y[r, c] = x[r, :] . w[c, :] for r < rows (<= kDotRows), c < cols: x rows at stride ldx, w rows at ldw,
+// y rows at ldy; `in` the inner width.
+void dots_nt(const float* x, int64_t rows, int64_t ldx, const float* w, int64_t ldw, int64_t cols, int64_t in,
+             float* y, int64_t ldy) {
+  for (int64_t c0 = 0; c0 < cols; c0 += kDotCols) {
+    const int64_t nc = std::min(kDotCols, cols - c0);
+    for (int64_t r = 0; r < rows; ++r)
+      gathered_dots(x + r * ldx, w + c0 * ldw, ldw, in, iota_index(nc), nc, 1.0f, y + r * ldy + c0);
+  }
+}
+
+// y[r, :] = sum_k x[r, k] w[k, :] for r < rows, w [inner, cols] at stride ldw (y rows at ldy, overwritten).
+void axpys_nn(const float* x, int64_t rows, int64_t ldx, const float* w, int64_t ldw, int64_t inner,
+              int64_t cols, float* y, int64_t ldy) {
+  for (int64_t r = 0; r < rows; ++r) {
+    std::fill_n(y + r * ldy, cols, 0.0f);
+    gathered_axpy(x + r * ldx, w, ldw, cols, iota_index(inner), inner, y + r * ldy);
+  }
+}
+
 // y[rows, out] = x[rows, in] W^T, W [out, in] (torch.nn.Linear, no bias).
 void linear(const float* x, int64_t rows, const FloatArray& w, float* y) {
   const int64_t out = w.shape[0], in = w.shape[1];
@@ -36,8 +80,11 @@ void linear(const float* x, int64_t rows, const FloatArray& w, float* y) {
   tbb::parallel_for(int64_t{0}, row_tasks * col_tasks, [&](int64_t task) {
     const int64_t r0 = task / col_tasks * kRowsPerTask, c0 = task % col_tasks * kColsPerTask;
     const int64_t nr = std::min(kRowsPerTask, rows - r0), nc = std::min(kColsPerTask, out - c0);
-    sgemm(false, true, nr, nc, in, 1.0f, x + r0 * in, in, w.ptr() + c0 * in, in, 0.0f, y + r0 * out + c0,
-          out);
+    if (rows <= kDotRows)
+      dots_nt(x + r0 * in, nr, in, w.ptr() + c0 * in, in, nc, in, y + r0 * out + c0, out);
+    else
+      sgemm(false, true, nr, nc, in, 1.0f, x + r0 * in, in, w.ptr() + c0 * in, in, 0.0f, y + r0 * out + c0,
+            out);
   });
 }
 
@@ -345,12 +392,15 @@ struct Projected {
   std::vector<float> q, latent, k_pe;
 };
 
-Projected project(const MlaShape& s, const MlaWeights& w, const FloatArray& x, int64_t context) {
+// with_query false: the cache's part only (latent, k_pe); q stays empty.
+Projected project(const MlaShape& s, const MlaWeights& w, const FloatArray& x, int64_t context,
+                  bool with_query = true) {
   const int64_t B = x.shape[0], n = x.shape[1], rows = B * n, H = s.heads, qk = s.qk_head_dim();
   const int64_t nope = s.qk_nope_dim, rope = s.qk_rope_dim, kvl = s.kv_lora_rank, lat = s.latent_row();
   Projected out;
-  out.q.resize(static_cast<std::size_t>(rows * H * qk));
-  if (s.q_lora_rank == 0) {
+  if (with_query) out.q.resize(static_cast<std::size_t>(rows * H * qk));
+  if (!with_query) {
+  } else if (s.q_lora_rank == 0) {
     linear(x.ptr(), rows, w.wq, out.q.data());
   } else {
     std::vector<float> a(static_cast<std::size_t>(rows * s.q_lora_rank));
@@ -371,6 +421,7 @@ Projected project(const MlaShape& s, const MlaWeights& w, const FloatArray& x, i
   // as B blocks of [n][rope]; q_pe gathered into B * H blocks of [n][rope] and put back.
   const RopeSpec spec{RopeMode::normal, s.rope_base};
   apply_rope(spec, out.k_pe.data(), B, n, rope, context);
+  if (!with_query) return out;
   std::vector<float> q_pe(static_cast<std::size_t>(rows * H * rope));
   auto q_pe_at = [&](int64_t b, int64_t i, int64_t h) { return q_pe.data() + ((b * H + h) * n + i) * rope; };
   auto q_at = [&](int64_t b, int64_t i, int64_t h) {
@@ -395,7 +446,40 @@ void require_finite(const FloatArray& t, const std::string& name) {
 
 }  // namespace
 
-FloatArray MlaLayer::forward(const FloatArray& x, MlaCache& cache, const MlaCall& call) const {
+namespace {
+
+// The cache rows of the n tokens projected in `pr` (B * n rows), at positions T .. T + n - 1: absorbed [c_kv
+// | k_pe]; naive every head's K = [k_nope (wkv_b c_kv), k_pe] and V (wkv_b c_kv).
+void write_cache_rows(const MlaShape& s, const MlaWeights& w, const Projected& pr, MlaCache& cache, int64_t B,
+                      int64_t n, int64_t T) {
+  const int64_t H = s.heads, qk = s.qk_head_dim(), nope = s.qk_nope_dim, rope = s.qk_rope_dim;
+  const int64_t kvl = s.kv_lora_rank, lat = s.latent_row(), dv = s.v_head_dim, cap = cache.capacity();
+  if (cache.form() == MlaForm::absorbed) {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < n; ++i) {
+        float* row = cache.kv.ptr() + (b * cap + T + i) * lat;
+        std::copy_n(pr.latent.data() + (b * n + i) * kvl, kvl, row);
+        std::copy_n(pr.k_pe.data() + (b * n + i) * rope, rope, row + kvl);
+      }
+    return;
+  }
+  std::vector<float> kvb(static_cast<std::size_t>(B * n * H * (nope + dv)));
+  linear(pr.latent.data(), B * n, w.wkv_b, kvb.data());
+  tbb::parallel_for(int64_t{0}, B * H, [&](int64_t bh) {
+    const int64_t b = bh / H, h = bh % H;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* src = kvb.data() + ((b * n + i) * H + h) * (nope + dv);
+      float* krow = cache.k.ptr() + (bh * cap + T + i) * qk;
+      std::copy_n(src, nope, krow);
+      std::copy_n(pr.k_pe.data() + (b * n + i) * rope, rope, krow + nope);
+      std::copy_n(src + nope, dv, cache.v.ptr() + (bh * cap + T + i) * dv);
+    }
+  });
+}
+
+}  // namespace
+
+void MlaLayer::check_call(const FloatArray& x, const MlaCache& cache) const {
   const MlaShape& s = shape_;
   if (x.rank() != 3 || x.shape[2] != s.d_model || x.shape[0] < 1 || x.shape[1] < 1)
     throw UsageError("x: shape " + x.shape_str() + "; expected [batch, new tokens, " +
@@ -405,34 +489,53 @@ FloatArray MlaLayer::forward(const FloatArray& x, MlaCache& cache, const MlaCall
   if (cache.batch() != x.shape[0])
     throw UsageError("MLA cache: batch " + std::to_string(cache.batch()) + " differs from x's batch " +
                      std::to_string(x.shape[0]));
-  const int64_t B = x.shape[0], n = x.shape[1], T = cache.length();
+  const int64_t n = x.shape[1], T = cache.length();
   if (n > cache.capacity() - T)
     throw UsageError("MLA cache: holds " + std::to_string(T) + " of its capacity " +
                      std::to_string(cache.capacity()) + " tokens; " + std::to_string(n) +
                      " more do not fit (reserve a larger capacity)");
   require_finite(x, "x");
+}
+
+void MlaLayer::append(const FloatArray& x, MlaCache& cache) const {
+  check_call(x, cache);
+  const int64_t B = x.shape[0], n = x.shape[1], T = cache.length();
+  write_cache_rows(shape_, weights_, project(shape_, weights_, x, T, /*with_query=*/false), cache, B, n, T);
+  cache.length_ = T + n;
+}
+
+FloatArray MlaLayer::forward(const FloatArray& x, MlaCache& cache, const MlaCall& call,
+                             double* core_ms) const {
+  check_call(x, cache);
+  const MlaShape& s = shape_;
+  const int64_t B = x.shape[0], n = x.shape[1], T = cache.length();
   const MlaForm form = cache.form();
   const Problem p = core_problem(form, call, B, n, T);
   const int64_t H = s.heads, qk = s.qk_head_dim(), nope = s.qk_nope_dim, rope = s.qk_rope_dim;
   const int64_t kvl = s.kv_lora_rank, lat = s.latent_row(), dv = s.v_head_dim, cap = cache.capacity();
   const Projected pr = project(s, weights_, x, T);
+  write_cache_rows(s, weights_, pr, cache, B, n, T);
   const float* wkv_b = weights_.wkv_b.ptr();
+  // The core's call alone, timed when asked (two clock reads).
+  auto run_core = [&](const AttentionInputs& in) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Registry::instance().get(p.variant).run(p, in);
+    if (core_ms)
+      *core_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
   std::vector<float> merged(static_cast<std::size_t>(B * n * H * dv));  // [B*n][H*dv], wo's input
   if (form == MlaForm::absorbed) {
-    // The cache rows [c_kv | k_pe] of the new tokens.
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < n; ++i) {
-        float* row = cache.kv.ptr() + (b * cap + T + i) * lat;
-        std::copy_n(pr.latent.data() + (b * n + i) * kvl, kvl, row);
-        std::copy_n(pr.k_pe.data() + (b * n + i) * rope, rope, row + kvl);
-      }
     // Query [B, H, n, lat]: q_nope W_uk (W_uk = wkv_b's rows h*(nope+dv) .. + nope: [nope, kvl]) | q_pe.
     FloatArray q({B, H, n, lat}), o_lat({B, H, n, kvl});
     tbb::parallel_for(int64_t{0}, B * H, [&](int64_t bh) {
       const int64_t b = bh / H, h = bh % H;
       const float* qn = pr.q.data() + (b * n * H + h) * qk;
       float* qa = q.ptr() + bh * n * lat;
-      sgemm(false, false, n, kvl, nope, 1.0f, qn, H * qk, wkv_b + h * (nope + dv) * kvl, kvl, 0.0f, qa, lat);
+      if (n <= kDotRows)
+        axpys_nn(qn, n, H * qk, wkv_b + h * (nope + dv) * kvl, kvl, nope, kvl, qa, lat);
+      else
+        sgemm(false, false, n, kvl, nope, 1.0f, qn, H * qk, wkv_b + h * (nope + dv) * kvl, kvl, 0.0f, qa,
+              lat);
       for (int64_t i = 0; i < n; ++i) std::copy_n(qn + i * H * qk + nope, rope, qa + i * lat + kvl);
     });
     // Multi-query attention over the cache; V = the latent, the first kvl columns of K's rows, in place.
@@ -443,29 +546,25 @@ FloatArray MlaLayer::forward(const FloatArray& x, MlaCache& cache, const MlaCall
     in.out = o_lat.ptr();
     in.kv_capacity = cap;
     in.v_row_stride = lat;
-    Registry::instance().get(p.variant).run(p, in);
+    run_core(in);
     // Each head's output times W_uv^T (W_uv = wkv_b's rows h*(nope+dv) + nope .. + dv: [dv, kvl]).
     tbb::parallel_for(int64_t{0}, B * H, [&](int64_t bh) {
       const int64_t b = bh / H, h = bh % H;
-      sgemm(false, true, n, dv, kvl, 1.0f, o_lat.ptr() + bh * n * kvl, kvl,
-            wkv_b + (h * (nope + dv) + nope) * kvl, kvl, 0.0f, merged.data() + b * n * H * dv + h * dv,
-            H * dv);
+      if (n <= kDotRows)
+        dots_nt(o_lat.ptr() + bh * n * kvl, n, kvl, wkv_b + (h * (nope + dv) + nope) * kvl, kvl, dv, kvl,
+                merged.data() + b * n * H * dv + h * dv, H * dv);
+      else
+        sgemm(false, true, n, dv, kvl, 1.0f, o_lat.ptr() + bh * n * kvl, kvl,
+              wkv_b + (h * (nope + dv) + nope) * kvl, kvl, 0.0f, merged.data() + b * n * H * dv + h * dv,
+              H * dv);
     });
   } else {
-    // Every head's K = [k_nope, k_pe] and V from wkv_b c_kv, into the cache.
-    std::vector<float> kvb(static_cast<std::size_t>(B * n * H * (nope + dv)));
-    linear(pr.latent.data(), B * n, weights_.wkv_b, kvb.data());
+    // Every head's query [B, H, n, qk]; its K and V rows went into the cache above.
     FloatArray q({B, H, n, qk}), o({B, H, n, dv});
     tbb::parallel_for(int64_t{0}, B * H, [&](int64_t bh) {
       const int64_t b = bh / H, h = bh % H;
-      for (int64_t i = 0; i < n; ++i) {
-        const float* src = kvb.data() + ((b * n + i) * H + h) * (nope + dv);
-        float* krow = cache.k.ptr() + (bh * cap + T + i) * qk;
-        std::copy_n(src, nope, krow);
-        std::copy_n(pr.k_pe.data() + (b * n + i) * rope, rope, krow + nope);
-        std::copy_n(src + nope, dv, cache.v.ptr() + (bh * cap + T + i) * dv);
+      for (int64_t i = 0; i < n; ++i)
         std::copy_n(pr.q.data() + ((b * n + i) * H + h) * qk, qk, q.ptr() + (bh * n + i) * qk);
-      }
     });
     AttentionInputs in{};
     in.q = q.ptr();
@@ -473,7 +572,7 @@ FloatArray MlaLayer::forward(const FloatArray& x, MlaCache& cache, const MlaCall
     in.v = cache.v.ptr();
     in.out = o.ptr();
     in.kv_capacity = cap;
-    Registry::instance().get(p.variant).run(p, in);
+    run_core(in);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < n; ++i)

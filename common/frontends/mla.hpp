@@ -109,7 +109,14 @@ class MlaLayer {
   // (positions T .. T + s - 1) and returns y [B, s, E], the layer's output for them. Prefill is s = the
   // prompt (T = 0, or more for a prompt in pieces), decode s = 1 or a few. UsageError for a wrong shape, a
   // cache of another shape, form or batch, or no room for s more tokens.
-  FloatArray forward(const FloatArray& x, MlaCache& cache, const MlaCall& call) const;
+  // core_ms, when given, receives the wall time of the core variant's run() alone (the rest of the call is
+  // projections, absorption products, cache writes and wo).
+  FloatArray forward(const FloatArray& x, MlaCache& cache, const MlaCall& call,
+                     double* core_ms = nullptr) const;
+  // The cache rows of x's tokens (positions length() ..) without attention or output: what forward() writes
+  // into the cache, computed by the same code, at the cost of wkv_a (and wkv_b in the naive form) only. A
+  // benchmark fills a long context this way. Same UsageErrors as forward().
+  void append(const FloatArray& x, MlaCache& cache) const;
 
   // FLOPs of forward() for s new tokens after T cached ones: the projections, the absorption products
   // (absorbed form), the core (the variant's flops()) and wo; 2 per multiply-add, norms and RoPE not counted.
@@ -119,6 +126,7 @@ class MlaLayer {
   double bytes_read(MlaForm form, int64_t batch, int64_t s, int64_t context) const;
 
  private:
+  void check_call(const FloatArray& x, const MlaCache& cache) const;
   MlaShape shape_;
   MlaWeights weights_;
 };
