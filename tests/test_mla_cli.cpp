@@ -3,8 +3,11 @@
 // the fp64 definition; bad flags exit 2 naming the flag. (A file of its own: it starts the attnbench
 // executable, and tests/test_mla.cpp stays in-process.)
 #include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "common/interface/params.hpp"
 #include "tests/support/process.hpp"
@@ -47,4 +50,73 @@ TEST_CASE("attnbench mla: both forms' rows carry FLOPs, the FMA peak and their f
   const ProcResult bad = run_attnbench({"mla", "--preset", "tiny", "--new", "0"}, dir.path());
   CHECK(bad.code == 2);
   CHECK(contains(bad.err, "--new 0"));
+}
+
+// A sweep config's "mla" blocks (`attnbench mla --sweep`, scripts/run's MLA step): every (preset, form,
+// context, new) point is one row, the contexts filled incrementally through the cache path (MlaLayer::append)
+// and checked against the fp64 definition up to check_max_context.
+TEST_CASE(
+    "attnbench mla --sweep: one row per point of the config's mla blocks, checked up to check_max_context",
+    "[mla][cli]") {
+  ScratchDir dir("mla-sweep");
+  const std::string config = dir.file("c.json");
+  {
+    std::ofstream f(config);
+    f << R"({"name": "mla_sweep", "variants": ["naive"], "sweep": {"seq_len": 8},
+             "mla": [{"presets": "tiny", "context": [5, 30], "new": [1, 3], "repeats": 2, "threads": 1,
+                      "check_max_context": 10},
+                     {"presets": {"small": {"d_model": 24, "heads": 2, "q_lora_rank": 0, "kv_lora_rank": 8,
+                                            "qk_nope_dim": 4, "qk_rope_dim": 2, "v_head_dim": 6}},
+                      "forms": "absorbed", "context": 0, "new": 2, "repeats": 1}]})";
+  }
+  const ProcResult r = run_attnbench({"mla", "--sweep", config, "--out", dir.file("mla.jsonl")}, dir.path());
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  std::istringstream lines(slurp(dir.path() / "mla.jsonl"));
+  std::vector<Json> rows;
+  for (std::string line; std::getline(lines, line);) rows.push_back(Json::parse(line));
+  REQUIRE(rows.size() == 2 * 2 * 2 + 1);  // tiny: 2 forms x 2 contexts x 2 new; small: 1 point
+  for (const Json& row : rows) {
+    INFO(row.dump());
+    CHECK(row.at("config") == "mla_sweep");
+    const int64_t context = row.at("context"), fresh = row.at("new_tokens");
+    // Checked where context + new <= check_max_context (10 in the first block, the default 1024 in the
+    // second).
+    if (row.at("preset") == "small" || context + fresh <= 10) {
+      REQUIRE(row.at("rel_l2").is_number());
+      CHECK(row.at("rel_l2").get<double>() <= 1e-5);
+    } else {
+      CHECK(row.at("rel_l2").is_null());
+    }
+    CHECK(row.at("core_median_ms").get<double>() > 0);
+    CHECK(row.at("core_median_ms").get<double>() <= row.at("p90_ms").get<double>());
+    if (row.at("preset") == "tiny") CHECK(row.at("threads") == 1);  // the block's threads
+  }
+  CHECK(rows.back().at("preset") == "small");
+  CHECK(rows.back().at("form") == "absorbed");
+
+  // Bad blocks exit 2 naming the field, before anything is measured or written.
+  auto refused = [&](const std::string& mla, const std::string& needle) {
+    const std::string bad = dir.file("bad.json");
+    std::ofstream(bad) << R"({"name": "b", "variants": ["naive"], "sweep": {"seq_len": 8}, "mla": )" << mla
+                       << "}";
+    const ProcResult b = run_attnbench({"mla", "--sweep", bad, "--out", dir.file("bad.jsonl")}, dir.path());
+    INFO(mla << "\n" << b.out << b.err);
+    CHECK(b.code == 2);
+    CHECK(contains(b.err, needle));
+    CHECK_FALSE(std::filesystem::exists(dir.path() / "bad.jsonl"));
+  };
+  refused(R"({"presets": "tiny", "contxt": [4]})", "mla.contxt");
+  refused(R"({"presets": "tiny", "context": [8, 4]})", "mla.context[1]");
+  refused(R"({"presets": "tiniest", "context": 4})", "mla.presets");
+  refused(R"([{"presets": "tiny", "context": 4, "forms": ["naive", "naive"]}])", "mla[0].forms[1]");
+  refused(R"({"presets": "tiny", "context": 4, "variant": "linear"})", "strided_kv");
+  refused(R"({"presets": "deepseek_v3", "context": 65536, "memory_budget": "1GiB"})", "memory budget");
+  const ProcResult none =
+      run_attnbench({"mla", "--sweep", std::string(ATTN_SOURCE_DIR) + "/configs/smoke.json"}, dir.path());
+  CHECK(none.code == 2);
+  CHECK(contains(none.err, "no \"mla\" section"));
+  const ProcResult both = run_attnbench({"mla", "--sweep", config, "--preset", "tiny"}, dir.path());
+  CHECK(both.code == 2);
+  CHECK(contains(both.err, "--preset: not with --sweep"));
 }

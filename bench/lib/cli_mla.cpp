@@ -2,16 +2,19 @@
 // absorbed forms, one layer call of s new tokens after a KV cache of T: times, FLOPs, cache bytes per token,
 // bytes read and the error against the fp64 definition, per form; optionally JSON lines (--out).
 #include <tbb/global_control.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <optional>
 
 #include "bench/lib/calibration.hpp"
 #include "bench/lib/command.hpp"
+#include "bench/lib/config.hpp"
 #include "bench/lib/stats.hpp"
 #include "bench/lib/sysinfo.hpp"
 #include "common/frontends/mla.hpp"
@@ -34,6 +37,7 @@ struct MlaOptions {
   std::vector<std::string> params;
   std::optional<int64_t> d_model, heads, q_lora, kv_lora, nope, rope, v_dim;
   std::optional<double> rope_base;
+  std::string sweep;  // --sweep CONFIG: its "mla" blocks instead of the flags' one point
   int64_t context = 1024, fresh = 1, batch = 1, seed = 0;
   int threads = 0, repeats = 10, warmup = 1;
   bool no_check = false;
@@ -80,10 +84,12 @@ MlaShape shape_from(const MlaOptions& o) {
   return s;
 }
 
-// One form's figures.
+// One point's figures.
 struct FormResult {
   MlaForm form;
+  int64_t context = 0, fresh = 1;
   TimingStats time;
+  double core_median_ms = 0;  // the core variant's run() alone, median over the same calls
   double flops = 0, bytes_read = 0;
   std::optional<double> rel_l2;
   int64_t cache_elements_per_token = 0;
@@ -101,64 +107,49 @@ double rel_l2(const FloatArray& got, const DoubleArray& want) {
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-// Tokens [from, from + n) of x [B, L, E].
-FloatArray slice(const FloatArray& x, int64_t from, int64_t n) {
-  const int64_t B = x.shape[0], L = x.shape[1], E = x.shape[2];
-  FloatArray out({B, n, E});
-  for (int64_t b = 0; b < B; ++b) std::copy_n(x.ptr() + (b * L + from) * E, n * E, out.ptr() + b * n * E);
-  return out;
-}
-
-std::string error_text(const std::optional<double>& rel_l2) {
-  if (!rel_l2) return "skipped (--no-check)";
+std::string error_text(const std::optional<double>& rel_l2, bool checked) {
+  if (!rel_l2) return checked ? "?" : "not checked";
   char text[32];
   std::snprintf(text, sizeof text, "%.3e", *rel_l2);
   return text;
 }
 
-FormResult measure_form(const MlaOptions& o, const MlaLayer& layer, MlaForm form, const MlaCall& call,
-                        const FloatArray& x, const DoubleArray* want) {
-  const int64_t B = o.batch, T = o.context, s = o.fresh;
-  FormResult r;
-  r.form = form;
-  r.core = layer.core_problem(form, call, B, s, T).repro();  // refuses a core that cannot run it, up front
-  MlaCache cache(layer.shape(), form, B, T + s);
-  // The context, prefilled through the layer in chunks (not timed).
-  for (int64_t at = 0; at < T; at += kPrefillChunk)
-    layer.forward(slice(x, at, std::min(kPrefillChunk, T - at)), cache, call);
-  const FloatArray fresh = slice(x, T, s);
-  FloatArray y;
-  std::vector<double> samples;
-  for (int rep = 0; rep < o.warmup + o.repeats; ++rep) {
-    cache.truncate(T);  // every call appends the same s tokens after the same T
-    const auto t0 = std::chrono::steady_clock::now();
-    y = layer.forward(fresh, cache, call);
-    const auto t1 = std::chrono::steady_clock::now();
-    if (rep >= o.warmup) samples.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-  }
-  r.time = summarize(samples);
-  r.flops = layer.flops(form, call, B, s, T);
-  r.bytes_read = layer.bytes_read(form, B, s, T);
-  r.cache_elements_per_token = mla_cache_elements_per_token(layer.shape(), form);
-  r.cache_bytes_per_token = cache.bytes_per_token();
-  if (want) r.rel_l2 = rel_l2(y, *want);
-  return r;
+// The input tokens: token p of batch entry b is N(0, 1) from its own seed, so a long context is made piece by
+// piece and any slice [from, from + n) equals the same tokens of the whole sequence.
+FloatArray tokens(int64_t batch, int64_t from, int64_t n, int64_t d_model, uint64_t seed) {
+  FloatArray x({batch, n, d_model});
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < n; ++i)
+      fill_normal(
+          x.ptr() + (b * n + i) * d_model, d_model,
+          mix64(seed ^ 0x78 ^ mix64(static_cast<uint64_t>(b) << 40 ^ static_cast<uint64_t>(from + i))));
+  return x;
 }
 
-Json result_row(const MlaOptions& o, const MlaShape& s, const FormResult& r, const std::string& variant,
-                int threads, const FmaPeak& peak) {
+// What one run measures: blocks of (preset, form, context, new) points, and where the rows go.
+struct RunSpec {
+  std::vector<MlaBlock> blocks;
+  std::string config_name;  // --sweep: the config's name (rows carry it), else empty
+  std::string weights_dir, out;
+  uint64_t seed = 0;
+  int threads = 0;
+};
+
+Json result_row(const RunSpec& spec, const MlaBlock& block, const std::string& preset, const MlaShape& s,
+                const FormResult& r, const std::string& variant, int threads, const FmaPeak& peak) {
   Json shape = {{"d_model", s.d_model},         {"heads", s.heads},
                 {"q_lora_rank", s.q_lora_rank}, {"kv_lora_rank", s.kv_lora_rank},
                 {"qk_nope_dim", s.qk_nope_dim}, {"qk_rope_dim", s.qk_rope_dim},
                 {"v_head_dim", s.v_head_dim},   {"rope_base", s.rope_base}};
   const double seconds = r.time.median_ms * 1e-3;
   return {{"kind", "mla"},
+          {"config", spec.config_name.empty() ? Json(nullptr) : Json(spec.config_name)},
           {"form", mla_form_name(r.form)},
-          {"preset", o.preset.empty() ? Json(nullptr) : Json(o.preset)},
+          {"preset", preset.empty() ? Json(nullptr) : Json(preset)},
           {"shape", shape},
-          {"batch", o.batch},
-          {"context", o.context},
-          {"new_tokens", o.fresh},
+          {"batch", block.batch},
+          {"context", r.context},
+          {"new_tokens", r.fresh},
           {"variant", variant},
           {"core", r.core},
           {"threads", threads},
@@ -173,6 +164,7 @@ Json result_row(const MlaOptions& o, const MlaShape& s, const FormResult& r, con
           {"median_ms", r.time.median_ms},
           {"p10_ms", r.time.p10_ms},
           {"p90_ms", r.time.p90_ms},
+          {"core_median_ms", r.core_median_ms},
           {"repeats", r.time.reps},
           {"samples_ms", r.time.samples_ms},
           {"rel_l2", r.rel_l2 ? Json(*r.rel_l2) : Json(nullptr)},
@@ -180,71 +172,230 @@ Json result_row(const MlaOptions& o, const MlaShape& s, const FormResult& r, con
           {"timestamp", now_iso8601()}};
 }
 
+// Weights plus every form's cache at the block's longest context, and (when a point is checked) the
+// fp64 reference's K and V of every token: what one preset of the block holds at once.
+double block_bytes(const MlaBlock& b, const MlaShape& s) {
+  const int64_t tokens_max = b.context.back() + b.fresh.back();
+  int64_t per_token = 0;
+  for (MlaForm f : b.forms) per_token += mla_cache_elements_per_token(s, f);  // both caches are kept
+  double weights = 0;
+  const double E = static_cast<double>(s.d_model), H = static_cast<double>(s.heads),
+               qk = static_cast<double>(s.qk_head_dim()), lat = static_cast<double>(s.latent_row());
+  weights += s.q_lora_rank == 0
+                 ? E * H * qk
+                 : E * static_cast<double>(s.q_lora_rank) + static_cast<double>(s.q_lora_rank) * H * qk;
+  weights += E * lat +
+             static_cast<double>(s.kv_lora_rank) * H * static_cast<double>(s.qk_nope_dim + s.v_head_dim) +
+             H * static_cast<double>(s.v_head_dim) * E;
+  double checked = 0;
+  const int64_t check_tokens = std::min(tokens_max, b.check_max_context);
+  if (check_tokens > 0)
+    checked = static_cast<double>(b.batch * check_tokens) * H *
+              static_cast<double>(s.qk_head_dim() + s.v_head_dim) * 8.0;
+  return weights * 4.0 + static_cast<double>(b.batch * tokens_max * per_token) * 4.0 + checked;
+}
+
+uint64_t physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
+}
+
+int run_blocks(const RunSpec& spec) {
+  std::optional<ThreadScope> scope;  // --threads after the subcommand; else the global --threads is in force
+  if (spec.threads > 0) scope.emplace(spec.threads);
+  const int all_threads =
+      static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
+  // Everything is checked before anything is measured: the cores, the footprints.
+  for (std::size_t bi = 0; bi < spec.blocks.size(); ++bi) {
+    const MlaBlock& b = spec.blocks[bi];
+    if (b.threads > all_threads)
+      throw UsageError("mla" + std::string(spec.blocks.size() > 1 ? "[" + std::to_string(bi) + "]" : "") +
+                       ".threads " + std::to_string(b.threads) + ": more than the " +
+                       std::to_string(all_threads) + " threads available here");
+    const uint64_t budget = b.memory_budget_bytes.value_or(physical_memory() / 2);
+    for (const auto& [name, s] : b.presets) {
+      const double need = block_bytes(b, s);
+      if (budget > 0 && need > static_cast<double>(budget))
+        throw UsageError(
+            "mla" + std::string(spec.blocks.size() > 1 ? "[" + std::to_string(bi) + "]" : "") + ": preset '" +
+            name + "' needs " + std::to_string(static_cast<int64_t>(need / (1 << 20))) + " MiB at context " +
+            std::to_string(b.context.back()) + " + " + std::to_string(b.fresh.back()) + " (weights, cache" +
+            (b.check_max_context > 0 ? ", fp64 check" : "") + "), over the memory budget of " +
+            std::to_string(budget >> 20) + " MiB: lower the largest context, or raise memory_budget");
+    }
+  }
+  std::printf("mla: %zu block(s)  cpu %s\n", spec.blocks.size(), cpu_model().c_str());
+  std::string lines;
+  std::map<int, FmaPeak> peaks;  // per thread count, measured once
+  for (const MlaBlock& b : spec.blocks) {
+    std::optional<ThreadScope> block_scope;
+    if (b.threads > 0) block_scope.emplace(b.threads);
+    const int threads = b.threads > 0 ? b.threads : all_threads;
+    // The absorbed form's decode is compute-bound (fp32 cache: ~15 FLOP per byte at 16 heads, ~120 at V3's
+    // 128): its GFLOP/s reads against the fp32 FMA peak of the same threads and SIMD target, measured here.
+    if (!peaks.count(threads)) {
+      peaks[threads] = calibrate_fma_peak(threads);
+      std::printf("threads %d: FMA peak %.1f GFLOP/s (%s)\n", threads, peaks[threads].gflops,
+                  peaks[threads].isa.c_str());
+    }
+    const FmaPeak& peak = peaks[threads];
+    MlaCall call{b.variant, b.params};
+    for (const auto& [preset, s] : b.presets) {
+      const MlaLayer layer(s, spec.weights_dir.empty() ? random_mla_weights(s, spec.seed)
+                                                       : load_mla_weights(spec.weights_dir, s));
+      const std::string variant =
+          Registry::instance()
+              .get(layer.core_problem(b.forms[0], call, b.batch, b.fresh[0], b.context[0]).variant)
+              .name();
+      std::printf("%s  batch %lld  core %s\n", s.str().c_str(), static_cast<long long>(b.batch),
+                  variant.c_str());
+      std::map<std::pair<int64_t, int64_t>, DoubleArray>
+          want;  // (context, new) -> fp64 output, shared by the forms
+      std::map<std::pair<int64_t, int64_t>, std::vector<FormResult>> by_point;
+      // Refuses a core that cannot run a point up front, before any cache is filled.
+      for (MlaForm form : b.forms)
+        for (int64_t T : b.context)
+          for (int64_t n : b.fresh) (void)layer.core_problem(form, call, b.batch, n, T);
+      std::vector<MlaCache> caches;
+      for (MlaForm form : b.forms) caches.emplace_back(s, form, b.batch, b.context.back() + b.fresh.back());
+      // Context by context, the forms one after the other: the two forms of a point are measured minutes
+      // apart at most, under the same conditions.
+      for (int64_t T : b.context) {
+        for (std::size_t fi = 0; fi < b.forms.size(); ++fi) {
+          const MlaForm form = b.forms[fi];
+          MlaCache& cache = caches[fi];
+          // The context, appended through the layer's cache path in pieces (not timed): the same rows a
+          // prefill writes, without its attention.
+          for (int64_t at = cache.length(); at < T; at += kPrefillChunk)
+            layer.append(tokens(b.batch, at, std::min(kPrefillChunk, T - at), s.d_model, spec.seed), cache);
+          for (int64_t n : b.fresh) {
+            FormResult r;
+            r.form = form;
+            r.context = T;
+            r.fresh = n;
+            r.core = layer.core_problem(form, call, b.batch, n, T).repro();
+            const FloatArray fresh = tokens(b.batch, T, n, s.d_model, spec.seed);
+            FloatArray y;
+            std::vector<double> samples, core;
+            for (int rep = 0; rep < b.warmup + b.repeats; ++rep) {
+              cache.truncate(T);  // every call appends the same n tokens after the same T
+              double core_ms = 0;
+              const auto t0 = std::chrono::steady_clock::now();
+              y = layer.forward(fresh, cache, call, &core_ms);
+              const auto t1 = std::chrono::steady_clock::now();
+              if (rep < b.warmup) continue;
+              samples.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+              core.push_back(core_ms);
+            }
+            cache.truncate(T);
+            r.time = summarize(samples);
+            r.core_median_ms = summarize(core).median_ms;
+            r.flops = layer.flops(form, call, b.batch, n, T);
+            r.bytes_read = layer.bytes_read(form, b.batch, n, T);
+            r.cache_elements_per_token = mla_cache_elements_per_token(s, form);
+            r.cache_bytes_per_token = cache.bytes_per_token();
+            const bool checked = T + n <= b.check_max_context;
+            if (checked) {
+              auto it = want.find({T, n});
+              if (it == want.end())
+                it = want.emplace(std::pair{T, n},
+                                  mla_reference(s, layer.weights(),
+                                                tokens(b.batch, 0, T + n, s.d_model, spec.seed), T))
+                         .first;
+              r.rel_l2 = rel_l2(y, it->second);
+            }
+            const double sec = r.time.median_ms * 1e-3;
+            std::printf(
+                "  %-8s context %6lld  new %5lld  median %10.4f ms (p10 %.4f, p90 %.4f, %d reps)  core %.4f "
+                "ms  "
+                "%.4g GFLOP  %8.2f GFLOP/s (%.2f of peak)  cache %zu B/token  read %.4g MB (%.2f GB/s)  "
+                "rel_l2 %s\n",
+                mla_form_name(form), static_cast<long long>(T), static_cast<long long>(n), r.time.median_ms,
+                r.time.p10_ms, r.time.p90_ms, r.time.reps, r.core_median_ms, r.flops * 1e-9,
+                r.flops / sec * 1e-9, peak.gflops > 0 ? r.flops / sec * 1e-9 / peak.gflops : 0.0,
+                r.cache_bytes_per_token, r.bytes_read * 1e-6, r.bytes_read / sec * 1e-9,
+                error_text(r.rel_l2, checked).c_str());
+            std::fflush(stdout);
+            lines += result_row(spec, b, preset, s, r, variant, threads, peak).dump() + "\n";
+            // Every row so far, replaced atomically: an interrupted run keeps what it measured.
+            if (!spec.out.empty()) write_file_atomic(spec.out, lines);
+            by_point[{T, n}].push_back(r);
+          }
+        }
+      }
+      for (const auto& [point, rs] : by_point) {
+        const auto of = [&](MlaForm f) {
+          return std::find_if(rs.begin(), rs.end(), [&](const FormResult& r) { return r.form == f; });
+        };
+        const auto nv = of(MlaForm::naive), ab = of(MlaForm::absorbed);
+        if (nv == rs.end() || ab == rs.end()) continue;
+        std::printf(
+            "  context %lld new %lld: naive / absorbed time %.3fx, cache bytes per token %.3fx\n",
+            static_cast<long long>(point.first), static_cast<long long>(point.second),
+            nv->time.median_ms / ab->time.median_ms,
+            static_cast<double>(nv->cache_bytes_per_token) / static_cast<double>(ab->cache_bytes_per_token));
+      }
+    }
+  }
+  return 0;
+}
+
 int run_mla(const MlaOptions& o) {
   simd::select_isa(o.isa, "--isa");
+  if (o.threads < 0) throw UsageError("--threads " + std::to_string(o.threads) + ": must be >= 1");
+  RunSpec spec;
+  spec.seed = static_cast<uint64_t>(o.seed);
+  spec.threads = o.threads;
+  spec.out = o.out;
+  spec.weights_dir = o.weights;
+  if (!o.sweep.empty()) {
+    for (const auto& [flag, given] : {std::pair{"--preset", !o.preset.empty()},
+                                      {"--config", !o.config.empty()},
+                                      {"--form", o.form != "both"},
+                                      {"--context", o.context != 1024},
+                                      {"--new", o.fresh != 1},
+                                      {"--batch", o.batch != 1},
+                                      {"--variant", !o.variant.empty()},
+                                      {"--repeats", o.repeats != 10},
+                                      {"--warmup", o.warmup != 1},
+                                      {"--no-check", o.no_check},
+                                      {"--weights", !o.weights.empty()}})
+      if (given)
+        throw UsageError(std::string(flag) +
+                         ": not with --sweep (the config's \"mla\" blocks set the points)");
+    const SweepConfig c = load_sweep_config(o.sweep);
+    if (c.mla.empty())
+      throw UsageError("--sweep '" + o.sweep + "': the config has no \"mla\" section (configs/README.md)");
+    spec.blocks = c.mla;
+    spec.config_name = c.name;
+    return run_blocks(spec);
+  }
   const MlaShape s = shape_from(o);
   if (o.context < 0)
     throw UsageError("--context " + std::to_string(o.context) + ": must be >= 0 (cached tokens)");
   if (o.fresh < 1)
     throw UsageError("--new " + std::to_string(o.fresh) + ": must be >= 1 (1 = one decode step)");
   if (o.batch < 1) throw UsageError("--batch " + std::to_string(o.batch) + ": must be >= 1");
-  if (o.threads < 0) throw UsageError("--threads " + std::to_string(o.threads) + ": must be >= 1");
   if (o.repeats < 1 || o.warmup < 0)
     throw UsageError("--repeats " + std::to_string(o.repeats) + " / --warmup " + std::to_string(o.warmup) +
                      ": repeats must be >= 1 and warmup >= 0");
-  std::vector<MlaForm> forms;
+  MlaBlock b;
+  b.presets = {{o.preset, s}};
   if (o.form == "both")
-    forms = {MlaForm::naive, MlaForm::absorbed};
+    b.forms = {MlaForm::naive, MlaForm::absorbed};
   else
-    forms = {parse_mla_form(o.form, "--form (naive, absorbed or both)")};
-  std::optional<ThreadScope> scope;  // --threads after the subcommand; else the global --threads is in force
-  if (o.threads > 0) scope.emplace(o.threads);
-  const int threads =
-      static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
-  MlaCall call;
-  call.variant = o.variant;
-  if (!o.variant.empty()) call.params = parse_cli_params(Registry::instance().get(o.variant), o.params);
-  MlaLayer layer(s, o.weights.empty() ? random_mla_weights(s, static_cast<uint64_t>(o.seed))
-                                      : load_mla_weights(o.weights, s));
-  const std::string variant =
-      Registry::instance()
-          .get(layer.core_problem(forms[0], call, o.batch, o.fresh, o.context).variant)
-          .name();
-  FloatArray x({o.batch, o.context + o.fresh, s.d_model});
-  fill_normal(x.ptr(), static_cast<int64_t>(x.numel()), mix64(static_cast<uint64_t>(o.seed) ^ 0x78));
-  std::optional<DoubleArray> want;
-  if (!o.no_check) want = mla_reference(s, layer.weights(), x, o.context);
-  // The absorbed form's decode is compute-bound (fp32 cache: ~15 FLOP per byte at 16 heads, ~120 at V3's
-  // 128): its GFLOP/s reads against the machine's fp32 FMA peak on the same threads and SIMD target, measured
-  // here.
-  const FmaPeak peak = calibrate_fma_peak(threads);
-  std::printf(
-      "mla %s  batch %lld  context %lld  new %lld  core %s  threads %d  cpu %s  FMA peak %.1f GFLOP/s (%s)\n",
-      s.str().c_str(), static_cast<long long>(o.batch), static_cast<long long>(o.context),
-      static_cast<long long>(o.fresh), variant.c_str(), threads, cpu_model().c_str(), peak.gflops,
-      peak.isa.c_str());
-  std::string lines;
-  std::vector<FormResult> results;
-  for (MlaForm form : forms) {
-    const FormResult r = measure_form(o, layer, form, call, x, want ? &*want : nullptr);
-    const double sec = r.time.median_ms * 1e-3;
-    std::printf(
-        "  %-8s median %10.4f ms (p10 %.4f, p90 %.4f, %d reps)  %.4g GFLOP  %8.2f GFLOP/s (%.2f of peak)  "
-        "cache %zu B/token  read %.4g MB (%.2f GB/s)  rel_l2 %s\n",
-        mla_form_name(form), r.time.median_ms, r.time.p10_ms, r.time.p90_ms, r.time.reps, r.flops * 1e-9,
-        r.flops / sec * 1e-9, peak.gflops > 0 ? r.flops / sec * 1e-9 / peak.gflops : 0.0,
-        r.cache_bytes_per_token, r.bytes_read * 1e-6, r.bytes_read / sec * 1e-9,
-        error_text(r.rel_l2).c_str());
-    lines += result_row(o, s, r, variant, threads, peak).dump() + "\n";
-    results.push_back(r);
-  }
-  if (results.size() == 2)
-    std::printf("  naive / absorbed: time %.3fx, cache bytes per token %.3fx\n",
-                results[0].time.median_ms / results[1].time.median_ms,
-                static_cast<double>(results[0].cache_bytes_per_token) /
-                    static_cast<double>(results[1].cache_bytes_per_token));
-  if (!o.out.empty()) write_file_atomic(o.out, lines);
-  return 0;
+    b.forms = {parse_mla_form(o.form, "--form (naive, absorbed or both)")};
+  b.context = {o.context};
+  b.fresh = {o.fresh};
+  b.batch = o.batch;
+  b.repeats = o.repeats;
+  b.warmup = o.warmup;
+  b.check_max_context = o.no_check ? 0 : o.context + o.fresh;
+  b.variant = o.variant;
+  if (!o.variant.empty()) b.params = parse_cli_params(Registry::instance().get(o.variant), o.params);
+  b.memory_budget_bytes = 0;  // one point the user asked for: no budget
+  spec.blocks = {b};
+  return run_blocks(spec);
 }
 
 }  // namespace
@@ -290,6 +441,10 @@ ATTN_REGISTER_COMMAND(
           "layout) instead of random ones");
       sub.add_flag("--no-check", o->no_check, "skip the fp64 definition (slow at large shapes and contexts)");
       attn::cli::add_isa_option(sub, o->isa);
-      sub.add_option("--out", o->out, "write one JSON line per form to this file (replaced atomically)");
+      sub.add_option("--sweep", o->sweep,
+                     "a sweep config with an \"mla\" section (configs/dsa.json): measure its blocks' points "
+                     "(preset x form x context x new) instead of the flags' one point");
+      sub.add_option("--out", o->out,
+                     "write one JSON line per point to this file (rewritten atomically after each point)");
       return std::function<int()>([o] { return attn::cli::run_mla(*o); });
     })

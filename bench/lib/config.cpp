@@ -589,13 +589,85 @@ void load_config_plugins(const Json& list, const std::string& dir) {
 }
 }  // namespace
 
+// "mla": {"presets", "forms", "context", "new", "batch", "threads", "repeats", "warmup", "check_max_context",
+// "variant", "params", "memory_budget"} or a list of such blocks.
+MlaBlock parse_mla_block(const Json& j, const std::string& p) {
+  check_keys(j, p,
+             {"presets", "forms", "context", "new", "batch", "threads", "repeats", "warmup",
+              "check_max_context", "variant", "params", "memory_budget"});
+  MlaBlock b;
+  if (!j.contains("presets"))
+    fail(sub(p, "presets"), "missing (a preset name, a list of them, or an object NAME: shape)");
+  if (!j.contains("context"))
+    fail(sub(p, "context"), "missing (cached tokens before the timed call: a list)");
+  const Json& pr = j["presets"];
+  if (pr.is_object()) {
+    if (pr.empty()) fail(sub(p, "presets"), "must not be empty");
+    for (auto it = pr.begin(); it != pr.end(); ++it)
+      b.presets.emplace_back(it.key(), mla_shape_from_json(it.value(), sub(sub(p, "presets"), it.key())));
+  } else {
+    for_axis(pr, sub(p, "presets"), [&](const Json& v, const std::string& q) {
+      if (!v.is_string())
+        fail(q, "must be a preset name (" + join(mla_preset_names()) + "), got " + v.dump());
+      b.presets.emplace_back(v.get<std::string>(), mla_preset(v.get<std::string>(), q));
+    });
+  }
+  if (j.contains("forms")) {
+    b.forms.clear();
+    for_axis(j["forms"], sub(p, "forms"), [&](const Json& v, const std::string& q) {
+      if (!v.is_string()) fail(q, "must be \"naive\" or \"absorbed\", got " + v.dump());
+      const MlaForm f = parse_mla_form(v.get<std::string>(), q);
+      if (std::find(b.forms.begin(), b.forms.end(), f) != b.forms.end()) fail(q, "repeats form " + v.dump());
+      b.forms.push_back(f);
+    });
+  }
+  auto ascending = [&](const Json& v, const std::string& key, int64_t lo, std::vector<int64_t>& out) {
+    out.clear();
+    for_axis(v, sub(p, key), [&](const Json& e, const std::string& q) {
+      const int64_t x = get_int(e, q, lo, kMaxSize, lo == 0 ? "an integer >= 0" : "an integer >= 1");
+      if (!out.empty() && x <= out.back())
+        fail(q, "must be larger than the value before it (" + std::to_string(out.back()) +
+                    "): list them ascending, each once");
+      out.push_back(x);
+    });
+  };
+  ascending(j["context"], "context", 0, b.context);
+  if (j.contains("new")) ascending(j["new"], "new", 1, b.fresh);
+  if (j.contains("batch")) b.batch = get_int(j["batch"], sub(p, "batch"), 1, 1 << 16, "an integer >= 1");
+  if (j.contains("threads"))
+    b.threads = static_cast<int>(get_int(j["threads"], sub(p, "threads"), 1, kMaxThreads, "an integer >= 1"));
+  if (j.contains("repeats"))
+    b.repeats = static_cast<int>(get_int(j["repeats"], sub(p, "repeats"), 1, 100000, "an integer >= 1"));
+  if (j.contains("warmup"))
+    b.warmup = static_cast<int>(get_int(j["warmup"], sub(p, "warmup"), 0, 100000, "an integer >= 0"));
+  if (j.contains("check_max_context"))
+    b.check_max_context =
+        get_int(j["check_max_context"], sub(p, "check_max_context"), 0, kMaxSize, "an integer >= 0");
+  if (j.contains("variant")) {
+    const Json& v = j["variant"];
+    if (!v.is_string() || !Registry::instance().find(v.get<std::string>()))
+      fail(sub(p, "variant"), v.is_string()
+                                  ? Registry::instance().unknown_variant_message(v.get<std::string>())
+                                  : "must be a variant name, got " + v.dump());
+    b.variant = v.get<std::string>();
+  }
+  if (j.contains("params")) {
+    if (b.variant.empty()) fail(sub(p, "params"), "needs \"variant\" (the core whose parameters they are)");
+    b.params =
+        resolve_params(Registry::instance().get(b.variant).param_specs(), j["params"], sub(p, "params"));
+  }
+  if (j.contains("memory_budget"))
+    b.memory_budget_bytes = parse_bytes(j["memory_budget"], sub(p, "memory_budget"));
+  return b;
+}
+
 SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
   SweepConfig c;
   c.raw = j;
   c.source_path = source_path;
   check_keys(j, "",
              {"name", "description", "plugins", "variants", "sweep", "inputs", "measure", "accuracy",
-              "memory_budget", "seed"});
+              "memory_budget", "seed", "mla"});
   parse_identity(j, c);
   const std::string dir = std::filesystem::path(source_path).parent_path().string();
   if (j.contains("plugins")) load_config_plugins(j["plugins"], dir.empty() ? "." : dir);
@@ -620,6 +692,17 @@ SweepConfig parse_sweep_config(const Json& j, const std::string& source_path) {
   if (j.contains("seed"))
     c.seed =
         static_cast<uint64_t>(get_int(j["seed"], "seed", 0, int64_t{1} << 53, "an integer in [0, 2^53]"));
+  if (j.contains("mla")) {
+    const Json& m = j["mla"];
+    if (m.is_array()) {
+      if (m.empty()) fail("mla", "must not be an empty list");
+      for (std::size_t i = 0; i < m.size(); ++i) c.mla.push_back(parse_mla_block(m[i], idx("mla", i)));
+    } else {
+      c.mla.push_back(parse_mla_block(m, "mla"));
+    }
+    for (MlaBlock& b : c.mla)
+      if (!b.memory_budget_bytes) b.memory_budget_bytes = c.memory_budget_bytes;
+  }
   check_point_count(c);
   return c;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bench/lib/measure.hpp"
+#include "common/frontends/mla.hpp"
 #include "common/interface/problem.hpp"
 #include "common/kernels/rope.hpp"
 
@@ -74,6 +75,24 @@ const char* pass_name(Pass pass);  // "forward", "backward", "forward_backward"
 // UsageError naming `where`, the value and the allowed names.
 Pass parse_pass(const std::string& text, const std::string& where);
 
+// One block of a config's "mla" section: multi-head latent attention layers (common/frontends/mla.hpp) timed
+// by `attnbench mla --sweep CONFIG` (scripts/run's MLA step) at every (preset, form, context, new tokens).
+struct MlaBlock {
+  std::vector<std::pair<std::string, MlaShape>> presets;  // name, shape (built-in names or inline shapes)
+  std::vector<MlaForm> forms{MlaForm::naive, MlaForm::absorbed};
+  std::vector<int64_t> context;   // cached tokens before the timed call, ascending, distinct
+  std::vector<int64_t> fresh{1};  // "new": tokens per timed call (1 = a decode step)
+  int64_t batch = 1;
+  int threads = 0;  // 0: every available core (or `attnbench mla --threads`)
+  int repeats = 5, warmup = 1;
+  int64_t check_max_context = 1024;  // the fp64 check runs where context + new <= this (0: never)
+  std::string variant;               // the core; empty: MlaCall's default (tiled)
+  Json params = Json::object();
+  // The block's largest footprint (weights + cache of one form at its largest context) must fit; unset:
+  // the config's memory_budget, else half the physical memory (checked by `attnbench mla --sweep`).
+  std::optional<uint64_t> memory_budget_bytes;
+};
+
 struct SweepConfig {
   std::string name;
   std::string description;
@@ -107,6 +126,9 @@ struct SweepConfig {
   AccuracySettings accuracy;
   std::optional<uint64_t> memory_budget_bytes;  // unset: half the physical memory (resolved by the plan)
   uint64_t seed = 0;
+  // "mla": one block or a list of blocks of MLA layer points (`attnbench mla --sweep CONFIG`), not sweep
+  // points: `attnbench run` only validates them; scripts/run's MLA step measures them into results.mla.jsonl.
+  std::vector<MlaBlock> mla;
 
   std::string hash() const;  // FNV-1a of the canonical JSON dump of `raw`
 };

@@ -21,9 +21,9 @@ namespace attn {
 namespace {
 
 // Files other tools derive from a folder's rows (scripts/plot.py: plots/, REPORT.md, summary.json;
-// scripts/peers: results.peers.jsonl; `attnbench patterns`: patterns/). They describe the results being
-// replaced, so a fresh or --force run removes them with the rows.
-const char* const kDerivedFiles[] = {"results.peers.jsonl", "REPORT.md", "summary.json"};
+// scripts/peers: results.peers.jsonl; `attnbench mla --sweep`: results.mla.jsonl; `attnbench patterns`:
+// patterns/). They describe the results being replaced, so a fresh or --force run removes them with the rows.
+const char* const kDerivedFiles[] = {"results.peers.jsonl", "results.mla.jsonl", "REPORT.md", "summary.json"};
 const char* const kDerivedFolders[] = {"plots", "patterns"};
 
 std::string csv_field(const Json& v) {

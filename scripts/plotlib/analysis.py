@@ -87,6 +87,7 @@ import re
 import numpy as np
 
 from .common import json_num, num
+from .mla import analyze_mla
 from .patterns import summarise as patterns_summary
 from .results import CONTEXT_DIMS, context_value, facet_order, mask_order, pass_order, series_label, worst
 
@@ -1023,6 +1024,7 @@ def analyse(res):
         "training": _training(res),
         "decode": _decode(res, table_series, fastest),
         "phases": _phases(res, table_series, fastest),
+        "mla": analyze_mla(res.mla_rows, [r for r in res.ok if r.is_decode() and r.pass_ == "forward"]),
         "chunk_sweep": _chunk_sweep(res),
         "accuracy_references": _accuracy_references(res, table_series),
         "patterns": patterns_summary(res.patterns) if res.patterns else None,

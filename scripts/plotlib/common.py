@@ -8,7 +8,7 @@ import tempfile
 PROG = "plot.py"
 # The figures, in the order they are drawn and appear in the report (plots/<stem>.png and .svg).
 FIGURES = ["time_vs_seq", "memory_vs_seq", "accuracy_vs_seq", "pareto", "throughput", "roofline", "decode",
-           "phases", "chunk_size", "dtype_vs_fp32"]
+           "phases", "mla", "chunk_size", "dtype_vs_fp32"]
 # Drawn only when the results have its data (rows with `bytes`); the report's Roofline section says otherwise.
 ROOFLINE = "roofline"
 # Drawn only when the results have decode rows (seq_q < seq_kv, causal_lower_right) / a variant measured at
@@ -17,9 +17,11 @@ DECODE = "decode"
 CHUNK_SIZE = "chunk_size"
 # Drawn only when rows carry phase_ms (a variant that times its phases: dsa's indexer, selection, attention).
 PHASES = "phases"
+# Drawn only when the folder holds results.mla.jsonl (`attnbench mla --sweep`): embedded in the MLA section.
+MLA = "mla"
 # Drawn only when the results have more than one storage dtype; embedded in the Accuracy by dtype section.
 DTYPE_VS_FP32 = "dtype_vs_fp32"
-SECTION_FIGURES = (ROOFLINE, DECODE, PHASES, CHUNK_SIZE, DTYPE_VS_FP32)  # embedded in their sections, not in their own
+SECTION_FIGURES = (ROOFLINE, DECODE, PHASES, MLA, CHUNK_SIZE, DTYPE_VS_FP32)  # embedded in their sections, not in their own
 PATTERNS = "patterns"  # plots/patterns.png when the results folder holds patterns/ (attnbench patterns)
 
 

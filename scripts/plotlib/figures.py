@@ -26,7 +26,7 @@ from matplotlib.container import ErrorbarContainer  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 from .analysis import ERR_FLOOR  # noqa: E402
-from .common import CHUNK_SIZE, DECODE, DTYPE_VS_FP32, FIGURES, PATTERNS, PHASES, PROG, ROOFLINE, fmt_bytes, num  # noqa: E402
+from .common import CHUNK_SIZE, DECODE, DTYPE_VS_FP32, FIGURES, MLA, PATTERNS, PHASES, PROG, ROOFLINE, fmt_bytes, num  # noqa: E402
 from . import patterns  # noqa: E402
 from .results import PASSES, mask_order, params_text, pass_order, pass_short, pass_title, passes_text  # noqa: E402
 from .styles import results_table, series_styles  # noqa: E402
@@ -602,6 +602,64 @@ def fig_phases(res, an):
     return fig
 
 
+def fig_mla(res, an):
+    """MLA (analysis "mla"): per preset a row; left, the decode step's time against the context, both forms' layer
+    call and core alone beside the sweep's one-token decode rows of the same head count; right, one call's time
+    against its new tokens at each fixed context (the prefill crossover)."""
+    title = f"Multi-head latent attention{on_cpu(res)}: decode per token vs context, and prefill vs new tokens"
+    m = an.get("mla")
+    if not m:
+        return _no_data_figure(title, "no results.mla.jsonl rows")
+    presets = list(dict.fromkeys(e["preset"] for e in m["series"]))[:MAX_FACETS // 2]
+    fig, axes = plt.subplots(len(presets), 2, figsize=(11.5, 4.0 * len(presets) + 0.7), squeeze=False,
+                             layout="constrained")
+    fig.suptitle(title, fontsize=11)
+    styles = series_styles(res)
+    form_colors = {"naive": "tab:red", "absorbed": "tab:blue"}
+    for preset, (ad, ap) in zip(presets, axes):
+        entries = [e for e in m["series"] if e["preset"] == preset]
+        heads = entries[0]["heads"]
+        ad.set_title(f"{preset} ({heads} heads): one decode step (1 new token)", fontsize=9)
+        ap.set_title(f"{preset}: one call of s new tokens after a fixed context", fontsize=9)
+        for e in entries:
+            c = form_colors.get(e["form"], "gray")
+            ls = "-" if e["form"] == "naive" else "--"
+            dec = [p for p in e["points"] if p["new_tokens"] == 1]
+            if dec:
+                ns = [p["context"] for p in dec]
+                ad.plot(ns, [num(p["time_ms"]) for p in dec], marker="o", ms=4, lw=1.5, ls=ls, color=c,
+                        label=f"MLA {e['form']}: layer")
+                ad.plot(ns, [num(p["core_ms"]) for p in dec], marker=".", ms=4, lw=1.0, ls=":", color=c,
+                        label=f"MLA {e['form']}: core")
+            for ctx in sorted({p["context"] for p in e["points"]}):
+                pre = [p for p in e["points"] if p["context"] == ctx]
+                if len(pre) < 2:
+                    continue
+                ap.plot([p["new_tokens"] for p in pre], [num(p["time_ms"]) for p in pre], marker="o", ms=4, lw=1.5,
+                        ls=ls, color=c, label=f"MLA {e['form']}, context {ctx}")
+        for sd in m["sweep_decode"]:
+            if sd["heads"] != heads or sd["series"] not in styles:
+                continue
+            pts = [(p["context"], num(p["time_ms"])) for p in sd["points"]]
+            plot_series(ad, sd["series"], styles[sd["series"]], *zip(*pts), lw=1.2,
+                        ls="-" if sd["exact"] else "-.", label=f"{sd['series']} (sweep, core)")
+        for p in m["prefill"]:
+            if p["preset"] == preset and p["naive_faster_from"] is not None:
+                ap.axvline(num(p["naive_faster_from"]), color="gray", lw=0.8, ls=":")
+        for ax in (ad, ap):
+            ax.grid(True, which="both", alpha=0.25)
+            log2_axis(ax)
+            ax.set_yscale("log")
+        finish_axes({0: ad}, "context (cached tokens)", "ms per call (median)")
+        if ap.has_data():
+            finish_axes({0: ap}, "new tokens s in the call", "ms per call (median)")
+        else:
+            ap.text(0.5, 0.5, "no prefill points\n(one context at several new-token counts)", ha="center",
+                    va="center", transform=ap.transAxes, color="gray")
+            ap.set_axis_off()
+    return fig
+
+
 LINESTYLES = ["-", "--", ":", "-."]
 
 
@@ -761,7 +819,7 @@ def fig_dtype_vs_fp32(res, an):
 
 
 FIGURE_FUNCTIONS = dict(zip(FIGURES, (fig_time, fig_memory, fig_accuracy, fig_pareto, fig_throughput, fig_roofline,
-                                      fig_decode, fig_phases, fig_chunk_size, fig_dtype_vs_fp32)))
+                                      fig_decode, fig_phases, fig_mla, fig_chunk_size, fig_dtype_vs_fp32)))
 
 
 PATTERN_COLUMNS = 5  # heatmaps per row of the patterns figure: a variant's heads side by side, variants wrapped
@@ -860,7 +918,7 @@ def draw_results(res, an, plots_dir):
         if stem == ROOFLINE and not any(p["points"] for p in an["roofline"]["panels"]):
             continue  # older results: no row has bytes; the report's Roofline section says so
         if ((stem == DECODE and not an.get("decode")) or (stem == CHUNK_SIZE and not an.get("chunk_sweep"))
-                or (stem == PHASES and not an.get("phases"))):
+                or (stem == PHASES and not an.get("phases")) or (stem == MLA and not an.get("mla"))):
             continue  # no decode rows / no chunk sweep / no phases: neither the figure nor its report section
         if stem == DTYPE_VS_FP32 and not (an.get("dtype_vs_fp32") or {}).get("series"):
             continue  # one storage dtype: the Accuracy by dtype section has its table only

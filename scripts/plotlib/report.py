@@ -12,6 +12,7 @@ import os
 
 from . import patterns
 from .lra import lra_section
+from .mla import mla_section
 from .common import (CHUNK_SIZE, DECODE, DTYPE_VS_FP32, FIGURES, PATTERNS, PHASES, ROOFLINE, SECTION_FIGURES,
                      atomic_write_text, fmt_bytes, fmt_num, md_table, num)
 from .results import pass_title
@@ -19,8 +20,14 @@ from .results import pass_title
 TITLES = {"time_vs_seq": "Time vs sequence length", "memory_vs_seq": "Peak memory vs sequence length",
           "accuracy_vs_seq": "Accuracy vs sequence length", "pareto": "Speed–accuracy trade-off",
           "throughput": "Throughput vs sgemm", "roofline": "Roofline", "decode": "Decode", "phases": "Phases",
+          "mla": "Multi-head latent attention",
           "chunk_size": "Chunk size", "dtype_vs_fp32": "Speed-up and error by dtype"}
 BLURBS = {
+    "mla": "Per MLA preset (a row each): left, one decode step's time against the context: the whole layer call of "
+           "each form (solid: naive, dashed: absorbed, from results.mla.jsonl) and its core attention alone (thin, "
+           "dotted), with the sweep's one-token decode rows of the same head count (core attention only, in their "
+           "series' styles); right, one call's time against the new tokens it brings at a fixed context (prefill "
+           "in pieces), both forms: where the lines cross the naive form becomes the faster one.",
     "time_vs_seq": "Median time of one forward call; bars span p10–p90. The legend gives the exponent k of a "
                    "least-squares fit of log(time) on log(n) over the series' measured sizes (range in "
                    "brackets): exact attention's quadratic cost shows as k ≈ 2 once n is large enough for "
@@ -709,6 +716,9 @@ def render_report(res, an, figure_files):
     phases = phases_section(an, drawn)
     if phases is not None:
         md += ["## Phases", "", phases, ""]
+    mla = mla_section(an, _figure_subsection("mla", drawn))
+    if mla:
+        md += ["## Multi-head latent attention (MLA)", "", mla, ""]
     chunks = chunk_section(an, drawn)
     if chunks is not None:
         md += ["## Chunk size", "", chunks, ""]

@@ -12,6 +12,7 @@ import os
 import sys
 
 from .common import PROG, InputError, num
+from .mla import read_mla
 from .patterns import load_patterns
 
 # Besides mask and n. "pass" (forward, backward, forward_backward) comes first: when a sweep has several,
@@ -385,6 +386,8 @@ class Results:
         # The attention patterns (patterns.load_patterns) of a patterns/ folder beside the rows, else None.
         pdir = os.path.join(results_dir, "patterns")
         self.patterns = load_patterns(pdir) if os.path.isfile(os.path.join(pdir, "patterns.json")) else None
+        # results.mla.jsonl: `attnbench mla --sweep` rows (scripts/run's MLA step), not sweep rows ([] without).
+        self.mla_rows = read_mla(results_dir)
 
     def _label_rows(self, rows):
         # A series label names the variant and only the parameters that vary for it in these results (the

@@ -346,6 +346,73 @@ def test_phases(tmp):
     tp.check_stages("phases", d, summary, md)
 
 
+def mla_row(form, context, new, time_ms, core_ms, heads=H, preset="p"):
+    """A results.mla.jsonl row (`attnbench mla --sweep`) with the fields the report reads."""
+    return {"kind": "mla", "config": "roster", "form": form, "preset": preset, "batch": 1, "context": context,
+            "new_tokens": new, "variant": "tiled", "threads": 2,
+            "shape": {"d_model": 64, "heads": heads, "q_lora_rank": 0, "kv_lora_rank": 512, "qk_nope_dim": 128,
+                      "qk_rope_dim": 64, "v_head_dim": 128, "rope_base": 10000},
+            "cache_bytes_per_token": 163840 if form == "naive" else 2304, "median_ms": time_ms, "p10_ms": time_ms,
+            "p90_ms": time_ms, "core_median_ms": core_ms, "gflops_per_s": 10.0, "frac_peak": 0.1, "gb_per_s": 20.0,
+            "rel_l2": 3e-7 if context <= 2048 else None}
+
+
+def mla_rows():
+    """Decode (1 new token) at 4K ... 32K: naive n / 1024 ms, absorbed 12 ms (absorbed faster from 12288, a
+    power law: the log-log interpolation is exact); their cores n / 2048 and 2 ms (equal at 4096). Prefill at
+    context 2048, s = 1 ... 16 new tokens: naive 3 s, absorbed s^1.5 ms (naive faster from s = 9)."""
+    rows = []
+    for n in (4096, 8192, 16384, 32768):
+        rows += [mla_row("naive", n, 1, n / 1024, n / 2048), mla_row("absorbed", n, 1, 12.0, 2.0)]
+    for s in (1, 2, 4, 8, 16):
+        rows += [mla_row("naive", 2048, s, 3.0 * s, 1.0 * s), mla_row("absorbed", 2048, s, s ** 1.5, 0.5 * s)]
+    return rows
+
+
+def test_mla(tmp):
+    d = os.path.join(tmp, "mla")
+    tp.write_rows(d, phase_rows())
+    with open(os.path.join(d, "results.mla.jsonl"), "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in mla_rows()))
+    with open(os.path.join(d, "meta.json"), "w") as f:
+        json.dump(META, f)
+    r = tp.run_plot(d)
+    if not check(r.returncode == 0, f"[mla] plot.py exits 0 ({r.stderr.strip()[-500:]})"):
+        return
+    with open(os.path.join(d, "summary.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    with open(os.path.join(d, "REPORT.md"), encoding="utf-8") as f:
+        md = f.read()
+    m = summary.get("mla") or {}
+    dec = (m.get("decode") or [None])[0] or {}
+    check(close(dec.get("absorbed_faster_from"), 12288.0) and dec.get("how") == "measured"
+          and close(dec.get("core_absorbed_faster_from"), 4096.0) and close(dec.get("cache_ratio"), 163840 / 2304),
+          f"[mla] decode: absorbed faster from 12288 (core from 4096), cache 71x smaller ({dec})")
+    pre = (m.get("prefill") or [None])[0] or {}
+    check(pre.get("context") == 2048 and close(pre.get("naive_faster_from"), 9.0) and pre.get("how") == "measured",
+          f"[mla] prefill at 2048: naive faster from 9 new tokens ({pre})")
+    check(sorted(s["series"] for s in m.get("sweep_decode", [])) == ["dsa", "tiled"],
+          f"[mla] the sweep's one-token decode rows of the same head count are beside ({m.get('sweep_decode')})")
+    sec = section(md, "Multi-head latent attention (MLA)")
+    check("faster absorbed from ≈ 12,288 contexts on" in sec and "naive form is faster from ≈ 9 new tokens on" in sec,
+          "[mla] REPORT.md names the decode and the prefill crossovers")
+    check("| `p` | naive | 8 | 2048 | 1 | 3 | 3 | 1 (33%) |" in sec and "3.00e-07" in sec and "not checked" in sec,
+          "[mla] the MLA table: times, the core's share, the error where checked")
+    check("![Multi-head latent attention](plots/mla.png)" in sec and "plots/mla.svg" in summary["files"],
+          "[mla] the figure is drawn and embedded in its section")
+    with open(os.path.join(d, "plots", "mla.svg"), encoding="utf-8") as f:
+        svg = f.read()
+    check("Roster Test CPU 7" in svg and "MLA naive: layer" in svg and "dsa (sweep, core)" in svg,
+          "[mla] the figure names the CPU, the forms and the sweep's series")
+    tp.check_stages("mla", d, summary, md)
+    # A bad line that is not the last one: exit 2 naming the file and line.
+    with open(os.path.join(d, "results.mla.jsonl"), "w") as f:
+        f.write('{"kind": "mla"}\n' + json.dumps(mla_rows()[0]) + "\n")
+    r = tp.run_plot(d)
+    check(r.returncode == 2 and "results.mla.jsonl:1: missing form" in r.stderr,
+          f"[mla] a bad MLA row: exit 2 naming file:line ({r.returncode}, {r.stderr.strip()[-300:]})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--attnbench", help="unused: plot.py reads files only")
@@ -357,7 +424,7 @@ def main():
         print(f"skipped: {e} (install python3-numpy python3-matplotlib)")
         return 77
     with tempfile.TemporaryDirectory(prefix="attnbench-test-plot-roster-") as tmp:
-        for case in (test_roster, test_without, test_old_decode, test_phases):
+        for case in (test_roster, test_without, test_old_decode, test_phases, test_mla):
             print(f"--    {case.__name__}")
             try:
                 case(tmp)

@@ -135,6 +135,14 @@ def write_results(d, registry):
     for name, rs in (("results.jsonl", rows), ("results.peers.jsonl", peers)):
         with open(os.path.join(d, name), "w") as f:
             f.write("".join(json.dumps(r) + "\n" for r in rs))
+    # MLA layer rows (results.mla.jsonl) at the decode rows' head count: the mla figure draws the sweep's
+    # one-token decode series (naive, retention) beside them, in their styles.
+    with open(os.path.join(d, "results.mla.jsonl"), "w") as f:
+        for form, ctx in itertools.product(("naive", "absorbed"), (1024, 2048)):
+            f.write(json.dumps({"kind": "mla", "form": form, "preset": "p", "batch": 1, "context": ctx,
+                                "new_tokens": 1, "threads": 1, "shape": {"heads": H},
+                                "median_ms": 1e-5 * ctx * (2 if form == "naive" else 1), "core_median_ms": 1e-5 * ctx,
+                                "cache_bytes_per_token": 1000 if form == "naive" else 100}) + "\n")
     meta = {"config_name": "styles", "baseline": "naive", "system": {"cpu_model": "synthetic CPU"},
             "sgemm_calibration": [{"threads": 1, "gflops": 100.0, "size": 2048, "cv": 0.01}],
             "memory_bandwidth": {"1": {"gbytes_per_s": 20.0, "median": 19.0, "buffer_bytes": 1 << 28}}}
