@@ -64,7 +64,7 @@ TEST_CASE(
     std::ofstream f(config);
     f << R"({"name": "mla_sweep", "variants": ["naive"], "sweep": {"seq_len": 8},
              "mla": [{"presets": "tiny", "context": [5, 30], "new": [1, 3], "repeats": 2, "threads": 1,
-                      "check_max_context": 10},
+                      "check_max_context": 10, "gqa": {"kv_heads": 2, "head_dim": 8}},
                      {"presets": {"small": {"d_model": 24, "heads": 2, "q_lora_rank": 0, "kv_lora_rank": 8,
                                             "qk_nope_dim": 4, "qk_rope_dim": 2, "v_head_dim": 6}},
                       "forms": "absorbed", "context": 0, "new": 2, "repeats": 1}]})";
@@ -75,9 +75,18 @@ TEST_CASE(
   std::istringstream lines(slurp(dir.path() / "mla.jsonl"));
   std::vector<Json> rows;
   for (std::string line; std::getline(lines, line);) rows.push_back(Json::parse(line));
-  REQUIRE(rows.size() == 2 * 2 * 2 + 1);  // tiny: 2 forms x 2 contexts x 2 new; small: 1 point
+  // tiny: (2 forms + the GQA core) x 2 contexts x 2 new; small: 1 point
+  REQUIRE(rows.size() == 3 * 2 * 2 + 1);
   for (const Json& row : rows) {
     INFO(row.dump());
+    if (row.at("form") == "gqa") {  // the GQA core alone: 4 query heads on 2 K/V heads of 8, no fp64 check
+      CHECK(row.at("gqa") == Json{{"kv_heads", 2}, {"head_dim", 8}});
+      CHECK(row.at("cache_bytes_per_token") == 2 * 2 * 8 * 4);
+      CHECK(row.at("core_median_ms") == row.at("median_ms"));
+      CHECK(contains(row.at("core").get<std::string>(), "Hkv=2"));
+      CHECK(row.at("rel_l2").is_null());
+      continue;
+    }
     CHECK(row.at("config") == "mla_sweep");
     const int64_t context = row.at("context"), fresh = row.at("new_tokens");
     // Checked where context + new <= check_max_context (10 in the first block, the default 1024 in the
@@ -111,6 +120,7 @@ TEST_CASE(
   refused(R"({"presets": "tiniest", "context": 4})", "mla.presets");
   refused(R"([{"presets": "tiny", "context": 4, "forms": ["naive", "naive"]}])", "mla[0].forms[1]");
   refused(R"({"presets": "tiny", "context": 4, "variant": "linear"})", "strided_kv");
+  refused(R"({"presets": "tiny", "context": 4, "gqa": {"kv_heads": 3, "head_dim": 8}})", "mla.gqa.kv_heads");
   refused(R"({"presets": "deepseek_v3", "context": 65536, "memory_budget": "1GiB"})", "memory budget");
   const ProcResult none =
       run_attnbench({"mla", "--sweep", std::string(ATTN_SOURCE_DIR) + "/configs/smoke.json"}, dir.path());

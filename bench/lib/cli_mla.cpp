@@ -86,7 +86,8 @@ MlaShape shape_from(const MlaOptions& o) {
 
 // One point's figures.
 struct FormResult {
-  MlaForm form;
+  MlaForm form = MlaForm::naive;
+  bool gqa = false;  // the block's GQA core (form unused)
   int64_t context = 0, fresh = 1;
   TimingStats time;
   double core_median_ms = 0;  // the core variant's run() alone, median over the same calls
@@ -144,7 +145,9 @@ Json result_row(const RunSpec& spec, const MlaBlock& block, const std::string& p
   const double seconds = r.time.median_ms * 1e-3;
   return {{"kind", "mla"},
           {"config", spec.config_name.empty() ? Json(nullptr) : Json(spec.config_name)},
-          {"form", mla_form_name(r.form)},
+          {"form", r.gqa ? "gqa" : mla_form_name(r.form)},
+          {"gqa",
+           r.gqa ? Json{{"kv_heads", block.gqa_kv_heads}, {"head_dim", block.gqa_head_dim}} : Json(nullptr)},
           {"preset", preset.empty() ? Json(nullptr) : Json(preset)},
           {"shape", shape},
           {"batch", block.batch},
@@ -192,6 +195,7 @@ double block_bytes(const MlaBlock& b, const MlaShape& s) {
   if (check_tokens > 0)
     checked = static_cast<double>(b.batch * check_tokens) * H *
               static_cast<double>(s.qk_head_dim() + s.v_head_dim) * 8.0;
+  per_token += 2 * b.gqa_kv_heads * b.gqa_head_dim;  // the GQA core's K and V (0 without)
   return weights * 4.0 + static_cast<double>(b.batch * tokens_max * per_token) * 4.0 + checked;
 }
 
@@ -258,6 +262,87 @@ int run_blocks(const RunSpec& spec) {
           for (int64_t n : b.fresh) (void)layer.core_problem(form, call, b.batch, n, T);
       std::vector<MlaCache> caches;
       for (MlaForm form : b.forms) caches.emplace_back(s, form, b.batch, b.context.back() + b.fresh.back());
+      // Prints a point and writes its row (every row so far, replaced atomically: an interrupted run keeps
+      // what it measured).
+      auto emit = [&](const FormResult& r, bool checked) {
+        const double sec = r.time.median_ms * 1e-3;
+        std::printf(
+            "  %-8s context %6lld  new %5lld  median %10.4f ms (p10 %.4f, p90 %.4f, %d reps)  core %.4f ms  "
+            "%.4g GFLOP  %8.2f GFLOP/s (%.2f of peak)  cache %zu B/token  read %.4g MB (%.2f GB/s)  rel_l2 "
+            "%s\n",
+            r.gqa ? "gqa core" : mla_form_name(r.form), static_cast<long long>(r.context),
+            static_cast<long long>(r.fresh), r.time.median_ms, r.time.p10_ms, r.time.p90_ms, r.time.reps,
+            r.core_median_ms, r.flops * 1e-9, r.flops / sec * 1e-9,
+            peak.gflops > 0 ? r.flops / sec * 1e-9 / peak.gflops : 0.0, r.cache_bytes_per_token,
+            r.bytes_read * 1e-6, r.bytes_read / sec * 1e-9, error_text(r.rel_l2, checked).c_str());
+        std::fflush(stdout);
+        lines += result_row(spec, b, preset, s, r, variant, threads, peak).dump() + "\n";
+        if (!spec.out.empty()) write_file_atomic(spec.out, lines);
+      };
+      // The GQA core beside them (block "gqa"): K and V [B, kv_heads, capacity, head_dim] random, read in
+      // place.
+      std::optional<Problem> gqa_template;
+      FloatArray gqa_k, gqa_v;
+      const int64_t capacity = b.context.back() + b.fresh.back();
+      if (b.gqa_kv_heads > 0) {
+        Problem p = layer.core_problem(MlaForm::naive, call, b.batch, b.fresh[0], b.context[0]);
+        p.kv_heads = b.gqa_kv_heads;
+        p.head_dim = b.gqa_head_dim;
+        p.v_head_dim = 0;
+        p.scale = 1.0 / std::sqrt(static_cast<double>(b.gqa_head_dim));
+        gqa_template = p;
+        gqa_k = FloatArray({b.batch, b.gqa_kv_heads, capacity, b.gqa_head_dim});
+        gqa_v = FloatArray({b.batch, b.gqa_kv_heads, capacity, b.gqa_head_dim});
+        fill_normal(gqa_k.ptr(), static_cast<int64_t>(gqa_k.numel()), mix64(spec.seed ^ 0x6b));
+        fill_normal(gqa_v.ptr(), static_cast<int64_t>(gqa_v.numel()), mix64(spec.seed ^ 0x76));
+      }
+      auto gqa_problem = [&](int64_t T, int64_t n) {
+        Problem p = *gqa_template;
+        p.seq_q = n;
+        p.seq_kv = T + n;
+        p.validate();
+        if (const std::string why = Registry::instance().get(p.variant).unsupported_reasons_text(p);
+            !why.empty())
+          throw NotSupported(p.repro() + ": " + why);
+        return p;
+      };
+      if (gqa_template)
+        for (int64_t T : b.context)
+          for (int64_t n : b.fresh) (void)gqa_problem(T, n);
+      auto measure_gqa = [&](int64_t T, int64_t n) {
+        const Problem p = gqa_problem(T, n);
+        const Attention& v = Registry::instance().get(p.variant);
+        FloatArray q({b.batch, s.heads, n, b.gqa_head_dim}), o({b.batch, s.heads, n, b.gqa_head_dim});
+        fill_normal(q.ptr(), static_cast<int64_t>(q.numel()),
+                    mix64(spec.seed ^ 0x71 ^ static_cast<uint64_t>(T)));
+        AttentionInputs in{};
+        in.q = q.ptr();
+        in.k = gqa_k.ptr();
+        in.v = gqa_v.ptr();
+        in.out = o.ptr();
+        in.kv_capacity = capacity;
+        std::vector<double> samples;
+        for (int rep = 0; rep < b.warmup + b.repeats; ++rep) {
+          const auto t0 = std::chrono::steady_clock::now();
+          v.run(p, in);
+          const auto t1 = std::chrono::steady_clock::now();
+          if (rep >= b.warmup) samples.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+        }
+        FormResult r;
+        r.gqa = true;
+        r.context = T;
+        r.fresh = n;
+        r.core = p.repro();
+        r.time = summarize(samples);
+        r.core_median_ms = r.time.median_ms;  // the core is the whole call
+        r.flops = v.flops(p);
+        r.cache_elements_per_token = 2 * b.gqa_kv_heads * b.gqa_head_dim;
+        r.cache_bytes_per_token = static_cast<std::size_t>(r.cache_elements_per_token) * sizeof(float);
+        r.bytes_read = static_cast<double>(b.batch * (T + n) * r.cache_elements_per_token +
+                                           2 * b.batch * s.heads * n * b.gqa_head_dim) *
+                       sizeof(float);
+        emit(r, false);
+      };
       // Context by context, the forms one after the other: the two forms of a point are measured minutes
       // apart at most, under the same conditions.
       for (int64_t T : b.context) {
@@ -304,24 +389,12 @@ int run_blocks(const RunSpec& spec) {
                          .first;
               r.rel_l2 = rel_l2(y, it->second);
             }
-            const double sec = r.time.median_ms * 1e-3;
-            std::printf(
-                "  %-8s context %6lld  new %5lld  median %10.4f ms (p10 %.4f, p90 %.4f, %d reps)  core %.4f "
-                "ms  "
-                "%.4g GFLOP  %8.2f GFLOP/s (%.2f of peak)  cache %zu B/token  read %.4g MB (%.2f GB/s)  "
-                "rel_l2 %s\n",
-                mla_form_name(form), static_cast<long long>(T), static_cast<long long>(n), r.time.median_ms,
-                r.time.p10_ms, r.time.p90_ms, r.time.reps, r.core_median_ms, r.flops * 1e-9,
-                r.flops / sec * 1e-9, peak.gflops > 0 ? r.flops / sec * 1e-9 / peak.gflops : 0.0,
-                r.cache_bytes_per_token, r.bytes_read * 1e-6, r.bytes_read / sec * 1e-9,
-                error_text(r.rel_l2, checked).c_str());
-            std::fflush(stdout);
-            lines += result_row(spec, b, preset, s, r, variant, threads, peak).dump() + "\n";
-            // Every row so far, replaced atomically: an interrupted run keeps what it measured.
-            if (!spec.out.empty()) write_file_atomic(spec.out, lines);
+            emit(r, checked);
             by_point[{T, n}].push_back(r);
           }
         }
+        if (gqa_template)
+          for (int64_t n : b.fresh) measure_gqa(T, n);
       }
       for (const auto& [point, rs] : by_point) {
         const auto of = [&](MlaForm f) {

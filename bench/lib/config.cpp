@@ -590,11 +590,11 @@ void load_config_plugins(const Json& list, const std::string& dir) {
 }  // namespace
 
 // "mla": {"presets", "forms", "context", "new", "batch", "threads", "repeats", "warmup", "check_max_context",
-// "variant", "params", "memory_budget"} or a list of such blocks.
-MlaBlock parse_mla_block(const Json& j, const std::string& p) {
+// "variant", "params", "gqa", "memory_budget"} or a list of such blocks.
+static MlaBlock parse_mla_block(const Json& j, const std::string& p) {
   check_keys(j, p,
              {"presets", "forms", "context", "new", "batch", "threads", "repeats", "warmup",
-              "check_max_context", "variant", "params", "memory_budget"});
+              "check_max_context", "variant", "params", "gqa", "memory_budget"});
   MlaBlock b;
   if (!j.contains("presets"))
     fail(sub(p, "presets"), "missing (a preset name, a list of them, or an object NAME: shape)");
@@ -655,6 +655,20 @@ MlaBlock parse_mla_block(const Json& j, const std::string& p) {
     if (b.variant.empty()) fail(sub(p, "params"), "needs \"variant\" (the core whose parameters they are)");
     b.params =
         resolve_params(Registry::instance().get(b.variant).param_specs(), j["params"], sub(p, "params"));
+  }
+  if (j.contains("gqa")) {
+    const Json& g = j["gqa"];
+    const std::string gp = sub(p, "gqa");
+    check_keys(g, gp, {"kv_heads", "head_dim"});
+    if (!g.contains("kv_heads") || !g.contains("head_dim"))
+      fail(gp, "needs \"kv_heads\" and \"head_dim\" (the GQA core measured beside the MLA forms)");
+    b.gqa_kv_heads = get_int(g["kv_heads"], sub(gp, "kv_heads"), 1, kMaxSize, "an integer >= 1");
+    b.gqa_head_dim = get_int(g["head_dim"], sub(gp, "head_dim"), 1, 1 << 16, "an integer in [1, 65536]");
+    for (const auto& [name, shape] : b.presets)
+      if (shape.heads % b.gqa_kv_heads != 0)
+        fail(sub(gp, "kv_heads"),
+             "must divide the query heads of every preset: " + std::to_string(shape.heads) + " of '" + name +
+                 "' is not a multiple of " + std::to_string(b.gqa_kv_heads));
   }
   if (j.contains("memory_budget"))
     b.memory_budget_bytes = parse_bytes(j["memory_budget"], sub(p, "memory_budget"));

@@ -88,7 +88,11 @@ struct MlaBlock {
   int64_t check_max_context = 1024;  // the fp64 check runs where context + new <= this (0: never)
   std::string variant;               // the core; empty: MlaCall's default (tiled)
   Json params = Json::object();
-  // The block's largest footprint (weights + cache of one form at its largest context) must fit; unset:
+  // "gqa": {"kv_heads", "head_dim"}: beside the forms, a grouped-query core alone (the preset's query heads
+  // on kv_heads K/V heads of head_dim, d_v = head_dim, the same core variant) at the same points, for a
+  // comparison with a GQA model's decode (rows with form "gqa"; kv_heads 0: not measured).
+  int64_t gqa_kv_heads = 0, gqa_head_dim = 0;
+  // The block's largest footprint (weights + every form's cache at its largest context) must fit; unset:
   // the config's memory_budget, else half the physical memory (checked by `attnbench mla --sweep`).
   std::optional<uint64_t> memory_budget_bytes;
 };

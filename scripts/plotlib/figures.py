@@ -622,21 +622,23 @@ def fig_mla(res, an):
         ad.set_title(f"{preset} ({heads} heads): one decode step (1 new token)", fontsize=9)
         ap.set_title(f"{preset}: one call of s new tokens after a fixed context", fontsize=9)
         for e in entries:
-            c = form_colors.get(e["form"], "gray")
-            ls = "-" if e["form"] == "naive" else "--"
+            c = form_colors.get(e["form"], "tab:purple")
+            ls = "-" if e["form"] == "naive" else "--" if e["form"] == "absorbed" else "-."
             dec = [p for p in e["points"] if p["new_tokens"] == 1]
             if dec:
                 ns = [p["context"] for p in dec]
-                ad.plot(ns, [num(p["time_ms"]) for p in dec], marker="o", ms=4, lw=1.5, ls=ls, color=c,
-                        label=f"MLA {e['form']}: layer")
-                ad.plot(ns, [num(p["core_ms"]) for p in dec], marker=".", ms=4, lw=1.0, ls=":", color=c,
-                        label=f"MLA {e['form']}: core")
+                if e["form"] != "gqa":  # a GQA row is its core alone
+                    ad.plot(ns, [num(p["time_ms"]) for p in dec], marker="o", ms=4, lw=1.5, ls=ls, color=c,
+                            label=f"{e['label']}: layer")
+                ad.plot(ns, [num(p["core_ms"]) for p in dec], marker="." if e["form"] != "gqa" else "s", ms=4,
+                        lw=1.0 if e["form"] != "gqa" else 1.3, ls=":" if e["form"] != "gqa" else ls, color=c,
+                        label=e["label"] if e["form"] == "gqa" else f"{e['label']}: core")
             for ctx in sorted({p["context"] for p in e["points"]}):
                 pre = [p for p in e["points"] if p["context"] == ctx]
                 if len(pre) < 2:
                     continue
                 ap.plot([p["new_tokens"] for p in pre], [num(p["time_ms"]) for p in pre], marker="o", ms=4, lw=1.5,
-                        ls=ls, color=c, label=f"MLA {e['form']}, context {ctx}")
+                        ls=ls, color=c, label=f"{e['label']}, context {ctx}")
         for sd in m["sweep_decode"]:
             if sd["heads"] != heads or sd["series"] not in styles:
                 continue

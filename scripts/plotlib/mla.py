@@ -33,8 +33,8 @@ def read_mla(results_dir):
             missing = [k for k in REQUIRED if k not in row]
             if missing:
                 raise ValueError("missing " + ", ".join(missing))
-            if row["form"] not in ("naive", "absorbed"):
-                raise ValueError(f"form {row['form']!r} (allowed: naive, absorbed)")
+            if row["form"] not in ("naive", "absorbed", "gqa"):
+                raise ValueError(f"form {row['form']!r} (allowed: naive, absorbed, gqa)")
         except ValueError as e:
             if all(not rest.strip() for rest in lines[no:]):
                 print(f"{PROG}: warning: {path}:{no}: torn last line dropped ({e})", file=sys.stderr)
@@ -76,7 +76,8 @@ def analyze_mla(rows, decode_rows):
     for r in rows:
         series.setdefault((_preset(r), r["form"], r["batch"], r.get("threads")), []).append(r)
     out = []
-    for (preset, form, batch, threads), rs in sorted(series.items(), key=lambda kv: (kv[0][0], kv[0][1] != "naive",
+    form_order = {"naive": 0, "absorbed": 1, "gqa": 2}
+    for (preset, form, batch, threads), rs in sorted(series.items(), key=lambda kv: (kv[0][0], form_order[kv[0][1]],
                                                                                       kv[0][2], kv[0][3] or 0)):
         rs.sort(key=lambda r: (r["context"], r["new_tokens"]))
         pts = []
@@ -88,14 +89,17 @@ def analyze_mla(rows, decode_rows):
                         "gflops_per_s": json_num(num(r.get("gflops_per_s"))), "frac_peak": json_num(num(r.get("frac_peak"))),
                         "gb_per_s": json_num(num(r.get("gb_per_s"))), "rel_l2": json_num(num(r.get("rel_l2"))),
                         "cache_bytes_per_token": r["cache_bytes_per_token"]})
+        gqa = rs[0].get("gqa") if form == "gqa" and isinstance(rs[0].get("gqa"), dict) else None
         out.append({"preset": preset, "form": form, "batch": batch, "threads": threads, "heads": rs[0]["shape"].get("heads"),
+                    "gqa": gqa, "label": f"GQA core ({gqa.get('kv_heads')} KV heads × {gqa.get('head_dim')})" if gqa
+                    else "GQA core" if form == "gqa" else f"MLA {form}",
                     "shape": rs[0]["shape"], "variant": rs[0].get("variant"), "points": pts,
                     "cache_bytes_per_token": rs[0]["cache_bytes_per_token"]})
     decode, prefill = [], []
     for preset in dict.fromkeys(e["preset"] for e in out):
         for batch in sorted({e["batch"] for e in out if e["preset"] == preset}):
             forms = {e["form"]: e for e in out if e["preset"] == preset and e["batch"] == batch}
-            if set(forms) != {"naive", "absorbed"}:
+            if not {"naive", "absorbed"} <= set(forms):
                 continue
             nv = {(p["context"], p["new_tokens"]): p for p in forms["naive"]["points"]}
             ab = {(p["context"], p["new_tokens"]): p for p in forms["absorbed"]["points"]}
@@ -116,6 +120,7 @@ def analyze_mla(rows, decode_rows):
                                           for c, k, x, y in zip(ctx, dec, layer, core)],
                                "absorbed_faster_from": at, "how": how, "core_absorbed_faster_from": cat,
                                "core_how": chow,
+                               "absorbed_cache": forms["absorbed"]["cache_bytes_per_token"],
                                "cache_ratio": forms["naive"]["cache_bytes_per_token"] / forms["absorbed"]["cache_bytes_per_token"]})
             # Prefill (several new tokens at one context): naive / absorbed against the new tokens, below 1
             # where the naive form is faster.
@@ -143,12 +148,14 @@ def analyze_mla(rows, decode_rows):
     return {"series": out, "decode": decode, "prefill": prefill, "sweep_decode": sweep}
 
 
-def _cross_text(at, how, what, unit):
+def _cross_text(at, how, subject, unit, first):
+    """'<subject> from ≈ 8,068 <unit> on' / 'at every measured <unit> (from <first>)' / 'not for good within
+    the measured <unit>'."""
     if at is not None:
-        return f"{what} from ≈ {num(at):,.0f} {unit} on (interpolated between the measured ones)"
+        return f"{subject} from ≈ {num(at):,.0f} {unit} on (interpolated between the measured ones)"
     if how == "at every measured":
-        return f"{what} at every measured {unit[:-1] if unit.endswith('s') else unit}"
-    return f"not {what} within the measured {unit}"
+        return f"{subject} at every measured {unit} (from {first:,})"
+    return f"{subject} not for good within the measured {unit}"
 
 
 def mla_section(an, figure_lines):
@@ -160,7 +167,7 @@ def mla_section(an, figure_lines):
     table = []
     for e in m["series"]:
         for p in e["points"]:
-            table.append([f"`{e['preset']}`", e["form"], e["heads"], p["context"], p["new_tokens"],
+            table.append([f"`{e['preset']}`", e["label"], e["heads"], p["context"], p["new_tokens"],
                           fmt_num(num(p["time_ms"]), ".4g"), fmt_num(num(p["time_per_token_ms"]), ".4g"),
                           fmt_num(num(p["core_ms"]), ".4g") + (f" ({100 * num(p['core_share']):.0f}%)"
                                                                 if p["core_share"] is not None else ""),
@@ -180,22 +187,31 @@ def mla_section(an, figure_lines):
     if m["decode"]:
         lines = []
         for d in m["decode"]:
+            first = d["points"][0]["context"]
             lines.append(f"- `{d['preset']}` ({d['heads']} heads): the absorbed form's cache is "
-                         f"{d['cache_ratio']:.3g}× smaller; the layer call is "
-                         + _cross_text(d["absorbed_faster_from"], d["how"], "faster absorbed", "contexts")
-                         + "; the core alone "
-                         + _cross_text(d["core_absorbed_faster_from"], d["core_how"], "faster absorbed", "contexts")
+                         f"{d['cache_ratio']:.3g}× smaller; "
+                         + _cross_text(d["absorbed_faster_from"], d["how"], "its layer call is faster", "contexts", first)
+                         + "; "
+                         + _cross_text(d["core_absorbed_faster_from"], d["core_how"], "its core alone", "contexts", first)
                          + ". naive ÷ absorbed per context: "
                          + ", ".join(f"{p['context']}: {fmt_num(num(p['naive_over_absorbed']), '.3g')}× "
                                      f"(core {fmt_num(num(p['core_naive_over_absorbed']), '.3g')}×)" for p in d["points"])
-                         + ".")
+                         + "."
+                         + "".join(f" {g['label']}: " + ", ".join(f"{p['context']}: {fmt_num(num(p['time_ms']), '.3g')} ms"
+                                                                for p in g["points"] if p["new_tokens"] == 1)
+                                   + f" (absorbed core: " + ", ".join(
+                                       f"{p['context']}: {fmt_num(num(p['absorbed_core_ms']), '.3g')} ms" for p in d["points"])
+                                   + f"; cache {fmt_bytes(g['cache_bytes_per_token'])} per token against "
+                                     f"{fmt_bytes(d['absorbed_cache'])})."
+                                   for g in m["series"] if g["preset"] == d["preset"] and g["form"] == "gqa"
+                                   and g["batch"] == d["batch"]))
         md += ["**Decode (one new token)**: where the absorbed form becomes faster than the naive one.", "", *lines, ""]
     if m["prefill"]:
         lines = []
         for p in m["prefill"]:
-            lines.append(f"- `{p['preset']}` ({p['heads']} heads), context {p['context']}: the naive form is "
-                         + _cross_text(p["naive_faster_from"], p["how"], "faster", "new tokens").replace(
-                             "the naive form is not faster", "not faster")
+            lines.append(f"- `{p['preset']}` ({p['heads']} heads), context {p['context']}: "
+                         + _cross_text(p["naive_faster_from"], p["how"], "the naive form is faster", "new tokens",
+                                       p["points"][0]["new_tokens"])
                          + ". naive ÷ absorbed: "
                          + ", ".join(f"{q['new_tokens']}: {fmt_num(num(q['naive_over_absorbed']), '.3g')}×"
                                      for q in p["points"]) + ".")

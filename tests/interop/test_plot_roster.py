@@ -364,6 +364,9 @@ def mla_rows():
     rows = []
     for n in (4096, 8192, 16384, 32768):
         rows += [mla_row("naive", n, 1, n / 1024, n / 2048), mla_row("absorbed", n, 1, 12.0, 2.0)]
+        g = mla_row("gqa", n, 1, n / 8192, n / 8192)  # the block's GQA core: its own series, no crossover part
+        g["gqa"], g["cache_bytes_per_token"] = {"kv_heads": 2, "head_dim": 128}, 2048
+        rows.append(g)
     for s in (1, 2, 4, 8, 16):
         rows += [mla_row("naive", 2048, s, 3.0 * s, 1.0 * s), mla_row("absorbed", 2048, s, s ** 1.5, 0.5 * s)]
     return rows
@@ -394,15 +397,20 @@ def test_mla(tmp):
     check(sorted(s["series"] for s in m.get("sweep_decode", [])) == ["dsa", "tiled"],
           f"[mla] the sweep's one-token decode rows of the same head count are beside ({m.get('sweep_decode')})")
     sec = section(md, "Multi-head latent attention (MLA)")
-    check("faster absorbed from ≈ 12,288 contexts on" in sec and "naive form is faster from ≈ 9 new tokens on" in sec,
+    check("its layer call is faster from ≈ 12,288 contexts on" in sec and "its core alone from ≈ 4,096 contexts on" in sec
+          and "the naive form is faster from ≈ 9 new tokens on" in sec,
           "[mla] REPORT.md names the decode and the prefill crossovers")
-    check("| `p` | naive | 8 | 2048 | 1 | 3 | 3 | 1 (33%) |" in sec and "3.00e-07" in sec and "not checked" in sec,
+    check("GQA core (2 KV heads × 128): 4096: 0.5 ms, 8192: 1 ms, 16384: 2 ms, 32768: 4 ms" in sec
+          and "cache 2 KiB per token against 2.25 KiB" in sec,
+          "[mla] the GQA core beside the absorbed one: its times and cache per token")
+    check("| `p` | MLA naive | 8 | 2048 | 1 | 3 | 3 | 1 (33%) |" in sec and "3.00e-07" in sec and "not checked" in sec,
           "[mla] the MLA table: times, the core's share, the error where checked")
     check("![Multi-head latent attention](plots/mla.png)" in sec and "plots/mla.svg" in summary["files"],
           "[mla] the figure is drawn and embedded in its section")
     with open(os.path.join(d, "plots", "mla.svg"), encoding="utf-8") as f:
         svg = f.read()
-    check("Roster Test CPU 7" in svg and "MLA naive: layer" in svg and "dsa (sweep, core)" in svg,
+    check("Roster Test CPU 7" in svg and "MLA naive: layer" in svg and "dsa (sweep, core)" in svg
+          and "GQA core (2 KV heads × 128)" in svg,
           "[mla] the figure names the CPU, the forms and the sweep's series")
     tp.check_stages("mla", d, summary, md)
     # A bad line that is not the last one: exit 2 naming the file and line.
