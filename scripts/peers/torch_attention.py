@@ -114,6 +114,12 @@ def id_shape_tokens(pid):
     return [t for part in (pid[i + 1:] if i >= 0 else "").split(",") for t in part.split("+")]
 
 
+def v_width(p):
+    """d_v, the width of V and the output: the problem's v_head_dim (0 or absent: head_dim)."""
+    dv = p.get("v_head_dim")
+    return dv if isinstance(dv, int) and not isinstance(dv, bool) and dv > 0 else p["head_dim"]
+
+
 def point_problem(pt):
     """The plan point's problem with kv_heads and causal_lower_right filled in, read defensively: the problem's
     fields when the plan has them, else the id ("Hkv=N" only when it differs from H; "causal_lower_right" among
@@ -195,13 +201,13 @@ def start_row(pid, pt):
     if p["causal"] or p["causal_lower_right"] or p["key_padding"]:
         workspace += 4 * cells * (p["batch"] if p["key_padding"] else 1)
     if p["kv_heads"] != p["heads"]:
-        workspace += 2 * 4 * p["batch"] * p["heads"] * p["seq_kv"] * p["head_dim"]
+        workspace += 4 * p["batch"] * p["heads"] * p["seq_kv"] * (p["head_dim"] + v_width(p))
     if point_pass(pt) != "forward":
         # autograd keeps the softmax output P for the backward, which makes dP, dS and the scaled dS (four
         # score-sized tensors at a time, two more than the forward's); with GQA, the repeated K/V's gradients.
         workspace += 2 * 4 * cells * p["batch"] * p["heads"]
         if p["kv_heads"] != p["heads"]:
-            workspace += 2 * 4 * p["batch"] * p["heads"] * p["seq_kv"] * p["head_dim"]
+            workspace += 4 * p["batch"] * p["heads"] * p["seq_kv"] * (p["head_dim"] + v_width(p))
     mem = row["memory"]
     mem.update(workspace_bytes=workspace, estimated_bytes=pt["memory"]["output_bytes"] + workspace)
     need, budget = mem["inputs_bytes"] + mem["estimated_bytes"] + mem["reference_bytes"], pt["memory"]["budget_bytes"]
@@ -418,10 +424,11 @@ def measure(torch, pt, row, data, settings, probe, calibration, interference):
     B, H, Lq, Lkv, D = p["batch"], p["heads"], p["seq_q"], p["seq_kv"], p["head_dim"]
     if H % p["kv_heads"]:
         raise RuntimeError(f"kv_heads {p['kv_heads']} does not divide heads {H}")
-    for x in ("k", "v"):
-        if data[x].shape != (B, p["kv_heads"], Lkv, D):
+    Dv = v_width(p)
+    for x, width, name in (("k", D, "head_dim"), ("v", Dv, "v_head_dim")):
+        if data[x].shape != (B, p["kv_heads"], Lkv, width):
             raise RuntimeError(f"attnbench inputs gave {x} of shape {list(data[x].shape)}, the point has "
-                               f"[batch, kv_heads, seq_kv, head_dim] = {[B, p['kv_heads'], Lkv, D]}")
+                               f"[batch, kv_heads, seq_kv, {name}] = {[B, p['kv_heads'], Lkv, width]}")
     if pass_ != "forward" and "d_out" not in data:
         raise RuntimeError(f"attnbench inputs gave no d_out.npy for the {pass_} point {pt['id']}")
     group = H // p["kv_heads"]
@@ -500,8 +507,8 @@ def measure(torch, pt, row, data, settings, probe, calibration, interference):
     bad = 0
     if row["accuracy"]["reference"] != "none":
         rows = data["rows"]
-        row["accuracy"].update(rows=len(rows), **compare_outputs(out[:, :, rows, :].reshape(-1, D),
-                                                                 data["reference"].reshape(-1, D)))
+        row["accuracy"].update(rows=len(rows), **compare_outputs(out[:, :, rows, :].reshape(-1, Dv),
+                                                                 data["reference"].reshape(-1, Dv)))
         if "accuracy_e2e" in row:  # fp32 inputs only (start_row): the end-to-end error is the same
             row["accuracy_e2e"] = dict(row["accuracy"])
         if "accuracy_vs_softmax" in row:  # softmax attention: the same figures as accuracy (result_row.cpp)
@@ -511,7 +518,8 @@ def measure(torch, pt, row, data, settings, probe, calibration, interference):
         ga = row["grad_accuracy"]
         ga["blocks"] = len(data["grad_blocks"])
         for name, got in zip(("dq", "dk", "dv"), gathered_gradients(grads, data["grad_blocks"], p["kv_heads"])):
-            m = compare_outputs(got.reshape(-1, D), data["grad_" + name].reshape(-1, D))
+            width = Dv if name == "dv" else D
+            m = compare_outputs(got.reshape(-1, width), data["grad_" + name].reshape(-1, width))
             ga[name] = {k: m[k] for k in ("max_abs_err", "rel_l2_err", "nan_count", "inf_count")}
             bad += m["nan_count"] + m["inf_count"]
     # Fully masked rows are zeros (forward); NaN/Inf left come from non-finite inputs: reported, not failed.
