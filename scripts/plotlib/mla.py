@@ -148,14 +148,14 @@ def analyze_mla(rows, decode_rows):
     return {"series": out, "decode": decode, "prefill": prefill, "sweep_decode": sweep}
 
 
-def _cross_text(at, how, subject, unit, first):
-    """'<subject> from ≈ 8,068 <unit> on' / 'at every measured <unit> (from <first>)' / 'not for good within
-    the measured <unit>'."""
+def _cross_text(at, how, subject, many, one, first):
+    """'<subject> from ≈ 8,068 <many> on' / 'at every measured <one> (from <first>)' / 'not for good within
+    the measured <many>'."""
     if at is not None:
-        return f"{subject} from ≈ {num(at):,.0f} {unit} on (interpolated between the measured ones)"
+        return f"{subject} from ≈ {num(at):,.0f} {many} on (interpolated between the measured ones)"
     if how == "at every measured":
-        return f"{subject} at every measured {unit} (from {first:,})"
-    return f"{subject} not for good within the measured {unit}"
+        return f"{subject} at every measured {one} (from {first:,})"
+    return f"{subject} not for good within the measured {many}"
 
 
 def mla_section(an, figure_lines):
@@ -190,9 +190,9 @@ def mla_section(an, figure_lines):
             first = d["points"][0]["context"]
             lines.append(f"- `{d['preset']}` ({d['heads']} heads): the absorbed form's cache is "
                          f"{d['cache_ratio']:.3g}× smaller; "
-                         + _cross_text(d["absorbed_faster_from"], d["how"], "its layer call is faster", "contexts", first)
+                         + _cross_text(d["absorbed_faster_from"], d["how"], "its layer call is faster", "tokens of context", "context", first)
                          + "; "
-                         + _cross_text(d["core_absorbed_faster_from"], d["core_how"], "its core alone", "contexts", first)
+                         + _cross_text(d["core_absorbed_faster_from"], d["core_how"], "its core alone", "tokens of context", "context", first)
                          + ". naive ÷ absorbed per context: "
                          + ", ".join(f"{p['context']}: {fmt_num(num(p['naive_over_absorbed']), '.3g')}× "
                                      f"(core {fmt_num(num(p['core_naive_over_absorbed']), '.3g')}×)" for p in d["points"])
@@ -210,7 +210,7 @@ def mla_section(an, figure_lines):
         lines = []
         for p in m["prefill"]:
             lines.append(f"- `{p['preset']}` ({p['heads']} heads), context {p['context']}: "
-                         + _cross_text(p["naive_faster_from"], p["how"], "the naive form is faster", "new tokens",
+                         + _cross_text(p["naive_faster_from"], p["how"], "the naive form is faster", "new tokens per call", "new-token count",
                                        p["points"][0]["new_tokens"])
                          + ". naive ÷ absorbed: "
                          + ", ".join(f"{q['new_tokens']}: {fmt_num(num(q['naive_over_absorbed']), '.3g')}×"

@@ -397,8 +397,9 @@ def test_mla(tmp):
     check(sorted(s["series"] for s in m.get("sweep_decode", [])) == ["dsa", "tiled"],
           f"[mla] the sweep's one-token decode rows of the same head count are beside ({m.get('sweep_decode')})")
     sec = section(md, "Multi-head latent attention (MLA)")
-    check("its layer call is faster from ≈ 12,288 contexts on" in sec and "its core alone from ≈ 4,096 contexts on" in sec
-          and "the naive form is faster from ≈ 9 new tokens on" in sec,
+    check("its layer call is faster from ≈ 12,288 tokens of context on" in sec
+          and "its core alone from ≈ 4,096 tokens of context on" in sec
+          and "the naive form is faster from ≈ 9 new tokens per call on" in sec,
           "[mla] REPORT.md names the decode and the prefill crossovers")
     check("GQA core (2 KV heads × 128): 4096: 0.5 ms, 8192: 1 ms, 16384: 2 ms, 32768: 4 ms" in sec
           and "cache 2 KiB per token against 2.25 KiB" in sec,
