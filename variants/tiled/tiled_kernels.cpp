@@ -483,13 +483,16 @@ template <class Rows, int... R>
 constexpr std::array<DotScoreFn<Rows>, sizeof...(R)> DotScoreSingles(std::integer_sequence<int, R...>) {
   return {&DotScores<R + 1, 1, Rows>...};
 }
-template <class Rows, int... R>
-constexpr std::array<DotPvFn<Rows>, sizeof...(R)> DotPvBlocks(std::integer_sequence<int, R...>) {
-  return {&DotPv<R + 1, 8 / (R + 1), Rows>...};
+// P V kernels by rows NR (1..8) and column vectors CV (1..8 / NR; nullptr beyond): a tile whose d_v holds fewer
+// vectors than 8 / NR (head_dim 64 on 16 lanes: 4) still gets that many independent accumulator chains, not
+// one (each output element sums its keys in the same order whatever CV is: bitwise the same results).
+template <class Rows, int NR, int... C>
+constexpr std::array<DotPvFn<Rows>, 8> DotPvRow(std::integer_sequence<int, C...>) {
+  return {(C + 1 <= 8 / NR ? &DotPv<NR, (C + 1 <= 8 / NR ? C + 1 : 1), Rows> : nullptr)...};
 }
 template <class Rows, int... R>
-constexpr std::array<DotPvFn<Rows>, sizeof...(R)> DotPvSingles(std::integer_sequence<int, R...>) {
-  return {&DotPv<R + 1, 1, Rows>...};
+constexpr std::array<std::array<DotPvFn<Rows>, 8>, sizeof...(R)> DotPvTable(std::integer_sequence<int, R...>) {
+  return {DotPvRow<Rows, R + 1>(std::make_integer_sequence<int, 8>())...};
 }
 static_assert(kDotRows == 8, "the dot-product kernel tables cover 1..8 rows");
 constexpr int64_t kPvKeys = 16;  // keys per P V block of the dot-product path
@@ -629,8 +632,7 @@ template <class Rows, class Tiles>
 void DotRows(const Context& c, const TileRows& t, Scratch& w, const Tiles& tiles) {
   static constexpr auto score_blocks = DotScoreBlocks<Rows>(std::make_integer_sequence<int, kDotRows>());
   static constexpr auto score_singles = DotScoreSingles<Rows>(std::make_integer_sequence<int, kDotRows>());
-  static constexpr auto pv_blocks = DotPvBlocks<Rows>(std::make_integer_sequence<int, kDotRows>());
-  static constexpr auto pv_singles = DotPvSingles<Rows>(std::make_integer_sequence<int, kDotRows>());
+  static constexpr auto pv_table = DotPvTable<Rows>(std::make_integer_sequence<int, kDotRows>());
   const Problem& p = c.p;
   const int64_t D = p.head_dim, V = p.value_dim(), nr = t.nr, ld = round_up(nr, kLanes);
   const int64_t N = static_cast<int64_t>(hn::Lanes(DF())), Vv = V / N * N;
@@ -668,9 +670,11 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const Tiles& tiles
       const float* scale = b0 == 0 ? alpha : kOnes;
       if (prefetch && b0 + kPvKeys < nk)
         PrefetchRows(vt + kPvKeys * ldv, std::min(kPvKeys, nk - b0 - kPvKeys), ldv);
-      int64_t e = 0;
-      for (; e + cv * N <= Vv; e += cv * N) pv_blocks[nr - 1](vt, ldv, V, nb, sb, lds, o, scale, e);
-      for (; e < Vv; e += N) pv_singles[nr - 1](vt, ldv, V, nb, sb, lds, o, scale, e);
+      for (int64_t e = 0; e < Vv;) {
+        const int64_t chunk = std::min(cv, (Vv - e) / N);
+        pv_table[nr - 1][chunk - 1](vt, ldv, V, nb, sb, lds, o, scale, e);
+        e += chunk * N;
+      }
       for (int64_t r = 0; r < nr; ++r)  // value_dim tail (V not a multiple of the vector width)
         for (int64_t et = Vv; et < V; ++et) {
           float acc = o[r * V + et] * scale[r];
