@@ -204,30 +204,226 @@ uint64_t physical_memory() {
   return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
-int run_blocks(const RunSpec& spec) {
-  std::optional<ThreadScope> scope;  // --threads after the subcommand; else the global --threads is in force
-  if (spec.threads > 0) scope.emplace(spec.threads);
-  const int all_threads =
-      static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
-  // Everything is checked before anything is measured: the cores, the footprints.
+std::string block_name(const RunSpec& spec, std::size_t bi) {
+  return "mla" + std::string(spec.blocks.size() > 1 ? "[" + std::to_string(bi) + "]" : "");
+}
+
+// Everything that can be checked before anything is measured: threads and footprints.
+void check_blocks(const RunSpec& spec, int all_threads) {
   for (std::size_t bi = 0; bi < spec.blocks.size(); ++bi) {
     const MlaBlock& b = spec.blocks[bi];
     if (b.threads > all_threads)
-      throw UsageError("mla" + std::string(spec.blocks.size() > 1 ? "[" + std::to_string(bi) + "]" : "") +
-                       ".threads " + std::to_string(b.threads) + ": more than the " +
+      throw UsageError(block_name(spec, bi) + ".threads " + std::to_string(b.threads) + ": more than the " +
                        std::to_string(all_threads) + " threads available here");
     const uint64_t budget = b.memory_budget_bytes.value_or(physical_memory() / 2);
     for (const auto& [name, s] : b.presets) {
       const double need = block_bytes(b, s);
       if (budget > 0 && need > static_cast<double>(budget))
-        throw UsageError(
-            "mla" + std::string(spec.blocks.size() > 1 ? "[" + std::to_string(bi) + "]" : "") + ": preset '" +
-            name + "' needs " + std::to_string(static_cast<int64_t>(need / (1 << 20))) + " MiB at context " +
-            std::to_string(b.context.back()) + " + " + std::to_string(b.fresh.back()) + " (weights, cache" +
-            (b.check_max_context > 0 ? ", fp64 check" : "") + "), over the memory budget of " +
-            std::to_string(budget >> 20) + " MiB: lower the largest context, or raise memory_budget");
+        throw UsageError(block_name(spec, bi) + ": preset '" + name + "' needs " +
+                         std::to_string(static_cast<int64_t>(need / (1 << 20))) + " MiB at context " +
+                         std::to_string(b.context.back()) + " + " + std::to_string(b.fresh.back()) +
+                         " (weights, caches" + (b.check_max_context > 0 ? ", fp64 check" : "") +
+                         "), over the memory budget of " + std::to_string(budget >> 20) +
+                         " MiB: lower the largest context, or raise memory_budget");
     }
   }
+}
+
+// The block's GQA core (its "gqa"): the preset's query heads on kv_heads K/V heads of head_dim, K and V
+// [B, kv_heads, capacity, head_dim] random and read in place by the MLA core's variant.
+class GqaCore {
+ public:
+  GqaCore(const MlaBlock& b, const MlaLayer& layer, const MlaCall& call, uint64_t seed)
+      : b_(b), heads_(layer.shape().heads), capacity_(b.context.back() + b.fresh.back()), seed_(seed) {
+    template_ = layer.core_problem(MlaForm::naive, call, b.batch, b.fresh[0], b.context[0]);
+    template_.kv_heads = b.gqa_kv_heads;
+    template_.head_dim = b.gqa_head_dim;
+    template_.v_head_dim = 0;
+    template_.scale = 1.0 / std::sqrt(static_cast<double>(b.gqa_head_dim));
+    for (int64_t T : b.context)  // refused up front, before anything is filled
+      for (int64_t n : b.fresh) (void)problem(T, n);
+    k_ = FloatArray({b.batch, b.gqa_kv_heads, capacity_, b.gqa_head_dim});
+    v_ = FloatArray({b.batch, b.gqa_kv_heads, capacity_, b.gqa_head_dim});
+    fill_normal(k_.ptr(), static_cast<int64_t>(k_.numel()), mix64(seed ^ 0x6b));
+    fill_normal(v_.ptr(), static_cast<int64_t>(v_.numel()), mix64(seed ^ 0x76));
+  }
+
+  Problem problem(int64_t T, int64_t n) const {
+    Problem p = template_;
+    p.seq_q = n;
+    p.seq_kv = T + n;
+    p.validate();
+    if (const std::string why = Registry::instance().get(p.variant).unsupported_reasons_text(p); !why.empty())
+      throw NotSupported(p.repro() + ": " + why);
+    return p;
+  }
+
+  // One decode call of n queries after T cached tokens, timed alone (the core is the whole call).
+  FormResult measure(int64_t T, int64_t n) const {
+    const Problem p = problem(T, n);
+    const Attention& v = Registry::instance().get(p.variant);
+    const int64_t d = b_.gqa_head_dim;
+    FloatArray q({b_.batch, heads_, n, d}), o({b_.batch, heads_, n, d});
+    fill_normal(q.ptr(), static_cast<int64_t>(q.numel()), mix64(seed_ ^ 0x71 ^ static_cast<uint64_t>(T)));
+    AttentionInputs in{};
+    in.q = q.ptr();
+    in.k = k_.ptr();
+    in.v = v_.ptr();
+    in.out = o.ptr();
+    in.kv_capacity = capacity_;
+    std::vector<double> samples;
+    for (int rep = 0; rep < b_.warmup + b_.repeats; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      v.run(p, in);
+      const auto t1 = std::chrono::steady_clock::now();
+      if (rep >= b_.warmup) samples.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    FormResult r;
+    r.gqa = true;
+    r.context = T;
+    r.fresh = n;
+    r.core = p.repro();
+    r.time = summarize(samples);
+    r.core_median_ms = r.time.median_ms;
+    r.flops = v.flops(p);
+    r.cache_elements_per_token = 2 * b_.gqa_kv_heads * d;
+    r.cache_bytes_per_token = static_cast<std::size_t>(r.cache_elements_per_token) * sizeof(float);
+    r.bytes_read =
+        static_cast<double>(b_.batch * (T + n) * r.cache_elements_per_token + 2 * b_.batch * heads_ * n * d) *
+        sizeof(float);
+    return r;
+  }
+
+ private:
+  const MlaBlock& b_;
+  int64_t heads_, capacity_;
+  uint64_t seed_;
+  Problem template_;
+  FloatArray k_, v_;
+};
+
+// One MLA layer call of n new tokens after the cache's T tokens, timed `repeats` times from the same T
+// (the cache is truncated back to T before each call and after the last).
+FormResult measure_point(const MlaBlock& b, const MlaLayer& layer, const MlaCall& call, MlaCache& cache,
+                         int64_t T, int64_t n, uint64_t seed, FloatArray& y) {
+  FormResult r;
+  r.form = cache.form();
+  r.context = T;
+  r.fresh = n;
+  r.core = layer.core_problem(r.form, call, b.batch, n, T).repro();
+  const FloatArray fresh = tokens(b.batch, T, n, layer.shape().d_model, seed);
+  std::vector<double> samples, core;
+  for (int rep = 0; rep < b.warmup + b.repeats; ++rep) {
+    cache.truncate(T);
+    double core_ms = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    y = layer.forward(fresh, cache, call, &core_ms);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (rep < b.warmup) continue;
+    samples.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    core.push_back(core_ms);
+  }
+  cache.truncate(T);
+  r.time = summarize(samples);
+  r.core_median_ms = summarize(core).median_ms;
+  r.flops = layer.flops(r.form, call, b.batch, n, T);
+  r.bytes_read = layer.bytes_read(r.form, b.batch, n, T);
+  r.cache_elements_per_token = mla_cache_elements_per_token(layer.shape(), r.form);
+  r.cache_bytes_per_token = cache.bytes_per_token();
+  return r;
+}
+
+void print_point(const FormResult& r, bool checked, const FmaPeak& peak) {
+  const double sec = r.time.median_ms * 1e-3;
+  std::printf(
+      "  %-8s context %6lld  new %5lld  median %10.4f ms (p10 %.4f, p90 %.4f, %d reps)  core %.4f ms  %.4g "
+      "GFLOP  %8.2f GFLOP/s (%.2f of peak)  cache %zu B/token  read %.4g MB (%.2f GB/s)  rel_l2 %s\n",
+      r.gqa ? "gqa core" : mla_form_name(r.form), static_cast<long long>(r.context),
+      static_cast<long long>(r.fresh), r.time.median_ms, r.time.p10_ms, r.time.p90_ms, r.time.reps,
+      r.core_median_ms, r.flops * 1e-9, r.flops / sec * 1e-9,
+      peak.gflops > 0 ? r.flops / sec * 1e-9 / peak.gflops : 0.0, r.cache_bytes_per_token,
+      r.bytes_read * 1e-6, r.bytes_read / sec * 1e-9, error_text(r.rel_l2, checked).c_str());
+  std::fflush(stdout);
+}
+
+void print_ratios(const std::map<std::pair<int64_t, int64_t>, std::vector<FormResult>>& by_point) {
+  for (const auto& [point, rs] : by_point) {
+    const auto of = [&](MlaForm f) {
+      return std::find_if(rs.begin(), rs.end(), [&](const FormResult& r) { return r.form == f; });
+    };
+    const auto nv = of(MlaForm::naive), ab = of(MlaForm::absorbed);
+    if (nv == rs.end() || ab == rs.end()) continue;
+    std::printf(
+        "  context %lld new %lld: naive / absorbed time %.3fx, cache bytes per token %.3fx\n",
+        static_cast<long long>(point.first), static_cast<long long>(point.second),
+        nv->time.median_ms / ab->time.median_ms,
+        static_cast<double>(nv->cache_bytes_per_token) / static_cast<double>(ab->cache_bytes_per_token));
+  }
+}
+
+// Every point of one preset of a block: context by context (ascending, each cache filled on from the last),
+// the forms one after the other (the two forms of a point are measured minutes apart at most, under the same
+// conditions), then the GQA core. Rows are appended to `lines` and written out after each point.
+void run_preset(const RunSpec& spec, const MlaBlock& b, const std::string& preset, const MlaShape& s,
+                int threads, const FmaPeak& peak, std::string& lines) {
+  const MlaCall call{b.variant, b.params};
+  const MlaLayer layer(
+      s, spec.weights_dir.empty() ? random_mla_weights(s, spec.seed) : load_mla_weights(spec.weights_dir, s));
+  const std::string variant =
+      Registry::instance()
+          .get(layer.core_problem(b.forms[0], call, b.batch, b.fresh[0], b.context[0]).variant)
+          .name();
+  std::printf("%s  batch %lld  core %s\n", s.str().c_str(), static_cast<long long>(b.batch), variant.c_str());
+  // Refuses a core that cannot run a point up front, before any cache is filled.
+  for (MlaForm form : b.forms)
+    for (int64_t T : b.context)
+      for (int64_t n : b.fresh) (void)layer.core_problem(form, call, b.batch, n, T);
+  std::optional<GqaCore> gqa;
+  if (b.gqa_kv_heads > 0) gqa.emplace(b, layer, call, spec.seed);
+  std::vector<MlaCache> caches;
+  for (MlaForm form : b.forms) caches.emplace_back(s, form, b.batch, b.context.back() + b.fresh.back());
+  std::map<std::pair<int64_t, int64_t>, DoubleArray> want;  // (context, new) -> fp64 output, for every form
+  std::map<std::pair<int64_t, int64_t>, std::vector<FormResult>> by_point;
+  auto emit = [&](const FormResult& r, bool checked) {
+    print_point(r, checked, peak);
+    lines += result_row(spec, b, preset, s, r, variant, threads, peak).dump() + "\n";
+    if (!spec.out.empty()) write_file_atomic(spec.out, lines);  // an interrupted run keeps what it measured
+  };
+  for (int64_t T : b.context) {
+    for (MlaCache& cache : caches) {
+      // The context, appended through the layer's cache path in pieces (not timed): the rows a prefill
+      // writes, without its attention.
+      for (int64_t at = cache.length(); at < T; at += kPrefillChunk)
+        layer.append(tokens(b.batch, at, std::min(kPrefillChunk, T - at), s.d_model, spec.seed), cache);
+      for (int64_t n : b.fresh) {
+        FloatArray y;
+        FormResult r = measure_point(b, layer, call, cache, T, n, spec.seed, y);
+        const bool checked = T + n <= b.check_max_context;
+        if (checked) {
+          auto it = want.find({T, n});
+          if (it == want.end())
+            it = want.emplace(std::pair{T, n},
+                              mla_reference(s, layer.weights(),
+                                            tokens(b.batch, 0, T + n, s.d_model, spec.seed), T))
+                     .first;
+          r.rel_l2 = rel_l2(y, it->second);
+        }
+        emit(r, checked);
+        by_point[{T, n}].push_back(r);
+      }
+    }
+    if (gqa)
+      for (int64_t n : b.fresh) emit(gqa->measure(T, n), false);
+  }
+  print_ratios(by_point);
+}
+
+int run_blocks(const RunSpec& spec) {
+  std::optional<ThreadScope> scope;  // --threads after the subcommand; else the global --threads is in force
+  if (spec.threads > 0) scope.emplace(spec.threads);
+  const int all_threads =
+      static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
+  check_blocks(spec, all_threads);
   std::printf("mla: %zu block(s)  cpu %s\n", spec.blocks.size(), cpu_model().c_str());
   std::string lines;
   std::map<int, FmaPeak> peaks;  // per thread count, measured once
@@ -242,173 +438,7 @@ int run_blocks(const RunSpec& spec) {
       std::printf("threads %d: FMA peak %.1f GFLOP/s (%s)\n", threads, peaks[threads].gflops,
                   peaks[threads].isa.c_str());
     }
-    const FmaPeak& peak = peaks[threads];
-    MlaCall call{b.variant, b.params};
-    for (const auto& [preset, s] : b.presets) {
-      const MlaLayer layer(s, spec.weights_dir.empty() ? random_mla_weights(s, spec.seed)
-                                                       : load_mla_weights(spec.weights_dir, s));
-      const std::string variant =
-          Registry::instance()
-              .get(layer.core_problem(b.forms[0], call, b.batch, b.fresh[0], b.context[0]).variant)
-              .name();
-      std::printf("%s  batch %lld  core %s\n", s.str().c_str(), static_cast<long long>(b.batch),
-                  variant.c_str());
-      std::map<std::pair<int64_t, int64_t>, DoubleArray>
-          want;  // (context, new) -> fp64 output, shared by the forms
-      std::map<std::pair<int64_t, int64_t>, std::vector<FormResult>> by_point;
-      // Refuses a core that cannot run a point up front, before any cache is filled.
-      for (MlaForm form : b.forms)
-        for (int64_t T : b.context)
-          for (int64_t n : b.fresh) (void)layer.core_problem(form, call, b.batch, n, T);
-      std::vector<MlaCache> caches;
-      for (MlaForm form : b.forms) caches.emplace_back(s, form, b.batch, b.context.back() + b.fresh.back());
-      // Prints a point and writes its row (every row so far, replaced atomically: an interrupted run keeps
-      // what it measured).
-      auto emit = [&](const FormResult& r, bool checked) {
-        const double sec = r.time.median_ms * 1e-3;
-        std::printf(
-            "  %-8s context %6lld  new %5lld  median %10.4f ms (p10 %.4f, p90 %.4f, %d reps)  core %.4f ms  "
-            "%.4g GFLOP  %8.2f GFLOP/s (%.2f of peak)  cache %zu B/token  read %.4g MB (%.2f GB/s)  rel_l2 "
-            "%s\n",
-            r.gqa ? "gqa core" : mla_form_name(r.form), static_cast<long long>(r.context),
-            static_cast<long long>(r.fresh), r.time.median_ms, r.time.p10_ms, r.time.p90_ms, r.time.reps,
-            r.core_median_ms, r.flops * 1e-9, r.flops / sec * 1e-9,
-            peak.gflops > 0 ? r.flops / sec * 1e-9 / peak.gflops : 0.0, r.cache_bytes_per_token,
-            r.bytes_read * 1e-6, r.bytes_read / sec * 1e-9, error_text(r.rel_l2, checked).c_str());
-        std::fflush(stdout);
-        lines += result_row(spec, b, preset, s, r, variant, threads, peak).dump() + "\n";
-        if (!spec.out.empty()) write_file_atomic(spec.out, lines);
-      };
-      // The GQA core beside them (block "gqa"): K and V [B, kv_heads, capacity, head_dim] random, read in
-      // place.
-      std::optional<Problem> gqa_template;
-      FloatArray gqa_k, gqa_v;
-      const int64_t capacity = b.context.back() + b.fresh.back();
-      if (b.gqa_kv_heads > 0) {
-        Problem p = layer.core_problem(MlaForm::naive, call, b.batch, b.fresh[0], b.context[0]);
-        p.kv_heads = b.gqa_kv_heads;
-        p.head_dim = b.gqa_head_dim;
-        p.v_head_dim = 0;
-        p.scale = 1.0 / std::sqrt(static_cast<double>(b.gqa_head_dim));
-        gqa_template = p;
-        gqa_k = FloatArray({b.batch, b.gqa_kv_heads, capacity, b.gqa_head_dim});
-        gqa_v = FloatArray({b.batch, b.gqa_kv_heads, capacity, b.gqa_head_dim});
-        fill_normal(gqa_k.ptr(), static_cast<int64_t>(gqa_k.numel()), mix64(spec.seed ^ 0x6b));
-        fill_normal(gqa_v.ptr(), static_cast<int64_t>(gqa_v.numel()), mix64(spec.seed ^ 0x76));
-      }
-      auto gqa_problem = [&](int64_t T, int64_t n) {
-        Problem p = *gqa_template;
-        p.seq_q = n;
-        p.seq_kv = T + n;
-        p.validate();
-        if (const std::string why = Registry::instance().get(p.variant).unsupported_reasons_text(p);
-            !why.empty())
-          throw NotSupported(p.repro() + ": " + why);
-        return p;
-      };
-      if (gqa_template)
-        for (int64_t T : b.context)
-          for (int64_t n : b.fresh) (void)gqa_problem(T, n);
-      auto measure_gqa = [&](int64_t T, int64_t n) {
-        const Problem p = gqa_problem(T, n);
-        const Attention& v = Registry::instance().get(p.variant);
-        FloatArray q({b.batch, s.heads, n, b.gqa_head_dim}), o({b.batch, s.heads, n, b.gqa_head_dim});
-        fill_normal(q.ptr(), static_cast<int64_t>(q.numel()),
-                    mix64(spec.seed ^ 0x71 ^ static_cast<uint64_t>(T)));
-        AttentionInputs in{};
-        in.q = q.ptr();
-        in.k = gqa_k.ptr();
-        in.v = gqa_v.ptr();
-        in.out = o.ptr();
-        in.kv_capacity = capacity;
-        std::vector<double> samples;
-        for (int rep = 0; rep < b.warmup + b.repeats; ++rep) {
-          const auto t0 = std::chrono::steady_clock::now();
-          v.run(p, in);
-          const auto t1 = std::chrono::steady_clock::now();
-          if (rep >= b.warmup) samples.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-        }
-        FormResult r;
-        r.gqa = true;
-        r.context = T;
-        r.fresh = n;
-        r.core = p.repro();
-        r.time = summarize(samples);
-        r.core_median_ms = r.time.median_ms;  // the core is the whole call
-        r.flops = v.flops(p);
-        r.cache_elements_per_token = 2 * b.gqa_kv_heads * b.gqa_head_dim;
-        r.cache_bytes_per_token = static_cast<std::size_t>(r.cache_elements_per_token) * sizeof(float);
-        r.bytes_read = static_cast<double>(b.batch * (T + n) * r.cache_elements_per_token +
-                                           2 * b.batch * s.heads * n * b.gqa_head_dim) *
-                       sizeof(float);
-        emit(r, false);
-      };
-      // Context by context, the forms one after the other: the two forms of a point are measured minutes
-      // apart at most, under the same conditions.
-      for (int64_t T : b.context) {
-        for (std::size_t fi = 0; fi < b.forms.size(); ++fi) {
-          const MlaForm form = b.forms[fi];
-          MlaCache& cache = caches[fi];
-          // The context, appended through the layer's cache path in pieces (not timed): the same rows a
-          // prefill writes, without its attention.
-          for (int64_t at = cache.length(); at < T; at += kPrefillChunk)
-            layer.append(tokens(b.batch, at, std::min(kPrefillChunk, T - at), s.d_model, spec.seed), cache);
-          for (int64_t n : b.fresh) {
-            FormResult r;
-            r.form = form;
-            r.context = T;
-            r.fresh = n;
-            r.core = layer.core_problem(form, call, b.batch, n, T).repro();
-            const FloatArray fresh = tokens(b.batch, T, n, s.d_model, spec.seed);
-            FloatArray y;
-            std::vector<double> samples, core;
-            for (int rep = 0; rep < b.warmup + b.repeats; ++rep) {
-              cache.truncate(T);  // every call appends the same n tokens after the same T
-              double core_ms = 0;
-              const auto t0 = std::chrono::steady_clock::now();
-              y = layer.forward(fresh, cache, call, &core_ms);
-              const auto t1 = std::chrono::steady_clock::now();
-              if (rep < b.warmup) continue;
-              samples.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-              core.push_back(core_ms);
-            }
-            cache.truncate(T);
-            r.time = summarize(samples);
-            r.core_median_ms = summarize(core).median_ms;
-            r.flops = layer.flops(form, call, b.batch, n, T);
-            r.bytes_read = layer.bytes_read(form, b.batch, n, T);
-            r.cache_elements_per_token = mla_cache_elements_per_token(s, form);
-            r.cache_bytes_per_token = cache.bytes_per_token();
-            const bool checked = T + n <= b.check_max_context;
-            if (checked) {
-              auto it = want.find({T, n});
-              if (it == want.end())
-                it = want.emplace(std::pair{T, n},
-                                  mla_reference(s, layer.weights(),
-                                                tokens(b.batch, 0, T + n, s.d_model, spec.seed), T))
-                         .first;
-              r.rel_l2 = rel_l2(y, it->second);
-            }
-            emit(r, checked);
-            by_point[{T, n}].push_back(r);
-          }
-        }
-        if (gqa_template)
-          for (int64_t n : b.fresh) measure_gqa(T, n);
-      }
-      for (const auto& [point, rs] : by_point) {
-        const auto of = [&](MlaForm f) {
-          return std::find_if(rs.begin(), rs.end(), [&](const FormResult& r) { return r.form == f; });
-        };
-        const auto nv = of(MlaForm::naive), ab = of(MlaForm::absorbed);
-        if (nv == rs.end() || ab == rs.end()) continue;
-        std::printf(
-            "  context %lld new %lld: naive / absorbed time %.3fx, cache bytes per token %.3fx\n",
-            static_cast<long long>(point.first), static_cast<long long>(point.second),
-            nv->time.median_ms / ab->time.median_ms,
-            static_cast<double>(nv->cache_bytes_per_token) / static_cast<double>(ab->cache_bytes_per_token));
-      }
-    }
+    for (const auto& [preset, s] : b.presets) run_preset(spec, b, preset, s, threads, peaks[threads], lines);
   }
   return 0;
 }

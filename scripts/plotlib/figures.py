@@ -27,7 +27,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 
 from .analysis import ERR_FLOOR  # noqa: E402
 from .common import CHUNK_SIZE, DECODE, DTYPE_VS_FP32, FIGURES, MLA, PATTERNS, PHASES, PROG, ROOFLINE, fmt_bytes, num  # noqa: E402
-from . import patterns  # noqa: E402
+from . import mla, patterns  # noqa: E402
 from .results import PASSES, mask_order, params_text, pass_order, pass_short, pass_title, passes_text  # noqa: E402
 from .styles import results_table, series_styles  # noqa: E402
 
@@ -615,7 +615,7 @@ def fig_mla(res, an):
                              layout="constrained")
     fig.suptitle(title, fontsize=11)
     styles = series_styles(res)
-    form_colors = {"naive": "tab:red", "absorbed": "tab:blue"}
+    form_colors = {mla.NAIVE: "tab:red", mla.ABSORBED: "tab:blue"}
     for preset, (ad, ap) in zip(presets, axes):
         entries = [e for e in m["series"] if e["preset"] == preset]
         heads = entries[0]["heads"]
@@ -623,16 +623,16 @@ def fig_mla(res, an):
         ap.set_title(f"{preset}: one call of s new tokens after a fixed context", fontsize=9)
         for e in entries:
             c = form_colors.get(e["form"], "tab:purple")
-            ls = "-" if e["form"] == "naive" else "--" if e["form"] == "absorbed" else "-."
+            ls = "-" if e["form"] == mla.NAIVE else "--" if e["form"] == mla.ABSORBED else "-."
             dec = [p for p in e["points"] if p["new_tokens"] == 1]
             if dec:
                 ns = [p["context"] for p in dec]
-                if e["form"] != "gqa":  # a GQA row is its core alone
+                if e["form"] != mla.GQA:  # a GQA row is its core alone
                     ad.plot(ns, [num(p["time_ms"]) for p in dec], marker="o", ms=4, lw=1.5, ls=ls, color=c,
                             label=f"{e['label']}: layer")
-                ad.plot(ns, [num(p["core_ms"]) for p in dec], marker="." if e["form"] != "gqa" else "s", ms=4,
-                        lw=1.0 if e["form"] != "gqa" else 1.3, ls=":" if e["form"] != "gqa" else ls, color=c,
-                        label=e["label"] if e["form"] == "gqa" else f"{e['label']}: core")
+                ad.plot(ns, [num(p["core_ms"]) for p in dec], marker="." if e["form"] != mla.GQA else "s", ms=4,
+                        lw=1.0 if e["form"] != mla.GQA else 1.3, ls=":" if e["form"] != mla.GQA else ls, color=c,
+                        label=e["label"] if e["form"] == mla.GQA else f"{e['label']}: core")
             for ctx in sorted({p["context"] for p in e["points"]}):
                 pre = [p for p in e["points"] if p["context"] == ctx]
                 if len(pre) < 2:

@@ -10,6 +10,9 @@ import sys
 from .common import PROG, InputError, fmt_bytes, fmt_num, json_num, md_table, num
 
 MLA_FILE = "results.mla.jsonl"
+# The MLA forms as rows name them ("naive" is MLA's naive form here, not the variant of that name).
+NAIVE, ABSORBED, GQA = "naive", "absorbed", "gqa"  # structure: not a variant
+FORMS = (NAIVE, ABSORBED, GQA)
 REQUIRED = ("kind", "form", "shape", "batch", "context", "new_tokens", "median_ms", "core_median_ms",
             "cache_bytes_per_token")
 
@@ -33,7 +36,7 @@ def read_mla(results_dir):
             missing = [k for k in REQUIRED if k not in row]
             if missing:
                 raise ValueError("missing " + ", ".join(missing))
-            if row["form"] not in ("naive", "absorbed", "gqa"):
+            if row["form"] not in FORMS:
                 raise ValueError(f"form {row['form']!r} (allowed: naive, absorbed, gqa)")
         except ValueError as e:
             if all(not rest.strip() for rest in lines[no:]):
@@ -76,7 +79,7 @@ def analyze_mla(rows, decode_rows):
     for r in rows:
         series.setdefault((_preset(r), r["form"], r["batch"], r.get("threads")), []).append(r)
     out = []
-    form_order = {"naive": 0, "absorbed": 1, "gqa": 2}
+    form_order = {f: i for i, f in enumerate(FORMS)}
     for (preset, form, batch, threads), rs in sorted(series.items(), key=lambda kv: (kv[0][0], form_order[kv[0][1]],
                                                                                       kv[0][2], kv[0][3] or 0)):
         rs.sort(key=lambda r: (r["context"], r["new_tokens"]))
@@ -89,20 +92,20 @@ def analyze_mla(rows, decode_rows):
                         "gflops_per_s": json_num(num(r.get("gflops_per_s"))), "frac_peak": json_num(num(r.get("frac_peak"))),
                         "gb_per_s": json_num(num(r.get("gb_per_s"))), "rel_l2": json_num(num(r.get("rel_l2"))),
                         "cache_bytes_per_token": r["cache_bytes_per_token"]})
-        gqa = rs[0].get("gqa") if form == "gqa" and isinstance(rs[0].get("gqa"), dict) else None
+        gqa = rs[0].get("gqa") if form == GQA and isinstance(rs[0].get("gqa"), dict) else None
         out.append({"preset": preset, "form": form, "batch": batch, "threads": threads, "heads": rs[0]["shape"].get("heads"),
                     "gqa": gqa, "label": f"GQA core ({gqa.get('kv_heads')} KV heads × {gqa.get('head_dim')})" if gqa
-                    else "GQA core" if form == "gqa" else f"MLA {form}",
+                    else "GQA core" if form == GQA else f"MLA {form}",
                     "shape": rs[0]["shape"], "variant": rs[0].get("variant"), "points": pts,
                     "cache_bytes_per_token": rs[0]["cache_bytes_per_token"]})
     decode, prefill = [], []
     for preset in dict.fromkeys(e["preset"] for e in out):
         for batch in sorted({e["batch"] for e in out if e["preset"] == preset}):
             forms = {e["form"]: e for e in out if e["preset"] == preset and e["batch"] == batch}
-            if not {"naive", "absorbed"} <= set(forms):
+            if not {NAIVE, ABSORBED} <= set(forms):
                 continue
-            nv = {(p["context"], p["new_tokens"]): p for p in forms["naive"]["points"]}
-            ab = {(p["context"], p["new_tokens"]): p for p in forms["absorbed"]["points"]}
+            nv = {(p["context"], p["new_tokens"]): p for p in forms[NAIVE]["points"]}
+            ab = {(p["context"], p["new_tokens"]): p for p in forms[ABSORBED]["points"]}
             common = sorted(set(nv) & set(ab))
             # Decode (one new token) against the context: absorbed / naive, below 1 where absorbed is faster.
             dec = [k for k in common if k[1] == 1]
@@ -112,7 +115,7 @@ def analyze_mla(rows, decode_rows):
                 core = [num(ab[k]["core_ms"]) / num(nv[k]["core_ms"]) if num(nv[k]["core_ms"]) else None for k in dec]
                 at, how = _crossing(ctx, layer)
                 cat, chow = _crossing(ctx, core)
-                decode.append({"preset": preset, "batch": batch, "heads": forms["naive"]["heads"],
+                decode.append({"preset": preset, "batch": batch, "heads": forms[NAIVE]["heads"],
                                "points": [{"context": c, "naive_ms": nv[k]["time_ms"], "absorbed_ms": ab[k]["time_ms"],
                                            "naive_over_absorbed": json_num(1 / x) if x else None,
                                            "naive_core_ms": nv[k]["core_ms"], "absorbed_core_ms": ab[k]["core_ms"],
@@ -120,8 +123,8 @@ def analyze_mla(rows, decode_rows):
                                           for c, k, x, y in zip(ctx, dec, layer, core)],
                                "absorbed_faster_from": at, "how": how, "core_absorbed_faster_from": cat,
                                "core_how": chow,
-                               "absorbed_cache": forms["absorbed"]["cache_bytes_per_token"],
-                               "cache_ratio": forms["naive"]["cache_bytes_per_token"] / forms["absorbed"]["cache_bytes_per_token"]})
+                               "absorbed_cache": forms[ABSORBED]["cache_bytes_per_token"],
+                               "cache_ratio": forms[NAIVE]["cache_bytes_per_token"] / forms[ABSORBED]["cache_bytes_per_token"]})
             # Prefill (several new tokens at one context): naive / absorbed against the new tokens, below 1
             # where the naive form is faster.
             for c in sorted({k[0] for k in common}):
@@ -131,7 +134,7 @@ def analyze_mla(rows, decode_rows):
                 news = [k[1] for k in ks]
                 ratio = [num(nv[k]["time_ms"]) / num(ab[k]["time_ms"]) for k in ks]
                 at, how = _crossing(news, ratio)
-                prefill.append({"preset": preset, "batch": batch, "context": c, "heads": forms["naive"]["heads"],
+                prefill.append({"preset": preset, "batch": batch, "context": c, "heads": forms[NAIVE]["heads"],
                                 "points": [{"new_tokens": s, "naive_ms": nv[k]["time_ms"], "absorbed_ms": ab[k]["time_ms"],
                                             "naive_over_absorbed": json_num(x)} for s, k, x in zip(news, ks, ratio)],
                                 "naive_faster_from": at, "how": how})
@@ -203,7 +206,7 @@ def mla_section(an, figure_lines):
                                        f"{p['context']}: {fmt_num(num(p['absorbed_core_ms']), '.3g')} ms" for p in d["points"])
                                    + f"; cache {fmt_bytes(g['cache_bytes_per_token'])} per token against "
                                      f"{fmt_bytes(d['absorbed_cache'])})."
-                                   for g in m["series"] if g["preset"] == d["preset"] and g["form"] == "gqa"
+                                   for g in m["series"] if g["preset"] == d["preset"] and g["form"] == GQA
                                    and g["batch"] == d["batch"]))
         md += ["**Decode (one new token)**: where the absorbed form becomes faster than the naive one.", "", *lines, ""]
     if m["prefill"]:

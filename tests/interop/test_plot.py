@@ -462,6 +462,12 @@ def plot_report(d, rows, meta):
     write_rows(d, rows)
     with open(os.path.join(d, "meta.json"), "w") as f:
         json.dump(meta, f)
+    return plot_folder(d)
+
+
+def plot_folder(d):
+    """Runs plot.py on the results folder d and returns (summary.json, REPORT.md), or (None, None) with a
+    recorded failure when plot.py fails."""
     r = run_plot(d)
     if not check(r.returncode == 0, f"[{os.path.basename(d)}] plot.py exits 0"
                  + (f" (got {r.returncode}: {r.stderr.strip()[-500:]})" if r.returncode else "")):

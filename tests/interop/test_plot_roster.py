@@ -379,13 +379,9 @@ def test_mla(tmp):
         f.write("".join(json.dumps(r) + "\n" for r in mla_rows()))
     with open(os.path.join(d, "meta.json"), "w") as f:
         json.dump(META, f)
-    r = tp.run_plot(d)
-    if not check(r.returncode == 0, f"[mla] plot.py exits 0 ({r.stderr.strip()[-500:]})"):
+    summary, md = tp.plot_folder(d)
+    if summary is None:
         return
-    with open(os.path.join(d, "summary.json"), encoding="utf-8") as f:
-        summary = json.load(f)
-    with open(os.path.join(d, "REPORT.md"), encoding="utf-8") as f:
-        md = f.read()
     m = summary.get("mla") or {}
     dec = (m.get("decode") or [None])[0] or {}
     check(close(dec.get("absorbed_faster_from"), 12288.0) and dec.get("how") == "measured"
