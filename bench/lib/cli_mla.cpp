@@ -347,9 +347,11 @@ void print_point(const FormResult& r, bool checked, const FmaPeak& peak) {
 }
 
 void print_ratios(const std::map<std::pair<int64_t, int64_t>, std::vector<FormResult>>& by_point) {
-  for (const auto& [point, rs] : by_point) {
-    const auto of = [&](MlaForm f) {
-      return std::find_if(rs.begin(), rs.end(), [&](const FormResult& r) { return r.form == f; });
+  for (const auto& entry : by_point) {
+    const auto& point = entry.first;
+    const std::vector<FormResult>& rs = entry.second;  // a plain reference: clang 14 cannot capture a binding
+    const auto of = [&rs](MlaForm f) {
+      return std::find_if(rs.begin(), rs.end(), [f](const FormResult& r) { return r.form == f; });
     };
     const auto nv = of(MlaForm::naive), ab = of(MlaForm::absorbed);
     if (nv == rs.end() || ab == rs.end()) continue;
