@@ -398,15 +398,16 @@ Projected project(const MlaShape& s, const MlaWeights& w, const FloatArray& x, i
   const int64_t B = x.shape[0], n = x.shape[1], rows = B * n, H = s.heads, qk = s.qk_head_dim();
   const int64_t nope = s.qk_nope_dim, rope = s.qk_rope_dim, kvl = s.kv_lora_rank, lat = s.latent_row();
   Projected out;
-  if (with_query) out.q.resize(static_cast<std::size_t>(rows * H * qk));
-  if (!with_query) {
-  } else if (s.q_lora_rank == 0) {
-    linear(x.ptr(), rows, w.wq, out.q.data());
-  } else {
-    std::vector<float> a(static_cast<std::size_t>(rows * s.q_lora_rank));
-    linear(x.ptr(), rows, w.wq_a, a.data());
-    rms_norm_rows(a.data(), rows, s.q_lora_rank, s.q_lora_rank, w.q_norm);
-    linear(a.data(), rows, w.wq_b, out.q.data());
+  if (with_query) {
+    out.q.resize(static_cast<std::size_t>(rows * H * qk));
+    if (s.q_lora_rank == 0) {
+      linear(x.ptr(), rows, w.wq, out.q.data());
+    } else {
+      std::vector<float> a(static_cast<std::size_t>(rows * s.q_lora_rank));
+      linear(x.ptr(), rows, w.wq_a, a.data());
+      rms_norm_rows(a.data(), rows, s.q_lora_rank, s.q_lora_rank, w.q_norm);
+      linear(a.data(), rows, w.wq_b, out.q.data());
+    }
   }
   std::vector<float> kv(static_cast<std::size_t>(rows * lat));
   linear(x.ptr(), rows, w.wkv_a, kv.data());
@@ -443,10 +444,6 @@ void require_finite(const FloatArray& t, const std::string& name) {
       throw UsageError(name + ": non-finite value " + std::to_string(t.data[e]) + " at flat index " +
                        std::to_string(e) + "; inputs must be finite");
 }
-
-}  // namespace
-
-namespace {
 
 // The cache rows of the n tokens projected in `pr` (B * n rows), at positions T .. T + n - 1: absorbed [c_kv
 // | k_pe]; naive every head's K = [k_nope (wkv_b c_kv), k_pe] and V (wkv_b c_kv).

@@ -483,15 +483,16 @@ template <class Rows, int... R>
 constexpr std::array<DotScoreFn<Rows>, sizeof...(R)> DotScoreSingles(std::integer_sequence<int, R...>) {
   return {&DotScores<R + 1, 1, Rows>...};
 }
-// P V kernels by rows NR (1..8) and column vectors CV (1..8 / NR; nullptr beyond): a tile whose d_v holds fewer
-// vectors than 8 / NR (head_dim 64 on 16 lanes: 4) still gets that many independent accumulator chains, not
-// one (each output element sums its keys in the same order whatever CV is: bitwise the same results).
+// P V kernels by rows NR (1..8) and column vectors CV (1..8 / NR; nullptr beyond): a tile whose d_v holds
+// fewer vectors than 8 / NR (head_dim 64 on 16 lanes: 4) still gets that many independent accumulator chains,
+// not one (each output element sums its keys in the same order whatever CV is: bitwise the same results).
 template <class Rows, int NR, int... C>
 constexpr std::array<DotPvFn<Rows>, 8> DotPvRow(std::integer_sequence<int, C...>) {
   return {(C + 1 <= 8 / NR ? &DotPv<NR, (C + 1 <= 8 / NR ? C + 1 : 1), Rows> : nullptr)...};
 }
 template <class Rows, int... R>
-constexpr std::array<std::array<DotPvFn<Rows>, 8>, sizeof...(R)> DotPvTable(std::integer_sequence<int, R...>) {
+constexpr std::array<std::array<DotPvFn<Rows>, 8>, sizeof...(R)> DotPvTable(
+    std::integer_sequence<int, R...>) {
   return {DotPvRow<Rows, R + 1>(std::make_integer_sequence<int, 8>())...};
 }
 static_assert(kDotRows == 8, "the dot-product kernel tables cover 1..8 rows");
