@@ -9,6 +9,9 @@
    only shares a variant's name (MLA's "naive" form) is allowed on a line marked "structure: not a variant".
 3. No C++ function runs past 100 lines outside the kernels (common/kernels/, variants/): long functions are
    split by their stages.
+4. Every shipped config (configs/*.json) seeds the config fuzzer as a byte copy,
+   tests/fuzz/corpus/config/seed-preset-NAME.json (tests/fuzz/make_seed_corpus.py writes them): a config added
+   or changed without it leaves its sections (a new key, a new block) to the fuzzer's luck.
 
   check_structure.py --attnbench PATH [--root DIR]
 Exits 0 when every rule holds, 1 listing every breach otherwise.
@@ -167,6 +170,19 @@ def check_function_length(root, files):
     return breaches
 
 
+def check_fuzz_seeds(root, files):
+    breaches, fix = [], "run /usr/bin/python3 tests/fuzz/make_seed_corpus.py"
+    for f in files:
+        if not (f.startswith("configs/") and f.endswith(".json") and f.count("/") == 1):
+            continue
+        seed = "tests/fuzz/corpus/config/seed-preset-" + os.path.basename(f)
+        if seed not in files:
+            breaches.append(f"{f}: no fuzz seed {seed} ({fix})")
+        elif read(root, f) != read(root, seed):
+            breaches.append(f"{f}: its fuzz seed {seed} differs ({fix})")
+    return breaches
+
+
 def self_test():
     """The checkers find what they must (so a passing run means something)."""
     body = "\n".join(["  x += 1;"] * (MAX_FUNCTION_LINES + 1))
@@ -185,7 +201,7 @@ def main():
     files = [f for f in tracked_files(root) if os.path.isfile(os.path.join(root, f))]
     names = variant_names(a.attnbench)
     breaches = check_common_layers(root, files) + check_variant_names(root, files, names) + \
-        check_function_length(root, files)
+        check_function_length(root, files) + check_fuzz_seeds(root, files)
     for b in breaches:
         print(b)
     print(f"check_structure: {len(files)} files, {len(names)} variants ({', '.join(names)}): "

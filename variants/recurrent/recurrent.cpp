@@ -101,9 +101,10 @@ class Recurrent final : public Attention {
   std::size_t backward_workspace_bytes(const Problem& p, int threads) const override {
     return recurrence_backward_workspace_bytes(p, config(p), threads);
   }
-  // The d_k x d_v fp32 state per (batch, query head): what a decode keeps, whatever the context.
+  // The d_k x d_v fp32 state per (batch, query head): what a decode keeps, whatever the context. Each width
+  // is its own factor: head_dim * value_dim overflows int64 at the largest widths a config may name.
   std::size_t decode_state_bytes(const Problem& p) const override {
-    return sat_mul(to_size(p.batch * p.heads), to_size(p.head_dim * p.value_dim()), sizeof(float));
+    return sat_mul(to_size(p.batch * p.heads), to_size(p.head_dim), to_size(p.value_dim()), sizeof(float));
   }
   // Q and O (fp32, d_v wide) once, K and V of the tokens read (a decode's last seq_q only; d_k and d_v wide),
   // g and beta of those tokens, and the initial state read once when there is one (the final state, written

@@ -799,7 +799,8 @@ class SlidingWindow final : public Attention {
   double flops(const Problem& p) const override {
     // Decode: 4·d per (query, cached key) pair, each row reading at most the globals and the window's w+1.
     if (is_decode_shape(p))
-      return 4.0 * static_cast<double>(p.batch * p.heads * p.head_dim * p.seq_q * decode_rows_bound(p));
+      return 4.0 * static_cast<double>(p.batch * p.heads) * static_cast<double>(p.head_dim) *
+             static_cast<double>(p.seq_q) * static_cast<double>(decode_rows_bound(p));
     // Per head: 4·d FLOPs (two GEMMs) per attended (query, key) pair of the pattern, counting band rows as
     // min(2w+1, class length) keys (w+1 when causal) plus the global keys, and global rows as seq keys.
     // Edge truncation of the band and the corners this kernel computes and discards are not counted.
