@@ -93,6 +93,7 @@ void run_point(benchmark::State& state, const attn::SweepPoint& pt) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  attn::reexec_with_blas_core(argv);  // OpenBLAS's kernels for this CPU when it fell back to narrower ones
   std::string config_path = std::string(ATTN_SOURCE_DIR) + "/configs/gbench.json";
   std::string isa = "best";
   std::vector<char*> args;

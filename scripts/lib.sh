@@ -49,6 +49,22 @@ attn_ensure_packages() {
   "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# attn_blas_env ATTNBENCH: where OpenBLAS does not recognise the CPU and falls back to narrower kernels
+# (Debian 12's 0.3.21 runs Emerald Rapids on its SSE3 Prescott ones, sgemm 8x slower), attnbench re-executes
+# itself with OPENBLAS_CORETYPE set (common/support/runtime.hpp); this exports the same setting for what a
+# script starts besides attnbench (PyTorch and the Python module, the peer runner, ctest's other children),
+# saying so once. Nothing when OPENBLAS_CORETYPE is already set or ATTN_BLAS_AUTOCORE=0.
+attn_blas_env() {
+  [ -z "${OPENBLAS_CORETYPE:-}" ] && [ "${ATTN_BLAS_AUTOCORE:-1}" != 0 ] || return 0
+  local info core="" from=""
+  info="$("$1" info --json 2>/dev/null)" || return 0
+  read -r core from < <(/usr/bin/python3 -c 'import json, sys; b = json.load(sys.stdin)["blas"]
+print(b.get("coretype_env") or "-", b.get("autocore_from") or "-")' <<<"$info") || return 0
+  [ "$from" != "-" ] && [ "$core" != "-" ] || return 0
+  export OPENBLAS_CORETYPE="$core" ATTN_BLAS_AUTOCORE_FROM="$from"
+  attn_log "OpenBLAS does not recognise this CPU and falls back to its $from kernels: OPENBLAS_CORETYPE=$core" \
+    "for this run (ATTN_BLAS_AUTOCORE=0 keeps OpenBLAS's pick)"
+}
 # attn_build PRESET [TARGET...]: configure (once, and again when CMakePresets.json changed since: its cache
 # variables apply only when configuring) and build with CMake presets into build/PRESET (every target, or the
 # TARGETs named). ATTN_WERROR=ON in the

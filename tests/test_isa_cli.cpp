@@ -14,6 +14,7 @@
 #include "common/io/npy.hpp"
 #include "common/kernels/simd.hpp"
 #include "common/reference/reference.hpp"
+#include "common/support/runtime.hpp"
 #include "tests/support/attention_case.hpp"
 #include "tests/support/process.hpp"
 
@@ -212,4 +213,55 @@ TEST_CASE("attnbench info: CPU, SIMD targets, BLAS and core, TBB, threads, and -
   CHECK_THAT(h.out, Contains("threads:"));
   CHECK_THAT(h.out,
              Contains("kernels:   tiled bf16: " + info["kernels"]["tiled"]["bf16"].get<std::string>()));
+}
+
+TEST_CASE(
+    "OpenBLAS kernels narrower than the CPU that OpenBLAS fell back to are replaced, unless "
+    "ATTN_BLAS_AUTOCORE=0",
+    "[isa][cli]") {
+  // The pick: the CPU's width when OpenBLAS's core has narrower kernels; its own choice otherwise.
+  CHECK(blas_fallback_core("Prescott", true, true) == "SkylakeX");  // Emerald Rapids on OpenBLAS 0.3.21
+  CHECK(blas_fallback_core("Prescott", false, true) == "Haswell");
+  CHECK(blas_fallback_core("Nehalem", false, true) == "Haswell");
+  CHECK(blas_fallback_core("Prescott", false, false).empty());  // an SSE-only CPU: nothing wider to run
+  CHECK(blas_fallback_core("SkylakeX", true, true).empty());
+  CHECK(blas_fallback_core("SapphireRapids", true, true).empty());
+  CHECK(blas_fallback_core("Zen", true, true).empty());  // OpenBLAS's own choice for Zen 4: not a fallback
+  CHECK(blas_fallback_core("Haswell", false, true).empty());
+
+  // End to end, from an environment without OPENBLAS_CORETYPE (the suite itself may run re-executed with
+  // it): the core attnbench reports is never one OpenBLAS fell back to on this CPU; when attnbench replaced
+  // one it says which, and ATTN_BLAS_AUTOCORE=0 keeps OpenBLAS's pick.
+  ScratchDir dir("blas-autocore");
+  const std::vector<std::string> clean = {"-u", "OPENBLAS_CORETYPE", "-u", "ATTN_BLAS_AUTOCORE_FROM"};
+  auto info = [&](const std::vector<std::string>& env) {
+    std::vector<std::string> args = clean;
+    args.insert(args.end(), env.begin(), env.end());
+    args.insert(args.end(), {ATTNBENCH_EXE, "info", "--json"});
+    const ProcResult r = run_process("/usr/bin/env", args, ProcOptions{dir.path(), std::nullopt});
+    REQUIRE(r.code == 0);
+    return Json::parse(r.out).at("blas");
+  };
+  const Json own = info({"ATTN_BLAS_AUTOCORE=0"});
+  CHECK(own.at("coretype_env").is_null());
+  CHECK(own.at("autocore_from").is_null());
+  const Json fixed = info({});
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const std::string want = blas_fallback_core(own.at("core").get<std::string>(), avx512, avx2);
+  INFO("OpenBLAS's own pick " << own.dump() << ", attnbench's " << fixed.dump());
+  if (want.empty()) {  // OpenBLAS knows this CPU: nothing changed
+    CHECK(fixed.at("core") == own.at("core"));
+    CHECK(fixed.at("autocore_from").is_null());
+  } else {
+    CHECK(fixed.at("core") == want);
+    CHECK(fixed.at("coretype_env") == want);
+    CHECK(fixed.at("autocore_from") == own.at("core"));
+  }
+#else
+  CHECK(fixed.at("core") == own.at("core"));
+#endif
 }

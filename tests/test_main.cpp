@@ -7,9 +7,11 @@
 #include <string>
 
 #include "common/interface/attention.hpp"
+#include "common/support/runtime.hpp"
 #include "tests/support/variant_tests.hpp"
 
 int main(int argc, char* argv[]) {
+  attn::reexec_with_blas_core(argv);  // the suite's sgemm at this CPU's width (tests run naive a lot)
   // --list-variants: the registered variants, one per line (scripts/sanitize takes the TSan run's tags from
   // them: the TSan build has no attnbench executable to ask).
   if (argc == 2 && std::string(argv[1]) == "--list-variants") {

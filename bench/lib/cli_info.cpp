@@ -53,7 +53,12 @@ int run_info(bool as_json, bool row_fields) {
             << "blas:      " << blas["library"].get<std::string>() << "\n"
             << "           core: " << blas["core"].get<std::string>();
   if (!blas["coretype_env"].is_null())
-    std::cout << " (OPENBLAS_CORETYPE=" << blas["coretype_env"].get<std::string>() << ")";
+    std::cout << " (OPENBLAS_CORETYPE=" << blas["coretype_env"].get<std::string>()
+              << (blas["autocore_from"].is_null()
+                      ? std::string()
+                      : ", set by attnbench: OpenBLAS had fallen back to " +
+                            blas["autocore_from"].get<std::string>() + " on this CPU")
+              << ")";
   std::cout << "\n";
   if (const std::string note = blas["note"]; !note.empty()) std::cout << "           note: " << note << "\n";
   std::cout << "tbb:       " << info["tbb"]["version"].get<std::string>() << "\n"

@@ -211,11 +211,14 @@ DoctorFinding check_blas_core(const std::string& core, const std::string& best_i
                   "CPU's AVX-512 speed)"
                 : "run with OPENBLAS_CORETYPE=SkylakeX (this OpenBLAS did not recognise the CPU and fell "
                   "back to " +
-                      core + " kernels: sgemm, naive and every frac_sgemm suffer)";
+                      core +
+                      " kernels: sgemm, naive and every frac_sgemm suffer; attnbench sets it itself unless "
+                      "ATTN_BLAS_AUTOCORE=0)";
   } else if (x86_avx2 && !avx2.count(core)) {
     f.status = "warn";
     f.fix = "run with OPENBLAS_CORETYPE=Haswell (this OpenBLAS did not recognise the CPU and fell back to " +
-            core + " kernels: sgemm, naive and every frac_sgemm suffer)";
+            core + " kernels: sgemm, naive and every frac_sgemm suffer; attnbench sets it itself unless " +
+            "ATTN_BLAS_AUTOCORE=0)";
   }
   return f;
 }
@@ -229,6 +232,10 @@ DoctorFinding check_openblas_coretype(const char* env_value, const std::string& 
   }
   f.observed = std::string("OPENBLAS_CORETYPE=") + env_value + ": OpenBLAS runs its " + core +
                " kernels whatever it detects (compare frac_sgemm only between runs with the same setting)";
+  if (const char* from = std::getenv("ATTN_BLAS_AUTOCORE_FROM"))
+    f.observed +=
+        std::string("; set by attnbench itself: OpenBLAS did not recognise this CPU and had picked ") + from +
+        " (ATTN_BLAS_AUTOCORE=0 keeps OpenBLAS's pick)";
   // Forcing is a problem only when it forces kernels narrower than the CPU's best target (check_blas_core).
   if (check_blas_core(core, best_isa).status == "warn") {
     f.status = "warn";

@@ -61,9 +61,13 @@ nlohmann::json isa_json() {
 
 nlohmann::json blas_json() {
   const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  // Set with OPENBLAS_CORETYPE when attnbench replaced the core OpenBLAS fell back to
+  // (reexec_with_blas_core).
+  const char* from = forced ? std::getenv("ATTN_BLAS_AUTOCORE_FROM") : nullptr;
   return {{"library", openblas_get_config()},
           {"core", openblas_get_corename()},
           {"coretype_env", forced ? nlohmann::json(forced) : nlohmann::json(nullptr)},
+          {"autocore_from", from ? nlohmann::json(from) : nlohmann::json(nullptr)},
           {"note", blas_kernel_note()}};
 }
 

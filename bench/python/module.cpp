@@ -996,6 +996,15 @@ PYBIND11_MODULE(attnbench, m) {
       "info(), forward(), backward(), reference(), reference_backward(), run(), load_results(), and "
       "attnbench.autograd (a torch.autograd.Function). See bench/python/README.md.";
   m.attr("__version__") = ATTN_VERSION;
+  // OpenBLAS read OPENBLAS_CORETYPE when it loaded, before this module's code ran: say what to set.
+  if (const std::string core = a::blas_autocore_pick(); !core.empty())
+    PyErr_WarnEx(PyExc_RuntimeWarning,
+                 ("OpenBLAS does not recognise this CPU and runs its narrower " + a::blas_core() +
+                  " kernels (sgemm and the BLAS-based variants up to 8x "
+                  "slower): start Python with OPENBLAS_CORETYPE=" +
+                  core + " in the environment")
+                     .c_str(),
+                 1);
   // Never destroyed: a Python object must not be released after the interpreter has finalised.
   static auto* not_supported = new py::exception<a::NotSupported>(m, "NotSupported", PyExc_ValueError);
   py::register_exception_translator([](std::exception_ptr p) {

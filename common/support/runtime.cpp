@@ -4,8 +4,10 @@
 #include <cblas.h>
 #include <sched.h>
 #include <tbb/global_control.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <set>
 #include <thread>
 
 namespace attn {
@@ -46,9 +48,55 @@ std::string blas_info() {
   std::string s = openblas_get_config();
   s += " (core: ";
   s += openblas_get_corename();
-  if (const char* forced = std::getenv("OPENBLAS_CORETYPE"))
+  if (const char* forced = std::getenv("OPENBLAS_CORETYPE")) {
     s += std::string(", OPENBLAS_CORETYPE=") + forced;
+    if (const char* from = std::getenv("ATTN_BLAS_AUTOCORE_FROM"))
+      s += std::string(" set by attnbench: OpenBLAS had picked ") + from;
+  }
   return s + ")";
+}
+
+std::string blas_fallback_core(const std::string& core, bool avx512, bool avx2) {
+  // OpenBLAS's x86 cores with AVX2 + FMA kernels or wider (the set `attnbench doctor` checks the picked core
+  // against). An AVX2 core on an AVX-512 CPU is OpenBLAS's own choice for that CPU (Zen 4 on 0.3.21), not a
+  // fallback: left alone (doctor still says what it costs).
+  static const std::set<std::string> wide{"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"};
+  if (wide.count(core)) return "";
+  if (avx512) return "SkylakeX";
+  if (avx2) return "Haswell";
+  return "";
+}
+
+std::string blas_core() {
+  return openblas_get_corename();
+}
+
+std::string blas_autocore_pick() {
+#if defined(__x86_64__)
+  const char* set = std::getenv("OPENBLAS_CORETYPE");
+  const char* opt = std::getenv("ATTN_BLAS_AUTOCORE");
+  if ((set && *set) || (opt && std::string(opt) == "0")) return "";
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return blas_fallback_core(openblas_get_corename(), avx512, avx2);
+#else
+  return "";
+#endif
+}
+
+void reexec_with_blas_core(char** argv) {
+  if (!argv || !argv[0]) return;
+  const std::string fix = blas_autocore_pick();
+  if (fix.empty()) return;
+  const std::string core = openblas_get_corename();
+  setenv("OPENBLAS_CORETYPE", fix.c_str(), 1);
+  setenv("ATTN_BLAS_AUTOCORE_FROM", core.c_str(), 1);
+  execv("/proc/self/exe", argv);
+  // The exec failed: go on with OpenBLAS's pick, and leave the environment as it was.
+  unsetenv("OPENBLAS_CORETYPE");
+  unsetenv("ATTN_BLAS_AUTOCORE_FROM");
 }
 
 std::string blas_kernel_note() {
