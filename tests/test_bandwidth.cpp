@@ -31,7 +31,7 @@ TEST_CASE("bandwidth: the buffer is far larger than the last-level cache", "[ban
   const uint64_t llc = last_level_cache_bytes();
   const uint64_t bytes = bandwidth_buffer_bytes();
   INFO("LLC " << llc << " bytes, buffer " << bytes << " bytes");
-  if (kBandwidthSanitizerBuild) {  // capped: a sanitizer build's bandwidth figure means nothing
+  if (kSanitizerBuild) {  // capped: a sanitizer build's bandwidth figure means nothing
     CHECK(bytes <= kBandwidthSanitizerBytes);
     CHECK(bytes >= std::min(kBandwidthSanitizerBytes, std::max<uint64_t>(2 * llc, 1)));
     return;

@@ -86,7 +86,7 @@ uint64_t bandwidth_buffer_bytes() {
   bytes = std::min(bytes, std::max<uint64_t>(uint64_t{2} << 30, 2 * llc));
   // A sanitizer build's loads are instrumented, so its figure means nothing; touching gigabytes under ASan
   // (with their shadow) cost seconds in every `attnbench run` of the test suite.
-  if (kBandwidthSanitizerBuild) bytes = std::min(bytes, kBandwidthSanitizerBytes);
+  if (kSanitizerBuild) bytes = std::min(bytes, kBandwidthSanitizerBytes);
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   if (pages > 0 && page > 0) {
     const uint64_t quarter = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) / 4;

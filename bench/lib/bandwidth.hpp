@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "common/support/sanitizer.hpp"
+
 namespace attn {
 
 // The last-level cache in bytes (sysconf _SC_LEVEL3_CACHE_SIZE, else level 2), 0 when unknown.
@@ -14,21 +16,9 @@ uint64_t last_level_cache_bytes();
 
 // The buffer the calibration reads: max(16 x the last-level cache, 512 MiB), capped at max(2 GiB, 2 x the
 // last-level cache) and at a quarter of the physical memory (but never below 2 x the last-level cache); in a
-// sanitizer build (ASan, TSan) at most kBandwidthSanitizerBytes.
+// sanitizer build (kSanitizerBuild) at most kBandwidthSanitizerBytes.
 uint64_t bandwidth_buffer_bytes();
 inline constexpr uint64_t kBandwidthSanitizerBytes = uint64_t{256} << 20;
-inline constexpr bool kBandwidthSanitizerBuild =
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-    true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-    true;
-#else
-    false;
-#endif
-#else
-    false;
-#endif
 
 // A page-touched fp32 buffer (every page written once, by the threads that will read it, before any
 // timing), kept for every thread count of one calibration.

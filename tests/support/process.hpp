@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/support/sanitizer.hpp"
 #include "tests/support/scratch_dir.hpp"
 
 namespace attn::test {
@@ -32,21 +33,6 @@ struct ProcOptions {
   std::optional<uint64_t> address_space;  // RLIMIT_AS in bytes for the child
 };
 
-// True when this build runs under a sanitizer: ASan and TSan reserve terabytes of address space at start-up,
-// so an RLIMIT_AS would stop the child before main(). Limits are then not applied.
-constexpr bool kSanitizerBuild =
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-    true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-    true;
-#else
-    false;
-#endif
-#else
-    false;
-#endif
-
 // Starts `exe args...` in opt.cwd with stdout/stderr in cwd/<log>.out|.err; returns the child's pid (for
 // tests that signal it mid-run). wait_process collects it.
 inline pid_t spawn_process(const fs::path& exe, const std::vector<std::string>& args, const ProcOptions& opt,
@@ -58,6 +44,8 @@ inline pid_t spawn_process(const fs::path& exe, const std::vector<std::string>& 
   argv.push_back(nullptr);
   const std::string dir = opt.cwd.string(), out = (opt.cwd / (log + ".out")).string(),
                     err = (opt.cwd / (log + ".err")).string();
+  // ASan and TSan reserve terabytes of address space at start-up: an RLIMIT_AS would stop the child before
+  // main(), so a sanitizer build applies no limit.
   const bool limit = opt.address_space.has_value() && !kSanitizerBuild;
   rlimit rl{};
   if (limit) rl.rlim_cur = rl.rlim_max = static_cast<rlim_t>(*opt.address_space);
