@@ -61,7 +61,7 @@ TEST_CASE("bandwidth: a calibration on 1 and 2 threads returns a finite positive
 TEST_CASE("bandwidth: the default buffer is touched and calibrated without error", "[bandwidth]") {
   const BandwidthBuffer buffer;
   CHECK(buffer.bytes() == bandwidth_buffer_bytes() / sizeof(float) * sizeof(float));
-  CHECK(buffer.bytes() > last_level_cache_bytes());
+  if (!kSanitizerBuild) CHECK(buffer.bytes() > last_level_cache_bytes());  // a sanitizer build's is capped
   const BandwidthCalibration c = calibrate_bandwidth(1, buffer, 1);
   CHECK(std::isfinite(c.gbytes_per_s));
   CHECK(c.gbytes_per_s > 0);
