@@ -22,6 +22,7 @@
 #include "common/kernels/simd.hpp"
 #include "common/support/error.hpp"
 #include "common/support/runtime.hpp"
+#include ATTN_GIT_COMMIT_HEADER  // ATTN_GIT_COMMIT, stamped at build time (cmake/git_commit.cmake)
 
 namespace {
 
