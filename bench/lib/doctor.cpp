@@ -199,26 +199,22 @@ DoctorFinding load_finding(const CpuTicks& before, const CpuTicks& after, double
 DoctorFinding check_blas_core(const std::string& core, const std::string& best_isa) {
   DoctorFinding f{"blas_core", "ok",
                   "OpenBLAS runs its " + core + " kernels; the CPU's best target is " + best_isa, ""};
-  // OpenBLAS x86 cores with AVX2 + FMA kernels, and those with AVX-512 ones.
+  // OpenBLAS's x86 cores with AVX-512 kernels; which cores have AVX2 ones, and what a CPU OpenBLAS fell back
+  // on should run, blas_fallback_core knows (the rule attnbench's own re-execution follows).
   static const std::set<std::string> avx512{"SkylakeX", "Cooperlake", "SapphireRapids"};
-  static const std::set<std::string> avx2{"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"};
   const bool x86_avx512 = best_isa == "avx3" || best_isa.rfind("avx3_", 0) == 0;
   const bool x86_avx2 = x86_avx512 || best_isa == "avx2";
-  if (x86_avx512 && !avx512.count(core)) {
+  if (const std::string pick = blas_fallback_core(core, x86_avx512, x86_avx2); !pick.empty()) {
     f.status = "warn";
-    f.fix = avx2.count(core)
-                ? "unset OPENBLAS_CORETYPE if it is set (AVX2 kernels run sgemm at about half this "
-                  "CPU's AVX-512 speed)"
-                : "run with OPENBLAS_CORETYPE=SkylakeX (this OpenBLAS did not recognise the CPU and fell "
-                  "back to " +
-                      core +
-                      " kernels: sgemm, naive and every frac_sgemm suffer; attnbench sets it itself unless "
-                      "ATTN_BLAS_AUTOCORE=0)";
-  } else if (x86_avx2 && !avx2.count(core)) {
-    f.status = "warn";
-    f.fix = "run with OPENBLAS_CORETYPE=Haswell (this OpenBLAS did not recognise the CPU and fell back to " +
-            core + " kernels: sgemm, naive and every frac_sgemm suffer; attnbench sets it itself unless " +
+    f.fix = "run with OPENBLAS_CORETYPE=" + pick +
+            " (this OpenBLAS did not recognise the CPU and fell back to " + core +
+            " kernels: sgemm, naive and every frac_sgemm suffer; attnbench sets it itself unless "
             "ATTN_BLAS_AUTOCORE=0)";
+  } else if (x86_avx512 && !avx512.count(core)) {
+    f.status = "warn";
+    f.fix =
+        "unset OPENBLAS_CORETYPE if it is set (AVX2 kernels run sgemm at about half this CPU's AVX-512 "
+        "speed)";
   }
   return f;
 }
