@@ -42,6 +42,7 @@ const std::vector<std::string> kRunVolatile = {
     "/frac_peak",          // gflops over the in-run peak-FLOP calibration, a timing too
     "/gbytes_per_s",       // bytes / measured time
     "/frac_bandwidth",     // gbytes_per_s over the in-run memory-bandwidth calibration, a timing too
+    "/group_bandwidth",    // the streaming read timed in the group's rounds (measure.group_bandwidth)
     "/memory/peak_bytes",  // resident-memory high-water mark: page-level, depends on the allocator's state
     "/timestamp",          // when the row was written
     "/phase_ms",           // a variant's per-phase wall times (dsa), timings too

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "bench/lib/measure.hpp"
 #include "bench/lib/plan.hpp"
 #include "bench/lib/runner.hpp"
+#include "common/kernels/simd.hpp"
 #include "common/support/runtime.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/scratch_dir.hpp"
@@ -377,6 +379,75 @@ TEST_CASE("the calibration's sgemm joins a group's rounds when it costs at most 
   for (const ResultRow& r : measure(false, 1e12)) {
     CHECK_FALSE(r.group_sgemm);
     CHECK(*r.frac_sgemm == Approx(*r.gflops / 1e12));
+  }
+}
+
+TEST_CASE("a streaming read of a memory-bound point's K and V joins its rounds; frac_bandwidth divides by it",
+          "[interference][sweep]") {
+  // Decode (one query against 4096 keys): flops / bytes is about 0.5, far left of any real ridge. Two fp32
+  // points read one K/V (they share one read), the bf16 point its own half-size copy.
+  auto config = [](bool on) {
+    return R"({"name": "gb", "variants": ["tiled", "naive"],
+      "sweep": {"batch": 1, "heads": 2, "head_dim": 64, "seq_q": 1, "seq_kv": 4096, "mask": "causal_lower_right",
+                "dtype": ["fp32", "bf16"], "threads": 1},
+      "measure": {"warmup": 1, "min_reps": 6, "max_reps": 6, "min_time_s": 0, "max_time_s": 30,
+                  "max_interference": 1, "group_sgemm": false, "group_bandwidth": )" +
+           std::string(on ? "true" : "false") + R"(},
+      "accuracy": {"reference": "none"}, "memory_budget": "1GiB", "seed": 1})";
+  };
+  auto measure = [&](bool on, double peak_gflops, double bandwidth) {
+    const Plan plan = make_plan(parse_sweep_config_text(config(on), "gb.json"));
+    PointRunner runner(plan.config);
+    Calibration cal;
+    cal.sgemm_gflops[1] = 1e12;
+    cal.bandwidth_gbytes_per_s[1] = bandwidth;
+    cal.fma_gflops[{1, simd::isa_info().best}] = peak_gflops;
+    runner.set_calibration(cal);
+    bool interrupted = false;
+    std::vector<ResultRow> rows = runner.measure_group(plan.points, nullptr, interrupted);
+    REQUIRE_FALSE(interrupted);
+    for (const ResultRow& r : rows) REQUIRE(r.status == "ok");
+    return std::make_pair(plan, rows);
+  };
+  // Ridge 1e6 / 1e3 = 1000 FLOP per byte: memory-bound; a read of 4 MiB at 1000 GB/s looks free.
+  const auto [plan, rows] = measure(true, 1e6, 1e3);
+  REQUIRE(rows.size() >= 3);
+  std::map<std::string, double> fp32_read;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const ResultRow& r = rows[i];
+    const Problem& p = plan.points[i].problem;
+    INFO(r.id);
+    REQUIRE(r.group_bandwidth);
+    CHECK(r.group_bandwidth->reps == 6);
+    const double elt = p.dtype == DType::fp32 ? 4 : 2;
+    CHECK(r.group_bandwidth->bytes == Approx(elt * static_cast<double>(p.kv_elements() + p.v_elements())));
+    CHECK(r.group_bandwidth->gbytes_per_s > 0);
+    CHECK(r.group_bandwidth->gbytes_per_s < 1e5);  // timed, not the calibration's figure
+    REQUIRE(r.frac_bandwidth);
+    REQUIRE(r.gbytes_per_s);
+    // The median of the per-round ratios, next to the ratio of the medians (they differ under noise only).
+    CHECK(*r.frac_bandwidth > 0.5 * *r.gbytes_per_s / r.group_bandwidth->gbytes_per_s);
+    CHECK(*r.frac_bandwidth < 2.0 * *r.gbytes_per_s / r.group_bandwidth->gbytes_per_s);
+    REQUIRE(r.group_bandwidth->frac_ci_lo);  // 6 paired rounds: [min, max] at 96.9%
+    CHECK(*r.group_bandwidth->frac_ci_lo <= *r.frac_bandwidth);
+    CHECK(*r.group_bandwidth->frac_ci_hi >= *r.frac_bandwidth);
+    if (p.dtype == DType::fp32) fp32_read[r.variant] = r.group_bandwidth->gbytes_per_s;
+  }
+  // tiled and naive at fp32 read the same K/V at the same thread count: one read, one figure.
+  REQUIRE(fp32_read.size() == 2);
+  CHECK(fp32_read["tiled"] == fp32_read["naive"]);
+  // Ridge 1e-3 FLOP per byte: every point is compute-bound, no read; frac_bandwidth divides by the
+  // calibration.
+  for (const ResultRow& r : measure(true, 1.0, 1e3).second) {
+    CHECK_FALSE(r.group_bandwidth);
+    CHECK(*r.frac_bandwidth == Approx(*r.gbytes_per_s / 1e3));
+  }
+  // A read that would cost more than twice a round (4 MiB at 1e-6 GB/s): none.
+  for (const ResultRow& r : measure(true, 1e6, 1e-6).second) CHECK_FALSE(r.group_bandwidth);
+  // measure.group_bandwidth false: never.
+  for (const ResultRow& r : measure(false, 1e6, 1e3).second) {
+    CHECK_FALSE(r.group_bandwidth);
+    CHECK(*r.frac_bandwidth == Approx(*r.gbytes_per_s / 1e3));
   }
 }
 

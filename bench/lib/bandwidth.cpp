@@ -42,6 +42,35 @@ double StreamReadSum(const float* HWY_RESTRICT p, size_t n) {
   return sum;
 }
 
+// The same load-bound loop over 32-bit words combined with XOR: any bit pattern costs the same (a float add
+// of bf16 pairs read as fp32 could meet subnormals and their microcode assists), for the group probe, which
+// reads a point's K and V as stored.
+uint32_t StreamReadXor(const uint32_t* HWY_RESTRICT p, size_t n) {
+  const hn::CappedTag<uint32_t, simd::HWY_NAMESPACE::kPadLanes> d;
+  using V = hn::Vec<decltype(d)>;
+  const size_t N = hn::Lanes(d);
+  V a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  V a4 = hn::Zero(d), a5 = hn::Zero(d), a6 = hn::Zero(d), a7 = hn::Zero(d);
+  size_t i = 0;
+  for (; i + 8 * N <= n; i += 8 * N) {
+    a0 = hn::Xor(a0, hn::LoadU(d, p + i));
+    a1 = hn::Xor(a1, hn::LoadU(d, p + i + N));
+    a2 = hn::Xor(a2, hn::LoadU(d, p + i + 2 * N));
+    a3 = hn::Xor(a3, hn::LoadU(d, p + i + 3 * N));
+    a4 = hn::Xor(a4, hn::LoadU(d, p + i + 4 * N));
+    a5 = hn::Xor(a5, hn::LoadU(d, p + i + 5 * N));
+    a6 = hn::Xor(a6, hn::LoadU(d, p + i + 6 * N));
+    a7 = hn::Xor(a7, hn::LoadU(d, p + i + 7 * N));
+  }
+  for (; i + N <= n; i += N) a0 = hn::Xor(a0, hn::LoadU(d, p + i));
+  const V x = hn::Xor(hn::Xor(hn::Xor(a0, a1), hn::Xor(a2, a3)), hn::Xor(hn::Xor(a4, a5), hn::Xor(a6, a7)));
+  HWY_ALIGN uint32_t lanes[hn::MaxLanes(d)];
+  hn::Store(x, d, lanes);
+  uint32_t r = 0;
+  for (size_t l = 0; l < N; ++l) r ^= lanes[l];
+  for (; i < n; ++i) r ^= p[i];
+  return r;
+}
 }  // namespace attn::bandwidth::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -63,6 +92,7 @@ HWY_AFTER_NAMESPACE();
 namespace attn {
 namespace bandwidth {
 HWY_EXPORT(StreamReadSum);
+HWY_EXPORT(StreamReadXor);
 }  // namespace bandwidth
 
 double stream_read_sum(const float* p, std::size_t n) {
@@ -167,6 +197,35 @@ BandwidthCalibration calibrate_bandwidth(int threads, const BandwidthBuffer& buf
   c.median_gbytes_per_s = rates.size() % 2 ? rates[m] : (rates[m - 1] + rates[m]) / 2;
   for (const double s : sums) c.checksum += s;
   return c;
+}
+
+double time_stream_read_ms(const std::vector<ByteSpan>& spans, int threads) {
+  // Word offsets where each span starts in the concatenation; part t of the words goes to thread t.
+  std::vector<std::size_t> start{0};
+  for (const ByteSpan& s : spans) start.push_back(start.back() + s.bytes / sizeof(uint32_t));
+  const std::size_t words = start.back();
+  const int parts = std::max(1, threads);
+  std::vector<uint32_t> sink(static_cast<std::size_t>(parts));
+  const auto t0 = std::chrono::steady_clock::now();
+  tbb::parallel_for(
+      0, parts,
+      [&](int t) {
+        const auto [b, e] = part(words, parts, t);
+        uint32_t x = 0;
+        for (std::size_t i = 0; i < spans.size(); ++i) {
+          const std::size_t lo = std::max(b, start[i]), hi = std::min(e, start[i + 1]);
+          if (lo < hi)
+            x ^= HWY_DYNAMIC_DISPATCH(bandwidth::StreamReadXor)(
+                static_cast<const uint32_t*>(spans[i].data) + (lo - start[i]), hi - lo);
+        }
+        sink[static_cast<std::size_t>(t)] = x;
+      },
+      tbb::static_partitioner());
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  // The XOR of what was read leaves the loop through a volatile store, so the loads cannot be dropped.
+  volatile uint32_t keep = 0;
+  for (const uint32_t x : sink) keep = keep ^ x;
+  return ms;
 }
 
 }  // namespace attn

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "common/support/sanitizer.hpp"
 
@@ -52,5 +53,15 @@ BandwidthCalibration calibrate_bandwidth(int threads, const BandwidthBuffer& buf
 
 // The dispatched kernel: the sum of p[0..n) read with several independent SIMD accumulators.
 double stream_read_sum(const float* p, std::size_t n);
+
+// The group bandwidth probe (measure.group_bandwidth): one timed streaming read of `spans` (a point's K and V
+// as stored), their concatenation split into `threads` contiguous parts, one per task of the caller's TBB
+// arena (ThreadScope), with the best SIMD target's widest loads; its milliseconds. It reads 32-bit words
+// (combined with XOR, so bf16 pairs cost what fp32 does); a span's last bytes short of a word are left out.
+struct ByteSpan {
+  const void* data = nullptr;
+  std::size_t bytes = 0;
+};
+double time_stream_read_ms(const std::vector<ByteSpan>& spans, int threads);
 
 }  // namespace attn

@@ -464,9 +464,10 @@ void parse_sweep_axes(const Json& sweep, SweepConfig& c) {
 }
 
 void parse_measure(const Json& m, MeasureSettings& s) {
-  check_keys(m, "measure",
-             {"warmup", "min_reps", "max_reps", "min_time_s", "max_time_s", "target_rel_ci",
-              "max_interference", "max_remeasure", "calibrate_every", "interleave", "group_sgemm"});
+  check_keys(
+      m, "measure",
+      {"warmup", "min_reps", "max_reps", "min_time_s", "max_time_s", "target_rel_ci", "max_interference",
+       "max_remeasure", "calibrate_every", "interleave", "group_sgemm", "group_bandwidth"});
   if (m.contains("warmup"))
     s.warmup = static_cast<int>(get_int(m["warmup"], "measure.warmup", 0, 1000, "an integer in [0, 1000]"));
   if (m.contains("min_reps"))
@@ -508,6 +509,15 @@ void parse_measure(const Json& m, MeasureSettings& s) {
            "round, and divide the group's rows by it) or false (divide by the latest calibration), got " +
                m["group_sgemm"].dump());
     s.group_sgemm = m["group_sgemm"].get<bool>();
+  }
+  if (m.contains("group_bandwidth")) {
+    if (!m["group_bandwidth"].is_boolean())
+      fail("measure.group_bandwidth",
+           "must be true (time a streaming read of each memory-bound point's K and V in its group's rounds, "
+           "when it costs at most half a round, and divide the point's bandwidth by it) or false (divide by "
+           "the start-of-run calibration), got " +
+               m["group_bandwidth"].dump());
+    s.group_bandwidth = m["group_bandwidth"].get<bool>();
   }
   if (s.max_reps < s.min_reps)
     fail("measure.max_reps", "must be >= measure.min_reps (" + std::to_string(s.min_reps) + "), got " +

@@ -33,6 +33,12 @@ struct MeasureSettings {
   // call per thread count of its points, when it costs at most half a round; the group's rows divide by it
   // (ResultRow::group_sgemm): frac_sgemm then follows the machine's speed while the group runs.
   bool group_sgemm = true;
+  // A streaming read of a memory-bound point's own K and V (as stored) joins its group's rounds as a
+  // follower, one per point left of the calibration's ridge (flops / bytes below FMA peak / bandwidth), when
+  // it costs at most twice a round; the row's frac_bandwidth divides by it round by round
+  // (ResultRow::group_bandwidth): it then follows the machine's memory speed while the group runs, for the
+  // level of the hierarchy that holds that many bytes.
+  bool group_bandwidth = true;
 };
 
 // Runs `fn` settings.warmup times, then repeats until min_reps and min_time_s are both reached (or, with

@@ -228,6 +228,8 @@ using Setter = void (*)(const Reader&, const char* path, ResultRow&);
   OPTIONAL_LEAF(interleave, group, leaf, in.template as<decltype(r.interleave->leaf)>(path))
 #define GROUP_SGEMM(leaf) \
   OPTIONAL_LEAF(group_sgemm, gflops, leaf, in.template as<decltype(r.group_sgemm->leaf)>(path))
+#define GROUP_BANDWIDTH(leaf) \
+  OPTIONAL_LEAF(group_bandwidth, gbytes_per_s, leaf, in.template as<decltype(r.group_bandwidth->leaf)>(path))
 
 struct Field {
   const char* path;
@@ -422,9 +424,28 @@ constexpr Field kFields[] = {
      OPT_NUM(r.bytes)},
     {"gbytes_per_s", "number|null", "GB/s", "bytes / median time / 1e9 (achieved bandwidth)",
      OPT_NUM(r.gbytes_per_s)},
+    {"group_bandwidth.gbytes_per_s", "number|null", "GB/s",
+     "the median GB/s of a streaming read of this point's own K and V (as stored) timed in its "
+     "interleaved rounds (measure.group_bandwidth: points whose flops / bytes is below the "
+     "calibration's FMA peak / memory bandwidth, on the row's thread count, one read per round); "
+     "null when the group ran without it (a compute-bound point, a read costing over twice a round, "
+     "or measure.group_bandwidth is false)",
+     GROUP_BANDWIDTH(gbytes_per_s)},
+    {"group_bandwidth.bytes", "number|null", "B", "the bytes that read covers (K and V as stored)",
+     GROUP_BANDWIDTH(bytes)},
+    {"group_bandwidth.reps", "integer|null", "", "the read's timed calls in those rounds",
+     GROUP_BANDWIDTH(reps)},
+    {"group_bandwidth.frac_ci_lo", "number|null", "",
+     "95% distribution-free interval of frac_bandwidth, over the rounds both were timed in (null "
+     "below 6)",
+     GROUP_BANDWIDTH(frac_ci_lo)},
+    {"group_bandwidth.frac_ci_hi", "number|null", "", "its upper end", GROUP_BANDWIDTH(frac_ci_hi)},
     {"frac_bandwidth", "number|null", "",
-     "gbytes_per_s / the in-run memory-bandwidth calibration at the same thread count "
-     "(`memory_bandwidth` in meta.json)",
+     "with `group_bandwidth`: the median over the group's rounds of (this row's GB/s / the "
+     "streaming read's GB/s in the same round), the fraction of what the machine streams from "
+     "wherever that many bytes live (a cache or DRAM); without: gbytes_per_s / the start-of-run "
+     "memory-bandwidth calibration at the same thread count (`memory_bandwidth` in meta.json, a "
+     "DRAM-sized buffer)",
      OPT_NUM(r.frac_bandwidth)},
     {"accuracy.reference", "string", "", "`full`, `sampled` or `none`", STR(r.accuracy.reference)},
     {"accuracy.rows", "integer", "", "query rows compared per (batch, head)", INT64(r.accuracy.rows)},
@@ -642,6 +663,7 @@ constexpr Field kTaskFields[] = {
 
 #undef TASK
 #undef GROUP_SGEMM
+#undef GROUP_BANDWIDTH
 #undef INTERLEAVE
 #undef INTERFERENCE
 #undef OPTIONAL_LEAF

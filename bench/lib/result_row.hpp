@@ -89,6 +89,12 @@ struct RowGroupSgemm {
   int reps = 0;
   std::optional<double> frac_ci_lo, frac_ci_hi;
 };
+struct RowGroupBandwidth {
+  double gbytes_per_s = 0;
+  double bytes = 0;
+  int reps = 0;
+  std::optional<double> frac_ci_lo, frac_ci_hi;
+};
 struct RowRing {
   int ranks = 1;
   std::optional<double> bytes_sent_per_rank, rank0_whole_tensors_bytes;
@@ -161,9 +167,16 @@ struct ResultRow {
   // rounds of (this row's GFLOP/s / the sgemm's GFLOP/s in the same round).
   using GroupSgemm = RowGroupSgemm;
   std::optional<GroupSgemm> group_sgemm;
+  // The streaming read of this point's K and V timed in its rounds (measure.group_bandwidth), null when the
+  // group ran without it (a compute-bound point, a read costing over half a round, or the setting off): its
+  // median GB/s, the bytes it read and its repetitions, and the 95% interval of frac_bandwidth, which is then
+  // the median over the rounds of (this row's GB/s / the read's GB/s in the same round).
+  using GroupBandwidth = RowGroupBandwidth;
+  std::optional<GroupBandwidth> group_bandwidth;
   std::optional<double> flops, gflops, frac_sgemm, frac_peak;
   // Bytes one call moves (Attention::bytes_moved, from the sizes: set on skipped rows too), the achieved
-  // bandwidth bytes / median time, and that over the in-run memory bandwidth at the row's thread count.
+  // bandwidth bytes / median time, and that over the streaming read of group_bandwidth when there is one,
+  // else over the start-of-run memory-bandwidth calibration at the row's thread count.
   std::optional<double> bytes, gbytes_per_s, frac_bandwidth;
   // Against the fp64 reference on the inputs the kernel read (rounded to `dtype`): what the kernel loses.
   AccuracySummary accuracy;

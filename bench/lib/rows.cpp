@@ -117,7 +117,8 @@ Json point_json(const SweepPoint& pt, const SweepConfig& c) {
         {"max_remeasure", c.measure.max_remeasure},
         {"calibrate_every", c.measure.calibrate_every},
         {"interleave", c.measure.interleave},
-        {"group_sgemm", c.measure.group_sgemm}}},
+        {"group_sgemm", c.measure.group_sgemm},
+        {"group_bandwidth", c.measure.group_bandwidth}}},
       {"skip", skip.empty() ? Json(nullptr) : Json(skip)},
       {"row", to_json(base_row(pt, c, simd::active_isa()))}};
   return j;

@@ -12,6 +12,7 @@
 #include <memory>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "bench/lib/bandwidth.hpp"
 #include "bench/lib/interference.hpp"
@@ -270,6 +271,7 @@ PointRunner::TimedCalls PointRunner::timed_calls(const std::vector<SweepPoint>& 
     });
   }
   c.followers.assign(c.calls.size(), false);
+  add_group_bandwidth(group, run, c);
   if (!config_.measure.group_sgemm) return c;
   std::set<int> threads;
   for (std::size_t j : run.timed) threads.insert(group[j].threads);
@@ -289,6 +291,56 @@ PointRunner::TimedCalls PointRunner::timed_calls(const std::vector<SweepPoint>& 
     c.followers.push_back(true);
   }
   return c;
+}
+
+// The group bandwidth probes (measure.group_bandwidth): per timed forward point left of the calibration's
+// ridge (flops / bytes below FMA peak / bandwidth at its threads) whose K and V are between half and twice
+// the bytes it moves, a streaming read of that K and V as stored, on its thread count, as a follower; when
+// its estimated time (those bytes at the calibration's bandwidth) is at most twice a round. Points reading
+// the same K/V at the same thread count share one read.
+void PointRunner::add_group_bandwidth(const std::vector<SweepPoint>& group, GroupRun& run, TimedCalls& c) {
+  if (!config_.measure.group_bandwidth) return;
+  std::map<std::tuple<const void*, const void*, int>, std::size_t> shared;
+  for (std::size_t j = 0; j < run.timed.size(); ++j) {
+    const SweepPoint& pt = group[run.timed[j]];
+    if (pt.pass != Pass::forward) continue;
+    const auto bw = calibration_.bandwidth_gbytes_per_s.find(pt.threads);
+    const auto peak = calibration_.fma_gflops.find({pt.threads, run.rows[run.timed[j]].isa});
+    const std::optional<double> bytes = point_bytes(pt);
+    if (bw == calibration_.bandwidth_gbytes_per_s.end() || bw->second <= 0 ||
+        peak == calibration_.fma_gflops.end() || peak->second <= 0 || !bytes || *bytes <= 0)
+      continue;
+    if (point_flops(pt) / *bytes >= peak->second / bw->second) continue;  // compute-bound
+    const Problem& p = pt.problem;
+    const AttentionInputs in = inputs_for(p);
+    const bool wide = p.dtype == DType::fp32;
+    const std::size_t elt = wide ? sizeof(float) : sizeof(uint16_t);
+    const void* k = wide ? static_cast<const void*>(in.k) : static_cast<const void*>(in.k16);
+    const void* v = wide ? static_cast<const void*>(in.v) : static_cast<const void*>(in.v16);
+    if (!k || !v) continue;
+    std::vector<ByteSpan> spans{{k, static_cast<std::size_t>(p.kv_elements()) * elt}};
+    if (v != k) spans.push_back({v, static_cast<std::size_t>(p.v_elements()) * elt});
+    double read = 0;
+    for (const ByteSpan& s : spans) read += static_cast<double>(s.bytes);
+    // Only where K and V are most of what the call moves (not a recurrence's decode, which reads its state).
+    if (read < 0.5 * *bytes || read > 2 * *bytes) continue;
+    // A memory-bound point's read costs about what the point does; one costing over twice the group's calls
+    // (a recurrence's decode, or a calibration far off) is left out.
+    if (read / (bw->second * 1e6) > 2 * run.round_ms) continue;
+    const auto key = std::make_tuple(k, v, pt.threads);
+    if (const auto it = shared.find(key); it != shared.end()) {
+      run.probe_call[j] = {it->second, read};
+      continue;
+    }
+    shared[key] = c.calls.size();
+    run.probe_call[j] = {c.calls.size(), read};
+    const int threads = pt.threads;
+    c.calls.push_back([spans, threads] {
+      const ThreadScope scope(threads);
+      return time_stream_read_ms(spans, threads);
+    });
+    c.followers.push_back(true);
+  }
 }
 
 // Stage 2: the timed rounds (time_interleaved) under the interference probe. A score above the threshold is
@@ -339,7 +391,29 @@ void PointRunner::fill_timed_rows(const std::vector<SweepPoint>& group, GroupRun
     if (const auto it = run.sgemm_call.find(pt.threads);
         it != run.sgemm_call.end() && it->second < t.stats.size() && !t.stats[it->second].samples_ms.empty())
       fill_group_sgemm(t.stats[j], t.stats[it->second], row);
+    if (const auto it = run.probe_call.find(j); it != run.probe_call.end() &&
+                                                it->second.first < t.stats.size() &&
+                                                !t.stats[it->second.first].samples_ms.empty())
+      fill_group_bandwidth(t.stats[j], t.stats[it->second.first], it->second.second, row);
   }
+}
+
+void PointRunner::fill_group_bandwidth(const TimingStats& point, const TimingStats& read, double read_bytes,
+                                       ResultRow& row) const {
+  if (!row.bytes || *row.bytes <= 0) return;
+  // Sample r of every call of a group was taken in round r: the ratio pairs the rounds both took part in.
+  std::vector<double> ratios;
+  for (std::size_t r = 0; r < std::min(point.samples_ms.size(), read.samples_ms.size()); ++r)
+    ratios.push_back((*row.bytes / point.samples_ms[r]) / (read_bytes / read.samples_ms[r]));
+  if (ratios.empty()) return;
+  const TimingStats f = summarize(ratios);
+  ResultRow::GroupBandwidth g;
+  g.gbytes_per_s = read_bytes / (read.median_ms * 1e6);
+  g.bytes = read_bytes;
+  g.reps = read.reps;
+  if (f.ci.ok) g.frac_ci_lo = f.ci.lo, g.frac_ci_hi = f.ci.hi;
+  row.group_bandwidth = g;
+  row.frac_bandwidth = f.median_ms;
 }
 
 void PointRunner::fill_group_sgemm(const TimingStats& point, const TimingStats& sgemm, ResultRow& row) const {

@@ -90,6 +90,8 @@ class PointRunner final : public Executor {
     int attempts = 0;
     std::vector<std::string> errors;
     std::map<int, std::size_t> sgemm_call;
+    // Timed point j -> its bandwidth probe's call and the bytes that call reads (measure.group_bandwidth).
+    std::map<std::size_t, std::pair<std::size_t, double>> probe_call;
     // Per timed point, the phase times (AttentionInputs::phase_times) of each forward call of the attempt
     // under way, and of the attempt kept (the one whose timing the rows report).
     std::vector<std::vector<PhaseTimes>> phases, kept_phases;
@@ -110,6 +112,7 @@ class PointRunner final : public Executor {
   double timed_call(const SweepPoint& pt, TrainingState& st, GroupBuffers& b, std::string& error,
                     std::vector<PhaseTimes>* phases);
   TimedCalls timed_calls(const std::vector<SweepPoint>& group, GroupRun& run, GroupBuffers& buffers);
+  void add_group_bandwidth(const std::vector<SweepPoint>& group, GroupRun& run, TimedCalls& c);
   bool time_rounds(const TimedCalls& calls, GroupRun& run, const std::function<bool()>& stop);
   void fill_timed_rows(const std::vector<SweepPoint>& group, GroupRun& run, bool noisy) const;
   void prepare_inputs(const SweepPoint& pt);
@@ -134,6 +137,10 @@ class PointRunner final : public Executor {
   int64_t count_nonfinite_inputs(const Problem& p, const AttentionInputs& in) const;
   // frac_sgemm from the sgemm timed in the same rounds (ResultRow::group_sgemm); after fill_timing.
   void fill_group_sgemm(const TimingStats& point, const TimingStats& sgemm, ResultRow& row) const;
+  // frac_bandwidth from the streaming read of the point's K and V timed in the same rounds
+  // (ResultRow::group_bandwidth); after fill_timing.
+  void fill_group_bandwidth(const TimingStats& point, const TimingStats& read, double read_bytes,
+                            ResultRow& row) const;
   void time_rope(const SweepPoint& pt, ResultRow& row);
 
   const SweepConfig& config_;

@@ -52,7 +52,7 @@ FAILURES = []
 # Row fields that depend on the timing run, not on the point: left out when rows of two runs are compared.
 TIMING_FIELDS = {"time_ms", "gflops", "gbytes_per_s", "frac_sgemm", "frac_peak", "frac_bandwidth", "timestamp",
                  "interference", "attempts", "noisy", "memory", "calibration", "rope_ms",
-                 "phase_ms"}
+                 "phase_ms", "group_sgemm", "group_bandwidth"}
 # measure settings of the small sweeps: correctness, not timing (no re-measuring under the test load).
 FAST_MEASURE = {"warmup": 0, "min_reps": 1, "max_reps": 2, "min_time_s": 0, "max_time_s": 1,
                 "max_interference": 1, "calibrate_every": 0}
