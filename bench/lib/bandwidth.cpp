@@ -18,25 +18,45 @@ using simd::HWY_NAMESPACE::VF;
 
 // Eight independent accumulators: a vector add has 3-4 cycles of latency and cores issue two loads per
 // cycle, so one chain would bound the loop by add latency (a quarter of the load rate); eight keep every
-// load port busy from L1 and leave DRAM the only limit.
+// load port busy from L1 and leave DRAM the only limit. Combines whole vectors of p[0..n) with `op` into one
+// vector and sets `i` to where the scalar tail starts.
+template <class D, class Op>
+hn::Vec<D> StreamRead(D d, const hn::TFromD<D>* HWY_RESTRICT p, size_t n, size_t& i, Op op) {
+  using V = hn::Vec<D>;
+  const size_t N = hn::Lanes(d);
+  V a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  V a4 = hn::Zero(d), a5 = hn::Zero(d), a6 = hn::Zero(d), a7 = hn::Zero(d);
+  i = 0;
+  for (; i + 8 * N <= n; i += 8 * N) {
+    a0 = op(a0, hn::LoadU(d, p + i));
+    a1 = op(a1, hn::LoadU(d, p + i + N));
+    a2 = op(a2, hn::LoadU(d, p + i + 2 * N));
+    a3 = op(a3, hn::LoadU(d, p + i + 3 * N));
+    a4 = op(a4, hn::LoadU(d, p + i + 4 * N));
+    a5 = op(a5, hn::LoadU(d, p + i + 5 * N));
+    a6 = op(a6, hn::LoadU(d, p + i + 6 * N));
+    a7 = op(a7, hn::LoadU(d, p + i + 7 * N));
+  }
+  for (; i + N <= n; i += N) a0 = op(a0, hn::LoadU(d, p + i));
+  return op(op(op(a0, a1), op(a2, a3)), op(op(a4, a5), op(a6, a7)));
+}
+struct AddOp {
+  template <class V>
+  V operator()(V a, V b) const {
+    return hn::Add(a, b);
+  }
+};
+struct XorOp {
+  template <class V>
+  V operator()(V a, V b) const {
+    return hn::Xor(a, b);
+  }
+};
+
 double StreamReadSum(const float* HWY_RESTRICT p, size_t n) {
   const DF d;
-  const size_t N = hn::Lanes(d);
-  VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-  VF a4 = hn::Zero(d), a5 = hn::Zero(d), a6 = hn::Zero(d), a7 = hn::Zero(d);
   size_t i = 0;
-  for (; i + 8 * N <= n; i += 8 * N) {
-    a0 = hn::Add(a0, hn::LoadU(d, p + i));
-    a1 = hn::Add(a1, hn::LoadU(d, p + i + N));
-    a2 = hn::Add(a2, hn::LoadU(d, p + i + 2 * N));
-    a3 = hn::Add(a3, hn::LoadU(d, p + i + 3 * N));
-    a4 = hn::Add(a4, hn::LoadU(d, p + i + 4 * N));
-    a5 = hn::Add(a5, hn::LoadU(d, p + i + 5 * N));
-    a6 = hn::Add(a6, hn::LoadU(d, p + i + 6 * N));
-    a7 = hn::Add(a7, hn::LoadU(d, p + i + 7 * N));
-  }
-  for (; i + N <= n; i += N) a0 = hn::Add(a0, hn::LoadU(d, p + i));
-  const VF s = hn::Add(hn::Add(hn::Add(a0, a1), hn::Add(a2, a3)), hn::Add(hn::Add(a4, a5), hn::Add(a6, a7)));
+  const VF s = StreamRead(d, p, n, i, AddOp());
   double sum = static_cast<double>(hn::GetLane(hn::SumOfLanes(d, s)));
   for (; i < n; ++i) sum += static_cast<double>(p[i]);
   return sum;
@@ -47,27 +67,12 @@ double StreamReadSum(const float* HWY_RESTRICT p, size_t n) {
 // reads a point's K and V as stored.
 uint32_t StreamReadXor(const uint32_t* HWY_RESTRICT p, size_t n) {
   const hn::CappedTag<uint32_t, simd::HWY_NAMESPACE::kPadLanes> d;
-  using V = hn::Vec<decltype(d)>;
-  const size_t N = hn::Lanes(d);
-  V a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-  V a4 = hn::Zero(d), a5 = hn::Zero(d), a6 = hn::Zero(d), a7 = hn::Zero(d);
   size_t i = 0;
-  for (; i + 8 * N <= n; i += 8 * N) {
-    a0 = hn::Xor(a0, hn::LoadU(d, p + i));
-    a1 = hn::Xor(a1, hn::LoadU(d, p + i + N));
-    a2 = hn::Xor(a2, hn::LoadU(d, p + i + 2 * N));
-    a3 = hn::Xor(a3, hn::LoadU(d, p + i + 3 * N));
-    a4 = hn::Xor(a4, hn::LoadU(d, p + i + 4 * N));
-    a5 = hn::Xor(a5, hn::LoadU(d, p + i + 5 * N));
-    a6 = hn::Xor(a6, hn::LoadU(d, p + i + 6 * N));
-    a7 = hn::Xor(a7, hn::LoadU(d, p + i + 7 * N));
-  }
-  for (; i + N <= n; i += N) a0 = hn::Xor(a0, hn::LoadU(d, p + i));
-  const V x = hn::Xor(hn::Xor(hn::Xor(a0, a1), hn::Xor(a2, a3)), hn::Xor(hn::Xor(a4, a5), hn::Xor(a6, a7)));
+  const auto x = StreamRead(d, p, n, i, XorOp());
   HWY_ALIGN uint32_t lanes[hn::MaxLanes(d)];
   hn::Store(x, d, lanes);
   uint32_t r = 0;
-  for (size_t l = 0; l < N; ++l) r ^= lanes[l];
+  for (size_t l = 0; l < hn::Lanes(d); ++l) r ^= lanes[l];
   for (; i < n; ++i) r ^= p[i];
   return r;
 }
