@@ -382,8 +382,9 @@ TEST_CASE("the calibration's sgemm joins a group's rounds when it costs at most 
   }
 }
 
-TEST_CASE("a streaming read of a memory-bound point's K and V joins its rounds and frac_bandwidth divides by it",
-          "[interference][sweep]") {
+TEST_CASE(
+    "a streaming read of a memory-bound point's K and V joins its rounds and frac_bandwidth divides by it",
+    "[interference][sweep]") {
   // Decode (one query against 4096 keys): flops / bytes is about 0.5, far left of any real ridge. Two fp32
   // points read one K/V (they share one read), the bf16 point its own half-size copy.
   auto config = [](bool on) {
