@@ -98,10 +98,18 @@ namespace attn {
 namespace bandwidth {
 HWY_EXPORT(StreamReadSum);
 HWY_EXPORT(StreamReadXor);
+// Dispatched by their plain names from inside the namespace: HWY_COMPILE_ONLY_STATIC (ATTN_NATIVE=ON) turns
+// HWY_DYNAMIC_DISPATCH(F) into N_<TARGET>::F, which must resolve from here.
+double read_sum(const float* p, std::size_t n) {
+  return HWY_DYNAMIC_DISPATCH(StreamReadSum)(p, n);
+}
+uint32_t read_xor(const uint32_t* p, std::size_t n) {
+  return HWY_DYNAMIC_DISPATCH(StreamReadXor)(p, n);
+}
 }  // namespace bandwidth
 
 double stream_read_sum(const float* p, std::size_t n) {
-  return HWY_DYNAMIC_DISPATCH(bandwidth::StreamReadSum)(p, n);
+  return bandwidth::read_sum(p, n);
 }
 
 uint64_t last_level_cache_bytes() {
@@ -220,8 +228,7 @@ double time_stream_read_ms(const std::vector<ByteSpan>& spans, int threads) {
         for (std::size_t i = 0; i < spans.size(); ++i) {
           const std::size_t lo = std::max(b, start[i]), hi = std::min(e, start[i + 1]);
           if (lo < hi)
-            x ^= HWY_DYNAMIC_DISPATCH(bandwidth::StreamReadXor)(
-                static_cast<const uint32_t*>(spans[i].data) + (lo - start[i]), hi - lo);
+            x ^= bandwidth::read_xor(static_cast<const uint32_t*>(spans[i].data) + (lo - start[i]), hi - lo);
         }
         sink[static_cast<std::size_t>(t)] = x;
       },

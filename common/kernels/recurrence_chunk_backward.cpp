@@ -477,11 +477,17 @@ HWY_AFTER_NAMESPACE();
 namespace attn {
 namespace chunk {
 HWY_EXPORT(ChunkHeadBackward);
+// Dispatched by its plain name from inside the namespace: HWY_COMPILE_ONLY_STATIC (ATTN_NATIVE=ON) turns
+// HWY_DYNAMIC_DISPATCH(F) into N_<TARGET>::F, which must resolve from here.
+void head_backward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t chunk, const float* d_out,
+                   const RecurrenceGrads<float>& g) {
+  HWY_DYNAMIC_DISPATCH(ChunkHeadBackward)(hi, kind, chunk, d_out, g);
+}
 }  // namespace chunk
 
 void recurrence_chunk_head_backward(const HeadInputs& hi, const RecurrenceKind& kind, int64_t chunk,
                                     const float* d_out, const RecurrenceGrads<float>& g) {
-  HWY_DYNAMIC_DISPATCH(chunk::ChunkHeadBackward)(hi, kind, chunk, d_out, g);
+  chunk::head_backward(hi, kind, chunk, d_out, g);
 }
 }  // namespace attn
 #endif  // HWY_ONCE
