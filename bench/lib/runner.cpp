@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -398,37 +399,44 @@ void PointRunner::fill_timed_rows(const std::vector<SweepPoint>& group, GroupRun
   }
 }
 
+namespace {
+// The per-round ratio of two rates in one group, (amount / the point's time) / (follower_amount / the
+// follower's time), summarised as the timings are (median and interval): sample r of every call of a group
+// was taken in round r, so the ratio pairs the rounds both took part in. Empty when they share none.
+std::optional<TimingStats> paired_rate_ratio(const TimingStats& point, double amount,
+                                             const TimingStats& follower, double follower_amount) {
+  std::vector<double> ratios;
+  for (std::size_t r = 0; r < std::min(point.samples_ms.size(), follower.samples_ms.size()); ++r)
+    ratios.push_back((amount / point.samples_ms[r]) / (follower_amount / follower.samples_ms[r]));
+  if (ratios.empty()) return std::nullopt;
+  return summarize(ratios);
+}
+}  // namespace
+
 void PointRunner::fill_group_bandwidth(const TimingStats& point, const TimingStats& read, double read_bytes,
                                        ResultRow& row) const {
   if (!row.bytes || *row.bytes <= 0) return;
-  // Sample r of every call of a group was taken in round r: the ratio pairs the rounds both took part in.
-  std::vector<double> ratios;
-  for (std::size_t r = 0; r < std::min(point.samples_ms.size(), read.samples_ms.size()); ++r)
-    ratios.push_back((*row.bytes / point.samples_ms[r]) / (read_bytes / read.samples_ms[r]));
-  if (ratios.empty()) return;
-  const TimingStats f = summarize(ratios);
+  const std::optional<TimingStats> f = paired_rate_ratio(point, *row.bytes, read, read_bytes);
+  if (!f) return;
   ResultRow::GroupBandwidth g;
   g.gbytes_per_s = read_bytes / (read.median_ms * 1e6);
   g.bytes = read_bytes;
   g.reps = read.reps;
-  if (f.ci.ok) g.frac_ci_lo = f.ci.lo, g.frac_ci_hi = f.ci.hi;
+  if (f->ci.ok) g.frac_ci_lo = f->ci.lo, g.frac_ci_hi = f->ci.hi;
   row.group_bandwidth = g;
-  row.frac_bandwidth = f.median_ms;
+  row.frac_bandwidth = f->median_ms;
 }
 
 void PointRunner::fill_group_sgemm(const TimingStats& point, const TimingStats& sgemm, ResultRow& row) const {
-  // Sample r of every call of a group was taken in round r: the ratio pairs the rounds both took part in.
   const double sgemm_flops = SgemmBench::flops_of(kCalibrationSgemmSize);
-  std::vector<double> ratios;
-  for (std::size_t r = 0; r < std::min(point.samples_ms.size(), sgemm.samples_ms.size()); ++r)
-    ratios.push_back((*row.flops / point.samples_ms[r]) / (sgemm_flops / sgemm.samples_ms[r]));
-  const TimingStats f = summarize(ratios);  // the same median and interval as the timings
+  const std::optional<TimingStats> f = paired_rate_ratio(point, *row.flops, sgemm, sgemm_flops);
+  if (!f) return;
   ResultRow::GroupSgemm g;
   g.gflops = sgemm_flops / (sgemm.median_ms * 1e6);
   g.reps = sgemm.reps;
-  if (f.ci.ok) g.frac_ci_lo = f.ci.lo, g.frac_ci_hi = f.ci.hi;
+  if (f->ci.ok) g.frac_ci_lo = f->ci.lo, g.frac_ci_hi = f->ci.hi;
   row.group_sgemm = g;
-  row.frac_sgemm = f.median_ms;
+  row.frac_sgemm = f->median_ms;
 }
 
 // RoPE on copies of Q and K (the inputs are rotated once already; rotating a copy again costs the same), with
