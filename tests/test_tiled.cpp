@@ -18,6 +18,7 @@
 #include "common/support/runtime.hpp"
 #include "common/support/tensor.hpp"
 #include "tests/support/attention_case.hpp"
+#include "variants/tiled/tiled.hpp"
 
 using namespace attn;
 using namespace attn::test;
@@ -399,9 +400,15 @@ bool cpu_flag_bf16() {
 #endif
 }
 
-// Whether bf16_kernel=auto runs natively here: the CPU flag and the AVX-512 target selected.
+// Whether the native kernels can run here: the CPU flag and the AVX-512 target selected.
 bool cpu_has_bf16_dot() {
   return cpu_flag_bf16() && simd::active_isa().rfind("avx3", 0) == 0;
+}
+
+// The bf16_kernel value that runs the native kernels where they can run: native (auto picks them only where
+// vdpbf16ps measured faster than the fp32 FMA, tiled::bf16_dot_rate_ratio), else auto (which widens).
+const char* native_kernel() {
+  return cpu_has_bf16_dot() ? "native" : "auto";
 }
 
 double max_abs(const FloatArray& x) {
@@ -440,13 +447,20 @@ TEST_CASE(
       {2, 4, 2, 100, 100, 16, "causal+pad", 0, {{"tile_q", 33}, {"tile_kv", 16}}},
       {1, 2, 0, 77, 77, 64, "none", 0, {{"tile_q", 33}, {"tile_kv", 7}}},  // odd key tiles: packed per tile
       {1, 2, 0, 200, 200, 64, "causal", 0.1, Json::object()},              // dropout
+      // Decode-sized tiles (at most 8 rows: the dot-product kernels, vdpbf16ps pairs where native): 4 query
+      // heads per K/V head, split-KV; 8 rows (2 positions x 4) on odd key tiles; MHA with dropout and key
+      // padding; head_dim 48 (not a multiple of 32: those tiles widen even when native).
+      {1, 8, 2, 1, 1500, 64, "causal_lower_right", 0, Json::object()},
+      {1, 4, 1, 2, 777, 128, "causal_lower_right", 0, {{"tile_kv", 7}}},
+      {2, 2, 0, 1, 300, 32, "causal_lower_right+pad", 0.1, Json::object()},
+      {1, 4, 2, 1, 500, 48, "none", 0, Json::object()},
   };
   const bool native = cpu_has_bf16_dot();
   if (!native) WARN("no vdpbf16ps here (or not the avx3 target): only the widening path runs");
   const Attention& naive = Registry::instance().get("naive");
   uint64_t seed = 40;
   for (const Case& cs : cases) {
-    for (const char* kernel : {"auto", "widen"}) {
+    for (const char* kernel : {native_kernel(), "widen"}) {
       Json params = cs.params;
       params["bf16_kernel"] = kernel;
       Problem p =
@@ -481,7 +495,10 @@ TEST_CASE(
       INFO(p.repro() << ": error " << err << ", naive " << naive_err << " (ratio " << err / naive_err
                      << "), baseline with bf16 weights " << b16_err << ", tolerance "
                      << tiled_variant().abs_tolerance(p, in));
-      CHECK(rounds == (native && std::string(kernel) == "auto"));
+      // Every tile rounds its weights under native, except dot-product tiles whose widths are not multiples
+      // of 32: here the one-position decode case of head_dim 48 (the other cases' tiles hold > 8 rows).
+      const bool dot_widened = cs.seq_q == 1 && cs.dim % 32 != 0;
+      CHECK(rounds == (native && std::string(kernel) == "native" && !dot_widened));
       CHECK(err <= tiled_variant().abs_tolerance(p, in));
       if (rounds) {
         CHECK(err <= 2 * b16_err + slack);
@@ -507,7 +524,7 @@ TEST_CASE("tiled bf16: the normaliser sums the same rounded weights that multipl
   // rounded weights the outputs sum to 1 within fp32 rounding; with l summed from the unrounded ones they
   // would miss it by up to 2^-8. The weights themselves differ from fp64's by the bf16 rounding (native) or
   // by fp32 rounding only (widen).
-  for (const char* kernel : {"auto", "widen"}) {
+  for (const char* kernel : {native_kernel(), "widen"}) {
     Problem p = make_test_problem("tiled", 1, 2, 64, 64, 64, "none", {{"bf16_kernel", kernel}});
     p.dtype = DType::bf16;
     AttentionCase c(p, 5, 2.0);
@@ -547,8 +564,20 @@ TEST_CASE(
   p.dtype = DType::bf16;
   const std::string kernel = tiled_variant().kernels().at("bf16").get<std::string>();
   if (cpu_has_bf16_dot()) {
-    CHECK(kernel == "vdpbf16ps (AVX512_BF16)");
+    // auto follows the measured rate: the native kernels where vdpbf16ps beats the fp32 FMA's products per
+    // second, widening (and fp32 weights) where it does not.
+    const double ratio = tiled::bf16_dot_rate_ratio();
+    INFO("vdpbf16ps / FMA multiply-add rate " << ratio << "; " << kernel);
+    CHECK(ratio > 0.05);
+    CHECK(ratio < 20);
+    const bool faster = ratio >= tiled::kBf16DotMinRatio;
+    CHECK_THAT(kernel,
+               Catch::StartsWith(faster ? "vdpbf16ps (AVX512_BF16; " : "widen to fp32 (vdpbf16ps runs at "));
     CHECK(tiled_variant().unsupported_reasons_text(p).empty());
+    CHECK(tiled_variant().weight_dtype(p) == DType::bf16);  // native forced
+    Problem autop = p;
+    autop.params["bf16_kernel"] = "auto";
+    CHECK(tiled_variant().weight_dtype(autop) == (faster ? DType::bf16 : DType::fp32));
   } else {
     CHECK_THAT(kernel, Catch::StartsWith("widen to fp32 ("));
     CHECK_THAT(tiled_variant().unsupported_reasons_text(p), Catch::Contains("bf16_kernel=native: "));
@@ -758,7 +787,7 @@ TEST_CASE("tiled with d_v != d_k: bf16 and fp16 storage, native and widening ker
   uint64_t seed = 9300;
   for (const Widths w : kValueWidths) {
     if (w.dk % 2) continue;  // the native kernels take an even head_dim; auto widens otherwise (below)
-    for (const char* kernel : {"auto", "widen"})
+    for (const char* kernel : {native_kernel(), "widen"})
       for (const char* mask : {"none", "causal"}) {
         Problem p = value_dim_problem(2, 4, 2, 40, 40, w.dk, w.dv, mask, {{"bf16_kernel", kernel}});
         p.dtype = DType::bf16;

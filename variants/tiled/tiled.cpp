@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <numbers>
 
@@ -79,17 +80,31 @@ BackwardSchedule make_backward_schedule(const Problem& p) {
   return s;
 }
 
-// Whether `p` runs the native bf16 kernels (vdpbf16ps for Q K^T and P V) on its GEMM-path tiles:
-// bf16 storage, an even head_dim, bf16_kernel auto or native, and the CPU and selected SIMD target able to.
+// Whether bf16_kernel=auto prefers the native kernels here: vdpbf16ps measured at least kBf16DotMinRatio
+// times the fp32 FMA's multiply-add rate (on an Intel Xeon it ran at 0.48x, and prefill at bf16 took 1.6x
+// the widening kernels' time: 130 against 79 ms, 8 heads of 128, 2048 x 2048, 2 threads).
+bool native_bf16_faster() {
+  return bf16_dot_rate_ratio() >= kBf16DotMinRatio;
+}
+
+// Whether `p` runs the native bf16 kernels (vdpbf16ps for Q K^T and P V): bf16 storage, an even head_dim,
+// the CPU and selected SIMD target able to, and bf16_kernel native, or auto where they are the faster here.
 bool native_bf16(const Problem& p) {
-  return p.dtype == DType::bf16 && p.head_dim % 2 == 0 && p.param_string("bf16_kernel") != "widen" &&
-         native_bf16_unavailable().empty();
+  const std::string kernel = p.param_string("bf16_kernel");
+  return p.dtype == DType::bf16 && p.head_dim % 2 == 0 && kernel != "widen" &&
+         native_bf16_unavailable().empty() && (kernel == "native" || native_bf16_faster());
 }
 
 // What bf16_kernel=auto runs on this CPU and SIMD target (attnbench info).
 std::string bf16_kernel_text() {
   const std::string why = native_bf16_unavailable();
-  return why.empty() ? "vdpbf16ps (AVX512_BF16)" : "widen to fp32 (" + why + ")";
+  if (!why.empty()) return "widen to fp32 (" + why + ")";
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%.2f", bf16_dot_rate_ratio());
+  return native_bf16_faster()
+             ? std::string("vdpbf16ps (AVX512_BF16; ") + ratio + "x the fp32 FMA's multiply-add rate here)"
+             : std::string("widen to fp32 (vdpbf16ps runs at ") + ratio +
+                   "x the fp32 FMA's multiply-add rate on this CPU; bf16_kernel=native forces it)";
 }
 
 class Tiled final : public Attention {
@@ -153,9 +168,11 @@ class Tiled final : public Attention {
         {.name = "bf16_kernel",
          .type = ParamType::string,
          .default_value = "auto",
-         .help = "bf16 storage, tiles of more than 8 rows: native (Q K^T and P V with vdpbf16ps, P rounded "
-                 "to bf16; needs the CPU flag avx512_bf16, the avx3 target and an even head_dim), widen "
-                 "(K, V to fp32, fp32 FMAs), auto (native where possible; attnbench info says which)",
+         .help = "bf16 storage: native (Q K^T and P V with vdpbf16ps, P rounded to bf16; needs the CPU "
+                 "flag avx512_bf16, the avx3 target and an even head_dim; decode tiles of at most 8 rows "
+                 "also head_dim and d_v multiples of 32, else they widen), widen (K, V to fp32, fp32 FMAs), "
+                 "auto (native where it can run and vdpbf16ps measured faster than the fp32 FMA on this "
+                 "CPU; attnbench info says which and the measured ratio)",
          .min = {},
          .max = {},
          .choices = {"auto", "native", "widen"}}};
@@ -163,17 +180,26 @@ class Tiled final : public Attention {
   std::vector<Json> test_param_sets() const override {
     // Tiny tiles (and tile_q != tile_kv) so the multi-tile, tail and diagonal paths run on small inputs;
     // tile_q 1..8 puts every shape on the dot-product (decode) kernels, tile_q 33 on the GEMM kernels.
-    return {Json::object(),
-            {{"tile_q", 4}, {"tile_kv", 8}},
-            {{"tile_q", 3}, {"tile_kv", 5}},
-            {{"tile_q", 33}, {"tile_kv", 16}},
-            {{"tile_q", 1}, {"tile_kv", 7}}};
+    std::vector<Json> sets = {Json::object(),
+                              {{"tile_q", 4}, {"tile_kv", 8}},
+                              {{"tile_q", 3}, {"tile_kv", 5}},
+                              {{"tile_q", 33}, {"tile_kv", 16}},
+                              {{"tile_q", 1}, {"tile_kv", 7}}};
+    // Where the native bf16 kernels can run but auto widens (vdpbf16ps measured slower than the FMA), they
+    // are checked by name, on both paths.
+    if (native_bf16_unavailable().empty() && !native_bf16_faster()) {
+      sets.push_back({{"tile_q", 33}, {"tile_kv", 16}, {"bf16_kernel", "native"}});
+      sets.push_back({{"tile_q", 1}, {"tile_kv", 7}, {"bf16_kernel", "native"}});
+    }
+    return sets;
   }
   Json kernels() const override { return {{"bf16", bf16_kernel_text()}}; }
-  // The native bf16 P V rounds the weights to bf16 (tiled_kernels.cpp SoftmaxUpdatePairs) on the GEMM-path
-  // tiles: a schedule whose full query tiles hold more than kDotRows rows has some.
+  // The native bf16 P V rounds the weights to bf16 (tiled_kernels.cpp SoftmaxUpdatePairs and ExpRowBf16) on
+  // the GEMM-path tiles (a schedule whose full query tiles hold more than kDotRows rows has some) and on the
+  // dot-path tiles when head_dim and d_v are multiples of 32 (RunQueryTile's native_dot).
   DType weight_dtype(const Problem& p) const override {
-    return native_bf16(p) && make_schedule(p).rows > kDotRows ? DType::bf16 : DType::fp32;
+    const bool dot_pairs = p.head_dim % 32 == 0 && p.value_dim() % 32 == 0;
+    return native_bf16(p) && (dot_pairs || make_schedule(p).rows > kDotRows) ? DType::bf16 : DType::fp32;
   }
   double flops(const Problem& p) const override {
     // The shared exact-attention count (common/kernels/mask.hpp): causal counts the pairs below the diagonal

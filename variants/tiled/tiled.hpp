@@ -56,6 +56,11 @@ struct LaneBias {
 bool bf16_dot_supported();
 // Why this build and CPU have no vdpbf16ps ("" when they have it): names the missing CPU flag.
 std::string bf16_dot_missing();
+// vdpbf16ps's multiply-add rate over the fp32 FMA's on this CPU (products per second, one thread), timed
+// once per process on first use (~2 ms); 0 without vdpbf16ps. bf16_kernel=auto runs the native kernels only
+// where it is at least kBf16DotMinRatio: a CPU with the flag but a slow vdpbf16ps widens.
+double bf16_dot_rate_ratio();
+inline constexpr double kBf16DotMinRatio = 1.25;
 // Why the native bf16 kernels cannot run now ("" when they can): bf16_dot_missing(), or the selected SIMD
 // target is not AVX-512 (--isa / sweep.isa).
 std::string native_bf16_unavailable();
@@ -80,13 +85,18 @@ struct Scratch {
   AlignedVector<float> stats;  // [4][ld]   running max, running sum, tile max, rescale factor
   AlignedVector<float> bias;   // [2][ld]   ALiBi: lane positions, lane slopes (LaneBias)
   // bf16 / fp16 storage: the current K and V tiles widened to fp32 ([tile_kv][D] and [tile_kv][Dv]); for
-  // the native bf16 kernels Q^T as bf16 pairs ([D / 2][ld]), the tile's rounded probabilities as key pairs
-  // ([tile_kv / 2][ld]) and the V tile as key pairs ([tile_kv / 2][Dv]).
+  // the native bf16 kernels Q^T as bf16 pairs ([D / 2][ld]; the dot path: Q rows, [rows][D / 2]), the
+  // tile's rounded probabilities as key pairs ([tile_kv / 2][ld]; the dot path: 16-bit rows
+  // [rows][tile_kv rounded to kLanes]) and the V tile as key pairs ([tile_kv / 2][Dv]).
   AlignedVector<float> kt, vt;
   AlignedVector<uint32_t> qt2, p2, vt2;
   std::vector<DropoutRow> drop;
 
   static int64_t s_floats(int64_t ld, int64_t tile_kv) { return (tile_kv + kLanes) * ld; }
+  // Words of p2: both layouts above (ld >= rows; tile_kv rounded up to kLanes is even and >= tile_kv).
+  static int64_t p2_words(int64_t ld, int64_t tile_kv) {
+    return (tile_kv + kLanes - 1) / kLanes * kLanes / 2 * ld;
+  }
   void ensure(int64_t ld, int64_t tile_kv, int64_t dim, int64_t dv, bool dropout, bool wide, bool pairs) {
     auto grow = [](auto& v, int64_t n) {
       if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
@@ -102,7 +112,7 @@ struct Scratch {
     }
     if (pairs) {
       grow(qt2, (dim + 1) / 2 * ld);
-      grow(p2, (tile_kv + 1) / 2 * ld);
+      grow(p2, p2_words(ld, tile_kv));
       grow(vt2, (tile_kv + 1) / 2 * dv);
     }
     if (dropout) drop.resize(static_cast<std::size_t>(ld));
@@ -114,7 +124,8 @@ struct Scratch {
     const std::size_t L = to_size(ld), K = to_size(tile_kv), D = to_size(dim), Dv = to_size(dv);
     const std::size_t floats =
         sat_add(sat_mul(sat_add(D, Dv, 6), L), sat_mul(K + kLanes, L), wide ? sat_mul(K, sat_add(D, Dv)) : 0,
-                pairs ? sat_mul((K + 1) / 2 + (D + 1) / 2, L) : 0, pairs ? sat_mul((K + 1) / 2, Dv) : 0);
+                pairs ? sat_mul((K + kLanes - 1) / kLanes * kLanes / 2 + (D + 1) / 2, L) : 0,
+                pairs ? sat_mul((K + 1) / 2, Dv) : 0);
     return sat_add(sat_mul(floats, sizeof(float)), dropout ? sat_mul(L, sizeof(DropoutRow)) : 0,
                    sizeof(Scratch));
   }

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -384,6 +385,34 @@ ATTN_TILED_BF16_TARGET void SoftmaxUpdatePairs(const float* s, int64_t ld, int64
     hn::Store(hn::MulAdd(hn::Load(d, l + c0), a, VF{sum}), d, l + c0);
   }
 }
+
+// The native bf16 dot path's probabilities of one row (DotSoftmax with p16): 2^(s - m) of its nkv scores
+// (a multiple of the vector width, padding -inf), each rounded to bf16 as SoftmaxUpdatePairs rounds them and
+// stored as 16-bit values in key order (so the 32-bit word at an even key holds that key and the next, the
+// pair vdpbf16ps takes); returns the sum of the ROUNDED values (one vdpbf16ps against (1, 1) per 32).
+ATTN_TILED_BF16_TARGET HWY_NOINLINE float ExpRowBf16(const float* sr, int64_t nkv, float m_use,
+                                                     uint16_t* p16) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF vm = hn::Set(d, m_use);
+  const __m512bh ones = (__m512bh)_mm512_set1_epi32(0x3f803f80);
+  __m512 sum = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 2 * N <= nkv; j += 2 * N) {
+    const VF e0 = Exp2(d, hn::Sub(hn::Load(d, sr + j), vm));
+    const VF e1 = Exp2(d, hn::Sub(hn::Load(d, sr + j + N), vm));
+    const __m512bh w = _mm512_cvtne2ps_pbh(e1.raw, e0.raw);  // keys j .. j + 31 in order
+    _mm512_storeu_si512(p16 + j, (__m512i)w);
+    sum = _mm512_dpbf16_ps(sum, w, ones);
+  }
+  if (j < nkv) {
+    const __m512bh w =
+        _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), Exp2(d, hn::Sub(hn::Load(d, sr + j), vm)).raw);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p16 + j), _mm512_castsi512_si256((__m512i)w));
+    sum = _mm512_dpbf16_ps(sum, w, ones);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
 #undef ATTN_TILED_BF16_TARGET
 HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR)
 #endif
@@ -509,14 +538,17 @@ void PrefetchRows(const T* rows, int64_t n, int64_t D) {
 
 // The tile's unnormalised probabilities of one key tile: masks, the online-softmax update of row r's
 // running max m[r] and sum l[r] (alpha[r] = the rescale factor of its output), dropout. Rows are s[r * lds],
-// keys 0..nk-1, padded with -inf to whole vectors (2^-inf = 0 adds nothing).
+// keys 0..nk-1, padded with -inf to whole vectors (2^-inf = 0 adds nothing). p16 (the native bf16 dot path,
+// AVX-512 target only): the probabilities go there instead, rounded to bf16 (ExpRowBf16), rows p16[r * lds],
+// and l sums the rounded values.
 void DotSoftmax(const Context& c, const TileRows& t, int64_t j0, int64_t nk, float* s, int64_t lds, float* m,
                 float* l, float* alpha, const std::vector<DropoutRow>& drop, const float* bias_pos,
-                const float* bias_slope) {
+                const float* bias_slope, uint16_t* p16 = nullptr) {
   const Problem& p = c.p;
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d)), nkv = round_up(nk, N);
   const int64_t off = p.mask.any_causal() ? causal_offset(p) : 0;
+  (void)p16;  // used on the AVX-512 target only
   const uint8_t* pad = p.mask.key_padding ? c.in.key_padding + t.b * p.seq_kv + j0 : nullptr;
   for (int64_t r = 0; r < t.nr; ++r) {
     float* sr = s + r * lds;
@@ -549,6 +581,19 @@ void DotSoftmax(const Context& c, const TileRows& t, int64_t j0, int64_t nk, flo
     }
     const float m_new = std::max(m[r], hn::GetLane(hn::MaxOfLanes(d, mx)));
     const float m_use = m_new == kNegInf ? 0.0f : m_new;  // no allowed key yet: 2^(-inf - 0) = 0
+    const float a = hn::GetLane(Exp2(d, hn::Set(d, m[r] - m_use)));
+    m[r] = m_new;
+    alpha[r] = a;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+    if (p16) {
+      uint16_t* pr = p16 + r * lds;
+      l[r] = l[r] * a + ExpRowBf16(sr, nkv, m_use, pr);
+      if (p.dropout > 0)
+        for (int64_t jj = 0; jj < nk; ++jj)
+          if (!drop[r].keep(j0 + jj)) pr[jj] = 0;
+      continue;
+    }
+#endif
     const VF vm = hn::Set(d, m_use);
     VF sum0 = hn::Zero(d), sum1 = hn::Zero(d);
     int64_t j = 0;
@@ -565,10 +610,7 @@ void DotSoftmax(const Context& c, const TileRows& t, int64_t j0, int64_t nk, flo
       hn::Store(e0, d, sr + j);
       sum0 = hn::Add(sum0, e0);
     }
-    const float a = hn::GetLane(Exp2(d, hn::Set(d, m[r] - m_use)));
     l[r] = l[r] * a + hn::GetLane(hn::SumOfLanes(d, hn::Add(sum0, sum1)));
-    m[r] = m_new;
-    alpha[r] = a;
     if (p.dropout > 0)  // the sum above keeps every weight (dropout acts after normalisation)
       for (int64_t jj = 0; jj < nk; ++jj)
         if (!drop[r].keep(j0 + jj)) sr[jj] = 0.0f;
@@ -686,6 +728,162 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const Tiles& tiles
   }
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// ---- The native bf16 dot path: decode tiles (at most kDotRows rows) with vdpbf16ps (Context::bf16_dot) ----
+// On bf16 storage the widening dot kernels spend two conversion instructions per 16 K or V values besides
+// their FMAs, and decode is then bound by those instructions, not by memory. vdpbf16ps multiplies 32 bf16
+// pairs exactly and adds them in fp32 (as the GEMM path's native kernels, tiled_bf16.cpp): the scores use K
+// in place and the query rows as exact bf16 pairs (unscaled; the sums are scaled after), P V uses the
+// probabilities rounded to bf16 (ExpRowBf16, the rounding SoftmaxUpdatePairs documents) against two V rows
+// interleaved in registers. Needs head_dim and d_v multiples of 32 (RunQueryTile falls back otherwise).
+HWY_POP_ATTRIBUTES
+#define ATTN_TILED_BF16_TARGET __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
+
+// Scores of KB keys x NR rows as DotScores: k rows D apart in place, q2 rows of D / 2 pair words.
+template <int NR, int KB>
+ATTN_TILED_BF16_TARGET HWY_NOINLINE void DotScoresPairs(const uint16_t* HWY_RESTRICT k, int64_t D,
+                                                        const uint32_t* HWY_RESTRICT q2, float scale,
+                                                        float* HWY_RESTRICT s, int64_t lds) {
+  static_assert(NR * KB <= 8);
+  __m512 acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm512_setzero_ps();
+  const int64_t D2 = D / 2;
+  for (int64_t e2 = 0; e2 < D2; e2 += 16) {
+    __m512i kv[KB], qv[NR];
+    for (int b = 0; b < KB; ++b) kv[b] = _mm512_loadu_si512(k + b * D + 2 * e2);
+    for (int r = 0; r < NR; ++r) qv[r] = _mm512_loadu_si512(q2 + r * D2 + e2);
+    for (int b = 0; b < KB; ++b)
+      for (int r = 0; r < NR; ++r)
+        acc[b * NR + r] = _mm512_dpbf16_ps(acc[b * NR + r], (__m512bh)kv[b], (__m512bh)qv[r]);
+  }
+  float sums[8];
+  SumLanes4(VF{acc[0]}, VF{acc[1]}, VF{acc[2]}, VF{acc[3]}, sums);
+  if constexpr (NR * KB > 4) SumLanes4(VF{acc[4]}, VF{acc[5]}, VF{acc[6]}, VF{acc[7]}, sums + 4);
+  for (int b = 0; b < KB; ++b)
+    for (int r = 0; r < NR; ++r) s[r * lds + b] = sums[b * NR + r] * scale;
+}
+
+// The partner of an odd last key: zeros for up to 4 chunks of 32 values (its probability is 0 too).
+alignas(64) constexpr uint16_t kZeroPairRow[128] = {};
+
+// O rows (V apart) = alpha * O + P V for CV chunks of 32 value dims from e0 over keys 0..nk-1 in pairs: p16
+// rows lds apart (the word at an even key holds it and the next), V rows ldv apart. vpunpck{l,h}wd pair the
+// two V rows per 128-bit block, so a chunk's two accumulators hold dims 0-3, 8-11, 16-19, 24-27 and 4-7,
+// 12-15, 20-23, 28-31: O stays in that order while the tile runs (PairOrderToDims puts it back).
+template <int NR, int CV>
+ATTN_TILED_BF16_TARGET HWY_NOINLINE void DotPvPairs(const uint16_t* HWY_RESTRICT v, int64_t ldv, int64_t V,
+                                                    int64_t nk, const uint16_t* HWY_RESTRICT p16, int64_t lds,
+                                                    float* HWY_RESTRICT o, const float* HWY_RESTRICT alpha,
+                                                    int64_t e0) {
+  static_assert(NR * CV <= 8 && CV <= 4);
+  __m512 acc[NR][2 * CV];
+  for (int r = 0; r < NR; ++r) {
+    const __m512 a = _mm512_set1_ps(alpha[r]);
+    for (int c = 0; c < 2 * CV; ++c) acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(o + r * V + e0 + 16 * c), a);
+  }
+  for (int64_t j = 0; j < nk; j += 2) {
+    const uint16_t* v0 = v + j * ldv + e0;
+    const uint16_t* v1 = j + 1 < nk ? v0 + ldv : kZeroPairRow;
+    __m512i lo[CV], hi[CV];
+    for (int c = 0; c < CV; ++c) {
+      const __m512i x0 = _mm512_loadu_si512(v0 + 32 * c), x1 = _mm512_loadu_si512(v1 + 32 * c);
+      lo[c] = _mm512_unpacklo_epi16(x0, x1);
+      hi[c] = _mm512_unpackhi_epi16(x0, x1);
+    }
+    for (int r = 0; r < NR; ++r) {
+      uint32_t word;
+      std::memcpy(&word, p16 + r * lds + j, sizeof word);
+      const __m512bh pw = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(word));
+      for (int c = 0; c < CV; ++c) {
+        acc[r][2 * c] = _mm512_dpbf16_ps(acc[r][2 * c], (__m512bh)lo[c], pw);
+        acc[r][2 * c + 1] = _mm512_dpbf16_ps(acc[r][2 * c + 1], (__m512bh)hi[c], pw);
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < 2 * CV; ++c) _mm512_storeu_ps(o + r * V + e0 + 16 * c, acc[r][c]);
+}
+
+// Each 32-value chunk of `row` (n values) from DotPvPairs' order back to dims in order.
+ATTN_TILED_BF16_TARGET void PairOrderToDims(float* row, int64_t n) {
+  alignas(64) static constexpr int32_t kFirst[16] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23};
+  alignas(64) static constexpr int32_t kSecond[16] = {8,  9,  10, 11, 24, 25, 26, 27,
+                                                      12, 13, 14, 15, 28, 29, 30, 31};
+  const __m512i first = _mm512_load_si512(kFirst), second = _mm512_load_si512(kSecond);
+  for (int64_t e = 0; e < n; e += 32) {
+    const __m512 a = _mm512_loadu_ps(row + e), b = _mm512_loadu_ps(row + e + 16);
+    _mm512_storeu_ps(row + e, _mm512_permutex2var_ps(a, first, b));
+    _mm512_storeu_ps(row + e + 16, _mm512_permutex2var_ps(a, second, b));
+  }
+}
+
+using DotScoresPairsFn = void (*)(const uint16_t*, int64_t, const uint32_t*, float, float*, int64_t);
+using DotPvPairsFn = void (*)(const uint16_t*, int64_t, int64_t, int64_t, const uint16_t*, int64_t, float*,
+                              const float*, int64_t);
+template <int... R>
+constexpr std::array<DotScoresPairsFn, sizeof...(R)> PairScoreBlocks(std::integer_sequence<int, R...>) {
+  return {&DotScoresPairs<R + 1, 8 / (R + 1)>...};
+}
+template <int... R>
+constexpr std::array<DotScoresPairsFn, sizeof...(R)> PairScoreSingles(std::integer_sequence<int, R...>) {
+  return {&DotScoresPairs<R + 1, 1>...};
+}
+// By rows NR (1..8) and 32-value chunks CV (1..4, NR * CV <= 8; nullptr beyond).
+template <int NR, int... C>
+constexpr std::array<DotPvPairsFn, 4> PairPvRow(std::integer_sequence<int, C...>) {
+  return {(NR * (C + 1) <= 8 ? &DotPvPairs<NR, (NR * (C + 1) <= 8 ? C + 1 : 1)> : nullptr)...};
+}
+template <int... R>
+constexpr std::array<std::array<DotPvPairsFn, 4>, sizeof...(R)> PairPvTable(
+    std::integer_sequence<int, R...>) {
+  return {PairPvRow<R + 1>(std::make_integer_sequence<int, 4>())...};
+}
+#undef ATTN_TILED_BF16_TARGET
+HWY_PUSH_ATTRIBUTES(HWY_TARGET_STR)
+
+// DotRows on bf16 K and V rows (k rows D apart, v rows d_v apart) with the kernels above: the query rows
+// are in w.qt2 as pair words ([nr][D / 2], unscaled), the probabilities in w.p2 as 16-bit rows.
+void DotRowsPairs(const Context& c, const TileRows& t, Scratch& w, const uint16_t* k, const uint16_t* v) {
+  static constexpr auto score_blocks = PairScoreBlocks(std::make_integer_sequence<int, kDotRows>());
+  static constexpr auto score_singles = PairScoreSingles(std::make_integer_sequence<int, kDotRows>());
+  static constexpr auto pv_table = PairPvTable(std::make_integer_sequence<int, kDotRows>());
+  const Problem& p = c.p;
+  const int64_t D = p.head_dim, V = p.value_dim(), nr = t.nr, ld = round_up(nr, kLanes);
+  const int64_t lds = round_up(c.sched.tiles.kv, kLanes);
+  const uint32_t* q2 = w.qt2.data();
+  float *s = w.s.data(), *o = w.ot.data();
+  float *m = w.stats.data(), *l = m + ld, *alpha = l + 2 * ld;
+  uint16_t* p16 = reinterpret_cast<uint16_t*>(w.p2.data());
+  const int64_t kb = 8 / nr, cv = std::min<int64_t>(4, 8 / nr);
+  static const float kOnes[kDotRows] = {1, 1, 1, 1, 1, 1, 1, 1};
+  for (int64_t j0 = t.ja; j0 < t.jb; j0 += c.sched.tiles.kv) {
+    const int64_t nk = std::min(c.sched.tiles.kv, t.jb - j0), k_left = t.jb - j0;
+    const uint16_t* kt = k + j0 * D;
+    int64_t j = 0;
+    for (; j + kb <= nk; j += kb) {  // K rows kPrefetchRows ahead, as DotRows
+      if (j + kPrefetchRows < k_left)
+        PrefetchRows(kt + (j + kPrefetchRows) * D, std::min(kb, k_left - j - kPrefetchRows), D);
+      score_blocks[nr - 1](kt + j * D, D, q2, c.q_scale, s + j, lds);
+    }
+    for (; j < nk; ++j) score_singles[nr - 1](kt + j * D, D, q2, c.q_scale, s + j, lds);
+    const uint16_t* vtile = v + j0 * V;
+    PrefetchRows(vtile, std::min(kPvKeys, nk), V);
+    DotSoftmax(c, t, j0, nk, s, lds, m, l, alpha, w.drop, w.bias.data(), w.bias.data() + ld, p16);
+    for (int64_t b0 = 0; b0 < nk; b0 += kPvKeys) {  // as DotRows: blocks of keys, every chunk of a block
+      const int64_t nb = std::min(kPvKeys, nk - b0);
+      const uint16_t* vt = vtile + b0 * V;
+      if (b0 + kPvKeys < nk) PrefetchRows(vt + kPvKeys * V, std::min(kPvKeys, nk - b0 - kPvKeys), V);
+      for (int64_t e = 0; e < V;) {
+        const int64_t chunk = std::min(cv, (V - e) / 32);
+        pv_table[nr - 1][chunk - 1](vt, V, V, nb, p16 + b0, lds, o, b0 == 0 ? alpha : kOnes, e);
+        e += chunk * 32;
+      }
+    }
+  }
+  for (int64_t r = 0; r < nr; ++r) PairOrderToDims(o + r * V, V);
+}
+#endif
+
 // Rows of a GEMM-path tile against keys [t.ja, t.jb): leaves m, l in w.stats and the unnormalised output
 // transposed in w.ot ([V][ld], V = value_dim).
 // native_bf16: score with vdpbf16ps on the bf16 K tile in place and the bf16 pairs of Q^T in w.qt2, and
@@ -784,15 +982,17 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
   TileRows t = unit_rows(c, unit);
   const int64_t nr = t.nr, ld = round_up(nr, kLanes);
   const bool dropout = p.dropout > 0, dot = nr <= kDotRows;
-  // bf16 with vdpbf16ps (Context::bf16_dot): GEMM-path tiles on the AVX-512 target only; dot-path (decode)
-  // tiles and the other targets widen and use fp32 FMAs.
+  // bf16 with vdpbf16ps (Context::bf16_dot), on the AVX-512 target only: GEMM-path tiles (native_bf16),
+  // and dot-path (decode) tiles whose head_dim and d_v are multiples of 32 (native_dot); other tiles and
+  // the other targets widen and use fp32 FMAs.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   const bool native_bf16 = c.bf16_dot && !dot;
+  const bool native_dot = c.bf16_dot && dot && D % 32 == 0 && V % 32 == 0;
 #else
-  const bool native_bf16 = false;
+  const bool native_bf16 = false, native_dot = false;
 #endif
   const bool wide = p.dtype != DType::fp32;
-  w.ensure(ld, sc.tiles.kv, D, V, dropout, wide, native_bf16);
+  w.ensure(ld, sc.tiles.kv, D, V, dropout, wide, native_bf16 || native_dot);
   float *qt = w.qt.data(), *ot = w.ot.data();
   float *m = w.stats.data(), *l = m + ld;
 
@@ -810,10 +1010,11 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
 
   for (int64_t r = 0; r < nr; ++r) {
     const int64_t at = ((t.b * p.heads + t.head(r)) * p.seq_q + t.pos(r)) * D;
-    if (native_bf16) {  // Q^T as bf16 pairs, unscaled (exact); the kernel scales its sums
+    if (native_bf16 || native_dot) {  // Q as bf16 pairs, unscaled (exact); the kernels scale their sums
       const uint16_t* q = c.in.q16 + at;
       for (int64_t e2 = 0; e2 < D / 2; ++e2)
-        w.qt2[e2 * ld + r] = static_cast<uint32_t>(q[2 * e2]) | static_cast<uint32_t>(q[2 * e2 + 1]) << 16;
+        w.qt2[native_dot ? r * (D / 2) + e2 : e2 * ld + r] =
+            static_cast<uint32_t>(q[2 * e2]) | static_cast<uint32_t>(q[2 * e2 + 1]) << 16;
       continue;
     }
     auto q_at = [&](int64_t e) { return wide ? widen(p.dtype, c.in.q16[at + e]) : c.in.q[at + e]; };
@@ -868,16 +1069,21 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
   }
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(DF()));
   const bool whole_vectors = D % lanes == 0 && V % lanes == 0;
-  if (dot && !wide)
+  if (native_dot) {  // false on the other targets
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+    DotRowsPairs(c, t, w, src.k16, src.v16);
+#endif
+  } else if (dot && !wide) {
     DotRows<RowsF32>(c, t, w, InPlaceRows<RowsF32>{src.k, src.v, D, src.v_ld()});
-  else if (dot && whole_vectors && p.dtype == DType::bf16)
+  } else if (dot && whole_vectors && p.dtype == DType::bf16) {
     DotRows<RowsBf16>(c, t, w, InPlaceRows<RowsBf16>{src.k16, src.v16, D, V});
-  else if (dot && whole_vectors && p.dtype == DType::fp16)
+  } else if (dot && whole_vectors && p.dtype == DType::fp16) {
     DotRows<RowsF16>(c, t, w, InPlaceRows<RowsF16>{src.k16, src.v16, D, V});
-  else if (dot)
+  } else if (dot) {
     DotRows<RowsF32>(c, t, w, WidenedRows{src});
-  else
+  } else {
     GemmRows(c, t, w, src, native_bf16);
+  }
 
   auto o_at = [&](int64_t r, int64_t e) { return dot ? ot[r * V + e] : ot[e * ld + r]; };
   if (sc.splits > 1 || c.partial_out) {
