@@ -454,13 +454,21 @@ TEST_CASE(
       {1, 4, 1, 2, 777, 128, "causal_lower_right", 0, {{"tile_kv", 7}}},
       {2, 2, 0, 1, 300, 32, "causal_lower_right+pad", 0.1, Json::object()},
       {1, 4, 2, 1, 500, 48, "none", 0, Json::object()},
+      // Tiles of 8 and 16 rows (AMX where the CPU has it): 8 and 16 query heads per K/V head, odd key tiles,
+      // and 2 positions x 8 heads with key padding and dropout.
+      {1, 16, 2, 1, 1500, 64, "causal_lower_right", 0, Json::object()},
+      {1, 16, 1, 1, 700, 128, "causal_lower_right", 0, {{"tile_kv", 7}}},
+      {2, 8, 1, 2, 300, 32, "causal_lower_right+pad", 0.1, Json::object()},
   };
   const bool native = cpu_has_bf16_dot();
   if (!native) WARN("no vdpbf16ps here (or not the avx3 target): only the widening path runs");
+  const bool amx = tiled::amx_unavailable().empty();
+  if (!amx) WARN("no AMX here: " << tiled::amx_unavailable());
   const Attention& naive = Registry::instance().get("naive");
   uint64_t seed = 40;
   for (const Case& cs : cases) {
-    for (const char* kernel : {native_kernel(), "widen"}) {
+    for (const char* kernel : {native_kernel(), "widen", "amx"}) {
+      if (std::string(kernel) == "amx" && (!amx || cs.dim % 32)) continue;  // amx refuses other widths
       Json params = cs.params;
       params["bf16_kernel"] = kernel;
       Problem p =
@@ -498,7 +506,12 @@ TEST_CASE(
       // Every tile rounds its weights under native, except dot-product tiles whose widths are not multiples
       // of 32: here the one-position decode case of head_dim 48 (the other cases' tiles hold > 8 rows).
       const bool dot_widened = cs.seq_q == 1 && cs.dim % 32 != 0;
-      CHECK(rounds == (native && std::string(kernel) == "native" && !dot_widened));
+      if (std::string(kernel) != "amx") {
+        CHECK(rounds == (native && std::string(kernel) == "native" && !dot_widened));
+      } else if (cs.seq_q <= 2) {  // decode-sized: one tile of seq_q x group rows, on AMX at 5..16 rows
+        const int64_t tile_rows = cs.seq_q * (cs.kv_heads ? cs.heads / cs.kv_heads : 1);
+        CHECK(rounds == (tiled::amx_tile_rows(tile_rows) && cs.dim % 32 == 0));
+      }
       CHECK(err <= tiled_variant().abs_tolerance(p, in));
       if (rounds) {
         CHECK(err <= 2 * b16_err + slack);
@@ -572,7 +585,7 @@ TEST_CASE(
     CHECK(ratio < 20);
     const bool faster = ratio >= tiled::kBf16DotMinRatio;
     CHECK_THAT(kernel,
-               Catch::StartsWith(faster ? "vdpbf16ps (AVX512_BF16; " : "widen to fp32 (vdpbf16ps runs at "));
+               Catch::Contains(faster ? "vdpbf16ps (AVX512_BF16; " : "widen to fp32 (vdpbf16ps runs at "));
     CHECK(tiled_variant().unsupported_reasons_text(p).empty());
     CHECK(tiled_variant().weight_dtype(p) == DType::bf16);  // native forced
     Problem autop = p;
@@ -588,6 +601,22 @@ TEST_CASE(
   CHECK_THAT(
       tiled_variant().unsupported_reasons_text(odd),
       Catch::Contains("bf16_kernel=native needs an even head_dim (vdpbf16ps multiplies pairs), got 63"));
+  // bf16_kernel=amx: runs where the CPU and kernel grant AMX, else a clear error naming why; it needs whole
+  // 32-value tile rows.
+  Problem amxp = p;
+  amxp.params["bf16_kernel"] = "amx";
+  if (const std::string why = tiled::amx_unavailable(); why.empty()) {
+    CHECK(tiled_variant().unsupported_reasons_text(amxp).empty());
+    CHECK_THAT(kernel,
+               Catch::StartsWith("query tiles of 5-16 rows (decode) on AMX-BF16 (TDPBF16PS), others "));
+  } else {
+    CHECK_THAT(tiled_variant().unsupported_reasons_text(amxp), Catch::Contains("bf16_kernel=amx: " + why));
+  }
+  Problem amx48 = amxp;
+  amx48.head_dim = 48;
+  CHECK_THAT(
+      tiled_variant().unsupported_reasons_text(amx48),
+      Catch::Contains("bf16_kernel=amx needs head_dim and d_v multiples of 32 (whole tile rows), got 48"));
   // fp32 and fp16 storage ignore the parameter.
   Problem f16 = p;
   f16.dtype = DType::fp16;

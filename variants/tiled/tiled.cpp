@@ -95,16 +95,36 @@ bool native_bf16(const Problem& p) {
          native_bf16_unavailable().empty() && (kernel == "native" || native_bf16_faster());
 }
 
+// Whether `p`'s query tiles of amx_tile_rows run on AMX: bf16 storage, head_dim and d_v multiples of 32
+// (whole 32-value tile rows), bf16_kernel auto or amx, and the CPU, kernel and SIMD target able to.
+bool amx_bf16(const Problem& p) {
+  const std::string kernel = p.param_string("bf16_kernel");
+  return p.dtype == DType::bf16 && p.head_dim % 32 == 0 && p.value_dim() % 32 == 0 &&
+         (kernel == "auto" || kernel == "amx") && amx_unavailable().empty();
+}
+
+// Whether a query tile of `rows` rows rounds its weights to bf16 (run_query_tile's choice): on AMX, or on the
+// native vdpbf16ps kernels (GEMM-path tiles, and dot-path tiles of widths multiple of 32).
+bool tile_rounds_weights(const Problem& p, int64_t rows) {
+  if (amx_bf16(p) && amx_tile_rows(rows)) return true;
+  const bool dot_pairs = p.head_dim % 32 == 0 && p.value_dim() % 32 == 0;
+  return native_bf16(p) && (rows > kDotRows || dot_pairs);
+}
+
 // What bf16_kernel=auto runs on this CPU and SIMD target (attnbench info).
 std::string bf16_kernel_text() {
+  const std::string amx =
+      amx_unavailable().empty() ? "query tiles of 5-16 rows (decode) on AMX-BF16 (TDPBF16PS), others " : "";
   const std::string why = native_bf16_unavailable();
-  if (!why.empty()) return "widen to fp32 (" + why + ")";
+  if (!why.empty()) return amx + "widen to fp32 (" + why + ")";
   char ratio[32];
   std::snprintf(ratio, sizeof ratio, "%.2f", bf16_dot_rate_ratio());
-  return native_bf16_faster()
-             ? std::string("vdpbf16ps (AVX512_BF16; ") + ratio + "x the fp32 FMA's multiply-add rate here)"
-             : std::string("widen to fp32 (vdpbf16ps runs at ") + ratio +
-                   "x the fp32 FMA's multiply-add rate on this CPU; bf16_kernel=native forces it)";
+  return amx +
+         (native_bf16_faster()
+              ? std::string("vdpbf16ps (AVX512_BF16; ") + ratio + "x the fp32 FMA's multiply-add rate here)"
+              : std::string("widen to fp32 (vdpbf16ps runs at ") + ratio +
+                    "x the fp32 FMA's multiply-add rate on this CPU; bf16_kernel=native "
+                    "forces it)");
 }
 
 class Tiled final : public Attention {
@@ -171,11 +191,14 @@ class Tiled final : public Attention {
          .help = "bf16 storage: native (Q K^T and P V with vdpbf16ps, P rounded to bf16; needs the CPU "
                  "flag avx512_bf16, the avx3 target and an even head_dim; decode tiles of at most 8 rows "
                  "also head_dim and d_v multiples of 32, else they widen), widen (K, V to fp32, fp32 FMAs), "
-                 "auto (native where it can run and vdpbf16ps measured faster than the fp32 FMA on this "
-                 "CPU; attnbench info says which and the measured ratio)",
+                 "amx (query tiles of 5 to 16 rows, decode of grouped heads, on AMX-BF16, P rounded to "
+                 "bf16; needs the CPU flags amx_tile and amx_bf16 and head_dim and d_v multiples of 32; "
+                 "other tiles as auto), auto "
+                 "(amx where it can run, else native where it can and vdpbf16ps measured faster than the "
+                 "fp32 FMA on this CPU; attnbench info says which and the measured ratio)",
          .min = {},
          .max = {},
-         .choices = {"auto", "native", "widen"}}};
+         .choices = {"auto", "native", "widen", "amx"}}};
   }
   std::vector<Json> test_param_sets() const override {
     // Tiny tiles (and tile_q != tile_kv) so the multi-tile, tail and diagonal paths run on small inputs;
@@ -185,21 +208,22 @@ class Tiled final : public Attention {
                               {{"tile_q", 3}, {"tile_kv", 5}},
                               {{"tile_q", 33}, {"tile_kv", 16}},
                               {{"tile_q", 1}, {"tile_kv", 7}}};
-    // Where the native bf16 kernels can run but auto widens (vdpbf16ps measured slower than the FMA), they
-    // are checked by name, on both paths.
-    if (native_bf16_unavailable().empty() && !native_bf16_faster()) {
+    // Where the native bf16 kernels can run but auto does not pick them (vdpbf16ps measured slower than
+    // the FMA, or AMX takes the decode tiles), they are checked by name.
+    if (native_bf16_unavailable().empty() && !native_bf16_faster())
       sets.push_back({{"tile_q", 33}, {"tile_kv", 16}, {"bf16_kernel", "native"}});
+    if (native_bf16_unavailable().empty() && (!native_bf16_faster() || amx_unavailable().empty()))
       sets.push_back({{"tile_q", 1}, {"tile_kv", 7}, {"bf16_kernel", "native"}});
-    }
     return sets;
   }
   Json kernels() const override { return {{"bf16", bf16_kernel_text()}}; }
-  // The native bf16 P V rounds the weights to bf16 (tiled_kernels.cpp SoftmaxUpdatePairs and ExpRowBf16) on
-  // the GEMM-path tiles (a schedule whose full query tiles hold more than kDotRows rows has some) and on the
-  // dot-path tiles when head_dim and d_v are multiples of 32 (RunQueryTile's native_dot).
+  // The native bf16 and the AMX P V round the weights to bf16 (tiled_kernels.cpp SoftmaxUpdatePairs and
+  // ExpRowBf16) on the tiles tile_rounds_weights names: bf16 when the full query tiles or the last one do.
   DType weight_dtype(const Problem& p) const override {
-    const bool dot_pairs = p.head_dim % 32 == 0 && p.value_dim() % 32 == 0;
-    return native_bf16(p) && (dot_pairs || make_schedule(p).rows > kDotRows) ? DType::bf16 : DType::fp32;
+    const Schedule s = make_schedule(p);  // the full query tiles' rows and the last tile's
+    const int64_t tail = p.seq_q % s.tiles.q * s.group;
+    return tile_rounds_weights(p, s.rows) || (tail > 0 && tile_rounds_weights(p, tail)) ? DType::bf16
+                                                                                        : DType::fp32;
   }
   double flops(const Problem& p) const override {
     // The shared exact-attention count (common/kernels/mask.hpp): causal counts the pairs below the diagonal
@@ -208,7 +232,7 @@ class Tiled final : public Attention {
   }
   std::size_t workspace_bytes(const Problem& p, int threads) const override {
     const Schedule s = make_schedule(p);
-    const bool wide = p.dtype != DType::fp32, pairs = native_bf16(p);
+    const bool wide = p.dtype != DType::fp32, pairs = native_bf16(p) || amx_bf16(p);
     return sat_add(sat_mul(to_size(std::max(threads, 1)),
                            Scratch::bytes(round_up(s.rows, kLanes), s.tiles.kv, p.head_dim, p.value_dim(),
                                           p.dropout > 0, wide, pairs)),
@@ -219,6 +243,14 @@ class Tiled final : public Attention {
 
  protected:
   std::vector<std::string> extra_not_supported_reasons(const Problem& p) const override {
+    if (p.dtype == DType::bf16 && p.param_string("bf16_kernel") == "amx") {
+      std::vector<std::string> why;
+      if (const std::string r = amx_unavailable(); !r.empty()) why.push_back("bf16_kernel=amx: " + r);
+      if (p.head_dim % 32 || p.value_dim() % 32)
+        why.push_back("bf16_kernel=amx needs head_dim and d_v multiples of 32 (whole tile rows), got " +
+                      std::to_string(p.head_dim) + " and " + std::to_string(p.value_dim()));
+      return why;
+    }
     if (p.dtype != DType::bf16 || p.param_string("bf16_kernel") != "native") return {};
     std::vector<std::string> why;
     if (const std::string r = native_bf16_unavailable(); !r.empty())
@@ -342,6 +374,7 @@ class Tiled final : public Attention {
       c.bias_kind = p.mask.any_causal() ? 1 : 2;
     }
     c.bf16_dot = native_bf16(p);
+    c.amx = amx_bf16(p);
     c.lse = lse;
     if (p.softcap) c.cap2 = static_cast<float>(*p.softcap * std::numbers::log2e);
     if (p.sinks)

@@ -64,6 +64,9 @@ inline constexpr double kBf16DotMinRatio = 1.25;
 // Why the native bf16 kernels cannot run now ("" when they can): bf16_dot_missing(), or the selected SIMD
 // target is not AVX-512 (--isa / sweep.isa).
 std::string native_bf16_unavailable();
+// Why the AMX decode kernels cannot run now ("" when they can): amx_missing(), or the selected SIMD target
+// is not AVX-512.
+std::string amx_unavailable();
 void bf16_score_tile(const uint16_t* k, int64_t dim, const uint32_t* qt2, int64_t ld, int64_t nk, float* s,
                      float* colmax, float scale, const LaneBias& bias, int64_t j0);
 // The V tile as key pairs: rows 2 j2 and 2 j2 + 1 of `rows` ([n][dim] bf16) interleaved into
@@ -73,6 +76,28 @@ void bf16_pack_pairs(const uint16_t* rows, int64_t n, int64_t dim, uint32_t* out
 // tile's probabilities rounded to bf16 as key pairs ([pairs][ld] words, low half = the even key).
 void bf16_pv_tile(const uint32_t* v2, int64_t dim, const uint32_t* p2, int64_t ld, int64_t pairs, float* ot,
                   const float* alpha);
+
+// AMX-BF16 (tiled_amx.cpp), the kernels of small query tiles where the CPU has it: why it cannot run (""
+// when it can: CPU flags amx_tile and amx_bf16, avx512_bf16, and Linux granting the tile state, asked once).
+std::string amx_missing();
+// The query tiles AMX takes (Context::amx): kAmxMinRows .. 16 rows (decode of grouped heads, a few
+// positions). Its per-key cost hardly grows with the rows, the FMA kernels' does: at bf16, 32K keys, 2
+// threads on an Intel Xeon (Sapphire Rapids class) AMX took 1.75x less time than them at 8 rows, the same at
+// 4 and 1.3x more at 1 (one query head per K/V head, where the FMA kernels were within 0.8 of the bandwidth).
+inline constexpr int64_t kAmxMinRows = 5, kAmxMaxRows = 16;
+inline bool amx_tile_rows(int64_t rows) {
+  return rows >= kAmxMinRows && rows <= kAmxMaxRows;
+}
+// Scores st[j * nr + r] (unscaled) of nk keys (k: [nk][D] bf16 in place, D a multiple of 32) against nr <=
+// 16 query rows given as depth pairs qb[e2 * nr + r]; st holds nk rounded up to 16 rows, ktail 16 * D values.
+// And the same keys' V rows ([nk][V], V a multiple of 32) as key pairs for amx_pv: vp holds
+// round_up(nk, 32) / 2 * V words. `left` (>= nk): the keys from k and v that may be read ahead (prefetched).
+void amx_scores(const uint16_t* k, const uint16_t* v, int64_t D, int64_t V, int64_t nk, int64_t left,
+                const uint32_t* qb, int64_t nr, float* st, uint16_t* ktail, uint32_t* vp);
+// opart[r * V + c] = the tile's P V (c in the packing's value order; PairOrderToDims restores it): p16 nr
+// rows of bf16 probabilities lds apart, zero from n to round_up(n, 32).
+void amx_pv(const uint32_t* vp, int64_t V, int64_t n, const uint16_t* p16, int64_t lds, int64_t nr,
+            float* opart);
 
 // Per-thread scratch for one query tile (ld = the tile's row count rounded up to kLanes). The dot-product
 // path uses the same buffers row-major: qt as [rows][D], s as [rows][tile_kv rounded to kLanes], ot as
@@ -88,15 +113,20 @@ struct Scratch {
   // the native bf16 kernels Q^T as bf16 pairs ([D / 2][ld]; the dot path: Q rows, [rows][D / 2]), the
   // tile's rounded probabilities as key pairs ([tile_kv / 2][ld]; the dot path: 16-bit rows
   // [rows][tile_kv rounded to kLanes]) and the V tile as key pairs ([tile_kv / 2][Dv]).
+  // The AMX decode tiles also use p2 as 16-bit rows [rows][tile_kv rounded to 32], vt2 as V in key pairs
+  // ([tile_kv rounded to 32 / 2][Dv]), and st (scores [tile_kv rounded to 16][rows]), ktail (the last
+  // partial block of 16 K rows, zero-padded) and opart (the tile's P V, [rows][Dv]).
   AlignedVector<float> kt, vt;
   AlignedVector<uint32_t> qt2, p2, vt2;
+  AlignedVector<float> st, opart;
+  AlignedVector<uint16_t> ktail;
   std::vector<DropoutRow> drop;
 
-  static int64_t s_floats(int64_t ld, int64_t tile_kv) { return (tile_kv + kLanes) * ld; }
-  // Words of p2: both layouts above (ld >= rows; tile_kv rounded up to kLanes is even and >= tile_kv).
-  static int64_t p2_words(int64_t ld, int64_t tile_kv) {
-    return (tile_kv + kLanes - 1) / kLanes * kLanes / 2 * ld;
-  }
+  static int64_t round32(int64_t n) { return (n + 31) / 32 * 32; }
+  // s: [tile_kv + kLanes][ld], or [rows][tile_kv rounded to 32] (the AMX tiles' rows; rows <= ld).
+  static int64_t s_floats(int64_t ld, int64_t tile_kv) { return (round32(tile_kv) + kLanes) * ld; }
+  // Words of p2: every layout above (ld >= rows).
+  static int64_t p2_words(int64_t ld, int64_t tile_kv) { return round32(tile_kv) / 2 * ld; }
   void ensure(int64_t ld, int64_t tile_kv, int64_t dim, int64_t dv, bool dropout, bool wide, bool pairs) {
     auto grow = [](auto& v, int64_t n) {
       if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
@@ -113,7 +143,10 @@ struct Scratch {
     if (pairs) {
       grow(qt2, (dim + 1) / 2 * ld);
       grow(p2, p2_words(ld, tile_kv));
-      grow(vt2, (tile_kv + 1) / 2 * dv);
+      grow(vt2, round32(tile_kv) / 2 * dv);
+      grow(st, (tile_kv + 15) / 16 * 16 * kAmxMaxRows);
+      grow(opart, kAmxMaxRows * dv);
+      grow(ktail, 16 * dim);
     }
     if (dropout) drop.resize(static_cast<std::size_t>(ld));
   }
@@ -122,10 +155,12 @@ struct Scratch {
   static std::size_t bytes(int64_t ld, int64_t tile_kv, int64_t dim, int64_t dv, bool dropout, bool wide,
                            bool pairs) {
     const std::size_t L = to_size(ld), K = to_size(tile_kv), D = to_size(dim), Dv = to_size(dv);
+    const std::size_t K32 = (K + 31) / 32 * 32, R = to_size(kAmxMaxRows);
     const std::size_t floats =
-        sat_add(sat_mul(sat_add(D, Dv, 6), L), sat_mul(K + kLanes, L), wide ? sat_mul(K, sat_add(D, Dv)) : 0,
-                pairs ? sat_mul((K + kLanes - 1) / kLanes * kLanes / 2 + (D + 1) / 2, L) : 0,
-                pairs ? sat_mul((K + 1) / 2, Dv) : 0);
+        sat_add(sat_mul(sat_add(D, Dv, 6), L), sat_mul((K + 31) / 32 * 32 + kLanes, L),
+                wide ? sat_mul(K, sat_add(D, Dv)) : 0, pairs ? sat_mul(K32 / 2 + (D + 1) / 2, L) : 0,
+                pairs ? sat_mul(K32 / 2, Dv) : 0,
+                pairs ? sat_add(sat_mul((K + 15) / 16 * 16, R), sat_mul(R, Dv), sat_mul(8, D)) : 0);
     return sat_add(sat_mul(floats, sizeof(float)), dropout ? sat_mul(L, sizeof(DropoutRow)) : 0,
                    sizeof(Scratch));
   }
@@ -160,6 +195,9 @@ struct Context {
   // The native bf16 kernels (tiled.cpp native_bf16: bf16 storage, an even head_dim, bf16_kernel not widen,
   // AVX512_BF16 and the AVX-512 target): the GEMM-path tiles compute Q K^T and P V with vdpbf16ps.
   bool bf16_dot = false;
+  // AMX-BF16 for the query tiles of amx_tile_rows (tiled.cpp amx_bf16: bf16 storage, head_dim and d_v
+  // multiples of 32, bf16_kernel auto or amx, amx_missing() empty and the AVX-512 target).
+  bool amx = false;
   // Every task writes partial rows to `partials` even without splits (accumulate_block).
   bool partial_out = false;
   // Logit soft-capping in base 2: C log2(e) (0: none); sink logits times log2(e) per query head (empty:

@@ -882,6 +882,40 @@ void DotRowsPairs(const Context& c, const TileRows& t, Scratch& w, const uint16_
   }
   for (int64_t r = 0; r < nr; ++r) PairOrderToDims(o + r * V, V);
 }
+
+// DotRows on AMX (tiled_amx.cpp; Context::amx): per key tile the scores S^T from amx_scores, transposed
+// into DotSoftmax's rows and scaled (the query pairs in w.qt2, [D / 2][nr], are unscaled), probabilities
+// rounded to bf16 into w.p2 as 16-bit rows zero-padded to whole 32-key blocks, V packed into key pairs, the
+// tile's P V from amx_pv added to alpha times the running output, which stays in the packing's value order
+// until the end (PairOrderToDims).
+void DotRowsAmx(const Context& c, const TileRows& t, Scratch& w, const uint16_t* k, const uint16_t* v) {
+  const Problem& p = c.p;
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t D = p.head_dim, V = p.value_dim(), nr = t.nr, ld = round_up(nr, kLanes);
+  const int64_t lds = Scratch::round32(c.sched.tiles.kv);
+  float *s = w.s.data(), *o = w.ot.data(), *st = w.st.data(), *part = w.opart.data();
+  float *m = w.stats.data(), *l = m + ld, *alpha = l + 2 * ld;
+  uint16_t* p16 = reinterpret_cast<uint16_t*>(w.p2.data());
+  for (int64_t j0 = t.ja; j0 < t.jb; j0 += c.sched.tiles.kv) {
+    const int64_t nk = std::min(c.sched.tiles.kv, t.jb - j0);
+    amx_scores(k + j0 * D, v + j0 * V, D, V, nk, t.jb - j0, w.qt2.data(), nr, st, w.ktail.data(),
+               w.vt2.data());
+    for (int64_t j = 0; j < nk; ++j)
+      for (int64_t r = 0; r < nr; ++r) s[r * lds + j] = st[j * nr + r] * c.q_scale;
+    DotSoftmax(c, t, j0, nk, s, lds, m, l, alpha, w.drop, w.bias.data(), w.bias.data() + ld, p16);
+    const int64_t filled = round_up(nk, N), n32 = Scratch::round32(nk);
+    for (int64_t r = 0; r < nr; ++r) std::fill(p16 + r * lds + filled, p16 + r * lds + n32, uint16_t{0});
+    amx_pv(w.vt2.data(), V, nk, p16, lds, nr, part);
+    for (int64_t r = 0; r < nr; ++r) {
+      const VF a = hn::Set(d, alpha[r]);
+      float *orow = o + r * V, *prow = part + r * V;
+      for (int64_t e = 0; e < V; e += N)
+        hn::StoreU(hn::MulAdd(a, hn::LoadU(d, orow + e), hn::LoadU(d, prow + e)), d, orow + e);
+    }
+  }
+  for (int64_t r = 0; r < nr; ++r) PairOrderToDims(o + r * V, V);
+}
 #endif
 
 // Rows of a GEMM-path tile against keys [t.ja, t.jb): leaves m, l in w.stats and the unnormalised output
@@ -986,13 +1020,15 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
   // and dot-path (decode) tiles whose head_dim and d_v are multiples of 32 (native_dot); other tiles and
   // the other targets widen and use fp32 FMAs.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  const bool native_bf16 = c.bf16_dot && !dot;
-  const bool native_dot = c.bf16_dot && dot && D % 32 == 0 && V % 32 == 0;
+  const bool amx_dot = c.amx && amx_tile_rows(nr);
+  const bool native_bf16 = c.bf16_dot && !dot && !amx_dot;
+  const bool native_dot = !amx_dot && c.bf16_dot && dot && D % 32 == 0 && V % 32 == 0;
 #else
-  const bool native_bf16 = false, native_dot = false;
+  const bool native_bf16 = false, native_dot = false, amx_dot = false;
 #endif
+  const bool row_major = dot || amx_dot;  // ot as [rows][V] (else [V][ld])
   const bool wide = p.dtype != DType::fp32;
-  w.ensure(ld, sc.tiles.kv, D, V, dropout, wide, native_bf16 || native_dot);
+  w.ensure(ld, sc.tiles.kv, D, V, dropout, wide, native_bf16 || native_dot || amx_dot);
   float *qt = w.qt.data(), *ot = w.ot.data();
   float *m = w.stats.data(), *l = m + ld;
 
@@ -1010,11 +1046,12 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
 
   for (int64_t r = 0; r < nr; ++r) {
     const int64_t at = ((t.b * p.heads + t.head(r)) * p.seq_q + t.pos(r)) * D;
-    if (native_bf16 || native_dot) {  // Q as bf16 pairs, unscaled (exact); the kernels scale their sums
-      const uint16_t* q = c.in.q16 + at;
+    if (native_bf16 || native_dot || amx_dot) {  // Q as bf16 pairs, unscaled (exact); the kernels scale
+      const uint16_t* q = c.in.q16 + at;         // their sums
+      const int64_t at2 = native_dot ? r * (D / 2) : r, step = native_dot ? 1 : amx_dot ? nr : ld;
       for (int64_t e2 = 0; e2 < D / 2; ++e2)
-        w.qt2[native_dot ? r * (D / 2) + e2 : e2 * ld + r] =
-            static_cast<uint32_t>(q[2 * e2]) | static_cast<uint32_t>(q[2 * e2 + 1]) << 16;
+        w.qt2[at2 + e2 * step] = static_cast<uint32_t>(q[2 * e2]) | static_cast<uint32_t>(q[2 * e2 + 1])
+                                                                        << 16;
       continue;
     }
     auto q_at = [&](int64_t e) { return wide ? widen(p.dtype, c.in.q16[at + e]) : c.in.q[at + e]; };
@@ -1026,7 +1063,7 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
   }
   if (native_bf16)
     for (int64_t e2 = 0; e2 < D / 2; ++e2) std::fill(&w.qt2[e2 * ld + nr], &w.qt2[e2 * ld] + ld, 0u);
-  else if (!dot)
+  else if (!row_major)
     for (int64_t e = 0; e < D; ++e) std::fill(qt + e * ld + nr, qt + (e + 1) * ld, 0.0f);  // padding lanes
   if (c.bias_kind) {  // ALiBi lane vectors: query position in the key sequence, -slope * log2(e)
     float *bpos = w.bias.data(), *bslope = bpos + ld;
@@ -1069,9 +1106,12 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
   }
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(DF()));
   const bool whole_vectors = D % lanes == 0 && V % lanes == 0;
-  if (native_dot) {  // false on the other targets
+  if (amx_dot || native_dot) {  // false on the other targets
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-    DotRowsPairs(c, t, w, src.k16, src.v16);
+    if (amx_dot)
+      DotRowsAmx(c, t, w, src.k16, src.v16);
+    else
+      DotRowsPairs(c, t, w, src.k16, src.v16);
 #endif
   } else if (dot && !wide) {
     DotRows<RowsF32>(c, t, w, InPlaceRows<RowsF32>{src.k, src.v, D, src.v_ld()});
@@ -1085,7 +1125,7 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
     GemmRows(c, t, w, src, native_bf16);
   }
 
-  auto o_at = [&](int64_t r, int64_t e) { return dot ? ot[r * V + e] : ot[e * ld + r]; };
+  auto o_at = [&](int64_t r, int64_t e) { return row_major ? ot[r * V + e] : ot[e * ld + r]; };
   if (sc.splits > 1 || c.partial_out) {
     // Partial rows: running max, sum and the unnormalised output, merged by MergeSplits.
     const int64_t stride = sc.partial_stride(p);
@@ -1225,6 +1265,12 @@ HWY_EXPORT(NativeBf16Target);
 
 std::string native_bf16_unavailable() {
   if (std::string why = bf16_dot_missing(); !why.empty()) return why;
+  if (!HWY_DYNAMIC_DISPATCH(NativeBf16Target)())
+    return "the selected SIMD target " + simd::active_isa() + " is not AVX-512 (avx3)";
+  return "";
+}
+std::string amx_unavailable() {
+  if (std::string why = amx_missing(); !why.empty()) return why;
   if (!HWY_DYNAMIC_DISPATCH(NativeBf16Target)())
     return "the selected SIMD target " + simd::active_isa() + " is not AVX-512 (avx3)";
   return "";
