@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <numbers>
 
@@ -111,20 +110,17 @@ bool tile_rounds_weights(const Problem& p, int64_t rows) {
   return native_bf16(p) && (rows > kDotRows || dot_pairs);
 }
 
-// What bf16_kernel=auto runs on this CPU and SIMD target (attnbench info).
+// What bf16_kernel=auto runs on this CPU and SIMD target (attnbench info, meta.json): the choice, not the
+// probe's ratio, which moves from run to run (the rows and info must be the same between runs).
 std::string bf16_kernel_text() {
   const std::string amx =
       amx_unavailable().empty() ? "query tiles of 5-16 rows (decode) on AMX-BF16 (TDPBF16PS), others " : "";
-  const std::string why = native_bf16_unavailable();
-  if (!why.empty()) return amx + "widen to fp32 (" + why + ")";
-  char ratio[32];
-  std::snprintf(ratio, sizeof ratio, "%.2f", bf16_dot_rate_ratio());
-  return amx +
-         (native_bf16_faster()
-              ? std::string("vdpbf16ps (AVX512_BF16; ") + ratio + "x the fp32 FMA's multiply-add rate here)"
-              : std::string("widen to fp32 (vdpbf16ps runs at ") + ratio +
-                    "x the fp32 FMA's multiply-add rate on this CPU; bf16_kernel=native "
-                    "forces it)");
+  if (const std::string why = native_bf16_unavailable(); !why.empty())
+    return amx + "widen to fp32 (" + why + ")";
+  return amx + (native_bf16_faster()
+                    ? "vdpbf16ps (AVX512_BF16; measured faster than the fp32 FMA here)"
+                    : "widen to fp32 (vdpbf16ps measured slower than the fp32 FMA on this CPU; "
+                      "bf16_kernel=native forces it)");
 }
 
 class Tiled final : public Attention {
