@@ -95,9 +95,11 @@ inline bool amx_tile_rows(int64_t rows) {
 void amx_scores(const uint16_t* k, const uint16_t* v, int64_t D, int64_t V, int64_t nk, int64_t left,
                 const uint32_t* qb, int64_t nr, float* st, uint16_t* ktail, uint32_t* vp);
 // opart[r * V + c] = the tile's P V (c in the packing's value order; PairOrderToDims restores it): p16 nr
-// rows of bf16 probabilities lds apart, zero from n to round_up(n, 32).
+// rows of bf16 probabilities lds apart, zero from n to round_up(n, 32). Meanwhile it prefetches next_k_bytes
+// from next_k and next_v_bytes from next_v (the next key tile).
 void amx_pv(const uint32_t* vp, int64_t V, int64_t n, const uint16_t* p16, int64_t lds, int64_t nr,
-            float* opart);
+            float* opart, const uint16_t* next_k, int64_t next_k_bytes, const uint16_t* next_v,
+            int64_t next_v_bytes);
 
 // Per-thread scratch for one query tile (ld = the tile's row count rounded up to kLanes). The dot-product
 // path uses the same buffers row-major: qt as [rows][D], s as [rows][tile_kv rounded to kLanes], ot as

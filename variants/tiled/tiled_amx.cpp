@@ -126,9 +126,17 @@ ATTN_AMX_TARGET void amx_scores(const uint16_t* k, const uint16_t* v, int64_t D,
 
 // opart[r * V + c] = sum over the tile's keys of p[r][j] v[j][c] (c in the packing's order): p16 rows lds
 // apart, bf16, zero from n to round_up(n, 32); C tiles of nr rows x 16 values, two value groups at a time
-// (independent accumulation chains sharing each P tile), 32 keys per TDPBF16PS.
+// (independent accumulation chains sharing each P tile), 32 keys per TDPBF16PS. next_k / next_v: the bytes
+// of the next key tile to prefetch meanwhile (0: none).
 ATTN_AMX_TARGET void amx_pv(const uint32_t* vp, int64_t V, int64_t n, const uint16_t* p16, int64_t lds,
-                            int64_t nr, float* opart) {
+                            int64_t nr, float* opart, const uint16_t* next_k, int64_t next_k_bytes,
+                            const uint16_t* next_v, int64_t next_v_bytes) {
+  // The next key tile's K and V, prefetched a slice per step: this phase reads only L1-resident data, and
+  // memory would otherwise idle through it (16 query heads per K/V head, bf16, 32K keys, 2 threads, Intel
+  // Xeon: 2.47 -> 1.80-1.96 ms; 8 per K/V head 3.47-3.57 -> 3.28-3.36 ms; two runs each, alternated).
+  const int64_t iters = V / 32 * ((n + 31) / 32);
+  const int64_t kstep = (next_k_bytes / iters + 63) / 64 * 64, vstep = (next_v_bytes / iters + 63) / 64 * 64;
+  int64_t ko = 0, vo = 0;
   TileConfig cfg;
   const auto rows = static_cast<uint8_t>(nr);
   cfg.rows[0] = rows, cfg.colsb[0] = 64;  // C: nr query rows x 16 values fp32, two groups (0, 3)
@@ -147,6 +155,14 @@ ATTN_AMX_TARGET void amx_pv(const uint32_t* vp, int64_t V, int64_t n, const uint
       _tile_loadd(4, vp + j / 2 * V + c + 16, V * 4);
       _tile_dpbf16ps(0, 2, 1);
       _tile_dpbf16ps(3, 2, 4);
+      if (ko < next_k_bytes) {
+        PrefetchBytes(reinterpret_cast<const char*>(next_k) + ko, std::min(kstep, next_k_bytes - ko));
+        ko += kstep;
+      }
+      if (vo < next_v_bytes) {
+        PrefetchBytes(reinterpret_cast<const char*>(next_v) + vo, std::min(vstep, next_v_bytes - vo));
+        vo += vstep;
+      }
     }
     _tile_stored(0, opart + c, V * 4);
     _tile_stored(3, opart + c + 16, V * 4);
@@ -159,7 +175,8 @@ std::string amx_missing() {
 }
 void amx_scores(const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, int64_t, const uint32_t*,
                 int64_t, float*, uint16_t*, uint32_t*) {}
-void amx_pv(const uint32_t*, int64_t, int64_t, const uint16_t*, int64_t, int64_t, float*) {}
+void amx_pv(const uint32_t*, int64_t, int64_t, const uint16_t*, int64_t, int64_t, float*, const uint16_t*,
+            int64_t, const uint16_t*, int64_t) {}
 #endif
 
 }  // namespace attn::tiled

@@ -906,7 +906,9 @@ void DotRowsAmx(const Context& c, const TileRows& t, Scratch& w, const uint16_t*
     DotSoftmax(c, t, j0, nk, s, lds, m, l, alpha, w.drop, w.bias.data(), w.bias.data() + ld, p16);
     const int64_t filled = round_up(nk, N), n32 = Scratch::round32(nk);
     for (int64_t r = 0; r < nr; ++r) std::fill(p16 + r * lds + filled, p16 + r * lds + n32, uint16_t{0});
-    amx_pv(w.vt2.data(), V, nk, p16, lds, nr, part);
+    const int64_t next = std::min(c.sched.tiles.kv, t.jb - j0 - nk);  // the next tile's keys, prefetched
+    amx_pv(w.vt2.data(), V, nk, p16, lds, nr, part, k + (j0 + nk) * D, next * D * 2, v + (j0 + nk) * V,
+           next * V * 2);
     for (int64_t r = 0; r < nr; ++r) {
       const VF a = hn::Set(d, alpha[r]);
       float *orow = o + r * V, *prow = part + r * V;
