@@ -191,7 +191,7 @@ class Tiled final : public Attention {
                  "bf16; needs the CPU flags amx_tile and amx_bf16 and head_dim and d_v multiples of 32; "
                  "other tiles as auto), auto "
                  "(amx where it can run, else native where it can and vdpbf16ps measured faster than the "
-                 "fp32 FMA on this CPU; attnbench info says which and the measured ratio)",
+                 "fp32 FMA on this CPU; attnbench info says which)",
          .min = {},
          .max = {},
          .choices = {"auto", "native", "widen", "amx"}}};
