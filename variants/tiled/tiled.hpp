@@ -88,12 +88,14 @@ inline constexpr int64_t kAmxMinRows = 5, kAmxMaxRows = 16;
 inline bool amx_tile_rows(int64_t rows) {
   return rows >= kAmxMinRows && rows <= kAmxMaxRows;
 }
-// Scores st[j * nr + r] (unscaled) of nk keys (k: [nk][D] bf16 in place, D a multiple of 32) against nr <=
-// 16 query rows given as depth pairs qb[e2 * nr + r]; st holds nk rounded up to 16 rows, ktail 16 * D values.
-// And the same keys' V rows ([nk][V], V a multiple of 32) as key pairs for amx_pv: vp holds
-// round_up(nk, 32) / 2 * V words. `left` (>= nk): the keys from k and v that may be read ahead (prefetched).
+// Scores s[r * lds + j] = scale * q_r . k_j of nk keys (k: [nk][D] bf16 in place, D a multiple of 32) and nr
+// <= 16 query rows given as depth pairs qb[e2 * 16 + r] (columns nr..15 zero), for j up to nk rounded to 16
+// (lds >= that); ktail holds 16 * D values. And the same keys' V rows ([nk][V], V a multiple of 32) as key
+// pairs for amx_pv: vp holds round_up(nk, 32) / 2 * V words. `left` (>= nk): the keys from k and v that may
+// be read ahead (prefetched).
 void amx_scores(const uint16_t* k, const uint16_t* v, int64_t D, int64_t V, int64_t nk, int64_t left,
-                const uint32_t* qb, int64_t nr, float* st, uint16_t* ktail, uint32_t* vp);
+                const uint32_t* qb, int64_t nr, float scale, float* s, int64_t lds, uint16_t* ktail,
+                uint32_t* vp);
 // opart[r * V + c] = the tile's P V (c in the packing's value order; PairOrderToDims restores it): p16 nr
 // rows of bf16 probabilities lds apart, zero from n to round_up(n, 32). Meanwhile it prefetches next_k_bytes
 // from next_k and next_v_bytes from next_v (the next key tile).
@@ -116,11 +118,11 @@ struct Scratch {
   // tile's rounded probabilities as key pairs ([tile_kv / 2][ld]; the dot path: 16-bit rows
   // [rows][tile_kv rounded to kLanes]) and the V tile as key pairs ([tile_kv / 2][Dv]).
   // The AMX decode tiles also use p2 as 16-bit rows [rows][tile_kv rounded to 32], vt2 as V in key pairs
-  // ([tile_kv rounded to 32 / 2][Dv]), and st (scores [tile_kv rounded to 16][rows]), ktail (the last
-  // partial block of 16 K rows, zero-padded) and opart (the tile's P V, [rows][Dv]).
+  // ([tile_kv rounded to 32 / 2][Dv]), qt2 as Q^T pairs [D / 2][16], ktail (the last partial block of 16 K
+  // rows, zero-padded) and opart (the tile's P V, [rows][Dv]).
   AlignedVector<float> kt, vt;
   AlignedVector<uint32_t> qt2, p2, vt2;
-  AlignedVector<float> st, opart;
+  AlignedVector<float> opart;
   AlignedVector<uint16_t> ktail;
   std::vector<DropoutRow> drop;
 
@@ -146,7 +148,6 @@ struct Scratch {
       grow(qt2, (dim + 1) / 2 * ld);
       grow(p2, p2_words(ld, tile_kv));
       grow(vt2, round32(tile_kv) / 2 * dv);
-      grow(st, (tile_kv + 15) / 16 * 16 * kAmxMaxRows);
       grow(opart, kAmxMaxRows * dv);
       grow(ktail, 16 * dim);
     }
@@ -161,8 +162,7 @@ struct Scratch {
     const std::size_t floats =
         sat_add(sat_mul(sat_add(D, Dv, 6), L), sat_mul((K + 31) / 32 * 32 + kLanes, L),
                 wide ? sat_mul(K, sat_add(D, Dv)) : 0, pairs ? sat_mul(K32 / 2 + (D + 1) / 2, L) : 0,
-                pairs ? sat_mul(K32 / 2, Dv) : 0,
-                pairs ? sat_add(sat_mul((K + 15) / 16 * 16, R), sat_mul(R, Dv), sat_mul(8, D)) : 0);
+                pairs ? sat_mul(K32 / 2, Dv) : 0, pairs ? sat_add(sat_mul(R, Dv), sat_mul(8, D)) : 0);
     return sat_add(sat_mul(floats, sizeof(float)), dropout ? sat_mul(L, sizeof(DropoutRow)) : 0,
                    sizeof(Scratch));
   }

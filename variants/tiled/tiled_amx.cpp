@@ -84,20 +84,63 @@ ATTN_AMX_TARGET inline void PackPairs16(const uint16_t* v, int64_t V, int64_t n,
   }
 }
 
-// S^T rows st[j * nr + r] (unscaled sums) of nk keys: 16 keys per C tile, 32 depth values per TDPBF16PS;
-// and the same keys' V rows packed into vp as key pairs (amx_pv's B tiles) block by block, so that the K and
-// V streams are in flight together. The last partial block of keys is copied into ktail ([16][D],
-// zero-padded) so no tile load passes K's end; V rows past nk pack as zeros to a whole 32 keys. `left` keys
-// from k and v may be prefetched.
+// GCC 12 warns that the _mm512_undefined_ps() inside its unpack and shuffle intrinsics "may be used
+// uninitialized" once they are inlined into amx_scores (a false positive; the masks select every lane).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+// The 16 x 16 floats x[0..15] (rows) transposed in registers: x[c] becomes what column c was. Lanes paired
+// (32-bit, then 64-bit unpacks within 128-bit blocks), then the blocks gathered by two rounds of
+// shuffle_f32x4: 64 shuffles for 256 values.
+ATTN_AMX_TARGET inline __m512 UnpackLo64(__m512 a, __m512 b) {
+  return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+}
+ATTN_AMX_TARGET inline __m512 UnpackHi64(__m512 a, __m512 b) {
+  return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+}
+ATTN_AMX_TARGET inline void Transpose16x16(__m512 x[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8;
+       ++i) {  // t[2i], t[2i + 1]: rows 2i, 2i + 1 interleaved, elements 0-1 / 2-3 of a block
+    t[2 * i] = _mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // x[4i + e]: block b holds rows 4i..4i+3 of column 4b + e
+    x[4 * i] = UnpackLo64(t[4 * i], t[4 * i + 2]);
+    x[4 * i + 1] = UnpackHi64(t[4 * i], t[4 * i + 2]);
+    x[4 * i + 2] = UnpackLo64(t[4 * i + 1], t[4 * i + 3]);
+    x[4 * i + 3] = UnpackHi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int e = 0; e < 4; ++e) {  // column 4b + e: block b of x[e], x[4 + e], x[8 + e], x[12 + e]
+    const __m512 a = _mm512_shuffle_f32x4(x[e], x[4 + e], 0x88),
+                 b = _mm512_shuffle_f32x4(x[e], x[4 + e], 0xdd);
+    const __m512 c = _mm512_shuffle_f32x4(x[8 + e], x[12 + e], 0x88);
+    const __m512 d = _mm512_shuffle_f32x4(x[8 + e], x[12 + e], 0xdd);
+    t[e] = _mm512_shuffle_f32x4(a, c, 0x88);       // block 0
+    t[8 + e] = _mm512_shuffle_f32x4(a, c, 0xdd);   // block 2
+    t[4 + e] = _mm512_shuffle_f32x4(b, d, 0x88);   // block 1
+    t[12 + e] = _mm512_shuffle_f32x4(b, d, 0xdd);  // block 3
+  }
+  for (int i = 0; i < 16; ++i) x[i] = t[i];
+}
+
+// Scores of nk keys as rows s[r * lds + j] (times scale): S^T by 16 keys per C tile (16 keys x 16 query
+// columns, the columns past nr zero), 32 depth values per TDPBF16PS, transposed in registers (the scalar
+// transpose it replaced took ~12% of the AMX decode's time). Also the same keys' V rows packed into vp as key
+// pairs (amx_pv's B tiles) block by block, so that the K and V streams are in flight together. The last
+// partial block of keys is copied into ktail ([16][D], zero-padded) so no tile load passes K's end; V rows
+// past nk pack as zeros to a whole 32 keys. `left` keys from k and v may be prefetched.
 ATTN_AMX_TARGET void amx_scores(const uint16_t* k, const uint16_t* v, int64_t D, int64_t V, int64_t nk,
-                                int64_t left, const uint32_t* qb, int64_t nr, float* st, uint16_t* ktail,
-                                uint32_t* vp) {
+                                int64_t left, const uint32_t* qb, int64_t nr, float scale, float* s,
+                                int64_t lds, uint16_t* ktail, uint32_t* vp) {
   TileConfig cfg;
-  const auto row_bytes = static_cast<uint16_t>(nr * 4);
-  cfg.rows[0] = 16, cfg.colsb[0] = row_bytes;  // C: 16 keys x nr fp32
-  cfg.rows[1] = 16, cfg.colsb[1] = 64;         // A: 16 keys x 32 bf16
-  cfg.rows[2] = 16, cfg.colsb[2] = row_bytes;  // B: 16 depth pairs x nr query rows
+  cfg.rows[0] = 16, cfg.colsb[0] = 64;  // C: 16 keys x 16 query columns fp32
+  cfg.rows[1] = 16, cfg.colsb[1] = 64;  // A: 16 keys x 32 bf16
+  cfg.rows[2] = 16, cfg.colsb[2] = 64;  // B: 16 depth pairs x 16 query columns
   _tile_loadconfig(&cfg);
+  alignas(64) float st[16 * 16];
+  const __m512 vscale = _mm512_set1_ps(scale);
   const int64_t n32 = (nk + 31) / 32 * 32;
   for (int64_t j = 0; j < nk; j += 16) {
     const uint16_t* kb = k + j * D;
@@ -114,15 +157,22 @@ ATTN_AMX_TARGET void amx_scores(const uint16_t* k, const uint16_t* v, int64_t D,
     _tile_zero(0);
     for (int64_t e = 0; e < D; e += 32) {
       _tile_loadd(1, kb + e, D * 2);
-      _tile_loadd(2, qb + e / 2 * nr, nr * 4);
+      _tile_loadd(2, qb + e / 2 * 16, 64);
       _tile_dpbf16ps(0, 1, 2);
     }
     PackPairs16(v, V, nk, j, vp);
-    _tile_stored(0, st + j * nr, nr * 4);  // st holds whole blocks: the tail's zero keys land past nk
+    _tile_stored(0, st, 64);
+    __m512 x[16];
+    for (int i = 0; i < 16; ++i) x[i] = _mm512_load_ps(st + i * 16);
+    Transpose16x16(x);
+    for (int64_t r = 0; r < nr; ++r) _mm512_storeu_ps(s + r * lds + j, _mm512_mul_ps(x[r], vscale));
   }
   if (const int64_t j = (nk + 15) / 16 * 16; j < n32) PackPairs16(v, V, nk, j, vp);  // zero pairs to 32 keys
   _tile_release();
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 // opart[r * V + c] = sum over the tile's keys of p[r][j] v[j][c] (c in the packing's order): p16 rows lds
 // apart, bf16, zero from n to round_up(n, 32); C tiles of nr rows x 16 values, two value groups at a time
@@ -174,7 +224,7 @@ std::string amx_missing() {
   return "this build has no AMX kernel (x86-64 Linux with GCC or Clang only; CPU flags amx_tile, amx_bf16)";
 }
 void amx_scores(const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, int64_t, const uint32_t*,
-                int64_t, float*, uint16_t*, uint32_t*) {}
+                int64_t, float, float*, int64_t, uint16_t*, uint32_t*) {}
 void amx_pv(const uint32_t*, int64_t, int64_t, const uint16_t*, int64_t, int64_t, float*, const uint16_t*,
             int64_t, const uint16_t*, int64_t) {}
 #endif

@@ -911,8 +911,8 @@ void DotRowsPairs(const Context& c, const TileRows& t, Scratch& w, const uint16_
   for (int64_t r = 0; r < nr; ++r) PairOrderToDims(o + r * V, V);
 }
 
-// DotRows on AMX (tiled_amx.cpp; Context::amx): per key tile the scores S^T from amx_scores, transposed
-// into DotSoftmax's rows and scaled (the query pairs in w.qt2, [D / 2][nr], are unscaled), probabilities
+// DotRows on AMX (tiled_amx.cpp; Context::amx): per key tile the scores from amx_scores, as DotSoftmax's rows
+// and scaled there (the query pairs in w.qt2, [D / 2][16], are unscaled), probabilities
 // rounded to bf16 into w.p2 as 16-bit rows zero-padded to whole 32-key blocks, V packed into key pairs, the
 // tile's P V from amx_pv added to alpha times the running output, which stays in the packing's value order
 // until the end (PairOrderToDims).
@@ -922,15 +922,13 @@ void DotRowsAmx(const Context& c, const TileRows& t, Scratch& w, const uint16_t*
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t D = p.head_dim, V = p.value_dim(), nr = t.nr, ld = round_up(nr, kLanes);
   const int64_t lds = Scratch::round32(c.sched.tiles.kv);
-  float *s = w.s.data(), *o = w.ot.data(), *st = w.st.data(), *part = w.opart.data();
+  float *s = w.s.data(), *o = w.ot.data(), *part = w.opart.data();
   float *m = w.stats.data(), *l = m + ld, *alpha = l + 2 * ld;
   uint16_t* p16 = reinterpret_cast<uint16_t*>(w.p2.data());
   for (int64_t j0 = t.ja; j0 < t.jb; j0 += c.sched.tiles.kv) {
     const int64_t nk = std::min(c.sched.tiles.kv, t.jb - j0);
-    amx_scores(k + j0 * D, v + j0 * V, D, V, nk, t.jb - j0, w.qt2.data(), nr, st, w.ktail.data(),
-               w.vt2.data());
-    for (int64_t j = 0; j < nk; ++j)
-      for (int64_t r = 0; r < nr; ++r) s[r * lds + j] = st[j * nr + r] * c.q_scale;
+    amx_scores(k + j0 * D, v + j0 * V, D, V, nk, t.jb - j0, w.qt2.data(), nr, c.q_scale, s, lds,
+               w.ktail.data(), w.vt2.data());
     DotSoftmax(c, t, j0, nk, s, lds, m, l, alpha, w.drop, w.bias.data(), w.bias.data() + ld, p16);
     const int64_t filled = round_up(nk, N), n32 = Scratch::round32(nk);
     for (int64_t r = 0; r < nr; ++r) std::fill(p16 + r * lds + filled, p16 + r * lds + n32, uint16_t{0});
@@ -1078,7 +1076,7 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
     const int64_t at = ((t.b * p.heads + t.head(r)) * p.seq_q + t.pos(r)) * D;
     if (native_bf16 || native_dot || amx_dot) {  // Q as bf16 pairs, unscaled (exact); the kernels scale
       const uint16_t* q = c.in.q16 + at;         // their sums
-      const int64_t at2 = native_dot ? r * (D / 2) : r, step = native_dot ? 1 : amx_dot ? nr : ld;
+      const int64_t at2 = native_dot ? r * (D / 2) : r, step = native_dot ? 1 : ld;
       for (int64_t e2 = 0; e2 < D / 2; ++e2)
         w.qt2[at2 + e2 * step] = static_cast<uint32_t>(q[2 * e2]) | static_cast<uint32_t>(q[2 * e2 + 1])
                                                                         << 16;
@@ -1091,7 +1089,7 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
       for (int64_t e = 0; e < D; ++e) qt[e * ld + r] = q_at(e) * c.q_scale;
     }
   }
-  if (native_bf16)
+  if (native_bf16 || amx_dot)  // the zero columns past nr (AMX: ld is 16, its B tile's width)
     for (int64_t e2 = 0; e2 < D / 2; ++e2) std::fill(&w.qt2[e2 * ld + nr], &w.qt2[e2 * ld] + ld, 0u);
   else if (!row_major)
     for (int64_t e = 0; e < D; ++e) std::fill(qt + e * ld + nr, qt + (e + 1) * ld, 0.0f);  // padding lanes
