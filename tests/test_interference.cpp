@@ -443,6 +443,12 @@ TEST_CASE(
     CHECK_FALSE(r.group_bandwidth);
     CHECK(*r.frac_bandwidth == Approx(*r.gbytes_per_s / 1e3));
   }
+  // Ridge 0.2 FLOP per byte: the fp32 points (~0.5) are compute-bound, the bf16 one (~1) is within the 16x
+  // room a matrix engine gives 16-bit K/V (AMX), so it alone gets its read.
+  for (const ResultRow& r : measure(true, 200, 1e3).second) {
+    INFO(r.id);
+    CHECK(static_cast<bool>(r.group_bandwidth) == (r.dtype == "bf16"));
+  }
   // A read that would cost more than twice a round (4 MiB at 1e-6 GB/s): none.
   for (const ResultRow& r : measure(true, 1e6, 1e-6).second) CHECK_FALSE(r.group_bandwidth);
   // measure.group_bandwidth false: never.

@@ -34,7 +34,8 @@ struct MeasureSettings {
   // (ResultRow::group_sgemm): frac_sgemm then follows the machine's speed while the group runs.
   bool group_sgemm = true;
   // A streaming read of a memory-bound point's own K and V (as stored) joins its group's rounds as a
-  // follower, one per point left of the calibration's ridge (flops / bytes below FMA peak / bandwidth), when
+  // follower, one per point left of the calibration's ridge (flops / bytes below FMA peak / bandwidth; for
+  // 16-bit K/V 16 times that, room for a matrix engine such as AMX), when
   // it costs at most twice a round; the row's frac_bandwidth divides by it round by round
   // (ResultRow::group_bandwidth): it then follows the machine's memory speed while the group runs, for the
   // level of the hierarchy that holds that many bytes.

@@ -427,7 +427,8 @@ constexpr Field kFields[] = {
     {"group_bandwidth.gbytes_per_s", "number|null", "GB/s",
      "the median GB/s of a streaming read of this point's own K and V (as stored) timed in its "
      "interleaved rounds (measure.group_bandwidth: points whose flops / bytes is below the "
-     "calibration's FMA peak / memory bandwidth, on the row's thread count, one read per round); "
+     "calibration's FMA peak / memory bandwidth, 16 times that for 16-bit K/V, on the row's thread "
+     "count, one read per round); "
      "null when the group ran without it (a compute-bound point, a read costing over twice a round, "
      "or measure.group_bandwidth is false)",
      GROUP_BANDWIDTH(gbytes_per_s)},

@@ -295,7 +295,8 @@ PointRunner::TimedCalls PointRunner::timed_calls(const std::vector<SweepPoint>& 
 }
 
 // The group bandwidth probes (measure.group_bandwidth): per timed forward point left of the calibration's
-// ridge (flops / bytes below FMA peak / bandwidth at its threads) whose K and V are between half and twice
+// ridge (flops / bytes below FMA peak / bandwidth at its threads; 16 times that for 16-bit K/V) whose K and
+// V are between half and twice
 // the bytes it moves, a streaming read of that K and V as stored, on its thread count, as a follower; when
 // its estimated time (those bytes at the calibration's bandwidth) is at most twice a round. Points reading
 // the same K/V at the same thread count share one read.
@@ -311,8 +312,14 @@ void PointRunner::add_group_bandwidth(const std::vector<SweepPoint>& group, Grou
     if (bw == calibration_.bandwidth_gbytes_per_s.end() || bw->second <= 0 ||
         peak == calibration_.fma_gflops.end() || peak->second <= 0 || !bytes || *bytes <= 0)
       continue;
-    if (point_flops(pt) / *bytes >= peak->second / bw->second) continue;  // compute-bound
     const Problem& p = pt.problem;
+    // Compute-bound right of the ridge. 16-bit K/V may run on a matrix engine far faster than the fp32 FMA
+    // (tiled's AMX-BF16 tiles: 1.77 TFLOP/s per core against the FMA's ~155 GFLOP/s on an Intel Xeon), so
+    // their ridge moves kMatrixEngineRidge times right: such a point's read still costs at most what the
+    // point does, and at least 1/16 of it.
+    constexpr double kMatrixEngineRidge = 16;
+    const double ridge = peak->second / bw->second * (p.dtype == DType::fp32 ? 1 : kMatrixEngineRidge);
+    if (point_flops(pt) / *bytes >= ridge) continue;
     const AttentionInputs in = inputs_for(p);
     const bool wide = p.dtype == DType::fp32;
     const std::size_t elt = wide ? sizeof(float) : sizeof(uint16_t);
