@@ -303,6 +303,67 @@ TEST_CASE("compare: a 2x slowdown is significant, an unchanged point is not, one
   CHECK_THAT(md, Contains("- FAILED `" + kSlower + "`"));
 }
 
+// A row of results.mla.jsonl as `attnbench mla --sweep` writes it (the fields compare reads, and a few more).
+Json mla_line(const std::string& form, int64_t context, const std::vector<double>& samples) {
+  return {{"kind", "mla"},
+          {"config", "cmp"},
+          {"form", form},
+          {"gqa", form == "gqa" ? Json{{"kv_heads", 8}, {"head_dim", 128}} : Json(nullptr)},
+          {"preset", "deepseek_v2_lite"},
+          {"shape", {{"d_model", 2048}, {"heads", 16}}},
+          {"batch", 1},
+          {"context", context},
+          {"new_tokens", 1},
+          {"variant", "tiled"},
+          {"threads", 2},
+          {"fma_peak", {{"gflops", 200.0}, {"isa", "avx3"}, {"threads", 2}}},
+          {"median_ms", percentile_linear(samples, 0.5)},
+          {"samples_ms", samples}};
+}
+
+TEST_CASE("compare: the MLA layer rows and the PyTorch peer rows beside results.jsonl are compared too",
+          "[compare]") {
+  ScratchDir dir("compare");
+  write_pair(dir.path() / "a", dir.path() / "b");
+  const std::string absorbed = "mla/absorbed:deepseek_v2_lite,B=1,T=4096,new=1,core=tiled,threads=2";
+  const std::string gqa = "mla/gqa(kv=8,D=128):deepseek_v2_lite,B=1,T=4096,new=1,core=tiled,threads=2";
+  const std::string naive_b = "mla/naive:deepseek_v2_lite,B=1,T=8192,new=1,core=tiled,threads=2";
+  write_text(dir.path() / "a" / "results.mla.jsonl",
+             mla_line("absorbed", 4096, kBase).dump() + "\n" + mla_line("gqa", 4096, kBase).dump() + "\n");
+  write_text(dir.path() / "b" / "results.mla.jsonl", mla_line("absorbed", 4096, scaled(kBase, 2.0)).dump() +
+                                                         "\n\n" + mla_line("gqa", 4096, kBaseAgain).dump() +
+                                                         "\n" + mla_line("naive", 8192, kBase).dump() + "\n");
+  const std::string peer = "peer/torch_sdpa:B=1,H=8,Lq=1024,Lkv=1024,D=64,gaussian(std=1),T=2";
+  write_text(dir.path() / "a" / "results.peers.jsonl",
+             to_json(ok_row(peer, "peer/torch_sdpa", kBase, 1e-7)).dump() + "\n");
+  write_text(dir.path() / "b" / "results.peers.jsonl",
+             to_json(ok_row(peer, "peer/torch_sdpa", scaled(kBase, 0.8), 1e-7)).dump() + "\n");
+  const Comparison c =
+      compare_results(load_results_folder(dir.file("a"), "A"), load_results_folder(dir.file("b"), "B"));
+  CHECK(c.points.size() == 4 + 3);
+  CHECK(point(c, absorbed).verdict == "slower");
+  CHECK(point(c, absorbed).ratio.value() == Approx(2.0).epsilon(1e-12));
+  CHECK(point(c, absorbed).isa_a == "avx3");
+  CHECK(point(c, gqa).verdict == "not significant");
+  CHECK(point(c, peer).verdict == "faster");
+  CHECK(std::find(c.only_b.begin(), c.only_b.end(), naive_b) != c.only_b.end());
+  CHECK(regressions(c, 1.5).size() == 2);  // the sweep's 2x point and the MLA one
+
+  // A line that is not an MLA row: an error naming the file and line.
+  write_text(dir.path() / "b" / "results.mla.jsonl",
+             mla_line("absorbed", 4096, kBase).dump() + "\n{\"kind\": \"mla\", \"form\": 3}\n");
+  try {
+    (void)load_results_folder(dir.file("b"), "B");
+    FAIL("a bad MLA row was accepted");
+  } catch (const UsageError& e) {
+    CHECK_THAT(e.what(),
+               Contains("file '" + dir.file("b") + "/results.mla.jsonl' line 2: a field is missing"));
+  }
+  write_text(dir.path() / "b" / "results.mla.jsonl", "{\"kind\": \"peer\"}\n");
+  CHECK_THROWS_WITH(load_results_folder(dir.file("b"), "B"),
+                    Contains("line 1: not a JSON object with \"kind\": \"mla\""));
+}
+
 TEST_CASE("compare: mismatched configs, CPUs and --isa are explained and still matched", "[compare]") {
   ScratchDir dir("compare");
   // A: run with --isa avx2 (every id ends in ",isa=avx2"); B: another measure section, another CPU, --isa

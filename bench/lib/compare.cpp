@@ -204,6 +204,72 @@ std::string abbreviated(const std::string& s, std::size_t max_chars = 60) {
 
 }  // namespace
 
+namespace {
+// A row of results.mla.jsonl (`attnbench mla --sweep`, cli_mla.cpp) as a row compare can match: id
+// "mla/FORM:PRESET,B=..,T=CONTEXT,new=..,core=VARIANT,threads=N" (FORM naive, absorbed, or gqa(kv=..,D=..) for a
+// block's GQA core; PRESET the shape's fields when the block gave it inline), its timing and the SIMD target
+// its FMA peak ran on. UsageError naming file:line for a line that is not such a row.
+ResultRow mla_row(const Json& j, const std::string& where) {
+  const auto fail = [&](const std::string& why) {
+    return UsageError(where + ": " + why + " (a row of `attnbench mla --sweep`: docs/cli.md)");
+  };
+  if (!j.is_object() || !j.contains("kind") || j["kind"] != "mla")
+    throw fail("not a JSON object with \"kind\": \"mla\"");
+  ResultRow r;
+  try {
+    std::string form = j.at("form").get<std::string>();
+    if (form == "gqa")
+      form += "(kv=" + std::to_string(j.at("gqa").at("kv_heads").get<int64_t>()) +
+              ",D=" + std::to_string(j.at("gqa").at("head_dim").get<int64_t>()) + ")";
+    std::string preset;
+    if (j.at("preset").is_string()) {
+      preset = j.at("preset").get<std::string>();
+    } else {
+      for (auto it = j.at("shape").begin(); it != j.at("shape").end(); ++it)
+        preset += (preset.empty() ? "" : ",") + it.key() + "=" + it.value().dump();
+    }
+    r.variant = "mla/" + form;
+    r.threads = j.at("threads").get<int>();
+    r.id = r.variant + ":" + preset + ",B=" + std::to_string(j.at("batch").get<int64_t>()) +
+           ",T=" + std::to_string(j.at("context").get<int64_t>()) +
+           ",new=" + std::to_string(j.at("new_tokens").get<int64_t>()) +
+           ",core=" + j.at("variant").get<std::string>() + ",threads=" + std::to_string(r.threads);
+    r.isa = j.at("fma_peak").at("isa").get<std::string>();
+    r.time_ms.median = j.at("median_ms").get<double>();
+    r.time_ms.samples = j.at("samples_ms").get<std::vector<double>>();
+    r.time_ms.reps = static_cast<int>(r.time_ms.samples.size());
+  } catch (const Json::exception& e) {
+    throw fail(std::string("a field is missing or of the wrong type (") + e.what() + ")");
+  }
+  r.status = "ok";
+  return r;
+}
+
+// The rows of the files beside results.jsonl that hold timed points: the PyTorch peers' (result rows
+// themselves) and the MLA layer rows (mla_row). Blank lines are skipped; any other bad line is an error.
+void read_derived_rows(const std::string& dir, std::vector<ResultRow>& rows) {
+  std::error_code ec;
+  const std::string peers = (fs::path(dir) / "results.peers.jsonl").string();
+  if (fs::is_regular_file(peers, ec))
+    for (ResultRow& r : read_results_jsonl(peers, /*repair=*/false)) rows.push_back(std::move(r));
+  const std::string mla = (fs::path(dir) / "results.mla.jsonl").string();
+  if (!fs::is_regular_file(mla, ec)) return;
+  std::istringstream in(read_file_bytes(mla));
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = "file '" + mla + "' line " + std::to_string(n);
+    Json j;
+    try {
+      j = Json::parse(line);
+    } catch (const Json::exception& e) {
+      throw UsageError(where + ": not valid JSON (" + e.what() + ")");
+    }
+    rows.push_back(mla_row(j, where));
+  }
+}
+}  // namespace
+
 ResultsFolder load_results_folder(const std::string& dir, const std::string& label) {
   const std::string what = "results folder " + label + " '" + dir + "'";
   const std::string expected = " (give a folder written by `attnbench run`: meta.json and results.jsonl)";
@@ -227,6 +293,7 @@ ResultsFolder load_results_folder(const std::string& dir, const std::string& lab
     throw UsageError("file '" + meta_path + "': must be a JSON object (meta.json of `attnbench run`), got " +
                      std::string(f.meta.type_name()));
   f.rows = read_results_jsonl(jsonl_path, /*repair=*/false);
+  read_derived_rows(dir, f.rows);
   return f;
 }
 

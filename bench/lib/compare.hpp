@@ -21,8 +21,10 @@ struct ResultsFolder {
   std::vector<ResultRow> rows;
 };
 
-// Reads DIR/meta.json and DIR/results.jsonl. UsageError (exit 2) naming the folder or file for a missing
-// folder or file, or JSON that does not parse.
+// Reads DIR/meta.json and DIR/results.jsonl, and when present the rows of results.peers.jsonl (the PyTorch
+// peers) and results.mla.jsonl (`attnbench mla --sweep`; ids "mla/FORM:PRESET,B=..,T=..,new=..,core=..,
+// threads=.."), which are compared as the sweep's points are. UsageError (exit 2) naming the folder or file
+// (and line) for a missing folder or file, JSON that does not parse, or an MLA line that is not an MLA row.
 ResultsFolder load_results_folder(const std::string& dir, const std::string& label);
 
 // A quality row's outcome (ResultRow::task) as compare shows it: the best evaluation accuracy and loss, the
