@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/lib/compare.hpp"
 #include "common/interface/params.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/scratch_dir.hpp"
@@ -129,4 +130,68 @@ TEST_CASE(
   const ProcResult both = run_attnbench({"mla", "--sweep", config, "--preset", "tiny"}, dir.path());
   CHECK(both.code == 2);
   CHECK(contains(both.err, "--preset: not with --sweep"));
+}
+
+// `mla --sweep --resume` (scripts/run's rerun of its MLA step): the points already in --out are kept as
+// written and not measured; an interrupted file is finished; rows of another config are refused.
+TEST_CASE("attnbench mla --sweep --resume keeps the points already written and measures the rest",
+          "[mla][cli]") {
+  ScratchDir dir("mla-resume");
+  const std::string config = dir.file("c.json"), out = dir.file("mla.jsonl");
+  std::ofstream(config) << R"({"name": "mla_resume", "variants": ["naive"], "sweep": {"seq_len": 8},
+      "mla": {"presets": "tiny", "context": [5, 30], "new": 1, "repeats": 2, "threads": 1,
+              "check_max_context": 10, "gqa": {"kv_heads": 2, "head_dim": 8}}})";
+  const ProcResult first = run_attnbench({"mla", "--sweep", config, "--out", out}, dir.path());
+  INFO(first.out << first.err);
+  REQUIRE(first.code == 0);
+  const std::string full = slurp(dir.path() / "mla.jsonl");
+  std::vector<std::string> lines;
+  {
+    std::istringstream in(full);
+    for (std::string l; std::getline(in, l);) lines.push_back(l);
+  }
+  REQUIRE(lines.size() == 6);  // (naive, absorbed, gqa) x 2 contexts
+
+  // Everything there: nothing measured, the file as it was.
+  const ProcResult again = run_attnbench({"mla", "--sweep", config, "--out", out, "--resume"}, dir.path());
+  INFO(again.out << again.err);
+  REQUIRE(again.code == 0);
+  CHECK(contains(again.out, "every point already in --out"));
+  CHECK_FALSE(contains(again.out, "median"));
+  CHECK(slurp(dir.path() / "mla.jsonl") == full);
+
+  // Interrupted after the first context's three rows: those kept byte for byte, the other three measured.
+  write_text(dir.path() / "mla.jsonl", lines[0] + "\n" + lines[1] + "\n" + lines[2] + "\n");
+  const ProcResult rest = run_attnbench({"mla", "--sweep", config, "--out", out, "--resume"}, dir.path());
+  INFO(rest.out << rest.err);
+  REQUIRE(rest.code == 0);
+  std::vector<std::string> now;
+  {
+    std::istringstream in(slurp(dir.path() / "mla.jsonl"));
+    for (std::string l; std::getline(in, l);) now.push_back(l);
+  }
+  REQUIRE(now.size() == 6);
+  for (int i = 0; i < 3; ++i) CHECK(now[i] == lines[i]);
+  for (int i = 3; i < 6; ++i) {
+    CHECK(now[i] != lines[i]);  // measured again (its timestamp and samples differ)
+    CHECK(mla_row_id(Json::parse(now[i])) == mla_row_id(Json::parse(lines[i])));
+  }
+  CHECK(contains(rest.out, "kept"));
+
+  // Rows of another config, or a line that is not a row: exit 2 naming file and line, the file untouched.
+  Json other = Json::parse(lines[0]);
+  other["config"] = "elsewhere";
+  const std::string mixed = lines[0] + "\n" + other.dump() + "\n";
+  write_text(dir.path() / "mla.jsonl", mixed);
+  const ProcResult refused = run_attnbench({"mla", "--sweep", config, "--out", out, "--resume"}, dir.path());
+  CHECK(refused.code == 2);
+  CHECK(contains(refused.err, "line 2: a row of config \"elsewhere\", not \"mla_resume\""));
+  CHECK(slurp(dir.path() / "mla.jsonl") == mixed);
+  write_text(dir.path() / "mla.jsonl", lines[0] + "\n{\"kind\": \"mla\"}\n");
+  const ProcResult bad = run_attnbench({"mla", "--sweep", config, "--out", out, "--resume"}, dir.path());
+  CHECK(bad.code == 2);
+  CHECK(contains(bad.err, "line 2: not a row of `attnbench mla --sweep`"));
+  const ProcResult no_out = run_attnbench({"mla", "--sweep", config, "--resume"}, dir.path());
+  CHECK(no_out.code == 2);
+  CHECK(contains(no_out.err, "--resume: needs --sweep CONFIG and --out FILE"));
 }

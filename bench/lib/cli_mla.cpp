@@ -8,12 +8,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
+#include <sstream>
 
 #include "bench/lib/calibration.hpp"
 #include "bench/lib/command.hpp"
+#include "bench/lib/compare.hpp"
 #include "bench/lib/config.hpp"
 #include "bench/lib/stats.hpp"
 #include "bench/lib/sysinfo.hpp"
@@ -40,7 +44,7 @@ struct MlaOptions {
   std::string sweep;  // --sweep CONFIG: its "mla" blocks instead of the flags' one point
   int64_t context = 1024, fresh = 1, batch = 1, seed = 0;
   int threads = 0, repeats = 10, warmup = 1;
-  bool no_check = false;
+  bool no_check = false, resume = false;
 };
 
 MlaShape shape_from(const MlaOptions& o) {
@@ -134,45 +138,59 @@ struct RunSpec {
   std::string weights_dir, out;
   uint64_t seed = 0;
   int threads = 0;
+  bool resume = false;
+  // --resume: the rows already in --out by their point id (mla_row_id), kept as written and not measured.
+  std::map<std::string, std::string> kept;
 };
 
-Json result_row(const RunSpec& spec, const MlaBlock& block, const std::string& preset, const MlaShape& s,
-                const FormResult& r, const std::string& variant, int threads, const FmaPeak& peak) {
+// The fields that name a point (mla_row_id reads them): form ("naive", "absorbed" or "gqa"), the GQA core's
+// shape, preset (null when the block gave the shape inline), shape, batch, context, new tokens, core
+// variant and threads.
+Json point_key(const MlaBlock& block, const std::string& preset, const MlaShape& s, const std::string& form,
+               int64_t context, int64_t fresh, const std::string& variant, int threads) {
   Json shape = {{"d_model", s.d_model},         {"heads", s.heads},
                 {"q_lora_rank", s.q_lora_rank}, {"kv_lora_rank", s.kv_lora_rank},
                 {"qk_nope_dim", s.qk_nope_dim}, {"qk_rope_dim", s.qk_rope_dim},
                 {"v_head_dim", s.v_head_dim},   {"rope_base", s.rope_base}};
-  const double seconds = r.time.median_ms * 1e-3;
-  return {{"kind", "mla"},
-          {"config", spec.config_name.empty() ? Json(nullptr) : Json(spec.config_name)},
-          {"form", r.gqa ? "gqa" : mla_form_name(r.form)},
-          {"gqa",
-           r.gqa ? Json{{"kv_heads", block.gqa_kv_heads}, {"head_dim", block.gqa_head_dim}} : Json(nullptr)},
+  return {{"form", form},
+          {"gqa", form == "gqa" ? Json{{"kv_heads", block.gqa_kv_heads}, {"head_dim", block.gqa_head_dim}}
+                                : Json(nullptr)},
           {"preset", preset.empty() ? Json(nullptr) : Json(preset)},
           {"shape", shape},
           {"batch", block.batch},
-          {"context", r.context},
-          {"new_tokens", r.fresh},
+          {"context", context},
+          {"new_tokens", fresh},
           {"variant", variant},
-          {"core", r.core},
-          {"threads", threads},
-          {"cache_elements_per_token", r.cache_elements_per_token},
-          {"cache_bytes_per_token", r.cache_bytes_per_token},
-          {"flops", r.flops},
-          {"gflops_per_s", r.flops / seconds * 1e-9},
-          {"fma_peak", {{"gflops", peak.gflops}, {"isa", peak.isa}, {"threads", peak.threads}}},
-          {"frac_peak", peak.gflops > 0 ? Json(r.flops / seconds * 1e-9 / peak.gflops) : Json(nullptr)},
-          {"bytes_read", r.bytes_read},
-          {"gb_per_s", r.bytes_read / seconds * 1e-9},
-          {"median_ms", r.time.median_ms},
-          {"p10_ms", r.time.p10_ms},
-          {"p90_ms", r.time.p90_ms},
-          {"core_median_ms", r.core_median_ms},
-          {"repeats", r.time.reps},
-          {"samples_ms", r.time.samples_ms},
-          {"rel_l2", r.rel_l2 ? Json(*r.rel_l2) : Json(nullptr)},
-          {"machine", {{"cpu_model", cpu_model()}, {"isa", isa_json()}, {"blas", blas_json()}}},
-          {"timestamp", now_iso8601()}};
+          {"threads", threads}};
+}
+
+Json result_row(const RunSpec& spec, const MlaBlock& block, const std::string& preset, const MlaShape& s,
+                const FormResult& r, const std::string& variant, int threads, const FmaPeak& peak) {
+  const double seconds = r.time.median_ms * 1e-3;
+  Json row = point_key(block, preset, s, r.gqa ? "gqa" : mla_form_name(r.form), r.context, r.fresh, variant,
+                       threads);
+  row.update(
+      Json{{"kind", "mla"},
+           {"config", spec.config_name.empty() ? Json(nullptr) : Json(spec.config_name)},
+           {"core", r.core},
+           {"cache_elements_per_token", r.cache_elements_per_token},
+           {"cache_bytes_per_token", r.cache_bytes_per_token},
+           {"flops", r.flops},
+           {"gflops_per_s", r.flops / seconds * 1e-9},
+           {"fma_peak", {{"gflops", peak.gflops}, {"isa", peak.isa}, {"threads", peak.threads}}},
+           {"frac_peak", peak.gflops > 0 ? Json(r.flops / seconds * 1e-9 / peak.gflops) : Json(nullptr)},
+           {"bytes_read", r.bytes_read},
+           {"gb_per_s", r.bytes_read / seconds * 1e-9},
+           {"median_ms", r.time.median_ms},
+           {"p10_ms", r.time.p10_ms},
+           {"p90_ms", r.time.p90_ms},
+           {"core_median_ms", r.core_median_ms},
+           {"repeats", r.time.reps},
+           {"samples_ms", r.time.samples_ms},
+           {"rel_l2", r.rel_l2 ? Json(*r.rel_l2) : Json(nullptr)},
+           {"machine", {{"cpu_model", cpu_model()}, {"isa", isa_json()}, {"blas", blas_json()}}},
+           {"timestamp", now_iso8601()}});
+  return row;
 }
 
 // Weights plus every form's cache at the block's longest context, and (when a point is checked) the
@@ -366,15 +384,57 @@ void print_ratios(const std::map<std::pair<int64_t, int64_t>, std::vector<FormRe
 // Every point of one preset of a block: context by context (ascending, each cache filled on from the last),
 // the forms one after the other (the two forms of a point are measured minutes apart at most, under the same
 // conditions), then the GQA core. Rows are appended to `lines` and written out after each point.
+std::string core_variant_name(const MlaBlock& b) {
+  return Registry::instance().get(b.variant.empty() ? default_core_variant() : b.variant).name();
+}
+
+// The point ids of one preset of a block in the order run_preset measures them: context by context, each
+// form's new-token counts, then the GQA core's.
+std::vector<std::string> preset_ids(const MlaBlock& b, const std::string& preset, const MlaShape& s,
+                                    int threads) {
+  const std::string variant = core_variant_name(b);
+  std::vector<std::string> ids;
+  for (int64_t T : b.context) {
+    for (MlaForm form : b.forms)
+      for (int64_t n : b.fresh)
+        ids.push_back(mla_row_id(point_key(b, preset, s, mla_form_name(form), T, n, variant, threads)));
+    if (b.gqa_kv_heads > 0)
+      for (int64_t n : b.fresh)
+        ids.push_back(mla_row_id(point_key(b, preset, s, "gqa", T, n, variant, threads)));
+  }
+  return ids;
+}
+
+// Every point of one preset of a block: context by context (ascending, each cache filled on from the last),
+// the forms one after the other (the two forms of a point are measured minutes apart at most, under the same
+// conditions), then the GQA core. Rows are appended to `lines` and written out after each point; a point
+// kept from --out (--resume) is appended as it was, and a cache whose later points are all kept is not
+// filled further.
 void run_preset(const RunSpec& spec, const MlaBlock& b, const std::string& preset, const MlaShape& s,
                 int threads, const FmaPeak& peak, std::string& lines) {
+  const std::string variant = core_variant_name(b);
+  auto write = [&] {
+    if (!spec.out.empty()) write_file_atomic(spec.out, lines);  // an interrupted run keeps what it measured
+  };
+  auto kept = [&](const std::string& form, int64_t T, int64_t n) {
+    const auto it = spec.kept.find(mla_row_id(point_key(b, preset, s, form, T, n, variant, threads)));
+    if (it == spec.kept.end()) return false;
+    std::printf("  kept     %s (already in --out: --resume)\n", it->first.c_str());
+    lines += it->second + "\n";
+    write();
+    return true;
+  };
+  const std::vector<std::string> ids = preset_ids(b, preset, s, threads);
+  if (std::all_of(ids.begin(), ids.end(), [&](const std::string& id) { return spec.kept.count(id) > 0; })) {
+    std::printf("%s  batch %lld: every point already in --out (--resume)\n", s.str().c_str(),
+                static_cast<long long>(b.batch));
+    for (const std::string& id : ids) lines += spec.kept.at(id) + "\n";
+    write();
+    return;
+  }
   const MlaCall call{b.variant, b.params};
   const MlaLayer layer(
       s, spec.weights_dir.empty() ? random_mla_weights(s, spec.seed) : load_mla_weights(spec.weights_dir, s));
-  const std::string variant =
-      Registry::instance()
-          .get(layer.core_problem(b.forms[0], call, b.batch, b.fresh[0], b.context[0]).variant)
-          .name();
   std::printf("%s  batch %lld  core %s\n", s.str().c_str(), static_cast<long long>(b.batch), variant.c_str());
   // Refuses a core that cannot run a point up front, before any cache is filled.
   for (MlaForm form : b.forms)
@@ -383,21 +443,33 @@ void run_preset(const RunSpec& spec, const MlaBlock& b, const std::string& prese
   std::optional<GqaCore> gqa;
   if (b.gqa_kv_heads > 0) gqa.emplace(b, layer, call, spec.seed);
   std::vector<MlaCache> caches;
-  for (MlaForm form : b.forms) caches.emplace_back(s, form, b.batch, b.context.back() + b.fresh.back());
+  std::vector<int64_t> last_measured(b.forms.size(),
+                                     -1);  // per form: the last context with a point to measure
+  for (std::size_t f = 0; f < b.forms.size(); ++f) {
+    caches.emplace_back(s, b.forms[f], b.batch, b.context.back() + b.fresh.back());
+    for (int64_t T : b.context)
+      for (int64_t n : b.fresh)
+        if (!spec.kept.count(
+                mla_row_id(point_key(b, preset, s, mla_form_name(b.forms[f]), T, n, variant, threads))))
+          last_measured[f] = T;
+  }
   std::map<std::pair<int64_t, int64_t>, DoubleArray> want;  // (context, new) -> fp64 output, for every form
   std::map<std::pair<int64_t, int64_t>, std::vector<FormResult>> by_point;
   auto emit = [&](const FormResult& r, bool checked) {
     print_point(r, checked, peak);
     lines += result_row(spec, b, preset, s, r, variant, threads, peak).dump() + "\n";
-    if (!spec.out.empty()) write_file_atomic(spec.out, lines);  // an interrupted run keeps what it measured
+    write();
   };
   for (int64_t T : b.context) {
-    for (MlaCache& cache : caches) {
+    for (std::size_t f = 0; f < b.forms.size(); ++f) {
+      MlaCache& cache = caches[f];
       // The context, appended through the layer's cache path in pieces (not timed): the rows a prefill
       // writes, without its attention.
-      for (int64_t at = cache.length(); at < T; at += kPrefillChunk)
-        layer.append(tokens(b.batch, at, std::min(kPrefillChunk, T - at), s.d_model, spec.seed), cache);
+      if (T <= last_measured[f])
+        for (int64_t at = cache.length(); at < T; at += kPrefillChunk)
+          layer.append(tokens(b.batch, at, std::min(kPrefillChunk, T - at), s.d_model, spec.seed), cache);
       for (int64_t n : b.fresh) {
+        if (kept(mla_form_name(b.forms[f]), T, n)) continue;
         FloatArray y;
         FormResult r = measure_point(b, layer, call, cache, T, n, spec.seed, y);
         const bool checked = T + n <= b.check_max_context;
@@ -415,17 +487,60 @@ void run_preset(const RunSpec& spec, const MlaBlock& b, const std::string& prese
       }
     }
     if (gqa)
-      for (int64_t n : b.fresh) emit(gqa->measure(T, n), false);
+      for (int64_t n : b.fresh)
+        if (!kept("gqa", T, n)) emit(gqa->measure(T, n), false);
   }
   print_ratios(by_point);
 }
 
-int run_blocks(const RunSpec& spec) {
+// --resume: the rows already in spec.out, by point id. Refused (UsageError: nothing measured or written) when
+// a line is not an MLA row, or a row is of another config, another CPU, or a point the config no longer has:
+// resuming would mix those into this run's rows.
+void load_kept(RunSpec& spec, int all_threads) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(spec.out, ec)) return;
+  std::set<std::string> plan;
+  for (const MlaBlock& b : spec.blocks)
+    for (const auto& [preset, s] : b.presets)
+      for (const std::string& id : preset_ids(b, preset, s, b.threads > 0 ? b.threads : all_threads))
+        plan.insert(id);
+  const std::string again = " (give another --out, or run without --resume to measure every point again)";
+  std::istringstream in(read_file_bytes(spec.out));
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = "--resume: '" + spec.out + "' line " + std::to_string(n);
+    Json j;
+    std::string id;
+    try {
+      j = Json::parse(line);
+      if (!j.is_object() || j.value("kind", "") != "mla")
+        throw UsageError(where + ": not a row of `attnbench mla`");
+      id = mla_row_id(j);
+    } catch (const Json::exception& e) {
+      throw UsageError(where + ": not a row of `attnbench mla --sweep` (" + e.what() + ")");
+    }
+    if (j.value("config", Json()) != Json(spec.config_name))
+      throw UsageError(where + ": a row of config " + j.value("config", Json()).dump() + ", not \"" +
+                       spec.config_name + "\"" + again);
+    const Json machine = j.value("machine", Json::object());
+    const std::string cpu = machine.is_object() ? machine.value("cpu_model", "") : "";
+    if (cpu != cpu_model())
+      throw UsageError(where + ": measured on \"" + cpu + "\", this machine is \"" + cpu_model() + "\"" +
+                       again);
+    if (!plan.count(id))
+      throw UsageError(where + ": point " + id + " is not in the config's \"mla\" blocks" + again);
+    spec.kept[id] = line;
+  }
+}
+
+int run_blocks(RunSpec spec) {
   std::optional<ThreadScope> scope;  // --threads after the subcommand; else the global --threads is in force
   if (spec.threads > 0) scope.emplace(spec.threads);
   const int all_threads =
       static_cast<int>(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism));
   check_blocks(spec, all_threads);
+  if (spec.resume) load_kept(spec, all_threads);
   std::printf("mla: %zu block(s)  cpu %s\n", spec.blocks.size(), cpu_model().c_str());
   std::string lines;
   std::map<int, FmaPeak> peaks;  // per thread count, measured once
@@ -453,6 +568,9 @@ int run_mla(const MlaOptions& o) {
   spec.threads = o.threads;
   spec.out = o.out;
   spec.weights_dir = o.weights;
+  spec.resume = o.resume;
+  if (o.resume && (o.sweep.empty() || o.out.empty()))
+    throw UsageError("--resume: needs --sweep CONFIG and --out FILE (it keeps the points already in FILE)");
   if (!o.sweep.empty()) {
     for (const auto& [flag, given] : {std::pair{"--preset", !o.preset.empty()},
                                       {"--config", !o.config.empty()},
@@ -551,5 +669,8 @@ ATTN_REGISTER_COMMAND(
                      "(preset x form x context x new) instead of the flags' one point");
       sub.add_option("--out", o->out,
                      "write one JSON line per point to this file (rewritten atomically after each point)");
+      sub.add_flag("--resume", o->resume,
+                   "with --sweep and --out: keep the points already in --out (same config and CPU) and "
+                   "measure the others; a row of another config, CPU or point is refused (exit 2)");
       return std::function<int()>([o] { return attn::cli::run_mla(*o); });
     })

@@ -204,11 +204,29 @@ std::string abbreviated(const std::string& s, std::size_t max_chars = 60) {
 
 }  // namespace
 
+std::string mla_row_id(const Json& j) {
+  std::string form = j.at("form").get<std::string>();
+  if (form == "gqa")
+    form += "(kv=" + std::to_string(j.at("gqa").at("kv_heads").get<int64_t>()) +
+            ",D=" + std::to_string(j.at("gqa").at("head_dim").get<int64_t>()) + ")";
+  std::string preset;
+  if (j.at("preset").is_string()) {
+    preset = j.at("preset").get<std::string>();
+  } else {
+    for (auto it = j.at("shape").begin(); it != j.at("shape").end(); ++it)
+      preset += (preset.empty() ? "" : ",") + it.key() + "=" + it.value().dump();
+  }
+  return "mla/" + form + ":" + preset + ",B=" + std::to_string(j.at("batch").get<int64_t>()) +
+         ",T=" + std::to_string(j.at("context").get<int64_t>()) +
+         ",new=" + std::to_string(j.at("new_tokens").get<int64_t>()) +
+         ",core=" + j.at("variant").get<std::string>() +
+         ",threads=" + std::to_string(j.at("threads").get<int>());
+}
+
 namespace {
-// A row of results.mla.jsonl (`attnbench mla --sweep`, cli_mla.cpp) as a row compare can match: id
-// "mla/FORM:PRESET,B=..,T=CONTEXT,new=..,core=VARIANT,threads=N" (FORM naive, absorbed, or gqa(kv=..,D=..) for a
-// block's GQA core; PRESET the shape's fields when the block gave it inline), its timing and the SIMD target
-// its FMA peak ran on. UsageError naming file:line for a line that is not such a row.
+// A row of results.mla.jsonl (`attnbench mla --sweep`, cli_mla.cpp) as a row compare can match: its
+// mla_row_id, its timing and the SIMD target its FMA peak ran on. UsageError naming file:line for a line
+// that is not such a row.
 ResultRow mla_row(const Json& j, const std::string& where) {
   const auto fail = [&](const std::string& why) {
     return UsageError(where + ": " + why + " (a row of `attnbench mla --sweep`: docs/cli.md)");
@@ -217,23 +235,9 @@ ResultRow mla_row(const Json& j, const std::string& where) {
     throw fail("not a JSON object with \"kind\": \"mla\"");
   ResultRow r;
   try {
-    std::string form = j.at("form").get<std::string>();
-    if (form == "gqa")
-      form += "(kv=" + std::to_string(j.at("gqa").at("kv_heads").get<int64_t>()) +
-              ",D=" + std::to_string(j.at("gqa").at("head_dim").get<int64_t>()) + ")";
-    std::string preset;
-    if (j.at("preset").is_string()) {
-      preset = j.at("preset").get<std::string>();
-    } else {
-      for (auto it = j.at("shape").begin(); it != j.at("shape").end(); ++it)
-        preset += (preset.empty() ? "" : ",") + it.key() + "=" + it.value().dump();
-    }
-    r.variant = "mla/" + form;
+    r.id = mla_row_id(j);
+    r.variant = r.id.substr(0, r.id.find(':'));
     r.threads = j.at("threads").get<int>();
-    r.id = r.variant + ":" + preset + ",B=" + std::to_string(j.at("batch").get<int64_t>()) +
-           ",T=" + std::to_string(j.at("context").get<int64_t>()) +
-           ",new=" + std::to_string(j.at("new_tokens").get<int64_t>()) +
-           ",core=" + j.at("variant").get<std::string>() + ",threads=" + std::to_string(r.threads);
     r.isa = j.at("fma_peak").at("isa").get<std::string>();
     r.time_ms.median = j.at("median_ms").get<double>();
     r.time_ms.samples = j.at("samples_ms").get<std::vector<double>>();

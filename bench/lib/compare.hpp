@@ -21,6 +21,12 @@ struct ResultsFolder {
   std::vector<ResultRow> rows;
 };
 
+// The point id of a row of results.mla.jsonl (`attnbench mla --sweep`): "mla/FORM:PRESET,B=..,T=CONTEXT,
+// new=..,core=VARIANT,threads=N", FORM naive, absorbed, or gqa(kv=..,D=..) for a block's GQA core, PRESET the
+// shape's fields when the block gave the shape inline. From the row's form, gqa, preset, shape, batch,
+// context, new_tokens, variant and threads; Json::exception when one is missing or of another type.
+std::string mla_row_id(const Json& row);
+
 // Reads DIR/meta.json and DIR/results.jsonl, and when present the rows of results.peers.jsonl (the PyTorch
 // peers) and results.mla.jsonl (`attnbench mla --sweep`; ids "mla/FORM:PRESET,B=..,T=..,new=..,core=..,
 // threads=.."), which are compared as the sweep's points are. UsageError (exit 2) naming the folder or file

@@ -122,8 +122,8 @@ std::array<std::pair<const char*, FloatArray MlaWeights::*>, 8> weight_members()
            {"wo", &MlaWeights::wo}}};
 }
 
-// The default core: the exact variant that reads the cache in place (strided_kv) and is not the baseline
-// (the baseline materialises the score matrix); the baseline when no other qualifies.
+}  // namespace
+
 std::string default_core_variant() {
   for (const Attention* v : Registry::instance().all()) {
     const Capabilities c = v->capabilities();
@@ -132,8 +132,6 @@ std::string default_core_variant() {
   }
   return Registry::instance().baseline().name();
 }
-
-}  // namespace
 
 MlaShape mla_preset(const std::string& name, const std::string& where) {
   MlaShape s;

@@ -51,6 +51,10 @@ MlaForm parse_mla_form(const std::string& text, const std::string& where);
 // Cache elements (fp32) one token adds: absorbed kv_lora_rank + rope (576 at DeepSeek's widths); naive
 // heads * (nope + rope + v) (40,960 at V3's 128 heads).
 int64_t mla_cache_elements_per_token(const MlaShape& shape, MlaForm form);
+// The core variant when MlaCall::variant is empty: the exact variant that reads the cache in place
+// (strided_kv) and is not the baseline (the baseline materialises the score matrix); the baseline when no
+// other qualifies.
+std::string default_core_variant();
 
 // The KV cache of one form, reserved for `capacity` tokens per batch entry and read in place by the core
 // (AttentionInputs::kv_capacity): absorbed kv [B, capacity, kv_lora + rope], rows [c_kv | k_pe(rope'd)];
