@@ -27,6 +27,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 // (exact: the same fp32 values a widening pass into scratch would give, so the sums are bitwise those).
 struct RowsF32 {
   using T = float;
+  static constexpr bool kEvenOdd = false;
   static HWY_INLINE simd::HWY_NAMESPACE::VF Load(simd::HWY_NAMESPACE::DF d, const float* HWY_RESTRICT p) {
     return hn::LoadU(d, p);
   }
@@ -34,6 +35,7 @@ struct RowsF32 {
 };
 struct RowsBf16 {
   using T = uint16_t;
+  static constexpr bool kEvenOdd = false;
   static HWY_INLINE simd::HWY_NAMESPACE::VF Load(simd::HWY_NAMESPACE::DF d, const uint16_t* HWY_RESTRICT p) {
     const hn::Rebind<uint16_t, simd::HWY_NAMESPACE::DF> d16;
     const hn::RebindToUnsigned<simd::HWY_NAMESPACE::DF> du;
@@ -43,11 +45,35 @@ struct RowsBf16 {
 };
 struct RowsF16 {
   using T = uint16_t;
+  static constexpr bool kEvenOdd = false;
   static HWY_INLINE simd::HWY_NAMESPACE::VF Load(simd::HWY_NAMESPACE::DF d, const uint16_t* HWY_RESTRICT p) {
     const hn::Rebind<hwy::float16_t, simd::HWY_NAMESPACE::DF> d16;
     return hn::PromoteTo(d, hn::LoadU(d16, reinterpret_cast<const hwy::float16_t*>(p)));
   }
   static HWY_INLINE float Scalar(const uint16_t* p) { return fp16_to_float(*p); }
+};
+
+// bf16 rows read as 32-bit words, two values each: the even-indexed values are the words shifted left by 16,
+// the odd ones the words with their low half cleared, one instruction per vector of fp32 where widening
+// half a vector takes two (a zero-extension, a shuffle, and a shift). The kernels reading rows this way
+// (DotScoresEO, DotPvEO in tiled_kernels.cpp) hold each chunk of 2N head_dim values as [N even | N odd]:
+// the query rows so permuted, the output rows permuted back at the end.
+struct RowsBf16EvenOdd {
+  using T = uint16_t;
+  static constexpr bool kEvenOdd = true;
+  static HWY_INLINE hn::Vec<hn::RebindToUnsigned<simd::HWY_NAMESPACE::DF>> Words(
+      simd::HWY_NAMESPACE::DF d, const uint16_t* HWY_RESTRICT p) {
+    const hn::RebindToUnsigned<decltype(d)> du;
+    return hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
+  }
+  static HWY_INLINE simd::HWY_NAMESPACE::VF Even(simd::HWY_NAMESPACE::DF d, const uint16_t* HWY_RESTRICT p) {
+    return hn::BitCast(d, hn::ShiftLeft<16>(Words(d, p)));
+  }
+  static HWY_INLINE simd::HWY_NAMESPACE::VF Odd(simd::HWY_NAMESPACE::DF d, const uint16_t* HWY_RESTRICT p) {
+    const hn::RebindToUnsigned<decltype(d)> du;
+    return hn::BitCast(d, hn::And(Words(d, p), hn::Set(du, 0xFFFF0000u)));
+  }
+  static HWY_INLINE float Scalar(const uint16_t* p) { return bits_float(static_cast<uint32_t>(*p) << 16); }
 };
 
 // out[0..3] = the lane sums of a0..a3, the four reduced together ("transposed"): within each 128-bit block

@@ -496,6 +496,88 @@ HWY_NOINLINE void DotPv(const typename Rows::T* HWY_RESTRICT v, int64_t ldv, int
   ATTN_ACC8(ATTN_PV_SAVE)
 #undef ATTN_PV_SAVE
 }
+// DotScores and DotPv on bf16 rows read by RowsBf16EvenOdd: head_dim and d_v multiples of 2N, the query rows
+// qs and the output rows o in its [N even | N odd] order per chunk of 2N values. Each score sums, per lane,
+// the even then the odd product of a chunk, chunks in order (so not bitwise what DotScores sums; the
+// backward's recomputed logits for such rows agree within the bf16 tolerance, as for the AMX rows). Each
+// output value sums its keys in order, as DotPv.
+template <int NR, int KB, class Rows>
+HWY_NOINLINE void DotScoresEO(const uint16_t* HWY_RESTRICT k, int64_t D, const float* HWY_RESTRICT qs,
+                              float* HWY_RESTRICT s, int64_t lds) {
+  static_assert(NR * KB <= 8);
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  ATTN_ACC8(ATTN_DOT_DECLARE)
+  for (int64_t e = 0; e < D; e += 2 * N) {
+#define ATTN_EO_FMA(i)                                               \
+  if constexpr (i < NR * KB) {                                       \
+    const uint16_t* kr = k + (i / NR) * D + e;                       \
+    const float* qr = qs + (i % NR) * D + e;                         \
+    a##i = hn::MulAdd(Rows::Even(d, kr), hn::LoadU(d, qr), a##i);    \
+    a##i = hn::MulAdd(Rows::Odd(d, kr), hn::LoadU(d, qr + N), a##i); \
+  }
+    ATTN_ACC8(ATTN_EO_FMA)
+#undef ATTN_EO_FMA
+  }
+  float sums[8];
+  SumLanes4(a0, a1, a2, a3, sums);
+  if constexpr (NR * KB > 4) SumLanes4(a4, a5, a6, a7, sums + 4);
+#define ATTN_EO_STORE(i) \
+  if constexpr (i < NR * KB) s[(i % NR) * lds + i / NR] = sums[i];
+  ATTN_ACC8(ATTN_EO_STORE)
+#undef ATTN_EO_STORE
+}
+
+// Accumulator i: row i / (2 CP), chunk (i / 2) % CP, even (i even) or odd half.
+template <int NR, int CP, class Rows>
+HWY_NOINLINE void DotPvEO(const uint16_t* HWY_RESTRICT v, int64_t ldv, int64_t D, int64_t nk,
+                          const float* HWY_RESTRICT p, int64_t lds, float* HWY_RESTRICT o,
+                          const float* HWY_RESTRICT alpha, int64_t e0) {
+  static_assert(2 * NR * CP <= 8);
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  ATTN_ACC8(ATTN_DOT_DECLARE)
+#define ATTN_EO_AT(i) ((i) / (2 * CP)) * D + e0 + (((i) / 2) % CP) * 2 * N + ((i) % 2) * N
+#define ATTN_EO_LOAD(i)          \
+  if constexpr (i < 2 * NR * CP) \
+    a##i = hn::Mul(hn::LoadU(d, o + ATTN_EO_AT(i)), hn::Set(d, alpha[i / (2 * CP)]));
+  ATTN_ACC8(ATTN_EO_LOAD)
+#undef ATTN_EO_LOAD
+  for (int64_t j = 0; j < nk; ++j) {
+    const uint16_t* vj = v + j * ldv + e0;
+#define ATTN_EO_FMA(i)                                                       \
+  if constexpr (i < 2 * NR * CP) {                                           \
+    const uint16_t* vc = vj + ((i / 2) % CP) * 2 * N;                        \
+    a##i = hn::MulAdd(hn::Set(d, p[(i / (2 * CP)) * lds + j]),               \
+                      (i % 2) ? Rows::Odd(d, vc) : Rows::Even(d, vc), a##i); \
+  }
+    ATTN_ACC8(ATTN_EO_FMA)
+#undef ATTN_EO_FMA
+  }
+#define ATTN_EO_SAVE(i) \
+  if constexpr (i < 2 * NR * CP) hn::StoreU(a##i, d, o + ATTN_EO_AT(i));
+  ATTN_ACC8(ATTN_EO_SAVE)
+#undef ATTN_EO_SAVE
+#undef ATTN_EO_AT
+}
+
+// Rows of `n` floats in [N even | N odd] order per chunk of 2N, put in order (to == true) or the other way.
+void EvenOddOrder(float* rows, int64_t nrows, int64_t n, int64_t ld, bool to_dims) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+  std::vector<float> tmp(static_cast<std::size_t>(2 * N));
+  for (int64_t r = 0; r < nrows; ++r)
+    for (int64_t c = 0; c < n; c += 2 * N) {
+      float* x = rows + r * ld + c;
+      for (int64_t i = 0; i < N; ++i) {
+        if (to_dims) {
+          tmp[2 * i] = x[i], tmp[2 * i + 1] = x[N + i];
+        } else {
+          tmp[i] = x[2 * i], tmp[N + i] = x[2 * i + 1];
+        }
+      }
+      std::copy(tmp.begin(), tmp.end(), x);
+    }
+}
 #undef ATTN_DOT_DECLARE
 #undef ATTN_ACC8
 
@@ -504,20 +586,38 @@ using DotScoreFn = void (*)(const typename Rows::T*, int64_t, const float*, floa
 template <class Rows>
 using DotPvFn = void (*)(const typename Rows::T*, int64_t, int64_t, int64_t, const float*, int64_t, float*,
                          const float*, int64_t);
+template <class Rows, int NR, int KB>
+constexpr DotScoreFn<Rows> ScoreEntry() {
+  if constexpr (Rows::kEvenOdd)
+    return &DotScoresEO<NR, KB, Rows>;
+  else
+    return &DotScores<NR, KB, Rows>;
+}
 template <class Rows, int... R>
 constexpr std::array<DotScoreFn<Rows>, sizeof...(R)> DotScoreBlocks(std::integer_sequence<int, R...>) {
-  return {&DotScores<R + 1, 8 / (R + 1), Rows>...};
+  return {ScoreEntry<Rows, R + 1, 8 / (R + 1)>()...};
 }
 template <class Rows, int... R>
 constexpr std::array<DotScoreFn<Rows>, sizeof...(R)> DotScoreSingles(std::integer_sequence<int, R...>) {
-  return {&DotScores<R + 1, 1, Rows>...};
+  return {ScoreEntry<Rows, R + 1, 1>()...};
 }
 // P V kernels by rows NR (1..8) and column vectors CV (1..8 / NR; nullptr beyond): a tile whose d_v holds
 // fewer vectors than 8 / NR (head_dim 64 on 16 lanes: 4) still gets that many independent accumulator chains,
 // not one (each output element sums its keys in the same order whatever CV is: bitwise the same results).
+// Even/odd rows (RowsBf16EvenOdd): C counts chunks of 2N values, two accumulators each, rows 1..4 only.
+template <class Rows, int NR, int C>
+constexpr DotPvFn<Rows> PvEntry() {
+  if constexpr (Rows::kEvenOdd) {
+    if constexpr (2 * NR * C <= 8) return &DotPvEO<NR, C, Rows>;
+    return nullptr;
+  } else {
+    if constexpr (NR * C <= 8) return &DotPv<NR, C, Rows>;
+    return nullptr;
+  }
+}
 template <class Rows, int NR, int... C>
 constexpr std::array<DotPvFn<Rows>, 8> DotPvRow(std::integer_sequence<int, C...>) {
-  return {(C + 1 <= 8 / NR ? &DotPv<NR, (C + 1 <= 8 / NR ? C + 1 : 1), Rows> : nullptr)...};
+  return {PvEntry<Rows, NR, C + 1>()...};
 }
 template <class Rows, int... R>
 constexpr std::array<std::array<DotPvFn<Rows>, 8>, sizeof...(R)> DotPvTable(
@@ -702,7 +802,9 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const Tiles& tiles
   const int64_t lds = round_up(c.sched.tiles.kv, kLanes);
   float *qs = w.qt.data(), *s = w.s.data(), *o = w.ot.data();
   float *m = w.stats.data(), *l = m + ld, *alpha = l + 2 * ld;
-  const int64_t kb = 8 / nr, cv = 8 / nr;
+  // P V column chunks: cv of W values per call (even/odd rows: chunks of 2N, two accumulators each).
+  const int64_t kb = 8 / nr, cv = Rows::kEvenOdd ? 4 / nr : 8 / nr, W = Rows::kEvenOdd ? 2 * N : N;
+  if constexpr (Rows::kEvenOdd) EvenOddOrder(qs, nr, D, D, /*to_dims=*/false);
   for (int64_t j0 = t.ja; j0 < t.jb; j0 += c.sched.tiles.kv) {
     const int64_t nk = std::min(c.sched.tiles.kv, t.jb - j0);
     const typename Rows::T* kt = tiles.k_tile(j0, nk, w);
@@ -742,9 +844,9 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const Tiles& tiles
         PrefetchRows(vt + kPvKeys * ldv, std::min(kPvKeys, nk - b0 - kPvKeys), ldv);
       if constexpr (pump) v_pump();
       for (int64_t e = 0; e < Vv;) {
-        const int64_t chunk = std::min(cv, (Vv - e) / N);
+        const int64_t chunk = std::min(cv, (Vv - e) / W);
         pv_table[nr - 1][chunk - 1](vt, ldv, V, nb, sb, lds, o, scale, e);
-        e += chunk * N;
+        e += chunk * W;
       }
       for (int64_t r = 0; r < nr; ++r)  // value_dim tail (V not a multiple of the vector width)
         for (int64_t et = Vv; et < V; ++et) {
@@ -754,6 +856,7 @@ void DotRows(const Context& c, const TileRows& t, Scratch& w, const Tiles& tiles
         }
     }
   }
+  if constexpr (Rows::kEvenOdd) EvenOddOrder(o, nr, V, V, /*to_dims=*/true);
 }
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -1143,6 +1246,9 @@ void RunQueryTile(const Context& c, int64_t unit, int64_t split, Scratch& w) {
 #endif
   } else if (dot && !wide) {
     DotRows<RowsF32>(c, t, w, InPlaceRows<RowsF32>{src.k, src.v, D, src.v_ld()});
+  } else if (dot && whole_vectors && p.dtype == DType::bf16 && t.nr <= 4 && D % (2 * lanes) == 0 &&
+             V % (2 * lanes) == 0) {
+    DotRows<RowsBf16EvenOdd>(c, t, w, InPlaceRows<RowsBf16EvenOdd>{src.k16, src.v16, D, V});
   } else if (dot && whole_vectors && p.dtype == DType::bf16) {
     DotRows<RowsBf16>(c, t, w, InPlaceRows<RowsBf16>{src.k16, src.v16, D, V});
   } else if (dot && whole_vectors && p.dtype == DType::fp16) {
