@@ -528,6 +528,14 @@ HWY_NOINLINE void DotScoresEO(const uint16_t* HWY_RESTRICT k, int64_t D, const f
 #undef ATTN_EO_STORE
 }
 
+template <int Half, class Rows>
+HWY_INLINE VF EvenOrOdd(DF d, const uint16_t* HWY_RESTRICT p) {
+  if constexpr (Half == 0)
+    return Rows::Even(d, p);
+  else
+    return Rows::Odd(d, p);
+}
+
 // Accumulator i: row i / (2 CP), chunk (i / 2) % CP, even (i even) or odd half.
 template <int NR, int CP, class Rows>
 HWY_NOINLINE void DotPvEO(const uint16_t* HWY_RESTRICT v, int64_t ldv, int64_t D, int64_t nk,
@@ -545,11 +553,10 @@ HWY_NOINLINE void DotPvEO(const uint16_t* HWY_RESTRICT v, int64_t ldv, int64_t D
 #undef ATTN_EO_LOAD
   for (int64_t j = 0; j < nk; ++j) {
     const uint16_t* vj = v + j * ldv + e0;
-#define ATTN_EO_FMA(i)                                                       \
-  if constexpr (i < 2 * NR * CP) {                                           \
-    const uint16_t* vc = vj + ((i / 2) % CP) * 2 * N;                        \
-    a##i = hn::MulAdd(hn::Set(d, p[(i / (2 * CP)) * lds + j]),               \
-                      (i % 2) ? Rows::Odd(d, vc) : Rows::Even(d, vc), a##i); \
+#define ATTN_EO_FMA(i)                                                                               \
+  if constexpr (i < 2 * NR * CP) {                                                                   \
+    const uint16_t* vc = vj + ((i / 2) % CP) * 2 * N;                                                \
+    a##i = hn::MulAdd(hn::Set(d, p[(i / (2 * CP)) * lds + j]), EvenOrOdd<i % 2, Rows>(d, vc), a##i); \
   }
     ATTN_ACC8(ATTN_EO_FMA)
 #undef ATTN_EO_FMA
