@@ -26,10 +26,10 @@ using namespace attn;
 
 namespace {
 
-const char* const kVariants[] = {"retention", "simple_gla", "gla", "delta_rule", "gated_delta_rule"};
+const char* const kVariants[] = {"retention", "simple_gla", "gla", "delta_rule", "gated_delta_rule", "kda"};
 
 bool is_delta(const std::string& v) {
-  return v == "delta_rule" || v == "gated_delta_rule";
+  return v == "delta_rule" || v == "gated_delta_rule" || v == "kda";
 }
 
 // One problem with its tensors: g = logsigmoid(N(0, 1)), beta = sigmoid(N(0, 1)) unless changed. d: d_k
@@ -108,7 +108,7 @@ Naive naive(const RecCase& c) {
           if (name == "retention") decay[i] = 1 - std::pow(2.0, -5.0 - double(h));
           if (name == "simple_gla" || name == "gated_delta_rule")
             decay[i] = std::exp(double(c.g.data[bh * n + t]));
-          if (name == "gla") decay[i] = std::exp(double(c.g.data[(bh * n + t) * dk + i]));
+          if (name == "gla" || name == "kda") decay[i] = std::exp(double(c.g.data[(bh * n + t) * dk + i]));
           if (name == "delta_rule") decay[i] = 1;
         }
         for (int64_t i = 0; i < dk; ++i)
@@ -185,6 +185,30 @@ TEST_CASE("recurrences: n = 4096 chunk form and n = 1024 recurrent form within 1
   }
 }
 
+TEST_CASE("recurrences: kda with one gate value across its key channels equals gated_delta_rule",
+          "[recurrent]") {
+  // Same Q, K, V, beta (same seeds) and kda's g[b, h, t, c] = gated_delta_rule's g[b, h, t] for every c: the
+  // same recurrence. Each output is within its variant's derived bound of the exact one, so the two within
+  // the sum of the bounds (the forms compute in different orders: not bitwise).
+  for (const Json& form : kForms) {
+    RecCase scalar("gated_delta_rule", form, 1, 4, 2, 150, 24, 61), vec("kda", form, 1, 4, 2, 150, 24, 61);
+    const int64_t d = vec.p.head_dim;
+    for (std::size_t e = 0; e < vec.g.numel(); ++e)
+      vec.g.data[e] = scalar.g.data[e / static_cast<std::size_t>(d)];
+    REQUIRE(vec.beta.data == scalar.beta.data);
+    scalar.run();
+    vec.run();
+    const double bound = scalar.variant.abs_tolerance(scalar.p, scalar.inputs()) +
+                         vec.variant.abs_tolerance(vec.p, vec.inputs());
+    INFO(vec.p.repro() << ": bound " << bound);
+    double worst = 0;
+    for (std::size_t e = 0; e < vec.out.numel(); ++e)
+      worst = std::max(worst, double(std::fabs(vec.out.data[e] - scalar.out.data[e])));
+    CHECK(worst <= bound);
+    CHECK(worst < 1e-4);  // and close in absolute terms (outputs of order 1)
+  }
+}
+
 TEST_CASE("recurrences: chunk sizes 1, 7 and larger than the sequence, initial state in and final state out",
           "[recurrent]") {
   for (const char* name : kVariants)
@@ -227,7 +251,7 @@ TEST_CASE("recurrences: d_k != d_v, a d_k x d_v initial state in and final state
 }
 
 TEST_CASE("recurrences: gates at -30 and at 0, beta near 0 and at 1", "[recurrent]") {
-  for (const char* name : {"simple_gla", "gla", "gated_delta_rule", "delta_rule"})
+  for (const char* name : {"simple_gla", "gla", "gated_delta_rule", "delta_rule", "kda"})
     for (const Json& form : kForms) {
       RecCase c(name, form, 1, 2, 0, 200, 16, 41);
       // The first 64 tokens at g = -30 (cumulative -1920 over a chunk of 64, -960 over the default 32), then

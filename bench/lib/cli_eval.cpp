@@ -620,12 +620,12 @@ ATTN_REGISTER_COMMAND(
           "--g", o->g,
           "a gated recurrence's gate .npy, float32/64, every value finite and <= 0 (decay exp(g)): "
           "[batch, heads, seq] for a scalar gate (simple_gla, gated_delta_rule), [batch, heads, "
-          "seq, head_dim] for a per-channel one (gla); required by those variants, refused by "
+          "seq, head_dim] for a per-channel one (gla, kda); required by those variants, refused by "
           "others (`attnbench list`: gate)");
       sub.add_option(
           "--beta", o->beta,
           "the delta rule's beta .npy, float32/64 [batch, heads, seq], every value in (0, 1]; "
-          "required by delta_rule and gated_delta_rule, refused by others (`attnbench list`: beta)");
+          "required by delta_rule, gated_delta_rule and kda, refused by others (`attnbench list`: beta)");
       attn::cli::add_extra_input_options(sub, *o);
       sub.add_option("--final-state", o->final_state,
                      "a recurrence's state after the last token .npy out, float32 [batch, heads, head_dim, "

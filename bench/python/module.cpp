@@ -738,8 +738,8 @@ computation and O are float32. alibi: the ALiBi bias, default slopes 2^(-8 (h + 
 alibi_slopes ([heads], one per query head).
 A recurrence's inputs (variants()'s capabilities "gate", "beta", "state"; `eval --g --beta --initial-state
 --final-state`), converted as q is: g, the gate, every value finite and <= 0, [batch, heads, seq] for a scalar
-gate (simple_gla, gated_delta_rule) or [batch, heads, seq, head_dim] for a per-channel one (gla); beta,
-[batch, heads, seq], every value in (0, 1] (delta_rule, gated_delta_rule); initial_state, the starting state
+gate (simple_gla, gated_delta_rule) or [batch, heads, seq, head_dim] for a per-channel one (gla, kda); beta,
+[batch, heads, seq], every value in (0, 1] (delta_rule, gated_delta_rule, kda); initial_state, the starting state
 [batch, heads, head_dim, d_v] (default 0). A variant needing one must be given it, and one it does not
 read is refused (ValueError naming both). return_final_state=True returns (O, final_state), final_state a new
 float32 [batch, heads, head_dim, d_v] array (with save_state: (O, state, final_state)).

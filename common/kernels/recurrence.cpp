@@ -449,7 +449,9 @@ void recurrence_reference(const Problem& p, const AttentionInputs& in, const Rec
 }
 
 bool recurrence_chunkwise_backward(const RecurrenceConfig& cfg) {
-  return cfg.form == RecurrenceForm::chunk;
+  // KDA (a gate per key channel with the delta rule) has no chunkwise backward yet: its chunk form's
+  // backward is the token-by-token reverse pass from checkpoints every C tokens.
+  return cfg.form == RecurrenceForm::chunk && !(cfg.kind.gate == Gate::vector && cfg.kind.delta);
 }
 
 // Each form's own backward: the chunk form's reverse mode through its chunkwise products

@@ -1,5 +1,5 @@
 // The engine of the gated and delta-rule linear recurrences ("route 2" around the quadratic cost): retention,
-// simple_gla, gla, delta_rule and gated_delta_rule are one recurrence over a d_k x d_v state S per (batch,
+// simple_gla, gla, delta_rule, gated_delta_rule and kda are one recurrence over a d_k x d_v state S per (batch,
 // query head), with row vectors, S_0 = 0 or the given initial state:
 //
 //   S'_t = diag(a_t) S_{t-1}                      a_t = exp(g_t) (scalar: every row; vector: per key channel;
@@ -26,7 +26,7 @@
 
 namespace attn {
 
-// What distinguishes the five recurrences.
+// What distinguishes the six recurrences.
 struct RecurrenceKind {
   Gate gate = Gate::none;       // g's shape (AttentionInputs::g)
   bool retention = false;       // fixed decay per head, gamma_h = 1 - 2^(-5-h) (with gate none)

@@ -497,6 +497,45 @@ inline void delta_values(const HeadInputs& hi, int64_t t0, int64_t L, ChunkBuffe
   forward_substitute(cb.bp.data(), L, cb.u.data(), d);
 }
 
+// KDA (a gate per key channel with the delta rule): U into cb.u, (I + diag(beta) A) U = diag(beta) (V - (K ⊙
+// e^Gamma) S_0) with A_ts = sum_c k_tc k_sc e^(Gamma_tc - Gamma_sc) (s < t; unrolling S_{t-1} within the
+// chunk, as delta_values does with one decay per token). A is gla's decayed scores of the keys against
+// themselves (vector_scores with the keys as queries), copied into cb.bp's first L rows; then cb.a gets the
+// queries' scores (vector_scores again, before U: it uses cb.u and cb.x as scratch). cb.qg holds K ⊙ e^Gamma
+// and cb.x (K ⊙ e^Gamma) S_0 on the way.
+inline void vector_delta_values(const HeadInputs& hi, int64_t t0, int64_t L, ChunkBuffers& cb) {
+  const int64_t dk = hi.dk, dv = hi.dv;
+  const float* q = cb.qp;
+  cb.qp = cb.kp;
+  vector_scores(L, dk, cb);
+  std::copy_n(cb.a.data(), L * L, cb.bp.data());
+  cb.qp = q;
+  vector_scores(L, dk, cb);
+  for (int64_t t = 0; t < L; ++t)
+    mul_exp_diff(cb.gam.data() + t * dk, nullptr, cb.kp + t * dk, cb.qg.data() + t * dk, dk, cb.xd.data());
+  gemm({.a = cb.qg.data(),
+        .ars = dk,
+        .acs = 1,
+        .b = cb.s.data(),
+        .ldb = dv,
+        .c = cb.x.data(),
+        .ldc = dv,
+        .m = L,
+        .n = dv,
+        .k = dk});
+  const float* v = hi.v + t0 * dv;
+  const float* beta = hi.beta + t0;
+  for (int64_t t = 0; t < L; ++t) {
+    float* ut = cb.u.data() + t * dv;
+    const float* xt = cb.x.data() + t * dv;
+    const float b = beta[t];
+    for (int64_t j = 0; j < dv; ++j) ut[j] = b * (v[t * dv + j] - xt[j]);
+    float* at = cb.bp.data() + t * L;
+    for (int64_t s = 0; s < t; ++s) at[s] *= b;
+  }
+  forward_substitute(cb.bp.data(), L, cb.u.data(), dv);
+}
+
 // cb.kd (L x d, d = d_k) = K ⊙ e^(Gamma_C - Gamma): each key row decayed to the chunk's end (per channel for
 // gla).
 inline void decayed_keys(const RecurrenceKind& kind, int64_t L, int64_t d, ChunkBuffers& cb) {

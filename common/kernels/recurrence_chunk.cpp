@@ -82,11 +82,13 @@ void ChunkHead(const HeadInputs& hi, const RecurrenceKind& kind, int64_t C, floa
     const int64_t L = std::min(C, n - t0);
     load_rows(hi, kind, t0, L, cb);
     load_gammas(hi, kind, t0, L, cb);
-    if (kind.gate == Gate::vector)
+    if (kind.gate == Gate::vector && kind.delta)  // KDA: both score matrices and U
+      vector_delta_values(hi, t0, L, cb);
+    else if (kind.gate == Gate::vector)
       vector_scores(L, dk, cb);
     else
       scalar_scores(kind, L, dk, cb);
-    if (kind.delta) {  // [K; Q] S_0 (2L x d_v), then the solve
+    if (kind.delta && kind.gate != Gate::vector) {  // [K; Q] S_0 (2L x d_v), then the solve
       gemm({.a = cb.qk.data(),
             .ars = dk,
             .acs = 1,

@@ -274,7 +274,8 @@ def check_every_variant(exe, tmp):
         check(e["causal"] == bool(caps.get("causal")), f"[auto] {v['name']}: causal exactly where it has a causal form")
         w = np.load(os.path.join(out, e["file"])).astype(np.float64)
         check(np.isfinite(w).all(), f"[auto] {v['name']}: finite weights")
-        if caps.get("own_definition") and v["name"] in ("retention", "simple_gla", "gla", "delta_rule", "gated_delta_rule"):
+        if caps.get("own_definition") and v["name"] in ("retention", "simple_gla", "gla", "delta_rule", "gated_delta_rule",
+                                                                 "kda"):
             recurrences += 1
             ins = e.get("inputs", {})
             g = np.load(os.path.join(out, ins["g"]["file"])).astype(np.float64)[0] if "g" in ins else None
@@ -297,7 +298,7 @@ def check_every_variant(exe, tmp):
             check(err < tol, f"[auto] {v['name']}: weights == its definition with V = I (max err {err:.2e} < {tol:.1e})")
             if beta is not None:
                 check((w < -1e-3).any(), f"[auto] {v['name']}: the delta rule's corrections give negative weights")
-    check(recurrences == 5, f"[auto] the five recurrences were checked against their definitions ({recurrences})")
+    check(recurrences == 6, f"[auto] the six recurrences were checked against their definitions ({recurrences})")
 
 
 def main():

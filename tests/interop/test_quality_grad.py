@@ -46,7 +46,7 @@ MQAR = {"task": "mqar", "seq_len": 16, "kv_pairs": 2, "vocab": 40, "d_model": 16
 PARAMS = {"tiled": {"tile_q": 4, "tile_kv": 4}, "sliding_window": {"window": 3}, "bigbird": {"block": 2},
           "performer": {"features": 16}, "linformer": {"k": 4}, "nystrom": {"landmarks": 3},
           **{r: {"chunk": 4, "form": ["chunk", "recurrent"]}
-             for r in ("retention", "simple_gla", "gla", "delta_rule", "gated_delta_rule")}}
+             for r in ("retention", "simple_gla", "gla", "delta_rule", "gated_delta_rule", "kda")}}
 SEEDED = ("bigbird", "performer", "linformer", "nystrom")  # reference: attnbench's fp64 definition
 
 # The tolerance on ||grad32 - grad64|| / ||grad64|| per parameter tensor, from fp32 epsilon and the sizes.
@@ -106,7 +106,7 @@ def linear_attention(q, k, v, causal=False, eps=1e-6):
 
 
 def recurrence(variant, q, k, v, scale=None, g=None, beta=None):
-    """The five recurrences token by token: S_t (d_k x d_v) from S_{t-1}, o_t = scale q_t S_t."""
+    """The six recurrences token by token: S_t (d_k x d_v) from S_{t-1}, o_t = scale q_t S_t."""
     b, h, length, dk = q.shape
     scale = 1.0 / math.sqrt(dk) if scale is None else scale
     state = q.new_zeros(b, h, dk, v.shape[-1])
@@ -116,14 +116,14 @@ def recurrence(variant, q, k, v, scale=None, g=None, beta=None):
         kt, vt = k[:, :, t], v[:, :, t]
         if variant == "retention":
             decay = gamma
-        elif variant == "gla":
+        elif variant in ("gla", "kda"):
             decay = torch.exp(g[:, :, t])[..., None]
         elif variant in ("simple_gla", "gated_delta_rule"):
             decay = torch.exp(g[:, :, t])[..., None, None]
         else:
             decay = 1.0
         state = decay * state
-        if variant in ("delta_rule", "gated_delta_rule"):
+        if variant in ("delta_rule", "gated_delta_rule", "kda"):
             old = torch.einsum("bhk,bhkv->bhv", kt, state)
             update = beta[:, :, t, None] * (vt - old)
         else:

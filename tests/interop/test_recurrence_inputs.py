@@ -79,6 +79,7 @@ VARIANTS = {
     "delta_rule": (None, True),
     "gated_delta_rule": ("scalar", True),
     "retention": (None, False),
+    "kda": ("vector", True),
 }
 
 

@@ -1,6 +1,7 @@
-// The gated and delta-rule linear recurrences ("route 2" around the quadratic cost), five variants on one
+// The gated and delta-rule linear recurrences ("route 2" around the quadratic cost), six variants on one
 // engine (common/kernels/recurrence.hpp): retention (RetNet), simple_gla (Mamba-2's SSD, a scalar gate), gla
-// (a gate per key channel), delta_rule (DeltaNet) and gated_delta_rule (Gated DeltaNet). Each takes
+// (a gate per key channel), delta_rule (DeltaNet), gated_delta_rule (Gated DeltaNet) and kda (Kimi Delta
+// Attention: the gated delta rule with a gate per key channel). Each takes
 // form=chunk|recurrent and chunk=C; the delta rules also normalize_keys. They are not softmax attention:
 // their exact baseline is their own fp64 recurrence (reference_forward), and they need causal self-attention.
 #include <algorithm>
@@ -260,6 +261,11 @@ bool register_recurrences() {
        "Gated DeltaNet: S_t = exp(g_t) S_{t-1} + beta_t k_t^T (v_t - exp(g_t) k_t S_{t-1}), keys "
        "L2-normalised",
        RecurrenceKind{.gate = Gate::scalar, .delta = true, .normalize_keys = true}},
+      {"kda",
+       "Kimi Delta Attention (Kimi-Linear): S_t = (I - beta_t k_t^T k_t) diag(exp(g_t)) S_{t-1} + beta_t "
+       "k_t^T v_t, g [b,h,n,d_k] (a decay per key channel), keys L2-normalised; the chunk form's backward is "
+       "the token-by-token one",
+       RecurrenceKind{.gate = Gate::vector, .delta = true, .normalize_keys = true}},
   };
   for (const auto& s : specs) attn::Registry::instance().add(std::make_unique<attn::Recurrent>(s));
   return true;
