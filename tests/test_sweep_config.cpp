@@ -1170,6 +1170,54 @@ TEST_CASE("inputs.g and inputs.beta: the recurrences' gate distributions, in the
       if (!g_const) CHECK(std::set<float>(in.g.data.begin(), in.g.data.end()).size() > 1);
     }
   }
+  SECTION(
+      "KDA's gates (flash-linear-attention): -scale softplus(z) and lower_bound sigmoid(z), from the same "
+      "z") {
+    Json j = base_config();
+    j["variants"] = {"kda"};
+    j["sweep"]["seq_len"] = 16;
+    j["sweep"]["mask"] = "causal";
+    j["inputs"] = Json::parse(R"({"regime": "gaussian",
+        "g": [{"dist": "logsigmoid_normal"}, {"dist": "softplus_normal"}, {"dist": "softplus_normal", "scale": 4},
+              {"dist": "lower_bound_sigmoid_normal"}, {"dist": "lower_bound_sigmoid_normal", "lower_bound": -2}]})");
+    const Plan plan = make_plan(parse_sweep_config(j, "cfg.json"));
+    REQUIRE(plan.points.size() == 5);
+    const char* labels[] = {"gaussian(std=1)", "gaussian(std=1,g=-softplus(N(0,1)))",
+                            "gaussian(std=1,g=-4*softplus(N(0,1)))", "gaussian(std=1,g=-5*sigmoid(N(0,1)))",
+                            "gaussian(std=1,g=-2*sigmoid(N(0,1)))"};
+    std::vector<PointInputs> in;
+    for (std::size_t i = 0; i < 5; ++i) {
+      CHECK(plan.points[i].regime.label() == labels[i]);
+      in.push_back(make_inputs(plan.points[i]));
+      REQUIRE(in[i].g_vector.shape == std::vector<int64_t>{1, 1, 16, plan.points[i].problem.head_dim});
+    }
+    // The same z behind every parametrisation: with s = sigmoid(z) = exp(logsigmoid(z)), softplus(z) =
+    // -log(1 - s); float32 rounding of g0 = logsigmoid(z) bounds the agreement (relative 1e-5, and s not near
+    // 1).
+    for (std::size_t e = 0; e < in[0].g_vector.numel(); ++e) {
+      const double g0 = in[0].g_vector.data[e], sig = std::exp(g0);
+      for (std::size_t i = 1; i < 5; ++i) CHECK(in[i].g_vector.data[e] <= 0);
+      CHECK(in[3].g_vector.data[e] == Approx(-5 * sig).epsilon(1e-5));
+      CHECK(in[4].g_vector.data[e] == Approx(-2 * sig).epsilon(1e-5));
+      CHECK(in[3].g_vector.data[e] > -5);
+      if (sig > 0.99) continue;
+      CHECK(in[1].g_vector.data[e] == Approx(std::log1p(-sig)).epsilon(1e-4));
+      CHECK(in[2].g_vector.data[e] == Approx(4 * std::log1p(-sig)).epsilon(1e-4));
+    }
+    auto error_for = [&](const char* inputs) {
+      Json b = base_config();
+      b["inputs"] = Json::parse(inputs);
+      return config_error(b);
+    };
+    std::string e = error_for(R"({"regime": "gaussian", "g": {"dist": "softplus_normal", "scale": 0}})");
+    CHECK_THAT(e, Contains("inputs.g.scale: must be a number in [1e-6, 100] (exp(A_log)), got 0"));
+    e = error_for(R"({"regime": "gaussian", "g": {"dist": "lower_bound_sigmoid_normal", "lower_bound": 5}})");
+    CHECK_THAT(e, Contains("inputs.g.lower_bound: must be a number in [-100, -1e-6], got 5"));
+    e = error_for(R"({"regime": "gaussian", "g": {"dist": "logsigmoid_normal", "scale": 2}})");
+    CHECK_THAT(e, Contains("inputs.g.scale: unknown key 'scale'"));
+    e = error_for(R"({"regime": "gaussian", "beta": {"dist": "softplus_normal"}})");
+    CHECK_THAT(e, Contains("inputs.beta.dist: must be 'sigmoid_normal'"));
+  }
   SECTION("bad distributions name the path, the value and what is allowed") {
     auto error_for = [&](const char* inputs) {
       Json j = base_config();

@@ -196,7 +196,7 @@ PointInputs draw_recurrence_inputs(const Problem& p, const Capabilities& caps, u
   if (caps.gate == Gate::none && !caps.beta && !caps.indexer) return extra;
   Json drawn = Json::object();
   if (caps.gate != Gate::none)
-    drawn["g"] = {{"distribution", "logsigmoid(" + point.regime.g.normal() + ")"},
+    drawn["g"] = {{"distribution", point.regime.g.g_formula()},
                   {"shape", caps.gate == Gate::vector ? extra.g_vector.shape : extra.g.shape},
                   {"file", p.variant + ".g.npy"}};
   if (caps.beta)

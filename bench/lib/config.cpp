@@ -138,21 +138,45 @@ std::vector<RopeSpec> parse_rope(const Json& r, const std::string& p, const std:
 }
 
 // inputs[].g or inputs[].beta (`key`): one distribution {"dist": DIST, "mean": M, "std": S} or a list of
-// them (an axis); absent: the default N(0, 1). DIST must be `dist` (logsigmoid_normal for g, sigmoid_normal
-// for beta): the config states the distribution it draws from.
-std::vector<GateDistribution> parse_gate_distributions(const Json& r, const std::string& p, const char* key,
-                                                       const char* dist, const char* formula) {
+// them (an axis); absent: the default N(0, 1). DIST: for beta sigmoid_normal; for g logsigmoid_normal,
+// softplus_normal (with an optional "scale" > 0) or lower_bound_sigmoid_normal (an optional "lower_bound" <
+// 0): the config states the distribution it draws from (GateDistribution).
+std::vector<GateDistribution> parse_gate_distributions(const Json& r, const std::string& p, const char* key) {
   if (!r.contains(key)) return {GateDistribution{}};
+  const bool gate = std::string(key) == "g";
+  const std::string first = gate ? "logsigmoid_normal" : "sigmoid_normal";
+  const std::string allowed =
+      gate ? "'logsigmoid_normal' (g = logsigmoid(z), z ~ N(mean, std^2)), 'softplus_normal' (g = -scale "
+             "softplus(z), flash-linear-attention's KDA gate) or 'lower_bound_sigmoid_normal' (g = "
+             "lower_bound "
+             "sigmoid(z), its KDA gate with a lower bound)"
+           : "'sigmoid_normal' (beta = sigmoid(z), z ~ N(mean, std^2))";
   std::vector<GateDistribution> out;
   for_axis(r[key], sub(p, key), [&](const Json& d, const std::string& dp) {
     if (!d.is_object())
-      fail(dp, std::string("must be a distribution {\"dist\": \"") + dist +
+      fail(dp, "must be a distribution {\"dist\": \"" + first +
                    "\", \"mean\": M, \"std\": S} or a list of them, got " + d.dump());
-    check_keys(d, dp, {"dist", "mean", "std"});
-    if (!d.contains("dist")) fail(dp, std::string("missing key 'dist' (\"") + dist + "\": " + formula + ")");
-    if (!d["dist"].is_string() || d["dist"].get<std::string>() != dist)
-      fail(sub(dp, "dist"), std::string("must be '") + dist + "' (" + formula + "), got " + d["dist"].dump());
+    if (!d.contains("dist")) fail(dp, "missing key 'dist' (" + allowed + ")");
+    const std::string dist = d["dist"].is_string() ? d["dist"].get<std::string>() : "";
     GateDistribution g;
+    if (dist == "softplus_normal" && gate) {
+      g.kind = GateDistribution::softplus;
+      check_keys(d, dp, {"dist", "mean", "std", "scale"});
+      if (d.contains("scale"))
+        g.factor =
+            get_number(d["scale"], sub(dp, "scale"), 1e-6, 100, "a number in [1e-6, 100] (exp(A_log))");
+    } else if (dist == "lower_bound_sigmoid_normal" && gate) {
+      g.kind = GateDistribution::lower_bound_sigmoid;
+      g.factor = -5;
+      check_keys(d, dp, {"dist", "mean", "std", "lower_bound"});
+      if (d.contains("lower_bound"))
+        g.factor =
+            get_number(d["lower_bound"], sub(dp, "lower_bound"), -100, -1e-6, "a number in [-100, -1e-6]");
+    } else if (dist == first) {
+      check_keys(d, dp, {"dist", "mean", "std"});
+    } else {
+      fail(sub(dp, "dist"), "must be " + allowed + ", got " + d["dist"].dump());
+    }
     if (d.contains("mean"))
       g.mean = get_number(d["mean"], sub(dp, "mean"), -100, 100, "a number in [-100, 100]");
     if (d.contains("std")) g.std = get_number(d["std"], sub(dp, "std"), 0, 100, "a number in [0, 100]");
@@ -194,10 +218,8 @@ void parse_regimes(const Json& v, const std::string& path, const std::string& co
       fail(sub(p, "regime"), "must be 'gaussian' or 'tokens', got '" + kind + "'");
     }
     const std::vector<RopeSpec> ropes = parse_rope(r, p, head_dims, head_dim_raw);
-    const std::vector<GateDistribution> gs =
-        parse_gate_distributions(r, p, "g", "logsigmoid_normal", "g = logsigmoid(z), z ~ N(mean, std^2)");
-    const std::vector<GateDistribution> betas =
-        parse_gate_distributions(r, p, "beta", "sigmoid_normal", "beta = sigmoid(z), z ~ N(mean, std^2)");
+    const std::vector<GateDistribution> gs = parse_gate_distributions(r, p, "g");
+    const std::vector<GateDistribution> betas = parse_gate_distributions(r, p, "beta");
     for (const Regime& m : made)
       for (const RopeSpec& rope : ropes)
         for (const GateDistribution& g : gs)
@@ -265,11 +287,28 @@ std::string GateDistribution::normal() const {
   return "N(" + shortest_double_text(mean) + "," + shortest_double_text(std) + ")";
 }
 
+std::string GateDistribution::g_formula() const {
+  if (kind == softplus)
+    return (factor == 1 ? std::string("-") : "-" + shortest_double_text(factor) + "*") + "softplus(" +
+           normal() + ")";
+  if (kind == lower_bound_sigmoid) return shortest_double_text(factor) + "*sigmoid(" + normal() + ")";
+  return "logsigmoid(" + normal() + ")";
+}
+
+double GateDistribution::g_of(double z) const {
+  // log1p(exp(z)) for z <= 36, else z to double precision (exp would overflow past z = 709); logsigmoid(z) =
+  // -softplus(-z); sigmoid(z) = exp(-softplus(-z)).
+  const auto softplus_of = [](double x) { return x > 36 ? x : std::log1p(std::exp(x)); };
+  if (kind == softplus) return -factor * softplus_of(z);
+  if (kind == lower_bound_sigmoid) return factor / (1 + std::exp(-z));
+  return -softplus_of(-z);
+}
+
 std::string Regime::label() const {
   std::string s = base_label();
   if (rope.on()) s.insert(s.size() - 1, ",rope=" + rope.str());
   // Only when not the default, so configs without inputs[].g / .beta keep their ids and input keys.
-  if (!g.is_default()) s.insert(s.size() - 1, ",g=logsigmoid(" + g.normal() + ")");
+  if (!g.is_default()) s.insert(s.size() - 1, ",g=" + g.g_formula());
   if (!beta.is_default()) s.insert(s.size() - 1, ",beta=sigmoid(" + beta.normal() + ")");
   return s;
 }

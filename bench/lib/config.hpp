@@ -17,13 +17,22 @@
 namespace attn {
 
 // The distribution a recurrence's per-token input is drawn from (inputs[].g, inputs[].beta): z ~ N(mean,
-// std^2), then g = logsigmoid(z) (<= 0: a decay exp(g) = sigmoid(z) in (0, 1]) or beta = sigmoid(z) (in
-// (0, 1]). The documented default is N(0, 1) for both.
+// std^2), then beta = sigmoid(z) (in (0, 1]) and g by its parametrisation (`kind`, inputs[].g's "dist"):
+// logsigmoid_normal g = logsigmoid(z) (<= 0: a decay exp(g) = sigmoid(z); GLA's and Gated DeltaNet's layers,
+// the default), softplus_normal g = -factor softplus(z) (flash-linear-attention's KDA gate, factor =
+// exp(A_log), default 1), lower_bound_sigmoid_normal g = factor sigmoid(z) (its KDA gate with lower_bound,
+// factor the bound, default -5: g in (-5, 0)). The documented default is N(0, 1) for both.
 struct GateDistribution {
+  enum Kind { logsigmoid = 0, softplus = 1, lower_bound_sigmoid = 2 };
   double mean = 0, std = 1;
+  int kind = logsigmoid;  // g only; beta is always sigmoid(z)
+  double factor = 1;      // softplus: the scale (> 0); lower_bound_sigmoid: the bound (< 0)
   bool operator==(const GateDistribution&) const = default;
   bool is_default() const { return *this == GateDistribution{}; }
   std::string normal() const;  // "N(0,1)", "N(-2,0.5)"
+  std::string g_formula()
+      const;  // "logsigmoid(N(0,1))", "-softplus(N(0,1))", "-2*softplus(..)", "-5*sigmoid(..)"
+  double g_of(double z) const;  // g for a draw z of N(mean, std^2), in double; <= 0 and finite
 };
 
 struct Regime {
@@ -33,12 +42,14 @@ struct Regime {
   // Rotary position embedding applied to the fp32 Q and K once they are made (inputs.rope, inputs.rope_base),
   // before any rounding to the storage dtype, as a model does before it stores its KV cache.
   RopeSpec rope;
-  // The recurrences' gate g = logsigmoid(N(mean, std^2)) and beta = sigmoid(N(mean, std^2)) (inputs[].g,
-  // inputs[].beta), drawn for the points whose variant reads them (bench/lib/inputs.hpp).
+  // The recurrences' gate g (logsigmoid(N(mean, std^2)) by default, GateDistribution) and beta =
+  // sigmoid(N(mean, std^2)) (inputs[].g, inputs[].beta), drawn for the points whose variant reads them
+  // (bench/lib/inputs.hpp).
   GateDistribution g, beta;
   // "gaussian(std=1)" / "tokens(sample.txt)", with ",rope=normal" (",rope=neox,base=500000") when RoPE is on
-  // and ",g=logsigmoid(N(-2,1))", ",beta=sigmoid(N(0,2))" when a gate distribution is not the default: part
-  // of the point id and the input key, so points differing only in RoPE or a gate distribution differ there.
+  // and ",g=logsigmoid(N(-2,1))" (",g=-5*sigmoid(N(0,1))", GateDistribution::g_formula),
+  // ",beta=sigmoid(N(0,2))" when a gate distribution is not the default: part of the point id and the input
+  // key, so points differing only in RoPE or a gate distribution differ there.
   std::string label() const;
   // label() without the RoPE part: the input seed derives from it, so the same point with and without RoPE
   // starts from the same draws (or the same projections of the text).
