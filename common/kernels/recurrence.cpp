@@ -431,7 +431,7 @@ void recurrence_forward(const Problem& p, const AttentionInputs& in, const Recur
     const HeadInputs hi = head_inputs(p, in, cfg.kind, b, h);
     std::vector<float> S(dd, 0.0f);
     if (hi.s0) std::copy_n(hi.s0, dd, S.begin());
-    head_forward<float, float>(hi, cfg.kind, S.data(), in.out + bh * p.seq_q * dv, nullptr, 1);
+    recurrence_recurrent_head(hi, cfg.kind, S.data(), in.out + bh * p.seq_q * dv);
     if (in.final_state) std::copy_n(S.data(), dd, in.final_state + bh * dd);
   });
 }

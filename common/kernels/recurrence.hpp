@@ -1,6 +1,6 @@
 // The engine of the gated and delta-rule linear recurrences ("route 2" around the quadratic cost): retention,
-// simple_gla, gla, delta_rule, gated_delta_rule and kda are one recurrence over a d_k x d_v state S per (batch,
-// query head), with row vectors, S_0 = 0 or the given initial state:
+// simple_gla, gla, delta_rule, gated_delta_rule and kda are one recurrence over a d_k x d_v state S per
+// (batch, query head), with row vectors, S_0 = 0 or the given initial state:
 //
 //   S'_t = diag(a_t) S_{t-1}                      a_t = exp(g_t) (scalar: every row; vector: per key channel;
 //                                                 retention: gamma_h = 1 - 2^(-5-h); none: 1)
@@ -91,6 +91,11 @@ double recurrence_flops(const Problem& p, const RecurrenceConfig& cfg);
 double recurrence_backward_flops(const Problem& p, const RecurrenceConfig& cfg);
 std::size_t recurrence_workspace_bytes(const Problem& p, const RecurrenceConfig& cfg, int threads);
 std::size_t recurrence_backward_workspace_bytes(const Problem& p, const RecurrenceConfig& cfg, int threads);
+
+// The recurrent form's fp32 forward of one head from S (d_k x d_v, holding S_0; left holding S_n), writing
+// its n x d_v output rows (recurrence_chunk.cpp, per SIMD target); recurrence_forward runs it.
+struct HeadInputs;
+void recurrence_recurrent_head(const HeadInputs& hi, const RecurrenceKind& kind, float* S, float* out);
 
 // The chunk form's forward (recurrence_chunk.cpp); recurrence_forward dispatches to it.
 void recurrence_chunk_forward(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg);

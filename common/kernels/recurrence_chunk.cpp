@@ -106,6 +106,86 @@ void ChunkHead(const HeadInputs& hi, const RecurrenceKind& kind, int64_t C, floa
   if (final_state) std::copy_n(cb.s.data(), dk * dv, final_state);
 }
 
+// The recurrent form's fp32 forward of one head (recurrence_recurrent_head): the definition token by token
+// with the value columns in SIMD lanes. Per token the delta rule's p = (k ⊙ a) S is one pass over S, then S =
+// diag(a) S + kᵀ u and o = scale q S share a second one. Every sum over the key channels runs c = 0 .. d_k -
+// 1 in order, as the scalar definition's, each value column in its own lane; the decays are exp_row's (a
+// vector exp; scalar gates and retention one std::exp per token).
+void RecurrentHead(const HeadInputs& hi, const RecurrenceKind& kind, float* S, float* out) {
+  const int64_t n = hi.n, dk = hi.dk, dv = hi.dv;
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  std::vector<float> a(dk), kb(dk), ka(dk), qs(dk), u(dv), p(dv);
+  const float scale = static_cast<float>(hi.scale);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* k = hi.k + t * dk;
+    float inv = 1.0f;
+    if (kind.normalize_keys) {  // k / ||k|| (a zero key stays zero), as load_key
+      float s2 = 0;
+      for (int64_t c = 0; c < dk; ++c) s2 += k[c] * k[c];
+      const float r = std::sqrt(s2);
+      inv = r > 0 ? 1.0f / r : 0.0f;
+    }
+    for (int64_t c = 0; c < dk; ++c) kb[c] = k[c] * inv;
+    if (kind.gate == Gate::vector) {
+      exp_row(hi.g + t * dk, a.data(), dk);
+    } else {
+      const float x = kind.gate == Gate::scalar ? std::exp(hi.g[t])
+                      : kind.retention          ? static_cast<float>(std::exp(hi.log_gamma))
+                                                : 1.0f;
+      std::fill(a.begin(), a.end(), x);
+    }
+    const float* v = hi.v + t * dv;
+    if (kind.delta) {
+      for (int64_t c = 0; c < dk; ++c) ka[c] = kb[c] * a[c];
+      const float beta = hi.beta[t];
+      int64_t j = 0;
+      for (; j + 2 * N <= dv; j += 2 * N) {
+        auto p0 = hn::Zero(d), p1 = hn::Zero(d);
+        for (int64_t c = 0; c < dk; ++c) {
+          const auto kc = hn::Set(d, ka[c]);
+          p0 = hn::MulAdd(kc, hn::LoadU(d, S + c * dv + j), p0);
+          p1 = hn::MulAdd(kc, hn::LoadU(d, S + c * dv + j + N), p1);
+        }
+        hn::StoreU(p0, d, p.data() + j);
+        hn::StoreU(p1, d, p.data() + j + N);
+      }
+      for (; j < dv; ++j) {
+        float acc = 0;
+        for (int64_t c = 0; c < dk; ++c) acc = std::fma(ka[c], S[c * dv + j], acc);
+        p[j] = acc;
+      }
+      for (int64_t jj = 0; jj < dv; ++jj) u[jj] = beta * (v[jj] - p[jj]);
+    } else {
+      std::copy_n(v, dv, u.data());
+    }
+    const float* q = hi.q + t * dk;
+    for (int64_t c = 0; c < dk; ++c) qs[c] = q[c] * scale;
+    float* o = out + t * dv;
+    int64_t j = 0;
+    for (; j + N <= dv; j += N) {
+      const auto uj = hn::LoadU(d, u.data() + j);
+      auto acc = hn::Zero(d);
+      for (int64_t c = 0; c < dk; ++c) {
+        float* row = S + c * dv + j;
+        const auto s = hn::MulAdd(hn::Set(d, kb[c]), uj, hn::Mul(hn::Set(d, a[c]), hn::LoadU(d, row)));
+        hn::StoreU(s, d, row);
+        acc = hn::MulAdd(hn::Set(d, qs[c]), s, acc);
+      }
+      hn::StoreU(acc, d, o + j);
+    }
+    for (; j < dv; ++j) {
+      float acc = 0;
+      for (int64_t c = 0; c < dk; ++c) {
+        float& s = S[c * dv + j];
+        s = std::fma(kb[c], u[j], a[c] * s);
+        acc = std::fma(qs[c], s, acc);
+      }
+      o[j] = acc;
+    }
+  }
+}
+
 }  // namespace attn::chunk::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -113,10 +193,15 @@ HWY_AFTER_NAMESPACE();
 namespace attn {
 namespace chunk {
 HWY_EXPORT(ChunkHead);
+HWY_EXPORT(RecurrentHead);
 void chunk_head(const HeadInputs& hi, const RecurrenceKind& kind, int64_t C, float* out, float* final_state) {
   HWY_DYNAMIC_DISPATCH(ChunkHead)(hi, kind, C, out, final_state);
 }
 }  // namespace chunk
+
+void recurrence_recurrent_head(const HeadInputs& hi, const RecurrenceKind& kind, float* S, float* out) {
+  HWY_DYNAMIC_DISPATCH(chunk::RecurrentHead)(hi, kind, S, out);
+}
 
 void recurrence_chunk_forward(const Problem& p, const AttentionInputs& in, const RecurrenceConfig& cfg) {
   const int64_t n = p.seq_q, dv = p.value_dim(), dd = p.head_dim * dv;
