@@ -497,6 +497,23 @@ inline void delta_values(const HeadInputs& hi, int64_t t0, int64_t L, ChunkBuffe
   forward_substitute(cb.bp.data(), L, cb.u.data(), d);
 }
 
+// c (m x d_v, row-major) = alpha A S_0, A m x d_k row-major and S_0 the state in cb.s: the chunk's reads of
+// the state it starts from.
+inline void times_state(const float* a, int64_t m, int64_t dk, int64_t dv, float* c, const ChunkBuffers& cb,
+                        float alpha = 1.0f) {
+  gemm({.a = a,
+        .ars = dk,
+        .acs = 1,
+        .b = cb.s.data(),
+        .ldb = dv,
+        .c = c,
+        .ldc = dv,
+        .m = m,
+        .n = dv,
+        .k = dk,
+        .alpha = alpha});
+}
+
 // KDA (a gate per key channel with the delta rule): U into cb.u, (I + diag(beta) A) U = diag(beta) (V - (K ⊙
 // e^Gamma) S_0) with A_ts = sum_c k_tc k_sc e^(Gamma_tc - Gamma_sc) (s < t; unrolling S_{t-1} within the
 // chunk, as delta_values does with one decay per token). A is gla's decayed scores of the keys against
@@ -513,16 +530,7 @@ inline void vector_delta_values(const HeadInputs& hi, int64_t t0, int64_t L, Chu
   vector_scores(L, dk, cb);
   for (int64_t t = 0; t < L; ++t)
     mul_exp_diff(cb.gam.data() + t * dk, nullptr, cb.kp + t * dk, cb.qg.data() + t * dk, dk, cb.xd.data());
-  gemm({.a = cb.qg.data(),
-        .ars = dk,
-        .acs = 1,
-        .b = cb.s.data(),
-        .ldb = dv,
-        .c = cb.x.data(),
-        .ldc = dv,
-        .m = L,
-        .n = dv,
-        .k = dk});
+  times_state(cb.qg.data(), L, dk, dv, cb.x.data(), cb);
   const float* v = hi.v + t0 * dv;
   const float* beta = hi.beta + t0;
   for (int64_t t = 0; t < L; ++t) {

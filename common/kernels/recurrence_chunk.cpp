@@ -29,29 +29,10 @@ void finish_chunk(const HeadInputs& hi, const RecurrenceKind& kind, int64_t L, c
   if (kind.gate == Gate::vector) {  // (Q ⊙ e^Gamma) S_0
     for (int64_t t = 0; t < L; ++t)
       mul_exp_diff(cb.gam.data() + t * dk, nullptr, q + t * dk, cb.qg.data() + t * dk, dk, cb.xd.data());
-    gemm({.a = cb.qg.data(),
-          .ars = dk,
-          .acs = 1,
-          .b = cb.s.data(),
-          .ldb = dv,
-          .c = out,
-          .ldc = dv,
-          .m = L,
-          .n = dv,
-          .k = dk,
-          .alpha = scale});
+    times_state(cb.qg.data(), L, dk, dv, out, cb, scale);
   } else {
     if (!kind.delta)  // the delta rule computed [K; Q] S_0 before its solve
-      gemm({.a = q,
-            .ars = dk,
-            .acs = 1,
-            .b = cb.s.data(),
-            .ldb = dv,
-            .c = cb.x.data() + L * dv,
-            .ldc = dv,
-            .m = L,
-            .n = dv,
-            .k = dk});
+      times_state(q, L, dk, dv, cb.x.data() + L * dv, cb);
     const float* qs = cb.x.data() + L * dv;
     for (int64_t t = 0; t < L; ++t) {
       const float f = scale * cb.ed[t];
@@ -89,16 +70,7 @@ void ChunkHead(const HeadInputs& hi, const RecurrenceKind& kind, int64_t C, floa
     else
       scalar_scores(kind, L, dk, cb);
     if (kind.delta && kind.gate != Gate::vector) {  // [K; Q] S_0 (2L x d_v), then the solve
-      gemm({.a = cb.qk.data(),
-            .ars = dk,
-            .acs = 1,
-            .b = cb.s.data(),
-            .ldb = dv,
-            .c = cb.x.data(),
-            .ldc = dv,
-            .m = 2 * L,
-            .n = dv,
-            .k = dk});
+      times_state(cb.qk.data(), 2 * L, dk, dv, cb.x.data(), cb);
       delta_values(hi, t0, L, cb);
     }
     finish_chunk(hi, kind, L, kind.delta ? cb.u.data() : hi.v + t0 * dv, out + t0 * dv, cb);
